@@ -1,0 +1,249 @@
+//! The [`LockBackend`] trait every store implements, and what it returns.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use crate::error::Result;
+use crate::key::{LockKey, OwnerToken};
+
+/// A fencing token: strictly increasing across successive grants of one key.
+///
+/// Pass it to the resource you protect and have the resource refuse any
+/// request carrying a token lower than one it has already seen; that is what
+/// keeps a paused holder whose lease expired from doing damage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(pub u64);
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// How a backend's locks end when the holder disappears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binding {
+    /// The lock expires when its TTL runs out without renewal.
+    Lease,
+    /// The lock lives as long as a session or connection (ZooKeeper, advisory locks).
+    Session,
+}
+
+/// What a backend can promise; conformance cases adapt their expectations to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Grants carry strictly increasing fencing tokens.
+    pub fencing: bool,
+    /// The smallest TTL the store honours; shorter ones are `InvalidOptions`.
+    pub min_ttl: Duration,
+    /// The granularity of the store's expiry clock.
+    pub ttl_resolution: Duration,
+    /// Lease-bound or session-bound.
+    pub binding: Binding,
+    /// [`LockBackend::watch`] delivers release notifications (no polling needed).
+    pub notify: bool,
+    /// [`LockBackend::renew_many`] renews several leases in one round trip.
+    pub batch_renew: bool,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            fencing: false,
+            min_ttl: Duration::from_millis(1),
+            ttl_resolution: Duration::from_millis(1),
+            binding: Binding::Lease,
+            notify: false,
+            batch_renew: false,
+        }
+    }
+}
+
+/// What the store granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// The fencing token of this grant, if the backend offers them. A
+    /// re-entrant acquire returns the token of the hold it joined.
+    pub fence: Option<FencingToken>,
+    /// How many holds the owner has on the key now (1 unless re-entered).
+    pub holds: u32,
+}
+
+/// The result of one acquisition attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquire {
+    /// The lock is ours.
+    Acquired(Grant),
+    /// Someone else holds it. `retry_after` is the holder's remaining lease
+    /// when the store reports it cheaply: the latest moment to look again.
+    Contended {
+        /// Remaining lease of the current holder, if known.
+        retry_after: Option<Duration>,
+    },
+}
+
+/// The result of a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// The last hold was released; the key is free.
+    Freed,
+    /// One re-entrant hold was released; this many remain.
+    StillHeld(u32),
+    /// The owner did not hold the key (already released, expired, or taken
+    /// over). Nothing was changed in the store.
+    NotHeld,
+}
+
+/// The result of a renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renew {
+    /// The lease now runs for the requested TTL from the store's clock.
+    Renewed,
+    /// The owner no longer holds the key; nothing was changed.
+    NotHeld,
+}
+
+/// One lease to renew in [`LockBackend::renew_many`].
+#[derive(Debug, Clone)]
+pub struct RenewRequest {
+    /// The key held.
+    pub key: LockKey,
+    /// Its owner.
+    pub owner: OwnerToken,
+    /// The new lease length.
+    pub ttl: Duration,
+}
+
+/// A subscription to release notifications for one key.
+///
+/// Created by [`LockBackend::watch`] *before* the waiter's next attempt, so a
+/// release that happens between a failed attempt and the wait is not missed:
+/// [`Watch::changed`] returns at once if anything was published since the
+/// watch was made or last woke.
+pub struct Watch {
+    rx: watch::Receiver<u64>,
+    _keepalive: Option<Box<dyn Send + Sync>>,
+}
+
+impl fmt::Debug for Watch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watch").finish_non_exhaustive()
+    }
+}
+
+impl Watch {
+    /// Wraps a version channel that the backend bumps on every release of the key.
+    /// `keepalive` is dropped with the watch (e.g. to unsubscribe).
+    pub fn new(rx: watch::Receiver<u64>, keepalive: Option<Box<dyn Send + Sync>>) -> Self {
+        let mut rx = rx;
+        rx.mark_unchanged();
+        Watch {
+            rx,
+            _keepalive: keepalive,
+        }
+    }
+
+    /// Waits for the next release notification. If the publisher is gone the
+    /// future never completes, so callers always pair it with a fallback timer.
+    pub async fn changed(&mut self) {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// A store that can hold locks. Implement this to add a backend; users hold a
+/// [`Locker`](crate::Locker), which adds waiting, guards, renewal and
+/// multi-lock on top.
+///
+/// # Contract
+///
+/// Every implementation must guarantee, and the conformance suite checks:
+///
+/// * `try_acquire` makes one attempt and returns promptly. A lock held by a
+///   different owner is `Ok(Acquire::Contended)`; a store that cannot be
+///   reached is `Err` of kind [`Unavailable`](crate::ErrorKind::Unavailable),
+///   never `Contended`.
+/// * Acquiring a key the same owner already holds (and whose lease has not
+///   expired) succeeds, adds one hold and extends the lease; the key is free
+///   again only when every hold is released.
+/// * `release` and `renew` compare the owner atomically in the store. An owner
+///   whose lease expired, or who never held the key, gets `NotHeld` and
+///   changes nothing.
+/// * A lease not renewed expires after its TTL, measured on the store's clock.
+/// * With [`Capabilities::fencing`], each new grant of a key carries a token
+///   greater than every earlier grant's, across owners, releases and expiry.
+/// * Two different keys never share a lock.
+/// * The backend validates nothing the core already validated (keys, TTLs
+///   against [`Capabilities::min_ttl`]) but must not panic on any input.
+#[async_trait]
+pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
+    /// What this backend promises.
+    fn capabilities(&self) -> Capabilities;
+
+    /// One attempt to take `key` for `owner` for `ttl`.
+    async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration)
+        -> Result<Acquire>;
+
+    /// Releases one hold of `key` if `owner` holds it.
+    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release>;
+
+    /// Extends `owner`'s lease on `key` to `ttl` from now (store clock).
+    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew>;
+
+    /// Renews several leases; backends that can should do it in one round trip.
+    /// The result has one entry per request, in order.
+    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        futures::future::join_all(
+            requests
+                .iter()
+                .map(|r| self.renew(&r.key, &r.owner, r.ttl)),
+        )
+        .await
+    }
+
+    /// Subscribes to release notifications for `key`, if the store has them.
+    /// `Ok(None)` (the default) means waiters fall back to jittered backoff.
+    async fn watch(&self, key: &LockKey) -> Result<Option<Watch>> {
+        let _ = key;
+        Ok(None)
+    }
+}
+
+/// Forwards every method, so a wrapper never silently falls back to a default.
+macro_rules! forward_backend {
+    ($($ptr:ident),*) => {$(
+        #[async_trait]
+        impl<T: LockBackend + ?Sized> LockBackend for $ptr<T> {
+            fn capabilities(&self) -> Capabilities {
+                (**self).capabilities()
+            }
+            async fn try_acquire(
+                &self,
+                key: &LockKey,
+                owner: &OwnerToken,
+                ttl: Duration,
+            ) -> Result<Acquire> {
+                (**self).try_acquire(key, owner, ttl).await
+            }
+            async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+                (**self).release(key, owner).await
+            }
+            async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
+                (**self).renew(key, owner, ttl).await
+            }
+            async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+                (**self).renew_many(requests).await
+            }
+            async fn watch(&self, key: &LockKey) -> Result<Option<Watch>> {
+                (**self).watch(key).await
+            }
+        }
+    )*};
+}
+
+forward_backend!(Arc, Box);

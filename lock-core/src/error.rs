@@ -1,0 +1,154 @@
+//! The one error type every locksmith operation returns.
+
+use std::fmt;
+
+/// Convenience alias used throughout locksmith.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong, in terms a caller can match on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The lock was not acquired before the wait policy's deadline.
+    Timeout,
+    /// The caller does not hold the lock (never did, released it, or its lease expired).
+    NotHeld,
+    /// A lock that was held has been lost (renewal failed until the local deadline).
+    Lost,
+    /// The store could not be reached or refused service; nothing is known about the lock.
+    Unavailable,
+    /// The key is empty, too long or contains NUL.
+    InvalidKey,
+    /// Lock options are out of range (zero TTL, TTL below the store's resolution, overflow).
+    InvalidOptions,
+    /// Bad connection URL, unknown scheme, or a backend whose cargo feature is off.
+    Config,
+    /// Any other store error.
+    Backend,
+}
+
+impl ErrorKind {
+    /// A short lowercase name, stable for logs and CLI output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::NotHeld => "not held",
+            ErrorKind::Lost => "lost",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::InvalidKey => "invalid key",
+            ErrorKind::InvalidOptions => "invalid options",
+            ErrorKind::Config => "config",
+            ErrorKind::Backend => "backend",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A locksmith error: a matchable [`ErrorKind`], a message and an optional cause.
+#[derive(thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct Error {
+    kind: ErrorKind,
+    message: String,
+    #[source]
+    source: Option<Source>,
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.kind).field("message", &self.message);
+        if let Some(s) = &self.source {
+            d.field("source", &s.to_string());
+        }
+        d.finish()
+    }
+}
+
+impl Error {
+    /// A new error of `kind` with a human-readable message.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying cause.
+    pub fn with_source(mut self, source: impl Into<Source>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The message without the kind prefix.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// True when retrying the same call later may succeed (store outage, timeout).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind, ErrorKind::Unavailable | ErrorKind::Timeout)
+    }
+
+    /// Shorthand for [`ErrorKind::Timeout`].
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Timeout, message)
+    }
+    /// Shorthand for [`ErrorKind::NotHeld`].
+    pub fn not_held(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotHeld, message)
+    }
+    /// Shorthand for [`ErrorKind::Lost`].
+    pub fn lost(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Lost, message)
+    }
+    /// Shorthand for [`ErrorKind::Unavailable`].
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unavailable, message)
+    }
+    /// Shorthand for [`ErrorKind::InvalidKey`].
+    pub fn invalid_key(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidKey, message)
+    }
+    /// Shorthand for [`ErrorKind::InvalidOptions`].
+    pub fn invalid_options(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidOptions, message)
+    }
+    /// Shorthand for [`ErrorKind::Config`].
+    pub fn config(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Config, message)
+    }
+    /// Shorthand for [`ErrorKind::Backend`].
+    pub fn backend(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Backend, message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_the_kind_and_keeps_the_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = Error::unavailable("store down").with_source(io);
+        assert_eq!(e.to_string(), "unavailable: store down");
+        assert_eq!(e.kind(), ErrorKind::Unavailable);
+        assert!(e.is_retryable());
+        assert!(std::error::Error::source(&e).is_some());
+        assert!(!Error::invalid_key("x").is_retryable());
+    }
+}

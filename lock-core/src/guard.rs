@@ -1,0 +1,247 @@
+//! Guards: proof that a lock is held, released on drop.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::backend::{FencingToken, LockBackend, Release, Renew};
+use crate::error::{Error, Result};
+use crate::key::{LockKey, OwnerToken};
+use crate::lease::{Lease, LeaseState, LostReason};
+use crate::watchdog::Watchdog;
+
+/// Proof that a lock is held. While it lives the watchdog renews the lease
+/// (unless turned off); dropping it releases the lock in the background, and
+/// [`release`](LockGuard::release) does so and reports the outcome.
+///
+/// Select on [`lost`](LockGuard::lost) around the critical section: it
+/// completes if the lock can no longer be guaranteed, before anyone else could
+/// have taken it.
+#[must_use = "the lock is released as soon as the guard is dropped"]
+#[derive(Debug)]
+pub struct LockGuard {
+    lease: Lease,
+    state: watch::Receiver<LeaseState>,
+    backend: Arc<dyn LockBackend>,
+    watchdog: Arc<Watchdog>,
+    id: u64,
+    armed: bool,
+}
+
+impl std::fmt::Debug for Watchdog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Watchdog")
+    }
+}
+
+impl LockGuard {
+    pub(crate) fn new(
+        lease: Lease,
+        backend: Arc<dyn LockBackend>,
+        watchdog: Arc<Watchdog>,
+        renew_every: Option<Duration>,
+        acquired_at: Instant,
+    ) -> Self {
+        let request = crate::backend::RenewRequest {
+            key: lease.key.clone(),
+            owner: lease.owner.clone(),
+            ttl: lease.ttl,
+        };
+        let (id, state) = watchdog.register(request, renew_every, acquired_at, lease.deadline);
+        LockGuard {
+            lease,
+            state,
+            backend,
+            watchdog,
+            id,
+            armed: true,
+        }
+    }
+
+    /// The key held.
+    pub fn key(&self) -> &LockKey {
+        &self.lease.key
+    }
+
+    /// The owner token of this acquisition (pass it to `lock_as` to re-enter).
+    pub fn owner(&self) -> &OwnerToken {
+        &self.lease.owner
+    }
+
+    /// The fencing token, where the backend gives one.
+    pub fn fence(&self) -> Option<FencingToken> {
+        self.lease.fence
+    }
+
+    /// Holds the owner had right after this acquisition (2 or more when re-entered).
+    pub fn holds(&self) -> u32 {
+        self.lease.holds
+    }
+
+    /// The grant as it was made.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// The current lease state.
+    pub fn state(&self) -> LeaseState {
+        *self.state.borrow()
+    }
+
+    /// Until when the lock is guaranteed (moves forward with each renewal);
+    /// `None` once lost.
+    pub fn deadline(&self) -> Option<Instant> {
+        match self.state() {
+            LeaseState::Held { deadline } => Some(deadline),
+            _ => None,
+        }
+    }
+
+    /// True once the lost signal has fired.
+    pub fn is_lost(&self) -> bool {
+        matches!(self.state(), LeaseState::Lost(_))
+    }
+
+    /// Completes when the lock is lost; never completes while it is held or
+    /// after it was released. The future owns what it needs, so it can be
+    /// moved into another task or used in `tokio::select!` beside the work.
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        let mut rx = self.state.clone();
+        async move {
+            let lost = match rx.wait_for(|s| matches!(s, LeaseState::Lost(_))).await {
+                Ok(s) => match *s {
+                    LeaseState::Lost(r) => Some(r),
+                    _ => None,
+                },
+                Err(_) => None,
+            };
+            match lost {
+                Some(r) => r,
+                // Released (or the guard is gone): the lock can no longer be lost.
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Renews the lease now, outside the watchdog's schedule.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Lost`](crate::ErrorKind::Lost) if the store says the lock is
+    /// no longer held (the lost signal fires too); the backend's error otherwise.
+    pub async fn renew(&self) -> Result<()> {
+        let sent = Instant::now();
+        let outcome = self
+            .backend
+            .renew(&self.lease.key, &self.lease.owner, self.lease.ttl)
+            .await?;
+        self.watchdog.renewed(self.id, sent, outcome);
+        match outcome {
+            Renew::Renewed => Ok(()),
+            Renew::NotHeld => Err(Error::lost(format!(
+                "lock {:?} is no longer held by this owner",
+                self.lease.key.as_str()
+            ))),
+        }
+    }
+
+    /// Releases this hold and reports what the store said.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Lost`](crate::ErrorKind::Lost) if the store no longer had the
+    /// lock for this owner: the lease expired or was taken over, so the
+    /// critical section may not have been exclusive. The backend's error if the
+    /// store could not be reached (the lock then frees at its TTL).
+    pub async fn release(mut self) -> Result<()> {
+        self.armed = false;
+        self.watchdog.unregister(self.id);
+        match self
+            .backend
+            .release(&self.lease.key, &self.lease.owner)
+            .await?
+        {
+            Release::Freed | Release::StillHeld(_) => Ok(()),
+            Release::NotHeld => Err(Error::lost(format!(
+                "lock {:?} was no longer held at release (lease expired or taken over)",
+                self.lease.key.as_str()
+            ))),
+        }
+    }
+
+    /// Stops renewing and forgets the guard without releasing: the store keeps
+    /// the lock until its TTL runs out. Returns the lease for later use.
+    pub fn leak(mut self) -> Lease {
+        self.armed = false;
+        self.watchdog.unregister(self.id);
+        self.lease.clone()
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.watchdog.unregister(self.id);
+        spawn_release(&self.backend, &self.lease.key, &self.lease.owner);
+    }
+}
+
+/// Releases in the background; used where `Drop` cannot await. Outside a
+/// Tokio runtime nothing can run, so the lock frees at its TTL instead.
+pub(crate) fn spawn_release(backend: &Arc<dyn LockBackend>, key: &LockKey, owner: &OwnerToken) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => {
+            let (backend, key, owner) = (backend.clone(), key.clone(), owner.clone());
+            handle.spawn(async move {
+                if let Err(e) = backend.release(&key, &owner).await {
+                    tracing::warn!(key = %key, error = %e, "background release failed; the lock frees at its TTL");
+                }
+            });
+        }
+        Err(_) => {
+            tracing::warn!(key = %key, "guard dropped outside a Tokio runtime; the lock frees at its TTL");
+        }
+    }
+}
+
+/// Several locks taken together by [`Locker::lock_all`](crate::Locker::lock_all).
+#[must_use = "the locks are released as soon as the guard is dropped"]
+#[derive(Debug)]
+pub struct MultiGuard {
+    pub(crate) guards: Vec<LockGuard>,
+}
+
+impl MultiGuard {
+    /// The individual guards, in the (sorted) order they were taken.
+    pub fn guards(&self) -> &[LockGuard] {
+        &self.guards
+    }
+
+    /// Completes when any of the locks is lost.
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        let all: Vec<_> = self.guards.iter().map(|g| Box::pin(g.lost())).collect();
+        async move {
+            if all.is_empty() {
+                return std::future::pending().await;
+            }
+            futures::future::select_all(all).await.0
+        }
+    }
+
+    /// Releases every lock, in reverse order; reports the first failure after
+    /// trying them all.
+    ///
+    /// # Errors
+    /// As [`LockGuard::release`], for the first lock that failed.
+    pub async fn release(mut self) -> Result<()> {
+        let mut first_err = None;
+        while let Some(g) = self.guards.pop() {
+            if let Err(e) = g.release().await {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}

@@ -1,0 +1,204 @@
+//! Validated lock names and the owner tokens that prove who holds a lock.
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+
+/// The longest key accepted, in UTF-8 bytes.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// A validated lock name: non-empty UTF-8, at most [`MAX_KEY_LEN`] bytes, no NUL.
+///
+/// Keys are case-sensitive and compared byte for byte. Every backend maps them
+/// onto its store injectively (or by a collision-resistant hash), so two
+/// different keys never share a lock. NUL is refused because several stores
+/// (PostgreSQL text, C-string APIs) cannot carry it faithfully.
+///
+/// ```
+/// use locksmith_core::LockKey;
+/// let key = LockKey::new("orders/42").unwrap();
+/// assert_eq!(key.as_str(), "orders/42");
+/// assert!(LockKey::new("").is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LockKey(String);
+
+impl LockKey {
+    /// Validates `name` and wraps it.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey) when the name is
+    /// empty, longer than [`MAX_KEY_LEN`] bytes, or contains NUL.
+    pub fn new(name: impl Into<String>) -> Result<Self> {
+        let name = name.into();
+        if name.is_empty() {
+            return Err(Error::invalid_key("lock key is empty"));
+        }
+        if name.len() > MAX_KEY_LEN {
+            return Err(Error::invalid_key(format!(
+                "lock key is {} bytes, the limit is {MAX_KEY_LEN}",
+                name.len()
+            )));
+        }
+        if name.contains('\0') {
+            return Err(Error::invalid_key("lock key contains NUL"));
+        }
+        Ok(LockKey(name))
+    }
+
+    /// The key as given.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for LockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for LockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for LockKey {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Anything a lock key can be made from: `&str`, `String`, or a [`LockKey`].
+pub trait IntoLockKey {
+    /// Validates and converts.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey) as in [`LockKey::new`].
+    fn into_lock_key(self) -> Result<LockKey>;
+}
+
+impl IntoLockKey for LockKey {
+    fn into_lock_key(self) -> Result<LockKey> {
+        Ok(self)
+    }
+}
+impl IntoLockKey for &LockKey {
+    fn into_lock_key(self) -> Result<LockKey> {
+        Ok(self.clone())
+    }
+}
+impl IntoLockKey for &str {
+    fn into_lock_key(self) -> Result<LockKey> {
+        LockKey::new(self)
+    }
+}
+impl IntoLockKey for String {
+    fn into_lock_key(self) -> Result<LockKey> {
+        LockKey::new(self)
+    }
+}
+impl IntoLockKey for &String {
+    fn into_lock_key(self) -> Result<LockKey> {
+        LockKey::new(self.as_str())
+    }
+}
+
+/// Proof of ownership: 128 random bits from the operating system's RNG.
+///
+/// A fresh token is drawn for every acquisition unless the caller passes its
+/// own (to re-enter a lock it already holds). Stores compare it atomically on
+/// release and renew, so a stale holder can never free or extend a lock that
+/// someone else now holds.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct OwnerToken(String);
+
+impl OwnerToken {
+    /// Draws a new token from the OS RNG.
+    ///
+    /// # Panics
+    /// Only if the operating system cannot supply randomness at all, in which
+    /// case no lock could be taken safely anyway.
+    pub fn generate() -> Self {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).expect("the OS random number generator failed");
+        OwnerToken(hex::encode(bytes))
+    }
+
+    /// Wraps a token read back from a store or handed over by another process.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidOptions`](crate::ErrorKind::InvalidOptions) unless the
+    /// text is 32 to 128 ASCII alphanumeric characters or `-`/`_`.
+    pub fn from_string(token: impl Into<String>) -> Result<Self> {
+        let token = token.into();
+        let ok_len = (32..=128).contains(&token.len());
+        let ok_chars = token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if ok_len && ok_chars {
+            Ok(OwnerToken(token))
+        } else {
+            Err(Error::invalid_options(
+                "owner token must be 32..=128 characters of [A-Za-z0-9_-]",
+            ))
+        }
+    }
+
+    /// The token as text (32 lowercase hex digits when generated).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Enough to tell tokens apart in logs, not enough to forge one.
+        write!(f, "OwnerToken({}…)", &self.0[..8])
+    }
+}
+
+impl fmt::Display for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    #[test]
+    fn keys_are_validated() {
+        assert_eq!(LockKey::new("").unwrap_err().kind(), ErrorKind::InvalidKey);
+        assert_eq!(
+            LockKey::new("a\0b").unwrap_err().kind(),
+            ErrorKind::InvalidKey
+        );
+        assert!(LockKey::new("x".repeat(MAX_KEY_LEN)).is_ok());
+        assert_eq!(
+            LockKey::new("x".repeat(MAX_KEY_LEN + 1))
+                .unwrap_err()
+                .kind(),
+            ErrorKind::InvalidKey
+        );
+        // The limit is in bytes: 256 four-byte emoji fit, one more does not.
+        assert!(LockKey::new("🔒".repeat(256)).is_ok());
+        assert!(LockKey::new("🔒".repeat(257)).is_err());
+        assert!(LockKey::new("a/../b \t\"'").is_ok());
+    }
+
+    #[test]
+    fn owner_tokens_are_random_and_128_bits() {
+        let a = OwnerToken::generate();
+        let b = OwnerToken::generate();
+        assert_ne!(a, b);
+        assert_eq!(a.as_str().len(), 32);
+        assert!(OwnerToken::from_string(a.as_str()).is_ok());
+        assert!(OwnerToken::from_string("short").is_err());
+        assert!(OwnerToken::from_string("x".repeat(40) + "'").is_err());
+        assert!(!format!("{a:?}").contains(a.as_str()));
+    }
+}

@@ -1,0 +1,307 @@
+//! [`Locker`]: the type applications hold. Waiting, guards, renewal,
+//! re-entrancy and multi-lock on top of any [`LockBackend`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backon::BackoffBuilder;
+
+use crate::backend::{Acquire, Capabilities, LockBackend, Watch};
+use crate::error::{Error, Result};
+use crate::guard::{spawn_release, LockGuard, MultiGuard};
+use crate::key::{IntoLockKey, LockKey, OwnerToken};
+use crate::lease::{local_deadline, Lease};
+use crate::options::{LockOptions, WaitPolicy};
+use crate::watchdog::Watchdog;
+
+/// The shortest sleep between polling attempts.
+const MIN_POLL: Duration = Duration::from_millis(1);
+
+/// A handle on one lock store. Cheap to clone; clones share one connection
+/// pool and one renewal watchdog.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> locksmith_core::Result<()> {
+/// use locksmith_core::{Locker, LockOptions, MemoryBackend};
+/// use std::time::Duration;
+///
+/// let locker = Locker::new(MemoryBackend::new());
+/// let guard = locker
+///     .lock_with("nightly-report", &LockOptions::new().wait_for(Duration::from_secs(5)))
+///     .await?;
+/// // ... the critical section; select on guard.lost() if it is long ...
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Locker {
+    backend: Arc<dyn LockBackend>,
+    caps: Capabilities,
+    watchdog: Arc<Watchdog>,
+    options: LockOptions,
+}
+
+/// Releases a grant whose acquire future was dropped mid-flight: the store may
+/// have granted it without our hearing back.
+struct PendingAttempt<'a> {
+    backend: &'a Arc<dyn LockBackend>,
+    key: &'a LockKey,
+    owner: &'a OwnerToken,
+    armed: bool,
+}
+
+impl Drop for PendingAttempt<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            spawn_release(self.backend, self.key, self.owner);
+        }
+    }
+}
+
+impl Locker {
+    /// A locker over `backend` with default [`LockOptions`].
+    pub fn new(backend: impl LockBackend) -> Self {
+        Self::from_arc(Arc::new(backend))
+    }
+
+    /// A locker over a shared backend.
+    pub fn from_arc(backend: Arc<dyn LockBackend>) -> Self {
+        Locker {
+            caps: backend.capabilities(),
+            watchdog: Watchdog::new(backend.clone()),
+            backend,
+            options: LockOptions::default(),
+        }
+    }
+
+    /// Replaces the options used by [`lock`](Self::lock) and [`try_lock`](Self::try_lock).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidOptions`](crate::ErrorKind::InvalidOptions) if they do
+    /// not fit this backend.
+    pub fn with_options(mut self, options: LockOptions) -> Result<Self> {
+        options.validate(&self.caps)?;
+        self.options = options;
+        Ok(self)
+    }
+
+    /// The default options of this locker.
+    pub fn options(&self) -> &LockOptions {
+        &self.options
+    }
+
+    /// The backend underneath.
+    pub fn backend(&self) -> &Arc<dyn LockBackend> {
+        &self.backend
+    }
+
+    /// What the backend promises.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    /// One attempt with the default options: `Ok(None)` if someone else holds it.
+    ///
+    /// # Errors
+    /// `InvalidKey`, `Unavailable` (never reported as "held"), or a backend error.
+    pub async fn try_lock(&self, key: impl IntoLockKey) -> Result<Option<LockGuard>> {
+        let opts = self.options.clone().no_wait();
+        self.acquire(key.into_lock_key()?, None, &opts).await
+    }
+
+    /// Acquires with the default options, waiting as their policy says.
+    ///
+    /// # Errors
+    /// `Timeout` when the wait runs out; otherwise as [`try_lock`](Self::try_lock).
+    pub async fn lock(&self, key: impl IntoLockKey) -> Result<LockGuard> {
+        let opts = self.options.clone();
+        self.lock_with(key, &opts).await
+    }
+
+    /// Acquires with explicit options.
+    ///
+    /// # Errors
+    /// `Timeout` when the wait runs out, `InvalidOptions` for options the
+    /// backend cannot honour; otherwise as [`try_lock`](Self::try_lock).
+    pub async fn lock_with(&self, key: impl IntoLockKey, opts: &LockOptions) -> Result<LockGuard> {
+        let key = key.into_lock_key()?;
+        self.acquire(key.clone(), None, opts)
+            .await?
+            .ok_or_else(|| timeout_error(&key, opts.wait))
+    }
+
+    /// Acquires as a given owner. If that owner already holds the key, the
+    /// store adds a hold (re-entrancy) and the lock frees only when every
+    /// hold's guard is released; any other owner stays excluded throughout.
+    ///
+    /// A re-entrant acquire whose future is dropped while its request is in
+    /// flight may leave one extra hold, which the store drops at TTL expiry
+    /// after the owner's other guards stop renewing.
+    ///
+    /// # Errors
+    /// As [`lock_with`](Self::lock_with).
+    pub async fn lock_as(
+        &self,
+        owner: &OwnerToken,
+        key: impl IntoLockKey,
+        opts: &LockOptions,
+    ) -> Result<LockGuard> {
+        let key = key.into_lock_key()?;
+        self.acquire(key.clone(), Some(owner.clone()), opts)
+            .await?
+            .ok_or_else(|| timeout_error(&key, opts.wait))
+    }
+
+    /// Acquires several keys all-or-nothing, in one global (sorted) order so
+    /// two callers locking overlapping sets cannot deadlock. Duplicate keys
+    /// count once. If any key cannot be had within the wait, every key taken
+    /// so far is released before the error is returned.
+    ///
+    /// # Errors
+    /// `InvalidOptions` for an empty set; otherwise as [`lock_with`](Self::lock_with).
+    pub async fn lock_all<I>(&self, keys: I, opts: &LockOptions) -> Result<MultiGuard>
+    where
+        I: IntoIterator,
+        I::Item: IntoLockKey,
+    {
+        let mut keys = keys
+            .into_iter()
+            .map(IntoLockKey::into_lock_key)
+            .collect::<Result<Vec<_>>>()?;
+        keys.sort();
+        keys.dedup();
+        if keys.is_empty() {
+            return Err(Error::invalid_options("lock_all needs at least one key"));
+        }
+        let start = Instant::now();
+        let mut held = MultiGuard { guards: Vec::new() };
+        for key in keys {
+            let wait = match opts.wait {
+                WaitPolicy::For(d) => WaitPolicy::For(d.saturating_sub(start.elapsed())),
+                other => other,
+            };
+            let step = LockOptions {
+                wait,
+                ..opts.clone()
+            };
+            let outcome = self
+                .acquire(key.clone(), None, &step)
+                .await
+                .and_then(|g| g.ok_or_else(|| timeout_error(&key, opts.wait)));
+            match outcome {
+                Ok(g) => held.guards.push(g),
+                Err(e) => {
+                    // Awaited, so on return nothing of the set is still held.
+                    let _ = held.release().await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(held)
+    }
+
+    /// The acquire loop: `Ok(None)` only when the policy is `NoWait` (or its
+    /// wait ran out) and the lock stayed held by someone else.
+    async fn acquire(
+        &self,
+        key: LockKey,
+        owner: Option<OwnerToken>,
+        opts: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        opts.validate(&self.caps)?;
+        let fresh_owner = owner.is_none();
+        let owner = owner.unwrap_or_else(OwnerToken::generate);
+        let start = Instant::now();
+        let give_up = match opts.wait {
+            WaitPolicy::NoWait => Some(start),
+            WaitPolicy::For(d) => start.checked_add(d),
+            WaitPolicy::Forever => None,
+        };
+        let mut backoff = backon::ExponentialBuilder::default()
+            .with_min_delay(MIN_POLL)
+            .with_max_delay(opts.max_poll.max(MIN_POLL))
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build();
+        let mut watch: Option<Watch> = None;
+        let mut subscribed = false;
+        loop {
+            let sent = Instant::now();
+            let mut attempt = PendingAttempt {
+                backend: &self.backend,
+                key: &key,
+                owner: &owner,
+                armed: fresh_owner,
+            };
+            let outcome = self.backend.try_acquire(&key, &owner, opts.ttl).await;
+            let retry_after = match outcome {
+                Ok(Acquire::Acquired(grant)) => {
+                    attempt.armed = false;
+                    let lease = Lease {
+                        key: key.clone(),
+                        owner: owner.clone(),
+                        fence: grant.fence,
+                        holds: grant.holds,
+                        ttl: opts.ttl,
+                        deadline: local_deadline(sent, opts.ttl),
+                    };
+                    let renew_every = opts.auto_renew.then(|| opts.renew_period());
+                    return Ok(Some(LockGuard::new(
+                        lease,
+                        self.backend.clone(),
+                        self.watchdog.clone(),
+                        renew_every,
+                        sent,
+                    )));
+                }
+                Ok(Acquire::Contended { retry_after }) => {
+                    attempt.armed = false;
+                    retry_after
+                }
+                // Still armed: the store may have granted before the reply was lost.
+                Err(e) => return Err(e),
+            };
+            drop(attempt);
+
+            let now = Instant::now();
+            if give_up.is_some_and(|g| now >= g) {
+                return Ok(None);
+            }
+            if !subscribed {
+                subscribed = true;
+                watch = self.backend.watch(&key).await?;
+                if watch.is_some() {
+                    // The holder may have released between our attempt and the
+                    // subscription; look again before sleeping.
+                    continue;
+                }
+            }
+            let mut pause = match &watch {
+                Some(_) => retry_after.unwrap_or(opts.max_poll).max(MIN_POLL),
+                None => backoff.next().unwrap_or(opts.max_poll),
+            };
+            if let Some(g) = give_up {
+                pause = pause.min(g.saturating_duration_since(now));
+            }
+            match &mut watch {
+                Some(w) => {
+                    tokio::select! {
+                        _ = w.changed() => {}
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+                None => tokio::time::sleep(pause).await,
+            }
+        }
+    }
+}
+
+fn timeout_error(key: &LockKey, wait: WaitPolicy) -> Error {
+    Error::timeout(format!(
+        "lock {:?} is held by another owner; not acquired (wait: {wait})",
+        key.as_str()
+    ))
+}

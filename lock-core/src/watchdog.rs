@@ -1,0 +1,218 @@
+//! One renewal task per `Locker`: renews every held lease in batches and
+//! fires the lost signal when a lease cannot be kept.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::{watch, Notify};
+
+use crate::backend::{LockBackend, Renew, RenewRequest};
+use crate::error::Result;
+use crate::lease::{local_deadline, LeaseState, LostReason};
+
+/// Renewals due within this fraction of their period are sent together, so a
+/// locker holding many locks makes few round trips.
+const COALESCE_DIVISOR: u32 = 4;
+/// Most leases renewed in one backend call.
+const MAX_BATCH: usize = 100;
+
+struct Entry {
+    request: RenewRequest,
+    renew_every: Option<Duration>,
+    next_renew: Instant,
+    deadline: Instant,
+    in_flight: bool,
+    tx: watch::Sender<LeaseState>,
+}
+
+#[derive(Default)]
+struct State {
+    entries: HashMap<u64, Entry>,
+    next_id: u64,
+    running: bool,
+}
+
+pub(crate) struct Watchdog {
+    backend: Arc<dyn LockBackend>,
+    state: Mutex<State>,
+    wake: Notify,
+}
+
+type Batch = (Vec<u64>, Instant, Vec<Result<Renew>>);
+
+impl Watchdog {
+    pub(crate) fn new(backend: Arc<dyn LockBackend>) -> Arc<Self> {
+        Arc::new(Watchdog {
+            backend,
+            state: Mutex::new(State::default()),
+            wake: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock cannot leave the map half-updated
+        // in a way that matters more than losing the watchdog entirely.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts tracking a lease. `renew_every = None` only watches the deadline.
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        request: RenewRequest,
+        renew_every: Option<Duration>,
+        acquired_at: Instant,
+        deadline: Instant,
+    ) -> (u64, watch::Receiver<LeaseState>) {
+        let (tx, rx) = watch::channel(LeaseState::Held { deadline });
+        let mut st = self.lock();
+        let id = st.next_id;
+        st.next_id += 1;
+        st.entries.insert(
+            id,
+            Entry {
+                request,
+                next_renew: acquired_at + renew_every.unwrap_or_default(),
+                renew_every,
+                deadline,
+                in_flight: false,
+                tx,
+            },
+        );
+        if !st.running {
+            st.running = true;
+            tokio::spawn(self.clone().run());
+        }
+        drop(st);
+        self.wake.notify_one();
+        (id, rx)
+    }
+
+    /// Stops tracking a lease; its state becomes `Released` unless it was lost.
+    pub(crate) fn unregister(&self, id: u64) {
+        if let Some(e) = self.lock().entries.remove(&id) {
+            e.tx.send_if_modified(|s| {
+                let held = matches!(s, LeaseState::Held { .. });
+                if held {
+                    *s = LeaseState::Released;
+                }
+                held
+            });
+        }
+    }
+
+    /// Records the outcome of a renewal made outside the watchdog.
+    pub(crate) fn renewed(&self, id: u64, sent: Instant, outcome: Renew) {
+        let mut st = self.lock();
+        Self::apply(&mut st, id, sent, Ok(outcome));
+        drop(st);
+        self.wake.notify_one();
+    }
+
+    fn apply(st: &mut State, id: u64, sent: Instant, outcome: Result<Renew>) {
+        let Some(e) = st.entries.get_mut(&id) else {
+            return;
+        };
+        match outcome {
+            Ok(Renew::Renewed) => {
+                e.deadline = local_deadline(sent, e.request.ttl);
+                if let Some(every) = e.renew_every {
+                    e.next_renew = sent + every;
+                }
+                e.tx.send_replace(LeaseState::Held {
+                    deadline: e.deadline,
+                });
+            }
+            Ok(Renew::NotHeld) => {
+                tracing::warn!(key = %e.request.key, "lock lost: the store says it is no longer held");
+                e.tx.send_replace(LeaseState::Lost(LostReason::NotHeld));
+                st.entries.remove(&id);
+            }
+            Err(err) => {
+                // Keep trying, faster than the normal period, until the deadline decides.
+                let now = Instant::now();
+                let left = e.deadline.saturating_duration_since(now);
+                let every = e.renew_every.unwrap_or(e.request.ttl / 3);
+                let retry = (every / 4).min(left / 2).max(Duration::from_millis(5));
+                tracing::warn!(key = %e.request.key, error = %err, "lock renewal failed; retrying");
+                e.next_renew = now + retry;
+            }
+        }
+    }
+
+    async fn run(self: Arc<Self>) {
+        let mut in_flight: FuturesUnordered<futures::future::BoxFuture<'static, Batch>> =
+            FuturesUnordered::new();
+        loop {
+            let now = Instant::now();
+            let mut due = Vec::new();
+            let mut next_wake: Option<Instant> = None;
+            {
+                let mut st = self.lock();
+                st.entries.retain(|_, e| {
+                    if e.deadline <= now {
+                        tracing::warn!(key = %e.request.key, "lock lost: not renewed before its deadline");
+                        e.tx.send_replace(LeaseState::Lost(LostReason::Expired));
+                        false
+                    } else {
+                        true
+                    }
+                });
+                if st.entries.is_empty() && in_flight.is_empty() {
+                    st.running = false;
+                    return;
+                }
+                for (id, e) in st.entries.iter_mut() {
+                    let mut wake_at = e.deadline;
+                    if let (Some(every), false) = (e.renew_every, e.in_flight) {
+                        if e.next_renew <= now + every / COALESCE_DIVISOR && due.len() < MAX_BATCH {
+                            e.in_flight = true;
+                            due.push((*id, e.request.clone()));
+                        } else {
+                            wake_at = wake_at.min(e.next_renew);
+                        }
+                    }
+                    next_wake = Some(next_wake.map_or(wake_at, |w| w.min(wake_at)));
+                }
+            }
+            if !due.is_empty() {
+                let backend = self.backend.clone();
+                in_flight.push(Box::pin(async move {
+                    let (ids, requests): (Vec<u64>, Vec<RenewRequest>) = due.into_iter().unzip();
+                    // A call stuck on a dead connection must not stall later renewals
+                    // once the store is back.
+                    let limit = requests.iter().map(|r| r.ttl / 2).min().unwrap_or_default();
+                    let sent = Instant::now();
+                    let results = match tokio::time::timeout(limit, backend.renew_many(&requests)).await {
+                        Ok(results) => results,
+                        Err(_) => requests
+                            .iter()
+                            .map(|_| Err(crate::Error::unavailable("renewal timed out")))
+                            .collect(),
+                    };
+                    (ids, sent, results)
+                }));
+                continue;
+            }
+            let sleep_until = next_wake.unwrap_or(now + Duration::from_secs(3600));
+            tokio::select! {
+                Some((ids, sent, results)) = in_flight.next(), if !in_flight.is_empty() => {
+                    let mut st = self.lock();
+                    let mut results = results.into_iter();
+                    for id in ids {
+                        if let Some(e) = st.entries.get_mut(&id) {
+                            e.in_flight = false;
+                        }
+                        let outcome = results.next().unwrap_or_else(|| {
+                            Err(crate::Error::backend("renew_many returned too few results"))
+                        });
+                        Self::apply(&mut st, id, sent, outcome);
+                    }
+                }
+                _ = tokio::time::sleep_until(sleep_until.into()) => {}
+                _ = self.wake.notified() => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! locksmith facade (being written).
