@@ -1,1 +1,140 @@
-//! stub
+//! The shared conformance suite: one list of cases every locksmith backend
+//! runs against a real store.
+//!
+//! A backend provides a [`Harness`] (how to make independent clients of the
+//! store under test, and one of a store that is down) and calls
+//! [`conformance_tests!`] once; every case then shows up as its own test:
+//!
+//! ```ignore
+//! mod conformance {
+//!     locksmith_conformance::conformance_tests!(crate::MyHarness::start().await);
+//! }
+//! ```
+//!
+//! Cases read the backend's [`Capabilities`](locksmith_core::Capabilities) to
+//! adapt expectations (fencing or not, TTL resolution), never to skip a
+//! safety property. The suite itself is tested: [`broken`] holds
+//! deliberately broken backends, and this crate's tests prove each one fails.
+
+pub mod broken;
+pub mod cases;
+pub mod faults;
+mod memory;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::FutureExt;
+use locksmith_core::LockBackend;
+
+pub use memory::MemoryHarness;
+
+/// How long one case may run before it counts as failed (a broken backend
+/// must fail the suite, not hang it).
+pub const CASE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// What a backend's tests provide so the suite can drive a real store.
+#[async_trait]
+pub trait Harness: Send + Sync {
+    /// A new client of the store under test, with its own connection(s), as a
+    /// separate process would have.
+    async fn client(&self) -> Arc<dyn LockBackend>;
+
+    /// A client configured like the others but pointed at a store that is
+    /// down or unreachable (a closed port, a missing database file).
+    async fn unreachable_client(&self) -> Arc<dyn LockBackend>;
+}
+
+/// The one list of cases. `__expand_cases!` turns it into the runner below and
+/// into one `#[tokio::test]` per case for [`conformance_tests!`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __case_list {
+    ($($mode:tt)*) => {
+        $crate::__expand_cases! { [$($mode)*]
+            exclusion_between_clients,
+            exclusion_shared_counter,
+            try_lock_never_waits,
+            wait_acquires_after_release,
+            wait_times_out_near_deadline,
+            waiter_is_woken_by_release,
+            cancelled_acquire_leaves_nothing_held,
+            expired_lease_can_be_taken,
+            abandoned_lock_frees_at_ttl,
+            renew_extends_lease,
+            renewal_watchdog_keeps_lock,
+            stale_owner_cannot_renew_or_release,
+            release_checks_owner,
+            dropped_guard_releases_in_background,
+            lost_signal_fires_before_takeover,
+            unavailable_is_an_error_not_contention,
+            keys_are_case_sensitive,
+            tricky_keys_are_distinct,
+            invalid_input_is_typed,
+            reentrant_same_owner,
+            fencing_strictly_increases,
+            multi_lock_all_or_nothing,
+            multi_lock_opposite_orders_do_not_deadlock,
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __expand_cases {
+    ([runner] $($name:ident),* $(,)?) => {
+        /// Every case's name, in suite order.
+        pub const CASE_NAMES: &[&str] = &[$(stringify!($name)),*];
+
+        /// Runs one case by name under [`CASE_TIMEOUT`].
+        ///
+        /// # Errors
+        /// The case's failure, a timeout, or an unknown name.
+        pub async fn run_case(name: &str, harness: &dyn Harness) -> anyhow::Result<()> {
+            let case = match name {
+                $(stringify!($name) => $crate::cases::$name(harness).boxed(),)*
+                other => anyhow::bail!("no conformance case named {other:?}"),
+            };
+            match tokio::time::timeout(CASE_TIMEOUT, case).await {
+                Ok(result) => result,
+                Err(_) => anyhow::bail!("case {name} did not finish within {CASE_TIMEOUT:?}"),
+            }
+        }
+    };
+    ([tests $harness:expr] $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let harness = $harness;
+                if let Err(e) = $crate::run_case(stringify!($name), &harness).await {
+                    panic!("conformance case {} failed: {e:#}", stringify!($name));
+                }
+            }
+        )*
+    };
+}
+
+__case_list!(runner);
+
+/// Generates one `#[tokio::test]` per conformance case. The argument is an
+/// expression (it may `.await`) evaluated in each test to build the harness.
+/// The calling crate needs `tokio` (with `macros` and `rt-multi-thread`) as a
+/// dev-dependency.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:expr) => {
+        $crate::__case_list!(tests $harness);
+    };
+}
+
+/// Runs every case and returns the names of those that failed, with why.
+pub async fn failing_cases(harness: &dyn Harness) -> Vec<(&'static str, String)> {
+    let mut failed = Vec::new();
+    for name in CASE_NAMES {
+        if let Err(e) = run_case(name, harness).await {
+            failed.push((*name, format!("{e:#}")));
+        }
+    }
+    failed
+}

@@ -186,8 +186,12 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     fn capabilities(&self) -> Capabilities;
 
     /// One attempt to take `key` for `owner` for `ttl`.
-    async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration)
-        -> Result<Acquire>;
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire>;
 
     /// Releases one hold of `key` if `owner` holds it.
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release>;
@@ -198,12 +202,8 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     /// Renews several leases; backends that can should do it in one round trip.
     /// The result has one entry per request, in order.
     async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        futures::future::join_all(
-            requests
-                .iter()
-                .map(|r| self.renew(&r.key, &r.owner, r.ttl)),
-        )
-        .await
+        futures::future::join_all(requests.iter().map(|r| self.renew(&r.key, &r.owner, r.ttl)))
+            .await
     }
 
     /// Subscribes to release notifications for `key`, if the store has them.

@@ -21,8 +21,8 @@ mod options;
 mod watchdog;
 
 pub use backend::{
-    Acquire, Binding, Capabilities, FencingToken, Grant, LockBackend, Release, Renew,
-    RenewRequest, Watch,
+    Acquire, Binding, Capabilities, FencingToken, Grant, LockBackend, Release, Renew, RenewRequest,
+    Watch,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use guard::{LockGuard, MultiGuard};

@@ -184,13 +184,14 @@ impl Watchdog {
                     // once the store is back.
                     let limit = requests.iter().map(|r| r.ttl / 2).min().unwrap_or_default();
                     let sent = Instant::now();
-                    let results = match tokio::time::timeout(limit, backend.renew_many(&requests)).await {
-                        Ok(results) => results,
-                        Err(_) => requests
-                            .iter()
-                            .map(|_| Err(crate::Error::unavailable("renewal timed out")))
-                            .collect(),
-                    };
+                    let results =
+                        match tokio::time::timeout(limit, backend.renew_many(&requests)).await {
+                            Ok(results) => results,
+                            Err(_) => requests
+                                .iter()
+                                .map(|_| Err(crate::Error::unavailable("renewal timed out")))
+                                .collect(),
+                        };
                     (ids, sent, results)
                 }));
                 continue;

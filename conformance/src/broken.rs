@@ -1,0 +1,160 @@
+//! Deliberately broken backends. Each wraps a correct one and breaks one
+//! promise of the contract; the suite must fail every one of them (this
+//! crate's `tests/broken.rs` proves it does).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use locksmith_core::{
+    Acquire, Capabilities, ErrorKind, FencingToken, Grant, LockBackend, LockKey, OwnerToken,
+    Release, Renew, Result, Watch,
+};
+
+use crate::Harness;
+
+/// Which promise to break.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Defect {
+    /// Release frees the key whoever asks.
+    ReleaseWithoutOwnerCheck,
+    /// Leases never expire (the TTL is ignored).
+    NoExpiry,
+    /// Renew releases the lock instead of extending it.
+    RenewReleases,
+    /// Every grant carries the same fencing token.
+    RepeatingFence,
+    /// A store that cannot be reached is reported as "held by someone else".
+    ContendedWhenDown,
+}
+
+impl Defect {
+    /// Every defect.
+    pub const ALL: [Defect; 5] = [
+        Defect::ReleaseWithoutOwnerCheck,
+        Defect::NoExpiry,
+        Defect::RenewReleases,
+        Defect::RepeatingFence,
+        Defect::ContendedWhenDown,
+    ];
+}
+
+/// A client with one defect. Clients of one [`BrokenHarness`] share the
+/// bookkeeping a defect needs (who holds what), as one store would.
+#[derive(Debug)]
+pub struct Broken {
+    inner: Arc<dyn LockBackend>,
+    defect: Defect,
+    holders: Arc<Mutex<HashMap<LockKey, OwnerToken>>>,
+}
+
+#[async_trait]
+impl LockBackend for Broken {
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = self.inner.capabilities();
+        if self.defect == Defect::RepeatingFence {
+            caps.fencing = true;
+        }
+        caps
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        let ttl = match self.defect {
+            Defect::NoExpiry => ttl.max(Duration::from_secs(3600)),
+            _ => ttl,
+        };
+        let outcome = match self.inner.try_acquire(key, owner, ttl).await {
+            Err(e)
+                if self.defect == Defect::ContendedWhenDown
+                    && e.kind() == ErrorKind::Unavailable =>
+            {
+                return Ok(Acquire::Contended { retry_after: None })
+            }
+            other => other?,
+        };
+        if let Acquire::Acquired(grant) = outcome {
+            self.holders
+                .lock()
+                .unwrap()
+                .insert(key.clone(), owner.clone());
+            if self.defect == Defect::RepeatingFence {
+                return Ok(Acquire::Acquired(Grant {
+                    fence: Some(FencingToken(1)),
+                    ..grant
+                }));
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+        if self.defect == Defect::ReleaseWithoutOwnerCheck {
+            let holder = self.holders.lock().unwrap().get(key).cloned();
+            if let Some(holder) = holder {
+                return self.inner.release(key, &holder).await;
+            }
+        }
+        self.inner.release(key, owner).await
+    }
+
+    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
+        match self.defect {
+            Defect::RenewReleases => {
+                self.inner.release(key, owner).await?;
+                Ok(Renew::Renewed)
+            }
+            Defect::NoExpiry => {
+                self.inner
+                    .renew(key, owner, ttl.max(Duration::from_secs(3600)))
+                    .await
+            }
+            _ => self.inner.renew(key, owner, ttl).await,
+        }
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Option<Watch>> {
+        self.inner.watch(key).await
+    }
+}
+
+/// A harness whose clients all carry `defect`.
+pub struct BrokenHarness<H> {
+    inner: H,
+    defect: Defect,
+    holders: Arc<Mutex<HashMap<LockKey, OwnerToken>>>,
+}
+
+impl<H: Harness> BrokenHarness<H> {
+    /// Breaks every client `inner` makes.
+    pub fn new(inner: H, defect: Defect) -> Self {
+        BrokenHarness {
+            inner,
+            defect,
+            holders: Arc::default(),
+        }
+    }
+
+    fn wrap(&self, inner: Arc<dyn LockBackend>) -> Arc<dyn LockBackend> {
+        Arc::new(Broken {
+            inner,
+            defect: self.defect,
+            holders: self.holders.clone(),
+        })
+    }
+}
+
+#[async_trait]
+impl<H: Harness> Harness for BrokenHarness<H> {
+    async fn client(&self) -> Arc<dyn LockBackend> {
+        self.wrap(self.inner.client().await)
+    }
+    async fn unreachable_client(&self) -> Arc<dyn LockBackend> {
+        self.wrap(self.inner.unreachable_client().await)
+    }
+}

@@ -1,0 +1,794 @@
+//! The conformance cases. Each is a plain `async fn` over a [`Harness`] that
+//! returns an error saying which promise was broken.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use locksmith_core::{
+    Acquire, Capabilities, ErrorKind, LockBackend, LockKey, LockOptions, Locker, OwnerToken,
+    Release, Renew, MAX_KEY_LEN, MAX_TTL,
+};
+use rand::Rng;
+
+use crate::faults::Partition;
+use crate::Harness;
+
+/// A prefix unique to this test process, so runs against a shared store
+/// never see each other's keys.
+fn run_prefix() -> &'static str {
+    static PREFIX: OnceLock<String> = OnceLock::new();
+    PREFIX.get_or_init(|| {
+        let mut b = [0u8; 6];
+        getrandom::fill(&mut b).expect("OS RNG");
+        format!("conformance-{}", hex::encode(b))
+    })
+}
+
+/// Builds this case's keys under the run prefix.
+fn key(case: &str, name: &str) -> LockKey {
+    LockKey::new(format!("{}/{case}/{name}", run_prefix())).expect("test keys are valid")
+}
+
+/// A TTL short enough for expiry cases yet well above the store's resolution.
+fn short_ttl(caps: &Capabilities) -> Duration {
+    Duration::from_millis(600)
+        .max(caps.min_ttl * 2)
+        .max(caps.ttl_resolution * 2)
+}
+
+/// How long to sleep so a lease of `ttl` has certainly expired in the store.
+fn past_expiry(caps: &Capabilities, ttl: Duration) -> Duration {
+    ttl + caps.ttl_resolution + Duration::from_millis(300)
+}
+
+/// A TTL no case waits out.
+const LONG_TTL: Duration = Duration::from_secs(60);
+
+fn long() -> LockOptions {
+    LockOptions::new().ttl(LONG_TTL)
+}
+
+async fn acquired(
+    b: &dyn LockBackend,
+    k: &LockKey,
+    owner: &OwnerToken,
+    ttl: Duration,
+) -> Result<locksmith_core::Grant> {
+    match b.try_acquire(k, owner, ttl).await? {
+        Acquire::Acquired(g) => Ok(g),
+        Acquire::Contended { .. } => bail!("expected to acquire {k:?}, but it is held"),
+    }
+}
+
+async fn contended(b: &dyn LockBackend, k: &LockKey, why: &str) -> Result<()> {
+    match b.try_acquire(k, &OwnerToken::generate(), LONG_TTL).await? {
+        Acquire::Contended { .. } => Ok(()),
+        Acquire::Acquired(_) => bail!("{k:?} should be held ({why}) but a stranger acquired it"),
+    }
+}
+
+/// Polls until another client gets `k`, up to `within`; returns the guard.
+async fn eventually_free(l: &Locker, k: &LockKey, within: Duration, why: &str) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        if let Some(g) = l.try_lock(k).await? {
+            g.release().await?;
+            return Ok(());
+        }
+        if start.elapsed() > within {
+            bail!("{k:?} still held after {within:?}: {why}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Exclusion: a second client is refused while the first holds the key, and
+/// gets it once released.
+pub async fn exclusion_between_clients(h: &dyn Harness) -> Result<()> {
+    let k = key("exclusion_between_clients", "k");
+    let (a, b) = (
+        Locker::from_arc(h.client().await),
+        Locker::from_arc(h.client().await),
+    );
+    let ga = a
+        .try_lock(&k)
+        .await?
+        .context("first try_lock on a free key")?;
+    ensure!(
+        b.try_lock(&k).await?.is_none(),
+        "second client acquired a held key"
+    );
+    contended(&**b.backend(), &k, "first client holds it").await?;
+    ga.release().await?;
+    let gb = b
+        .try_lock(&k)
+        .await?
+        .context("key not free after release")?;
+    gb.release().await?;
+    Ok(())
+}
+
+/// Exclusion under load: 8 clients on separate connections increment a
+/// shared counter with a non-atomic read-modify-write inside the lock.
+pub async fn exclusion_shared_counter(h: &dyn Harness) -> Result<()> {
+    const CLIENTS: usize = 8;
+    const ROUNDS: u64 = 20;
+    let k = key("exclusion_shared_counter", "counter");
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlap = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let locker = Locker::from_arc(h.client().await);
+        let (k, counter, inside, overlap) =
+            (k.clone(), counter.clone(), inside.clone(), overlap.clone());
+        tasks.push(tokio::spawn(async move {
+            let opts = long().wait_for(Duration::from_secs(60));
+            for _ in 0..ROUNDS {
+                let g = locker.lock_with(&k, &opts).await?;
+                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                    overlap.store(true, Ordering::SeqCst);
+                }
+                let v = counter.load(Ordering::SeqCst);
+                let pause = rand::rng().random_range(0..400);
+                tokio::time::sleep(Duration::from_micros(pause)).await;
+                counter.store(v + 1, Ordering::SeqCst);
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    ensure!(
+        !overlap.load(Ordering::SeqCst),
+        "two clients were inside the lock at once"
+    );
+    let total = counter.load(Ordering::SeqCst);
+    ensure!(
+        total == CLIENTS as u64 * ROUNDS,
+        "lost increments: {total} of {}",
+        CLIENTS as u64 * ROUNDS
+    );
+    Ok(())
+}
+
+/// `try_lock` and a no-wait `lock` answer at once when the key is held.
+pub async fn try_lock_never_waits(h: &dyn Harness) -> Result<()> {
+    let k = key("try_lock_never_waits", "k");
+    let (a, b) = (
+        Locker::from_arc(h.client().await),
+        Locker::from_arc(h.client().await),
+    );
+    let ga = a.lock_with(&k, &long()).await?;
+    let start = Instant::now();
+    ensure!(b.try_lock(&k).await?.is_none(), "try_lock got a held key");
+    let err = b
+        .lock_with(&k, &long().no_wait())
+        .await
+        .err()
+        .context("no-wait lock got a held key")?;
+    ensure!(
+        err.kind() == ErrorKind::Timeout,
+        "no-wait on a held key should be Timeout, got {err}"
+    );
+    // Far below any wait or TTL: the point is that it did not wait for the holder.
+    ensure!(
+        start.elapsed() < Duration::from_secs(5),
+        "no-wait calls took {:?}",
+        start.elapsed()
+    );
+    ga.release().await?;
+    Ok(())
+}
+
+/// A waiter gets the lock after the holder releases, within its wait.
+pub async fn wait_acquires_after_release(h: &dyn Harness) -> Result<()> {
+    let k = key("wait_acquires_after_release", "k");
+    let (a, b) = (
+        Locker::from_arc(h.client().await),
+        Locker::from_arc(h.client().await),
+    );
+    let ga = a.lock_with(&k, &long()).await?;
+    let fence_a = ga.fence();
+    let kb = k.clone();
+    let waiter = tokio::spawn(async move {
+        b.lock_with(&kb, &long().wait_for(Duration::from_secs(20)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    ensure!(
+        !waiter.is_finished(),
+        "waiter acquired while the key was held"
+    );
+    ga.release().await?;
+    let gb = waiter
+        .await?
+        .context("waiter did not get the released lock")?;
+    if let (Some(fa), Some(fb)) = (fence_a, gb.fence()) {
+        ensure!(
+            fb > fa,
+            "fence did not increase on hand-off: {fa} then {fb}"
+        );
+    }
+    gb.release().await?;
+    Ok(())
+}
+
+/// A bounded wait on a key that stays held ends in `Timeout`, near the deadline.
+pub async fn wait_times_out_near_deadline(h: &dyn Harness) -> Result<()> {
+    let k = key("wait_times_out_near_deadline", "k");
+    let (a, b) = (
+        Locker::from_arc(h.client().await),
+        Locker::from_arc(h.client().await),
+    );
+    let ga = a.lock_with(&k, &long()).await?;
+    let wait = Duration::from_millis(700);
+    let start = Instant::now();
+    let err = b
+        .lock_with(&k, &long().wait_for(wait))
+        .await
+        .err()
+        .context("waiter got a held key")?;
+    let took = start.elapsed();
+    ensure!(
+        err.kind() == ErrorKind::Timeout,
+        "expected Timeout, got {err}"
+    );
+    ensure!(took >= wait, "gave up early, after {took:?} of {wait:?}");
+    ensure!(
+        took < wait + Duration::from_secs(3),
+        "gave up late, after {took:?} of {wait:?}"
+    );
+    ga.release().await?;
+    Ok(())
+}
+
+/// A release is seen promptly by a waiter even when the holder's lease and
+/// the poll ceiling are long: by notification where the store has it, else
+/// by backoff capped at `max_poll`.
+pub async fn waiter_is_woken_by_release(h: &dyn Harness) -> Result<()> {
+    let k = key("waiter_is_woken_by_release", "k");
+    let client_b = h.client().await;
+    let notify = client_b.capabilities().notify;
+    let (a, b) = (
+        Locker::from_arc(h.client().await),
+        Locker::from_arc(client_b),
+    );
+    let ga = a.lock_with(&k, &long()).await?;
+    // With notification the fallback wake is the holder's remaining lease
+    // (about a minute), so only the release message can wake the waiter in time.
+    let mut opts = long().wait_for(Duration::from_secs(30));
+    if !notify {
+        opts.max_poll = Duration::from_millis(250);
+    }
+    let kb = k.clone();
+    let waiter = tokio::spawn(async move {
+        let g = b.lock_with(&kb, &opts).await;
+        (g, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    ga.release().await?;
+    let (g, got) = waiter.await?;
+    let g = g.context("waiter did not get the lock")?;
+    let lag = got.saturating_duration_since(released);
+    ensure!(
+        lag < Duration::from_secs(5),
+        "waiter took {lag:?} to notice the release"
+    );
+    g.release().await?;
+    Ok(())
+}
+
+/// Dropping an acquire future, while waiting or mid-request, leaves nothing held.
+pub async fn cancelled_acquire_leaves_nothing_held(h: &dyn Harness) -> Result<()> {
+    let k = key("cancelled_acquire_leaves_nothing_held", "k");
+    let (a, b, c) = (
+        Locker::from_arc(h.client().await),
+        Locker::from_arc(h.client().await),
+        Locker::from_arc(h.client().await),
+    );
+    // Dropped while waiting for a holder.
+    let ga = a.lock_with(&k, &long()).await?;
+    let r = tokio::time::timeout(Duration::from_millis(150), b.lock_with(&k, &long())).await;
+    ensure!(r.is_err(), "waiter should still be waiting");
+    ga.release().await?;
+    let gc = c
+        .try_lock(&k)
+        .await?
+        .context("key held after the holder released and the waiter was dropped")?;
+    gc.release().await?;
+    // Dropped at assorted points of an uncontended acquire.
+    for i in 0..20u64 {
+        let cut = Duration::from_micros(i * i * 40);
+        match tokio::time::timeout(cut, b.lock_with(&k, &long())).await {
+            Ok(g) => g?.release().await?,
+            Err(_) => {
+                eventually_free(
+                    &c,
+                    &k,
+                    Duration::from_secs(5),
+                    "an acquire dropped mid-flight left the lock held",
+                )
+                .await?
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A lease not renewed expires, and another client takes the key then, not before.
+pub async fn expired_lease_can_be_taken(h: &dyn Harness) -> Result<()> {
+    let k = key("expired_lease_can_be_taken", "k");
+    let (a, b) = (h.client().await, h.client().await);
+    let ttl = short_ttl(&a.capabilities());
+    acquired(&*a, &k, &OwnerToken::generate(), ttl).await?;
+    tokio::time::sleep(ttl / 3).await;
+    contended(&*b, &k, "lease not yet expired").await?;
+    tokio::time::sleep(past_expiry(&a.capabilities(), ttl)).await;
+    acquired(&*b, &k, &OwnerToken::generate(), LONG_TTL)
+        .await
+        .context("expired lease was not taken over")?;
+    Ok(())
+}
+
+/// A holder that vanishes (client dropped, nothing released) frees the key at TTL.
+pub async fn abandoned_lock_frees_at_ttl(h: &dyn Harness) -> Result<()> {
+    let k = key("abandoned_lock_frees_at_ttl", "k");
+    let caps;
+    let ttl;
+    {
+        let a = Locker::from_arc(h.client().await);
+        caps = a.capabilities().clone();
+        ttl = short_ttl(&caps);
+        let g = a.lock_with(&k, &LockOptions::new().ttl(ttl)).await?;
+        // Simulates a process killed mid-section: no release, no renewal.
+        let _ = g.leak();
+    }
+    let b = Locker::from_arc(h.client().await);
+    ensure!(
+        b.try_lock(&k).await?.is_none(),
+        "abandoned lock freed before its TTL"
+    );
+    tokio::time::sleep(past_expiry(&caps, ttl)).await;
+    eventually_free(
+        &b,
+        &k,
+        Duration::from_secs(2),
+        "abandoned lock not freed at TTL",
+    )
+    .await
+}
+
+/// Renewal extends the lease, as a second client sees; renewal by the owner only.
+pub async fn renew_extends_lease(h: &dyn Harness) -> Result<()> {
+    let k = key("renew_extends_lease", "k");
+    let (a, b) = (h.client().await, h.client().await);
+    let caps = a.capabilities();
+    let ttl = short_ttl(&caps);
+    let owner = OwnerToken::generate();
+    acquired(&*a, &k, &owner, ttl).await?;
+    tokio::time::sleep(ttl / 3).await;
+    ensure!(
+        a.renew(&k, &owner, ttl * 4).await? == Renew::Renewed,
+        "owner could not renew"
+    );
+    ensure!(
+        b.renew(&k, &OwnerToken::generate(), LONG_TTL).await? == Renew::NotHeld,
+        "a stranger renewed someone else's lock"
+    );
+    tokio::time::sleep(past_expiry(&caps, ttl)).await;
+    contended(&*b, &k, "renewed past its first TTL").await?;
+    ensure!(
+        a.release(&k, &owner).await? == Release::Freed,
+        "renewed lock did not release"
+    );
+    acquired(&*b, &k, &OwnerToken::generate(), LONG_TTL).await?;
+    Ok(())
+}
+
+/// The watchdog keeps a short lease alive for several TTLs.
+pub async fn renewal_watchdog_keeps_lock(h: &dyn Harness) -> Result<()> {
+    let k = key("renewal_watchdog_keeps_lock", "k");
+    let a = Locker::from_arc(h.client().await);
+    let b = h.client().await;
+    let ttl = short_ttl(a.capabilities()).max(Duration::from_millis(900));
+    let g = a.lock_with(&k, &LockOptions::new().ttl(ttl)).await?;
+    for _ in 0..6 {
+        tokio::time::sleep(ttl / 2).await;
+        contended(&*b, &k, "the watchdog renews it").await?;
+    }
+    ensure!(!g.is_lost(), "guard reported lost while renewals succeeded");
+    g.release().await?;
+    Ok(())
+}
+
+/// After its lease expired and someone else took the key, the old owner can
+/// neither renew nor release the new holder's lock, and is told so.
+pub async fn stale_owner_cannot_renew_or_release(h: &dyn Harness) -> Result<()> {
+    let k = key("stale_owner_cannot_renew_or_release", "k");
+    let (a, b, c) = (h.client().await, h.client().await, h.client().await);
+    let caps = a.capabilities();
+    let ttl = short_ttl(&caps);
+    let stale = OwnerToken::generate();
+    acquired(&*a, &k, &stale, ttl).await?;
+    tokio::time::sleep(past_expiry(&caps, ttl)).await;
+    let fresh = OwnerToken::generate();
+    acquired(&*b, &k, &fresh, LONG_TTL).await?;
+    ensure!(
+        a.renew(&k, &stale, LONG_TTL).await? == Renew::NotHeld,
+        "stale owner renewed"
+    );
+    ensure!(
+        a.release(&k, &stale).await? == Release::NotHeld,
+        "stale owner released"
+    );
+    contended(&*c, &k, "the new holder still has it").await?;
+    ensure!(
+        b.release(&k, &fresh).await? == Release::Freed,
+        "new holder could not release"
+    );
+    Ok(())
+}
+
+/// Release is owner-checked and idempotent: a stranger's release changes
+/// nothing, a second release reports `NotHeld`.
+pub async fn release_checks_owner(h: &dyn Harness) -> Result<()> {
+    let k = key("release_checks_owner", "k");
+    let (a, b) = (h.client().await, h.client().await);
+    let owner = OwnerToken::generate();
+    acquired(&*a, &k, &owner, LONG_TTL).await?;
+    ensure!(
+        b.release(&k, &OwnerToken::generate()).await? == Release::NotHeld,
+        "a stranger's release was accepted"
+    );
+    contended(&*b, &k, "only the owner may release").await?;
+    ensure!(
+        a.release(&k, &owner).await? == Release::Freed,
+        "owner's release failed"
+    );
+    ensure!(
+        a.release(&k, &owner).await? == Release::NotHeld,
+        "double release did not report NotHeld"
+    );
+    ensure!(
+        b.release(&k, &OwnerToken::generate()).await? == Release::NotHeld,
+        "release of a free key did not report NotHeld"
+    );
+    acquired(&*b, &k, &OwnerToken::generate(), LONG_TTL).await?;
+    Ok(())
+}
+
+/// A guard dropped without release frees the lock in the background, long
+/// before its TTL.
+pub async fn dropped_guard_releases_in_background(h: &dyn Harness) -> Result<()> {
+    let k = key("dropped_guard_releases_in_background", "k");
+    let (a, b) = (
+        Locker::from_arc(h.client().await),
+        Locker::from_arc(h.client().await),
+    );
+    let g = a.lock_with(&k, &long()).await?;
+    drop(g);
+    eventually_free(
+        &b,
+        &k,
+        Duration::from_secs(5),
+        "a dropped guard did not release",
+    )
+    .await
+}
+
+/// Cut off from the store, a holder's lost signal fires by its local
+/// deadline, and before anyone else can take the key.
+pub async fn lost_signal_fires_before_takeover(h: &dyn Harness) -> Result<()> {
+    let k = key("lost_signal_fires_before_takeover", "k");
+    let link = Partition::new(h.client().await);
+    let a = Locker::from_arc(link.clone());
+    let b = h.client().await;
+    let ttl = short_ttl(a.capabilities()).max(Duration::from_secs(1));
+    let g = a.lock_with(&k, &LockOptions::new().ttl(ttl)).await?;
+    let deadline = g.lease().deadline;
+    link.cut();
+    let started = Instant::now();
+    // Another client keeps trying; record when it first succeeds.
+    let kb = k.clone();
+    let taken_at = tokio::spawn(async move {
+        loop {
+            match b.try_acquire(&kb, &OwnerToken::generate(), LONG_TTL).await {
+                Ok(Acquire::Acquired(_)) => return Some(Instant::now()),
+                _ if started.elapsed() > ttl * 4 => return None,
+                _ => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+    });
+    let reason = tokio::time::timeout(ttl * 3, g.lost())
+        .await
+        .map_err(|_| anyhow!("lost signal did not fire within 3 TTLs of losing the store"))?;
+    let fired = Instant::now();
+    ensure!(
+        g.is_lost(),
+        "lost fired ({reason:?}) but the guard does not say so"
+    );
+    ensure!(
+        fired <= deadline + Duration::from_millis(250),
+        "lost fired {:?} after the local deadline",
+        fired - deadline
+    );
+    if let Some(t) = taken_at.await? {
+        ensure!(
+            t >= fired,
+            "another client took the key {:?} before the lost signal fired",
+            fired - t
+        );
+    } else {
+        bail!("the key was never freed after its holder was cut off");
+    }
+    Ok(())
+}
+
+/// A store that cannot be reached is an `Unavailable` error on every path,
+/// never "held by someone else" and never a timeout.
+pub async fn unavailable_is_an_error_not_contention(h: &dyn Harness) -> Result<()> {
+    let k = key("unavailable_is_an_error_not_contention", "k");
+    let down = h.unreachable_client().await;
+    let owner = OwnerToken::generate();
+    let kind = |r: std::result::Result<(), locksmith_core::Error>| r.err().map(|e| e.kind());
+    let want = Some(ErrorKind::Unavailable);
+    ensure!(
+        kind(down.try_acquire(&k, &owner, LONG_TTL).await.map(|_| ())) == want,
+        "try_acquire on a down store"
+    );
+    ensure!(
+        kind(down.release(&k, &owner).await.map(|_| ())) == want,
+        "release on a down store"
+    );
+    ensure!(
+        kind(down.renew(&k, &owner, LONG_TTL).await.map(|_| ())) == want,
+        "renew on a down store"
+    );
+    let l = Locker::from_arc(down);
+    ensure!(
+        kind(l.try_lock(&k).await.map(|_| ())) == want,
+        "try_lock on a down store"
+    );
+    let start = Instant::now();
+    let waited = l
+        .lock_with(&k, &long().wait_for(Duration::from_secs(20)))
+        .await
+        .map(|_| ());
+    ensure!(kind(waited) == want, "lock with a wait on a down store");
+    ensure!(
+        start.elapsed() < Duration::from_secs(15),
+        "lock on a down store waited instead of failing"
+    );
+    Ok(())
+}
+
+/// Keys differing only in case are different locks.
+pub async fn keys_are_case_sensitive(h: &dyn Harness) -> Result<()> {
+    let (a, b) = (h.client().await, h.client().await);
+    let upper = key("keys_are_case_sensitive", "Key");
+    let lower = key("keys_are_case_sensitive", "key");
+    acquired(&*a, &upper, &OwnerToken::generate(), LONG_TTL).await?;
+    acquired(&*b, &lower, &OwnerToken::generate(), LONG_TTL)
+        .await
+        .context("\"key\" collided with \"Key\"")?;
+    Ok(())
+}
+
+/// Awkward keys are accepted, and no two of them share a lock.
+pub async fn tricky_keys_are_distinct(h: &dyn Harness) -> Result<()> {
+    let (a, b) = (h.client().await, h.client().await);
+    let base = key("tricky_keys_are_distinct", "").as_str().to_owned();
+    let max_tail = MAX_KEY_LEN - base.len();
+    let long_x = "x".repeat(max_tail);
+    let mut long_y = "x".repeat(max_tail - 1);
+    long_y.push('y');
+    let names: Vec<String> = vec![
+        "/".into(),
+        "a/b".into(),
+        "a b".into(),
+        "a b ".into(),
+        "'".into(),
+        "\"".into(),
+        "''".into(),
+        "..".into(),
+        "../..".into(),
+        "\\".into(),
+        "%".into(),
+        "_".into(),
+        "a%".into(),
+        "a_".into(),
+        "\t\u{1}\u{7f}".into(),
+        "\n".into(),
+        "🔒".into(),
+        "e\u{301}".into(),
+        "\u{e9}".into(),
+        "Robert'); DROP TABLE locks;--".into(),
+        "*".into(),
+        "?".into(),
+        "{tag}".into(),
+        long_x,
+        long_y,
+    ];
+    let mut keys = Vec::new();
+    for n in &names {
+        let k = LockKey::new(format!("{base}{n}")).with_context(|| format!("key {n:?} refused"))?;
+        keys.push(k);
+    }
+    for k in &keys {
+        acquired(&*a, k, &OwnerToken::generate(), LONG_TTL)
+            .await
+            .with_context(|| format!("{k:?} collided with another key"))?;
+    }
+    for k in &keys {
+        contended(&*b, k, "acquired above").await?;
+    }
+    Ok(())
+}
+
+/// Bad input is a typed error, before anything reaches the store.
+pub async fn invalid_input_is_typed(h: &dyn Harness) -> Result<()> {
+    let l = Locker::from_arc(h.client().await);
+    let caps = l.capabilities().clone();
+    let e = l.try_lock("").await.err().context("empty key accepted")?;
+    ensure!(e.kind() == ErrorKind::InvalidKey, "empty key: {e}");
+    let e = l
+        .try_lock("x".repeat(MAX_KEY_LEN + 1))
+        .await
+        .err()
+        .context("oversized key accepted")?;
+    ensure!(e.kind() == ErrorKind::InvalidKey, "oversized key: {e}");
+    let k = key("invalid_input_is_typed", "k");
+    let mut bad = vec![Duration::ZERO, MAX_TTL + Duration::from_secs(1)];
+    if caps.min_ttl > Duration::from_millis(1) {
+        bad.push(caps.min_ttl / 2);
+    }
+    for ttl in bad {
+        let e = l.lock_with(&k, &LockOptions::new().ttl(ttl)).await.err();
+        let e = e.with_context(|| format!("TTL {ttl:?} accepted"))?;
+        ensure!(e.kind() == ErrorKind::InvalidOptions, "TTL {ttl:?}: {e}");
+    }
+    ensure!(
+        l.try_lock(&k).await?.is_some(),
+        "the key is free after refused attempts"
+    );
+    Ok(())
+}
+
+/// The same owner re-enters a key it holds; the key frees only when every
+/// hold is released, and other owners are excluded throughout.
+pub async fn reentrant_same_owner(h: &dyn Harness) -> Result<()> {
+    let k = key("reentrant_same_owner", "k");
+    let a = Locker::from_arc(h.client().await);
+    let b = h.client().await;
+    let me = OwnerToken::generate();
+    let outer = a.lock_as(&me, &k, &long()).await?;
+    let inner = a
+        .lock_as(&me, &k, &long().no_wait())
+        .await
+        .context("owner could not re-enter")?;
+    ensure!(
+        outer.holds() == 1 && inner.holds() == 2,
+        "holds {} then {}",
+        outer.holds(),
+        inner.holds()
+    );
+    ensure!(
+        inner.fence() == outer.fence(),
+        "re-entry changed the fencing token"
+    );
+    contended(&*b, &k, "held twice").await?;
+    inner.release().await?;
+    contended(&*b, &k, "one hold remains").await?;
+    outer.release().await?;
+    acquired(&*b, &k, &OwnerToken::generate(), LONG_TTL)
+        .await
+        .context("free after the last hold")?;
+    Ok(())
+}
+
+/// Fencing tokens strictly increase across grants, owners, release and expiry
+/// (or are absent where the backend does not offer them).
+pub async fn fencing_strictly_increases(h: &dyn Harness) -> Result<()> {
+    let k = key("fencing_strictly_increases", "k");
+    let (a, b) = (h.client().await, h.client().await);
+    let caps = a.capabilities();
+    let mut fences = Vec::new();
+    for i in 0..6 {
+        let c = if i % 2 == 0 { &a } else { &b };
+        let owner = OwnerToken::generate();
+        fences.push(acquired(&**c, &k, &owner, LONG_TTL).await?.fence);
+        c.release(&k, &owner).await?;
+    }
+    let ttl = short_ttl(&caps);
+    fences.push(acquired(&*a, &k, &OwnerToken::generate(), ttl).await?.fence);
+    tokio::time::sleep(past_expiry(&caps, ttl)).await;
+    fences.push(
+        acquired(&*b, &k, &OwnerToken::generate(), LONG_TTL)
+            .await?
+            .fence,
+    );
+    if !caps.fencing {
+        ensure!(
+            fences.iter().all(Option::is_none),
+            "backend without fencing returned tokens"
+        );
+        return Ok(());
+    }
+    let tokens: Vec<u64> = fences
+        .iter()
+        .map(|f| {
+            f.map(|t| t.0)
+                .ok_or_else(|| anyhow!("a grant carried no fencing token"))
+        })
+        .collect::<Result<_>>()?;
+    ensure!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens not strictly increasing: {tokens:?}"
+    );
+    Ok(())
+}
+
+/// `lock_all` is all or nothing: if one key stays held, every key it took is
+/// released before it returns.
+pub async fn multi_lock_all_or_nothing(h: &dyn Harness) -> Result<()> {
+    let [k1, k2, k3] = ["k1", "k2", "k3"].map(|n| key("multi_lock_all_or_nothing", n));
+    let (a, b, c) = (
+        Locker::from_arc(h.client().await),
+        Locker::from_arc(h.client().await),
+        Locker::from_arc(h.client().await),
+    );
+    let g2 = a.lock_with(&k2, &long()).await?;
+    let e = b
+        .lock_all(
+            [&k3, &k1, &k2],
+            &long().wait_for(Duration::from_millis(400)),
+        )
+        .await
+        .err()
+        .context("lock_all got a held key")?;
+    ensure!(e.kind() == ErrorKind::Timeout, "expected Timeout, got {e}");
+    for k in [&k1, &k3] {
+        let g = c
+            .try_lock(k)
+            .await?
+            .with_context(|| format!("{k:?} left held by a failed lock_all"))?;
+        g.release().await?;
+    }
+    g2.release().await?;
+    let all = b.lock_all([&k3, &k1, &k2, &k1], &long().no_wait()).await?;
+    let got: Vec<&LockKey> = all.guards().iter().map(|g| g.key()).collect();
+    ensure!(got == vec![&k1, &k2, &k3], "lock_all order {got:?}");
+    ensure!(c.try_lock(&k2).await?.is_none(), "lock_all did not hold k2");
+    all.release().await?;
+    Ok(())
+}
+
+/// Two clients locking the same keys in opposite orders never deadlock.
+pub async fn multi_lock_opposite_orders_do_not_deadlock(h: &dyn Harness) -> Result<()> {
+    let [ka, kb] = ["a", "b"].map(|n| key("multi_lock_opposite_orders_do_not_deadlock", n));
+    let mut tasks = Vec::new();
+    for order in [[ka.clone(), kb.clone()], [kb.clone(), ka.clone()]] {
+        let l = Locker::from_arc(h.client().await);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let g = l
+                    .lock_all(order.clone(), &long().wait_for(Duration::from_secs(20)))
+                    .await?;
+                tokio::task::yield_now().await;
+                g.release().await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
