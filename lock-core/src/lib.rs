@@ -18,6 +18,7 @@ mod lease;
 mod locker;
 mod memory;
 mod options;
+mod url;
 mod watchdog;
 
 pub use backend::{
@@ -31,6 +32,7 @@ pub use lease::{clock_drift, local_deadline, Lease, LeaseState, LostReason};
 pub use locker::Locker;
 pub use memory::MemoryBackend;
 pub use options::{validate_ttl, LockOptions, WaitPolicy, MAX_TTL};
+pub use url::RedactedUrl;
 
 /// Re-exported so backends implement [`LockBackend`] with the same macro version.
 pub use async_trait::async_trait;

@@ -279,9 +279,13 @@ impl Locker {
                     continue;
                 }
             }
-            let mut pause = match &watch {
-                Some(_) => retry_after.unwrap_or(opts.max_poll).max(MIN_POLL),
-                None => backoff.next().unwrap_or(opts.max_poll),
+            // With store-wide notification the fallback wake is when the
+            // holder's lease could run out; a watch that only hears this
+            // process's releases is a hint beside the backoff, not instead of it.
+            let mut pause = if self.caps.notify && watch.is_some() {
+                retry_after.unwrap_or(opts.max_poll).max(MIN_POLL)
+            } else {
+                backoff.next().unwrap_or(opts.max_poll)
             };
             if let Some(g) = give_up {
                 pause = pause.min(g.saturating_duration_since(now));

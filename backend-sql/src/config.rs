@@ -1,0 +1,162 @@
+//! Parsing a SQL connection URL into a [`SqlConfig`].
+
+use std::time::Duration;
+
+use locksmith_core::{Error, RedactedUrl, Result};
+
+/// The URL schemes this crate answers to.
+pub const SQL_SCHEMES: &[&str] = &["sqlite"];
+
+/// Default name of the lease table.
+pub const DEFAULT_TABLE: &str = "locksmith_locks";
+
+/// Which database speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Dialect {
+    /// SQLite, embedded through sqlx's bundled library.
+    Sqlite,
+}
+
+/// Everything needed to open a [`SqlBackend`](crate::SqlBackend).
+///
+/// Parameters of ours in the URL query (removed before the URL reaches the
+/// driver): `table` (lease table name, a plain identifier), `pool_max`
+/// (connections in the pool) and `connect_timeout` (e.g. `3s`).
+#[derive(Debug, Clone)]
+pub struct SqlConfig {
+    /// The database.
+    pub dialect: Dialect,
+    /// The URL handed to the driver, without our parameters.
+    pub url: RedactedUrl,
+    /// The lease table; validated as an identifier.
+    pub table: String,
+    /// Pool size.
+    pub pool_max: u32,
+    /// How long to wait for a connection before reporting `Unavailable`.
+    pub connect_timeout: Duration,
+}
+
+impl SqlConfig {
+    /// Parses `sqlite://path/to/file.db?table=locks`.
+    ///
+    /// # Errors
+    /// `Config` for an unknown scheme, an in-memory SQLite database (each
+    /// connection would see its own) or a bad parameter; `InvalidOptions` for
+    /// a table name that is not a plain identifier.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let redacted = RedactedUrl::new(url);
+        let scheme = redacted.scheme();
+        let dialect = match scheme.as_str() {
+            "sqlite" => Dialect::Sqlite,
+            other => {
+                return Err(Error::config(format!(
+                    "{redacted}: scheme {other:?} is not a SQL database this crate supports ({})",
+                    SQL_SCHEMES.join(", ")
+                )))
+            }
+        };
+        let (base, query) = match url.split_once('?') {
+            Some((b, q)) => (b, q),
+            None => (url, ""),
+        };
+        let mut config = SqlConfig {
+            dialect,
+            url: RedactedUrl::new(base),
+            table: DEFAULT_TABLE.to_owned(),
+            pool_max: 8,
+            connect_timeout: Duration::from_secs(3),
+        };
+        let mut passthrough = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            match k {
+                "table" => config.table = validate_table_name(v)?,
+                "pool_max" => {
+                    config.pool_max = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        Error::config(format!("{redacted}: pool_max must be a positive integer"))
+                    })?
+                }
+                "connect_timeout" => {
+                    config.connect_timeout = humantime::parse_duration(v).map_err(|_| {
+                        Error::config(format!(
+                            "{redacted}: connect_timeout must be a duration like 3s"
+                        ))
+                    })?
+                }
+                _ => passthrough.push(pair),
+            }
+        }
+        if !passthrough.is_empty() {
+            config.url = RedactedUrl::new(format!("{base}?{}", passthrough.join("&")));
+        }
+        if dialect == Dialect::Sqlite {
+            let path = base
+                .split_once(':')
+                .map(|(_, p)| p.trim_start_matches("//"))
+                .unwrap_or("");
+            if path.is_empty() || path.contains(":memory:") || query.contains("mode=memory") {
+                return Err(Error::config(format!(
+                    "{redacted}: an in-memory SQLite database is private to one connection; \
+                     use a file (sqlite://locks.db) or memory:// for in-process locks"
+                )));
+            }
+        }
+        Ok(config)
+    }
+}
+
+/// A table name goes into SQL text, so it must be a plain identifier:
+/// ASCII letter or `_`, then letters, digits or `_`, at most 63 bytes.
+///
+/// # Errors
+/// `InvalidOptions` for anything else.
+pub fn validate_table_name(name: &str) -> Result<String> {
+    let mut bytes = name.bytes();
+    let first_ok = bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_');
+    let rest_ok = bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if first_ok && rest_ok && name.len() <= 63 {
+        Ok(name.to_owned())
+    } else {
+        Err(Error::invalid_options(format!(
+            "table name {name:?} is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use locksmith_core::ErrorKind;
+
+    #[test]
+    fn our_parameters_are_taken_out_of_the_url() {
+        let c = SqlConfig::from_url("sqlite://dir/locks.db?table=my_locks&pool_max=2&mode=rwc")
+            .unwrap();
+        assert_eq!(c.dialect, Dialect::Sqlite);
+        assert_eq!(c.table, "my_locks");
+        assert_eq!(c.pool_max, 2);
+        assert_eq!(c.url.expose(), "sqlite://dir/locks.db?mode=rwc");
+    }
+
+    #[test]
+    fn bad_urls_and_table_names_are_typed_errors() {
+        for (url, kind) in [
+            (
+                "sqlite://x.db?table=locks;drop table x",
+                ErrorKind::InvalidOptions,
+            ),
+            ("sqlite://x.db?table=1abc", ErrorKind::InvalidOptions),
+            ("sqlite://x.db?table=", ErrorKind::InvalidOptions),
+            ("sqlite://x.db?pool_max=0", ErrorKind::Config),
+            ("sqlite::memory:", ErrorKind::Config),
+            ("sqlite://", ErrorKind::Config),
+            ("oracle://x", ErrorKind::Config),
+        ] {
+            assert_eq!(SqlConfig::from_url(url).unwrap_err().kind(), kind, "{url}");
+        }
+        assert!(validate_table_name(&"t".repeat(64)).is_err());
+    }
+}
