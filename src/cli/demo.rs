@@ -1,0 +1,144 @@
+//! `locksmith demo`: contention on one lock, with figures.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use locksmith::{LockOptions, OwnerToken, RedactedUrl, Result};
+
+use super::DemoArgs;
+
+/// Who released last, and when: the next acquirer measures its hand-off from it.
+#[derive(Default)]
+struct LastRelease(Mutex<Option<(usize, Instant)>>);
+
+pub(crate) async fn demo(args: DemoArgs) -> Result<i32> {
+    let workers = args.workers as usize;
+    let rounds = u64::from(args.rounds);
+    let total = workers as u64 * rounds;
+    let shown = RedactedUrl::new(&args.store.url);
+    println!("locksmith demo: {workers} workers x {rounds} increments on {shown}");
+
+    // A fresh key per run, so a run killed earlier cannot leave it held.
+    let key = format!("locksmith-demo/{}", &OwnerToken::generate().as_str()[..12]);
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let last = Arc::new(LastRelease::default());
+    let handoffs = Arc::new(Mutex::new(Vec::with_capacity(total as usize)));
+    let opts = LockOptions::new().ttl(Duration::from_secs(10));
+
+    // Connect every worker before the clock starts.
+    let mut lockers = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        lockers.push(locksmith::connect(&args.store.url).await?);
+    }
+    lockers[0].try_lock(&key).await?.map(drop);
+
+    let stop_progress = Arc::new(AtomicBool::new(false));
+    let progress = {
+        let (done, stop) = (done.clone(), stop_progress.clone());
+        tokio::spawn(async move {
+            let start = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let n = done.load(Ordering::Relaxed);
+                let rate = n as f64 / start.elapsed().as_secs_f64();
+                eprint!("\r  {n:>7}/{total} locks  {rate:>8.0} locks/s");
+                let _ = std::io::stderr().flush();
+            }
+            eprint!("\r{:60}\r", "");
+        })
+    };
+
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(workers);
+    for (id, locker) in lockers.into_iter().enumerate() {
+        let (key, opts) = (key.clone(), opts.clone());
+        let (counter, inside, overlaps, done, last, handoffs) = (
+            counter.clone(),
+            inside.clone(),
+            overlaps.clone(),
+            done.clone(),
+            last.clone(),
+            handoffs.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..rounds {
+                let guard = locker.lock_with(key.as_str(), &opts).await?;
+                let now = Instant::now();
+                if let Some((who, at)) = *last.0.lock().unwrap() {
+                    if who != id {
+                        handoffs.lock().unwrap().push(now - at);
+                    }
+                }
+                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                // Read, let others run, write back: loses updates unless exclusive.
+                let value = counter.load(Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                counter.store(value + 1, Ordering::SeqCst);
+                inside.fetch_sub(1, Ordering::SeqCst);
+                *last.0.lock().unwrap() = Some((id, Instant::now()));
+                guard.release().await?;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<(), locksmith::Error>(())
+        }));
+    }
+    let mut failure = None;
+    for t in tasks {
+        match t.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failure = failure.or(Some(e)),
+            Err(e) => {
+                failure = failure.or(Some(locksmith::Error::backend(format!(
+                    "worker panicked: {e}"
+                ))))
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    stop_progress.store(true, Ordering::Relaxed);
+    let _ = progress.await;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+
+    let mut lat = std::mem::take(&mut *handoffs.lock().unwrap());
+    lat.sort();
+    let pct = |p: f64| -> String {
+        if lat.is_empty() {
+            return "n/a".into();
+        }
+        let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
+        format!("{:.2} ms", lat[i].as_secs_f64() * 1000.0)
+    };
+    let final_count = counter.load(Ordering::SeqCst);
+    let held = final_count == total && overlaps.load(Ordering::SeqCst) == 0;
+    println!("  elapsed            {:.2} s", elapsed.as_secs_f64());
+    println!(
+        "  throughput         {:.0} locks/s",
+        total as f64 / elapsed.as_secs_f64()
+    );
+    println!(
+        "  hand-off latency   p50 {}  p99 {}  ({} hand-offs between workers)",
+        pct(0.50),
+        pct(0.99),
+        lat.len()
+    );
+    println!("  counter            {final_count} (expected {total})");
+    if held {
+        println!("  mutual exclusion   held");
+        Ok(0)
+    } else {
+        println!(
+            "  mutual exclusion   VIOLATED ({} overlapping sections)",
+            overlaps.load(Ordering::SeqCst)
+        );
+        Ok(1)
+    }
+}

@@ -1,0 +1,301 @@
+//! The `locksmith` binary end to end, as scripts use it: real processes on a
+//! shared SQLite file.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_locksmith");
+
+fn url(dir: &Path) -> String {
+    format!("sqlite://{}/locks.db", dir.display())
+}
+
+fn locksmith(dir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.current_dir(dir).env_remove("LOCKSMITH_URL").args(args);
+    c
+}
+
+fn output(mut c: Command) -> Output {
+    c.stdin(Stdio::null()).output().expect("locksmith runs")
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("exited normally")
+}
+
+#[test]
+fn concurrent_processes_never_lose_an_increment() {
+    let dir = tempfile::tempdir().unwrap();
+    let counter = dir.path().join("counter");
+    std::fs::write(&counter, "0").unwrap();
+    // Read, pause, write: any overlap between two holders loses an increment.
+    let script = format!(
+        "v=$(cat {c}); sleep 0.01; echo $((v + 1)) > {c}",
+        c = counter.display()
+    );
+    const PROCS: usize = 8;
+    const ROUNDS: usize = 5;
+    let u = url(dir.path());
+    let children: Vec<_> = (0..PROCS)
+        .map(|_| {
+            let script = script.clone();
+            let u = u.clone();
+            let dir = dir.path().to_owned();
+            std::thread::spawn(move || {
+                for _ in 0..ROUNDS {
+                    let o = output(locksmith(
+                        &dir,
+                        &[
+                            "run", "--url", &u, "--key", "counter", "--wait", "60s", "--", "sh",
+                            "-c", &script,
+                        ],
+                    ));
+                    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+                }
+            })
+        })
+        .collect();
+    for c in children {
+        c.join().unwrap();
+    }
+    let total: usize = std::fs::read_to_string(&counter)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(total, PROCS * ROUNDS, "increments were lost");
+}
+
+#[test]
+fn exit_codes_follow_sysexits_and_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let u = url(d);
+    // The command's own status, and the environment it gets.
+    let o = output(locksmith(
+        d,
+        &[
+            "run",
+            "--url",
+            &u,
+            "--key",
+            "k",
+            "--",
+            "sh",
+            "-c",
+            "test \"$LOCKSMITH_KEY\" = k && test -n \"$LOCKSMITH_FENCE\" && exit 7",
+        ],
+    ));
+    assert_eq!(code(&o), 7, "{}", String::from_utf8_lossy(&o.stderr));
+
+    // Held elsewhere: 75 at once with --no-wait, after the wait with --wait.
+    let mut holder = locksmith(
+        d,
+        &["run", "--url", &u, "--key", "busy", "--", "sleep", "30"],
+    )
+    .stdin(Stdio::null())
+    .spawn()
+    .unwrap();
+    wait_until_held(d, &u, "busy");
+    let o = output(locksmith(
+        d,
+        &[
+            "run",
+            "--url",
+            &u,
+            "--key",
+            "busy",
+            "--no-wait",
+            "--",
+            "true",
+        ],
+    ));
+    assert_eq!(code(&o), 75, "{}", String::from_utf8_lossy(&o.stderr));
+    let start = Instant::now();
+    let o = output(locksmith(
+        d,
+        &[
+            "run", "--url", &u, "--key", "busy", "--wait", "300ms", "--", "true",
+        ],
+    ));
+    assert_eq!(code(&o), 75);
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+
+    // Store unavailable: 69. Bad usage, URL, key or TTL: 64.
+    let missing = format!("sqlite://{}/no/such/dir/locks.db", d.display());
+    let o = output(locksmith(
+        d,
+        &["run", "--url", &missing, "--key", "k", "--", "true"],
+    ));
+    assert_eq!(code(&o), 69, "{}", String::from_utf8_lossy(&o.stderr));
+    for args in [
+        &["run", "--key", "k"][..],
+        &["run", "--url", &u, "--", "true"],
+        &["run", "--url", "ftp://x", "--key", "k", "--", "true"],
+        &["run", "--url", &u, "--key", "", "--", "true"],
+        &[
+            "run", "--url", &u, "--key", "k", "--ttl", "0s", "--", "true",
+        ],
+        &[
+            "run",
+            "--url",
+            &u,
+            "--key",
+            "k",
+            "--wait",
+            "1s",
+            "--no-wait",
+            "--",
+            "true",
+        ],
+        &["frobnicate"],
+    ] {
+        let o = output(locksmith(d, args));
+        assert_eq!(
+            code(&o),
+            64,
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    // A command that cannot be found: 127, and the lock is released.
+    let o = output(locksmith(
+        d,
+        &["run", "--url", &u, "--key", "k", "--", "/no/such/command"],
+    ));
+    assert_eq!(code(&o), 127);
+    let o = output(locksmith(
+        d,
+        &["run", "--url", &u, "--key", "k", "--no-wait", "--", "true"],
+    ));
+    assert_eq!(code(&o), 0);
+}
+
+#[test]
+fn default_store_is_an_sqlite_file_in_the_working_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = output(locksmith(dir.path(), &["run", "--key", "k", "--", "true"]));
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(dir.path().join("locksmith.db").exists());
+    // $LOCKSMITH_URL wins over the default.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let o = output({
+        let mut c = locksmith(dir.path(), &["run", "--key", "k", "--", "true"]);
+        c.env("LOCKSMITH_URL", url(elsewhere.path()));
+        c
+    });
+    assert_eq!(code(&o), 0);
+    assert!(elsewhere.path().join("locks.db").exists());
+}
+
+#[test]
+fn a_lost_lock_terminates_the_command_and_exits_70() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let u = url(d);
+    let started = Instant::now();
+    let mut holder = locksmith(
+        d,
+        &[
+            "run", "--url", &u, "--key", "stolen", "--ttl", "1s", "--", "sleep", "30",
+        ],
+    )
+    .stdin(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    wait_until_held(d, &u, "stolen");
+    // Someone with write access to the table rewrites the owner: the next
+    // renewal finds the lock is no longer ours.
+    steal(&d.join("locks.db"), "stolen");
+    let status = holder.wait().unwrap();
+    assert_eq!(status.code(), Some(70));
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the command was not terminated promptly"
+    );
+    let mut err = String::new();
+    std::io::Read::read_to_string(holder.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(err.contains("lock lost"), "{err}");
+}
+
+#[test]
+fn a_killed_holder_frees_the_lock_at_its_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let u = url(d);
+    let marker = d.join("ran-on-unprotected");
+    let script = format!("sleep 1; touch {}", marker.display());
+    let mut holder = locksmith(
+        d,
+        &[
+            "run", "--url", &u, "--key", "k", "--ttl", "2s", "--", "sh", "-c", &script,
+        ],
+    )
+    .stdin(Stdio::null())
+    .spawn()
+    .unwrap();
+    wait_until_held(d, &u, "k");
+    let killed = Instant::now();
+    holder.kill().unwrap(); // SIGKILL: no release, no renewal
+    holder.wait().unwrap();
+    let o = output(locksmith(
+        d,
+        &["run", "--url", &u, "--key", "k", "--no-wait", "--", "true"],
+    ));
+    assert_eq!(code(&o), 75, "freed before its TTL");
+    let o = output(locksmith(
+        d,
+        &[
+            "run", "--url", &u, "--key", "k", "--wait", "10s", "--", "true",
+        ],
+    ));
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        killed.elapsed() >= Duration::from_millis(1500),
+        "freed too early: {:?}",
+        killed.elapsed()
+    );
+    // The command died with its locksmith instead of running on without the lock.
+    assert!(
+        !marker.exists(),
+        "the command kept running after its locksmith was killed"
+    );
+}
+
+fn wait_until_held(dir: &Path, url: &str, key: &str) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        let o = output(locksmith(
+            dir,
+            &["run", "--url", url, "--key", key, "--no-wait", "--", "true"],
+        ));
+        if code(&o) == 75 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{key} never became held");
+}
+
+fn steal(db: &Path, key: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
+            .await
+            .unwrap();
+        let r = sqlx::query("UPDATE locksmith_locks SET owner = 'thief' WHERE lock_key = ?1")
+            .bind(key)
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert_eq!(r.rows_affected(), 1);
+    });
+}
