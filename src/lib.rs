@@ -118,3 +118,8 @@ mod tests {
         }
     }
 }
+
+/// The README's examples run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -35,7 +35,10 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<i32> {
     for _ in 0..workers {
         lockers.push(locksmith::connect(&args.store.url).await?);
     }
-    lockers[0].try_lock(&key).await?.map(drop);
+    // Creates the table (first use) before the clock starts.
+    if let Some(g) = lockers[0].try_lock(&key).await? {
+        g.release().await?;
+    }
 
     let stop_progress = Arc::new(AtomicBool::new(false));
     let progress = {
