@@ -91,7 +91,8 @@ impl Watchdog {
 
     /// Stops tracking a lease; its state becomes `Released` unless it was lost.
     pub(crate) fn unregister(&self, id: u64) {
-        if let Some(e) = self.lock().entries.remove(&id) {
+        let removed = self.lock().entries.remove(&id);
+        if let Some(e) = removed {
             e.tx.send_if_modified(|s| {
                 let held = matches!(s, LeaseState::Held { .. });
                 if held {
@@ -99,6 +100,9 @@ impl Watchdog {
                 }
                 held
             });
+            // Lets the task exit when nothing is left, dropping its handle on
+            // the backend (and whatever connections that keeps open).
+            self.wake.notify_one();
         }
     }
 

@@ -72,3 +72,26 @@ async fn many_leases_are_renewed_in_few_batches() {
         "released leases are still being renewed"
     );
 }
+
+#[tokio::test]
+async fn the_watchdog_lets_go_of_the_backend_when_nothing_is_held() {
+    let backend = Arc::new(Recording::default());
+    let locker = Locker::from_arc(backend.clone());
+    let g = locker.lock("k").await.unwrap();
+    // Let the watchdog task start and go to sleep until the next renewal.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    g.release().await.unwrap();
+    drop(locker);
+    // Session-bound backends close their connections when dropped; a
+    // watchdog task sleeping on a clone would keep them open.
+    for _ in 0..50 {
+        if Arc::strong_count(&backend) == 1 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "something still holds the backend: {} handles",
+        Arc::strong_count(&backend)
+    );
+}
