@@ -66,3 +66,135 @@ build_tools_install() {
     command -v cargo >/dev/null 2>&1 || { log "cargo is not installed (install Rust with rustup)"; return 1; }
 }
 build_tools_start() { :; }
+
+# --- PostgreSQL (the shared server on 5432) ------------------------------
+
+PG_PORT=${LOCKSMITH_PG_PORT:-5432}
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
+as_postgres() { if [ "$(id -un)" = postgres ]; then "$@"; else runuser -u postgres -- "$@"; fi; }
+
+postgres_ready() { command -v pg_isready >/dev/null 2>&1 && pg_isready -q -h 127.0.0.1 -p "$PG_PORT"; }
+postgres_install() { apt_install postgresql postgresql-client; }
+postgres_start() {
+    local ver
+    ver=$(ls /etc/postgresql 2>/dev/null | sort -V | tail -n 1)
+    if [ -z "$ver" ]; then
+        log "no PostgreSQL cluster configured after install"
+        return 1
+    fi
+    pg_ctlcluster --skip-systemctl-redirect "$ver" main start
+}
+# The role and database the tests log in with (password auth over TCP).
+postgres_provision() {
+    as_postgres psql -q -v ON_ERROR_STOP=1 -p "$PG_PORT" <<'SQL' >/dev/null
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'locksmith') THEN
+    CREATE ROLE locksmith LOGIN PASSWORD 'locksmith';
+  END IF;
+END $$;
+SELECT 'CREATE DATABASE locksmith_test OWNER locksmith'
+WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'locksmith_test')\gexec
+SQL
+}
+
+# --- MariaDB (the shared server on 3306) ---------------------------------
+
+MY_PORT=${LOCKSMITH_MY_PORT:-3306}
+mariadb_ready() {
+    command -v mariadb-admin >/dev/null 2>&1 &&
+        mariadb-admin --protocol=tcp -h 127.0.0.1 -P "$MY_PORT" -u locksmith -plocksmith ping >/dev/null 2>&1 ||
+        { command -v mariadb-admin >/dev/null 2>&1 && mariadb-admin -uroot ping >/dev/null 2>&1; }
+}
+mariadb_install() { apt_install mariadb-server mariadb-client; }
+mariadb_start() {
+    install -d -o mysql -g mysql /run/mysqld
+    if [ ! -d /var/lib/mysql/mysql ]; then
+        mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
+    fi
+    # setsid and every descriptor redirected: nothing may keep the caller's
+    # pipes open (CI waits for them to close).
+    setsid /usr/sbin/mariadbd --user=mysql --bind-address=127.0.0.1 --port="$MY_PORT" \
+        </dev/null >>"$STATE_DIR/mariadb.log" 2>&1 &
+}
+mariadb_provision() {
+    mariadb -uroot <<'SQL'
+CREATE DATABASE IF NOT EXISTS locksmith_test CHARACTER SET utf8mb4;
+CREATE USER IF NOT EXISTS 'locksmith'@'localhost' IDENTIFIED BY 'locksmith';
+CREATE USER IF NOT EXISTS 'locksmith'@'127.0.0.1' IDENTIFIED BY 'locksmith';
+GRANT ALL PRIVILEGES ON locksmith_test.* TO 'locksmith'@'localhost';
+GRANT ALL PRIVILEGES ON locksmith_test.* TO 'locksmith'@'127.0.0.1';
+SQL
+}
+
+# --- private instances the outage tests stop and restart ----------------
+# They run on their own ports and data directories, so stopping them never
+# disturbs the shared servers other tests use.
+
+PG_FAULT_PORT=${LOCKSMITH_PG_FAULT_PORT:-55432}
+PG_FAULT_DIR="$STATE_DIR/pg-fault"
+pg_fault_ready() { pg_isready -q -h 127.0.0.1 -p "$PG_FAULT_PORT" 2>/dev/null; }
+pg_fault_install() { postgres_install; }
+pg_fault_start() {
+    local bin
+    bin=$(pg_bin)
+    install -d -o postgres -g postgres "$PG_FAULT_DIR"
+    if [ ! -f "$PG_FAULT_DIR/data/PG_VERSION" ]; then
+        as_postgres "$bin/initdb" -D "$PG_FAULT_DIR/data" -U postgres --auth=trust >/dev/null
+    fi
+    as_postgres "$bin/pg_ctl" -D "$PG_FAULT_DIR/data" -l "$PG_FAULT_DIR/log" -w \
+        -o "-p $PG_FAULT_PORT -c listen_addresses=127.0.0.1 -k $PG_FAULT_DIR" start >/dev/null
+    as_postgres psql -q -h 127.0.0.1 -p "$PG_FAULT_PORT" -U postgres -v ON_ERROR_STOP=1 <<'SQL' >/dev/null
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'locksmith') THEN
+    CREATE ROLE locksmith LOGIN PASSWORD 'locksmith';
+  END IF;
+END $$;
+SELECT 'CREATE DATABASE locksmith_test OWNER locksmith'
+WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'locksmith_test')\gexec
+SQL
+}
+pg_fault_stop() {
+    [ -f "$PG_FAULT_DIR/data/postmaster.pid" ] || return 0
+    as_postgres "$(pg_bin)/pg_ctl" -D "$PG_FAULT_DIR/data" -m immediate -w stop >/dev/null
+}
+
+MY_FAULT_PORT=${LOCKSMITH_MY_FAULT_PORT:-33306}
+MY_FAULT_DIR="$STATE_DIR/my-fault"
+my_fault_ready() {
+    mariadb-admin --protocol=tcp -h 127.0.0.1 -P "$MY_FAULT_PORT" -u locksmith -plocksmith ping >/dev/null 2>&1
+}
+my_fault_install() { mariadb_install; }
+my_fault_start() {
+    install -d -o mysql -g mysql "$MY_FAULT_DIR"
+    local fresh=0
+    if [ ! -d "$MY_FAULT_DIR/data/mysql" ]; then
+        mariadb-install-db --user=mysql --datadir="$MY_FAULT_DIR/data" \
+            --auth-root-authentication-method=normal >/dev/null
+        fresh=1
+    fi
+    setsid /usr/sbin/mariadbd --no-defaults --user=mysql --datadir="$MY_FAULT_DIR/data" \
+        --port="$MY_FAULT_PORT" --bind-address=127.0.0.1 --socket="$MY_FAULT_DIR/sock" \
+        --pid-file="$MY_FAULT_DIR/pid" --skip-name-resolve \
+        </dev/null >>"$MY_FAULT_DIR/log" 2>&1 &
+    for _ in $(seq 60); do
+        mariadb-admin --socket="$MY_FAULT_DIR/sock" -uroot ping >/dev/null 2>&1 && break
+        sleep 0.5
+    done
+    if [ "$fresh" -eq 1 ] || ! my_fault_ready; then
+        mariadb --socket="$MY_FAULT_DIR/sock" -uroot <<'SQL'
+CREATE DATABASE IF NOT EXISTS locksmith_test CHARACTER SET utf8mb4;
+CREATE USER IF NOT EXISTS 'locksmith'@'127.0.0.1' IDENTIFIED BY 'locksmith';
+CREATE USER IF NOT EXISTS 'locksmith'@'localhost' IDENTIFIED BY 'locksmith';
+GRANT ALL PRIVILEGES ON locksmith_test.* TO 'locksmith'@'127.0.0.1';
+GRANT ALL PRIVILEGES ON locksmith_test.* TO 'locksmith'@'localhost';
+SQL
+    fi
+}
+my_fault_stop() {
+    [ -f "$MY_FAULT_DIR/pid" ] || return 0
+    local pid
+    pid=$(cat "$MY_FAULT_DIR/pid")
+    kill -9 "$pid" 2>/dev/null || true
+    for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    rm -f "$MY_FAULT_DIR/pid"
+}

@@ -34,18 +34,19 @@
 //! | scheme | store | feature |
 //! |---|---|---|
 //! | `sqlite://path` | SQLite file, embedded | `sqlite` (default) |
+//! | `postgres://…`, `postgresql://…` | PostgreSQL (add `?mode=session` for advisory locks) | `postgres` |
+//! | `mysql://…`, `mariadb://…` | MySQL/MariaDB (add `?mode=session` for `GET_LOCK`) | `mysql` |
 //! | `memory://` | this process only (tests) | always |
 //!
-//! PostgreSQL, MySQL/MariaDB, Redis (single node and Redlock), memcached and
-//! ZooKeeper are planned; their schemes are recognised and answer with a
-//! `Config` error saying so.
+//! Redis (single node and Redlock), memcached and ZooKeeper are planned;
+//! their schemes are recognised and answer with a `Config` error saying so.
 
 use std::sync::Arc;
 
 pub use locksmith_core::*;
 
-/// The SQL backend (SQLite now; PostgreSQL and MySQL planned).
-#[cfg(feature = "sqlite")]
+/// The SQL backend: SQLite, PostgreSQL, MySQL/MariaDB.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use locksmith_sql as sql;
 
 /// The store used when no URL is given: an SQLite file in the working directory.
@@ -61,6 +62,12 @@ pub const DEFAULT_URL: &str = "sqlite://locksmith.db";
 pub async fn backend(url: &str) -> Result<Arc<dyn LockBackend>> {
     let shown = RedactedUrl::new(url);
     let scheme = shown.scheme();
+    #[allow(unused)]
+    let not_built = |store: &str, feature: &str| {
+        Err(Error::config(format!(
+            "{shown}: {store} support is not compiled in; enable cargo feature `{feature}`"
+        )))
+    };
     let planned = |store: &str, feature: &str| {
         Err(Error::config(format!(
             "{shown}: the {store} backend is not part of this release yet \
@@ -72,11 +79,15 @@ pub async fn backend(url: &str) -> Result<Arc<dyn LockBackend>> {
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Arc::new(sql::SqlBackend::connect(url)?)),
         #[cfg(not(feature = "sqlite"))]
-        "sqlite" => Err(Error::config(format!(
-            "{shown}: SQLite support is not compiled in; enable cargo feature `sqlite`"
-        ))),
-        "postgres" | "postgresql" => planned("PostgreSQL", "postgres"),
-        "mysql" | "mariadb" => planned("MySQL/MariaDB", "mysql"),
+        "sqlite" => not_built("SQLite", "sqlite"),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Arc::new(sql::SqlBackend::connect(url)?)),
+        #[cfg(not(feature = "postgres"))]
+        "postgres" | "postgresql" => not_built("PostgreSQL", "postgres"),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(Arc::new(sql::SqlBackend::connect(url)?)),
+        #[cfg(not(feature = "mysql"))]
+        "mysql" | "mariadb" => not_built("MySQL/MariaDB", "mysql"),
         "redis" | "rediss" | "redis+unix" | "redis+redlock" => planned("Redis", "redis"),
         "memcache" | "memcached" => planned("memcached", "memcached"),
         "zk" | "zookeeper" => planned("ZooKeeper", "zookeeper"),
@@ -84,8 +95,8 @@ pub async fn backend(url: &str) -> Result<Arc<dyn LockBackend>> {
             "{shown}: not a URL; expected e.g. {DEFAULT_URL} or memory://"
         ))),
         other => Err(Error::config(format!(
-            "{shown}: unknown scheme {other:?}; known: sqlite, memory \
-             (planned: postgres, mysql, redis, memcache, zk)"
+            "{shown}: unknown scheme {other:?}; known: sqlite, postgres, mysql, \
+             mariadb, memory (planned: redis, memcache, zk)"
         ))),
     }
 }
@@ -107,7 +118,6 @@ mod tests {
         assert!(connect("memory://").await.is_ok());
         for (url, needle) in [
             ("redis://:hunter2@h:6379", "`redis`"),
-            ("postgres://u:hunter2@h/db", "`postgres`"),
             ("ftp://h", "unknown scheme"),
             ("locks.db", "not a URL"),
         ] {
@@ -116,6 +126,13 @@ mod tests {
             assert!(e.to_string().contains(needle), "{url}: {e}");
             assert!(!e.to_string().contains("hunter2"), "secret leaked: {e}");
         }
+        // Built with the SQL features, server URLs dispatch (lazily: no I/O yet).
+        #[cfg(feature = "postgres")]
+        assert!(connect("postgresql://u:pw@127.0.0.1:1/db").await.is_ok());
+        #[cfg(feature = "mysql")]
+        assert!(connect("mariadb://u:pw@127.0.0.1:1/db?mode=session").await.is_ok());
+        #[cfg(not(feature = "postgres"))]
+        assert!(connect("postgres://u:hunter2@h/db").await.unwrap_err().to_string().contains("`postgres`"));
     }
 }
 

@@ -1,7 +1,6 @@
-//! [`SqlBackend`]: the [`LockBackend`] over a lease table.
+//! [`SqlBackend`]: the [`LockBackend`] over a lease table (or session locks).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -13,18 +12,42 @@ use locksmith_core::{
 use sha2::{Digest, Sha256};
 use tokio::sync::{watch, OnceCell};
 
-use crate::config::{Dialect, SqlConfig};
+use crate::config::{Dialect, Mode, SqlConfig};
 use crate::queries::Queries;
+use crate::session::SessionLocks;
+
+#[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+compile_error!("locksmith-sql needs at least one of the features sqlite, postgres, mysql");
 
 #[derive(Debug, Clone)]
-enum Pool {
+pub(crate) enum Pool {
     #[cfg(feature = "sqlite")]
     Sqlite(sqlx::SqlitePool),
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlPool),
 }
 
-/// Locks as rows of one table: a unique key per lock, the owner token, a
-/// hold count, a fencing column that only ever grows, and an expiry on the
-/// database's clock. Cheap to clone; clones share the pool.
+/// Runs the same sqlx code on whichever pool this is; `$p` is the typed pool.
+macro_rules! on_pool {
+    ($pool:expr, $p:ident => $body:expr) => {
+        match $pool {
+            #[cfg(feature = "sqlite")]
+            Pool::Sqlite($p) => $body,
+            #[cfg(feature = "postgres")]
+            Pool::Postgres($p) => $body,
+            #[cfg(feature = "mysql")]
+            Pool::MySql($p) => $body,
+        }
+    };
+}
+
+/// Locks in a SQL database. In the default lease mode each lock is a row of
+/// one table: a unique key, the owner token, a hold count, a fencing column
+/// that only ever grows, and an expiry on the database's clock. In session
+/// mode (PostgreSQL and MySQL) each held lock is a server-side session lock
+/// on a dedicated connection. Cheap to clone; clones share the pool.
 #[derive(Debug, Clone)]
 pub struct SqlBackend {
     inner: Arc<Inner>,
@@ -37,6 +60,7 @@ struct Inner {
     queries: Queries,
     schema: OnceCell<()>,
     local: Arc<LocalReleases>,
+    session: Option<SessionLocks>,
 }
 
 impl SqlBackend {
@@ -55,19 +79,13 @@ impl SqlBackend {
     /// # Errors
     /// `Config` if the driver rejects the URL, or the dialect's cargo feature is off.
     pub fn with_config(config: SqlConfig) -> Result<Self> {
-        let (pool, local_scope) = match config.dialect {
-            #[cfg(feature = "sqlite")]
-            Dialect::Sqlite => sqlite_pool(&config)?,
-            #[allow(unreachable_patterns)]
-            other => {
-                return Err(Error::config(format!(
-                    "{:?} support is not compiled in; enable this crate's cargo feature for it",
-                    other
-                )))
-            }
+        let (pool, scope) = open_pool(&config)?;
+        let session = match config.mode {
+            Mode::Lease => None,
+            Mode::Session => Some(SessionLocks::new(&config)?),
         };
         let queries = Queries::new(config.dialect, &config.table);
-        let local = LocalReleases::for_scope(format!("{local_scope}\u{0}{}", config.table));
+        let local = LocalReleases::for_scope(format!("{scope}\u{0}{}", config.table));
         Ok(SqlBackend {
             inner: Arc::new(Inner {
                 config,
@@ -75,6 +93,7 @@ impl SqlBackend {
                 queries,
                 schema: OnceCell::new(),
                 local,
+                session,
             }),
         })
     }
@@ -84,8 +103,19 @@ impl SqlBackend {
         &self.inner.config
     }
 
-    /// Creates the lease table if it does not exist. Every operation does this
-    /// on first use; call it to fail fast at start-up instead.
+    /// Server-side ids (PostgreSQL backend pid, MySQL connection id) of the
+    /// connections holding this client's session locks; empty in lease mode.
+    /// For diagnostics and fault-injection tests.
+    pub fn session_ids(&self) -> Vec<i64> {
+        self.inner
+            .session
+            .as_ref()
+            .map(SessionLocks::session_ids)
+            .unwrap_or_default()
+    }
+
+    /// Creates the lease table if it does not exist. Every lease-mode
+    /// operation does this on first use; call it to fail fast at start-up.
     ///
     /// # Errors
     /// `Unavailable` if the database cannot be reached.
@@ -94,16 +124,36 @@ impl SqlBackend {
             .schema
             .get_or_try_init(|| async {
                 for stmt in &self.inner.queries.create {
-                    match &self.inner.pool {
-                        #[cfg(feature = "sqlite")]
-                        Pool::Sqlite(p) => sqlx::query(stmt).execute(p).await.map_err(map_err)?,
-                    };
+                    create(&self.inner.pool, stmt).await?;
                 }
                 Ok::<(), Error>(())
             })
             .await?;
         Ok(())
     }
+}
+
+/// Runs one DDL statement. PostgreSQL's `CREATE TABLE IF NOT EXISTS` is not
+/// safe against a concurrent twin (it can fail on the catalog's unique
+/// index), so there it runs under a transaction-scoped advisory lock.
+async fn create(pool: &Pool, stmt: &str) -> Result<()> {
+    match pool {
+        #[cfg(feature = "postgres")]
+        Pool::Postgres(p) => {
+            let mut tx = p.begin().await.map_err(map_err)?;
+            sqlx::query("SELECT pg_advisory_xact_lock(7418327730937188175)")
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+            sqlx::query(stmt).execute(&mut *tx).await.map_err(map_err)?;
+            tx.commit().await.map_err(map_err)?;
+        }
+        #[allow(unreachable_patterns)]
+        other => {
+            on_pool!(other, p => sqlx::query(stmt).execute(p).await.map(|_| ()).map_err(map_err)?);
+        }
+    }
+    Ok(())
 }
 
 /// The key's fixed-width identity in the table.
@@ -116,41 +166,89 @@ fn ttl_ms(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis().max(1)).unwrap_or(i64::MAX / 4)
 }
 
-#[cfg(feature = "sqlite")]
-fn sqlite_pool(config: &SqlConfig) -> Result<(Pool, String)> {
-    use sqlx::sqlite::{
-        SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
-    };
-    use std::str::FromStr;
-
-    let opts = SqliteConnectOptions::from_str(config.url.expose())
-        .map_err(|e| Error::config(format!("{}: {e}", config.url)))?
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Normal)
-        .busy_timeout(Duration::from_secs(5));
-    let scope = std::path::absolute(opts.get_filename())
-        .unwrap_or_else(|_| PathBuf::from(opts.get_filename()))
-        .display()
-        .to_string();
-    let pool = SqlitePoolOptions::new()
-        .max_connections(config.pool_max)
-        .acquire_timeout(config.connect_timeout)
-        .connect_lazy_with(opts);
-    Ok((Pool::Sqlite(pool), scope))
+/// Builds the pool for a dialect, and a scope naming the database so that
+/// backends of one process on one database share release notifications.
+fn open_pool(config: &SqlConfig) -> Result<(Pool, String)> {
+    let bad_url = |e: sqlx::Error| Error::config(format!("{}: {e}", config.url));
+    match config.dialect {
+        #[cfg(feature = "sqlite")]
+        Dialect::Sqlite => {
+            use sqlx::sqlite::{
+                SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+            };
+            use std::str::FromStr;
+            let opts = SqliteConnectOptions::from_str(config.url.expose())
+                .map_err(bad_url)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(Duration::from_secs(5));
+            let scope = std::path::absolute(opts.get_filename())
+                .unwrap_or_else(|_| opts.get_filename().to_owned())
+                .display()
+                .to_string();
+            let pool = SqlitePoolOptions::new()
+                .max_connections(config.pool_max)
+                .acquire_timeout(config.connect_timeout)
+                .connect_lazy_with(opts);
+            Ok((Pool::Sqlite(pool), scope))
+        }
+        #[cfg(feature = "postgres")]
+        Dialect::Postgres => {
+            use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+            use std::str::FromStr;
+            let opts = PgConnectOptions::from_str(config.url.expose()).map_err(bad_url)?;
+            let pool = PgPoolOptions::new()
+                .max_connections(config.pool_max)
+                .acquire_timeout(config.connect_timeout)
+                .connect_lazy_with(opts);
+            Ok((Pool::Postgres(pool), config.url.expose().to_owned()))
+        }
+        #[cfg(feature = "mysql")]
+        Dialect::MySql => {
+            use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+            use sqlx::Executor;
+            use std::str::FromStr;
+            let opts = MySqlConnectOptions::from_str(config.url.expose()).map_err(bad_url)?;
+            let pool = MySqlPoolOptions::new()
+                .max_connections(config.pool_max)
+                .acquire_timeout(config.connect_timeout)
+                // Fewer gap locks, so concurrent upserts of one key rarely deadlock.
+                .after_connect(|conn, _| {
+                    Box::pin(async move {
+                        conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                            .await
+                            .map(|_| ())
+                    })
+                })
+                .connect_lazy_with(opts);
+            Ok((Pool::MySql(pool), config.url.expose().to_owned()))
+        }
+        #[allow(unreachable_patterns)]
+        other => Err(Error::config(format!(
+            "{}: {other:?} support is not compiled in; enable locksmith's cargo feature `{}`",
+            config.url,
+            match other {
+                Dialect::Sqlite => "sqlite",
+                Dialect::Postgres => "postgres",
+                Dialect::MySql => "mysql",
+            }
+        ))),
+    }
 }
 
 /// Maps driver errors onto the contract's kinds, in one place: anything that
 /// means "could not talk to the database" is `Unavailable`.
-fn map_err(e: sqlx::Error) -> Error {
+pub(crate) fn map_err(e: sqlx::Error) -> Error {
     use sqlx::Error as E;
-    let kind_unavailable = match &e {
+    let unavailable = match &e {
         E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => true,
-        E::Database(db) => db.code().is_some_and(|c| is_unavailable_code(&c)),
+        E::Protocol(_) => true,
+        E::Database(db) => db_unavailable(db.as_ref()),
         _ => false,
     };
     let msg = e.to_string();
-    if kind_unavailable {
+    if unavailable {
         Error::unavailable(format!("database unavailable: {msg}")).with_source(e)
     } else if matches!(e, E::Configuration(_)) {
         Error::config(msg).with_source(e)
@@ -159,21 +257,199 @@ fn map_err(e: sqlx::Error) -> Error {
     }
 }
 
-fn is_unavailable_code(code: &str) -> bool {
-    // SQLite reports (extended) result codes as numbers: BUSY 5, LOCKED 6,
-    // READONLY 8, IOERR 10, FULL 13, CANTOPEN 14.
-    code.parse::<i64>()
-        .is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 8 | 10 | 13 | 14))
+/// Server errors that mean "the database cannot serve us now".
+fn db_unavailable(db: &dyn sqlx::error::DatabaseError) -> bool {
+    #[cfg(feature = "sqlite")]
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        // Primary result codes: BUSY 5, LOCKED 6, READONLY 8, IOERR 10,
+        // FULL 13, CANTOPEN 14.
+        let code = db.code().and_then(|c| c.parse::<i64>().ok()).unwrap_or(0);
+        return matches!(code & 0xff, 5 | 6 | 8 | 10 | 13 | 14);
+    }
+    #[cfg(feature = "postgres")]
+    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        // Class 08 connection exceptions, 57P0x shutting down or starting
+        // up, class 53 out of resources (e.g. too many connections).
+        let c = pg.code();
+        return c.starts_with("08") || c.starts_with("57P") || c.starts_with("53");
+    }
+    #[cfg(feature = "mysql")]
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        // Too many connections, shutdown in progress, lock wait timeout,
+        // read-only server.
+        return matches!(my.number(), 1040 | 1053 | 1205 | 1290 | 1836);
+    }
+    false
+}
+
+/// MySQL reports a deadlock victim with 1213 and a lock-wait timeout with 1205.
+#[cfg(feature = "mysql")]
+fn is_mysql_conflict(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| c == "1213" || c == "40001"))
+}
+
+impl SqlBackend {
+    async fn lease_acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        self.migrate().await?;
+        let q = &self.inner.queries;
+        let row: Option<(i64, i64)> = match &self.inner.pool {
+            #[cfg(feature = "mysql")]
+            Pool::MySql(p) => return self.mysql_acquire(p, key, owner, ttl).await,
+            #[allow(unreachable_patterns)]
+            other => on_pool!(other, p => sqlx::query_as(&q.acquire)
+                .bind(key_hash(key))
+                .bind(key.as_str())
+                .bind(owner.as_str())
+                .bind(ttl_ms(ttl))
+                .fetch_optional(p)
+                .await
+                .map_err(map_err)?),
+        };
+        Ok(match row {
+            Some((fence, holds)) => granted(fence, holds),
+            None => Acquire::Contended { retry_after: None },
+        })
+    }
+
+    #[cfg(feature = "mysql")]
+    async fn mysql_acquire(
+        &self,
+        p: &sqlx::MySqlPool,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        use crate::queries::MYSQL_REENTRY_FLAG;
+        let q = &self.inner.queries;
+        let hash = key_hash(key);
+        let mut attempts = 0;
+        let done = loop {
+            let r = sqlx::query(&q.acquire)
+                .bind(&hash)
+                .bind(key.as_str())
+                .bind(owner.as_str())
+                .bind(ttl_ms(ttl))
+                .execute(p)
+                .await;
+            match r {
+                Ok(done) => break done,
+                // Concurrent first inserts of one key can deadlock in InnoDB;
+                // the victim changed nothing, and someone else got there first.
+                Err(e) if is_mysql_conflict(&e) => {
+                    attempts += 1;
+                    if attempts == 2 {
+                        return Ok(Acquire::Contended { retry_after: None });
+                    }
+                }
+                Err(e) => return Err(map_err(e)),
+            }
+        };
+        let id = done.last_insert_id();
+        if id == 0 {
+            return Ok(Acquire::Contended { retry_after: None });
+        }
+        if id < MYSQL_REENTRY_FLAG {
+            return Ok(granted(id as i64, 1));
+        }
+        let (holds,): (i64,) = sqlx::query_as(&q.holds)
+            .bind(&hash)
+            .bind(owner.as_str())
+            .fetch_one(p)
+            .await
+            .map_err(map_err)?;
+        Ok(granted((id - MYSQL_REENTRY_FLAG) as i64, holds))
+    }
+
+    async fn lease_release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+        self.migrate().await?;
+        let q = &self.inner.queries;
+        let remaining: Option<i64> = match &self.inner.pool {
+            #[cfg(feature = "mysql")]
+            Pool::MySql(p) => {
+                let done = sqlx::query(&q.release)
+                    .bind(key_hash(key))
+                    .bind(owner.as_str())
+                    .execute(p)
+                    .await
+                    .map_err(map_err)?;
+                (done.rows_affected() == 1).then_some(done.last_insert_id() as i64)
+            }
+            #[allow(unreachable_patterns)]
+            other => on_pool!(other, p => sqlx::query_scalar(&q.release)
+                .bind(key_hash(key))
+                .bind(owner.as_str())
+                .fetch_optional(p)
+                .await
+                .map_err(map_err)?),
+        };
+        Ok(match remaining {
+            None => Release::NotHeld,
+            Some(0) => {
+                self.inner.local.released(key);
+                Release::Freed
+            }
+            Some(n) => Release::StillHeld(u32::try_from(n).unwrap_or(u32::MAX)),
+        })
+    }
+
+    async fn lease_renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
+        self.migrate().await?;
+        let q = &self.inner.queries.renew;
+        let changed = match &self.inner.pool {
+            // Placeholders are positional in MySQL: the TTL comes first there.
+            #[cfg(feature = "mysql")]
+            Pool::MySql(p) => sqlx::query(q)
+                .bind(ttl_ms(ttl))
+                .bind(key_hash(key))
+                .bind(owner.as_str())
+                .execute(p)
+                .await
+                .map_err(map_err)?
+                .rows_affected(),
+            #[allow(unreachable_patterns)]
+            other => on_pool!(other, p => sqlx::query(q)
+                .bind(key_hash(key))
+                .bind(owner.as_str())
+                .bind(ttl_ms(ttl))
+                .execute(p)
+                .await
+                .map_err(map_err)?
+                .rows_affected()),
+        };
+        Ok(if changed == 1 {
+            Renew::Renewed
+        } else {
+            Renew::NotHeld
+        })
+    }
+}
+
+fn granted(fence: i64, holds: i64) -> Acquire {
+    Acquire::Acquired(Grant {
+        fence: Some(FencingToken(u64::try_from(fence).unwrap_or(0))),
+        holds: u32::try_from(holds).unwrap_or(u32::MAX),
+    })
 }
 
 #[async_trait]
 impl LockBackend for SqlBackend {
     fn capabilities(&self) -> Capabilities {
+        let session = self.inner.session.is_some();
         Capabilities {
-            fencing: true,
+            // Session locks have no row to keep a counter in; see the crate docs.
+            fencing: !session,
             min_ttl: Duration::from_millis(10),
             ttl_resolution: Duration::from_millis(1),
-            binding: Binding::Lease,
+            binding: if session {
+                Binding::Session
+            } else {
+                Binding::Lease
+            },
             // Releases made by this process wake this process's waiters at
             // once; other processes are found by polling.
             notify: false,
@@ -187,69 +463,28 @@ impl LockBackend for SqlBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Acquire> {
-        self.migrate().await?;
-        let q = &self.inner.queries.acquire;
-        let row: Option<(i64, i64)> = match &self.inner.pool {
-            #[cfg(feature = "sqlite")]
-            Pool::Sqlite(p) => sqlx::query_as(q)
-                .bind(key_hash(key))
-                .bind(key.as_str())
-                .bind(owner.as_str())
-                .bind(ttl_ms(ttl))
-                .fetch_optional(p)
-                .await
-                .map_err(map_err)?,
-        };
-        Ok(match row {
-            Some((fence, holds)) => Acquire::Acquired(Grant {
-                fence: Some(FencingToken(u64::try_from(fence).unwrap_or(0))),
-                holds: u32::try_from(holds).unwrap_or(u32::MAX),
-            }),
-            None => Acquire::Contended { retry_after: None },
-        })
+        match &self.inner.session {
+            Some(s) => s.try_acquire(key, owner).await,
+            None => self.lease_acquire(key, owner, ttl).await,
+        }
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        self.migrate().await?;
-        let q = &self.inner.queries.release;
-        let row: Option<(i64,)> = match &self.inner.pool {
-            #[cfg(feature = "sqlite")]
-            Pool::Sqlite(p) => sqlx::query_as(q)
-                .bind(key_hash(key))
-                .bind(owner.as_str())
-                .fetch_optional(p)
-                .await
-                .map_err(map_err)?,
+        let r = match &self.inner.session {
+            Some(s) => s.release(key, owner).await?,
+            None => return self.lease_release(key, owner).await,
         };
-        Ok(match row {
-            None => Release::NotHeld,
-            Some((0,)) => {
-                self.inner.local.released(key);
-                Release::Freed
-            }
-            Some((n,)) => Release::StillHeld(u32::try_from(n).unwrap_or(u32::MAX)),
-        })
+        if r == Release::Freed {
+            self.inner.local.released(key);
+        }
+        Ok(r)
     }
 
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.migrate().await?;
-        let q = &self.inner.queries.renew;
-        let changed = match &self.inner.pool {
-            #[cfg(feature = "sqlite")]
-            Pool::Sqlite(p) => sqlx::query(q)
-                .bind(key_hash(key))
-                .bind(owner.as_str())
-                .bind(ttl_ms(ttl))
-                .execute(p)
-                .await
-                .map_err(map_err)?
-                .rows_affected(),
-        };
-        Ok(if changed == 1 {
-            Renew::Renewed
-        } else {
-            Renew::NotHeld
-        })
+        match &self.inner.session {
+            Some(s) => s.renew(key, owner).await,
+            None => self.lease_renew(key, owner, ttl).await,
+        }
     }
 
     async fn watch(&self, key: &LockKey) -> Result<Option<Watch>> {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use locksmith_core::{Error, RedactedUrl, Result};
 
 /// The URL schemes this crate answers to.
-pub const SQL_SCHEMES: &[&str] = &["sqlite"];
+pub const SQL_SCHEMES: &[&str] = &["sqlite", "postgres", "postgresql", "mysql", "mariadb"];
 
 /// Default name of the lease table.
 pub const DEFAULT_TABLE: &str = "locksmith_locks";
@@ -16,19 +16,37 @@ pub const DEFAULT_TABLE: &str = "locksmith_locks";
 pub enum Dialect {
     /// SQLite, embedded through sqlx's bundled library.
     Sqlite,
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL or MariaDB.
+    MySql,
+}
+
+/// How locks live in the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A lease row per key with an expiry on the database clock (default).
+    Lease,
+    /// A session lock (PostgreSQL advisory lock, MySQL `GET_LOCK`) held by a
+    /// dedicated connection for as long as the lock is held.
+    Session,
 }
 
 /// Everything needed to open a [`SqlBackend`](crate::SqlBackend).
 ///
 /// Parameters of ours in the URL query (removed before the URL reaches the
-/// driver): `table` (lease table name, a plain identifier), `pool_max`
-/// (connections in the pool) and `connect_timeout` (e.g. `3s`).
+/// driver): `mode` or `lock_mode` (`lease`, the default, or `session`; for
+/// SQLite only `lock_mode`, as `mode` is the driver's), `table` (lease table
+/// name, a plain identifier), `pool_max` (connections in the pool) and
+/// `connect_timeout` (e.g. `3s`).
 #[derive(Debug, Clone)]
 pub struct SqlConfig {
     /// The database.
     pub dialect: Dialect,
     /// The URL handed to the driver, without our parameters.
     pub url: RedactedUrl,
+    /// Lease rows or session locks (`?mode=session`).
+    pub mode: Mode,
     /// The lease table; validated as an identifier.
     pub table: String,
     /// Pool size.
@@ -38,7 +56,8 @@ pub struct SqlConfig {
 }
 
 impl SqlConfig {
-    /// Parses `sqlite://path/to/file.db?table=locks`.
+    /// Parses `sqlite://path/to/file.db?table=locks`,
+    /// `postgres://user:pass@host/db`, `mysql://…` or `mariadb://…`.
     ///
     /// # Errors
     /// `Config` for an unknown scheme, an in-memory SQLite database (each
@@ -49,6 +68,8 @@ impl SqlConfig {
         let scheme = redacted.scheme();
         let dialect = match scheme.as_str() {
             "sqlite" => Dialect::Sqlite,
+            "postgres" | "postgresql" => Dialect::Postgres,
+            "mysql" | "mariadb" => Dialect::MySql,
             other => {
                 return Err(Error::config(format!(
                     "{redacted}: scheme {other:?} is not a SQL database this crate supports ({})",
@@ -60,9 +81,16 @@ impl SqlConfig {
             Some((b, q)) => (b, q),
             None => (url, ""),
         };
+        // sqlx knows MariaDB by the MySQL scheme.
+        let base = match base.split_once("://") {
+            Some((s, rest)) if s.eq_ignore_ascii_case("mariadb") => format!("mysql://{rest}"),
+            _ => base.to_owned(),
+        };
+        let base = base.as_str();
         let mut config = SqlConfig {
             dialect,
             url: RedactedUrl::new(base),
+            mode: Mode::Lease,
             table: DEFAULT_TABLE.to_owned(),
             pool_max: 8,
             connect_timeout: Duration::from_secs(3),
@@ -72,6 +100,18 @@ impl SqlConfig {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k {
                 "table" => config.table = validate_table_name(v)?,
+                // SQLite's driver has a `mode` of its own (rwc, ro, memory).
+                "mode" | "lock_mode" if k == "lock_mode" || dialect != Dialect::Sqlite => {
+                    config.mode = match v {
+                        "lease" => Mode::Lease,
+                        "session" => Mode::Session,
+                        _ => {
+                            return Err(Error::config(format!(
+                                "{redacted}: {k} must be \"lease\" or \"session\""
+                            )))
+                        }
+                    }
+                }
                 "pool_max" => {
                     config.pool_max = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
                         Error::config(format!("{redacted}: pool_max must be a positive integer"))
@@ -89,6 +129,11 @@ impl SqlConfig {
         }
         if !passthrough.is_empty() {
             config.url = RedactedUrl::new(format!("{base}?{}", passthrough.join("&")));
+        }
+        if dialect == Dialect::Sqlite && config.mode == Mode::Session {
+            return Err(Error::config(format!(
+                "{redacted}: SQLite has no session locks; use the default lease mode"
+            )));
         }
         if dialect == Dialect::Sqlite {
             let path = base
@@ -154,9 +199,16 @@ mod tests {
             ("sqlite::memory:", ErrorKind::Config),
             ("sqlite://", ErrorKind::Config),
             ("oracle://x", ErrorKind::Config),
+            ("sqlite://x.db?lock_mode=session", ErrorKind::Config),
+            ("postgres://h/db?mode=exclusive", ErrorKind::Config),
+            ("postgres://h/db?table=locks%22", ErrorKind::InvalidOptions),
         ] {
             assert_eq!(SqlConfig::from_url(url).unwrap_err().kind(), kind, "{url}");
         }
         assert!(validate_table_name(&"t".repeat(64)).is_err());
+        let m = SqlConfig::from_url("mariadb://u:pw@h/db?mode=session").unwrap();
+        assert_eq!((m.dialect, m.mode), (Dialect::MySql, Mode::Session));
+        assert_eq!(m.url.expose(), "mysql://u:pw@h/db");
+        assert!(!format!("{m:?}").contains("pw"));
     }
 }

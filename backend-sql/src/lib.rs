@@ -27,6 +27,11 @@
 mod backend;
 mod config;
 mod queries;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod session;
+#[cfg(not(any(feature = "postgres", feature = "mysql")))]
+#[path = "session_none.rs"]
+mod session;
 
 pub use backend::SqlBackend;
-pub use config::{validate_table_name, Dialect, SqlConfig, DEFAULT_TABLE, SQL_SCHEMES};
+pub use config::{validate_table_name, Dialect, Mode, SqlConfig, DEFAULT_TABLE, SQL_SCHEMES};

@@ -3,6 +3,11 @@
 
 use crate::config::Dialect;
 
+/// Added to the fence reported through MySQL's `LAST_INSERT_ID(expr)` when
+/// the grant re-entered an existing hold, so one statement can say both
+/// "granted, with this fence" and "it was a re-entry".
+pub(crate) const MYSQL_REENTRY_FLAG: u64 = 1 << 62;
+
 /// Statements for one dialect and table, built once per backend. The table
 /// name was validated as a plain identifier before it got here.
 #[derive(Debug, Clone)]
@@ -11,15 +16,25 @@ pub(crate) struct Queries {
     pub(crate) acquire: String,
     pub(crate) release: String,
     pub(crate) renew: String,
+    /// MySQL only: reads the hold count after a re-entrant grant.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) holds: String,
 }
 
 impl Queries {
     pub(crate) fn new(dialect: Dialect, table: &str) -> Self {
         match dialect {
             Dialect::Sqlite => sqlite(table),
+            Dialect::Postgres => postgres(table),
+            Dialect::MySql => mysql(table),
         }
     }
 }
+
+// Every dialect keeps the same columns. key_hash: SHA-256 of the key, so any
+// key up to 1024 bytes fits a fixed-width unique key and none is truncated;
+// lock_key keeps the key itself for people reading the table. The row outlives
+// release so the fence keeps rising across release, expiry and takeover.
 
 /// Milliseconds since the Unix epoch on the database's clock. SQLite keeps
 /// `'now'` fixed for the whole statement, so every use agrees.
@@ -28,10 +43,6 @@ const SQLITE_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS IN
 fn sqlite(t: &str) -> Queries {
     let now = SQLITE_NOW;
     Queries {
-        // key_hash: SHA-256 of the key, so any key (up to 1024 bytes) fits a
-        // fixed-width unique key in every dialect; lock_key keeps the key
-        // itself for people reading the table. The row outlives release so
-        // the fence keeps rising.
         create: vec![format!(
             "CREATE TABLE IF NOT EXISTS {t} (
                 key_hash   TEXT    NOT NULL PRIMARY KEY,
@@ -70,5 +81,104 @@ fn sqlite(t: &str) -> Queries {
             "UPDATE {t} SET expires_at = {now} + ?3
              WHERE key_hash = ?1 AND owner = ?2 AND expires_at > {now}"
         ),
+        holds: String::new(),
+    }
+}
+
+/// `now()` is the transaction's start, fixed for the statement. With
+/// autocommit that is after the client sent the request, so a lease computed
+/// from it never ends before the client's conservative local deadline.
+fn postgres(t: &str) -> Queries {
+    Queries {
+        create: vec![format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+                key_hash   TEXT        NOT NULL PRIMARY KEY,
+                lock_key   TEXT        NOT NULL,
+                owner      TEXT,
+                holds      BIGINT      NOT NULL DEFAULT 0,
+                fence      BIGINT      NOT NULL DEFAULT 0,
+                expires_at TIMESTAMPTZ NOT NULL DEFAULT '-infinity'
+            )"
+        )],
+        acquire: format!(
+            "INSERT INTO {t} AS l (key_hash, lock_key, owner, holds, fence, expires_at)
+             VALUES ($1, $2, $3, 1, 1, now() + $4::bigint * interval '1 millisecond')
+             ON CONFLICT (key_hash) DO UPDATE SET
+                holds = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > now()
+                             THEN l.holds + 1 ELSE 1 END,
+                fence = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > now()
+                             THEN l.fence ELSE l.fence + 1 END,
+                owner = EXCLUDED.owner,
+                expires_at = EXCLUDED.expires_at
+             WHERE l.owner IS NULL OR l.expires_at <= now() OR l.owner = EXCLUDED.owner
+             RETURNING fence, holds"
+        ),
+        release: format!(
+            "UPDATE {t} SET
+                holds = holds - 1,
+                owner = CASE WHEN holds > 1 THEN owner ELSE NULL END,
+                expires_at = CASE WHEN holds > 1 THEN expires_at ELSE '-infinity' END
+             WHERE key_hash = $1 AND owner = $2 AND expires_at > now()
+             RETURNING holds"
+        ),
+        renew: format!(
+            "UPDATE {t} SET expires_at = now() + $3::bigint * interval '1 millisecond'
+             WHERE key_hash = $1 AND owner = $2 AND expires_at > now()"
+        ),
+        holds: String::new(),
+    }
+}
+
+/// `NOW(3)` is fixed for the statement; sqlx pins the session time zone to
+/// UTC, so the epoch arithmetic is exact.
+const MYSQL_NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+
+fn mysql(t: &str) -> Queries {
+    let now = MYSQL_NOW;
+    let flag = MYSQL_REENTRY_FLAG;
+    let mine = format!("(owner = VALUES(owner) AND expires_at > {now})");
+    let free = format!("(owner IS NULL OR expires_at <= {now})");
+    Queries {
+        create: vec![format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+                key_hash   CHAR(64)     NOT NULL PRIMARY KEY,
+                lock_key   TEXT         NOT NULL,
+                owner      VARCHAR(128) NULL,
+                holds      BIGINT       NOT NULL DEFAULT 0,
+                fence      BIGINT       NOT NULL DEFAULT 0,
+                expires_at BIGINT       NOT NULL DEFAULT 0
+            ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+        )],
+        // MySQL has no RETURNING here, and evaluates these assignments left to
+        // right, each seeing the columns already assigned. So owner and
+        // expires_at go last, and expires_at tests the *new* owner. The
+        // outcome comes back in the OK packet through LAST_INSERT_ID(expr):
+        // 1 from the VALUES list on a fresh insert (evaluated on duplicates
+        // too, hence the explicit reset), the new fence on takeover, the fence
+        // plus a flag on re-entry, and 0 when someone else holds the key.
+        acquire: format!(
+            "INSERT INTO {t} (key_hash, lock_key, owner, holds, fence, expires_at)
+             VALUES (?, ?, ?, 1, LAST_INSERT_ID(1), {now} + ?)
+             ON DUPLICATE KEY UPDATE
+                holds = IF({mine}, holds + 1, IF({free}, 1, holds)),
+                fence = IF({mine}, LAST_INSERT_ID(fence + {flag}) - {flag},
+                        IF({free}, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0))),
+                owner = IF({mine} OR {free}, VALUES(owner), owner),
+                expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at)"
+        ),
+        // Matched rows (sqlx sets CLIENT_FOUND_ROWS) say whether we held it;
+        // LAST_INSERT_ID carries the holds that remain.
+        release: format!(
+            "UPDATE {t} SET
+                holds = LAST_INSERT_ID(holds - 1),
+                owner = IF(holds > 0, owner, NULL),
+                expires_at = IF(holds > 0, expires_at, 0)
+             WHERE key_hash = ? AND owner = ? AND expires_at > {now}"
+        ),
+        renew: format!(
+            "UPDATE {t} SET expires_at = {now} + ?
+             WHERE key_hash = ? AND owner = ? AND expires_at > {now}"
+        ),
+        holds: format!("SELECT holds FROM {t} WHERE key_hash = ? AND owner = ?"),
     }
 }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use locksmith_core::{
-    Acquire, Capabilities, ErrorKind, LockBackend, LockKey, LockOptions, Locker, OwnerToken,
-    Release, Renew, MAX_KEY_LEN, MAX_TTL,
+    Acquire, Binding, Capabilities, ErrorKind, LockBackend, LockKey, LockOptions, Locker,
+    OwnerToken, Release, Renew, MAX_KEY_LEN, MAX_TTL,
 };
 use rand::Rng;
 
@@ -41,6 +41,19 @@ fn short_ttl(caps: &Capabilities) -> Duration {
 /// How long to sleep so a lease of `ttl` has certainly expired in the store.
 fn past_expiry(caps: &Capabilities, ttl: Duration) -> Duration {
     ttl + caps.ttl_resolution + Duration::from_millis(300)
+}
+
+/// Ends `holder`'s holds the way its store ends them on its own: the lease
+/// runs out (lease-bound) or the session ends (session-bound).
+async fn end_hold(h: &dyn Harness, holder: &Arc<dyn LockBackend>, ttl: Duration) -> Result<()> {
+    let caps = holder.capabilities();
+    match caps.binding {
+        Binding::Lease => {
+            tokio::time::sleep(past_expiry(&caps, ttl)).await;
+            Ok(())
+        }
+        Binding::Session => h.end_sessions(holder).await,
+    }
 }
 
 /// A TTL no case waits out.
@@ -330,7 +343,7 @@ pub async fn expired_lease_can_be_taken(h: &dyn Harness) -> Result<()> {
     acquired(&*a, &k, &OwnerToken::generate(), ttl).await?;
     tokio::time::sleep(ttl / 3).await;
     contended(&*b, &k, "lease not yet expired").await?;
-    tokio::time::sleep(past_expiry(&a.capabilities(), ttl)).await;
+    end_hold(h, &a, ttl).await?;
     acquired(&*b, &k, &OwnerToken::generate(), LONG_TTL)
         .await
         .context("expired lease was not taken over")?;
@@ -351,11 +364,14 @@ pub async fn abandoned_lock_frees_at_ttl(h: &dyn Harness) -> Result<()> {
         let _ = g.leak();
     }
     let b = Locker::from_arc(h.client().await);
-    ensure!(
-        b.try_lock(&k).await?.is_none(),
-        "abandoned lock freed before its TTL"
-    );
-    tokio::time::sleep(past_expiry(&caps, ttl)).await;
+    if caps.binding == Binding::Lease {
+        // A session-bound lock may go at once: its session closed with the client.
+        ensure!(
+            b.try_lock(&k).await?.is_none(),
+            "abandoned lock freed before its TTL"
+        );
+        tokio::time::sleep(past_expiry(&caps, ttl)).await;
+    }
     eventually_free(
         &b,
         &k,
@@ -417,7 +433,7 @@ pub async fn stale_owner_cannot_renew_or_release(h: &dyn Harness) -> Result<()> 
     let ttl = short_ttl(&caps);
     let stale = OwnerToken::generate();
     acquired(&*a, &k, &stale, ttl).await?;
-    tokio::time::sleep(past_expiry(&caps, ttl)).await;
+    end_hold(h, &a, ttl).await?;
     let fresh = OwnerToken::generate();
     acquired(&*b, &k, &fresh, LONG_TTL).await?;
     ensure!(
@@ -487,7 +503,11 @@ pub async fn dropped_guard_releases_in_background(h: &dyn Harness) -> Result<()>
 /// deadline, and before anyone else can take the key.
 pub async fn lost_signal_fires_before_takeover(h: &dyn Harness) -> Result<()> {
     let k = key("lost_signal_fires_before_takeover", "k");
-    let link = Partition::new(h.client().await);
+    let client = h.client().await;
+    if client.capabilities().binding == Binding::Session {
+        return lost_signal_fires_when_session_ends(h, client, &k).await;
+    }
+    let link = Partition::new(client);
     let a = Locker::from_arc(link.clone());
     let b = h.client().await;
     let ttl = short_ttl(a.capabilities()).max(Duration::from_secs(1));
@@ -531,6 +551,40 @@ pub async fn lost_signal_fires_before_takeover(h: &dyn Harness) -> Result<()> {
     Ok(())
 }
 
+/// Session-bound: the server frees the lock the moment the session ends, so
+/// the promise is that the holder hears of it within one renewal period.
+async fn lost_signal_fires_when_session_ends(
+    h: &dyn Harness,
+    client: Arc<dyn LockBackend>,
+    k: &LockKey,
+) -> Result<()> {
+    let a = Locker::from_arc(client.clone());
+    let ttl = Duration::from_secs(1);
+    let g = a.lock_with(k, &LockOptions::new().ttl(ttl)).await?;
+    h.end_sessions(&client).await?;
+    let ended = Instant::now();
+    let reason = tokio::time::timeout(ttl, g.lost())
+        .await
+        .map_err(|_| anyhow!("lost signal did not fire within a TTL of the session ending"))?;
+    ensure!(
+        g.is_lost(),
+        "lost fired ({reason:?}) but the guard does not say so"
+    );
+    let lag = ended.elapsed();
+    ensure!(
+        lag <= ttl / 3 + Duration::from_millis(300),
+        "lost fired {lag:?} after the session ended"
+    );
+    let b = Locker::from_arc(h.client().await);
+    eventually_free(
+        &b,
+        k,
+        Duration::from_secs(5),
+        "the ended session's lock was not freed",
+    )
+    .await
+}
+
 /// A store that cannot be reached is an `Unavailable` error on every path,
 /// never "held by someone else" and never a timeout.
 pub async fn unavailable_is_an_error_not_contention(h: &dyn Harness) -> Result<()> {
@@ -543,13 +597,19 @@ pub async fn unavailable_is_an_error_not_contention(h: &dyn Harness) -> Result<(
         kind(down.try_acquire(&k, &owner, LONG_TTL).await.map(|_| ())) == want,
         "try_acquire on a down store"
     );
+    // A session-bound client knows without asking that it holds nothing, so
+    // it may say NotHeld; nobody may claim a release or renewal succeeded.
+    let session = down.capabilities().binding == Binding::Session;
+    let r = down.release(&k, &owner).await;
     ensure!(
-        kind(down.release(&k, &owner).await.map(|_| ())) == want,
-        "release on a down store"
+        r.as_ref().err().map(|e| e.kind()) == want
+            || (session && matches!(r, Ok(Release::NotHeld))),
+        "release on a down store: {r:?}"
     );
+    let r = down.renew(&k, &owner, LONG_TTL).await;
     ensure!(
-        kind(down.renew(&k, &owner, LONG_TTL).await.map(|_| ())) == want,
-        "renew on a down store"
+        r.as_ref().err().map(|e| e.kind()) == want || (session && matches!(r, Ok(Renew::NotHeld))),
+        "renew on a down store: {r:?}"
     );
     let l = Locker::from_arc(down);
     ensure!(
@@ -708,7 +768,7 @@ pub async fn fencing_strictly_increases(h: &dyn Harness) -> Result<()> {
     }
     let ttl = short_ttl(&caps);
     fences.push(acquired(&*a, &k, &OwnerToken::generate(), ttl).await?.fence);
-    tokio::time::sleep(past_expiry(&caps, ttl)).await;
+    end_hold(h, &a, ttl).await?;
     fences.push(
         acquired(&*b, &k, &OwnerToken::generate(), LONG_TTL)
             .await?

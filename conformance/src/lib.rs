@@ -44,6 +44,16 @@ pub trait Harness: Send + Sync {
     /// A client configured like the others but pointed at a store that is
     /// down or unreachable (a closed port, a missing database file).
     async fn unreachable_client(&self) -> Arc<dyn LockBackend>;
+
+    /// Ends every session `client` has with the store, from the server side,
+    /// as a crash or a lost network would. Session-bound backends
+    /// ([`Binding::Session`](locksmith_core::Binding::Session)) must provide
+    /// it: their cases end a holder's session where lease-bound cases wait
+    /// for the lease to run out.
+    async fn end_sessions(&self, client: &Arc<dyn LockBackend>) -> anyhow::Result<()> {
+        let _ = client;
+        anyhow::bail!("this harness cannot end a client's sessions, which session-bound cases need")
+    }
 }
 
 /// The one list of cases. `__expand_cases!` turns it into the runner below and

@@ -43,23 +43,6 @@ pub struct Locker {
     options: LockOptions,
 }
 
-/// Releases a grant whose acquire future was dropped mid-flight: the store may
-/// have granted it without our hearing back.
-struct PendingAttempt<'a> {
-    backend: &'a Arc<dyn LockBackend>,
-    key: &'a LockKey,
-    owner: &'a OwnerToken,
-    armed: bool,
-}
-
-impl Drop for PendingAttempt<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            spawn_release(self.backend, self.key, self.owner);
-        }
-    }
-}
-
 impl Locker {
     /// A locker over `backend` with default [`LockOptions`].
     pub fn new(backend: impl LockBackend) -> Self {
@@ -230,16 +213,9 @@ impl Locker {
         let mut subscribed = false;
         loop {
             let sent = Instant::now();
-            let mut attempt = PendingAttempt {
-                backend: &self.backend,
-                key: &key,
-                owner: &owner,
-                armed: fresh_owner,
-            };
-            let outcome = self.backend.try_acquire(&key, &owner, opts.ttl).await;
+            let outcome = self.attempt(&key, &owner, opts.ttl, fresh_owner).await;
             let retry_after = match outcome {
                 Ok(Acquire::Acquired(grant)) => {
-                    attempt.armed = false;
                     let lease = Lease {
                         key: key.clone(),
                         owner: owner.clone(),
@@ -257,14 +233,9 @@ impl Locker {
                         sent,
                     )));
                 }
-                Ok(Acquire::Contended { retry_after }) => {
-                    attempt.armed = false;
-                    retry_after
-                }
-                // Still armed: the store may have granted before the reply was lost.
+                Ok(Acquire::Contended { retry_after }) => retry_after,
                 Err(e) => return Err(e),
             };
-            drop(attempt);
 
             let now = Instant::now();
             if give_up.is_some_and(|g| now >= g) {
@@ -299,6 +270,64 @@ impl Locker {
                 }
                 None => tokio::time::sleep(pause).await,
             }
+        }
+    }
+}
+
+/// The answer to one attempt, on its way to the caller. If it is dropped
+/// unread (the caller's future was cancelled before or after it arrived) and
+/// it may be a grant, dropping it releases that grant. It exists only once
+/// the store has answered, so the release can never overtake the request it
+/// undoes.
+struct Answer {
+    outcome: Option<Result<Acquire>>,
+    undo: Option<(Arc<dyn LockBackend>, LockKey, OwnerToken)>,
+}
+
+impl Answer {
+    fn take(mut self) -> Result<Acquire> {
+        self.undo = None;
+        self.outcome
+            .take()
+            .unwrap_or_else(|| Err(Error::backend("acquire answer already taken")))
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        let maybe_granted = !matches!(self.outcome, None | Some(Ok(Acquire::Contended { .. })));
+        if let (true, Some((backend, key, owner))) = (maybe_granted, self.undo.take()) {
+            spawn_release(&backend, &key, &owner);
+        }
+    }
+}
+
+impl Locker {
+    /// One `try_acquire`, run in its own task so that cancelling the caller
+    /// cannot cut the request short at an unknown point; whatever it grants
+    /// reaches the caller or is released (for a fresh owner; a re-entrant
+    /// hold cannot be told apart from the holds it joined).
+    async fn attempt(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        release_if_abandoned: bool,
+    ) -> Result<Acquire> {
+        let (tx, rx) = tokio::sync::oneshot::channel::<Answer>();
+        let (backend, key, owner) = (self.backend.clone(), key.clone(), owner.clone());
+        tokio::spawn(async move {
+            let outcome = backend.try_acquire(&key, &owner, ttl).await;
+            let undo = release_if_abandoned.then(|| (backend, key, owner));
+            // On failure the answer comes back to us and is dropped here.
+            let _ = tx.send(Answer {
+                outcome: Some(outcome),
+                undo,
+            });
+        });
+        match rx.await {
+            Ok(answer) => answer.take(),
+            Err(_) => Err(Error::backend("the acquire task ended without an answer")),
         }
     }
 }

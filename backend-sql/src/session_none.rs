@@ -1,0 +1,30 @@
+//! Session mode needs PostgreSQL or MySQL; in a build with neither, no
+//! session backend can exist.
+
+use locksmith_core::{Acquire, Error, LockKey, OwnerToken, Release, Renew, Result};
+
+use crate::config::SqlConfig;
+
+#[derive(Debug)]
+pub(crate) enum SessionLocks {}
+
+impl SessionLocks {
+    pub(crate) fn new(config: &SqlConfig) -> Result<Self> {
+        Err(Error::config(format!(
+            "{}: session mode needs the postgres or mysql cargo feature",
+            config.url
+        )))
+    }
+    pub(crate) fn session_ids(&self) -> Vec<i64> {
+        match *self {}
+    }
+    pub(crate) async fn try_acquire(&self, _: &LockKey, _: &OwnerToken) -> Result<Acquire> {
+        match *self {}
+    }
+    pub(crate) async fn release(&self, _: &LockKey, _: &OwnerToken) -> Result<Release> {
+        match *self {}
+    }
+    pub(crate) async fn renew(&self, _: &LockKey, _: &OwnerToken) -> Result<Renew> {
+        match *self {}
+    }
+}

@@ -1,0 +1,157 @@
+//! A conformance harness for a database server: clients are independent
+//! `SqlBackend`s on one URL; sessions are ended with the server's own kill.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use locksmith_conformance::Harness;
+use locksmith_core::LockBackend;
+use locksmith_sql::{Dialect, SqlBackend, SqlConfig};
+
+/// The test server's URL: from the environment `scripts/test` sets, else the
+/// role and database `scripts/test` creates on the default port.
+pub fn server_url(dialect: Dialect) -> String {
+    let (var, default) = match dialect {
+        Dialect::Postgres => (
+            "LOCKSMITH_TEST_POSTGRES_URL",
+            "postgres://locksmith:locksmith@127.0.0.1:5432/locksmith_test",
+        ),
+        Dialect::MySql => (
+            "LOCKSMITH_TEST_MYSQL_URL",
+            "mysql://locksmith:locksmith@127.0.0.1:3306/locksmith_test",
+        ),
+        _ => unreachable!("server dialects only"),
+    };
+    std::env::var(var).unwrap_or_else(|_| default.to_owned())
+}
+
+/// Appends query parameters to a URL that may already have some.
+pub fn with_params(url: &str, params: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{params}")
+}
+
+pub struct ServerHarness {
+    pub url: String,
+    dialect: Dialect,
+    // Weak: a client whose last user is gone must be dropped, closing its sessions.
+    clients: Mutex<Vec<Weak<SqlBackend>>>,
+}
+
+impl ServerHarness {
+    /// `params`: extra URL parameters, e.g. `mode=session`.
+    pub fn new(dialect: Dialect, params: &str) -> Self {
+        let base = server_url(dialect);
+        let url = if params.is_empty() {
+            base
+        } else {
+            with_params(&base, params)
+        };
+        ServerHarness {
+            url,
+            dialect,
+            clients: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn find(&self, client: &Arc<dyn LockBackend>) -> Option<Arc<SqlBackend>> {
+        let want = Arc::as_ptr(client) as *const u8;
+        self.clients
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|c| Arc::as_ptr(c) as *const u8 == want)
+    }
+}
+
+#[async_trait]
+impl Harness for ServerHarness {
+    async fn client(&self) -> Arc<dyn LockBackend> {
+        let c = Arc::new(SqlBackend::connect(&self.url).expect("valid test URL"));
+        self.clients.lock().unwrap().push(Arc::downgrade(&c));
+        c
+    }
+
+    async fn unreachable_client(&self) -> Arc<dyn LockBackend> {
+        // Same credentials and database, on a port where nothing listens.
+        let config = SqlConfig::from_url(&self.url).unwrap();
+        let url = config.url.expose().to_owned();
+        let (scheme, rest) = url.split_once("://").unwrap();
+        let (auth, path) = rest.split_once('@').unwrap();
+        let db = path.split_once('/').map(|(_, d)| d).unwrap_or("");
+        let dead = format!("{scheme}://{auth}@127.0.0.1:1/{db}");
+        let dead = with_params(&dead, "connect_timeout=1s");
+        let dead = match config.mode {
+            locksmith_sql::Mode::Session => with_params(&dead, "mode=session"),
+            locksmith_sql::Mode::Lease => dead,
+        };
+        Arc::new(SqlBackend::connect(&dead).expect("valid URL"))
+    }
+
+    async fn end_sessions(&self, client: &Arc<dyn LockBackend>) -> anyhow::Result<()> {
+        let typed = self
+            .find(client)
+            .ok_or_else(|| anyhow::anyhow!("not a client of this harness"))?;
+        let ids = typed.session_ids();
+        anyhow::ensure!(!ids.is_empty(), "the client holds no session to end");
+        let admin_url = SqlConfig::from_url(&self.url)?.url.expose().to_owned();
+        for id in ids {
+            kill_session(self.dialect, &admin_url, id).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Ends one server session the way an operator (or a crash) would, and waits
+/// until the server has let go of it.
+pub async fn kill_session(dialect: Dialect, url: &str, id: i64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    match dialect {
+        Dialect::Postgres => {
+            use sqlx::Connection;
+            let mut admin = sqlx::PgConnection::connect(url).await?;
+            sqlx::query("SELECT pg_terminate_backend($1)")
+                .bind(id as i32)
+                .execute(&mut admin)
+                .await?;
+            while Instant::now() < deadline {
+                let (n,): (i64,) =
+                    sqlx::query_as("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+                        .bind(id as i32)
+                        .fetch_one(&mut admin)
+                        .await?;
+                if n == 0 {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        Dialect::MySql => {
+            use sqlx::Connection;
+            let mut admin = sqlx::MySqlConnection::connect(url).await?;
+            // KILL takes no placeholders; the id is an integer we read from the server.
+            sqlx::query(&format!("KILL CONNECTION {id}"))
+                .persistent(false)
+                .execute(&mut admin)
+                .await?;
+            while Instant::now() < deadline {
+                let (n,): (i64,) = sqlx::query_as(
+                    "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?",
+                )
+                .bind(id)
+                .fetch_one(&mut admin)
+                .await?;
+                if n == 0 {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        _ => anyhow::bail!("no sessions in {dialect:?}"),
+    }
+    anyhow::bail!("session {id} was still there 10 s after it was killed")
+}
