@@ -63,12 +63,12 @@ pub async fn backend(url: &str) -> Result<Arc<dyn LockBackend>> {
     let shown = RedactedUrl::new(url);
     let scheme = shown.scheme();
     #[allow(unused)]
-    let not_built = |store: &str, feature: &str| {
+    let not_built = |store: &str, feature: &str| -> Result<Arc<dyn LockBackend>> {
         Err(Error::config(format!(
             "{shown}: {store} support is not compiled in; enable cargo feature `{feature}`"
         )))
     };
-    let planned = |store: &str, feature: &str| {
+    let planned = |store: &str, feature: &str| -> Result<Arc<dyn LockBackend>> {
         Err(Error::config(format!(
             "{shown}: the {store} backend is not part of this release yet \
              (it will be behind cargo feature `{feature}`)"
