@@ -130,9 +130,15 @@ mod tests {
         #[cfg(feature = "postgres")]
         assert!(connect("postgresql://u:pw@127.0.0.1:1/db").await.is_ok());
         #[cfg(feature = "mysql")]
-        assert!(connect("mariadb://u:pw@127.0.0.1:1/db?mode=session").await.is_ok());
+        assert!(connect("mariadb://u:pw@127.0.0.1:1/db?mode=session")
+            .await
+            .is_ok());
         #[cfg(not(feature = "postgres"))]
-        assert!(connect("postgres://u:hunter2@h/db").await.unwrap_err().to_string().contains("`postgres`"));
+        assert!(connect("postgres://u:hunter2@h/db")
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("`postgres`"));
     }
 }
 

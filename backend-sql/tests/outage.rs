@@ -1,0 +1,127 @@
+//! The database goes away while a lock is held, then comes back. Runs against
+//! private server instances (`scripts/fault-server`) so stopping them never
+//! disturbs the other tests.
+#![cfg(all(feature = "postgres", feature = "mysql"))]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use locksmith_core::{ErrorKind, LockOptions, Locker};
+use locksmith_sql::SqlBackend;
+
+fn fault_server(name: &str, action: &str) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/fault-server");
+    let status = Command::new("bash")
+        .arg(&script)
+        .args([name, action])
+        .status()
+        .expect("scripts/fault-server runs");
+    assert!(
+        status.success(),
+        "scripts/fault-server {name} {action} failed"
+    );
+}
+
+async fn outage(server: &str, base_url: &str) {
+    fault_server(server, "start");
+    for mode in ["lease", "session"] {
+        let url = format!("{base_url}?mode={mode}&connect_timeout=1s");
+        let a = Locker::new(SqlBackend::connect(&url).unwrap());
+        let b = Locker::new(SqlBackend::connect(&url).unwrap());
+        let key = format!("outage/{mode}/{}", std::process::id());
+        let ttl = Duration::from_secs(3);
+        let guard = a
+            .lock_with(key.as_str(), &LockOptions::new().ttl(ttl))
+            .await
+            .unwrap_or_else(|e| panic!("{server} {mode}: lock before the outage: {e}"));
+        assert!(b.try_lock(key.as_str()).await.unwrap().is_none());
+
+        // Note when the lost signal fires, whatever the test is doing then.
+        let lost = guard.lost();
+        let lost_at = tokio::spawn(async move { (lost.await, Instant::now()) });
+        let deadline = guard.deadline().expect("held before the stop");
+        fault_server(server, "stop");
+        let stopped = Instant::now();
+
+        // Down is an error, never "held by someone else", and waiting does not hide it.
+        let e = b
+            .try_lock(key.as_str())
+            .await
+            .err()
+            .expect("try_lock on a stopped server");
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{server} {mode}: {e}");
+        let e = b
+            .lock_with(
+                "outage/other",
+                &LockOptions::new().wait_for(Duration::from_secs(10)),
+            )
+            .await
+            .err()
+            .expect("lock on a stopped server");
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{server} {mode}: {e}");
+
+        // The holder is told. Lease mode: by the local deadline, which was set
+        // before the server could have expired the row. Session mode: the
+        // server freed the lock with the connection, so at the next renewal.
+        let (reason, fired) = tokio::time::timeout(ttl * 2, lost_at)
+            .await
+            .unwrap_or_else(|_| panic!("{server} {mode}: lost signal did not fire"))
+            .unwrap();
+        let limit = match mode {
+            "lease" => deadline + Duration::from_millis(300),
+            _ => stopped + ttl / 3 + Duration::from_millis(800),
+        };
+        assert!(
+            fired <= limit,
+            "{server} {mode}: lost fired {:?} late",
+            fired - limit
+        );
+        assert!(guard.is_lost());
+        eprintln!(
+            "{server} {mode}: lost ({reason:?}) {:?} after the stop",
+            fired - stopped
+        );
+
+        fault_server(server, "start");
+        // Work resumes: the lease expires on the server's clock (or the
+        // session died with the server), and the other client gets the key.
+        let got = b
+            .lock_with(
+                key.as_str(),
+                &LockOptions::new().wait_for(Duration::from_secs(20)),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{server} {mode}: after restart: {e}"));
+        got.release().await.unwrap();
+        let again = a
+            .lock_with(key.as_str(), &LockOptions::new().no_wait())
+            .await
+            .unwrap();
+        again.release().await.unwrap();
+    }
+}
+
+fn fault_url(scheme: &str, port: &str, var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        format!("{scheme}://locksmith:locksmith@127.0.0.1:{port}/locksmith_test")
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_stopped_while_held() {
+    outage(
+        "pg_fault",
+        &fault_url("postgres", "55432", "LOCKSMITH_TEST_PG_FAULT_URL"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_stopped_while_held() {
+    outage(
+        "my_fault",
+        &fault_url("mysql", "33306", "LOCKSMITH_TEST_MY_FAULT_URL"),
+    )
+    .await;
+}
