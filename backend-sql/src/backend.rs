@@ -43,6 +43,22 @@ macro_rules! on_pool {
     };
 }
 
+/// The statements of lease mode. Parameters: acquire (key hash, key, owner,
+/// TTL in ms); release (key hash, owner); renew (key hash, owner, TTL in ms;
+/// on MySQL the TTL comes first). The key hash is the lowercase hex SHA-256
+/// of the key.
+#[derive(Debug, Clone)]
+pub struct LeaseStatements {
+    /// DDL creating the table.
+    pub create: Vec<String>,
+    /// Takes a free, expired or own (re-entrant) key.
+    pub acquire: String,
+    /// Drops one hold, owner-checked.
+    pub release: String,
+    /// Extends the lease, owner-checked.
+    pub renew: String,
+}
+
 /// Locks in a SQL database. In the default lease mode each lock is a row of
 /// one table: a unique key, the owner token, a hold count, a fencing column
 /// that only ever grows, and an expiry on the database's clock. In session
@@ -112,6 +128,18 @@ impl SqlBackend {
             .as_ref()
             .map(SessionLocks::session_ids)
             .unwrap_or_default()
+    }
+
+    /// The SQL this backend runs in lease mode, for inspection, migrations
+    /// by hand, and benchmarks that run the same statements directly.
+    pub fn lease_statements(&self) -> LeaseStatements {
+        let q = &self.inner.queries;
+        LeaseStatements {
+            create: q.create.clone(),
+            acquire: q.acquire.clone(),
+            release: q.release.clone(),
+            renew: q.renew.clone(),
+        }
     }
 
     /// Creates the lease table if it does not exist. Every lease-mode

@@ -33,5 +33,5 @@ mod session;
 #[path = "session_none.rs"]
 mod session;
 
-pub use backend::SqlBackend;
+pub use backend::{LeaseStatements, SqlBackend};
 pub use config::{validate_table_name, Dialect, Mode, SqlConfig, DEFAULT_TABLE, SQL_SCHEMES};

@@ -1,0 +1,241 @@
+//! `locksmith-bench`: throughput measured side by side in one run, reported
+//! as ratios. Not a test: nothing here asserts a speed.
+//!
+//! `locksmith-bench sql` compares, per database, an uncontended
+//! acquire+release loop through:
+//! * `raw sqlx`: the backend's own two statements run directly on a sqlx pool
+//!   (key hash and owner precomputed): the floor;
+//! * `backend`: `SqlBackend::try_acquire` + `release` (a fresh owner token
+//!   each time, as the Locker uses);
+//! * `Locker`: `try_lock` + `guard.release()`, with the watchdog and cancel
+//!   safety;
+//! * `Locker, session mode`: the same on advisory locks / `GET_LOCK`.
+//!
+//! Rounds are interleaved and the median of each is reported.
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use locksmith::sql::{LeaseStatements, SqlBackend};
+use locksmith::{LockBackend, LockKey, Locker, OwnerToken};
+use sha2::{Digest, Sha256};
+
+#[derive(Parser, Debug)]
+#[command(about = "locksmith throughput, side by side with its baselines")]
+enum Cli {
+    /// SQL backends against raw sqlx running the same statements.
+    Sql {
+        /// PostgreSQL URL ("" to skip).
+        #[arg(
+            long,
+            default_value = "postgres://locksmith:locksmith@127.0.0.1:5432/locksmith_test"
+        )]
+        postgres: String,
+        /// MySQL/MariaDB URL ("" to skip).
+        #[arg(
+            long,
+            default_value = "mysql://locksmith:locksmith@127.0.0.1:3306/locksmith_test"
+        )]
+        mysql: String,
+        /// Acquire+release pairs per client per round.
+        #[arg(long, default_value_t = 1000)]
+        iterations: u32,
+        /// Concurrent clients, each on its own key.
+        #[arg(long, default_value_t = 4)]
+        clients: u32,
+        /// Interleaved rounds; the median is reported.
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+    },
+}
+
+const TTL_MS: i64 = 30_000;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    match Cli::parse() {
+        Cli::Sql {
+            postgres,
+            mysql,
+            iterations,
+            clients,
+            rounds,
+        } => {
+            for (name, url) in [("PostgreSQL", postgres), ("MariaDB", mysql)] {
+                if url.is_empty() {
+                    continue;
+                }
+                if let Err(e) = sql(name, &url, iterations, clients, rounds).await {
+                    eprintln!("{name}: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+    }
+}
+
+fn hash(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+/// Runs `clients` copies of `work` at once; returns pairs per second.
+async fn rate<F, Fut>(clients: u32, iterations: u32, work: F) -> f64
+where
+    F: Fn(u32) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let start = Instant::now();
+    futures::future::join_all((0..clients).map(&work)).await;
+    f64::from(clients * iterations) / start.elapsed().as_secs_f64()
+}
+
+async fn raw_pairs(pool: &RawPool, s: &LeaseStatements, key: &str, iterations: u32) {
+    let (h, owner) = (hash(key), OwnerToken::generate().as_str().to_owned());
+    for _ in 0..iterations {
+        match pool {
+            RawPool::Pg(p) => {
+                let got: Option<(i64, i64)> = sqlx::query_as(&s.acquire)
+                    .bind(&h)
+                    .bind(key)
+                    .bind(&owner)
+                    .bind(TTL_MS)
+                    .fetch_optional(p)
+                    .await
+                    .expect("acquire");
+                assert!(got.is_some(), "uncontended acquire failed");
+                let left: Option<i64> = sqlx::query_scalar(&s.release)
+                    .bind(&h)
+                    .bind(&owner)
+                    .fetch_optional(p)
+                    .await
+                    .expect("release");
+                assert_eq!(left, Some(0));
+            }
+            RawPool::My(p) => {
+                let done = sqlx::query(&s.acquire)
+                    .bind(&h)
+                    .bind(key)
+                    .bind(&owner)
+                    .bind(TTL_MS)
+                    .execute(p)
+                    .await
+                    .expect("acquire");
+                assert_ne!(done.last_insert_id(), 0, "uncontended acquire failed");
+                let done = sqlx::query(&s.release)
+                    .bind(&h)
+                    .bind(&owner)
+                    .execute(p)
+                    .await
+                    .expect("release");
+                assert_eq!(done.rows_affected(), 1);
+            }
+        }
+    }
+}
+
+enum RawPool {
+    Pg(sqlx::PgPool),
+    My(sqlx::MySqlPool),
+}
+
+async fn sql(
+    name: &str,
+    url: &str,
+    iterations: u32,
+    clients: u32,
+    rounds: u32,
+) -> Result<(), String> {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let lease_url = format!("{url}{sep}pool_max={clients}");
+    let session_url = format!("{url}{sep}pool_max={clients}&mode=session");
+    let backend = SqlBackend::connect(&lease_url).map_err(|e| e.to_string())?;
+    backend.migrate().await.map_err(|e| e.to_string())?;
+    let statements = backend.lease_statements();
+    let opts = |u: &str| u.to_owned();
+    let raw = if url.starts_with("postgres") {
+        RawPool::Pg(
+            sqlx::postgres::PgPoolOptions::new()
+                .max_connections(clients)
+                .connect(&opts(url))
+                .await
+                .map_err(|e| e.to_string())?,
+        )
+    } else {
+        RawPool::My(
+            sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(clients)
+                .connect(&opts(url))
+                .await
+                .map_err(|e| e.to_string())?,
+        )
+    };
+    let locker = Locker::new(backend.clone());
+    let session = Locker::new(SqlBackend::connect(&session_url).map_err(|e| e.to_string())?);
+    let key = |c: u32| format!("bench/{}/{c}", std::process::id());
+
+    let mut figures: [Vec<f64>; 4] = Default::default();
+    for _ in 0..rounds {
+        figures[0].push(
+            rate(clients, iterations, |c| {
+                let (raw, s, k) = (&raw, &statements, key(c));
+                async move { raw_pairs(raw, s, &k, iterations).await }
+            })
+            .await,
+        );
+        figures[1].push(
+            rate(clients, iterations, |c| {
+                let (b, k) = (&backend, LockKey::new(key(c)).unwrap());
+                async move {
+                    for _ in 0..iterations {
+                        let owner = OwnerToken::generate();
+                        let got = b
+                            .try_acquire(&k, &owner, Duration::from_secs(30))
+                            .await
+                            .expect("acquire");
+                        assert!(matches!(got, locksmith::Acquire::Acquired(_)));
+                        b.release(&k, &owner).await.expect("release");
+                    }
+                }
+            })
+            .await,
+        );
+        for (i, l) in [(2, &locker), (3, &session)] {
+            figures[i].push(
+                rate(clients, iterations, |c| {
+                    let k = key(c);
+                    async move {
+                        for _ in 0..iterations {
+                            let g = l
+                                .try_lock(k.as_str())
+                                .await
+                                .expect("acquire")
+                                .expect("uncontended");
+                            g.release().await.expect("release");
+                        }
+                    }
+                })
+                .await,
+            );
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let floor = median(&mut figures[0]);
+    println!("\n{name}: uncontended acquire+release, {clients} clients x {iterations} pairs, median of {rounds} rounds");
+    println!("  {:<24} {:>10}  {:>8}", "path", "pairs/s", "vs raw");
+    for (i, label) in [
+        "raw sqlx (same SQL)",
+        "SqlBackend",
+        "Locker (lease)",
+        "Locker (session mode)",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let r = median(&mut figures[i]);
+        println!("  {label:<24} {r:>10.0}  {:>8.2}", r / floor);
+    }
+    Ok(())
+}
