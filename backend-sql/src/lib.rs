@@ -1,23 +1,60 @@
-//! SQL backend for locksmith: one lease row per key.
+//! SQL backend for locksmith: lease rows on SQLite, PostgreSQL and
+//! MySQL/MariaDB, or session locks on PostgreSQL and MySQL.
 //!
-//! Each lock is a row under a unique key (the SHA-256 of the lock name, so
-//! any key fits and none is truncated) holding the owner token, a hold count
-//! for re-entrancy, a fencing column and an expiry. Every statement computes
-//! time on the database's clock, never the client's, so clocks that differ
-//! between application hosts cannot cut a lease short. A holder that crashes
-//! leaves a row whose expiry passes; the next acquirer takes it over in the
-//! same statement. Rows are kept after release so the fencing column keeps
-//! rising across release, expiry and takeover.
+//! # Lease mode (default)
 //!
-//! Each operation is one statement: SQLite `INSERT … ON CONFLICT DO UPDATE
-//! … WHERE … RETURNING` for acquire, owner-checked `UPDATE` for release and
-//! renew.
+//! Each lock is a row under a unique key holding the owner token, a hold
+//! count for re-entrancy, a fencing column and an expiry. The design notes'
+//! naive scheme (insert to lock, delete to unlock) has three known flaws, and
+//! this one has none of them:
+//!
+//! * *A crashed holder leaves the row forever*: rows expire; the next
+//!   acquirer takes an expired row over in the same statement.
+//! * *Clocks differ between application servers*: every time is computed in
+//!   the statement on the database's clock (`now()`, `NOW(3)`,
+//!   `julianday('now')`), never sent by a client.
+//! * *The database is slow*: each operation is one statement and one round
+//!   trip. PostgreSQL and SQLite use `INSERT … ON CONFLICT DO UPDATE … WHERE
+//!   … RETURNING`; MySQL uses `INSERT … ON DUPLICATE KEY UPDATE` and reads
+//!   the outcome from `LAST_INSERT_ID(expr)` in the reply.
+//!
+//! Keys are stored under their SHA-256 (a fixed-width unique key, so a key of
+//! any length up to 1024 bytes fits and none is ever truncated), with the key
+//! itself beside it for people reading the table. Rows are kept after
+//! release so the fencing column keeps rising across release, expiry and
+//! takeover; deleting rows by hand resets a key's fence. The table (default
+//! `locksmith_locks`, or `?table=name`, a plain identifier) is created on
+//! first use, or by [`SqlBackend::migrate`].
+//!
+//! # Session mode (`?mode=session`, PostgreSQL and MySQL)
+//!
+//! Each held lock is a server-side session lock on a connection of its own:
+//! PostgreSQL `pg_try_advisory_lock` on 64 bits of SHA-256 over the table
+//! name and the key (a collision between two keys has probability about
+//! 2^-64 per pair: with a million keys in use, about 3 in 10^8), MySQL
+//! `GET_LOCK` on `lsm:` plus 240 bits of the same hash in hex (the name
+//! limit is 64 characters). The lock lives exactly as long as that
+//! connection: no TTL, no expiry, nothing left behind by a crash. Renewal
+//! checks the connection; a dropped connection fires the lost signal at the
+//! next renewal (by then the server has already freed the lock, so in this
+//! mode the signal comes *after* the loss, not before).
+//!
+//! Session mode gives **no fencing tokens**: there is no row to keep a
+//! counter in, and a counter row would add a write to every acquire and
+//! undo the mode's point (it is several times faster than lease mode, as it
+//! writes nothing). Use lease mode where the resource checks fences.
+//!
+//! Session locks break behind transaction-pooling proxies (PgBouncer in
+//! transaction mode, ProxySQL multiplexing): the proxy hands the server
+//! session to other clients between transactions, so the lock would be held
+//! by, and released with, a session that is not yours. Connect directly, or
+//! through a session-pooling proxy.
 //!
 //! ```no_run
 //! # async fn f() -> locksmith_core::Result<()> {
 //! use locksmith_core::Locker;
 //! use locksmith_sql::SqlBackend;
-//! let locker = Locker::new(SqlBackend::connect("sqlite://locks.db")?);
+//! let locker = Locker::new(SqlBackend::connect("postgres://app:secret@db/app")?);
 //! let guard = locker.lock("invoice-7").await?;
 //! println!("fencing token {:?}", guard.fence());
 //! guard.release().await?;

@@ -48,8 +48,7 @@ async fn outage(server: &str, base_url: &str) {
         let e = b
             .try_lock(key.as_str())
             .await
-            .err()
-            .expect("try_lock on a stopped server");
+            .expect_err("try_lock on a stopped server");
         assert_eq!(e.kind(), ErrorKind::Unavailable, "{server} {mode}: {e}");
         let e = b
             .lock_with(
@@ -57,8 +56,7 @@ async fn outage(server: &str, base_url: &str) {
                 &LockOptions::new().wait_for(Duration::from_secs(10)),
             )
             .await
-            .err()
-            .expect("lock on a stopped server");
+            .expect_err("lock on a stopped server");
         assert_eq!(e.kind(), ErrorKind::Unavailable, "{server} {mode}: {e}");
 
         // The holder is told. Lease mode: by the local deadline, which was set

@@ -318,7 +318,7 @@ impl Locker {
         let (backend, key, owner) = (self.backend.clone(), key.clone(), owner.clone());
         tokio::spawn(async move {
             let outcome = backend.try_acquire(&key, &owner, ttl).await;
-            let undo = release_if_abandoned.then(|| (backend, key, owner));
+            let undo = release_if_abandoned.then_some((backend, key, owner));
             // On failure the answer comes back to us and is dropped here.
             let _ = tx.send(Answer {
                 outcome: Some(outcome),
