@@ -84,9 +84,10 @@ postgres_start() {
     fi
     pg_ctlcluster --skip-systemctl-redirect "$ver" main start
 }
-# The role and database the tests log in with (password auth over TCP).
-postgres_provision() {
-    as_postgres psql -q -v ON_ERROR_STOP=1 -p "$PG_PORT" <<'SQL' >/dev/null
+# The role and database the tests log in with (password auth over TCP);
+# the arguments say which server psql talks to.
+pg_create_test_db() {
+    as_postgres psql -q -v ON_ERROR_STOP=1 "$@" <<'SQL' >/dev/null
 DO $$ BEGIN
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'locksmith') THEN
     CREATE ROLE locksmith LOGIN PASSWORD 'locksmith';
@@ -96,6 +97,7 @@ SELECT 'CREATE DATABASE locksmith_test OWNER locksmith'
 WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'locksmith_test')\gexec
 SQL
 }
+postgres_provision() { pg_create_test_db -p "$PG_PORT"; }
 
 # --- MariaDB (the shared server on 3306) ---------------------------------
 
@@ -116,8 +118,10 @@ mariadb_start() {
     setsid /usr/sbin/mariadbd --user=mysql --bind-address=127.0.0.1 --port="$MY_PORT" \
         </dev/null >>"$STATE_DIR/mariadb.log" 2>&1 &
 }
-mariadb_provision() {
-    mariadb -uroot <<'SQL'
+# The user and database the tests log in with; the arguments say which
+# server the client talks to (as root over its socket).
+my_create_test_db() {
+    mariadb -uroot "$@" <<'SQL'
 CREATE DATABASE IF NOT EXISTS locksmith_test CHARACTER SET utf8mb4;
 CREATE USER IF NOT EXISTS 'locksmith'@'localhost' IDENTIFIED BY 'locksmith';
 CREATE USER IF NOT EXISTS 'locksmith'@'127.0.0.1' IDENTIFIED BY 'locksmith';
@@ -125,6 +129,7 @@ GRANT ALL PRIVILEGES ON locksmith_test.* TO 'locksmith'@'localhost';
 GRANT ALL PRIVILEGES ON locksmith_test.* TO 'locksmith'@'127.0.0.1';
 SQL
 }
+mariadb_provision() { my_create_test_db; }
 
 # --- private instances the outage tests stop and restart ----------------
 # They run on their own ports and data directories, so stopping them never
@@ -143,15 +148,7 @@ pg_fault_start() {
     fi
     as_postgres "$bin/pg_ctl" -D "$PG_FAULT_DIR/data" -l "$PG_FAULT_DIR/log" -w \
         -o "-p $PG_FAULT_PORT -c listen_addresses=127.0.0.1 -k $PG_FAULT_DIR" start >/dev/null
-    as_postgres psql -q -h 127.0.0.1 -p "$PG_FAULT_PORT" -U postgres -v ON_ERROR_STOP=1 <<'SQL' >/dev/null
-DO $$ BEGIN
-  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'locksmith') THEN
-    CREATE ROLE locksmith LOGIN PASSWORD 'locksmith';
-  END IF;
-END $$;
-SELECT 'CREATE DATABASE locksmith_test OWNER locksmith'
-WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'locksmith_test')\gexec
-SQL
+    pg_create_test_db -h 127.0.0.1 -p "$PG_FAULT_PORT" -U postgres
 }
 pg_fault_stop() {
     [ -f "$PG_FAULT_DIR/data/postmaster.pid" ] || return 0
@@ -181,13 +178,7 @@ my_fault_start() {
         sleep 0.5
     done
     if [ "$fresh" -eq 1 ] || ! my_fault_ready; then
-        mariadb --socket="$MY_FAULT_DIR/sock" -uroot <<'SQL'
-CREATE DATABASE IF NOT EXISTS locksmith_test CHARACTER SET utf8mb4;
-CREATE USER IF NOT EXISTS 'locksmith'@'127.0.0.1' IDENTIFIED BY 'locksmith';
-CREATE USER IF NOT EXISTS 'locksmith'@'localhost' IDENTIFIED BY 'locksmith';
-GRANT ALL PRIVILEGES ON locksmith_test.* TO 'locksmith'@'127.0.0.1';
-GRANT ALL PRIVILEGES ON locksmith_test.* TO 'locksmith'@'localhost';
-SQL
+        my_create_test_db --socket="$MY_FAULT_DIR/sock"
     fi
 }
 my_fault_stop() {

@@ -24,6 +24,15 @@ struct Slot {
 }
 
 impl Slot {
+    fn free(now: Instant) -> Self {
+        Slot {
+            owner: None,
+            holds: 0,
+            expires: now,
+            fence: 0,
+            released: watch::channel(0).0,
+        }
+    }
     fn held_by_anyone(&self, now: Instant) -> bool {
         self.owner.is_some() && self.expires > now
     }
@@ -87,13 +96,7 @@ impl LockBackend for MemoryBackend {
     ) -> Result<Acquire> {
         let mut slots = self.slots()?;
         let now = Instant::now();
-        let slot = slots.entry(key.clone()).or_insert_with(|| Slot {
-            owner: None,
-            holds: 0,
-            expires: now,
-            fence: 0,
-            released: watch::channel(0).0,
-        });
+        let slot = slots.entry(key.clone()).or_insert_with(|| Slot::free(now));
         if slot.held_by(owner, now) {
             slot.holds += 1;
             slot.expires = now + ttl;
@@ -143,13 +146,7 @@ impl LockBackend for MemoryBackend {
     async fn watch(&self, key: &LockKey) -> Result<Option<Watch>> {
         let mut slots = self.slots()?;
         let now = Instant::now();
-        let slot = slots.entry(key.clone()).or_insert_with(|| Slot {
-            owner: None,
-            holds: 0,
-            expires: now,
-            fence: 0,
-            released: watch::channel(0).0,
-        });
+        let slot = slots.entry(key.clone()).or_insert_with(|| Slot::free(now));
         Ok(Some(Watch::new(slot.released.subscribe(), None)))
     }
 }
