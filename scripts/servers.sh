@@ -189,3 +189,28 @@ my_fault_stop() {
     for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
     rm -f "$MY_FAULT_DIR/pid"
 }
+
+# --- Redis: the shared server, and five independent Redlock masters -------
+
+REDIS_PORT=${LOCKSMITH_REDIS_PORT:-6379}
+REDLOCK_PORTS=${LOCKSMITH_REDLOCK_PORTS:-"16380 16381 16382 16383 16384"}
+
+redis_port_ready() { redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null | grep -q PONG; }
+redis_start_port() {
+    mkdir -p "$STATE_DIR/redis-$1"
+    redis-server --daemonize yes --bind 127.0.0.1 --port "$1" --save "" --appendonly no \
+        --dir "$STATE_DIR/redis-$1" --logfile "$STATE_DIR/redis-$1/log" </dev/null >/dev/null
+}
+
+redis_ready() { command -v redis-cli >/dev/null 2>&1 && redis_port_ready "$REDIS_PORT"; }
+redis_install() { apt_install redis-server redis-tools; }
+redis_start() { redis_start_port "$REDIS_PORT"; }
+
+redlock_ready() {
+    command -v redis-cli >/dev/null 2>&1 || return 1
+    for p in $REDLOCK_PORTS; do redis_port_ready "$p" || return 1; done
+}
+redlock_install() { redis_install; }
+redlock_start() {
+    for p in $REDLOCK_PORTS; do redis_port_ready "$p" || redis_start_port "$p"; done
+}

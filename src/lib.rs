@@ -38,8 +38,11 @@
 //! | `mysql://…`, `mariadb://…` | MySQL/MariaDB (add `?mode=session` for `GET_LOCK`) | `mysql` |
 //! | `memory://` | this process only (tests) | always |
 //!
-//! Redis (single node and Redlock), memcached and ZooKeeper are planned;
-//! their schemes are recognised and answer with a `Config` error saying so.
+//! | `redis://…`, `rediss://…` | one Redis server | `redis` |
+//! | `redis+redlock://h1:p1,h2:p2,h3:p3` | Redlock over independent masters | `redis` |
+//!
+//! memcached and ZooKeeper are planned; their schemes are recognised and
+//! answer with a `Config` error saying so.
 
 use std::sync::Arc;
 
@@ -48,6 +51,10 @@ pub use locksmith_core::*;
 /// The SQL backend: SQLite, PostgreSQL, MySQL/MariaDB.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use locksmith_sql as sql;
+
+/// The Redis backends: single node and Redlock.
+#[cfg(feature = "redis")]
+pub use locksmith_redis as redis;
 
 /// The store used when no URL is given: an SQLite file in the working directory.
 pub const DEFAULT_URL: &str = "sqlite://locksmith.db";
@@ -88,7 +95,14 @@ pub async fn backend(url: &str) -> Result<Arc<dyn LockBackend>> {
         "mysql" | "mariadb" => Ok(Arc::new(sql::SqlBackend::connect(url)?)),
         #[cfg(not(feature = "mysql"))]
         "mysql" | "mariadb" => not_built("MySQL/MariaDB", "mysql"),
-        "redis" | "rediss" | "redis+unix" | "redis+redlock" => planned("Redis", "redis"),
+        #[cfg(feature = "redis")]
+        "redis+redlock" => Ok(Arc::new(redis::RedlockBackend::connect(url)?)),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redis+unix" | "unix" => {
+            Ok(Arc::new(redis::RedisBackend::connect(url)?))
+        }
+        #[cfg(not(feature = "redis"))]
+        "redis" | "rediss" | "redis+unix" | "redis+redlock" => not_built("Redis", "redis"),
         "memcache" | "memcached" => planned("memcached", "memcached"),
         "zk" | "zookeeper" => planned("ZooKeeper", "zookeeper"),
         "" => Err(Error::config(format!(
@@ -96,7 +110,7 @@ pub async fn backend(url: &str) -> Result<Arc<dyn LockBackend>> {
         ))),
         other => Err(Error::config(format!(
             "{shown}: unknown scheme {other:?}; known: sqlite, postgres, mysql, \
-             mariadb, memory (planned: redis, memcache, zk)"
+             mariadb, redis, rediss, redis+redlock, memory (planned: memcache, zk)"
         ))),
     }
 }
@@ -117,7 +131,7 @@ mod tests {
     async fn schemes_dispatch_or_say_why_not() {
         assert!(connect("memory://").await.is_ok());
         for (url, needle) in [
-            ("redis://:hunter2@h:6379", "`redis`"),
+            ("memcache://:hunter2@h:11211", "`memcached`"),
             ("ftp://h", "unknown scheme"),
             ("locks.db", "not a URL"),
         ] {

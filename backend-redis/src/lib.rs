@@ -1,3 +1,52 @@
-//! Redis backend for locksmith: `SET NX PX` with an owner token, a reentrant
-//! hash scheme and Redlock. Not implemented yet; the crate exists so the
-//! workspace layout is the one the design names.
+//! Redis backend for locksmith.
+//!
+//! # The scheme
+//!
+//! A lock is a Redis hash whose single field is the holder's owner token
+//! (128 random bits) and whose value is the hold count, with a millisecond
+//! expiry: the re-entrant scheme of the design notes. Acquire, release and
+//! renew are each one Lua script, so each is atomic and owner-checked: a
+//! holder whose lease ran out and was taken over cannot release or extend
+//! the new holder's lock. Beside the lock sits a fencing counter, never
+//! expired, incremented inside the acquire script on every new grant, so
+//! fencing tokens rise across release, expiry and takeover. Lock, counter
+//! and release channel share a `{hash tag}` and stay in one cluster slot.
+//!
+//! Release publishes on the lock's channel; waiters subscribe (one shared
+//! pub/sub connection per backend) before their next attempt, so a release
+//! between a failed attempt and the subscription is not missed, and fall back
+//! to waking when the holder's lease could run out (the acquire script
+//! returns the remaining TTL). The watchdog renews all of a locker's leases
+//! in one script call per batch.
+//!
+//! # Schemes not shipped, and why
+//!
+//! * **`SETNX` then `EXPIRE`**: two commands, so a client that dies between
+//!   them leaves a lock that never expires.
+//! * **`SETNX` with an expiry timestamp as the value, `GETSET` to take over
+//!   a stale one**: depends on every client's clock agreeing, lets a loser
+//!   overwrite the winner's timestamp, and carries no owner, so any client
+//!   can delete anyone's lock.
+//!
+//! Both are superseded by `SET key token NX PX ttl` with a compare-and-delete
+//! script, which is what the hash scheme here generalises to re-entrancy.
+//!
+//! # Redlock
+//!
+//! [`RedlockBackend`] runs the scripts on N independent masters in parallel
+//! with a per-node timeout well below the TTL, and holds the lock when a
+//! quorum (N/2+1) granted it within `ttl − elapsed − drift`. Redlock gives
+//! **no fencing tokens**: each master keeps its own counter and a grant's
+//! quorum differs from the next one's, so no single sequence orders the
+//! grants; a token from one node could repeat or go backwards. Use single
+//! node Redis, SQL or ZooKeeper where the resource checks fences.
+
+mod backend;
+mod config;
+mod node;
+mod redlock;
+mod scripts;
+
+pub use backend::RedisBackend;
+pub use config::{RedisConfig, REDIS_SCHEMES};
+pub use redlock::RedlockBackend;

@@ -1,0 +1,122 @@
+//! [`RedisBackend`]: locks on one Redis server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use locksmith_core::{
+    Acquire, Binding, Capabilities, Error, LockBackend, LockKey, OwnerToken, Release, Renew,
+    RenewRequest, Result, Watch,
+};
+
+use crate::config::RedisConfig;
+use crate::node::{Keys, Node};
+
+/// Locks on a single Redis server (or a primary with replicas: note that a
+/// failover can lose a lock the old primary had not replicated; Redlock over
+/// independent nodes is the answer to that). Cheap to clone; clones share
+/// the connection and the pub/sub subscription.
+#[derive(Debug, Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: RedisConfig,
+    node: Node,
+}
+
+impl RedisBackend {
+    /// Opens a backend for `redis://…`, `rediss://…` or `redis+unix://…`.
+    /// Connects lazily: a server that is down shows up as `Unavailable` on
+    /// first use.
+    ///
+    /// # Errors
+    /// `Config` for a bad URL, or a Redlock URL (use [`RedlockBackend`](crate::RedlockBackend)).
+    pub fn connect(url: &str) -> Result<Self> {
+        let config = RedisConfig::from_url(url)?;
+        if config.redlock {
+            return Err(Error::config(
+                "a redis+redlock:// URL needs RedlockBackend (or locksmith::connect)",
+            ));
+        }
+        let node = Node::new(&config.nodes[0], config.timeout, config.connect_timeout)?;
+        Ok(RedisBackend {
+            inner: Arc::new(Inner { config, node }),
+        })
+    }
+
+    /// The configuration in use (its URL prints without secrets).
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    fn keys(&self, key: &LockKey) -> Keys {
+        Keys::new(&self.inner.config.prefix, key)
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedisBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: true,
+            min_ttl: Duration::from_millis(10),
+            ttl_resolution: Duration::from_millis(1),
+            binding: Binding::Lease,
+            notify: true,
+            batch_renew: true,
+        }
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        self.inner.node.acquire(&self.keys(key), owner, ttl).await
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+        self.inner.node.release(&self.keys(key), owner).await
+    }
+
+    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
+        let keys = self.keys(key);
+        let out = self
+            .inner
+            .node
+            .renew_many(&[(keys.lock.as_str(), owner, ttl)])
+            .await?;
+        Ok(if out.first() == Some(&true) {
+            Renew::Renewed
+        } else {
+            Renew::NotHeld
+        })
+    }
+
+    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        let keys: Vec<Keys> = requests.iter().map(|r| self.keys(&r.key)).collect();
+        let leases: Vec<(&str, &OwnerToken, Duration)> = requests
+            .iter()
+            .zip(&keys)
+            .map(|(r, k)| (k.lock.as_str(), &r.owner, r.ttl))
+            .collect();
+        match self.inner.node.renew_many(&leases).await {
+            Ok(out) => out
+                .into_iter()
+                .map(|ok| Ok(if ok { Renew::Renewed } else { Renew::NotHeld }))
+                .collect(),
+            Err(e) => requests
+                .iter()
+                .map(|_| Err(Error::new(e.kind(), e.message().to_owned())))
+                .collect(),
+        }
+    }
+
+    async fn watch(&self, key: &LockKey) -> Result<Option<Watch>> {
+        Ok(Some(self.inner.node.watch(&self.keys(key).channel).await?))
+    }
+}

@@ -1,0 +1,143 @@
+//! Parsing Redis URLs into a [`RedisConfig`].
+
+use std::time::Duration;
+
+use locksmith_core::{Error, RedactedUrl, Result};
+
+/// The URL schemes this crate answers to.
+pub const REDIS_SCHEMES: &[&str] = &["redis", "rediss", "redis+unix", "unix", "redis+redlock"];
+
+/// Where the locks live and how the client behaves.
+///
+/// Parameters of ours in the URL query (removed before the driver sees the
+/// URL): `prefix` (prepended to every key, default `locksmith:`),
+/// `timeout` (per-request timeout, default 1s; for Redlock, per node),
+/// `connect_timeout` (default 1s).
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// One URL per node: one for a single server, N for Redlock.
+    pub nodes: Vec<RedactedUrl>,
+    /// Redlock over the nodes (`redis+redlock://h1:p1,h2:p2,…`).
+    pub redlock: bool,
+    /// Prepended to every Redis key this backend writes.
+    pub prefix: String,
+    /// Per-request (per-node) response timeout.
+    pub timeout: Duration,
+    /// Connection timeout.
+    pub connect_timeout: Duration,
+}
+
+impl RedisConfig {
+    /// Parses `redis://[user:pass@]host:port[/db]`, `rediss://…` (TLS),
+    /// `redis+unix:///path/to/sock`, or
+    /// `redis+redlock://[user:pass@]h1:p1,h2:p2,h3:p3[/db]`.
+    ///
+    /// # Errors
+    /// `Config` for an unknown scheme, an empty host list, a Redlock with
+    /// fewer than 3 nodes, or a bad parameter.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let shown = RedactedUrl::new(url);
+        let scheme = shown.scheme();
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut config = RedisConfig {
+            nodes: Vec::new(),
+            redlock: false,
+            prefix: "locksmith:".to_owned(),
+            timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+        };
+        let mut passthrough = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let duration = |v: &str| {
+                humantime::parse_duration(v).map_err(|_| {
+                    Error::config(format!("{shown}: {k} must be a duration like 500ms"))
+                })
+            };
+            match k {
+                "prefix" => config.prefix = v.to_owned(),
+                "timeout" => config.timeout = duration(v)?,
+                "connect_timeout" => config.connect_timeout = duration(v)?,
+                _ => passthrough.push(pair),
+            }
+        }
+        let suffix = if passthrough.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", passthrough.join("&"))
+        };
+        match scheme.as_str() {
+            "redis" | "rediss" | "redis+unix" | "unix" => {
+                config
+                    .nodes
+                    .push(RedactedUrl::new(format!("{base}{suffix}")));
+            }
+            "redis+redlock" => {
+                config.redlock = true;
+                let rest = &base["redis+redlock://".len().min(base.len())..];
+                let (auth, hosts_and_db) = match rest.rsplit_once('@') {
+                    Some((a, h)) => (format!("{a}@"), h),
+                    None => (String::new(), rest),
+                };
+                let (hosts, db) = match hosts_and_db.split_once('/') {
+                    Some((h, d)) => (h, format!("/{d}")),
+                    None => (hosts_and_db, String::new()),
+                };
+                for host in hosts.split(',').filter(|h| !h.is_empty()) {
+                    config.nodes.push(RedactedUrl::new(format!(
+                        "redis://{auth}{host}{db}{suffix}"
+                    )));
+                }
+                if config.nodes.len() < 3 {
+                    return Err(Error::config(format!(
+                        "{shown}: Redlock needs at least 3 independent nodes, got {}",
+                        config.nodes.len()
+                    )));
+                }
+            }
+            other => {
+                return Err(Error::config(format!(
+                    "{shown}: scheme {other:?} is not Redis ({})",
+                    REDIS_SCHEMES.join(", ")
+                )))
+            }
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_into_nodes() {
+        let c = RedisConfig::from_url("redis://:pw@127.0.0.1:6379/2?prefix=app:&timeout=200ms")
+            .unwrap();
+        assert!(!c.redlock);
+        assert_eq!(c.prefix, "app:");
+        assert_eq!(c.timeout, Duration::from_millis(200));
+        assert_eq!(c.nodes[0].expose(), "redis://:pw@127.0.0.1:6379/2");
+        assert!(!format!("{c:?}").contains("pw"));
+
+        let r = RedisConfig::from_url("redis+redlock://:pw@h1:1,h2:2,h3:3/0").unwrap();
+        assert!(r.redlock);
+        let nodes: Vec<&str> = r.nodes.iter().map(|n| n.expose()).collect();
+        assert_eq!(
+            nodes,
+            [
+                "redis://:pw@h1:1/0",
+                "redis://:pw@h2:2/0",
+                "redis://:pw@h3:3/0"
+            ]
+        );
+
+        for bad in [
+            "redis+redlock://h1:1,h2:2",
+            "memcache://h",
+            "redis://h?timeout=soon",
+        ] {
+            assert!(RedisConfig::from_url(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! [`RedlockBackend`]: one lock over N independent Redis masters.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::future::join_all;
+use locksmith_core::{
+    clock_drift, Acquire, Binding, Capabilities, Error, ErrorKind, Grant, LockBackend, LockKey,
+    OwnerToken, Release, Renew, RenewRequest, Result,
+};
+
+use crate::config::RedisConfig;
+use crate::node::{Keys, Node};
+
+/// The default per-node timeout for Redlock: far below any sensible TTL.
+const NODE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// Redlock: the lock is held when a quorum (N/2+1) of independent masters
+/// granted it within `ttl − elapsed − drift`. A minority of nodes down or
+/// held by others changes nothing; a majority down is `Unavailable`, and a
+/// failed acquire is undone on every node. No fencing tokens (see the crate
+/// docs); waiters poll with backoff rather than subscribe on N nodes.
+#[derive(Debug, Clone)]
+pub struct RedlockBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: RedisConfig,
+    nodes: Vec<Node>,
+    quorum: usize,
+}
+
+/// How the nodes answered one request.
+struct Tally<T> {
+    ok: Vec<T>,
+    errors: usize,
+}
+
+impl RedlockBackend {
+    /// Opens a backend for `redis+redlock://h1:p1,h2:p2,h3:p3[?timeout=100ms]`
+    /// (the per-node timeout defaults to 100 ms). Connects lazily.
+    ///
+    /// # Errors
+    /// `Config` for a bad URL or fewer than 3 nodes.
+    pub fn connect(url: &str) -> Result<Self> {
+        let mut config = RedisConfig::from_url(url)?;
+        if !config.redlock {
+            return Err(Error::config("RedlockBackend needs a redis+redlock:// URL"));
+        }
+        if !url.contains("timeout=") {
+            config.timeout = NODE_TIMEOUT;
+        }
+        let nodes = config
+            .nodes
+            .iter()
+            .map(|u| Node::new(u, config.timeout, config.connect_timeout))
+            .collect::<Result<Vec<_>>>()?;
+        let quorum = nodes.len() / 2 + 1;
+        Ok(RedlockBackend {
+            inner: Arc::new(Inner {
+                config,
+                nodes,
+                quorum,
+            }),
+        })
+    }
+
+    /// The configuration in use (its URLs print without secrets).
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    /// How many nodes must agree.
+    pub fn quorum(&self) -> usize {
+        self.inner.quorum
+    }
+
+    fn keys(&self, key: &LockKey) -> Keys {
+        Keys::new(&self.inner.config.prefix, key)
+    }
+
+    /// More nodes failed than the quorum can spare: the answer is unknowable.
+    fn unreachable(&self, errors: usize) -> Option<Error> {
+        let n = self.inner.nodes.len();
+        (errors > n - self.inner.quorum).then(|| {
+            Error::unavailable(format!(
+                "{errors} of {n} Redlock nodes did not answer; a quorum of {} is needed",
+                self.inner.quorum
+            ))
+        })
+    }
+
+    fn tally<T>(results: Vec<Result<T>>) -> Tally<T> {
+        let mut t = Tally {
+            ok: Vec::new(),
+            errors: 0,
+        };
+        for r in results {
+            match r {
+                Ok(v) => t.ok.push(v),
+                Err(e) => {
+                    if e.kind() != ErrorKind::Unavailable {
+                        tracing::warn!(error = %e, "Redlock node failed");
+                    }
+                    t.errors += 1;
+                }
+            }
+        }
+        t
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedlockBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: false,
+            // A TTL must leave room for a slow round of requests and the drift.
+            min_ttl: (self.inner.config.timeout * 4).max(Duration::from_millis(10)),
+            ttl_resolution: Duration::from_millis(1),
+            binding: Binding::Lease,
+            notify: false,
+            batch_renew: true,
+        }
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        let keys = self.keys(key);
+        let start = Instant::now();
+        let t = Self::tally(
+            join_all(
+                self.inner
+                    .nodes
+                    .iter()
+                    .map(|n| n.acquire(&keys, owner, ttl)),
+            )
+            .await,
+        );
+        let elapsed = start.elapsed();
+        let mut grants = Vec::new();
+        let mut retry_after: Option<Duration> = None;
+        for a in t.ok {
+            match a {
+                Acquire::Acquired(g) => grants.push(g),
+                Acquire::Contended { retry_after: r } => {
+                    retry_after = match (retry_after, r) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    }
+                }
+            }
+        }
+        let valid = ttl > elapsed + clock_drift(ttl);
+        if grants.len() >= self.inner.quorum && valid {
+            let holds = grants.iter().map(|g| g.holds).max().unwrap_or(1);
+            return Ok(Acquire::Acquired(Grant { fence: None, holds }));
+        }
+        // Undo everywhere, including nodes that did not answer in time: the
+        // scripts are owner-checked, so this never touches another's lock.
+        let _ = join_all(self.inner.nodes.iter().map(|n| n.release(&keys, owner))).await;
+        if let Some(e) = self.unreachable(t.errors) {
+            return Err(e);
+        }
+        Ok(Acquire::Contended { retry_after })
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+        let keys = self.keys(key);
+        let t =
+            Self::tally(join_all(self.inner.nodes.iter().map(|n| n.release(&keys, owner))).await);
+        let still: Vec<u32> =
+            t.ok.iter()
+                .filter_map(|r| match r {
+                    Release::StillHeld(n) => Some(*n),
+                    _ => None,
+                })
+                .collect();
+        let held = t.ok.iter().filter(|r| **r != Release::NotHeld).count();
+        if held >= self.inner.quorum {
+            return Ok(if still.len() >= self.inner.quorum {
+                Release::StillHeld(still.into_iter().min().unwrap_or(1))
+            } else {
+                Release::Freed
+            });
+        }
+        if held + t.errors >= self.inner.quorum {
+            if let Some(e) = self.unreachable(t.errors) {
+                return Err(e);
+            }
+        }
+        Ok(Release::NotHeld)
+    }
+
+    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
+        let request = RenewRequest {
+            key: key.clone(),
+            owner: owner.clone(),
+            ttl,
+        };
+        self.renew_many(std::slice::from_ref(&request))
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(Error::backend("no renewal result")))
+    }
+
+    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        let keys: Vec<Keys> = requests.iter().map(|r| self.keys(&r.key)).collect();
+        let leases: Vec<(&str, &OwnerToken, Duration)> = requests
+            .iter()
+            .zip(&keys)
+            .map(|(r, k)| (k.lock.as_str(), &r.owner, r.ttl))
+            .collect();
+        let start = Instant::now();
+        let per_node = join_all(self.inner.nodes.iter().map(|n| n.renew_many(&leases))).await;
+        let elapsed = start.elapsed();
+        (0..requests.len())
+            .map(|i| {
+                let mut renewed = 0;
+                let mut errors = 0;
+                for r in &per_node {
+                    match r {
+                        Ok(v) if v.get(i) == Some(&true) => renewed += 1,
+                        Ok(_) => {}
+                        Err(_) => errors += 1,
+                    }
+                }
+                let ttl = requests[i].ttl;
+                if renewed >= self.inner.quorum && ttl > elapsed + clock_drift(ttl) {
+                    Ok(Renew::Renewed)
+                } else if renewed + errors >= self.inner.quorum {
+                    // Could still be ours; let the watchdog try again before its deadline.
+                    Err(self
+                        .unreachable(errors)
+                        .unwrap_or_else(|| Error::unavailable("Redlock renewal was too slow")))
+                } else {
+                    Ok(Renew::NotHeld)
+                }
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,22 @@
+//! Where the test servers are: from the environment `scripts/test` sets,
+//! else the ports it uses.
+
+#![allow(dead_code, unreachable_pub)]
+
+pub fn redis_url() -> String {
+    std::env::var("LOCKSMITH_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+pub fn redlock_ports() -> Vec<u16> {
+    std::env::var("LOCKSMITH_TEST_REDLOCK_PORTS")
+        .unwrap_or_else(|_| "16380 16381 16382 16383 16384".into())
+        .split_whitespace()
+        .map(|p| p.parse().expect("a port number"))
+        .collect()
+}
+
+/// A Redlock URL over these ports; port 1 stands for a node that is down.
+pub fn redlock_url(ports: &[u16]) -> String {
+    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    format!("redis+redlock://{}", hosts.join(","))
+}
