@@ -16,6 +16,8 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+
+mod redis_bench;
 use locksmith::sql::{LeaseStatements, SqlBackend};
 use locksmith::{LockBackend, LockKey, Locker, OwnerToken};
 use sha2::{Digest, Sha256};
@@ -47,6 +49,24 @@ enum Cli {
         #[arg(long, default_value_t = 3)]
         rounds: u32,
     },
+    /// Redis: our backend and Locker beside rslock and bare SET NX PX + DEL.
+    Redis {
+        /// Redis URL.
+        #[arg(long, default_value = "redis://127.0.0.1:6379")]
+        url: String,
+        /// Uncontended pairs per round.
+        #[arg(long, default_value_t = 5000)]
+        iterations: u32,
+        /// Interleaved rounds; the median is reported.
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
+        /// Clients contending on one key.
+        #[arg(long, default_value_t = 8)]
+        contenders: usize,
+        /// Seconds of contention per library.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+    },
 }
 
 const TTL_MS: i64 = 30_000;
@@ -69,6 +89,18 @@ async fn main() {
                     eprintln!("{name}: {e}");
                     std::process::exit(1);
                 }
+            }
+        }
+        Cli::Redis {
+            url,
+            iterations,
+            rounds,
+            contenders,
+            seconds,
+        } => {
+            if let Err(e) = redis_bench::run(&url, iterations, rounds, contenders, seconds).await {
+                eprintln!("Redis: {e}");
+                std::process::exit(1);
             }
         }
     }

@@ -190,7 +190,7 @@ impl Drop for LockGuard {
 
 /// Releases in the background; used where `Drop` cannot await. Outside a
 /// Tokio runtime nothing can run, so the lock frees at its TTL instead.
-pub(crate) fn spawn_release(backend: &Arc<dyn LockBackend>, key: &LockKey, owner: &OwnerToken) {
+fn spawn_release(backend: &Arc<dyn LockBackend>, key: &LockKey, owner: &OwnerToken) {
     match tokio::runtime::Handle::try_current() {
         Ok(handle) => {
             let (backend, key, owner) = (backend.clone(), key.clone(), owner.clone());

@@ -4,11 +4,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use backon::BackoffBuilder;
+use futures::future::BoxFuture;
 
 use crate::backend::{Acquire, Capabilities, LockBackend, Watch};
 use crate::error::{Error, Result};
-use crate::guard::{spawn_release, LockGuard, MultiGuard};
+use crate::guard::{LockGuard, MultiGuard};
 use crate::key::{IntoLockKey, LockKey, OwnerToken};
 use crate::lease::{local_deadline, Lease};
 use crate::options::{LockOptions, WaitPolicy};
@@ -274,60 +279,68 @@ impl Locker {
     }
 }
 
-/// The answer to one attempt, on its way to the caller. If it is dropped
-/// unread (the caller's future was cancelled before or after it arrived) and
-/// it may be a grant, dropping it releases that grant. It exists only once
-/// the store has answered, so the release can never overtake the request it
-/// undoes.
-struct Answer {
-    outcome: Option<Result<Acquire>>,
+/// One `try_acquire` in flight, polled in place. If the caller drops it
+/// before the store answered, the pending request moves into a task that
+/// waits for the answer and, for a fresh owner, releases whatever was
+/// granted: the release is sent only after the store answered, so it can
+/// never overtake the request it undoes. (A re-entrant hold cannot be told
+/// apart from the holds it joined, so it is left to expire.)
+struct InFlight {
+    request: Option<BoxFuture<'static, Result<Acquire>>>,
     undo: Option<(Arc<dyn LockBackend>, LockKey, OwnerToken)>,
 }
 
-impl Answer {
-    fn take(mut self) -> Result<Acquire> {
-        self.undo = None;
-        self.outcome
-            .take()
-            .unwrap_or_else(|| Err(Error::backend("acquire answer already taken")))
+impl Future for InFlight {
+    type Output = Result<Acquire>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(request) = self.request.as_mut() else {
+            return Poll::Ready(Err(Error::backend("acquire polled after completion")));
+        };
+        let outcome = std::task::ready!(request.as_mut().poll(cx));
+        self.request = None;
+        Poll::Ready(outcome)
     }
 }
 
-impl Drop for Answer {
+impl Drop for InFlight {
     fn drop(&mut self) {
-        let maybe_granted = !matches!(self.outcome, None | Some(Ok(Acquire::Contended { .. })));
-        if let (true, Some((backend, key, owner))) = (maybe_granted, self.undo.take()) {
-            spawn_release(&backend, &key, &owner);
-        }
+        let Some(request) = self.request.take() else {
+            return;
+        };
+        let undo = self.undo.take();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            let outcome = request.await;
+            let maybe_granted = !matches!(outcome, Ok(Acquire::Contended { .. }));
+            if let (true, Some((backend, key, owner))) = (maybe_granted, undo) {
+                if let Err(e) = backend.release(&key, &owner).await {
+                    tracing::warn!(key = %key, error = %e,
+                        "could not undo an abandoned acquire; the lock frees at its TTL");
+                }
+            }
+        });
     }
 }
 
 impl Locker {
-    /// One `try_acquire`, run in its own task so that cancelling the caller
-    /// cannot cut the request short at an unknown point; whatever it grants
-    /// reaches the caller or is released (for a fresh owner; a re-entrant
-    /// hold cannot be told apart from the holds it joined).
-    async fn attempt(
+    /// One cancel-safe attempt (see [`InFlight`]).
+    fn attempt(
         &self,
         key: &LockKey,
         owner: &OwnerToken,
         ttl: Duration,
-        release_if_abandoned: bool,
-    ) -> Result<Acquire> {
-        let (tx, rx) = tokio::sync::oneshot::channel::<Answer>();
+        fresh_owner: bool,
+    ) -> InFlight {
         let (backend, key, owner) = (self.backend.clone(), key.clone(), owner.clone());
-        tokio::spawn(async move {
-            let outcome = backend.try_acquire(&key, &owner, ttl).await;
-            let undo = release_if_abandoned.then_some((backend, key, owner));
-            // On failure the answer comes back to us and is dropped here.
-            let _ = tx.send(Answer {
-                outcome: Some(outcome),
-                undo,
-            });
-        });
-        match rx.await {
-            Ok(answer) => answer.take(),
-            Err(_) => Err(Error::backend("the acquire task ended without an answer")),
+        let undo = fresh_owner.then(|| (backend.clone(), key.clone(), owner.clone()));
+        InFlight {
+            request: Some(Box::pin(async move {
+                backend.try_acquire(&key, &owner, ttl).await
+            })),
+            undo,
         }
     }
 }

@@ -1,0 +1,234 @@
+//! `locksmith-bench redis`: our Redis locks beside rslock and the bare
+//! two-command floor, uncontended and with 8 clients on one key.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use locksmith::redis::RedisBackend;
+use locksmith::{LockBackend, LockKey, LockOptions, Locker, OwnerToken};
+use redis::AsyncCommands;
+
+const TTL: Duration = Duration::from_secs(10);
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+async fn pairs_per_sec<Fut: std::future::Future<Output = ()>>(
+    n: u32,
+    f: impl FnOnce() -> Fut,
+) -> f64 {
+    let start = Instant::now();
+    f().await;
+    f64::from(n) / start.elapsed().as_secs_f64()
+}
+
+pub(crate) async fn run(
+    url: &str,
+    iterations: u32,
+    rounds: u32,
+    contenders: usize,
+    seconds: u64,
+) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let client = redis::Client::open(url).map_err(|e| err(&e))?;
+    let mut bare = client.get_connection_manager().await.map_err(|e| err(&e))?;
+    let backend = RedisBackend::connect(url).map_err(|e| err(&e))?;
+    let locker = Locker::new(backend.clone());
+    let rs = rslock::LockManager::new(vec![url.to_owned()]);
+    let tag = &OwnerToken::generate().as_str()[..8].to_owned();
+
+    let mut figures: [Vec<f64>; 4] = Default::default();
+    for _ in 0..rounds {
+        let key = format!("bench:{tag}:bare");
+        figures[0].push(
+            pairs_per_sec(iterations, || async {
+                for _ in 0..iterations {
+                    let token = OwnerToken::generate();
+                    let ok: Option<String> = redis::cmd("SET")
+                        .arg(&key)
+                        .arg(token.as_str())
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(10_000)
+                        .query_async(&mut bare)
+                        .await
+                        .expect("SET");
+                    assert!(ok.is_some());
+                    let _: i64 = bare.del(&key).await.expect("DEL");
+                }
+            })
+            .await,
+        );
+        let key = format!("bench:{tag}:rslock");
+        figures[1].push(
+            pairs_per_sec(iterations, || async {
+                for _ in 0..iterations {
+                    let l = rs
+                        .lock(key.as_bytes(), TTL)
+                        .await
+                        .expect("rslock uncontended");
+                    rs.unlock(&l).await;
+                }
+            })
+            .await,
+        );
+        let key = LockKey::new(format!("bench:{tag}:backend")).unwrap();
+        figures[2].push(
+            pairs_per_sec(iterations, || async {
+                for _ in 0..iterations {
+                    let owner = OwnerToken::generate();
+                    backend
+                        .try_acquire(&key, &owner, TTL)
+                        .await
+                        .expect("acquire");
+                    backend.release(&key, &owner).await.expect("release");
+                }
+            })
+            .await,
+        );
+        let key = format!("bench:{tag}:locker");
+        figures[3].push(
+            pairs_per_sec(iterations, || async {
+                for _ in 0..iterations {
+                    let g = locker
+                        .try_lock(key.as_str())
+                        .await
+                        .expect("acquire")
+                        .expect("uncontended");
+                    g.release().await.expect("release");
+                }
+            })
+            .await,
+        );
+    }
+    let floor = median(&mut figures[0]);
+    let rsl = median(&mut figures[1]);
+    println!("\nRedis: uncontended acquire+release, 1 client x {iterations} pairs, median of {rounds} rounds");
+    println!(
+        "  {:<30} {:>10}  {:>8}  {:>9}",
+        "path", "pairs/s", "vs bare", "vs rslock"
+    );
+    for (i, label) in [
+        "bare SET NX PX + DEL",
+        "rslock 0.10",
+        "RedisBackend",
+        "Locker",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let r = median(&mut figures[i]);
+        println!(
+            "  {label:<30} {r:>10.0}  {:>8.2}  {:>9.2}",
+            r / floor,
+            r / rsl
+        );
+    }
+
+    println!("\nRedis: {contenders} clients contending on one key for {seconds} s each (own connection each)");
+    println!(
+        "  {:<14} {:>9} {:>12} {:>12} {:>22}",
+        "library", "locks/s", "hand-off p50", "hand-off p99", "share per client min..max"
+    );
+    contended("locksmith", contenders, seconds, |_| {
+        let l = Locker::new(RedisBackend::connect(url).expect("url"));
+        let key = format!("bench:{tag}:contended");
+        move || {
+            let (l, key) = (l.clone(), key.clone());
+            Box::pin(async move {
+                let g = l
+                    .lock_with(key.as_str(), &LockOptions::new().ttl(TTL))
+                    .await
+                    .expect("lock");
+                Box::new(move || {
+                    Box::pin(async move { g.release().await.expect("release") }) as Release
+                }) as Releaser
+            }) as Acquiring
+        }
+    })
+    .await;
+    contended("rslock", contenders, seconds, |_| {
+        let rs = Arc::new(rslock::LockManager::new(vec![url.to_owned()]));
+        let key = format!("bench:{tag}:contended-rslock");
+        move || {
+            let (rs, key) = (rs.clone(), key.clone());
+            Box::pin(async move {
+                let l = rs
+                    .acquire_no_guard(key.as_bytes(), TTL)
+                    .await
+                    .expect("rslock");
+                Box::new(move || Box::pin(async move { rs.unlock(&l).await }) as Release)
+                    as Releaser
+            }) as Acquiring
+        }
+    })
+    .await;
+    Ok(())
+}
+
+type Release = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+type Releaser = Box<dyn FnOnce() -> Release + Send>;
+type Acquiring = std::pin::Pin<Box<dyn std::future::Future<Output = Releaser> + Send>>;
+
+/// Each client loops acquire, a tiny critical section, release, until time
+/// is up; hand-off is measured from one client's release to another's grant.
+async fn contended<M, A>(label: &str, clients: usize, seconds: u64, make: M)
+where
+    M: Fn(usize) -> A,
+    A: Fn() -> Acquiring + Send + 'static,
+{
+    let last: Arc<Mutex<Option<(usize, Instant)>>> = Arc::default();
+    let handoffs: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let stop = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for id in 0..clients {
+        let acquire = make(id);
+        let (last, handoffs) = (last.clone(), handoffs.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut count = 0u64;
+            while Instant::now() < stop {
+                let release = acquire().await;
+                let now = Instant::now();
+                if let Some((who, at)) = *last.lock().unwrap() {
+                    if who != id {
+                        handoffs.lock().unwrap().push(now - at);
+                    }
+                }
+                count += 1;
+                tokio::task::yield_now().await;
+                *last.lock().unwrap() = Some((id, Instant::now()));
+                release().await;
+            }
+            count
+        }));
+    }
+    let mut counts = Vec::new();
+    for t in tasks {
+        counts.push(t.await.expect("client task"));
+    }
+    let total: u64 = counts.iter().sum();
+    let mut lat = std::mem::take(&mut *handoffs.lock().unwrap());
+    lat.sort();
+    let pct = |p: f64| {
+        if lat.is_empty() {
+            return "n/a".to_owned();
+        }
+        let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
+        format!("{:.2} ms", lat[i].as_secs_f64() * 1000.0)
+    };
+    let share = |c: u64| 100.0 * c as f64 / total.max(1) as f64;
+    let (min, max) = (
+        counts.iter().min().copied().unwrap_or(0),
+        counts.iter().max().copied().unwrap_or(0),
+    );
+    println!(
+        "  {label:<14} {:>9.0} {:>12} {:>12} {:>12.1}%..{:.1}%",
+        total as f64 / seconds as f64,
+        pct(0.5),
+        pct(0.99),
+        share(min),
+        share(max)
+    );
+}
