@@ -40,68 +40,76 @@ pub(crate) async fn run(
     let tag = &OwnerToken::generate().as_str()[..8].to_owned();
 
     let mut figures: [Vec<f64>; 4] = Default::default();
-    for _ in 0..rounds {
-        let key = format!("bench:{tag}:bare");
-        figures[0].push(
-            pairs_per_sec(iterations, || async {
-                for _ in 0..iterations {
-                    let token = OwnerToken::generate();
-                    let ok: Option<String> = redis::cmd("SET")
-                        .arg(&key)
-                        .arg(token.as_str())
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(10_000)
-                        .query_async(&mut bare)
-                        .await
-                        .expect("SET");
-                    assert!(ok.is_some());
-                    let _: i64 = bare.del(&key).await.expect("DEL");
+    // Many short rounds, each running the paths in a rotated order, so a
+    // slow spell of the machine lands on every path alike.
+    for round in 0..rounds as usize {
+        for step in 0..4 {
+            let path = (round + step) % 4;
+            let r = match path {
+                0 => {
+                    let key = format!("bench:{tag}:bare");
+                    pairs_per_sec(iterations, || async {
+                        for _ in 0..iterations {
+                            let token = OwnerToken::generate();
+                            let ok: Option<String> = redis::cmd("SET")
+                                .arg(&key)
+                                .arg(token.as_str())
+                                .arg("NX")
+                                .arg("PX")
+                                .arg(10_000)
+                                .query_async(&mut bare)
+                                .await
+                                .expect("SET");
+                            assert!(ok.is_some());
+                            let _: i64 = bare.del(&key).await.expect("DEL");
+                        }
+                    })
+                    .await
                 }
-            })
-            .await,
-        );
-        let key = format!("bench:{tag}:rslock");
-        figures[1].push(
-            pairs_per_sec(iterations, || async {
-                for _ in 0..iterations {
-                    let l = rs
-                        .lock(key.as_bytes(), TTL)
-                        .await
-                        .expect("rslock uncontended");
-                    rs.unlock(&l).await;
+                1 => {
+                    let key = format!("bench:{tag}:rslock");
+                    pairs_per_sec(iterations, || async {
+                        for _ in 0..iterations {
+                            let l = rs
+                                .lock(key.as_bytes(), TTL)
+                                .await
+                                .expect("rslock uncontended");
+                            rs.unlock(&l).await;
+                        }
+                    })
+                    .await
                 }
-            })
-            .await,
-        );
-        let key = LockKey::new(format!("bench:{tag}:backend")).unwrap();
-        figures[2].push(
-            pairs_per_sec(iterations, || async {
-                for _ in 0..iterations {
-                    let owner = OwnerToken::generate();
-                    backend
-                        .try_acquire(&key, &owner, TTL)
-                        .await
-                        .expect("acquire");
-                    backend.release(&key, &owner).await.expect("release");
+                2 => {
+                    let key = LockKey::new(format!("bench:{tag}:backend")).unwrap();
+                    pairs_per_sec(iterations, || async {
+                        for _ in 0..iterations {
+                            let owner = OwnerToken::generate();
+                            backend
+                                .try_acquire(&key, &owner, TTL)
+                                .await
+                                .expect("acquire");
+                            backend.release(&key, &owner).await.expect("release");
+                        }
+                    })
+                    .await
                 }
-            })
-            .await,
-        );
-        let key = format!("bench:{tag}:locker");
-        figures[3].push(
-            pairs_per_sec(iterations, || async {
-                for _ in 0..iterations {
-                    let g = locker
-                        .try_lock(key.as_str())
-                        .await
-                        .expect("acquire")
-                        .expect("uncontended");
-                    g.release().await.expect("release");
+                _ => {
+                    let key = format!("bench:{tag}:locker");
+                    pairs_per_sec(iterations, || async {
+                        for _ in 0..iterations {
+                            let g = locker
+                                .try_lock(key.as_str())
+                                .await
+                                .expect("acquire")
+                                .expect("uncontended");
+                            g.release().await.expect("release");
+                        }
+                    })
+                    .await
                 }
-            })
-            .await,
-        );
+            };
+            figures[path].push(r);
+        }
     }
     let floor = median(&mut figures[0]);
     let rsl = median(&mut figures[1]);

@@ -2,7 +2,7 @@
 //! fires the lost signal when a lease cannot be kept.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -17,6 +17,9 @@ use crate::lease::{local_deadline, LeaseState, LostReason};
 const COALESCE_DIVISOR: u32 = 4;
 /// Most leases renewed in one backend call.
 const MAX_BATCH: usize = 100;
+/// How long the task waits with nothing to watch before it exits. It keeps
+/// only a weak handle meanwhile, so a dropped Locker still frees the backend.
+const IDLE_EXIT: Duration = Duration::from_secs(30);
 
 struct Entry {
     request: RenewRequest,
@@ -37,7 +40,14 @@ struct State {
 pub(crate) struct Watchdog {
     backend: Arc<dyn LockBackend>,
     state: Mutex<State>,
-    wake: Notify,
+    wake: Arc<Notify>,
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // An idle task waiting on this learns at once that it can exit.
+        self.wake.notify_one();
+    }
 }
 
 type Batch = (Vec<u64>, Instant, Vec<Result<Renew>>);
@@ -47,7 +57,7 @@ impl Watchdog {
         Arc::new(Watchdog {
             backend,
             state: Mutex::new(State::default()),
-            wake: Notify::new(),
+            wake: Arc::new(Notify::new()),
         })
     }
 
@@ -82,7 +92,7 @@ impl Watchdog {
         );
         if !st.running {
             st.running = true;
-            tokio::spawn(self.clone().run());
+            tokio::spawn(Self::run(Arc::downgrade(self), self.wake.clone()));
         }
         drop(st);
         self.wake.notify_one();
@@ -145,15 +155,17 @@ impl Watchdog {
         }
     }
 
-    async fn run(self: Arc<Self>) {
+    async fn run(this: Weak<Self>, wake: Arc<Notify>) {
         let mut in_flight: FuturesUnordered<futures::future::BoxFuture<'static, Batch>> =
             FuturesUnordered::new();
         loop {
+            let Some(strong) = this.upgrade() else { return };
             let now = Instant::now();
             let mut due = Vec::new();
             let mut next_wake: Option<Instant> = None;
+            let idle;
             {
-                let mut st = self.lock();
+                let mut st = strong.lock();
                 st.entries.retain(|_, e| {
                     if e.deadline <= now {
                         tracing::warn!(key = %e.request.key, "lock lost: not renewed before its deadline");
@@ -163,10 +175,7 @@ impl Watchdog {
                         true
                     }
                 });
-                if st.entries.is_empty() && in_flight.is_empty() {
-                    st.running = false;
-                    return;
-                }
+                idle = st.entries.is_empty() && in_flight.is_empty();
                 for (id, e) in st.entries.iter_mut() {
                     let mut wake_at = e.deadline;
                     if let (Some(every), false) = (e.renew_every, e.in_flight) {
@@ -180,8 +189,26 @@ impl Watchdog {
                     next_wake = Some(next_wake.map_or(wake_at, |w| w.min(wake_at)));
                 }
             }
+            if idle {
+                // Stay for the next lock (a task per lock would cost a spawn
+                // and a thread hop each time), holding only the weak handle,
+                // so a dropped Locker still lets go of its backend.
+                drop(strong);
+                if tokio::time::timeout(IDLE_EXIT, wake.notified())
+                    .await
+                    .is_err()
+                {
+                    let Some(strong) = this.upgrade() else { return };
+                    let mut st = strong.lock();
+                    if st.entries.is_empty() {
+                        st.running = false;
+                        return;
+                    }
+                }
+                continue;
+            }
             if !due.is_empty() {
-                let backend = self.backend.clone();
+                let backend = strong.backend.clone();
                 in_flight.push(Box::pin(async move {
                     let (ids, requests): (Vec<u64>, Vec<RenewRequest>) = due.into_iter().unzip();
                     // A call stuck on a dead connection must not stall later renewals
@@ -203,7 +230,7 @@ impl Watchdog {
             let sleep_until = next_wake.unwrap_or(now + Duration::from_secs(3600));
             tokio::select! {
                 Some((ids, sent, results)) = in_flight.next(), if !in_flight.is_empty() => {
-                    let mut st = self.lock();
+                    let mut st = strong.lock();
                     let mut results = results.into_iter();
                     for id in ids {
                         if let Some(e) = st.entries.get_mut(&id) {
@@ -216,7 +243,7 @@ impl Watchdog {
                     }
                 }
                 _ = tokio::time::sleep_until(sleep_until.into()) => {}
-                _ = self.wake.notified() => {}
+                _ = wake.notified() => {}
             }
         }
     }
