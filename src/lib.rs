@@ -36,10 +36,9 @@
 //! | `sqlite://path` | SQLite file, embedded | `sqlite` (default) |
 //! | `postgres://…`, `postgresql://…` | PostgreSQL (add `?mode=session` for advisory locks) | `postgres` |
 //! | `mysql://…`, `mariadb://…` | MySQL/MariaDB (add `?mode=session` for `GET_LOCK`) | `mysql` |
-//! | `memory://` | this process only (tests) | always |
-//!
-//! | `redis://…`, `rediss://…` | one Redis server | `redis` |
+//! | `redis://…`, `rediss://…`, `redis+unix:///path` | one Redis server | `redis` |
 //! | `redis+redlock://h1:p1,h2:p2,h3:p3` | Redlock over independent masters | `redis` |
+//! | `memory://` | this process only (tests) | always |
 //!
 //! memcached and ZooKeeper are planned; their schemes are recognised and
 //! answer with a `Config` error saying so.
