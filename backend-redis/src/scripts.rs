@@ -3,7 +3,8 @@
 //! A lock is a hash at `KEYS[1]` whose one field is the owner token and whose
 //! value is the hold count (the re-entrant scheme of the design notes), with
 //! a millisecond expiry. Its fencing counter is a plain integer key beside
-//! it, never expired, so tokens keep rising across release and expiry.
+//! it, never expired, so tokens keep rising across release and expiry, and
+//! seeded from the server clock so they keep rising across a restart too.
 
 use std::sync::OnceLock;
 
@@ -11,9 +12,18 @@ use redis::Script;
 
 /// KEYS: lock, fence counter. ARGV: owner, ttl ms.
 /// Returns {1, fence, holds} when granted, {0, pttl} when held by another.
+///
+/// The fence is max(counter + 1, server time in µs): strictly increasing,
+/// and still increasing after a restart that lost the counter (no
+/// persistence), as long as the server's clock does not jump back. Written
+/// with %.0f because Lua would print a 16-digit number in exponent form;
+/// doubles hold such integers exactly (below 2^53).
 const ACQUIRE: &str = r"
 if redis.call('exists', KEYS[1]) == 0 then
-  local fence = redis.call('incr', KEYS[2])
+  local t = redis.call('time')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local fence = math.max(tonumber(redis.call('get', KEYS[2]) or '0') + 1, now)
+  redis.call('set', KEYS[2], string.format('%.0f', fence))
   redis.call('hset', KEYS[1], ARGV[1], 1)
   redis.call('pexpire', KEYS[1], ARGV[2])
   return {1, fence, 1}
