@@ -299,3 +299,46 @@ fn steal(db: &Path, key: &str) {
         assert_eq!(r.rows_affected(), 1);
     });
 }
+
+/// The same command line on another store: only the URL changes.
+#[cfg(feature = "redis")]
+#[test]
+fn run_works_unchanged_on_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = std::env::var("LOCKSMITH_TEST_REDIS_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let key = format!("cli-redis-{}", std::process::id());
+    let o = output(locksmith(
+        dir.path(),
+        &[
+            "run",
+            "--url",
+            &url,
+            "--key",
+            &key,
+            "--",
+            "sh",
+            "-c",
+            "test -n \"$LOCKSMITH_FENCE\" && exit 3",
+        ],
+    ));
+    assert_eq!(code(&o), 3, "{}", String::from_utf8_lossy(&o.stderr));
+    let o = output(locksmith(
+        dir.path(),
+        &[
+            "run",
+            "--url",
+            "redis://127.0.0.1:1",
+            "--key",
+            &key,
+            "--",
+            "true",
+        ],
+    ));
+    assert_eq!(
+        code(&o),
+        69,
+        "a Redis that is down: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
