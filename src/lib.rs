@@ -68,7 +68,8 @@ pub const DEFAULT_URL: &str = "sqlite://locksmith.db";
 pub async fn backend(url: &str) -> Result<Arc<dyn LockBackend>> {
     let shown = RedactedUrl::new(url);
     let scheme = shown.scheme();
-    #[allow(unused)]
+    // Unused when every store is compiled in.
+    #[allow(unused_variables)]
     let not_built = |store: &str, feature: &str| -> Result<Arc<dyn LockBackend>> {
         Err(Error::config(format!(
             "{shown}: {store} support is not compiled in; enable cargo feature `{feature}`"

@@ -169,12 +169,14 @@ impl SessionLocks {
     }
 
     /// The advisory lock id: 64 bits of SHA-256 over namespace and key.
+    #[cfg(feature = "postgres")]
     fn pg_id(&self, key: &LockKey) -> i64 {
         let d = self.digest(key);
         i64::from_be_bytes(d[..8].try_into().expect("SHA-256 is 32 bytes"))
     }
 
     /// The GET_LOCK name: MySQL allows 64 characters, so 240 bits of SHA-256 in hex.
+    #[cfg(feature = "mysql")]
     fn my_name(&self, key: &LockKey) -> String {
         format!("lsm:{}", &hex::encode(self.digest(key))[..60])
     }
