@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use locksmith_core::{Error, RedactedUrl, Result};
+use locksmith_core::{take_params, Error, RedactedUrl, Result};
 
 /// The URL schemes this crate answers to.
 pub const REDIS_SCHEMES: &[&str] = &["redis", "rediss", "redis+unix", "unix", "redis+redlock"];
@@ -38,7 +38,6 @@ impl RedisConfig {
     pub fn from_url(url: &str) -> Result<Self> {
         let shown = RedactedUrl::new(url);
         let scheme = shown.scheme();
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let mut config = RedisConfig {
             nodes: Vec::new(),
             redlock: false,
@@ -46,9 +45,7 @@ impl RedisConfig {
             timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
         };
-        let mut passthrough = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let driver_url = take_params(url, |k, v| {
             let duration = |v: &str| {
                 humantime::parse_duration(v).map_err(|_| {
                     Error::config(format!("{shown}: {k} must be a duration like 500ms"))
@@ -58,13 +55,15 @@ impl RedisConfig {
                 "prefix" => config.prefix = v.to_owned(),
                 "timeout" => config.timeout = duration(v)?,
                 "connect_timeout" => config.connect_timeout = duration(v)?,
-                _ => passthrough.push(pair),
+                _ => return Ok(false),
             }
-        }
-        let suffix = if passthrough.is_empty() {
+            Ok(true)
+        })?;
+        let (base, query) = driver_url.split_once('?').unwrap_or((&driver_url, ""));
+        let suffix = if query.is_empty() {
             String::new()
         } else {
-            format!("?{}", passthrough.join("&"))
+            format!("?{query}")
         };
         match scheme.as_str() {
             "redis" | "rediss" | "redis+unix" | "unix" => {

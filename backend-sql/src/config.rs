@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use locksmith_core::{Error, RedactedUrl, Result};
+use locksmith_core::{take_params, Error, RedactedUrl, Result};
 
 /// The URL schemes this crate answers to.
 pub const SQL_SCHEMES: &[&str] = &["sqlite", "postgres", "postgresql", "mysql", "mariadb"];
@@ -77,27 +77,15 @@ impl SqlConfig {
                 )))
             }
         };
-        let (base, query) = match url.split_once('?') {
-            Some((b, q)) => (b, q),
-            None => (url, ""),
-        };
-        // sqlx knows MariaDB by the MySQL scheme.
-        let base = match base.split_once("://") {
-            Some((s, rest)) if s.eq_ignore_ascii_case("mariadb") => format!("mysql://{rest}"),
-            _ => base.to_owned(),
-        };
-        let base = base.as_str();
         let mut config = SqlConfig {
             dialect,
-            url: RedactedUrl::new(base),
+            url: redacted.clone(),
             mode: Mode::Lease,
             table: DEFAULT_TABLE.to_owned(),
             pool_max: 8,
             connect_timeout: Duration::from_secs(3),
         };
-        let mut passthrough = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let driver_url = take_params(url, |k, v| {
             match k {
                 "table" => config.table = validate_table_name(v)?,
                 // SQLite's driver has a `mode` of its own (rwc, ro, memory).
@@ -124,12 +112,17 @@ impl SqlConfig {
                         ))
                     })?
                 }
-                _ => passthrough.push(pair),
+                _ => return Ok(false),
             }
-        }
-        if !passthrough.is_empty() {
-            config.url = RedactedUrl::new(format!("{base}?{}", passthrough.join("&")));
-        }
+            Ok(true)
+        })?;
+        // sqlx knows MariaDB by the MySQL scheme.
+        let driver_url = match driver_url.split_once("://") {
+            Some((s, rest)) if s.eq_ignore_ascii_case("mariadb") => format!("mysql://{rest}"),
+            _ => driver_url,
+        };
+        let (base, query) = driver_url.split_once('?').unwrap_or((&driver_url, ""));
+        config.url = RedactedUrl::new(driver_url.as_str());
         if dialect == Dialect::Sqlite && config.mode == Mode::Session {
             return Err(Error::config(format!(
                 "{redacted}: SQLite has no session locks; use the default lease mode"

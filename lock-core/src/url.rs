@@ -97,6 +97,40 @@ impl fmt::Display for RedactedUrl {
     }
 }
 
+/// Splits off the query parameters a backend understands, leaving the rest
+/// for its driver: `take(key, value)` answers `Ok(true)` for a parameter it
+/// consumed. Returns the URL without the consumed parameters.
+///
+/// ```
+/// let mut table = String::new();
+/// let rest = locksmith_core::take_params("sqlite://a.db?table=t&mode=ro", |k, v| {
+///     Ok(k == "table" && { table = v.to_owned(); true })
+/// })
+/// .unwrap();
+/// assert_eq!((rest.as_str(), table.as_str()), ("sqlite://a.db?mode=ro", "t"));
+/// ```
+///
+/// # Errors
+/// Whatever `take` returns for a bad value.
+pub fn take_params(
+    url: &str,
+    mut take: impl FnMut(&str, &str) -> crate::Result<bool>,
+) -> crate::Result<String> {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if !take(k, v)? {
+            rest.push(pair);
+        }
+    }
+    Ok(if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
