@@ -135,26 +135,35 @@ impl LockBackend for RedlockBackend {
     ) -> Result<Acquire> {
         let keys = self.keys(key);
         let start = Instant::now();
-        let t = Self::tally(
-            join_all(
-                self.inner
-                    .nodes
-                    .iter()
-                    .map(|n| n.acquire(&keys, owner, ttl)),
-            )
-            .await,
-        );
+        let answers = join_all(
+            self.inner
+                .nodes
+                .iter()
+                .map(|n| n.acquire(&keys, owner, ttl)),
+        )
+        .await;
         let elapsed = start.elapsed();
         let mut grants = Vec::new();
         let mut retry_after: Option<Duration> = None;
-        for a in t.ok {
-            match a {
-                Acquire::Acquired(g) => grants.push(g),
-                Acquire::Contended { retry_after: r } => {
-                    retry_after = match (retry_after, r) {
+        // Nodes that may now hold our key: those that granted, and those that
+        // did not answer (their request may still be applied).
+        let mut undo = Vec::new();
+        let mut errors = 0;
+        for (node, answer) in self.inner.nodes.iter().zip(&answers) {
+            match answer {
+                Ok(Acquire::Acquired(g)) => {
+                    grants.push(*g);
+                    undo.push(node);
+                }
+                Ok(Acquire::Contended { retry_after: r }) => {
+                    retry_after = match (retry_after, *r) {
                         (Some(a), Some(b)) => Some(a.min(b)),
                         (a, b) => a.or(b),
                     }
+                }
+                Err(_) => {
+                    errors += 1;
+                    undo.push(node);
                 }
             }
         }
@@ -163,10 +172,14 @@ impl LockBackend for RedlockBackend {
             let holds = grants.iter().map(|g| g.holds).max().unwrap_or(1);
             return Ok(Acquire::Acquired(Grant { fence: None, holds }));
         }
-        // Undo everywhere, including nodes that did not answer in time: the
-        // scripts are owner-checked, so this never touches another's lock.
-        let _ = join_all(self.inner.nodes.iter().map(|n| n.release(&keys, owner))).await;
-        if let Some(e) = self.unreachable(t.errors) {
+        // A node that answered "contended" holds someone else's lock, not
+        // ours, so a waiter polling a busy key costs one round, not two. The
+        // undo shares each node's connection with the request it undoes, so
+        // it cannot overtake it.
+        if !undo.is_empty() {
+            let _ = join_all(undo.into_iter().map(|n| n.release(&keys, owner))).await;
+        }
+        if let Some(e) = self.unreachable(errors) {
             return Err(e);
         }
         Ok(Acquire::Contended { retry_after })
