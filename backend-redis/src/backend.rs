@@ -84,11 +84,15 @@ impl LockBackend for RedisBackend {
     }
 
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        let keys = self.keys(key);
+        let request = RenewRequest {
+            key: key.clone(),
+            owner: owner.clone(),
+            ttl,
+        };
         let out = self
             .inner
             .node
-            .renew_many(&[(keys.lock.as_str(), owner, ttl)])
+            .renew_many(&self.inner.config.prefix, std::slice::from_ref(&request))
             .await?;
         Ok(if out.first() == Some(&true) {
             Renew::Renewed
@@ -98,13 +102,12 @@ impl LockBackend for RedisBackend {
     }
 
     async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        let keys: Vec<Keys> = requests.iter().map(|r| self.keys(&r.key)).collect();
-        let leases: Vec<(&str, &OwnerToken, Duration)> = requests
-            .iter()
-            .zip(&keys)
-            .map(|(r, k)| (k.lock.as_str(), &r.owner, r.ttl))
-            .collect();
-        match self.inner.node.renew_many(&leases).await {
+        match self
+            .inner
+            .node
+            .renew_many(&self.inner.config.prefix, requests)
+            .await
+        {
             Ok(out) => out
                 .into_iter()
                 .map(|ok| Ok(if ok { Renew::Renewed } else { Renew::NotHeld }))

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use locksmith_core::{
-    Acquire, Error, FencingToken, Grant, LockKey, OwnerToken, RedactedUrl, Release, Result, Watch,
+    Acquire, Error, FencingToken, Grant, LockKey, OwnerToken, RedactedUrl, Release, RenewRequest,
+    Result, Watch,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
 use redis::RedisError;
@@ -185,17 +186,20 @@ impl Node {
     /// Renews many leases in one script call; `true` where renewed.
     pub(crate) async fn renew_many(
         &self,
-        leases: &[(&str, &OwnerToken, Duration)],
+        prefix: &str,
+        requests: &[RenewRequest],
     ) -> Result<Vec<bool>> {
         self.bounded(async {
             let mut c = self.conn().await?;
             let script = scripts::renew();
             let mut call = script.prepare_invoke();
-            for (lock, owner, ttl) in leases {
-                call.key(*lock).arg(owner.as_str()).arg(ms(*ttl));
+            for r in requests {
+                call.key(Keys::new(prefix, &r.key).lock)
+                    .arg(r.owner.as_str())
+                    .arg(ms(r.ttl));
             }
             let out: Vec<i64> = call.invoke_async(&mut c).await.map_err(map_err)?;
-            if out.len() != leases.len() {
+            if out.len() != requests.len() {
                 return Err(Error::backend(
                     "renew script answered for the wrong number of keys",
                 ));

@@ -225,14 +225,15 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        let keys: Vec<Keys> = requests.iter().map(|r| self.keys(&r.key)).collect();
-        let leases: Vec<(&str, &OwnerToken, Duration)> = requests
-            .iter()
-            .zip(&keys)
-            .map(|(r, k)| (k.lock.as_str(), &r.owner, r.ttl))
-            .collect();
+        let prefix = &self.inner.config.prefix;
         let start = Instant::now();
-        let per_node = join_all(self.inner.nodes.iter().map(|n| n.renew_many(&leases))).await;
+        let per_node = join_all(
+            self.inner
+                .nodes
+                .iter()
+                .map(|n| n.renew_many(prefix, requests)),
+        )
+        .await;
         let elapsed = start.elapsed();
         (0..requests.len())
             .map(|i| {
