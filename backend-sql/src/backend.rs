@@ -417,10 +417,7 @@ impl SqlBackend {
         };
         Ok(match remaining {
             None => Release::NotHeld,
-            Some(0) => {
-                self.inner.local.released(key);
-                Release::Freed
-            }
+            Some(0) => Release::Freed,
             Some(n) => Release::StillHeld(u32::try_from(n).unwrap_or(u32::MAX)),
         })
     }
@@ -500,8 +497,9 @@ impl LockBackend for SqlBackend {
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
         let r = match &self.inner.session {
             Some(s) => s.release(key, owner).await?,
-            None => return self.lease_release(key, owner).await,
+            None => self.lease_release(key, owner).await?,
         };
+        // One place for both modes: waiters in this process try at once.
         if r == Release::Freed {
             self.inner.local.released(key);
         }

@@ -30,12 +30,6 @@ pub struct LockGuard {
     armed: bool,
 }
 
-impl std::fmt::Debug for Watchdog {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Watchdog")
-    }
-}
-
 impl LockGuard {
     pub(crate) fn new(
         lease: Lease,

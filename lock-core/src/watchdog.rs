@@ -43,6 +43,12 @@ pub(crate) struct Watchdog {
     wake: Arc<Notify>,
 }
 
+impl std::fmt::Debug for Watchdog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Watchdog")
+    }
+}
+
 impl Drop for Watchdog {
     fn drop(&mut self) {
         // An idle task waiting on this learns at once that it can exit.
