@@ -66,7 +66,6 @@ impl LockBackend for RedisBackend {
             ttl_resolution: Duration::from_millis(1),
             binding: Binding::Lease,
             notify: true,
-            batch_renew: true,
         }
     }
 

@@ -123,7 +123,6 @@ impl LockBackend for RedlockBackend {
             ttl_resolution: Duration::from_millis(1),
             binding: Binding::Lease,
             notify: false,
-            batch_renew: true,
         }
     }
 

@@ -478,7 +478,6 @@ impl LockBackend for SqlBackend {
             // Releases made by this process wake this process's waiters at
             // once; other processes are found by polling.
             notify: false,
-            batch_renew: false,
         }
     }
 

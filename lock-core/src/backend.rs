@@ -46,8 +46,6 @@ pub struct Capabilities {
     pub binding: Binding,
     /// [`LockBackend::watch`] delivers release notifications (no polling needed).
     pub notify: bool,
-    /// [`LockBackend::renew_many`] renews several leases in one round trip.
-    pub batch_renew: bool,
 }
 
 impl Default for Capabilities {
@@ -58,7 +56,6 @@ impl Default for Capabilities {
             ttl_resolution: Duration::from_millis(1),
             binding: Binding::Lease,
             notify: false,
-            batch_renew: false,
         }
     }
 }

@@ -84,7 +84,6 @@ impl LockBackend for MemoryBackend {
             ttl_resolution: Duration::from_nanos(1),
             binding: Binding::Lease,
             notify: true,
-            batch_renew: true,
         }
     }
 
