@@ -10,7 +10,11 @@ use locksmith_core::{
 };
 
 use crate::config::RedisConfig;
-use crate::node::{Keys, Node};
+use crate::node::{Keys, Node, Waiter};
+
+/// A waiter's place is kept this many refresh periods without a refresh, so
+/// one late or lost refresh does not cost it.
+const WAITER_LIVENESS_REFRESHES: u32 = 4;
 
 /// Locks on a single Redis server (or a primary with replicas: note that a
 /// failover can lose a lock the old primary had not replicated; Redlock over
@@ -66,6 +70,7 @@ impl LockBackend for RedisBackend {
             ttl_resolution: Duration::from_millis(1),
             binding: Binding::Lease,
             notify: true,
+            fair: true,
         }
     }
 
@@ -75,7 +80,43 @@ impl LockBackend for RedisBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Acquire> {
-        self.inner.node.acquire(&self.keys(key), owner, ttl).await
+        self.inner
+            .node
+            .acquire(&self.keys(key), owner, ttl, None)
+            .await
+    }
+
+    async fn try_acquire_waiting(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        ticket: &OwnerToken,
+    ) -> Result<Acquire> {
+        let refresh = self.inner.config.waiter_refresh;
+        let waiter = Waiter {
+            ticket,
+            liveness: refresh.saturating_mul(WAITER_LIVENESS_REFRESHES),
+        };
+        let outcome = self
+            .inner
+            .node
+            .acquire(&self.keys(key), owner, ttl, Some(waiter))
+            .await?;
+        // Wake to refresh the place in the queue before it lapses.
+        Ok(match outcome {
+            Acquire::Contended { retry_after } => Acquire::Contended {
+                retry_after: Some(retry_after.map_or(refresh, |r| r.min(refresh))),
+            },
+            granted => granted,
+        })
+    }
+
+    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
+        self.inner
+            .node
+            .abandon(&self.keys(key), owner, ticket)
+            .await
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
@@ -118,7 +159,7 @@ impl LockBackend for RedisBackend {
         }
     }
 
-    async fn watch(&self, key: &LockKey) -> Result<Option<Watch>> {
-        Ok(Some(self.inner.node.watch(&self.keys(key).channel).await?))
+    async fn watch(&self, _key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
+        Ok(Some(self.inner.node.watch(ticket).await?))
     }
 }

@@ -12,7 +12,9 @@ pub const REDIS_SCHEMES: &[&str] = &["redis", "rediss", "redis+unix", "unix", "r
 /// Parameters of ours in the URL query (removed before the driver sees the
 /// URL): `prefix` (prepended to every key, default `locksmith:`),
 /// `timeout` (per-request timeout, default 1s; for Redlock, per node),
-/// `connect_timeout` (default 1s).
+/// `connect_timeout` (default 1s), `waiter_refresh` (how often a queued
+/// waiter confirms it still waits, default 500ms; a waiter silent for four
+/// periods loses its place).
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
     /// One URL per node: one for a single server, N for Redlock.
@@ -25,6 +27,9 @@ pub struct RedisConfig {
     pub timeout: Duration,
     /// Connection timeout.
     pub connect_timeout: Duration,
+    /// How often a queued waiter refreshes its place (and finds a grant
+    /// whose message was lost).
+    pub waiter_refresh: Duration,
 }
 
 impl RedisConfig {
@@ -44,6 +49,7 @@ impl RedisConfig {
             prefix: "locksmith:".to_owned(),
             timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
+            waiter_refresh: Duration::from_millis(500),
         };
         let driver_url = take_params(url, |k, v| {
             let duration = |v: &str| {
@@ -55,6 +61,15 @@ impl RedisConfig {
                 "prefix" => config.prefix = v.to_owned(),
                 "timeout" => config.timeout = duration(v)?,
                 "connect_timeout" => config.connect_timeout = duration(v)?,
+                "waiter_refresh" => {
+                    config.waiter_refresh = duration(v)?;
+                    let range = Duration::from_millis(10)..=Duration::from_secs(3600);
+                    if !range.contains(&config.waiter_refresh) {
+                        return Err(Error::config(format!(
+                            "{shown}: waiter_refresh must be between 10ms and 1h"
+                        )));
+                    }
+                }
                 _ => return Ok(false),
             }
             Ok(true)
@@ -135,6 +150,8 @@ mod tests {
             "redis+redlock://h1:1,h2:2",
             "memcache://h",
             "redis://h?timeout=soon",
+            "redis://h?waiter_refresh=1ms",
+            "redis://h?waiter_refresh=100years",
         ] {
             assert!(RedisConfig::from_url(bad).is_err(), "{bad}");
         }

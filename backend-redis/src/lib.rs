@@ -10,15 +10,26 @@
 //! the new holder's lock. Beside the lock sits a fencing counter, never
 //! expired, incremented inside the acquire script on every new grant, so
 //! fencing tokens rise across release, expiry and takeover. Lock, counter
-//! and release channel share a `{hash tag}` and stay in one cluster slot.
+//! and wait queue share a `{hash tag}` and stay in one cluster slot.
 //!
-//! Release publishes on the lock's channel; waiters subscribe (one shared
-//! pub/sub connection per backend) before their next attempt, so a release
-//! between a failed attempt and the subscription is not missed, and fall back
-//! to waking when the holder's lease could run out (the acquire script
-//! returns the remaining TTL). The watchdog renews all of a locker's leases
-//! in one script call per batch.
+//! # Hand-off: a fair queue, and the lock delivered by message
 //!
+//! A caller prepared to wait queues a ticket in Redis (arrival order) with
+//! its first attempt. The script that frees the lock (a release, or any
+//! attempt that finds an expired lease) takes it at once for the longest
+//! live waiter and publishes the grant on that waiter's *hub*: one pub/sub
+//! connection per backend, subscribed before the waiter queues, so a release
+//! between a failed attempt and the subscription cannot be missed. The waiter
+//! holds the lock when the message arrives, without a round trip of its own;
+//! only that waiter wakes, and nobody (the releaser included) can barge in
+//! ahead of it. A queued waiter refreshes its place every `waiter_refresh`
+//! (500 ms by default), which also picks up a grant whose message was lost;
+//! a waiter silent for four periods (its process died) is skipped. The
+//! watchdog renews all of a locker's leases in one script call per batch.
+//!
+//! A waiter that dies in the moment between its last refresh and the grant
+//! holds the lock until its TTL runs out, like a holder that dies.
+
 //! # Schemes not shipped, and why
 //!
 //! * **`SETNX` then `EXPIRE`**: two commands, so a client that dies between

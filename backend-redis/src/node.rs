@@ -1,7 +1,7 @@
 //! One Redis server: the scripts run on a self-reconnecting connection, and
 //! release notifications arrive on one shared pub/sub connection.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -13,30 +13,51 @@ use locksmith_core::{
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
 use redis::RedisError;
-use tokio::sync::{watch, OnceCell};
+use tokio::sync::{mpsc, OnceCell};
 
 use crate::scripts;
 
-/// The Redis keys of one lock. The lock name sits inside `{…}`, so the lock,
-/// its fencing counter and its channel share a hash tag and stay in one
-/// cluster slot. The mapping is injective: fixed prefix and suffixes around
-/// the name itself.
+/// The Redis keys of one lock, in the order the scripts take them. The lock
+/// name sits inside `{…}`, so the lock, its fencing counter and its wait
+/// queue share a hash tag and stay in one cluster slot. The mapping is
+/// injective: fixed prefix and suffixes around the name itself.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
     pub(crate) lock: String,
-    pub(crate) fence: String,
-    pub(crate) channel: String,
+    all: [String; 4],
 }
 
 impl Keys {
     pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
         let base = format!("{prefix}{{{}}}", key.as_str());
+        let lock = format!("{base}:lock");
         Keys {
-            lock: format!("{base}:lock"),
-            fence: format!("{base}:fence"),
-            channel: format!("{base}:released"),
+            all: [
+                lock.clone(),
+                format!("{base}:fence"),
+                format!("{base}:queue"),
+                format!("{base}:waiters"),
+            ],
+            lock,
         }
     }
+
+    /// A call of `script` on all four keys.
+    fn call(&self, script: &'static redis::Script) -> redis::ScriptInvocation<'static> {
+        let mut call = script.prepare_invoke();
+        for k in &self.all {
+            call.key(k);
+        }
+        call
+    }
+}
+
+/// A waiter's place in a key's queue: its ticket, how long the place is
+/// kept without a refresh, and where its grant is to be published.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Waiter<'a> {
+    pub(crate) ticket: &'a OwnerToken,
+    pub(crate) liveness: Duration,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -130,22 +151,25 @@ impl Node {
         }
     }
 
+    /// One attempt; a `waiter` is queued (or its place refreshed) if the
+    /// key is held, and its grant published on this node's hub.
     pub(crate) async fn acquire(
         &self,
         keys: &Keys,
         owner: &OwnerToken,
         ttl: Duration,
+        waiter: Option<Waiter<'_>>,
     ) -> Result<Acquire> {
         self.bounded(async {
+            let mut call = keys.call(scripts::acquire());
+            call.arg(owner.as_str()).arg(ms(ttl));
+            if let Some(w) = waiter {
+                // Listening before queueing, so the grant cannot be missed.
+                let channel = self.hub.listening().await?;
+                call.arg(w.ticket.as_str()).arg(ms(w.liveness)).arg(channel);
+            }
             let mut c = self.conn().await?;
-            let reply: Vec<i64> = scripts::acquire()
-                .key(&keys.lock)
-                .key(&keys.fence)
-                .arg(owner.as_str())
-                .arg(ms(ttl))
-                .invoke_async(&mut c)
-                .await
-                .map_err(map_err)?;
+            let reply: Vec<i64> = call.invoke_async(&mut c).await.map_err(map_err)?;
             Ok(match reply.as_slice() {
                 [1, fence, holds] => Acquire::Acquired(Grant {
                     fence: Some(FencingToken(u64::try_from(*fence).unwrap_or(0))),
@@ -167,9 +191,8 @@ impl Node {
     pub(crate) async fn release(&self, keys: &Keys, owner: &OwnerToken) -> Result<Release> {
         self.bounded(async {
             let mut c = self.conn().await?;
-            let left: i64 = scripts::release()
-                .key(&keys.lock)
-                .key(&keys.channel)
+            let left: i64 = keys
+                .call(scripts::release())
                 .arg(owner.as_str())
                 .invoke_async(&mut c)
                 .await
@@ -179,6 +202,27 @@ impl Node {
                 0 => Release::Freed,
                 n => Release::StillHeld(u32::try_from(n).unwrap_or(u32::MAX)),
             })
+        })
+        .await
+    }
+
+    /// Takes `ticket` out of the queue, dropping a hold it was handed.
+    pub(crate) async fn abandon(
+        &self,
+        keys: &Keys,
+        owner: &OwnerToken,
+        ticket: &OwnerToken,
+    ) -> Result<()> {
+        self.bounded(async {
+            let mut c = self.conn().await?;
+            let _: i64 = keys
+                .call(scripts::abandon())
+                .arg(owner.as_str())
+                .arg(ticket.as_str())
+                .invoke_async(&mut c)
+                .await
+                .map_err(map_err)?;
+            Ok(())
         })
         .await
     }
@@ -209,32 +253,55 @@ impl Node {
         .await
     }
 
-    pub(crate) async fn watch(&self, channel: &str) -> Result<Watch> {
-        self.hub.watch(channel).await
+    /// Where grants to `ticket` will arrive (see [`Hub`]).
+    pub(crate) async fn watch(&self, ticket: &OwnerToken) -> Result<Watch> {
+        self.hub.listening().await?;
+        Ok(self.hub.register(ticket))
     }
 }
 
-/// The shared pub/sub connection: subscribes to a lock's channel while
-/// anyone waits on it, and wakes those waiters when a release is published.
+type Tickets = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Grant>>>>;
+
+/// The shared pub/sub connection of one backend. It listens on a channel of
+/// its own, on which the scripts publish `<ticket> <fence>` when they hand a
+/// lock to one of this backend's waiters; each message wakes that waiter
+/// only. A message sent while the connection was down is lost; the waiter
+/// finds its grant on its next refresh.
 #[derive(Debug)]
 struct Hub {
     client: redis::Client,
     connect_timeout: Duration,
+    channel: String,
     conn: tokio::sync::Mutex<Option<HubConn>>,
-    channels: Arc<Mutex<HashMap<String, Weak<watch::Sender<u64>>>>>,
+    tickets: Tickets,
 }
 
 struct HubConn {
-    sink: PubSubSink,
-    subscribed: HashSet<String>,
+    _sink: PubSubSink,
     alive: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for HubConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HubConn")
-            .field("subscribed", &self.subscribed.len())
+            .field("alive", &self.alive.load(Ordering::Relaxed))
             .finish()
+    }
+}
+
+/// Unregisters a ticket when its watch is dropped.
+struct Registration {
+    ticket: String,
+    tickets: Weak<Mutex<HashMap<String, mpsc::UnboundedSender<Grant>>>>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(t) = self.tickets.upgrade() {
+            t.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&self.ticket);
+        }
     }
 }
 
@@ -243,24 +310,15 @@ impl Hub {
         Hub {
             client,
             connect_timeout,
+            channel: format!("locksmith:hub:{}", OwnerToken::generate().as_str()),
             conn: tokio::sync::Mutex::new(None),
-            channels: Arc::default(),
+            tickets: Arc::default(),
         }
     }
 
-    async fn watch(&self, channel: &str) -> Result<Watch> {
-        let sender = {
-            let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-            channels.retain(|_, w| w.strong_count() > 0);
-            match channels.get(channel).and_then(Weak::upgrade) {
-                Some(s) => s,
-                None => {
-                    let s = Arc::new(watch::channel(0u64).0);
-                    channels.insert(channel.to_owned(), Arc::downgrade(&s));
-                    s
-                }
-            }
-        };
+    /// Subscribes (again, after a dropped connection) if need be; returns
+    /// the channel once the server confirmed it.
+    async fn listening(&self) -> Result<&str> {
         let mut conn = self.conn.lock().await;
         if !conn
             .as_ref()
@@ -268,66 +326,63 @@ impl Hub {
         {
             *conn = Some(self.connect().await?);
         }
-        let hub = conn.as_mut().expect("connected above");
-        // Drop channels nobody waits on any more before adding one.
-        let stale: Vec<String> = {
-            let channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-            hub.subscribed
-                .iter()
-                .filter(|c| channels.get(*c).and_then(Weak::upgrade).is_none())
-                .cloned()
-                .collect()
+        Ok(&self.channel)
+    }
+
+    fn register(&self, ticket: &OwnerToken) -> Watch {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.tickets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ticket.as_str().to_owned(), tx);
+        let registration = Registration {
+            ticket: ticket.as_str().to_owned(),
+            tickets: Arc::downgrade(&self.tickets),
         };
-        for c in stale {
-            hub.subscribed.remove(&c);
-            let _ = hub.sink.unsubscribe(&c).await;
-        }
-        if !hub.subscribed.contains(channel) {
-            // Returns once the server confirmed: any later release reaches us.
-            if let Err(e) = hub.sink.subscribe(channel).await {
-                *conn = None;
-                return Err(map_err(e));
-            }
-            hub.subscribed.insert(channel.to_owned());
-        }
-        let rx = sender.subscribe();
-        Ok(Watch::new(rx, Some(Box::new(sender))))
+        Watch::grants(rx, Some(Box::new(registration)))
     }
 
     async fn connect(&self) -> Result<HubConn> {
-        let pubsub = match tokio::time::timeout(
-            self.connect_timeout,
-            self.client.get_async_pubsub(),
-        )
-        .await
+        let connecting = async {
+            let pubsub = self.client.get_async_pubsub().await.map_err(map_err)?;
+            let (mut sink, stream) = pubsub.split();
+            sink.subscribe(&self.channel).await.map_err(map_err)?;
+            Ok::<_, Error>((sink, stream))
+        };
+        let (sink, mut stream) = match tokio::time::timeout(self.connect_timeout, connecting).await
         {
-            Ok(r) => r.map_err(map_err)?,
+            Ok(r) => r?,
             Err(_) => return Err(Error::unavailable("pub/sub connect timed out")),
         };
-        let (sink, mut stream) = pubsub.split();
         let alive = Arc::new(AtomicBool::new(true));
-        let (channels, flag) = (Arc::downgrade(&self.channels), alive.clone());
+        let (tickets, flag) = (Arc::downgrade(&self.tickets), alive.clone());
         tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
-                let Some(channels) = channels.upgrade() else {
+                let Some(tickets) = tickets.upgrade() else {
                     break;
                 };
-                let sender = channels
+                let payload: String = msg.get_payload().unwrap_or_default();
+                let Some((ticket, fence)) = payload.split_once(' ') else {
+                    continue;
+                };
+                let Ok(fence) = fence.parse::<u64>() else {
+                    continue;
+                };
+                let sender = tickets
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .get(msg.get_channel_name())
-                    .and_then(Weak::upgrade);
+                    .get(ticket)
+                    .cloned();
                 if let Some(s) = sender {
-                    s.send_modify(|v| *v += 1);
+                    let _ = s.send(Grant {
+                        fence: Some(FencingToken(fence)),
+                        holds: 1,
+                    });
                 }
             }
-            // Waiters fall back to their timers; the next watch reconnects.
+            // Waiters fall back to their refresh; the next attempt reconnects.
             flag.store(false, Ordering::SeqCst);
         });
-        Ok(HubConn {
-            sink,
-            subscribed: HashSet::new(),
-            alive,
-        })
+        Ok(HubConn { _sink: sink, alive })
     }
 }

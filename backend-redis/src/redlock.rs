@@ -123,6 +123,7 @@ impl LockBackend for RedlockBackend {
             ttl_resolution: Duration::from_millis(1),
             binding: Binding::Lease,
             notify: false,
+            fair: false,
         }
     }
 
@@ -138,7 +139,7 @@ impl LockBackend for RedlockBackend {
             self.inner
                 .nodes
                 .iter()
-                .map(|n| n.acquire(&keys, owner, ttl)),
+                .map(|n| n.acquire(&keys, owner, ttl, None)),
         )
         .await;
         let elapsed = start.elapsed();

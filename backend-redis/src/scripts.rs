@@ -5,50 +5,159 @@
 //! a millisecond expiry. Its fencing counter is a plain integer key beside
 //! it, never expired, so tokens keep rising across release and expiry, and
 //! seeded from the server clock so they keep rising across a restart too.
+//!
+//! Waiters queue in arrival order: a sorted set of tickets (`queue`, scored
+//! by arrival time) and a hash `waiters` from ticket to its entry,
+//! `<live-until µs> <ttl ms> <liveness ms> <hub channel> <owner>`. A ticket
+//! not refreshed by its waiter within its liveness window is dropped when it
+//! reaches the head. When the lock falls free with waiters queued, the
+//! script that freed it takes it for the longest live waiter at once and
+//! publishes `<ticket> <fence>` on that waiter's hub channel: the waiter
+//! holds the lock as the message arrives, with no round trip of its own, and
+//! no newcomer can barge in between. The lock hash then also records the
+//! ticket it was handed to (field `~grant`, which no owner token can be), so
+//! a waiter whose message was lost finds its grant on its next refresh, and
+//! one that gave up can hand it on; the record goes with the lock.
 
 use std::sync::OnceLock;
 
 use redis::Script;
 
-/// KEYS: lock, fence counter. ARGV: owner, ttl ms.
-/// Returns {1, fence, holds} when granted, {0, pttl} when held by another.
-///
-/// The fence is max(counter + 1, server time in µs): strictly increasing,
-/// and still increasing after a restart that lost the counter (no
-/// persistence), as long as the server's clock does not jump back. Written
-/// with %.0f because Lua would print a 16-digit number in exponent form;
-/// doubles hold such integers exactly (below 2^53).
-const ACQUIRE: &str = r"
-if redis.call('exists', KEYS[1]) == 0 then
+/// Shared by the scripts that can free or take a lock. KEYS: lock, fence
+/// counter, queue, waiters.
+const COMMON: &str = r"
+local function now_us()
   local t = redis.call('time')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local fence = math.max(tonumber(redis.call('get', KEYS[2]) or '0') + 1, now)
-  redis.call('set', KEYS[2], string.format('%.0f', fence))
-  redis.call('hset', KEYS[1], ARGV[1], 1)
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return {1, fence, 1}
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
-  local holds = redis.call('hincrby', KEYS[1], ARGV[1], 1)
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return {1, tonumber(redis.call('get', KEYS[2]) or '0'), holds}
+
+-- The fence counter counts grants. A counter that is new, or was lost with
+-- a restart that kept no data, starts from the server time in µs: above any
+-- token handed out before, as long as the server's clock does not jump back
+-- (grants are far rarer than one per µs, so the count never outruns it).
+local function next_fence()
+  local fence = redis.call('incr', KEYS[2])
+  if fence == 1 then
+    fence = now_us()
+    redis.call('set', KEYS[2], string.format('%.0f', fence))
+  end
+  return fence
+end
+
+local function take(owner, ttl)
+  local fence = next_fence()
+  redis.call('hset', KEYS[1], owner, 1)
+  redis.call('pexpire', KEYS[1], ttl)
+  return fence
+end
+
+-- The lock is free: take it for the longest live waiter, unless that is
+-- `me`. Returns 'me', the ticket served, or nil when no live waiter is left.
+local function hand_off(me)
+  local now = nil
+  while true do
+    local head = redis.call('zpopmin', KEYS[3])[1]
+    if not head then
+      return nil
+    end
+    if head == me then
+      redis.call('hdel', KEYS[4], head)
+      return 'me'
+    end
+    local v = redis.call('hget', KEYS[4], head)
+    redis.call('hdel', KEYS[4], head)
+    local live, ttl, life, hub, owner
+    if v then
+      live, ttl, life, hub, owner = string.match(v, '^(%d+) (%d+) (%d+) (%S+) (%S+)$')
+    end
+    now = now or now_us()
+    if live and tonumber(live) > now then
+      local fence = take(owner, ttl)
+      redis.call('hset', KEYS[1], '~grant', head)
+      redis.call('publish', hub, head .. ' ' .. string.format('%.0f', fence))
+      return head
+    end
+  end
+end
+
+-- Drops one hold of `owner`; frees and hands off at zero. Returns holds left.
+local function drop_hold(owner)
+  local holds = redis.call('hincrby', KEYS[1], owner, -1)
+  if holds > 0 then
+    return holds
+  end
+  redis.call('del', KEYS[1])
+  if redis.call('exists', KEYS[3]) == 1 then
+    hand_off(nil)
+  end
+  return 0
+end
+";
+
+/// KEYS: lock, fence counter, queue, waiters.
+/// ARGV: owner, ttl ms; and for a waiter: ticket, liveness ms, hub channel.
+/// Returns {1, fence, holds} when granted, {0, pttl} when held by another
+/// (a waiter is then queued, or its place refreshed).
+const ACQUIRE: &str = r"
+local owner, ttl, ticket = ARGV[1], ARGV[2], ARGV[3]
+if redis.call('exists', KEYS[1]) == 0 then
+  local served = nil
+  if redis.call('exists', KEYS[3]) == 1 then
+    served = hand_off(ticket)
+  end
+  if served == nil or served == 'me' then
+    return {1, take(owner, ttl), 1}
+  end
+elseif redis.call('hexists', KEYS[1], owner) == 1 then
+  if ticket and redis.call('hget', KEYS[1], '~grant') == ticket then
+    -- Handed to us while our notice was lost or still on its way.
+    redis.call('hdel', KEYS[1], '~grant')
+    return {1, tonumber(redis.call('get', KEYS[2])), tonumber(redis.call('hget', KEYS[1], owner))}
+  end
+  local holds = redis.call('hincrby', KEYS[1], owner, 1)
+  redis.call('pexpire', KEYS[1], ttl)
+  if ticket then
+    redis.call('zrem', KEYS[3], ticket)
+    redis.call('hdel', KEYS[4], ticket)
+  end
+  return {1, tonumber(redis.call('get', KEYS[2])), holds}
+end
+if ticket then
+  local life, hub = tonumber(ARGV[4]), ARGV[5]
+  local now = now_us()
+  redis.call('zadd', KEYS[3], 'NX', now, ticket)
+  redis.call('hset', KEYS[4], ticket, string.format('%.0f %s %d %s %s',
+    now + life * 1000, ttl, life, hub, owner))
+  -- The queue's keys live while anyone waits, and go after.
+  if redis.call('pttl', KEYS[3]) < life then
+    redis.call('pexpire', KEYS[3], life)
+    redis.call('pexpire', KEYS[4], life)
+  end
 end
 return {0, redis.call('pttl', KEYS[1])}
 ";
 
-/// KEYS: lock, release channel. ARGV: owner.
+/// KEYS: lock, fence counter, queue, waiters. ARGV: owner.
 /// Returns -1 when not held by this owner, else the holds left (0: freed,
-/// and the release is published so waiters try at once).
+/// and handed to the longest live waiter if any).
 const RELEASE: &str = r"
 if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
   return -1
 end
-local holds = redis.call('hincrby', KEYS[1], ARGV[1], -1)
-if holds > 0 then
-  return holds
+return drop_hold(ARGV[1])
+";
+
+/// KEYS: lock, fence counter, queue, waiters. ARGV: owner, ticket.
+/// A waiter gives up: leaves the queue, and drops the hold it was handed if
+/// the hand-off already happened. Returns 1 if it dropped such a hold.
+const ABANDON: &str = r"
+redis.call('zrem', KEYS[3], ARGV[2])
+redis.call('hdel', KEYS[4], ARGV[2])
+if redis.call('hget', KEYS[1], '~grant') == ARGV[2] and redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
+  redis.call('hdel', KEYS[1], '~grant')
+  drop_hold(ARGV[1])
+  return 1
 end
-redis.call('del', KEYS[1])
-redis.call('publish', KEYS[2], '0')
 return 0
 ";
 
@@ -67,21 +176,32 @@ end
 return out
 ";
 
-fn cached(cell: &'static OnceLock<Script>, src: &str) -> &'static Script {
-    cell.get_or_init(|| Script::new(src))
+fn cached(cell: &'static OnceLock<Script>, body: &str, common: bool) -> &'static Script {
+    cell.get_or_init(|| {
+        if common {
+            Script::new(&format!("{COMMON}{body}"))
+        } else {
+            Script::new(body)
+        }
+    })
 }
 
 pub(crate) fn acquire() -> &'static Script {
     static S: OnceLock<Script> = OnceLock::new();
-    cached(&S, ACQUIRE)
+    cached(&S, ACQUIRE, true)
 }
 
 pub(crate) fn release() -> &'static Script {
     static S: OnceLock<Script> = OnceLock::new();
-    cached(&S, RELEASE)
+    cached(&S, RELEASE, true)
+}
+
+pub(crate) fn abandon() -> &'static Script {
+    static S: OnceLock<Script> = OnceLock::new();
+    cached(&S, ABANDON, true)
 }
 
 pub(crate) fn renew() -> &'static Script {
     static S: OnceLock<Script> = OnceLock::new();
-    cached(&S, RENEW)
+    cached(&S, RENEW, false)
 }

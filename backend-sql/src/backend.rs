@@ -478,6 +478,7 @@ impl LockBackend for SqlBackend {
             // Releases made by this process wake this process's waiters at
             // once; other processes are found by polling.
             notify: false,
+            fair: false,
         }
     }
 
@@ -512,7 +513,7 @@ impl LockBackend for SqlBackend {
         }
     }
 
-    async fn watch(&self, key: &LockKey) -> Result<Option<Watch>> {
+    async fn watch(&self, key: &LockKey, _ticket: &OwnerToken) -> Result<Option<Watch>> {
         Ok(Some(self.inner.local.watch(key)))
     }
 }

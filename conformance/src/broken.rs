@@ -27,16 +27,19 @@ pub enum Defect {
     RepeatingFence,
     /// A store that cannot be reached is reported as "held by someone else".
     ContendedWhenDown,
+    /// Claims to serve waiters in arrival order, but wakes them all to race.
+    ClaimsFairness,
 }
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 5] = [
+    pub const ALL: [Defect; 6] = [
         Defect::ReleaseWithoutOwnerCheck,
         Defect::NoExpiry,
         Defect::RenewReleases,
         Defect::RepeatingFence,
         Defect::ContendedWhenDown,
+        Defect::ClaimsFairness,
     ];
 }
 
@@ -55,6 +58,9 @@ impl LockBackend for Broken {
         let mut caps = self.inner.capabilities();
         if self.defect == Defect::RepeatingFence {
             caps.fencing = true;
+        }
+        if self.defect == Defect::ClaimsFairness {
+            caps.fair = true;
         }
         caps
     }
@@ -118,8 +124,8 @@ impl LockBackend for Broken {
         }
     }
 
-    async fn watch(&self, key: &LockKey) -> Result<Option<Watch>> {
-        self.inner.watch(key).await
+    async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
+        self.inner.watch(key, ticket).await
     }
 }
 

@@ -70,8 +70,24 @@ impl LockBackend for Partition {
         self.check()?;
         self.inner.renew(key, owner, ttl).await
     }
-    async fn watch(&self, key: &LockKey) -> Result<Option<Watch>> {
+    async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
         self.check()?;
-        self.inner.watch(key).await
+        self.inner.watch(key, ticket).await
+    }
+    async fn try_acquire_waiting(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        ticket: &OwnerToken,
+    ) -> Result<Acquire> {
+        self.check()?;
+        self.inner
+            .try_acquire_waiting(key, owner, ttl, ticket)
+            .await
+    }
+    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
+        self.check()?;
+        self.inner.abandon(key, owner, ticket).await
     }
 }

@@ -70,6 +70,7 @@ macro_rules! __case_list {
             wait_times_out_near_deadline,
             waiter_is_woken_by_release,
             cancelled_acquire_leaves_nothing_held,
+            fair_waiters_served_in_order,
             expired_lease_can_be_taken,
             abandoned_lock_frees_at_ttl,
             renew_extends_lease,

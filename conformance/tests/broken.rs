@@ -54,6 +54,11 @@ async fn contended_when_down_is_caught() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn false_fairness_is_caught() {
+    check(Defect::ClaimsFairness, &["fair_waiters_served_in_order"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_correct_backend_fails_nothing() {
     let failed = failing_cases(&MemoryHarness::new()).await;
     assert!(failed.is_empty(), "reference backend failed: {failed:#?}");

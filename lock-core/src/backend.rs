@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use crate::error::Result;
 use crate::key::{LockKey, OwnerToken};
@@ -46,6 +46,10 @@ pub struct Capabilities {
     pub binding: Binding,
     /// [`LockBackend::watch`] delivers release notifications (no polling needed).
     pub notify: bool,
+    /// Waiters are served in arrival order: a release hands the lock to the
+    /// longest waiter, and no newcomer (the releaser included) can barge in
+    /// ahead of a live waiter.
+    pub fair: bool,
 }
 
 impl Default for Capabilities {
@@ -56,6 +60,7 @@ impl Default for Capabilities {
             ttl_resolution: Duration::from_millis(1),
             binding: Binding::Lease,
             notify: false,
+            fair: false,
         }
     }
 }
@@ -115,6 +120,17 @@ pub struct RenewRequest {
     pub ttl: Duration,
 }
 
+/// What woke a [`Watch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    /// The key was released (or may have been): try again.
+    Released,
+    /// A fair backend handed the lock to this waiter directly: it is held,
+    /// by the waiter's owner, since a moment after the waiter's last queued
+    /// attempt was sent.
+    Granted(Grant),
+}
+
 /// A subscription to release notifications for one key.
 ///
 /// Created by [`LockBackend::watch`] *before* the waiter's next attempt, so a
@@ -122,8 +138,13 @@ pub struct RenewRequest {
 /// [`Watch::changed`] returns at once if anything was published since the
 /// watch was made or last woke.
 pub struct Watch {
-    rx: watch::Receiver<u64>,
+    source: Source,
     _keepalive: Option<Box<dyn Send + Sync>>,
+}
+
+enum Source {
+    Releases(watch::Receiver<u64>),
+    Grants(mpsc::UnboundedReceiver<Grant>),
 }
 
 impl fmt::Debug for Watch {
@@ -139,16 +160,33 @@ impl Watch {
         let mut rx = rx;
         rx.mark_unchanged();
         Watch {
-            rx,
+            source: Source::Releases(rx),
             _keepalive: keepalive,
         }
     }
 
-    /// Waits for the next release notification. If the publisher is gone the
-    /// future never completes, so callers always pair it with a fallback timer.
-    pub async fn changed(&mut self) {
-        if self.rx.changed().await.is_err() {
-            std::future::pending::<()>().await;
+    /// Wraps the channel on which a fair backend delivers the grant it made
+    /// to this waiter (see [`LockBackend::try_acquire_waiting`]).
+    pub fn grants(
+        rx: mpsc::UnboundedReceiver<Grant>,
+        keepalive: Option<Box<dyn Send + Sync>>,
+    ) -> Self {
+        Watch {
+            source: Source::Grants(rx),
+            _keepalive: keepalive,
+        }
+    }
+
+    /// Waits for the next notice. If the publisher is gone the future never
+    /// completes, so callers always pair it with a fallback timer.
+    pub async fn changed(&mut self) -> Notice {
+        let notice = match &mut self.source {
+            Source::Releases(rx) => rx.changed().await.ok().map(|()| Notice::Released),
+            Source::Grants(rx) => rx.recv().await.map(Notice::Granted),
+        };
+        match notice {
+            Some(n) => n,
+            None => std::future::pending().await,
         }
     }
 }
@@ -203,11 +241,36 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
             .await
     }
 
-    /// Subscribes to release notifications for `key`, if the store has them.
-    /// `Ok(None)` (the default) means waiters fall back to jittered backoff.
-    async fn watch(&self, key: &LockKey) -> Result<Option<Watch>> {
-        let _ = key;
+    /// Subscribes to release notifications for `key`, if the store has them,
+    /// for the waiter that will queue as `ticket`. `Ok(None)` (the default)
+    /// means waiters fall back to jittered backoff.
+    async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
+        let _ = (key, ticket);
         Ok(None)
+    }
+
+    /// One attempt by a caller prepared to wait, made after [`watch`](Self::watch)
+    /// with the same `ticket`. A [fair](Capabilities::fair) backend queues
+    /// the ticket when the key is held, and later hands the lock to it by a
+    /// [`Notice::Granted`]; repeating the call refreshes the ticket's place
+    /// (a ticket not refreshed for a while is dropped from the queue) and
+    /// returns a grant whose notice was lost. The default is `try_acquire`.
+    async fn try_acquire_waiting(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        ticket: &OwnerToken,
+    ) -> Result<Acquire> {
+        let _ = ticket;
+        self.try_acquire(key, owner, ttl).await
+    }
+
+    /// Gives up waiting: removes `ticket` from the queue and, if the lock was
+    /// already handed to it, releases that hold. The default does nothing.
+    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
+        let _ = (key, owner, ticket);
+        Ok(())
     }
 }
 
@@ -236,8 +299,25 @@ macro_rules! forward_backend {
             async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
                 (**self).renew_many(requests).await
             }
-            async fn watch(&self, key: &LockKey) -> Result<Option<Watch>> {
-                (**self).watch(key).await
+            async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
+                (**self).watch(key, ticket).await
+            }
+            async fn try_acquire_waiting(
+                &self,
+                key: &LockKey,
+                owner: &OwnerToken,
+                ttl: Duration,
+                ticket: &OwnerToken,
+            ) -> Result<Acquire> {
+                (**self).try_acquire_waiting(key, owner, ttl, ticket).await
+            }
+            async fn abandon(
+                &self,
+                key: &LockKey,
+                owner: &OwnerToken,
+                ticket: &OwnerToken,
+            ) -> Result<()> {
+                (**self).abandon(key, owner, ticket).await
             }
         }
     )*};

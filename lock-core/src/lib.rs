@@ -22,8 +22,8 @@ mod url;
 mod watchdog;
 
 pub use backend::{
-    Acquire, Binding, Capabilities, FencingToken, Grant, LockBackend, Release, Renew, RenewRequest,
-    Watch,
+    Acquire, Binding, Capabilities, FencingToken, Grant, LockBackend, Notice, Release, Renew,
+    RenewRequest, Watch,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use guard::{LockGuard, MultiGuard};

@@ -5,13 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use backon::BackoffBuilder;
 use futures::future::BoxFuture;
 
-use crate::backend::{Acquire, Capabilities, LockBackend, Watch};
+use crate::backend::{Acquire, Capabilities, Grant, LockBackend, Notice, Renew, Watch};
 use crate::error::{Error, Result};
 use crate::guard::{LockGuard, MultiGuard};
 use crate::key::{IntoLockKey, LockKey, OwnerToken};
@@ -214,41 +213,39 @@ impl Locker {
             .with_jitter()
             .without_max_times()
             .build();
+        let mut attempts = Attempts::new(self.backend.clone(), &key, &owner, fresh_owner);
         let mut watch: Option<Watch> = None;
         let mut subscribed = false;
+        // A fair store queues waiters, so a caller prepared to wait listens
+        // first and queues with its very first attempt.
+        if self.caps.fair && opts.wait != WaitPolicy::NoWait {
+            subscribed = true;
+            watch = self.subscribe(&mut attempts).await?;
+        }
+        // When the latest queued attempt that found the key held was sent: a
+        // grant delivered later was made after that.
+        let mut queued_at;
         loop {
             let sent = Instant::now();
-            let outcome = self.attempt(&key, &owner, opts.ttl, fresh_owner).await;
-            let retry_after = match outcome {
-                Ok(Acquire::Acquired(grant)) => {
-                    let lease = Lease {
-                        key: key.clone(),
-                        owner: owner.clone(),
-                        fence: grant.fence,
-                        holds: grant.holds,
-                        ttl: opts.ttl,
-                        deadline: local_deadline(sent, opts.ttl),
-                    };
-                    let renew_every = opts.auto_renew.then(|| opts.renew_period());
-                    return Ok(Some(LockGuard::new(
-                        lease,
-                        self.backend.clone(),
-                        self.watchdog.clone(),
-                        renew_every,
-                        sent,
-                    )));
+            let retry_after = match attempts.attempt(opts.ttl).await? {
+                Acquire::Acquired(grant) => {
+                    attempts.done();
+                    return Ok(Some(self.guard(&key, &owner, grant, opts, sent)));
                 }
-                Ok(Acquire::Contended { retry_after }) => retry_after,
-                Err(e) => return Err(e),
+                Acquire::Contended { retry_after } => {
+                    queued_at = sent;
+                    retry_after
+                }
             };
 
             let now = Instant::now();
             if give_up.is_some_and(|g| now >= g) {
+                attempts.abandon().await;
                 return Ok(None);
             }
             if !subscribed {
                 subscribed = true;
-                watch = self.backend.watch(&key).await?;
+                watch = self.subscribe(&mut attempts).await?;
                 if watch.is_some() {
                     // The holder may have released between our attempt and the
                     // subscription; look again before sleeping.
@@ -256,8 +253,9 @@ impl Locker {
                 }
             }
             // With store-wide notification the fallback wake is when the
-            // holder's lease could run out; a watch that only hears this
-            // process's releases is a hint beside the backoff, not instead of it.
+            // holder's lease could run out (or a queued waiter must refresh
+            // its place); a watch that only hears this process's releases is
+            // a hint beside the backoff, not instead of it.
             let mut pause = if self.caps.notify && watch.is_some() {
                 retry_after.unwrap_or(opts.max_poll).max(MIN_POLL)
             } else {
@@ -266,82 +264,189 @@ impl Locker {
             if let Some(g) = give_up {
                 pause = pause.min(g.saturating_duration_since(now));
             }
-            match &mut watch {
+            let notice = match &mut watch {
                 Some(w) => {
                     tokio::select! {
-                        _ = w.changed() => {}
-                        _ = tokio::time::sleep(pause) => {}
+                        n = w.changed() => Some(n),
+                        _ = tokio::time::sleep(pause) => None,
                     }
                 }
-                None => tokio::time::sleep(pause).await,
+                None => {
+                    tokio::time::sleep(pause).await;
+                    None
+                }
+            };
+            if let Some(Notice::Granted(grant)) = notice {
+                if let Some(guard) = self.handed(&key, &owner, grant, opts, queued_at).await? {
+                    attempts.done();
+                    return Ok(Some(guard));
+                }
             }
         }
     }
-}
 
-/// One `try_acquire` in flight, polled in place. If the caller drops it
-/// before the store answered, the pending request moves into a task that
-/// waits for the answer and, for a fresh owner, releases whatever was
-/// granted: the release is sent only after the store answered, so it can
-/// never overtake the request it undoes. (A re-entrant hold cannot be told
-/// apart from the holds it joined, so it is left to expire.)
-struct InFlight {
-    request: Option<BoxFuture<'static, Result<Acquire>>>,
-    undo: Option<(Arc<dyn LockBackend>, LockKey, OwnerToken)>,
-}
-
-impl Future for InFlight {
-    type Output = Result<Acquire>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let Some(request) = self.request.as_mut() else {
-            return Poll::Ready(Err(Error::backend("acquire polled after completion")));
-        };
-        let outcome = std::task::ready!(request.as_mut().poll(cx));
-        self.request = None;
-        Poll::Ready(outcome)
+    /// Subscribes to the key's notices as `attempts`' ticket.
+    async fn subscribe(&self, attempts: &mut Attempts) -> Result<Option<Watch>> {
+        let watch = self.backend.watch(&attempts.key, &attempts.ticket).await?;
+        attempts.queued = watch.is_some();
+        Ok(watch)
     }
-}
 
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let Some(request) = self.request.take() else {
-            return;
-        };
-        let undo = self.undo.take();
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        runtime.spawn(async move {
-            let outcome = request.await;
-            let maybe_granted = !matches!(outcome, Ok(Acquire::Contended { .. }));
-            if let (true, Some((backend, key, owner))) = (maybe_granted, undo) {
-                if let Err(e) = backend.release(&key, &owner).await {
-                    tracing::warn!(key = %key, error = %e,
-                        "could not undo an abandoned acquire; the lock frees at its TTL");
-                }
-            }
-        });
-    }
-}
-
-impl Locker {
-    /// One cancel-safe attempt (see [`InFlight`]).
-    fn attempt(
+    /// The lock was handed to us while we waited. The grant was made after
+    /// `queued_at`, so the lease runs at least until `queued_at + ttl`; if
+    /// that leaves less than half the TTL, renew first rather than hand the
+    /// caller a lease about to run out. `None` if it was lost meanwhile.
+    async fn handed(
         &self,
         key: &LockKey,
         owner: &OwnerToken,
-        ttl: Duration,
-        fresh_owner: bool,
-    ) -> InFlight {
-        let (backend, key, owner) = (self.backend.clone(), key.clone(), owner.clone());
-        let undo = fresh_owner.then(|| (backend.clone(), key.clone(), owner.clone()));
-        InFlight {
-            request: Some(Box::pin(async move {
-                backend.try_acquire(&key, &owner, ttl).await
-            })),
-            undo,
+        grant: Grant,
+        opts: &LockOptions,
+        queued_at: Instant,
+    ) -> Result<Option<LockGuard>> {
+        let deadline = local_deadline(queued_at, opts.ttl);
+        if deadline.saturating_duration_since(Instant::now()) >= opts.ttl / 2 {
+            return Ok(Some(self.guard(key, owner, grant, opts, queued_at)));
         }
+        let sent = Instant::now();
+        match self.backend.renew(key, owner, opts.ttl).await? {
+            Renew::Renewed => Ok(Some(self.guard(key, owner, grant, opts, sent))),
+            Renew::NotHeld => Ok(None),
+        }
+    }
+
+    fn guard(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        grant: Grant,
+        opts: &LockOptions,
+        sent: Instant,
+    ) -> LockGuard {
+        let lease = Lease {
+            key: key.clone(),
+            owner: owner.clone(),
+            fence: grant.fence,
+            holds: grant.holds,
+            ttl: opts.ttl,
+            deadline: local_deadline(sent, opts.ttl),
+        };
+        let renew_every = opts.auto_renew.then(|| opts.renew_period());
+        LockGuard::new(
+            lease,
+            self.backend.clone(),
+            self.watchdog.clone(),
+            renew_every,
+            sent,
+        )
+    }
+}
+
+/// The attempts of one acquire, each polled in place. If the caller drops
+/// the acquire, whatever it left in the store is undone by a task: a request
+/// still in flight is awaited first and, for a fresh owner, whatever it was
+/// granted is released (so the release can never overtake the request it
+/// undoes); then a queued ticket leaves the queue, dropping any hold it was
+/// handed. (A re-entrant hold cannot be told apart from the holds it joined,
+/// so it is left to expire.)
+struct Attempts {
+    backend: Arc<dyn LockBackend>,
+    key: LockKey,
+    owner: OwnerToken,
+    fresh_owner: bool,
+    ticket: OwnerToken,
+    /// The ticket may be in the store's wait queue.
+    queued: bool,
+    request: Option<BoxFuture<'static, Result<Acquire>>>,
+}
+
+impl Attempts {
+    fn new(backend: Arc<dyn LockBackend>, key: &LockKey, owner: &OwnerToken, fresh: bool) -> Self {
+        Attempts {
+            backend,
+            key: key.clone(),
+            owner: owner.clone(),
+            fresh_owner: fresh,
+            ticket: OwnerToken::generate(),
+            queued: false,
+            request: None,
+        }
+    }
+
+    /// One cancel-safe attempt, queued once subscribed.
+    fn attempt(&mut self, ttl: Duration) -> impl Future<Output = Result<Acquire>> + '_ {
+        let (backend, key, owner) = (self.backend.clone(), self.key.clone(), self.owner.clone());
+        let ticket = self.queued.then(|| self.ticket.clone());
+        self.request = Some(Box::pin(async move {
+            match ticket {
+                Some(t) => backend.try_acquire_waiting(&key, &owner, ttl, &t).await,
+                None => backend.try_acquire(&key, &owner, ttl).await,
+            }
+        }));
+        std::future::poll_fn(move |cx: &mut Context<'_>| {
+            let Some(request) = self.request.as_mut() else {
+                return Poll::Ready(Err(Error::backend("acquire polled after completion")));
+            };
+            let outcome = std::task::ready!(request.as_mut().poll(cx));
+            self.request = None;
+            Poll::Ready(outcome)
+        })
+    }
+
+    /// The lock is ours: nothing to undo.
+    fn done(&mut self) {
+        self.queued = false;
+    }
+
+    /// Leaves the queue now (the wait ran out).
+    async fn abandon(&mut self) {
+        if std::mem::take(&mut self.queued) {
+            if let Err(e) = self
+                .backend
+                .abandon(&self.key, &self.owner, &self.ticket)
+                .await
+            {
+                tracing::debug!(key = %self.key, error = %e,
+                    "could not leave the wait queue; the place lapses by itself");
+            }
+        }
+    }
+}
+
+impl Drop for Attempts {
+    fn drop(&mut self) {
+        let request = self.request.take();
+        if request.is_none() && !self.queued {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (backend, key, owner, ticket) = (
+            self.backend.clone(),
+            self.key.clone(),
+            self.owner.clone(),
+            self.ticket.clone(),
+        );
+        let (fresh_owner, queued) = (self.fresh_owner, self.queued);
+        runtime.spawn(async move {
+            if let Some(request) = request {
+                let outcome = request.await;
+                let maybe_granted = !matches!(outcome, Ok(Acquire::Contended { .. }));
+                if fresh_owner && maybe_granted {
+                    if let Err(e) = backend.release(&key, &owner).await {
+                        tracing::warn!(key = %key, error = %e,
+                            "could not undo an abandoned acquire; the lock frees at its TTL");
+                    }
+                }
+            }
+            if queued {
+                if let Err(e) = backend.abandon(&key, &owner, &ticket).await {
+                    tracing::warn!(key = %key, error = %e,
+                        "could not leave the wait queue; the place lapses by itself");
+                }
+            }
+        });
     }
 }
 

@@ -84,6 +84,7 @@ impl LockBackend for MemoryBackend {
             ttl_resolution: Duration::from_nanos(1),
             binding: Binding::Lease,
             notify: true,
+            fair: false,
         }
     }
 
@@ -142,7 +143,7 @@ impl LockBackend for MemoryBackend {
         }
     }
 
-    async fn watch(&self, key: &LockKey) -> Result<Option<Watch>> {
+    async fn watch(&self, key: &LockKey, _ticket: &OwnerToken) -> Result<Option<Watch>> {
         let mut slots = self.slots()?;
         let now = Instant::now();
         let slot = slots.entry(key.clone()).or_insert_with(|| Slot::free(now));

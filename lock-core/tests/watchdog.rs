@@ -34,8 +34,8 @@ impl LockBackend for Recording {
         self.batches.lock().unwrap().push(requests.len());
         self.inner.renew_many(requests).await
     }
-    async fn watch(&self, k: &LockKey) -> Result<Option<Watch>> {
-        self.inner.watch(k).await
+    async fn watch(&self, k: &LockKey, t: &OwnerToken) -> Result<Option<Watch>> {
+        self.inner.watch(k, t).await
     }
 }
 

@@ -1,0 +1,188 @@
+//! The fair queue of the single-node backend: a release hands the lock to
+//! the longest live waiter by a message on its hub; a lost message is found
+//! on the waiter's refresh; a waiter that stopped refreshing is skipped; one
+//! that gives up after being handed the lock passes it on.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use locksmith_core::{
+    Acquire, LockBackend, LockKey, LockOptions, Locker, Notice, OwnerToken, Release,
+};
+use locksmith_redis::RedisBackend;
+
+const TTL: Duration = Duration::from_secs(60);
+
+fn backend(refresh: &str) -> RedisBackend {
+    RedisBackend::connect(&format!("{}?waiter_refresh={refresh}", common::redis_url())).unwrap()
+}
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!(
+        "handoff:{name}:{}",
+        OwnerToken::generate().as_str()
+    ))
+    .unwrap()
+}
+
+async fn take(b: &RedisBackend, k: &LockKey) -> (OwnerToken, u64) {
+    let me = OwnerToken::generate();
+    match b.try_acquire(k, &me, TTL).await.unwrap() {
+        Acquire::Acquired(g) => (me, g.fence.unwrap().0),
+        other => panic!("expected to take {k:?}, got {other:?}"),
+    }
+}
+
+fn is_held(outcome: Acquire) -> bool {
+    matches!(outcome, Acquire::Contended { .. })
+}
+
+/// With the refresh a minute away, only the release message can hand the
+/// lock over in time.
+#[tokio::test]
+async fn the_release_message_hands_over_not_the_refresh() {
+    let k = key("message");
+    let (holder, waiter) = (Locker::new(backend("60s")), Locker::new(backend("60s")));
+    let g = holder
+        .lock_with(&k, &LockOptions::new().ttl(TTL))
+        .await
+        .unwrap();
+    let fence = g.fence().unwrap();
+    let k2 = k.clone();
+    let task = tokio::spawn(async move {
+        let opts = LockOptions::new()
+            .ttl(TTL)
+            .wait_for(Duration::from_secs(30));
+        let g = waiter.lock_with(&k2, &opts).await.unwrap();
+        (g, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let (g2, got) = task.await.unwrap();
+    let lag = got - released;
+    assert!(lag < Duration::from_secs(2), "hand-off took {lag:?}");
+    assert!(
+        g2.fence().unwrap() > fence,
+        "the handed grant carries a new fence"
+    );
+    assert_eq!(g2.holds(), 1);
+    assert!(g2.deadline().expect("held") > Instant::now() + TTL / 2);
+    g2.release().await.unwrap();
+}
+
+/// A grant whose message never arrived is the waiter's on its next refresh:
+/// with its fence and one hold, not as a re-entry on top of it.
+#[tokio::test]
+async fn a_lost_grant_is_found_on_refresh() {
+    let k = key("lost");
+    let b = backend("500ms");
+    let (a, _) = take(&b, &k).await;
+    let (w, ticket) = (OwnerToken::generate(), OwnerToken::generate());
+    // Queued without registering the ticket: the hub drops its message.
+    assert!(is_held(
+        b.try_acquire_waiting(&k, &w, TTL, &ticket).await.unwrap()
+    ));
+    assert_eq!(b.release(&k, &a).await.unwrap(), Release::Freed);
+    // Handed over: the key is held for the waiter, nobody else gets it.
+    assert!(is_held(
+        b.try_acquire(&k, &OwnerToken::generate(), TTL)
+            .await
+            .unwrap()
+    ));
+    match b.try_acquire_waiting(&k, &w, TTL, &ticket).await.unwrap() {
+        Acquire::Acquired(g) => assert_eq!(g.holds, 1, "claimed, not re-entered"),
+        other => panic!("the refresh should find the grant, got {other:?}"),
+    }
+    assert_eq!(b.release(&k, &w).await.unwrap(), Release::Freed);
+    take(&b, &k).await;
+}
+
+/// A waiter handed the lock that then gives up passes it on at once.
+#[tokio::test]
+async fn giving_up_after_the_hand_off_passes_the_lock_on() {
+    let k = key("abandon");
+    let b = backend("500ms");
+    let (a, fence_a) = take(&b, &k).await;
+    let (w, ticket) = (OwnerToken::generate(), OwnerToken::generate());
+    let mut watch = b.watch(&k, &ticket).await.unwrap().expect("Redis notifies");
+    assert!(is_held(
+        b.try_acquire_waiting(&k, &w, TTL, &ticket).await.unwrap()
+    ));
+    b.release(&k, &a).await.unwrap();
+    let notice = tokio::time::timeout(Duration::from_secs(5), watch.changed())
+        .await
+        .expect("the grant message arrives");
+    match notice {
+        Notice::Granted(g) => assert!(g.fence.unwrap().0 > fence_a),
+        other => panic!("expected a grant, got {other:?}"),
+    }
+    assert!(is_held(
+        b.try_acquire(&k, &OwnerToken::generate(), TTL)
+            .await
+            .unwrap()
+    ));
+    b.abandon(&k, &w, &ticket).await.unwrap();
+    take(&b, &k).await;
+}
+
+/// A waiter that stopped refreshing (its process died) is skipped: the
+/// release goes to the live waiter behind it.
+#[tokio::test]
+async fn a_silent_waiter_is_skipped() {
+    let k = key("dead");
+    let b = backend("50ms");
+    let (a, _) = take(&b, &k).await;
+    let (dead, ticket) = (OwnerToken::generate(), OwnerToken::generate());
+    assert!(is_held(
+        b.try_acquire_waiting(&k, &dead, TTL, &ticket)
+            .await
+            .unwrap()
+    ));
+    // Queued behind it, a live waiter whose refreshes keep the queue alive.
+    let live = Locker::new(b.clone());
+    let k2 = k.clone();
+    let task = tokio::spawn(async move {
+        let opts = LockOptions::new().ttl(TTL).wait_for(Duration::from_secs(5));
+        live.lock_with(&k2, &opts).await
+    });
+    // The dead waiter's place is kept for four refresh periods (200 ms).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(b.release(&k, &a).await.unwrap(), Release::Freed);
+    let g = task
+        .await
+        .unwrap()
+        .expect("the live waiter gets the lock, not the dead one");
+    g.release().await.unwrap();
+}
+
+/// While a live waiter is queued, a free key goes to it, not to a newcomer.
+#[tokio::test]
+async fn a_newcomer_cannot_jump_the_queue_after_expiry() {
+    let k = key("expiry");
+    let b = backend("500ms");
+    let a = OwnerToken::generate();
+    assert!(!is_held(
+        b.try_acquire(&k, &a, Duration::from_millis(100))
+            .await
+            .unwrap()
+    ));
+    let (w, ticket) = (OwnerToken::generate(), OwnerToken::generate());
+    let mut watch = b.watch(&k, &ticket).await.unwrap().unwrap();
+    assert!(is_held(
+        b.try_acquire_waiting(&k, &w, TTL, &ticket).await.unwrap()
+    ));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The holder's lease ran out; the newcomer's attempt serves the waiter.
+    assert!(is_held(
+        b.try_acquire(&k, &OwnerToken::generate(), TTL)
+            .await
+            .unwrap()
+    ));
+    let notice = tokio::time::timeout(Duration::from_secs(5), watch.changed())
+        .await
+        .expect("the grant message arrives");
+    assert!(matches!(notice, Notice::Granted(_)));
+    assert_eq!(b.release(&k, &w).await.unwrap(), Release::Freed);
+}
