@@ -202,8 +202,12 @@ redis_start_port() {
         --dir "$STATE_DIR/redis-$1" --logfile "$STATE_DIR/redis-$1/log" </dev/null >/dev/null
 }
 
-redis_ready() { command -v redis-cli >/dev/null 2>&1 && redis_port_ready "$REDIS_PORT"; }
-redis_install() { apt_install redis-server redis-tools; }
+# openssl makes the certificates of the TLS test's private server.
+redis_ready() {
+    command -v redis-cli >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1 &&
+        redis_port_ready "$REDIS_PORT"
+}
+redis_install() { apt_install redis-server redis-tools openssl; }
 redis_start() { redis_start_port "$REDIS_PORT"; }
 
 redlock_ready() {

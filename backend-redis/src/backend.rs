@@ -45,7 +45,12 @@ impl RedisBackend {
                 "a redis+redlock:// URL needs RedlockBackend (or locksmith::connect)",
             ));
         }
-        let node = Node::new(&config.nodes[0], config.timeout, config.connect_timeout)?;
+        let node = Node::new(
+            &config.nodes[0],
+            config.timeout,
+            config.connect_timeout,
+            &config.tls,
+        )?;
         Ok(RedisBackend {
             inner: Arc::new(Inner { config, node }),
         })

@@ -1,5 +1,6 @@
 //! Parsing Redis URLs into a [`RedisConfig`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use locksmith_core::{take_params, Error, RedactedUrl, Result};
@@ -14,7 +15,10 @@ pub const REDIS_SCHEMES: &[&str] = &["redis", "rediss", "redis+unix", "unix", "r
 /// `timeout` (per-request timeout, default 1s; for Redlock, per node),
 /// `connect_timeout` (default 1s), `waiter_refresh` (how often a queued
 /// waiter confirms it still waits, default 500ms; a waiter silent for four
-/// periods loses its place).
+/// periods loses its place); for `rediss://`, `tls_ca` (a PEM file of root
+/// certificates to trust instead of the system's) and `tls_cert` with
+/// `tls_key` (PEM files of a client certificate and key, for servers that
+/// require them).
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
     /// One URL per node: one for a single server, N for Redlock.
@@ -30,6 +34,26 @@ pub struct RedisConfig {
     /// How often a queued waiter refreshes its place (and finds a grant
     /// whose message was lost).
     pub waiter_refresh: Duration,
+    /// TLS files beyond the system trust store.
+    pub tls: TlsFiles,
+}
+
+/// PEM files for `rediss://` connections (parameters `tls_ca`, `tls_cert`, `tls_key`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// Root certificates to trust instead of the system's.
+    pub ca: Option<PathBuf>,
+    /// Client certificate (with `key`), for servers that authenticate clients.
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key.
+    pub key: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    /// No file given: the system trust store, no client certificate.
+    pub fn is_empty(&self) -> bool {
+        *self == TlsFiles::default()
+    }
 }
 
 impl RedisConfig {
@@ -50,6 +74,7 @@ impl RedisConfig {
             timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
             waiter_refresh: Duration::from_millis(500),
+            tls: TlsFiles::default(),
         };
         let driver_url = take_params(url, |k, v| {
             let duration = |v: &str| {
@@ -61,6 +86,9 @@ impl RedisConfig {
                 "prefix" => config.prefix = v.to_owned(),
                 "timeout" => config.timeout = duration(v)?,
                 "connect_timeout" => config.connect_timeout = duration(v)?,
+                "tls_ca" => config.tls.ca = Some(PathBuf::from(v)),
+                "tls_cert" => config.tls.cert = Some(PathBuf::from(v)),
+                "tls_key" => config.tls.key = Some(PathBuf::from(v)),
                 "waiter_refresh" => {
                     config.waiter_refresh = duration(v)?;
                     let range = Duration::from_millis(10)..=Duration::from_secs(3600);
@@ -74,6 +102,16 @@ impl RedisConfig {
             }
             Ok(true)
         })?;
+        if !config.tls.is_empty() && scheme != "rediss" {
+            return Err(Error::config(format!(
+                "{shown}: tls_ca, tls_cert and tls_key need a rediss:// URL"
+            )));
+        }
+        if config.tls.cert.is_some() != config.tls.key.is_some() {
+            return Err(Error::config(format!(
+                "{shown}: tls_cert and tls_key go together"
+            )));
+        }
         let (base, query) = driver_url.split_once('?').unwrap_or((&driver_url, ""));
         let suffix = if query.is_empty() {
             String::new()
@@ -151,6 +189,8 @@ mod tests {
             "memcache://h",
             "redis://h?timeout=soon",
             "redis://h?waiter_refresh=1ms",
+            "redis://h?tls_ca=/ca.pem",
+            "rediss://h?tls_cert=/c.pem",
             "redis://h?waiter_refresh=100years",
         ] {
             assert!(RedisConfig::from_url(bad).is_err(), "{bad}");

@@ -59,5 +59,5 @@ mod redlock;
 mod scripts;
 
 pub use backend::RedisBackend;
-pub use config::{RedisConfig, REDIS_SCHEMES};
+pub use config::{RedisConfig, TlsFiles, REDIS_SCHEMES};
 pub use redlock::RedlockBackend;

@@ -15,6 +15,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
 use redis::RedisError;
 use tokio::sync::{mpsc, OnceCell};
 
+use crate::config::TlsFiles;
 use crate::scripts;
 
 /// The Redis keys of one lock, in the order the scripts take them. The lock
@@ -64,6 +65,21 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis().max(1)).unwrap_or(u64::MAX / 4)
 }
 
+/// A TLS handshake the client or server refused (untrusted or missing
+/// certificate), found through the layers the driver wraps it in.
+fn is_tls_refusal(e: &(dyn std::error::Error + 'static)) -> bool {
+    type Shared = Arc<dyn std::error::Error + Send + Sync>;
+    let e = match e.downcast_ref::<Shared>() {
+        Some(shared) => &**shared as &(dyn std::error::Error + 'static),
+        None => e,
+    };
+    let inner = e
+        .downcast_ref::<std::io::Error>()
+        .and_then(std::io::Error::get_ref)
+        .map_or(e, |i| i as &(dyn std::error::Error + 'static));
+    inner.is::<rustls::Error>()
+}
+
 /// Maps driver errors onto the contract's kinds, in one place.
 pub(crate) fn map_err(e: RedisError) -> Error {
     let transient_code = matches!(
@@ -71,7 +87,11 @@ pub(crate) fn map_err(e: RedisError) -> Error {
         Some("LOADING" | "MASTERDOWN" | "READONLY" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN")
     );
     let msg = e.to_string();
-    if e.is_io_error()
+    // Refused credentials or certificates will not get better by retrying.
+    let refused_tls = std::error::Error::source(&e).is_some_and(is_tls_refusal);
+    if e.kind() == redis::ErrorKind::AuthenticationFailed || refused_tls {
+        Error::config(format!("redis refused the connection: {msg}")).with_source(e)
+    } else if e.is_io_error()
         || e.is_connection_refusal()
         || e.is_timeout()
         || e.is_connection_dropped()
@@ -98,9 +118,30 @@ impl Node {
         url: &RedactedUrl,
         timeout: Duration,
         connect_timeout: Duration,
+        tls: &TlsFiles,
     ) -> Result<Self> {
-        let client =
-            redis::Client::open(url.expose()).map_err(|e| Error::config(format!("{url}: {e}")))?;
+        let bad = |e: &dyn std::fmt::Display| Error::config(format!("{url}: {e}"));
+        let client = if tls.is_empty() {
+            redis::Client::open(url.expose()).map_err(|e| bad(&e))?
+        } else {
+            let read = |path: &std::path::Path| {
+                std::fs::read(path)
+                    .map_err(|e| bad(&format!("cannot read {}: {e}", path.display())))
+            };
+            let client_tls = match (&tls.cert, &tls.key) {
+                (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                    client_cert: read(cert)?,
+                    client_key: read(key)?,
+                }),
+                _ => None,
+            };
+            let root_cert = tls.ca.as_deref().map(read).transpose()?;
+            let certs = redis::TlsCertificates {
+                client_tls,
+                root_cert,
+            };
+            redis::Client::build_with_tls(url.expose(), certs).map_err(|e| bad(&e))?
+        };
         Ok(Node {
             url: url.clone(),
             hub: Hub::new(client.clone(), connect_timeout),

@@ -1,0 +1,242 @@
+//! The transports beside plain TCP, each against a private server this test
+//! starts: a unix socket with an ACL user and password, and TLS verified
+//! against a private CA, with a client certificate. Each runs a hand-off
+//! between two lockers (so the pub/sub hub authenticates too), and shows
+//! that wrong credentials are an error, never "held by someone else".
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use locksmith_core::{ErrorKind, LockOptions, Locker};
+use locksmith_redis::RedisBackend;
+
+const TLS_PORT: u16 = 16401;
+
+/// A private server, killed when dropped (also when the test panics).
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(args: &[&str], ready: impl Fn() -> bool) -> Server {
+    let child = Command::new("redis-server")
+        .args(["--save", "", "--appendonly", "no"])
+        .args(args)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server is installed (scripts/test installs it)");
+    let server = Server(child);
+    let start = Instant::now();
+    while !ready() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "private redis-server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
+}
+
+/// A lock handed from one locker to a waiting one, over `url`.
+async fn hand_off(url: &str) {
+    let (a, b) = (
+        Locker::new(RedisBackend::connect(url).unwrap()),
+        Locker::new(RedisBackend::connect(url).unwrap()),
+    );
+    let g = a.lock("transport").await.unwrap();
+    let fence = g.fence().unwrap();
+    let waiter = tokio::spawn(async move {
+        let opts = LockOptions::new().wait_for(Duration::from_secs(10));
+        b.lock_with("transport", &opts).await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    g.release().await.unwrap();
+    let g2 = waiter.await.unwrap().expect("handed over");
+    assert!(g2.fence().unwrap() > fence);
+    g2.release().await.unwrap();
+}
+
+async fn refused(url: &str) -> ErrorKind {
+    let l = Locker::new(RedisBackend::connect(url).unwrap());
+    match l.try_lock("transport").await {
+        Ok(g) => panic!("{url} should be refused, got {g:?}"),
+        Err(e) => e.kind(),
+    }
+}
+
+#[tokio::test]
+async fn unix_socket_with_acl_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("redis.sock");
+    let sock_s = sock.to_str().unwrap().to_owned();
+    let _server = start(
+        &[
+            "--port",
+            "0",
+            "--unixsocket",
+            &sock_s,
+            "--unixsocketperm",
+            "700",
+            "--user",
+            "default",
+            "off",
+            "--user",
+            "alice",
+            "on",
+            ">s3cret",
+            "~*",
+            "&*",
+            "+@all",
+        ],
+        || std::os::unix::net::UnixStream::connect(&sock).is_ok(),
+    );
+    hand_off(&format!("redis+unix://{sock_s}?user=alice&pass=s3cret")).await;
+    let kind = refused(&format!("redis+unix://{sock_s}?user=alice&pass=wrong")).await;
+    assert_eq!(
+        kind,
+        ErrorKind::Config,
+        "a wrong password is not worth retrying"
+    );
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let ok = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl is installed (scripts/test installs it)")
+        .success();
+    assert!(ok, "openssl {args:?} failed");
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate.
+fn certificates(dir: &Path) {
+    std::fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=locksmith test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ],
+    );
+    for name in ["server", "client"] {
+        openssl(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                &format!("/CN=locksmith test {name}"),
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+            ],
+        );
+        let (csr, pem, ext) = (
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("{name}.ext"),
+        );
+        let mut args = vec![
+            "x509",
+            "-req",
+            "-days",
+            "2",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &pem,
+            "-extfile",
+            &ext,
+        ];
+        openssl(dir, &args);
+    }
+}
+
+#[tokio::test]
+async fn tls_with_private_ca_and_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let file = |f: &str| dir.path().join(f).to_str().unwrap().to_owned();
+    let port = TLS_PORT.to_string();
+    let _server = start(
+        &[
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--tls-port",
+            &port,
+            "--tls-cert-file",
+            &file("server.pem"),
+            "--tls-key-file",
+            &file("server.key"),
+            "--tls-ca-cert-file",
+            &file("ca.pem"),
+            "--tls-auth-clients",
+            "yes",
+            "--user",
+            "default",
+            "off",
+            "--user",
+            "alice",
+            "on",
+            ">s3cret",
+            "~*",
+            "&*",
+            "+@all",
+        ],
+        || std::net::TcpStream::connect(("127.0.0.1", TLS_PORT)).is_ok(),
+    );
+    let base = format!("rediss://alice:s3cret@127.0.0.1:{TLS_PORT}");
+    let client = format!(
+        "tls_cert={}&tls_key={}",
+        file("client.pem"),
+        file("client.key")
+    );
+    hand_off(&format!("{base}?tls_ca={}&{client}", file("ca.pem"))).await;
+    // Not trusted by the system store; no client certificate; wrong password.
+    for bad in [
+        format!("{base}?{client}"),
+        format!("{base}?tls_ca={}", file("ca.pem")),
+        format!(
+            "rediss://alice:wrong@127.0.0.1:{TLS_PORT}?tls_ca={}&{client}",
+            file("ca.pem")
+        ),
+    ] {
+        let kind = refused(&bad).await;
+        assert_eq!(kind, ErrorKind::Config, "{bad}");
+    }
+    assert_eq!(
+        RedisBackend::connect(&format!("{base}?tls_ca=/nonexistent.pem"))
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Config
+    );
+}
