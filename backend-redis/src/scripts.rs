@@ -100,11 +100,12 @@ end
 /// (a waiter is then queued, or its place refreshed).
 const ACQUIRE: &str = r"
 local owner, ttl, ticket = ARGV[1], ARGV[2], ARGV[3]
+-- One call answers the common case: no lock and nobody queued.
+if redis.call('exists', KEYS[1], KEYS[3]) == 0 then
+  return {1, take(owner, ttl), 1}
+end
 if redis.call('exists', KEYS[1]) == 0 then
-  local served = nil
-  if redis.call('exists', KEYS[3]) == 1 then
-    served = hand_off(ticket)
-  end
+  local served = hand_off(ticket)
   if served == nil or served == 'me' then
     return {1, take(owner, ttl), 1}
   end
@@ -141,10 +142,18 @@ return {0, redis.call('pttl', KEYS[1])}
 /// Returns -1 when not held by this owner, else the holds left (0: freed,
 /// and handed to the longest live waiter if any).
 const RELEASE: &str = r"
-if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+local holds = tonumber(redis.call('hget', KEYS[1], ARGV[1]))
+if not holds then
   return -1
 end
-return drop_hold(ARGV[1])
+if holds > 1 then
+  return redis.call('hincrby', KEYS[1], ARGV[1], -1)
+end
+redis.call('del', KEYS[1])
+if redis.call('exists', KEYS[3]) == 1 then
+  hand_off(nil)
+end
+return 0
 ";
 
 /// KEYS: lock, fence counter, queue, waiters. ARGV: owner, ticket.

@@ -135,45 +135,110 @@ pub(crate) async fn run(
         );
     }
 
-    println!("\nRedis: {contenders} clients contending on one key for {seconds} s each (own connection each)");
+    println!(
+        "\nRedis: {contenders} clients contending on one key, own connection each; \
+         {seconds} s per library per round, 2 rounds in alternating order"
+    );
     println!(
         "  {:<14} {:>9} {:>12} {:>12} {:>22}",
         "library", "locks/s", "hand-off p50", "hand-off p99", "share per client min..max"
     );
-    contended("locksmith", contenders, seconds, |_| {
-        let l = Locker::new(RedisBackend::connect(url).expect("url"));
-        let key = format!("bench:{tag}:contended");
-        move || {
-            let (l, key) = (l.clone(), key.clone());
-            Box::pin(async move {
-                let g = l
-                    .lock_with(key.as_str(), &LockOptions::new().ttl(TTL))
-                    .await
-                    .expect("lock");
-                Box::new(move || {
-                    Box::pin(async move { g.release().await.expect("release") }) as Release
-                }) as Releaser
-            }) as Acquiring
+    let mut ours = Contention::default();
+    let mut theirs = Contention::default();
+    for round in 0..2 {
+        for step in 0..2 {
+            if (round + step) % 2 == 0 {
+                ours.add(
+                    contended(contenders, seconds, |_| {
+                        let l = Locker::new(RedisBackend::connect(url).expect("url"));
+                        let key = format!("bench:{tag}:contended");
+                        move || {
+                            let (l, key) = (l.clone(), key.clone());
+                            Box::pin(async move {
+                                let g = l
+                                    .lock_with(key.as_str(), &LockOptions::new().ttl(TTL))
+                                    .await
+                                    .expect("lock");
+                                Box::new(move || {
+                                    Box::pin(async move { g.release().await.expect("release") })
+                                        as Release
+                                }) as Releaser
+                            }) as Acquiring
+                        }
+                    })
+                    .await,
+                );
+            } else {
+                theirs.add(
+                    contended(contenders, seconds, |_| {
+                        let rs = Arc::new(rslock::LockManager::new(vec![url.to_owned()]));
+                        let key = format!("bench:{tag}:contended-rslock");
+                        move || {
+                            let (rs, key) = (rs.clone(), key.clone());
+                            Box::pin(async move {
+                                let l = rs
+                                    .acquire_no_guard(key.as_bytes(), TTL)
+                                    .await
+                                    .expect("rslock");
+                                Box::new(move || {
+                                    Box::pin(async move { rs.unlock(&l).await }) as Release
+                                }) as Releaser
+                            }) as Acquiring
+                        }
+                    })
+                    .await,
+                );
+            }
         }
-    })
-    .await;
-    contended("rslock", contenders, seconds, |_| {
-        let rs = Arc::new(rslock::LockManager::new(vec![url.to_owned()]));
-        let key = format!("bench:{tag}:contended-rslock");
-        move || {
-            let (rs, key) = (rs.clone(), key.clone());
-            Box::pin(async move {
-                let l = rs
-                    .acquire_no_guard(key.as_bytes(), TTL)
-                    .await
-                    .expect("rslock");
-                Box::new(move || Box::pin(async move { rs.unlock(&l).await }) as Release)
-                    as Releaser
-            }) as Acquiring
-        }
-    })
-    .await;
+    }
+    ours.print("locksmith", seconds * 2);
+    theirs.print("rslock", seconds * 2);
     Ok(())
+}
+
+/// Acquisitions per client and hand-off latencies, summed over rounds.
+#[derive(Default)]
+struct Contention {
+    counts: Vec<u64>,
+    handoffs: Vec<Duration>,
+}
+
+impl Contention {
+    fn add(&mut self, other: Contention) {
+        if self.counts.is_empty() {
+            self.counts = vec![0; other.counts.len()];
+        }
+        for (a, b) in self.counts.iter_mut().zip(other.counts) {
+            *a += b;
+        }
+        self.handoffs.extend(other.handoffs);
+    }
+
+    fn print(mut self, label: &str, seconds: u64) {
+        let total: u64 = self.counts.iter().sum();
+        self.handoffs.sort();
+        let lat = &self.handoffs;
+        let pct = |p: f64| {
+            if lat.is_empty() {
+                return "n/a".to_owned();
+            }
+            let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
+            format!("{:.2} ms", lat[i].as_secs_f64() * 1000.0)
+        };
+        let share = |c: u64| 100.0 * c as f64 / total.max(1) as f64;
+        let (min, max) = (
+            self.counts.iter().min().copied().unwrap_or(0),
+            self.counts.iter().max().copied().unwrap_or(0),
+        );
+        println!(
+            "  {label:<14} {:>9.0} {:>12} {:>12} {:>12.1}%..{:.1}%",
+            total as f64 / seconds.max(1) as f64,
+            pct(0.5),
+            pct(0.99),
+            share(min),
+            share(max)
+        );
+    }
 }
 
 type Release = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
@@ -182,7 +247,7 @@ type Acquiring = std::pin::Pin<Box<dyn std::future::Future<Output = Releaser> + 
 
 /// Each client loops acquire, a tiny critical section, release, until time
 /// is up; hand-off is measured from one client's release to another's grant.
-async fn contended<M, A>(label: &str, clients: usize, seconds: u64, make: M)
+async fn contended<M, A>(clients: usize, seconds: u64, make: M) -> Contention
 where
     M: Fn(usize) -> A,
     A: Fn() -> Acquiring + Send + 'static,
@@ -216,27 +281,6 @@ where
     for t in tasks {
         counts.push(t.await.expect("client task"));
     }
-    let total: u64 = counts.iter().sum();
-    let mut lat = std::mem::take(&mut *handoffs.lock().unwrap());
-    lat.sort();
-    let pct = |p: f64| {
-        if lat.is_empty() {
-            return "n/a".to_owned();
-        }
-        let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
-        format!("{:.2} ms", lat[i].as_secs_f64() * 1000.0)
-    };
-    let share = |c: u64| 100.0 * c as f64 / total.max(1) as f64;
-    let (min, max) = (
-        counts.iter().min().copied().unwrap_or(0),
-        counts.iter().max().copied().unwrap_or(0),
-    );
-    println!(
-        "  {label:<14} {:>9.0} {:>12} {:>12} {:>12.1}%..{:.1}%",
-        total as f64 / seconds as f64,
-        pct(0.5),
-        pct(0.99),
-        share(min),
-        share(max)
-    );
+    let handoffs = std::mem::take(&mut *handoffs.lock().unwrap());
+    Contention { counts, handoffs }
 }
