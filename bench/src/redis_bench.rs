@@ -40,11 +40,13 @@ pub(crate) async fn run(
     let tag = &OwnerToken::generate().as_str()[..8].to_owned();
 
     let mut figures: [Vec<f64>; 4] = Default::default();
+    let mut server_us: [Vec<f64>; 4] = Default::default();
     // Many short rounds, each running the paths in a rotated order, so a
     // slow spell of the machine lands on every path alike.
     for round in 0..rounds as usize {
         for step in 0..4 {
             let path = (round + step) % 4;
+            let busy_before = server_busy_us(&mut bare).await;
             let r = match path {
                 0 => {
                     let key = format!("bench:{tag}:bare");
@@ -108,6 +110,8 @@ pub(crate) async fn run(
                     .await
                 }
             };
+            let busy = server_busy_us(&mut bare).await - busy_before;
+            server_us[path].push(busy / f64::from(iterations));
             figures[path].push(r);
         }
     }
@@ -115,8 +119,8 @@ pub(crate) async fn run(
     let rsl = median(&mut figures[1]);
     println!("\nRedis: uncontended acquire+release, 1 client x {iterations} pairs, median of {rounds} rounds");
     println!(
-        "  {:<30} {:>10}  {:>8}  {:>9}",
-        "path", "pairs/s", "vs bare", "vs rslock"
+        "  {:<30} {:>10}  {:>8}  {:>9}  {:>16}",
+        "path", "pairs/s", "vs bare", "vs rslock", "Redis µs per pair"
     );
     for (i, label) in [
         "bare SET NX PX + DEL",
@@ -129,9 +133,10 @@ pub(crate) async fn run(
     {
         let r = median(&mut figures[i]);
         println!(
-            "  {label:<30} {r:>10.0}  {:>8.2}  {:>9.2}",
+            "  {label:<30} {r:>10.0}  {:>8.2}  {:>9.2}  {:>16.1}",
             r / floor,
-            r / rsl
+            r / rsl,
+            median(&mut server_us[i])
         );
     }
 
@@ -239,6 +244,20 @@ impl Contention {
             share(max)
         );
     }
+}
+
+/// Microseconds the server spent executing commands so far (all commands,
+/// from `INFO commandstats`); the difference across a run is its cost.
+async fn server_busy_us(conn: &mut redis::aio::ConnectionManager) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .filter_map(|l| l.split(",usec=").nth(1))
+        .filter_map(|rest| rest.split(',').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 type Release = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
