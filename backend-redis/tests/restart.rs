@@ -1,6 +1,7 @@
 //! A Redis server that dies while a lock is held, and comes back empty (no
 //! persistence): clients see Unavailable, the holder's lost signal fires by
-//! its deadline, work resumes, and fencing tokens keep rising.
+//! its deadline, work resumes, and fencing tokens keep rising. And a
+//! server that drops every pub/sub connection while waiters are queued.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,10 +23,14 @@ impl Drop for Server {
 }
 
 fn start() -> Server {
+    start_on(PORT)
+}
+
+fn start_on(port: u16) -> Server {
     let child = Command::new("redis-server")
         .args([
             "--port",
-            &PORT.to_string(),
+            &port.to_string(),
             "--bind",
             "127.0.0.1",
             "--save",
@@ -37,7 +42,7 @@ fn start() -> Server {
         .spawn()
         .expect("redis-server is installed (scripts/test installs it)");
     let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", PORT)).is_err() {
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "redis-server did not start"
@@ -102,4 +107,60 @@ async fn a_restarted_server_loses_nothing_that_matters() {
         after > before,
         "fencing token went back after the restart: {before} then {after}"
     );
+}
+
+/// Every pub/sub connection is killed while two waiters are queued, so the
+/// grant message of the release is lost: the first waiter still gets the
+/// lock on its next refresh, its hub reconnects, and the second follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_waiters_survive_a_killed_hub() {
+    const HUB_PORT: u16 = 16398;
+    let url = format!("redis://127.0.0.1:{HUB_PORT}?waiter_refresh=100ms");
+    let _server = start_on(HUB_PORT);
+    let key = LockKey::new("restart/hub").unwrap();
+    let ttl = Duration::from_secs(60);
+    let a = Locker::new(RedisBackend::connect(&url).unwrap());
+    let guard = a
+        .lock_with(&key, &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for id in 0..2 {
+        let l = Locker::new(RedisBackend::connect(&url).unwrap());
+        let (key, order) = (key.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let opts = LockOptions::new()
+                .ttl(ttl)
+                .wait_for(Duration::from_secs(10));
+            let g = l.lock_with(&key, &opts).await.unwrap();
+            order.lock().unwrap().push((id, Instant::now()));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            g.release().await.unwrap();
+        }));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let admin = redis::Client::open(format!("redis://127.0.0.1:{HUB_PORT}")).unwrap();
+    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    // The holder's hub too: it listened while it might have had to wait.
+    assert_eq!(killed, 3, "each locker's hub was connected");
+
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let ids: Vec<i32> = order.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, [0, 1], "served in arrival order");
+    let lag = order[0].1 - released;
+    assert!(lag < Duration::from_secs(2), "first waiter took {lag:?}");
 }
