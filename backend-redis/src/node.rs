@@ -13,7 +13,7 @@ use locksmith_core::{
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
 use redis::RedisError;
-use tokio::sync::{mpsc, OnceCell};
+use tokio::sync::{mpsc, oneshot, OnceCell};
 
 use crate::config::TlsFiles;
 use crate::scripts;
@@ -320,6 +320,8 @@ struct Hub {
 struct HubConn {
     _sink: PubSubSink,
     alive: Arc<AtomicBool>,
+    /// Dropped with the hub: stops the reader, which closes the connection.
+    _stop: oneshot::Sender<()>,
 }
 
 impl std::fmt::Debug for HubConn {
@@ -397,8 +399,16 @@ impl Hub {
         };
         let alive = Arc::new(AtomicBool::new(true));
         let (tickets, flag) = (Arc::downgrade(&self.tickets), alive.clone());
+        let (stop, mut stopped) = oneshot::channel::<()>();
         tokio::spawn(async move {
-            while let Some(msg) = stream.next().await {
+            loop {
+                let msg = tokio::select! {
+                    msg = stream.next() => msg,
+                    _ = &mut stopped => None,
+                };
+                let Some(msg) = msg else {
+                    break;
+                };
                 let Some(tickets) = tickets.upgrade() else {
                     break;
                 };
@@ -424,6 +434,10 @@ impl Hub {
             // Waiters fall back to their refresh; the next attempt reconnects.
             flag.store(false, Ordering::SeqCst);
         });
-        Ok(HubConn { _sink: sink, alive })
+        Ok(HubConn {
+            _sink: sink,
+            alive,
+            _stop: stop,
+        })
     }
 }

@@ -164,3 +164,41 @@ async fn queued_waiters_survive_a_killed_hub() {
     let lag = order[0].1 - released;
     assert!(lag < Duration::from_secs(2), "first waiter took {lag:?}");
 }
+
+/// A backend that is dropped takes its pub/sub connection with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_backend_closes_its_hub() {
+    const HUB_PORT: u16 = 16397;
+    let url = format!("redis://127.0.0.1:{HUB_PORT}");
+    let _server = start_on(HUB_PORT);
+    let admin = redis::Client::open(url.as_str()).unwrap();
+    let admin = admin.get_multiplexed_async_connection().await.unwrap();
+    let hubs = || {
+        let mut admin = admin.clone();
+        async move {
+            let list: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .arg("TYPE")
+                .arg("pubsub")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            list.lines().count()
+        }
+    };
+    let key = LockKey::new("restart/drop").unwrap();
+    for _ in 0..3 {
+        let b = RedisBackend::connect(&url).unwrap();
+        let _watch = b.watch(&key, &OwnerToken::generate()).await.unwrap();
+        assert!(hubs().await >= 1, "the backend's hub is connected");
+    }
+    let start = Instant::now();
+    while hubs().await > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "dropped backends left {} pub/sub connections open",
+            hubs().await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
