@@ -50,6 +50,7 @@ impl RedisBackend {
             config.timeout,
             config.connect_timeout,
             &config.tls,
+            false,
         )?;
         Ok(RedisBackend {
             inner: Arc::new(Inner { config, node }),

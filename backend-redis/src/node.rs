@@ -110,6 +110,8 @@ pub(crate) struct Node {
     conn: OnceCell<ConnectionManager>,
     timeout: Duration,
     connect_timeout: Duration,
+    /// Every request must answer within `timeout`, reconnects included.
+    strict: bool,
     hub: Hub,
 }
 
@@ -119,6 +121,7 @@ impl Node {
         timeout: Duration,
         connect_timeout: Duration,
         tls: &TlsFiles,
+        strict: bool,
     ) -> Result<Self> {
         let bad = |e: &dyn std::fmt::Display| Error::config(format!("{url}: {e}"));
         let client = if tls.is_empty() {
@@ -149,6 +152,7 @@ impl Node {
             conn: OnceCell::new(),
             timeout,
             connect_timeout,
+            strict,
         })
     }
 
@@ -180,9 +184,15 @@ impl Node {
         Ok(conn.clone())
     }
 
-    /// Bounds a request by the per-node timeout (the driver's own timeout
-    /// does not cover every path, e.g. a reconnect in progress).
+    /// Bounds a request by the per-node timeout where that is a hard budget
+    /// (Redlock). Elsewhere the driver's response timeout bounds a request on
+    /// a live connection, and its connect timeout and single retry bound a
+    /// reconnect; a timer of our own per request cost about a tenth of the
+    /// uncontended throughput, measured.
     async fn bounded<T>(&self, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        if !self.strict {
+            return f.await;
+        }
         match tokio::time::timeout(self.timeout, f).await {
             Ok(r) => r,
             Err(_) => Err(Error::unavailable(format!(

@@ -56,7 +56,7 @@ impl RedlockBackend {
         let nodes = config
             .nodes
             .iter()
-            .map(|u| Node::new(u, config.timeout, config.connect_timeout, &config.tls))
+            .map(|u| Node::new(u, config.timeout, config.connect_timeout, &config.tls, true))
             .collect::<Result<Vec<_>>>()?;
         let quorum = nodes.len() / 2 + 1;
         Ok(RedlockBackend {

@@ -195,12 +195,14 @@ fn cached(cell: &'static OnceLock<Script>, body: &str, common: bool) -> &'static
     })
 }
 
-pub(crate) fn acquire() -> &'static Script {
+/// The acquire script (KEYS: lock, fence, queue, waiters; ARGV: owner, ttl ms).
+pub fn acquire() -> &'static Script {
     static S: OnceLock<Script> = OnceLock::new();
     cached(&S, ACQUIRE, true)
 }
 
-pub(crate) fn release() -> &'static Script {
+/// The release script (KEYS as acquire; ARGV: owner).
+pub fn release() -> &'static Script {
     static S: OnceLock<Script> = OnceLock::new();
     cached(&S, RELEASE, true)
 }

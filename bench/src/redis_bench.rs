@@ -1,5 +1,6 @@
-//! `locksmith-bench redis`: our Redis locks beside rslock and the bare
-//! two-command floor, uncontended and with 8 clients on one key.
+//! `locksmith-bench redis`: our Redis locks beside rslock, the bare
+//! two-command floor and our own two scripts sent raw through the same
+//! client, uncontended; and with 8 clients on one key.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,13 +40,13 @@ pub(crate) async fn run(
     let rs = rslock::LockManager::new(vec![url.to_owned()]);
     let tag = &OwnerToken::generate().as_str()[..8].to_owned();
 
-    let mut figures: [Vec<f64>; 4] = Default::default();
-    let mut server_us: [Vec<f64>; 4] = Default::default();
+    let mut figures: [Vec<f64>; 5] = Default::default();
+    let mut server_us: [Vec<f64>; 5] = Default::default();
     // Many short rounds, each running the paths in a rotated order, so a
     // slow spell of the machine lands on every path alike.
     for round in 0..rounds as usize {
-        for step in 0..4 {
-            let path = (round + step) % 4;
+        for step in 0..5 {
+            let path = (round + step) % 5;
             let busy_before = server_busy_us(&mut bare).await;
             let r = match path {
                 0 => {
@@ -95,6 +96,34 @@ pub(crate) async fn run(
                     })
                     .await
                 }
+                4 => {
+                    let base = format!("locksmith:{{bench:{tag}:raw}}");
+                    let keys: Vec<String> = [":lock", ":fence", ":queue", ":waiters"]
+                        .iter()
+                        .map(|s| format!("{base}{s}"))
+                        .collect();
+                    pairs_per_sec(iterations, || async {
+                        for _ in 0..iterations {
+                            let token = OwnerToken::generate();
+                            let granted: Vec<i64> = locksmith::redis::scripts::acquire()
+                                .key(&keys)
+                                .arg(token.as_str())
+                                .arg(10_000)
+                                .invoke_async(&mut bare)
+                                .await
+                                .expect("acquire script");
+                            assert_eq!(granted.first(), Some(&1), "uncontended");
+                            let left: i64 = locksmith::redis::scripts::release()
+                                .key(&keys)
+                                .arg(token.as_str())
+                                .invoke_async(&mut bare)
+                                .await
+                                .expect("release script");
+                            assert_eq!(left, 0);
+                        }
+                    })
+                    .await
+                }
                 _ => {
                     let key = format!("bench:{tag}:locker");
                     pairs_per_sec(iterations, || async {
@@ -127,6 +156,7 @@ pub(crate) async fn run(
         "rslock 0.10",
         "RedisBackend",
         "Locker",
+        "same scripts, raw",
     ]
     .iter()
     .enumerate()
