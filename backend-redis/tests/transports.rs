@@ -13,7 +13,12 @@ use locksmith_redis::RedisBackend;
 
 const TLS_PORT: u16 = 16401;
 
-/// A private server, killed when dropped (also when the test panics).
+/// The default user off; only `alice` with password `s3cret` may connect.
+const ACL: &[&str] = &[
+    "--user", "default", "off", "--user", "alice", "on", ">s3cret", "~*", "&*", "+@all",
+];
+
+/// A private server with [`ACL`], killed when dropped (also when the test panics).
 struct Server(Child);
 
 impl Drop for Server {
@@ -26,6 +31,7 @@ impl Drop for Server {
 fn start(args: &[&str], ready: impl Fn() -> bool) -> Server {
     let child = Command::new("redis-server")
         .args(["--save", "", "--appendonly", "no"])
+        .args(ACL)
         .args(args)
         .stdout(Stdio::null())
         .spawn()
@@ -82,16 +88,6 @@ async fn unix_socket_with_acl_user() {
             &sock_s,
             "--unixsocketperm",
             "700",
-            "--user",
-            "default",
-            "off",
-            "--user",
-            "alice",
-            "on",
-            ">s3cret",
-            "~*",
-            "&*",
-            "+@all",
         ],
         || std::os::unix::net::UnixStream::connect(&sock).is_ok(),
     );
@@ -201,16 +197,6 @@ async fn tls_with_private_ca_and_client_certificate() {
             &file("ca.pem"),
             "--tls-auth-clients",
             "yes",
-            "--user",
-            "default",
-            "off",
-            "--user",
-            "alice",
-            "on",
-            ">s3cret",
-            "~*",
-            "&*",
-            "+@all",
         ],
         || std::net::TcpStream::connect(("127.0.0.1", TLS_PORT)).is_ok(),
     );
