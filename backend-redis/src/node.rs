@@ -1,5 +1,5 @@
 //! One Redis server: the scripts run on a self-reconnecting connection, and
-//! release notifications arrive on one shared pub/sub connection.
+//! grants to this backend's waiters arrive on one shared pub/sub connection.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,23 +24,25 @@ use crate::scripts;
 /// injective: fixed prefix and suffixes around the name itself.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
-    pub(crate) lock: String,
     all: [String; 4],
 }
 
 impl Keys {
     pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
         let base = format!("{prefix}{{{}}}", key.as_str());
-        let lock = format!("{base}:lock");
         Keys {
             all: [
-                lock.clone(),
+                Self::lock(prefix, key),
                 format!("{base}:fence"),
                 format!("{base}:queue"),
                 format!("{base}:waiters"),
             ],
-            lock,
         }
+    }
+
+    /// The lock's own key, all a renewal touches.
+    fn lock(prefix: &str, key: &LockKey) -> String {
+        format!("{prefix}{{{}}}:lock", key.as_str())
     }
 
     /// A call of `script` on all four keys.
@@ -289,7 +291,7 @@ impl Node {
             let script = scripts::renew();
             let mut call = script.prepare_invoke();
             for r in requests {
-                call.key(Keys::new(prefix, &r.key).lock)
+                call.key(Keys::lock(prefix, &r.key))
                     .arg(r.owner.as_str())
                     .arg(ms(r.ttl));
             }
