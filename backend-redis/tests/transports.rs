@@ -154,7 +154,7 @@ fn certificates(dir: &Path) {
             format!("{name}.pem"),
             format!("{name}.ext"),
         );
-        let mut args = vec![
+        let args = [
             "x509",
             "-req",
             "-days",
