@@ -347,18 +347,21 @@ pub async fn cancelled_acquire_leaves_nothing_held(h: &dyn Harness) -> Result<()
     Ok(())
 }
 
-/// Every waiter gets its turn; on a fair store, in arrival order, and the
-/// releaser cannot take the key back ahead of them.
+/// Every waiter gets its turn; on a fair store, in arrival order, and no
+/// releaser (the first holder, then each waiter in turn) can take the key
+/// back ahead of those still queued.
 pub async fn fair_waiters_served_in_order(h: &dyn Harness) -> Result<()> {
+    const WAITERS: usize = 4;
     let k = key("fair_waiters_served_in_order", "k");
     let a = Locker::from_arc(h.client().await);
     let fair = a.capabilities().fair;
     let ga = a.lock_with(&k, &long()).await?;
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let barged = Arc::new(AtomicUsize::new(0));
     let mut waiters = Vec::new();
-    for id in 0..3u32 {
+    for id in 0..WAITERS {
         let l = Locker::from_arc(h.client().await);
-        let (k, order) = (k.clone(), order.clone());
+        let (k, order, barged) = (k.clone(), order.clone(), barged.clone());
         waiters.push(tokio::spawn(async move {
             let g = l
                 .lock_with(&k, &long().wait_for(Duration::from_secs(30)))
@@ -366,15 +369,21 @@ pub async fn fair_waiters_served_in_order(h: &dyn Harness) -> Result<()> {
             order.lock().unwrap_or_else(|e| e.into_inner()).push(id);
             tokio::time::sleep(Duration::from_millis(20)).await;
             g.release().await?;
+            let served = order.lock().unwrap_or_else(|e| e.into_inner()).len();
+            if served < WAITERS {
+                if let Some(g) = l.try_lock(&k).await? {
+                    barged.fetch_add(1, Ordering::SeqCst);
+                    g.release().await?;
+                }
+            }
             anyhow::Ok(())
         }));
         // Time for this waiter to queue before the next one arrives.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     ga.release().await?;
-    let barged = a.try_lock(&k).await?;
-    let barged_in = barged.is_some();
-    if let Some(g) = barged {
+    if let Some(g) = a.try_lock(&k).await? {
+        barged.fetch_add(1, Ordering::SeqCst);
         g.release().await?;
     }
     for w in waiters {
@@ -382,16 +391,17 @@ pub async fn fair_waiters_served_in_order(h: &dyn Harness) -> Result<()> {
     }
     let order = order.lock().unwrap_or_else(|e| e.into_inner()).clone();
     ensure!(
-        order.len() == 3,
-        "only {order:?} of three waiters got the key"
+        order.len() == WAITERS,
+        "only {order:?} of {WAITERS} waiters got the key"
     );
     if fair {
+        let barged = barged.load(Ordering::SeqCst);
         ensure!(
-            !barged_in,
-            "the releaser took the key back ahead of three queued waiters"
+            barged == 0,
+            "a releaser took the key back ahead of queued waiters {barged} times"
         );
         ensure!(
-            order == [0, 1, 2],
+            order == (0..WAITERS).collect::<Vec<_>>(),
             "waiters were served in order {order:?}, not in arrival order"
         );
     }
