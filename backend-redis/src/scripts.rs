@@ -80,11 +80,11 @@ local function hand_off(me)
   end
 end
 
--- Drops one hold of `owner`; frees and hands off at zero. Returns holds left.
-local function drop_hold(owner)
-  local holds = redis.call('hincrby', KEYS[1], owner, -1)
-  if holds > 0 then
-    return holds
+-- Drops one of the `holds` (read just now) of `owner`; frees and hands off
+-- at zero. Returns the holds left.
+local function drop_hold(owner, holds)
+  if holds > 1 then
+    return redis.call('hincrby', KEYS[1], owner, -1)
   end
   redis.call('del', KEYS[1])
   if redis.call('exists', KEYS[3]) == 1 then
@@ -146,14 +146,7 @@ local holds = tonumber(redis.call('hget', KEYS[1], ARGV[1]))
 if not holds then
   return -1
 end
-if holds > 1 then
-  return redis.call('hincrby', KEYS[1], ARGV[1], -1)
-end
-redis.call('del', KEYS[1])
-if redis.call('exists', KEYS[3]) == 1 then
-  hand_off(nil)
-end
-return 0
+return drop_hold(ARGV[1], holds)
 ";
 
 /// KEYS: lock, fence counter, queue, waiters. ARGV: owner, ticket.
@@ -162,9 +155,10 @@ return 0
 const ABANDON: &str = r"
 redis.call('zrem', KEYS[3], ARGV[2])
 redis.call('hdel', KEYS[4], ARGV[2])
-if redis.call('hget', KEYS[1], '~grant') == ARGV[2] and redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
+local holds = tonumber(redis.call('hget', KEYS[1], ARGV[1]))
+if holds and redis.call('hget', KEYS[1], '~grant') == ARGV[2] then
   redis.call('hdel', KEYS[1], '~grant')
-  drop_hold(ARGV[1])
+  drop_hold(ARGV[1], holds)
   return 1
 end
 return 0
