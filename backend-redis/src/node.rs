@@ -227,6 +227,7 @@ impl Node {
                 [1, fence, holds] => Acquire::Acquired(Grant {
                     fence: Some(FencingToken(u64::try_from(*fence).unwrap_or(0))),
                     holds: u32::try_from(*holds).unwrap_or(u32::MAX),
+                    lease: None,
                 }),
                 [0, pttl] => Acquire::Contended {
                     retry_after: u64::try_from(*pttl).ok().map(Duration::from_millis),
@@ -440,6 +441,7 @@ impl Hub {
                     let _ = s.send(Grant {
                         fence: Some(FencingToken(fence)),
                         holds: 1,
+                        lease: None,
                     });
                 }
             }

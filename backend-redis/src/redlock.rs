@@ -170,7 +170,11 @@ impl LockBackend for RedlockBackend {
         let valid = ttl > elapsed + clock_drift(ttl);
         if grants.len() >= self.inner.quorum && valid {
             let holds = grants.iter().map(|g| g.holds).max().unwrap_or(1);
-            return Ok(Acquire::Acquired(Grant { fence: None, holds }));
+            return Ok(Acquire::Acquired(Grant {
+                fence: None,
+                holds,
+                lease: None,
+            }));
         }
         // A node that answered "contended" holds someone else's lock, not
         // ours, so a waiter polling a busy key costs one round, not two. The

@@ -458,6 +458,7 @@ fn granted(fence: i64, holds: i64) -> Acquire {
     Acquire::Acquired(Grant {
         fence: Some(FencingToken(u64::try_from(fence).unwrap_or(0))),
         holds: u32::try_from(holds).unwrap_or(u32::MAX),
+        lease: None,
     })
 }
 

@@ -275,6 +275,7 @@ impl SessionLocks {
                     Ok(Acquire::Acquired(Grant {
                         fence: None,
                         holds: h.holds,
+                        lease: None,
                     }))
                 }
                 Ok(false) => Err(Error::backend(
@@ -307,6 +308,7 @@ impl SessionLocks {
             Ok(Acquire::Acquired(Grant {
                 fence: None,
                 holds: 1,
+                lease: None,
             }))
         } else {
             self.checkin(conn);

@@ -73,6 +73,11 @@ pub struct Grant {
     pub fence: Option<FencingToken>,
     /// How many holds the owner has on the key now (1 unless re-entered).
     pub holds: u32,
+    /// The lease the store granted when it is shorter than the TTL asked
+    /// for; `None` means the full TTL. A fair store's direct hand-off grants
+    /// a short lease, so a waiter that died unseen blocks the next one only
+    /// that long; the new holder extends it as soon as it hears of the grant.
+    pub lease: Option<Duration>,
 }
 
 /// The result of one acquisition attempt.

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use crate::background::Background;
 use crate::backend::{FencingToken, LockBackend, Release, Renew};
 use crate::error::{Error, Result};
 use crate::key::{LockKey, OwnerToken};
@@ -26,29 +27,33 @@ pub struct LockGuard {
     state: watch::Receiver<LeaseState>,
     backend: Arc<dyn LockBackend>,
     watchdog: Arc<Watchdog>,
+    background: Background,
     id: u64,
     armed: bool,
 }
 
 impl LockGuard {
+    /// `first_renew`: when the watchdog first renews (with `renew_every`).
     pub(crate) fn new(
         lease: Lease,
         backend: Arc<dyn LockBackend>,
         watchdog: Arc<Watchdog>,
+        background: Background,
         renew_every: Option<Duration>,
-        acquired_at: Instant,
+        first_renew: Instant,
     ) -> Self {
         let request = crate::backend::RenewRequest {
             key: lease.key.clone(),
             owner: lease.owner.clone(),
             ttl: lease.ttl,
         };
-        let (id, state) = watchdog.register(request, renew_every, acquired_at, lease.deadline);
+        let (id, state) = watchdog.register(request, renew_every, first_renew, lease.deadline);
         LockGuard {
             lease,
             state,
             backend,
             watchdog,
+            background,
             id,
             armed: true,
         }
@@ -178,25 +183,31 @@ impl Drop for LockGuard {
             return;
         }
         self.watchdog.unregister(self.id);
-        spawn_release(&self.backend, &self.lease.key, &self.lease.owner);
+        spawn_release(
+            &self.background,
+            &self.backend,
+            &self.lease.key,
+            &self.lease.owner,
+        );
     }
 }
 
 /// Releases in the background; used where `Drop` cannot await. Outside a
 /// Tokio runtime nothing can run, so the lock frees at its TTL instead.
-fn spawn_release(backend: &Arc<dyn LockBackend>, key: &LockKey, owner: &OwnerToken) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) => {
-            let (backend, key, owner) = (backend.clone(), key.clone(), owner.clone());
-            handle.spawn(async move {
-                if let Err(e) = backend.release(&key, &owner).await {
-                    tracing::warn!(key = %key, error = %e, "background release failed; the lock frees at its TTL");
-                }
-            });
+fn spawn_release(
+    background: &Background,
+    backend: &Arc<dyn LockBackend>,
+    key: &LockKey,
+    owner: &OwnerToken,
+) {
+    let (backend, key2, owner) = (backend.clone(), key.clone(), owner.clone());
+    let spawned = background.spawn(async move {
+        if let Err(e) = backend.release(&key2, &owner).await {
+            tracing::warn!(key = %key2, error = %e, "background release failed; the lock frees at its TTL");
         }
-        Err(_) => {
-            tracing::warn!(key = %key, "guard dropped outside a Tokio runtime; the lock frees at its TTL");
-        }
+    });
+    if !spawned {
+        tracing::warn!(key = %key, "guard dropped outside a Tokio runtime; the lock frees at its TTL");
     }
 }
 

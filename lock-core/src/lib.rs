@@ -11,6 +11,7 @@
 //! [`MemoryBackend`] is the in-process reference implementation.
 
 mod backend;
+mod background;
 mod error;
 mod guard;
 mod key;

@@ -10,6 +10,7 @@ use std::task::{Context, Poll};
 use backon::BackoffBuilder;
 use futures::future::BoxFuture;
 
+use crate::background::Background;
 use crate::backend::{Acquire, Capabilities, Grant, LockBackend, Notice, Renew, Watch};
 use crate::error::{Error, Result};
 use crate::guard::{LockGuard, MultiGuard};
@@ -44,6 +45,7 @@ pub struct Locker {
     backend: Arc<dyn LockBackend>,
     caps: Capabilities,
     watchdog: Arc<Watchdog>,
+    background: Background,
     options: LockOptions,
 }
 
@@ -59,8 +61,19 @@ impl Locker {
             caps: backend.capabilities(),
             watchdog: Watchdog::new(backend.clone()),
             backend,
+            background: Background::default(),
             options: LockOptions::default(),
         }
+    }
+
+    /// Waits, at most `within`, for this locker's clean-ups that run in the
+    /// background: releases of dropped guards, and the undoing of acquires
+    /// that were cancelled, timed out or failed while a request was in
+    /// flight (leaving a wait queue included). Call it before the process
+    /// exits, so that none is cut off and left for the store's TTL.
+    /// Returns `true` when nothing is left pending.
+    pub async fn settle(&self, within: Duration) -> bool {
+        self.background.settle(within).await
     }
 
     /// Replaces the options used by [`lock`](Self::lock) and [`try_lock`](Self::try_lock).
@@ -213,7 +226,13 @@ impl Locker {
             .with_jitter()
             .without_max_times()
             .build();
-        let mut attempts = Attempts::new(self.backend.clone(), &key, &owner, fresh_owner);
+        let mut attempts = Attempts::new(
+            self.backend.clone(),
+            self.background.clone(),
+            &key,
+            &owner,
+            fresh_owner,
+        );
         let mut watch: Option<Watch> = None;
         let mut subscribed = false;
         // A fair store queues waiters, so a caller prepared to wait listens
@@ -230,7 +249,7 @@ impl Locker {
             let retry_after = match attempts.attempt(opts.ttl).await? {
                 Acquire::Acquired(grant) => {
                     attempts.done();
-                    return Ok(Some(self.guard(&key, &owner, grant, opts, sent)));
+                    return Ok(Some(self.guard(&key, &owner, grant, opts, sent, None)));
                 }
                 Acquire::Contended { retry_after } => {
                     queued_at = sent;
@@ -293,9 +312,12 @@ impl Locker {
     }
 
     /// The lock was handed to us while we waited. The grant was made after
-    /// `queued_at`, so the lease runs at least until `queued_at + ttl`; if
-    /// that leaves less than half the TTL, renew first rather than hand the
-    /// caller a lease about to run out. `None` if it was lost meanwhile.
+    /// `queued_at`, so the lease runs at least until `queued_at` plus the
+    /// granted lease. A full lease with at least half of it left goes to the
+    /// caller as it is. A short hand-off lease goes to the caller at once
+    /// when the watchdog can extend it straight away and enough of it is
+    /// left; otherwise it is renewed first rather than hand the caller a
+    /// lease about to run out. `None` if it was lost meanwhile.
     async fn handed(
         &self,
         key: &LockKey,
@@ -304,17 +326,27 @@ impl Locker {
         opts: &LockOptions,
         queued_at: Instant,
     ) -> Result<Option<LockGuard>> {
-        let deadline = local_deadline(queued_at, opts.ttl);
-        if deadline.saturating_duration_since(Instant::now()) >= opts.ttl / 2 {
-            return Ok(Some(self.guard(key, owner, grant, opts, queued_at)));
+        let granted = grant.lease.map_or(opts.ttl, |l| l.min(opts.ttl));
+        let left = local_deadline(queued_at, granted).saturating_duration_since(Instant::now());
+        if left >= granted / 2 {
+            if granted == opts.ttl {
+                return Ok(Some(self.guard(key, owner, grant, opts, queued_at, None)));
+            }
+            if opts.auto_renew {
+                let now = Instant::now();
+                let short = Some((granted, now));
+                return Ok(Some(self.guard(key, owner, grant, opts, queued_at, short)));
+            }
         }
         let sent = Instant::now();
         match self.backend.renew(key, owner, opts.ttl).await? {
-            Renew::Renewed => Ok(Some(self.guard(key, owner, grant, opts, sent))),
+            Renew::Renewed => Ok(Some(self.guard(key, owner, grant, opts, sent, None))),
             Renew::NotHeld => Ok(None),
         }
     }
 
+    /// A guard for a lease granted after `sent`. `short`: the store granted
+    /// only this lease, and the watchdog extends it to the TTL at that instant.
     fn guard(
         &self,
         key: &LockKey,
@@ -322,35 +354,42 @@ impl Locker {
         grant: Grant,
         opts: &LockOptions,
         sent: Instant,
+        short: Option<(Duration, Instant)>,
     ) -> LockGuard {
+        let granted = short.map_or(opts.ttl, |(lease, _)| lease);
         let lease = Lease {
             key: key.clone(),
             owner: owner.clone(),
             fence: grant.fence,
             holds: grant.holds,
             ttl: opts.ttl,
-            deadline: local_deadline(sent, opts.ttl),
+            deadline: local_deadline(sent, granted),
         };
         let renew_every = opts.auto_renew.then(|| opts.renew_period());
+        let first_renew = short.map_or(sent + renew_every.unwrap_or_default(), |(_, at)| at);
         LockGuard::new(
             lease,
             self.backend.clone(),
             self.watchdog.clone(),
+            self.background.clone(),
             renew_every,
-            sent,
+            first_renew,
         )
     }
 }
 
 /// The attempts of one acquire, each polled in place. If the caller drops
-/// the acquire, whatever it left in the store is undone by a task: a request
-/// still in flight is awaited first and, for a fresh owner, whatever it was
-/// granted is released (so the release can never overtake the request it
-/// undoes); then a queued ticket leaves the queue, dropping any hold it was
-/// handed. (A re-entrant hold cannot be told apart from the holds it joined,
-/// so it is left to expire.)
+/// the acquire, or it ends in an error, whatever it may have left in the
+/// store is undone by a task: a request still in flight is awaited first
+/// and, for a fresh owner, whatever it was granted is released (so the
+/// release can never overtake the request it undoes); a request that failed
+/// (a timeout, a dropped connection) may have been granted before its reply
+/// was lost, so it is released the same way; then a queued ticket leaves the
+/// queue, dropping any hold it was handed. (A re-entrant hold cannot be told
+/// apart from the holds it joined, so it is left to expire.)
 struct Attempts {
     backend: Arc<dyn LockBackend>,
+    background: Background,
     key: LockKey,
     owner: OwnerToken,
     fresh_owner: bool,
@@ -358,18 +397,28 @@ struct Attempts {
     /// The ticket may be in the store's wait queue.
     queued: bool,
     request: Option<BoxFuture<'static, Result<Acquire>>>,
+    /// An attempt failed without an answer: it may have been granted.
+    uncertain: bool,
 }
 
 impl Attempts {
-    fn new(backend: Arc<dyn LockBackend>, key: &LockKey, owner: &OwnerToken, fresh: bool) -> Self {
+    fn new(
+        backend: Arc<dyn LockBackend>,
+        background: Background,
+        key: &LockKey,
+        owner: &OwnerToken,
+        fresh: bool,
+    ) -> Self {
         Attempts {
             backend,
+            background,
             key: key.clone(),
             owner: owner.clone(),
             fresh_owner: fresh,
             ticket: OwnerToken::generate(),
             queued: false,
             request: None,
+            uncertain: false,
         }
     }
 
@@ -389,6 +438,7 @@ impl Attempts {
             };
             let outcome = std::task::ready!(request.as_mut().poll(cx));
             self.request = None;
+            self.uncertain |= outcome.is_err();
             Poll::Ready(outcome)
         })
     }
@@ -396,6 +446,7 @@ impl Attempts {
     /// The lock is ours: nothing to undo.
     fn done(&mut self) {
         self.queued = false;
+        self.uncertain = false;
     }
 
     /// Leaves the queue now (the wait ran out).
@@ -416,12 +467,10 @@ impl Attempts {
 impl Drop for Attempts {
     fn drop(&mut self) {
         let request = self.request.take();
-        if request.is_none() && !self.queued {
+        let undo = self.fresh_owner && self.uncertain;
+        if request.is_none() && !self.queued && !undo {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let (backend, key, owner, ticket) = (
             self.backend.clone(),
             self.key.clone(),
@@ -429,15 +478,15 @@ impl Drop for Attempts {
             self.ticket.clone(),
         );
         let (fresh_owner, queued) = (self.fresh_owner, self.queued);
-        runtime.spawn(async move {
-            if let Some(request) = request {
-                let outcome = request.await;
-                let maybe_granted = !matches!(outcome, Ok(Acquire::Contended { .. }));
-                if fresh_owner && maybe_granted {
-                    if let Err(e) = backend.release(&key, &owner).await {
-                        tracing::warn!(key = %key, error = %e,
-                            "could not undo an abandoned acquire; the lock frees at its TTL");
-                    }
+        self.background.spawn(async move {
+            let maybe_granted = match request {
+                Some(request) => !matches!(request.await, Ok(Acquire::Contended { .. })),
+                None => undo,
+            };
+            if fresh_owner && maybe_granted {
+                if let Err(e) = backend.release(&key, &owner).await {
+                    tracing::warn!(key = %key, error = %e,
+                        "could not undo an abandoned acquire; the lock frees at its TTL");
                 }
             }
             if queued {

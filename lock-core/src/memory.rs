@@ -113,6 +113,7 @@ impl LockBackend for MemoryBackend {
         Ok(Acquire::Acquired(Grant {
             fence: Some(FencingToken(slot.fence)),
             holds: slot.holds,
+            lease: None,
         }))
     }
 

@@ -17,6 +17,9 @@ use crate::lease::{local_deadline, LeaseState, LostReason};
 const COALESCE_DIVISOR: u32 = 4;
 /// Most leases renewed in one backend call.
 const MAX_BATCH: usize = 100;
+/// The shortest pause between two renewals of a lease whose renewal failed:
+/// a store that fails at once must not be called in a tight loop.
+const MIN_RETRY: Duration = Duration::from_millis(10);
 /// How long the task waits with nothing to watch before it exits. It keeps
 /// only a weak handle meanwhile, so a dropped Locker still frees the backend.
 const IDLE_EXIT: Duration = Duration::from_secs(30);
@@ -27,6 +30,9 @@ struct Entry {
     next_renew: Instant,
     deadline: Instant,
     in_flight: bool,
+    /// Renewals failed in a row; while non-zero the entry waits out its
+    /// backoff instead of joining an early batch.
+    failures: u32,
     tx: watch::Sender<LeaseState>,
 }
 
@@ -73,12 +79,13 @@ impl Watchdog {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts tracking a lease. `renew_every = None` only watches the deadline.
+    /// Starts tracking a lease, first renewed at `first_renew` and then
+    /// every `renew_every`. `renew_every = None` only watches the deadline.
     pub(crate) fn register(
         self: &Arc<Self>,
         request: RenewRequest,
         renew_every: Option<Duration>,
-        acquired_at: Instant,
+        first_renew: Instant,
         deadline: Instant,
     ) -> (u64, watch::Receiver<LeaseState>) {
         let (tx, rx) = watch::channel(LeaseState::Held { deadline });
@@ -89,10 +96,11 @@ impl Watchdog {
             id,
             Entry {
                 request,
-                next_renew: acquired_at + renew_every.unwrap_or_default(),
+                next_renew: first_renew,
                 renew_every,
                 deadline,
                 in_flight: false,
+                failures: 0,
                 tx,
             },
         );
@@ -136,6 +144,7 @@ impl Watchdog {
         };
         match outcome {
             Ok(Renew::Renewed) => {
+                e.failures = 0;
                 e.deadline = local_deadline(sent, e.request.ttl);
                 if let Some(every) = e.renew_every {
                     e.next_renew = sent + every;
@@ -150,12 +159,19 @@ impl Watchdog {
                 st.entries.remove(&id);
             }
             Err(err) => {
-                // Keep trying, faster than the normal period, until the deadline decides.
+                // Keep trying until the deadline decides, but back off: an
+                // eighth of the period, doubling, never more than half of
+                // what is left (so a late recovery still lands in time) and
+                // never less than MIN_RETRY, with jitter so that many
+                // lockers do not retry in step.
                 let now = Instant::now();
                 let left = e.deadline.saturating_duration_since(now);
                 let every = e.renew_every.unwrap_or(e.request.ttl / 3);
-                let retry = (every / 4).min(left / 2).max(Duration::from_millis(5));
-                tracing::warn!(key = %e.request.key, error = %err, "lock renewal failed; retrying");
+                let backoff = (every / 8).saturating_mul(1 << e.failures.min(16));
+                let retry = jitter(backoff.min(every).min(left / 2)).max(MIN_RETRY);
+                e.failures = e.failures.saturating_add(1);
+                tracing::warn!(key = %e.request.key, error = %err,
+                    retry_in = ?retry, "lock renewal failed; retrying");
                 e.next_renew = now + retry;
             }
         }
@@ -185,7 +201,14 @@ impl Watchdog {
                 for (id, e) in st.entries.iter_mut() {
                     let mut wake_at = e.deadline;
                     if let (Some(every), false) = (e.renew_every, e.in_flight) {
-                        if e.next_renew <= now + every / COALESCE_DIVISOR && due.len() < MAX_BATCH {
+                        // A failing lease is due only at its retry time:
+                        // joining an early batch would undo the backoff.
+                        let window = if e.failures == 0 {
+                            every / COALESCE_DIVISOR
+                        } else {
+                            Duration::ZERO
+                        };
+                        if e.next_renew <= now + window && due.len() < MAX_BATCH {
                             e.in_flight = true;
                             due.push((*id, e.request.clone()));
                         } else {
@@ -253,4 +276,11 @@ impl Watchdog {
             }
         }
     }
+}
+
+/// A random duration between half of `d` and `d`.
+fn jitter(d: Duration) -> Duration {
+    let mut b = [0u8; 2];
+    let r = getrandom::fill(&mut b).map_or(u16::MAX, |()| u16::from_le_bytes(b));
+    d / 2 + (d / 2).mul_f64(f64::from(r) / f64::from(u16::MAX))
 }

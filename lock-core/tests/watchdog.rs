@@ -1,19 +1,22 @@
 //! The watchdog renews every lease of a Locker in batches, not one timer per
 //! lock, and stops renewing a guard once it is released or dropped.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use locksmith_core::{
-    async_trait, Acquire, Capabilities, LockBackend, LockKey, LockOptions, Locker, MemoryBackend,
-    OwnerToken, Release, Renew, RenewRequest, Result, Watch,
+    async_trait, Acquire, Capabilities, Error, LockBackend, LockKey, LockOptions, Locker,
+    LostReason, MemoryBackend, OwnerToken, Release, Renew, RenewRequest, Result, Watch,
 };
 
-/// Records the size of every `renew_many` call made to a memory store.
+/// Records the size of every `renew_many` call made to a memory store; with
+/// `fail_renewals` set, every renewal fails at once as from a dead store.
 #[derive(Debug, Default)]
 struct Recording {
     inner: MemoryBackend,
     batches: Mutex<Vec<usize>>,
+    fail_renewals: AtomicBool,
 }
 
 #[async_trait]
@@ -32,6 +35,12 @@ impl LockBackend for Recording {
     }
     async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
         self.batches.lock().unwrap().push(requests.len());
+        if self.fail_renewals.load(Ordering::SeqCst) {
+            return requests
+                .iter()
+                .map(|_| Err(Error::unavailable("store down")))
+                .collect();
+        }
         self.inner.renew_many(requests).await
     }
     async fn watch(&self, k: &LockKey, t: &OwnerToken) -> Result<Option<Watch>> {
@@ -93,5 +102,50 @@ async fn the_watchdog_lets_go_of_the_backend_when_nothing_is_held() {
     panic!(
         "something still holds the backend: {} handles",
         Arc::strong_count(&backend)
+    );
+}
+
+/// A store whose renewals fail at once must not be called in a loop: the
+/// watchdog backs off until the deadline, and other tasks on the same
+/// thread keep running meanwhile.
+#[tokio::test(flavor = "current_thread")]
+async fn failing_renewals_back_off_without_starving_other_tasks() {
+    let backend = Arc::new(Recording::default());
+    let locker = Locker::from_arc(backend.clone());
+    let ttl = Duration::from_millis(900);
+    let guard = locker
+        .lock_with("k", &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    backend.fail_renewals.store(true, Ordering::SeqCst);
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let ticker = tokio::spawn({
+        let ticks = ticks.clone();
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                ticks.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    let start = Instant::now();
+    let reason = tokio::time::timeout(2 * ttl, guard.lost())
+        .await
+        .expect("the lost signal never fired");
+    let elapsed = start.elapsed();
+    ticker.abort();
+    assert_eq!(reason, LostReason::Expired);
+    let calls = backend.batches.lock().unwrap().len();
+    // One good renewal at most, then a backoff that halves towards the
+    // deadline: a dozen calls or so, not tens of thousands.
+    assert!(
+        (2..=25).contains(&calls),
+        "{calls} renewal calls in one TTL"
+    );
+    let expected_ticks = elapsed.as_millis() as usize / 5;
+    let ticks = ticks.load(Ordering::SeqCst);
+    assert!(
+        ticks * 2 >= expected_ticks,
+        "other tasks were starved: {ticks} ticks of about {expected_ticks} in {elapsed:?}"
     );
 }
