@@ -27,8 +27,13 @@
 //! a waiter silent for four periods (its process died) is skipped. The
 //! watchdog renews all of a locker's leases in one script call per batch.
 //!
-//! A waiter that dies in the moment between its last refresh and the grant
-//! holds the lock until its TTL runs out, like a holder that dies.
+//! A hand-off grants only the waiter's liveness window (four refresh
+//! periods, 2 s by default) when that is shorter than the TTL; the new
+//! holder extends the lease to the TTL as soon as the message reaches it,
+//! in the background, without delaying the hand-off. So a waiter that died
+//! unseen (SIGKILL, a stalled host) between its last refresh and the grant
+//! holds the next waiter up for at most that window plus one refresh
+//! period, not a whole TTL.
 
 //! # Schemes not shipped, and why
 //!

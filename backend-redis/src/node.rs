@@ -426,10 +426,12 @@ impl Hub {
                     break;
                 };
                 let payload: String = msg.get_payload().unwrap_or_default();
-                let Some((ticket, fence)) = payload.split_once(' ') else {
-                    continue;
-                };
-                let Ok(fence) = fence.parse::<u64>() else {
+                let mut fields = payload.split(' ');
+                let (Some(ticket), Some(Ok(fence)), lease) = (
+                    fields.next(),
+                    fields.next().map(str::parse::<u64>),
+                    fields.next().and_then(|l| l.parse::<u64>().ok()),
+                ) else {
                     continue;
                 };
                 let sender = tickets
@@ -441,7 +443,7 @@ impl Hub {
                     let _ = s.send(Grant {
                         fence: Some(FencingToken(fence)),
                         holds: 1,
-                        lease: None,
+                        lease: lease.map(Duration::from_millis),
                     });
                 }
             }

@@ -12,9 +12,12 @@
 //! not refreshed by its waiter within its liveness window is dropped when it
 //! reaches the head. When the lock falls free with waiters queued, the
 //! script that freed it takes it for the longest live waiter at once and
-//! publishes `<ticket> <fence>` on that waiter's hub channel: the waiter
-//! holds the lock as the message arrives, with no round trip of its own, and
-//! no newcomer can barge in between. The lock hash then also records the
+//! publishes `<ticket> <fence> <lease ms>` on that waiter's hub channel: the
+//! waiter holds the lock as the message arrives, with no round trip of its
+//! own, and no newcomer can barge in between. The hand-off lease is the
+//! shorter of the TTL and the waiter's liveness window, so a waiter that died
+//! unseen since its last refresh holds the next one up for that window, not
+//! a whole TTL; the new holder extends it to the TTL at once. The lock hash then also records the
 //! ticket it was handed to (field `~grant`, which no owner token can be), so
 //! a waiter whose message was lost finds its grant on its next refresh, and
 //! one that gave up can hand it on; the record goes with the lock.
@@ -72,9 +75,12 @@ local function hand_off(me)
     end
     now = now or now_us()
     if live and tonumber(live) > now then
-      local fence = take(owner, ttl)
+      -- The waiter may have died since its last refresh: it gets only its
+      -- liveness window, and extends the lease when the message reaches it.
+      local lease = math.min(tonumber(ttl), tonumber(life))
+      local fence = take(owner, lease)
       redis.call('hset', KEYS[1], '~grant', head)
-      redis.call('publish', hub, head .. ' ' .. string.format('%.0f', fence))
+      redis.call('publish', hub, head .. ' ' .. string.format('%.0f', fence) .. ' ' .. lease)
       return head
     end
   end
@@ -111,8 +117,10 @@ if redis.call('exists', KEYS[1]) == 0 then
   end
 elseif redis.call('hexists', KEYS[1], owner) == 1 then
   if ticket and redis.call('hget', KEYS[1], '~grant') == ticket then
-    -- Handed to us while our notice was lost or still on its way.
+    -- Handed to us while our notice was lost or still on its way; the
+    -- short hand-off lease becomes the full one.
     redis.call('hdel', KEYS[1], '~grant')
+    redis.call('pexpire', KEYS[1], ttl)
     return {1, tonumber(redis.call('get', KEYS[2])), tonumber(redis.call('hget', KEYS[1], owner))}
   end
   local holds = redis.call('hincrby', KEYS[1], owner, 1)

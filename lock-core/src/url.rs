@@ -1,6 +1,7 @@
 //! Connection URLs that never show their secrets.
 
 use std::fmt;
+use std::time::Duration;
 
 /// A connection URL whose `Debug` and `Display` hide the password (and any
 /// `password`/`token` query parameter). Use it wherever a URL may be logged.
@@ -33,56 +34,91 @@ impl RedactedUrl {
             .unwrap_or_default()
     }
 
+    /// The URL with every secret replaced by `***`. A password may hold any
+    /// byte, `/ ? # @ : &` included, unescaped, so nothing is assumed about
+    /// where it ends: shown are only the text before the userinfo's first
+    /// `:` and the text after the URL's *last* `@`, and nothing after a
+    /// secret query parameter. That over-redacts odd URLs (a query value
+    /// holding an `@` hides the host), but never shows a password.
     fn redacted(&self) -> String {
         let s = &self.0;
-        let (head, query) = match s.split_once('?') {
-            Some((h, q)) => (h, Some(q)),
-            None => (s.as_str(), None),
+        let Some((scheme, rest)) = s.split_once("://") else {
+            return redact_query(s);
         };
-        let mut out = String::with_capacity(s.len());
-        // userinfo sits between "://" and the last '@' before the path.
-        match head.split_once("://") {
-            Some((scheme, rest)) => {
-                let authority_end = rest.find('/').unwrap_or(rest.len());
-                let (authority, path) = rest.split_at(authority_end);
-                out.push_str(scheme);
-                out.push_str("://");
-                match authority.rsplit_once('@') {
-                    Some((userinfo, host)) => {
-                        match userinfo.split_once(':') {
-                            Some((user, _)) => {
-                                out.push_str(user);
-                                out.push_str(":***");
-                            }
-                            None => out.push_str(userinfo),
-                        }
-                        out.push('@');
-                        out.push_str(host);
-                    }
-                    None => out.push_str(authority),
-                }
-                out.push_str(path);
+        let mut out = format!("{scheme}://");
+        let Some(at) = rest.rfind('@') else {
+            out.push_str(&redact_query(rest));
+            return out;
+        };
+        let colon = rest[..at].find(':');
+        match secret_param(rest).filter(|&(start, _)| start < at) {
+            // A secret parameter before the last '@': its value may run on
+            // past that '@', so nothing after it is shown.
+            Some((start, value)) if colon.is_none_or(|c| start < c) => {
+                out.push_str(&rest[..value]);
+                out.push_str("***");
             }
-            None => out.push_str(head),
-        }
-        if let Some(q) = query {
-            out.push('?');
-            let parts: Vec<String> = q
-                .split('&')
-                .map(|kv| match kv.split_once('=') {
-                    Some((k, _))
-                        if ["password", "pass", "token", "secret"]
-                            .contains(&k.to_ascii_lowercase().as_str()) =>
-                    {
-                        format!("{k}=***")
+            secret => {
+                match colon {
+                    Some(c) => {
+                        out.push_str(&rest[..c]);
+                        out.push_str(":***");
                     }
-                    _ => kv.to_owned(),
-                })
-                .collect();
-            out.push_str(&parts.join("&"));
+                    None => out.push_str(&rest[..at]),
+                }
+                out.push('@');
+                if secret.is_some() {
+                    out.push_str("***");
+                } else {
+                    out.push_str(&redact_query(&rest[at + 1..]));
+                }
+            }
         }
         out
     }
+}
+
+/// Query parameter names whose values are secrets.
+const SECRET_PARAMS: [&str; 4] = ["password", "pass", "token", "secret"];
+
+/// Where the first secret parameter (`?password=`, `&token=`, …) starts,
+/// and where its value starts.
+fn secret_param(s: &str) -> Option<(usize, usize)> {
+    let lower = s.to_ascii_lowercase();
+    let mut first = None;
+    for name in SECRET_PARAMS {
+        for sep in ['?', '&'] {
+            let marker = format!("{sep}{name}=");
+            if let Some(i) = lower.find(&marker) {
+                let found = (i, i + marker.len());
+                first = Some(first.map_or(found, |f: (usize, usize)| f.min(found)));
+            }
+        }
+    }
+    first
+}
+
+/// Hides the values of query parameters that carry secrets. A secret may
+/// itself hold an unescaped `&` or `=`, so everything after the first
+/// secret parameter is hidden too.
+fn redact_query(s: &str) -> String {
+    let Some((head, query)) = s.split_once('?') else {
+        return s.to_owned();
+    };
+    let mut parts: Vec<String> = Vec::new();
+    let mut rest = query.split('&');
+    for kv in rest.by_ref() {
+        let key = kv.split_once('=').map_or(kv, |(k, _)| k);
+        if ["password", "pass", "token", "secret"].contains(&key.to_ascii_lowercase().as_str()) {
+            parts.push(format!("{key}=***"));
+            break;
+        }
+        parts.push(kv.to_owned());
+    }
+    if rest.next().is_some() {
+        parts.push("***".to_owned());
+    }
+    format!("{head}?{}", parts.join("&"))
 }
 
 impl fmt::Debug for RedactedUrl {
@@ -131,6 +167,50 @@ pub fn take_params(
     })
 }
 
+/// Parses the duration parameter `name` of a URL, which must lie in
+/// `min..=max` (zero is never a useful timeout or period).
+///
+/// # Errors
+/// `InvalidOptions` naming the parameter, for text that is not a duration
+/// or a duration out of range.
+pub fn duration_param(name: &str, value: &str, min: Duration, max: Duration) -> crate::Result<Duration> {
+    let d = humantime::parse_duration(value).map_err(|_| {
+        crate::Error::invalid_options(format!(
+            "URL parameter {name}={value:?} is not a duration like 500ms or 3s"
+        ))
+    })?;
+    if d < min || d > max {
+        return Err(crate::Error::invalid_options(format!(
+            "URL parameter {name}={value:?} is out of range: it must be between {} and {}",
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        )));
+    }
+    Ok(d)
+}
+
+/// Checks that every query parameter left in `url` (after a backend took its
+/// own) is one its driver understands: a misspelt `tabel=` or `prefx=`
+/// silently ignored would put the locks in another namespace.
+///
+/// # Errors
+/// `InvalidOptions` naming the first unknown parameter and the known ones.
+pub fn reject_unknown_params(url: &str, ours: &[&str], driver: &[&str]) -> crate::Result<()> {
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let k = pair.split_once('=').map_or(pair, |(k, _)| k);
+        if !driver.contains(&k) {
+            let mut known: Vec<&str> = ours.iter().chain(driver).copied().collect();
+            known.sort_unstable();
+            return Err(crate::Error::invalid_options(format!(
+                "unknown URL parameter {k:?}; known: {}",
+                known.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,7 +224,7 @@ mod tests {
             ("mysql://root@h/db", "mysql://root@h/db"),
             (
                 "zk://h:2181/locks?token=abc&x=1",
-                "zk://h:2181/locks?token=***&x=1",
+                "zk://h:2181/locks?token=***&***",
             ),
         ] {
             let u = RedactedUrl::new(url);
@@ -152,5 +232,54 @@ mod tests {
             assert_eq!(format!("{u:?}"), format!("{shown:?}"));
         }
         assert_eq!(RedactedUrl::new("Postgres://x").scheme(), "postgres");
+    }
+
+    /// Passwords drawn from every reserved URL character (and letters), in
+    /// every place a URL can carry one, never show in Display or Debug.
+    #[test]
+    fn no_password_bytes_ever_show() {
+        const RESERVED: &[u8] = b":/?#[]@!$&'()*+,;=%";
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for case in 0..5000 {
+            // A marker no URL part contains, then reserved bytes and letters.
+            let mut pw = format!("Zq{case}Zq");
+            for _ in 0..(next() % 8) {
+                let r = next() as usize;
+                if r % 3 == 0 {
+                    pw.push(char::from(b'a' + (r % 26) as u8));
+                } else {
+                    pw.push(char::from(RESERVED[r % RESERVED.len()]));
+                }
+            }
+            let at = (next() as usize) % (pw.len() + 1);
+            let pw = format!("{}{}{}", &pw[..at], "SECRET", &pw[at..]);
+            for url in [
+                format!("postgres://user:{pw}@db.example:5432/locks?table=t"),
+                format!("mysql://user:{pw}@127.0.0.1/locks"),
+                format!("mariadb://user:{pw}@h"),
+                format!("redis://:{pw}@127.0.0.1:6379/0"),
+                format!("rediss://default:{pw}@h:6380?prefix=app:"),
+                format!("redis+redlock://:{pw}@h1:1,h2:2,h3:3/0"),
+                format!("zk://user:{pw}@h1:2181,h2:2181/locks"),
+                format!("memcache://user:{pw}@h:11211"),
+                format!("postgres://h/db?password={pw}"),
+                format!("postgres://h/db?sslmode=disable&password={pw}&table=t"),
+                format!("redis+unix:///tmp/r.sock?pass={pw}"),
+            ] {
+                let u = RedactedUrl::new(url.as_str());
+                for shown in [u.to_string(), format!("{u:?}")] {
+                    assert!(
+                        !shown.contains("SECRET"),
+                        "password {pw:?} shows in {shown:?} (from {url:?})"
+                    );
+                }
+            }
+        }
     }
 }
