@@ -72,7 +72,10 @@ impl LockBackend for RedisBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: true,
-            min_ttl: Duration::from_millis(10),
+            // Renewed every third of it, a lease must outlast a round trip
+            // and a scheduling delay on a loaded host, not just Redis's 1 ms
+            // clock.
+            min_ttl: Duration::from_millis(100),
             ttl_resolution: Duration::from_millis(1),
             binding: Binding::Lease,
             notify: true,

@@ -3,22 +3,47 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use locksmith_core::{take_params, Error, RedactedUrl, Result};
+use locksmith_core::{
+    check_userinfo, duration_param, reject_unknown_params, take_params, Error, RedactedUrl, Result,
+};
 
 /// The URL schemes this crate answers to.
 pub const REDIS_SCHEMES: &[&str] = &["redis", "rediss", "redis+unix", "unix", "redis+redlock"];
+
+/// Our own URL parameters, removed before the driver sees the URL.
+const OUR_PARAMS: &[&str] = &[
+    "prefix",
+    "timeout",
+    "connect_timeout",
+    "waiter_refresh",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
+];
+
+/// The parameters the redis driver reads from a URL's query.
+const DRIVER_PARAMS: &[&str] = &["protocol", "db", "user", "pass"];
+
+/// The default per-request timeout on one server.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The default per-node timeout for Redlock: its quorum budget, far below any
+/// sensible TTL.
+const DEFAULT_REDLOCK_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Where the locks live and how the client behaves.
 ///
 /// Parameters of ours in the URL query (removed before the driver sees the
 /// URL): `prefix` (prepended to every key, default `locksmith:`),
-/// `timeout` (per-request timeout, default 1s; for Redlock, per node),
+/// `timeout` (per-request timeout, default 1s; for Redlock, per node, default
+/// 100ms),
 /// `connect_timeout` (default 1s), `waiter_refresh` (how often a queued
 /// waiter confirms it still waits, default 500ms; a waiter silent for four
 /// periods loses its place); for `rediss://`, `tls_ca` (a PEM file of root
 /// certificates to trust instead of the system's) and `tls_cert` with
 /// `tls_key` (PEM files of a client certificate and key, for servers that
-/// require them).
+/// require them). The driver's own `protocol`, `db`, `user` and `pass` pass
+/// through; any other parameter is refused, so that a misspelt `prefx=`
+/// cannot silently put the locks in another namespace.
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
     /// One URL per node: one for a single server, N for Redlock.
@@ -62,46 +87,50 @@ impl RedisConfig {
     /// `redis+redlock://[user:pass@]h1:p1,h2:p2,h3:p3[/db]`.
     ///
     /// # Errors
-    /// `Config` for an unknown scheme, an empty host list, a Redlock with
-    /// fewer than 3 nodes, or a bad parameter.
+    /// `Config` for an unknown scheme, an empty host list, or a Redlock with
+    /// fewer than 3 nodes or the same node twice; `InvalidOptions` for an
+    /// unknown parameter or a bad value.
     pub fn from_url(url: &str) -> Result<Self> {
         let shown = RedactedUrl::new(url);
         let scheme = shown.scheme();
+        if !matches!(scheme.as_str(), "redis+unix" | "unix") {
+            check_userinfo(url)?;
+        }
         let mut config = RedisConfig {
             nodes: Vec::new(),
             redlock: false,
             prefix: "locksmith:".to_owned(),
-            timeout: Duration::from_secs(1),
+            timeout: if scheme == "redis+redlock" {
+                DEFAULT_REDLOCK_TIMEOUT
+            } else {
+                DEFAULT_TIMEOUT
+            },
             connect_timeout: Duration::from_secs(1),
             waiter_refresh: Duration::from_millis(500),
             tls: TlsFiles::default(),
         };
         let driver_url = take_params(url, |k, v| {
-            let duration = |v: &str| {
-                humantime::parse_duration(v).map_err(|_| {
-                    Error::config(format!("{shown}: {k} must be a duration like 500ms"))
-                })
+            let duration = |min: Duration, max: Duration| {
+                duration_param(k, v, min, max)
+                    .map_err(|e| Error::invalid_options(format!("{shown}: {}", e.message())))
             };
+            let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));
             match k {
                 "prefix" => config.prefix = v.to_owned(),
-                "timeout" => config.timeout = duration(v)?,
-                "connect_timeout" => config.connect_timeout = duration(v)?,
+                "timeout" => config.timeout = duration(ms, hour)?,
+                "connect_timeout" => config.connect_timeout = duration(ms, hour)?,
                 "tls_ca" => config.tls.ca = Some(PathBuf::from(v)),
                 "tls_cert" => config.tls.cert = Some(PathBuf::from(v)),
                 "tls_key" => config.tls.key = Some(PathBuf::from(v)),
                 "waiter_refresh" => {
-                    config.waiter_refresh = duration(v)?;
-                    let range = Duration::from_millis(10)..=Duration::from_secs(3600);
-                    if !range.contains(&config.waiter_refresh) {
-                        return Err(Error::config(format!(
-                            "{shown}: waiter_refresh must be between 10ms and 1h"
-                        )));
-                    }
+                    config.waiter_refresh = duration(Duration::from_millis(10), hour)?;
                 }
                 _ => return Ok(false),
             }
             Ok(true)
         })?;
+        reject_unknown_params(&driver_url, OUR_PARAMS, DRIVER_PARAMS)
+            .map_err(|e| Error::invalid_options(format!("{shown}: {}", e.message())))?;
         if !config.tls.is_empty() && scheme != "rediss" {
             return Err(Error::config(format!(
                 "{shown}: tls_ca, tls_cert and tls_key need a rediss:// URL"
@@ -140,6 +169,7 @@ impl RedisConfig {
                         "redis://{auth}{host}{db}{suffix}"
                     )));
                 }
+                reject_duplicate_nodes(&shown, hosts)?;
                 if config.nodes.len() < 3 {
                     return Err(Error::config(format!(
                         "{shown}: Redlock needs at least 3 independent nodes, got {}",
@@ -156,6 +186,39 @@ impl RedisConfig {
         }
         Ok(config)
     }
+}
+
+/// Redlock's safety rests on independent nodes: one server named twice (or
+/// under two names) would make a fake quorum. Hosts are compared by name and
+/// port, and by every address they resolve to.
+fn reject_duplicate_nodes(shown: &RedactedUrl, hosts: &str) -> Result<()> {
+    use std::net::ToSocketAddrs;
+    let mut seen: Vec<(String, Vec<std::net::SocketAddr>)> = Vec::new();
+    for host in hosts.split(',').filter(|h| !h.is_empty()) {
+        let named = if host
+            .rsplit_once(':')
+            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        {
+            host.to_ascii_lowercase()
+        } else {
+            format!("{}:6379", host.to_ascii_lowercase())
+        };
+        let addrs: Vec<_> = named
+            .to_socket_addrs()
+            .map(Iterator::collect)
+            .unwrap_or_default();
+        if let Some((other, _)) = seen
+            .iter()
+            .find(|(n, a)| *n == named || a.iter().any(|x| addrs.contains(x)))
+        {
+            return Err(Error::config(format!(
+                "{shown}: Redlock nodes {other} and {named} are the same server; \
+                 a quorum needs independent nodes"
+            )));
+        }
+        seen.push((named, addrs));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -192,8 +255,22 @@ mod tests {
             "redis://h?tls_ca=/ca.pem",
             "rediss://h?tls_cert=/c.pem",
             "redis://h?waiter_refresh=100years",
+            "redis://h?timeout=0s",
+            "redis://h?prefx=app:",
+            "redis+redlock://h:6450,h:6450,h:6450",
+            "redis+redlock://localhost:6450,127.0.0.1:6450,h3:1",
+            "redis+redlock://H1,h1:6379,h2",
         ] {
             assert!(RedisConfig::from_url(bad).is_err(), "{bad}");
         }
+        let e = RedisConfig::from_url("redis://:pw@h?prefx=app:").unwrap_err();
+        assert_eq!(e.kind(), locksmith_core::ErrorKind::InvalidOptions);
+        assert!(e.to_string().contains("\"prefx\""), "{e}");
+        assert!(!e.to_string().contains("pw"), "{e}");
+        let r = RedisConfig::from_url("redis+redlock://h1:1,h2:1,h3:1").unwrap();
+        assert_eq!(r.timeout, DEFAULT_REDLOCK_TIMEOUT);
+        let r = RedisConfig::from_url("redis+redlock://h1:1,h2:1,h3:1?connect_timeout=2s").unwrap();
+        assert_eq!(r.timeout, DEFAULT_REDLOCK_TIMEOUT);
+        assert!(RedisConfig::from_url("redis://h/0?protocol=resp3").is_ok());
     }
 }

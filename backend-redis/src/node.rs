@@ -91,7 +91,11 @@ pub(crate) fn map_err(e: RedisError) -> Error {
     let msg = e.to_string();
     // Refused credentials or certificates will not get better by retrying.
     let refused_tls = std::error::Error::source(&e).is_some_and(is_tls_refusal);
-    if e.kind() == redis::ErrorKind::AuthenticationFailed || refused_tls {
+    // No password where one is required, or a database the server lacks.
+    let refused_config = e.code() == Some("NOAUTH")
+        || e.code() == Some("WRONGPASS")
+        || msg.contains("DB index is out of range");
+    if e.kind() == redis::ErrorKind::AuthenticationFailed || refused_tls || refused_config {
         Error::config(format!("redis refused the connection: {msg}")).with_source(e)
     } else if e.is_io_error()
         || e.is_connection_refusal()

@@ -13,9 +13,6 @@ use locksmith_core::{
 use crate::config::RedisConfig;
 use crate::node::{Keys, Node};
 
-/// The default per-node timeout for Redlock: far below any sensible TTL.
-const NODE_TIMEOUT: Duration = Duration::from_millis(100);
-
 /// Redlock: the lock is held when a quorum (N/2+1) of independent masters
 /// granted it within `ttl − elapsed − drift`. A minority of nodes down or
 /// held by others changes nothing; a majority down is `Unavailable`, and a
@@ -46,12 +43,9 @@ impl RedlockBackend {
     /// # Errors
     /// `Config` for a bad URL or fewer than 3 nodes.
     pub fn connect(url: &str) -> Result<Self> {
-        let mut config = RedisConfig::from_url(url)?;
+        let config = RedisConfig::from_url(url)?;
         if !config.redlock {
             return Err(Error::config("RedlockBackend needs a redis+redlock:// URL"));
-        }
-        if !url.contains("timeout=") {
-            config.timeout = NODE_TIMEOUT;
         }
         let nodes = config
             .nodes
@@ -119,7 +113,7 @@ impl LockBackend for RedlockBackend {
         Capabilities {
             fencing: false,
             // A TTL must leave room for a slow round of requests and the drift.
-            min_ttl: (self.inner.config.timeout * 4).max(Duration::from_millis(10)),
+            min_ttl: (self.inner.config.timeout * 4).max(Duration::from_millis(100)),
             ttl_resolution: Duration::from_millis(1),
             binding: Binding::Lease,
             notify: false,

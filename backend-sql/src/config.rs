@@ -2,10 +2,59 @@
 
 use std::time::Duration;
 
-use locksmith_core::{take_params, Error, RedactedUrl, Result};
+use locksmith_core::{
+    check_userinfo, duration_param, reject_unknown_params, take_params, Error, RedactedUrl, Result,
+};
 
 /// The URL schemes this crate answers to.
 pub const SQL_SCHEMES: &[&str] = &["sqlite", "postgres", "postgresql", "mysql", "mariadb"];
+
+/// Our own URL parameters, removed before the URL reaches the driver.
+const OUR_PARAMS: &[&str] = &["table", "mode", "lock_mode", "pool_max", "connect_timeout"];
+
+/// The parameters each driver understands (sqlx 0.8); anything else in the
+/// URL is refused rather than silently ignored.
+fn driver_params(dialect: Dialect) -> &'static [&'static str] {
+    match dialect {
+        Dialect::Sqlite => &["mode", "cache", "immutable", "vfs"],
+        Dialect::Postgres => &[
+            "sslmode",
+            "ssl-mode",
+            "sslrootcert",
+            "ssl-root-cert",
+            "ssl-ca",
+            "sslcert",
+            "ssl-cert",
+            "sslkey",
+            "ssl-key",
+            "statement-cache-capacity",
+            "host",
+            "hostaddr",
+            "port",
+            "dbname",
+            "user",
+            "password",
+            "application_name",
+            "options",
+        ],
+        Dialect::MySql => &[
+            "sslmode",
+            "ssl-mode",
+            "sslca",
+            "ssl-ca",
+            "sslcert",
+            "ssl-cert",
+            "sslkey",
+            "ssl-key",
+            "charset",
+            "collation",
+            "statement-cache-capacity",
+            "socket",
+            "timezone",
+            "time-zone",
+        ],
+    }
+}
 
 /// Default name of the lease table.
 pub const DEFAULT_TABLE: &str = "locksmith_locks";
@@ -77,6 +126,9 @@ impl SqlConfig {
                 )))
             }
         };
+        if dialect != Dialect::Sqlite {
+            check_userinfo(url)?;
+        }
         let mut config = SqlConfig {
             dialect,
             url: redacted.clone(),
@@ -94,28 +146,33 @@ impl SqlConfig {
                         "lease" => Mode::Lease,
                         "session" => Mode::Session,
                         _ => {
-                            return Err(Error::config(format!(
+                            return Err(Error::invalid_options(format!(
                                 "{redacted}: {k} must be \"lease\" or \"session\""
                             )))
                         }
                     }
                 }
                 "pool_max" => {
-                    config.pool_max = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
-                        Error::config(format!("{redacted}: pool_max must be a positive integer"))
-                    })?
+                    config.pool_max = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=1000).contains(n))
+                        .ok_or_else(|| {
+                            Error::invalid_options(format!(
+                                "{redacted}: pool_max must be a whole number from 1 to 1000"
+                            ))
+                        })?
                 }
                 "connect_timeout" => {
-                    config.connect_timeout = humantime::parse_duration(v).map_err(|_| {
-                        Error::config(format!(
-                            "{redacted}: connect_timeout must be a duration like 3s"
-                        ))
-                    })?
+                    config.connect_timeout =
+                        duration_param(k, v, Duration::from_millis(1), Duration::from_secs(3600))?
                 }
                 _ => return Ok(false),
             }
             Ok(true)
         })?;
+        reject_unknown_params(&driver_url, OUR_PARAMS, driver_params(dialect))
+            .map_err(|e| Error::invalid_options(format!("{redacted}: {}", e.message())))?;
         // sqlx knows MariaDB by the MySQL scheme.
         let driver_url = match driver_url.split_once("://") {
             Some((s, rest)) if s.eq_ignore_ascii_case("mariadb") => format!("mysql://{rest}"),
@@ -188,17 +245,40 @@ mod tests {
             ),
             ("sqlite://x.db?table=1abc", ErrorKind::InvalidOptions),
             ("sqlite://x.db?table=", ErrorKind::InvalidOptions),
-            ("sqlite://x.db?pool_max=0", ErrorKind::Config),
+            ("sqlite://x.db?pool_max=0", ErrorKind::InvalidOptions),
+            ("sqlite://x.db?tabel=jobs", ErrorKind::InvalidOptions),
+            (
+                "postgres://h/db?tabel=jobs_locks",
+                ErrorKind::InvalidOptions,
+            ),
+            ("mysql://h/db?tabel=jobs_locks", ErrorKind::InvalidOptions),
+            (
+                "postgres://h/db?connect_timeout=0s",
+                ErrorKind::InvalidOptions,
+            ),
+            (
+                "postgres://h/db?connect_timeout=soon",
+                ErrorKind::InvalidOptions,
+            ),
             ("sqlite::memory:", ErrorKind::Config),
             ("sqlite://", ErrorKind::Config),
             ("oracle://x", ErrorKind::Config),
             ("sqlite://x.db?lock_mode=session", ErrorKind::Config),
-            ("postgres://h/db?mode=exclusive", ErrorKind::Config),
+            ("postgres://h/db?mode=exclusive", ErrorKind::InvalidOptions),
             ("postgres://h/db?table=locks%22", ErrorKind::InvalidOptions),
         ] {
             assert_eq!(SqlConfig::from_url(url).unwrap_err().kind(), kind, "{url}");
         }
         assert!(validate_table_name(&"t".repeat(64)).is_err());
+        let e = SqlConfig::from_url("postgres://u:pw@h/db?tabel=x").unwrap_err();
+        assert!(e.to_string().contains("\"tabel\""), "{e}");
+        for ok in [
+            "postgres://h/db?sslmode=disable&application_name=a",
+            "mysql://h/db?ssl-mode=disabled&charset=utf8mb4",
+            "sqlite://x.db?mode=rwc&cache=shared",
+        ] {
+            assert!(SqlConfig::from_url(ok).is_ok(), "{ok}");
+        }
         let m = SqlConfig::from_url("mariadb://u:pw@h/db?mode=session").unwrap();
         assert_eq!((m.dialect, m.mode), (Dialect::MySql, Mode::Session));
         assert_eq!(m.url.expose(), "mysql://u:pw@h/db");

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::background::Background;
 use crate::backend::{FencingToken, LockBackend, Release, Renew};
+use crate::background::Background;
 use crate::error::{Error, Result};
 use crate::key::{LockKey, OwnerToken};
 use crate::lease::{Lease, LeaseState, LostReason};

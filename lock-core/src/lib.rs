@@ -33,7 +33,7 @@ pub use lease::{clock_drift, local_deadline, Lease, LeaseState, LostReason};
 pub use locker::Locker;
 pub use memory::MemoryBackend;
 pub use options::{validate_ttl, LockOptions, WaitPolicy, MAX_TTL};
-pub use url::{duration_param, reject_unknown_params, take_params, RedactedUrl};
+pub use url::{check_userinfo, duration_param, reject_unknown_params, take_params, RedactedUrl};
 
 /// Re-exported so backends implement [`LockBackend`] with the same macro version.
 pub use async_trait::async_trait;

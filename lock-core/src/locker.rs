@@ -10,8 +10,8 @@ use std::task::{Context, Poll};
 use backon::BackoffBuilder;
 use futures::future::BoxFuture;
 
-use crate::background::Background;
 use crate::backend::{Acquire, Capabilities, Grant, LockBackend, Notice, Renew, Watch};
+use crate::background::Background;
 use crate::error::{Error, Result};
 use crate::guard::{LockGuard, MultiGuard};
 use crate::key::{IntoLockKey, LockKey, OwnerToken};

@@ -167,13 +167,41 @@ pub fn take_params(
     })
 }
 
+/// Refuses a server URL whose user name or password holds an unescaped
+/// `/`, `?` or `#`: the URL then means something else than intended (the
+/// driver reads part of the password as host, port or query), and every
+/// message about it would show pieces of the password.
+///
+/// # Errors
+/// `Config`, showing nothing of the URL.
+pub fn check_userinfo(url: &str) -> crate::Result<()> {
+    let Some((_, rest)) = url.split_once("://") else {
+        return Ok(());
+    };
+    let Some(at) = rest.rfind('@') else {
+        return Ok(());
+    };
+    if rest[..at].contains(['/', '?', '#']) {
+        return Err(crate::Error::config(
+            "the URL's user name or password holds a '/', '?' or '#' (or a query value holds \
+             an '@'): percent-encode them (%2F, %3F, %23, %40) so the URL reads as meant",
+        ));
+    }
+    Ok(())
+}
+
 /// Parses the duration parameter `name` of a URL, which must lie in
 /// `min..=max` (zero is never a useful timeout or period).
 ///
 /// # Errors
 /// `InvalidOptions` naming the parameter, for text that is not a duration
 /// or a duration out of range.
-pub fn duration_param(name: &str, value: &str, min: Duration, max: Duration) -> crate::Result<Duration> {
+pub fn duration_param(
+    name: &str,
+    value: &str,
+    min: Duration,
+    max: Duration,
+) -> crate::Result<Duration> {
     let d = humantime::parse_duration(value).map_err(|_| {
         crate::Error::invalid_options(format!(
             "URL parameter {name}={value:?} is not a duration like 500ms or 3s"

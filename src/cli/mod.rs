@@ -7,16 +7,22 @@ use clap::{Args, Parser, Subcommand};
 use locksmith::{Error, ErrorKind, WaitPolicy};
 
 mod demo;
+mod group;
 mod run;
 
-/// Bad usage, URL or option.
+/// Configuration that retrying will not fix: bad usage, URL, option,
+/// credentials, database, table.
 pub(crate) const EX_USAGE: i32 = 64;
-/// The store could not be reached.
+/// The store cannot be reached now; retrying later may work.
 pub(crate) const EX_UNAVAILABLE: i32 = 69;
-/// The lock was lost while the command ran.
+/// The lock was lost (or could not be kept) while the command ran.
 pub(crate) const EX_SOFTWARE: i32 = 70;
+/// The operating system refused something we need (a runtime, a process).
+pub(crate) const EX_OSERR: i32 = 71;
 /// The lock was not acquired within the wait.
 pub(crate) const EX_TEMPFAIL: i32 = 75;
+/// The store answered with an error we did not expect.
+pub(crate) const EX_PROTOCOL: i32 = 76;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -34,9 +40,15 @@ enum Command {
     /// Acquire a lock, run a command while holding it (auto-renewed), release.
     ///
     /// Exit status: the command's; 75 if the lock was not acquired within the
-    /// wait, 69 if the store is unavailable, 64 for bad usage, 70 if the lock
-    /// was lost while the command ran (the command is terminated).
+    /// wait, 69 if the store cannot be reached now, 64 for configuration that
+    /// retrying will not fix, 70 if the lock was lost or could not be renewed
+    /// while the command ran (the command's process group is stopped first),
+    /// 76 for an unexpected store error, 128+N when ended by signal N while
+    /// waiting.
     Run(RunArgs),
+    /// Internal: kills a command's process group if `locksmith run` dies.
+    #[command(name = "__watch-group", hide = true)]
+    WatchGroup,
     /// N workers on separate connections contend for one lock around a
     /// read-modify-write of a shared counter; reports locks/s, hand-off
     /// latency and whether mutual exclusion held.
@@ -66,9 +78,11 @@ struct RunArgs {
     /// Give up at once if the lock is held.
     #[arg(long)]
     no_wait: bool,
-    /// After the lock is lost, how long the command gets between SIGTERM and SIGKILL.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    kill_after: Duration,
+    /// When renewal fails, how long the command gets between SIGTERM and
+    /// SIGKILL [default: a third of the TTL, at most 10s]. Capped so that the
+    /// SIGKILL lands before the lease ends.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    kill_after: Option<Duration>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     command: Vec<String>,
@@ -102,11 +116,18 @@ pub(crate) fn exit_code(e: &Error) -> i32 {
         ErrorKind::Timeout => EX_TEMPFAIL,
         ErrorKind::Lost | ErrorKind::NotHeld => EX_SOFTWARE,
         ErrorKind::InvalidKey | ErrorKind::InvalidOptions | ErrorKind::Config => EX_USAGE,
-        _ => EX_UNAVAILABLE,
+        ErrorKind::Unavailable => EX_UNAVAILABLE,
+        _ => EX_PROTOCOL,
     }
 }
 
 pub(crate) fn main() -> i32 {
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == group::WATCH_SUBCOMMAND)
+    {
+        return group::watcher_main();
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -123,13 +144,14 @@ pub(crate) fn main() -> i32 {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("locksmith: cannot start the async runtime: {e}");
-            return EX_SOFTWARE;
+            return EX_OSERR;
         }
     };
     let outcome = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Demo(args) => demo::demo(args).await,
+            Command::WatchGroup => Ok(group::watcher_main()),
         }
     });
     // Background releases of dropped guards get a moment to reach the store.

@@ -1,21 +1,134 @@
-//! `locksmith run`: hold a lock for the lifetime of a child process.
+//! `locksmith run`: hold a lock for the lifetime of a command's whole
+//! process tree.
+//!
+//! The timeline when renewal fails: the lease has a conservative local
+//! deadline `D`. The command's group gets SIGTERM at `D − margin − grace`
+//! and SIGKILL at `D − margin` at the latest (`margin` covers delivering the
+//! signal and timer lateness), so nothing of it runs once someone else can
+//! hold the lock. Renewals keep the remaining lease above two thirds of the
+//! TTL, and `grace` is capped at half of it, so SIGTERM goes out only after
+//! renewals have failed for a while.
 
 use std::process::ExitStatus;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use locksmith::{Error, LockOptions, LostReason, Result};
-use nix::sys::signal::{kill, Signal};
+use locksmith::{Error, ErrorKind, LockGuard, LockOptions, LostReason, RedactedUrl, Result};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use tokio::process::{Child, Command};
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::process::Command;
+use tokio::signal::unix::{signal, Signal as Stream, SignalKind};
 
+use super::group::{self, Watcher};
 use super::{RunArgs, EX_SOFTWARE};
 
+/// How long background clean-ups (leaving a wait queue, undoing an acquire
+/// whose reply was lost) get before the process exits.
+const SETTLE: Duration = Duration::from_secs(3);
+
+/// The signals that end `locksmith run` while it waits, and that it passes
+/// on to the command while it runs.
+struct Signals {
+    int: Stream,
+    term: Stream,
+    hup: Stream,
+}
+
+impl Signals {
+    fn new() -> Result<Self> {
+        let listen =
+            |kind| signal(kind).map_err(|e| Error::backend(format!("cannot handle signals: {e}")));
+        Ok(Signals {
+            int: listen(SignalKind::interrupt())?,
+            term: listen(SignalKind::terminate())?,
+            hup: listen(SignalKind::hangup())?,
+        })
+    }
+
+    async fn recv(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.int.recv() => Signal::SIGINT,
+            _ = self.term.recv() => Signal::SIGTERM,
+            _ = self.hup.recv() => Signal::SIGHUP,
+        }
+    }
+}
+
+/// When to signal the command as the lease runs out.
+#[derive(Debug, Clone, Copy)]
+struct Timeline {
+    /// SIGKILL this long before the lease's local deadline.
+    margin: Duration,
+    /// SIGTERM this long before the SIGKILL.
+    grace: Duration,
+}
+
+impl Timeline {
+    fn new(ttl: Duration, kill_after: Option<Duration>) -> Self {
+        let margin = (ttl / 20).clamp(Duration::from_millis(5), Duration::from_secs(1));
+        let cap = (ttl / 2).saturating_sub(margin);
+        let grace = kill_after
+            .unwrap_or_else(|| (ttl / 3).min(Duration::from_secs(10)))
+            .min(cap);
+        Timeline { margin, grace }
+    }
+}
+
 pub(crate) async fn run(args: RunArgs) -> Result<i32> {
+    let url = RedactedUrl::new(args.store.url.as_str());
+    if url.scheme() == "memory" {
+        return Err(Error::config(
+            "memory:// locks live inside one process, so every `locksmith run` would get \
+             its own; use a shared store (sqlite://file.db, redis://…, postgres://…)",
+        ));
+    }
+    let timeline = Timeline::new(args.ttl, args.kill_after);
+    if args.kill_after.is_some_and(|k| k > timeline.grace) {
+        eprintln!(
+            "locksmith: --kill-after capped at {} so the command stops before the {} lease ends",
+            humantime::format_duration(timeline.grace),
+            humantime::format_duration(args.ttl)
+        );
+    }
+    let mut signals = Signals::new()?;
     let locker = locksmith::connect(&args.store.url).await?;
     let opts = LockOptions::new().ttl(args.ttl).wait(args.wait_policy());
-    let guard = locker.lock_with(args.key.as_str(), &opts).await?;
+    // Dropping the acquire on a signal leaves the queue and undoes a grant
+    // in flight; settle() waits for that before we exit.
+    let acquired = tokio::select! {
+        r = locker.lock_with(args.key.as_str(), &opts) => r,
+        sig = signals.recv() => {
+            locker.settle(SETTLE).await;
+            return Ok(128 + sig as i32);
+        }
+    };
+    let guard = match acquired {
+        Ok(g) => g,
+        Err(e) => {
+            locker.settle(SETTLE).await;
+            return Err(e);
+        }
+    };
+    let code = hold(&args, guard, timeline, &mut signals).await;
+    locker.settle(SETTLE).await;
+    code
+}
 
+/// Runs the command while the lock is held; its exit code, or ours.
+async fn hold(
+    args: &RunArgs,
+    guard: LockGuard,
+    timeline: Timeline,
+    signals: &mut Signals,
+) -> Result<i32> {
+    let mut watcher = match Watcher::start() {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = guard.release().await;
+            return Err(Error::backend(format!(
+                "cannot start the process that guards the command: {e}"
+            )));
+        }
+    };
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
         .env("LOCKSMITH_KEY", &args.key)
@@ -23,10 +136,12 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32> {
     if let Some(fence) = guard.fence() {
         cmd.env("LOCKSMITH_FENCE", fence.to_string());
     }
-    die_with_parent(&mut cmd);
+    let foreground = group::foreground_terminal();
+    group::own_group(&mut cmd, foreground);
     let mut child = match cmd.spawn() {
         Ok(child) => child,
         Err(e) => {
+            watcher.done();
             let _ = guard.release().await;
             eprintln!("locksmith: cannot run {:?}: {e}", args.command[0]);
             // The shells' convention: 127 not found, 126 found but not runnable.
@@ -37,95 +152,124 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32> {
             });
         }
     };
+    let Some(group) = child.id().map(|id| Pid::from_raw(id as i32)) else {
+        return Err(Error::backend("the command has no process id"));
+    };
+    if let Err(e) = watcher.watch(group) {
+        group::signal_group(group, Signal::SIGKILL);
+        let _ = guard.release().await;
+        return Err(Error::backend(format!("cannot reach the watcher: {e}")));
+    }
 
     let lost = guard.lost();
     tokio::pin!(lost);
-    let forwarded = forward_signals(child.id().map(|id| Pid::from_raw(id as i32)));
-    tokio::pin!(forwarded);
-    let status = tokio::select! {
-        status = child.wait() => status,
-        reason = &mut lost => {
-            terminate(&mut child, args.kill_after, reason).await;
-            // Nothing to release: the lock is gone.
-            drop(guard.leak());
-            return Ok(EX_SOFTWARE);
+    let mut terminated_at: Option<Instant> = None;
+    let outcome: std::result::Result<ExitStatus, &'static str> = loop {
+        let Some(deadline) = guard.deadline() else {
+            break Err("lost");
+        };
+        let kill_at = deadline.checked_sub(timeline.margin).unwrap_or(deadline);
+        let wake = match terminated_at {
+            None => kill_at.checked_sub(timeline.grace).unwrap_or(kill_at),
+            Some(t) => kill_at.min(t + timeline.grace),
+        };
+        tokio::select! {
+            status = child.wait() => match status {
+                Ok(s) => break Ok(s),
+                Err(_) => break Err("wait failed"),
+            },
+            reason = &mut lost => {
+                eprintln!("locksmith: lock lost ({}); killing the command", describe(reason));
+                break Err("lost");
+            }
+            sig = signals.recv() => {
+                // The command's group is not ours, so this is the one copy it gets.
+                group::signal_group(group, sig);
+            }
+            _ = tokio::time::sleep_until(wake.into()) => {
+                let now = Instant::now();
+                // A renewal may have moved the deadline while we slept.
+                let current = guard.deadline().map(|d| d.checked_sub(timeline.margin).unwrap_or(d));
+                match (terminated_at, current) {
+                    (_, None) => break Err("lost"),
+                    (None, Some(k)) if now + timeline.grace >= k => {
+                        eprintln!(
+                            "locksmith: the lease could not be renewed; terminating the command \
+                             ({} before it must stop)",
+                            humantime::format_duration(k.saturating_duration_since(now))
+                        );
+                        group::signal_group(group, Signal::SIGTERM);
+                        terminated_at = Some(now);
+                    }
+                    (Some(t), Some(k)) if now >= k || now >= t + timeline.grace => {
+                        eprintln!("locksmith: the command did not stop in time; killing it");
+                        break Err("killed");
+                    }
+                    _ => {}
+                }
+            }
         }
-        _ = &mut forwarded => unreachable!("signal forwarding never finishes"),
     };
-    let status =
-        status.map_err(|e| Error::backend(format!("waiting for the command failed: {e}")))?;
-    match guard.release().await {
-        Ok(()) => Ok(status_code(status)),
-        Err(e) if e.kind() == locksmith::ErrorKind::Lost => {
-            eprintln!("locksmith: {e}; the command may not have run exclusively");
+
+    match outcome {
+        Ok(status) => {
+            // Whatever the command left running in its group stops too, before
+            // the lock is released.
+            if group::group_alive(group) {
+                group::signal_group(group, Signal::SIGTERM);
+                if !group::wait_group_gone(group, timeline.grace).await {
+                    group::signal_group(group, Signal::SIGKILL);
+                    group::wait_group_gone(group, Duration::from_secs(5)).await;
+                }
+            }
+            finish(foreground, watcher);
+            if terminated_at.is_some() {
+                let _ = guard.release().await;
+                return Ok(EX_SOFTWARE);
+            }
+            match guard.release().await {
+                Ok(()) => Ok(status_code(status)),
+                Err(e) if e.kind() == ErrorKind::Lost => {
+                    eprintln!("locksmith: {e}; the command may not have run exclusively");
+                    Ok(EX_SOFTWARE)
+                }
+                Err(e) => {
+                    // The command ran under the lock; the store just missed the release.
+                    eprintln!("locksmith: warning: {e}; the lock frees when its TTL runs out");
+                    Ok(status_code(status))
+                }
+            }
+        }
+        Err(why) => {
+            group::signal_group(group, Signal::SIGKILL);
+            let _ = child.wait().await;
+            group::wait_group_gone(group, Duration::from_secs(5)).await;
+            finish(foreground, watcher);
+            if why == "wait failed" {
+                let _ = guard.release().await;
+                return Err(Error::backend("waiting for the command failed"));
+            }
+            // Owner-checked: frees the lock if the store still has it as ours
+            // (renewals failed but the store is back), else changes nothing.
+            let _ = tokio::time::timeout(Duration::from_secs(1), guard.release()).await;
             Ok(EX_SOFTWARE)
         }
-        Err(e) => {
-            // The command ran under the lock; the store just missed the release.
-            eprintln!("locksmith: warning: {e}; the lock frees when its TTL runs out");
-            Ok(status_code(status))
-        }
     }
 }
 
-/// Passes SIGINT, SIGTERM and SIGHUP on to the child instead of dying with
-/// the lock held; the child decides, and we release when it exits.
-async fn forward_signals(pid: Option<Pid>) {
-    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
-        return std::future::pending().await;
-    };
-    loop {
-        let sig = tokio::select! {
-            _ = int.recv() => Signal::SIGINT,
-            _ = term.recv() => Signal::SIGTERM,
-            _ = hup.recv() => Signal::SIGHUP,
-        };
-        if let Some(pid) = pid {
-            let _ = kill(pid, sig);
-        }
+fn finish(foreground: bool, watcher: Watcher) {
+    if foreground {
+        group::reclaim_terminal();
     }
+    watcher.done();
 }
 
-async fn terminate(child: &mut Child, grace: Duration, reason: LostReason) {
-    eprintln!("locksmith: lock lost ({reason:?}); terminating the command");
-    if let Some(id) = child.id() {
-        let _ = kill(Pid::from_raw(id as i32), Signal::SIGTERM);
-    }
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        let _ = child.kill().await;
+fn describe(reason: LostReason) -> &'static str {
+    match reason {
+        LostReason::Expired => "not renewed before its deadline",
+        LostReason::NotHeld => "the store says it is no longer held",
     }
 }
-
-/// If locksmith itself is killed (SIGKILL, OOM) it can neither renew nor
-/// terminate the command, which would then run on after the lease expires,
-/// unprotected. On Linux the kernel kills the command with us instead.
-#[cfg(target_os = "linux")]
-fn die_with_parent(cmd: &mut Command) {
-    let parent = std::process::id();
-    // SAFETY: the closure runs in the forked child before exec and only makes
-    // two async-signal-safe system calls (prctl, getppid); it allocates
-    // nothing and touches no locks.
-    #[allow(unsafe_code)]
-    unsafe {
-        cmd.pre_exec(move || {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-            // We may have died between fork and prctl.
-            if nix::unistd::getppid().as_raw() as u32 != parent {
-                return Err(std::io::Error::other(
-                    "locksmith exited before the command started",
-                ));
-            }
-            Ok(())
-        });
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn die_with_parent(_cmd: &mut Command) {}
 
 fn status_code(status: ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
