@@ -1,0 +1,597 @@
+//! `locksmith run` under signals, kills, partitions and dying waiters,
+//! against real stores: nothing of the command runs without the lock, and a
+//! waiter that dies holds nobody up for long.
+
+#![cfg(unix)]
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+
+const BIN: &str = env!("CARGO_BIN_EXE_locksmith");
+
+fn sqlite_url(dir: &Path) -> String {
+    format!("sqlite://{}/locks.db", dir.display())
+}
+
+#[cfg(feature = "redis")]
+fn redis_url() -> String {
+    std::env::var("LOCKSMITH_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+#[cfg(feature = "redis")]
+fn redis_port() -> u16 {
+    redis_url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .unwrap_or(6379)
+}
+
+/// A key no other test or run shares.
+#[cfg(feature = "redis")]
+fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{name}-{}-{nanos}", std::process::id())
+}
+
+fn locksmith(dir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.current_dir(dir)
+        .env_remove("LOCKSMITH_URL")
+        .args(args)
+        .stdin(Stdio::null());
+    c
+}
+
+/// Spawned in a process group of its own, as a shell starts a job, so a
+/// signal to "its group" reaches it as a terminal would deliver it.
+fn spawn(mut c: Command) -> Child {
+    c.process_group(0).stderr(Stdio::piped()).spawn().unwrap()
+}
+
+fn stderr_of(child: &mut Child) -> String {
+    let mut err = String::new();
+    if let Some(e) = child.stderr.as_mut() {
+        let _ = e.read_to_string(&mut err);
+    }
+    err
+}
+
+fn output(mut c: Command) -> Output {
+    c.output().expect("locksmith runs")
+}
+
+/// Whether a process still runs (a zombie nobody reaped does not).
+fn running(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, f)| f.split_whitespace().next())
+            .is_some_and(|state| state != "Z"),
+        Err(_) => false,
+    }
+}
+
+fn wait_for_file(path: &Path, within: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if s.ends_with('\n') {
+                return s;
+            }
+        }
+        assert!(
+            start.elapsed() < within,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_gone(pid: i32, within: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if !running(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> i32 {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().unwrap_or(-1);
+        }
+        if start.elapsed() > within {
+            let _ = child.kill();
+            panic!("locksmith did not exit within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A command that starts a grandchild in the background, records its pid,
+/// and waits; the grandchild is what used to outlive the lock.
+fn tree_script(pidfile: &Path) -> String {
+    format!(
+        "sleep 33 & echo $! > {p}.tmp && mv {p}.tmp {p}; wait",
+        p = pidfile.display()
+    )
+}
+
+#[test]
+fn sigterm_to_locksmith_stops_the_whole_command_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pidfile = d.join("grandchild");
+    let u = sqlite_url(d);
+    let mut ls = spawn(locksmith(
+        d,
+        &[
+            "run",
+            "--url",
+            &u,
+            "--key",
+            "k",
+            "--",
+            "sh",
+            "-c",
+            &tree_script(&pidfile),
+        ],
+    ));
+    let grandchild: i32 = wait_for_file(&pidfile, Duration::from_secs(10))
+        .trim()
+        .parse()
+        .unwrap();
+    kill(Pid::from_raw(ls.id() as i32), Signal::SIGTERM).unwrap();
+    let code = wait_exit(&mut ls, Duration::from_secs(10));
+    assert_eq!(code, 128 + 15, "{}", stderr_of(&mut ls));
+    assert!(
+        !running(grandchild),
+        "the grandchild outlived locksmith and its lock"
+    );
+}
+
+#[test]
+fn sigkill_of_locksmith_still_stops_the_whole_command_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pidfile = d.join("grandchild");
+    let u = sqlite_url(d);
+    let mut ls = spawn(locksmith(
+        d,
+        &[
+            "run",
+            "--url",
+            &u,
+            "--key",
+            "k",
+            "--ttl",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            &tree_script(&pidfile),
+        ],
+    ));
+    let grandchild: i32 = wait_for_file(&pidfile, Duration::from_secs(10))
+        .trim()
+        .parse()
+        .unwrap();
+    ls.kill().unwrap(); // SIGKILL: locksmith can do nothing more itself
+    ls.wait().unwrap();
+    assert!(
+        wait_gone(grandchild, Duration::from_secs(3)),
+        "the grandchild runs on after locksmith was killed, its lease unrenewed"
+    );
+}
+
+#[test]
+fn a_command_that_exits_leaves_nothing_of_its_tree_behind_the_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pidfile = d.join("grandchild");
+    let u = sqlite_url(d);
+    let script = format!(
+        "sleep 33 & echo $! > {p}.tmp && mv {p}.tmp {p}",
+        p = pidfile.display()
+    );
+    let o = output(locksmith(
+        d,
+        &[
+            "run", "--url", &u, "--key", "k", "--ttl", "3s", "--", "sh", "-c", &script,
+        ],
+    ));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let grandchild: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        !running(grandchild),
+        "a background process of the command ran on after the lock was released"
+    );
+}
+
+#[test]
+fn a_lost_lock_stops_the_whole_command_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pidfile = d.join("grandchild");
+    let u = sqlite_url(d);
+    let mut ls = spawn(locksmith(
+        d,
+        &[
+            "run",
+            "--url",
+            &u,
+            "--key",
+            "stolen",
+            "--ttl",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &tree_script(&pidfile),
+        ],
+    ));
+    let grandchild: i32 = wait_for_file(&pidfile, Duration::from_secs(10))
+        .trim()
+        .parse()
+        .unwrap();
+    // Someone with write access rewrites the owner: the next renewal finds
+    // the lock is no longer ours.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", d.join("locks.db").display()))
+            .await
+            .unwrap();
+        sqlx::query("UPDATE locksmith_locks SET owner = 'thief' WHERE lock_key = 'stolen'")
+            .execute(&pool)
+            .await
+            .unwrap();
+    });
+    let code = wait_exit(&mut ls, Duration::from_secs(10));
+    assert_eq!(code, 70, "{}", stderr_of(&mut ls));
+    assert!(
+        !running(grandchild),
+        "the grandchild outlived the lost lock"
+    );
+}
+
+/// A terminal delivers Ctrl-C to its foreground process group. The command
+/// runs in a group of its own (which takes the terminal when there is one),
+/// so it gets the signal once: forwarded by locksmith, or from the terminal,
+/// never both.
+#[test]
+fn a_signal_to_the_foreground_group_reaches_the_command_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let u = sqlite_url(d);
+    let seen = d.join("seen");
+    let ready = d.join("ready");
+    let script = format!(
+        "trap 'echo INT >> {s}; exit 0' INT; cut -d' ' -f5 /proc/$$/stat > {r}; \
+         while :; do sleep 0.05; done",
+        s = seen.display(),
+        r = ready.display()
+    );
+    let mut ls = spawn(locksmith(
+        d,
+        &["run", "--url", &u, "--key", "k", "--", "sh", "-c", &script],
+    ));
+    let command_group: i32 = wait_for_file(&ready, Duration::from_secs(10))
+        .trim()
+        .parse()
+        .unwrap();
+    let our_group = ls.id() as i32;
+    assert_ne!(
+        command_group, our_group,
+        "the command shares locksmith's process group"
+    );
+    killpg(Pid::from_raw(our_group), Signal::SIGINT).unwrap();
+    let code = wait_exit(&mut ls, Duration::from_secs(10));
+    assert_eq!(code, 0, "{}", stderr_of(&mut ls));
+    let seen = std::fs::read_to_string(&seen).unwrap();
+    assert_eq!(
+        seen.lines().count(),
+        1,
+        "the command saw Ctrl-C {} times",
+        seen.lines().count()
+    );
+}
+
+/// The Redis cases: a partition at a proxy, the fair queue's clean-up.
+#[cfg(feature = "redis")]
+mod on_redis {
+    use super::*;
+
+    /// A TCP proxy between one client and Redis that can cut the link: a
+    /// partition of that client only.
+    struct Proxy {
+        port: u16,
+        cut: Arc<AtomicBool>,
+        conns: Arc<Mutex<Vec<TcpStream>>>,
+    }
+
+    impl Proxy {
+        fn start(upstream: u16) -> Proxy {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let cut = Arc::new(AtomicBool::new(false));
+            let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+            let (c, cs) = (cut.clone(), conns.clone());
+            std::thread::spawn(move || {
+                for client in listener.incoming() {
+                    let Ok(client) = client else { continue };
+                    if c.load(Ordering::SeqCst) {
+                        continue; // dropped: the connection is refused
+                    }
+                    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                        continue;
+                    };
+                    cs.lock()
+                        .unwrap()
+                        .extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
+                    for (mut from, mut to) in [
+                        (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                        (server, client),
+                    ] {
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut from, &mut to);
+                            let _ = to.shutdown(Shutdown::Both);
+                        });
+                    }
+                }
+            });
+            Proxy { port, cut, conns }
+        }
+
+        fn cut(&self) {
+            self.cut.store(true, Ordering::SeqCst);
+            for c in self.conns.lock().unwrap().drain(..) {
+                let _ = c.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
+    fn timestamps(text: &str, who: &str) -> Vec<u128> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(who))
+            .map(|t| t.trim().parse().unwrap())
+            .collect()
+    }
+
+    /// The issue's reproduction: a holder cut off from Redis whose command
+    /// ignores SIGTERM. Nothing it runs may write once the next holder has the
+    /// lock: SIGKILL lands before the lease ends.
+    #[test]
+    fn a_holder_cut_off_from_the_store_stops_before_the_next_holder_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let log = d.join("log");
+        let key = unique("partition");
+        let proxy = Proxy::start(redis_port());
+        let via_proxy = format!("redis://127.0.0.1:{}", proxy.port);
+        let direct = redis_url();
+        let ready = d.join("ready");
+        let a_script = format!(
+            "trap '' TERM; touch {r}; while :; do echo A $(date +%s%N) >> {l}; sleep 0.02; done",
+            r = ready.display(),
+            l = log.display()
+        );
+        let mut a = spawn(locksmith(
+            d,
+            &[
+                "run", "--url", &via_proxy, "--key", &key, "--ttl", "3s", "--", "sh", "-c",
+                &a_script,
+            ],
+        ));
+        let start = Instant::now();
+        while !ready.exists() {
+            assert!(start.elapsed() < Duration::from_secs(10), "A never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        proxy.cut();
+        let b_script = format!("echo B $(date +%s%N) >> {}", log.display());
+        let b = output(locksmith(
+            d,
+            &[
+                "run", "--url", &direct, "--key", &key, "--ttl", "3s", "--wait", "20s", "--", "sh",
+                "-c", &b_script,
+            ],
+        ));
+        assert_eq!(
+            b.status.code(),
+            Some(0),
+            "B: {}",
+            String::from_utf8_lossy(&b.stderr)
+        );
+        let a_code = wait_exit(&mut a, Duration::from_secs(10));
+        let a_err = stderr_of(&mut a);
+        assert_eq!(a_code, 70, "A: {a_err}");
+        let text = std::fs::read_to_string(&log).unwrap();
+        let (a_lines, b_start) = (timestamps(&text, "A "), timestamps(&text, "B ")[0]);
+        let last_a = *a_lines.iter().max().unwrap();
+        assert!(
+            last_a < b_start,
+            "A wrote {} ms after B took the lock ({} lines after)\n{a_err}",
+            (last_a - b_start) / 1_000_000,
+            a_lines.iter().filter(|&&t| t > b_start).count()
+        );
+    }
+
+    /// One Redis command over a plain socket (RESP), answered as text.
+    fn redis(args: &[&str]) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", redis_port())).unwrap();
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        s.write_all(req.as_bytes()).unwrap();
+        let mut buf = [0u8; 512];
+        let n = s.read(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    fn queued(key: &str) -> i64 {
+        let reply = redis(&["ZCARD", &format!("locksmith:{{{key}}}:queue")]);
+        reply.trim().trim_start_matches(':').parse().unwrap_or(-1)
+    }
+
+    fn wait_held(key: &str) {
+        let start = Instant::now();
+        while redis(&["EXISTS", &format!("locksmith:{{{key}}}:lock")]).trim() != ":1" {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{key} never became held"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn wait_queued(key: &str, n: i64) {
+        let start = Instant::now();
+        while queued(key) != n {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the queue never held {n}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGINT, SIGTERM or SIGHUP while waiting: the waiter leaves the queue
+    /// before it exits with 128 + the signal.
+    #[test]
+    fn a_signal_while_waiting_leaves_the_queue_and_exits_128_plus_n() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let u = redis_url();
+        for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+            let key = unique("waiting");
+            let mut holder = spawn(locksmith(
+                d,
+                &["run", "--url", &u, "--key", &key, "--", "sleep", "30"],
+            ));
+            wait_held(&key);
+            let mut waiter = spawn(locksmith(
+                d,
+                &[
+                    "run", "--url", &u, "--key", &key, "--wait", "60s", "--", "true",
+                ],
+            ));
+            wait_queued(&key, 1);
+            kill(Pid::from_raw(waiter.id() as i32), sig).unwrap();
+            let code = wait_exit(&mut waiter, Duration::from_secs(10));
+            assert_eq!(
+                code,
+                128 + sig as i32,
+                "{sig:?}: {}",
+                stderr_of(&mut waiter)
+            );
+            assert_eq!(
+                queued(&key),
+                0,
+                "{sig:?}: the dead waiter kept its place in the queue"
+            );
+            holder.kill().unwrap();
+            holder.wait().unwrap();
+        }
+    }
+
+    /// A queued waiter SIGKILLed just before the holder releases is handed the
+    /// lock as it dies. The hand-off lease is its liveness window (2 s by
+    /// default), not the 30 s TTL, so the next waiter gets in soon after.
+    #[test]
+    fn a_waiter_killed_at_hand_off_holds_the_next_one_up_briefly() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let u = redis_url();
+        let key = unique("handoff");
+        let go = d.join("go");
+        let done = d.join("c-done");
+        let hold_script = format!("while [ ! -e {} ]; do sleep 0.01; done", go.display());
+        let mut holder = spawn(locksmith(
+            d,
+            &[
+                "run",
+                "--url",
+                &u,
+                "--key",
+                &key,
+                "--ttl",
+                "30s",
+                "--",
+                "sh",
+                "-c",
+                &hold_script,
+            ],
+        ));
+        wait_held(&key);
+        let mut b = spawn(locksmith(
+            d,
+            &[
+                "run", "--url", &u, "--key", &key, "--ttl", "30s", "--wait", "60s", "--", "true",
+            ],
+        ));
+        wait_queued(&key, 1);
+        let c_script = format!("touch {}", done.display());
+        let mut c = spawn(locksmith(
+            d,
+            &[
+                "run", "--url", &u, "--key", &key, "--ttl", "30s", "--wait", "60s", "--", "sh",
+                "-c", &c_script,
+            ],
+        ));
+        wait_queued(&key, 2);
+        b.kill().unwrap();
+        b.wait().unwrap();
+        std::fs::write(&go, "").unwrap();
+        assert_eq!(wait_exit(&mut holder, Duration::from_secs(10)), 0);
+        let released = Instant::now();
+        let grant = redis(&["HGET", &format!("locksmith:{{{key}}}:lock"), "~grant"]);
+        assert!(
+            !grant.starts_with("$-1"),
+            "the release did not hand the lock to the dead waiter, so this tests nothing"
+        );
+        assert_eq!(
+            wait_exit(&mut c, Duration::from_secs(20)),
+            0,
+            "{}",
+            stderr_of(&mut c)
+        );
+        let waited = released.elapsed();
+        assert!(done.exists());
+        assert!(
+            waited < Duration::from_secs(5),
+            "the dead waiter held the next one up for {waited:?}"
+        );
+    }
+}
