@@ -1,0 +1,299 @@
+//! Exit codes mean one thing on every store: 64 for configuration retrying
+//! will not fix, 69 only for a store that cannot be reached now. One row per
+//! failure and store, through the binary against the real servers, the
+//! README's table in test form. No row may print a password.
+
+#![cfg(all(
+    unix,
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "redis"
+))]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_locksmith");
+/// Part of every wrong password; no message may show it.
+const SECRET: &str = "PWxyz";
+
+/// `scheme://user:password@host:port/db` from the test environment, with
+/// the given user, password and database.
+fn server_url(var: &str, fallback: &str, user: &str, password: &str, db: &str) -> String {
+    let base = std::env::var(var).unwrap_or_else(|_| fallback.to_owned());
+    let u = url::Url::parse(&base).expect("a server URL");
+    format!(
+        "{}://{user}:{password}@{}:{}/{db}",
+        u.scheme(),
+        u.host_str().unwrap(),
+        u.port().unwrap()
+    )
+}
+
+fn pg(user: &str, password: &str, db: &str) -> String {
+    server_url(
+        "LOCKSMITH_TEST_POSTGRES_URL",
+        "postgres://locksmith:locksmith@127.0.0.1:5432/locksmith_test",
+        user,
+        password,
+        db,
+    )
+}
+
+fn my(user: &str, password: &str, db: &str) -> String {
+    server_url(
+        "LOCKSMITH_TEST_MYSQL_URL",
+        "mysql://locksmith:locksmith@127.0.0.1:3306/locksmith_test",
+        user,
+        password,
+        db,
+    )
+}
+
+fn redis() -> String {
+    std::env::var("LOCKSMITH_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// Runs `locksmith run --no-wait` on `url`; its code and stderr.
+fn run(url: &str) -> (i32, String) {
+    let dir = std::env::temp_dir();
+    let o = Command::new(BIN)
+        .current_dir(&dir)
+        .args([
+            "run",
+            "--url",
+            url,
+            "--key",
+            "exit-codes",
+            "--no-wait",
+            "--",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("locksmith runs");
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// A private Redis that requires a password.
+struct AuthRedis {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for AuthRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn auth_redis() -> AuthRedis {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--requirepass", "right-password"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server is installed (scripts/test installs it)");
+    let server = AuthRedis { child, port };
+    let start = Instant::now();
+    loop {
+        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+            let _ = s.write_all(b"PING\r\n");
+            let mut buf = [0u8; 64];
+            if s.read(&mut buf).is_ok_and(|n| n > 0) {
+                return server;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "private redis-server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn each_failure_has_one_exit_code_on_every_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    std::fs::write(dir.path().join("garbage.db"), "this is not a database\n").unwrap();
+    let auth = auth_redis();
+    let wrong = format!("wrong%2F{SECRET}");
+    let rows: Vec<(&str, String, i32)> = vec![
+        // Credentials refused.
+        (
+            "MySQL wrong password",
+            my("locksmith", &wrong, "locksmith_test"),
+            64,
+        ),
+        (
+            "PostgreSQL unknown role",
+            pg("nobody", &wrong, "locksmith_test"),
+            64,
+        ),
+        (
+            "Redis wrong password",
+            format!("redis://:{wrong}@127.0.0.1:{}", auth.port),
+            64,
+        ),
+        (
+            "Redis no password (NOAUTH)",
+            format!("redis://127.0.0.1:{}", auth.port),
+            64,
+        ),
+        // A database that does not exist.
+        (
+            "PostgreSQL unknown database",
+            pg("locksmith", "locksmith", "no_such_db"),
+            64,
+        ),
+        (
+            "MySQL unknown database",
+            my("locksmith", "locksmith", "no_such_db"),
+            64,
+        ),
+        ("Redis database out of range", format!("{}/99", redis()), 64),
+        // A table name the SQL parser refuses.
+        (
+            "SQLite bad table",
+            format!("sqlite://{d}/t.db?table=select"),
+            64,
+        ),
+        (
+            "PostgreSQL bad table",
+            pg("locksmith", "locksmith", "locksmith_test?table=select"),
+            64,
+        ),
+        (
+            "MySQL bad table",
+            my("locksmith", "locksmith", "locksmith_test?table=select"),
+            64,
+        ),
+        // A misspelt parameter.
+        (
+            "SQLite unknown parameter",
+            format!("sqlite://{d}/t.db?tabel=x"),
+            64,
+        ),
+        (
+            "PostgreSQL unknown parameter",
+            pg("locksmith", "locksmith", "locksmith_test?tabel=x"),
+            64,
+        ),
+        (
+            "MySQL unknown parameter",
+            my("locksmith", "locksmith", "locksmith_test?tabel=x"),
+            64,
+        ),
+        (
+            "Redis unknown parameter",
+            format!("{}?prefx=app:", redis()),
+            64,
+        ),
+        ("Redis zero timeout", format!("{}?timeout=0s", redis()), 64),
+        // Files that cannot be a lock table.
+        (
+            "SQLite not a database",
+            format!("sqlite://{d}/garbage.db"),
+            64,
+        ),
+        (
+            "SQLite missing directory",
+            format!("sqlite://{d}/no/such/dir/t.db"),
+            64,
+        ),
+        // Not a store another process can share, or not independent nodes.
+        ("memory://", "memory://".to_owned(), 64),
+        (
+            "Redlock with one node thrice",
+            "redis+redlock://127.0.0.1:6379,localhost:6379,127.0.0.1:6379".to_owned(),
+            64,
+        ),
+        // Nothing answers: the only 69s.
+        (
+            "PostgreSQL down",
+            format!("postgres://locksmith:{wrong}@127.0.0.1:1/db?connect_timeout=1s"),
+            69,
+        ),
+        (
+            "MySQL down",
+            format!("mysql://locksmith:{wrong}@127.0.0.1:1/locksmith_test?connect_timeout=1s"),
+            69,
+        ),
+        ("Redis down", format!("redis://:{wrong}@127.0.0.1:1"), 69),
+    ];
+    let mut failures = Vec::new();
+    for (what, url, expected) in rows {
+        let (code, stderr) = run(&url);
+        if code != expected {
+            failures.push(format!(
+                "{what}: exit {code}, expected {expected}: {stderr}"
+            ));
+        }
+        if stderr.contains(SECRET) || stderr.contains("wrong") {
+            failures.push(format!("{what}: the password shows: {stderr}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Passwords holding reserved URL characters, unescaped, on every server
+/// scheme: whatever the outcome, stderr never shows them.
+#[test]
+fn no_password_shows_on_stderr() {
+    const RESERVED: &[u8] = b":/?#[]@!$&'()*+,;=%";
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut failures = Vec::new();
+    for case in 0..6 {
+        let mut pw = String::from(SECRET);
+        for _ in 0..4 {
+            pw.insert(
+                (next() as usize) % (pw.len() + 1),
+                char::from(RESERVED[(next() as usize) % RESERVED.len()]),
+            );
+        }
+        let pw = format!("{pw}{case}");
+        for url in [
+            format!("postgres://locksmith:{pw}@127.0.0.1:1/db?connect_timeout=200ms"),
+            format!("mysql://locksmith:{pw}@127.0.0.1:1/db?connect_timeout=200ms"),
+            format!("redis://:{pw}@127.0.0.1:1"),
+            format!("redis+redlock://:{pw}@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"),
+        ] {
+            let (code, stderr) = run(&url);
+            // Whatever fragments the password splits into at reserved bytes.
+            for piece in pw.split(|c: char| RESERVED.contains(&(c as u8))) {
+                if piece.len() >= 3 && stderr.contains(piece) {
+                    failures.push(format!("{url:?} (exit {code}) shows {piece:?}: {stderr}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
