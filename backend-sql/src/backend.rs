@@ -213,7 +213,7 @@ fn open_pool(config: &SqlConfig) -> Result<(Pool, String)> {
                 .create_if_missing(true)
                 .journal_mode(SqliteJournalMode::Wal)
                 .synchronous(SqliteSynchronous::Normal)
-                .busy_timeout(Duration::from_secs(5));
+                .busy_timeout(config.busy_timeout);
             let scope = std::path::absolute(opts.get_filename())
                 .unwrap_or_else(|_| opts.get_filename().to_owned())
                 .display()

@@ -10,7 +10,14 @@ use locksmith_core::{
 pub const SQL_SCHEMES: &[&str] = &["sqlite", "postgres", "postgresql", "mysql", "mariadb"];
 
 /// Our own URL parameters, removed before the URL reaches the driver.
-const OUR_PARAMS: &[&str] = &["table", "mode", "lock_mode", "pool_max", "connect_timeout"];
+const OUR_PARAMS: &[&str] = &[
+    "table",
+    "mode",
+    "lock_mode",
+    "pool_max",
+    "connect_timeout",
+    "busy_timeout",
+];
 
 /// The parameters each driver understands (sqlx 0.8); anything else in the
 /// URL is refused rather than silently ignored.
@@ -86,8 +93,11 @@ pub enum Mode {
 /// Parameters of ours in the URL query (removed before the URL reaches the
 /// driver): `mode` or `lock_mode` (`lease`, the default, or `session`; for
 /// SQLite only `lock_mode`, as `mode` is the driver's), `table` (lease table
-/// name, a plain identifier), `pool_max` (connections in the pool) and
-/// `connect_timeout` (e.g. `3s`).
+/// name, a plain identifier), `pool_max` (connections in the pool),
+/// `connect_timeout` (e.g. `3s`) and, for SQLite only, `busy_timeout` (how
+/// long a statement waits for another process's write lock before the store
+/// counts as unavailable; default 5s). Any other parameter must be one the
+/// driver understands, or the URL is refused.
 #[derive(Debug, Clone)]
 pub struct SqlConfig {
     /// The database.
@@ -102,6 +112,8 @@ pub struct SqlConfig {
     pub pool_max: u32,
     /// How long to wait for a connection before reporting `Unavailable`.
     pub connect_timeout: Duration,
+    /// SQLite: how long to wait for another connection's write lock.
+    pub busy_timeout: Duration,
 }
 
 impl SqlConfig {
@@ -136,6 +148,7 @@ impl SqlConfig {
             table: DEFAULT_TABLE.to_owned(),
             pool_max: 8,
             connect_timeout: Duration::from_secs(3),
+            busy_timeout: Duration::from_secs(5),
         };
         let driver_url = take_params(url, |k, v| {
             match k {
@@ -162,6 +175,10 @@ impl SqlConfig {
                                 "{redacted}: pool_max must be a whole number from 1 to 1000"
                             ))
                         })?
+                }
+                "busy_timeout" if dialect == Dialect::Sqlite => {
+                    config.busy_timeout =
+                        duration_param(k, v, Duration::from_millis(1), Duration::from_secs(3600))?
                 }
                 "connect_timeout" => {
                     config.connect_timeout =

@@ -11,12 +11,17 @@ use locksmith_sql::SqlBackend;
 /// Each client is its own pool on one database file in a fresh directory.
 struct SqliteHarness {
     dir: tempfile::TempDir,
+    /// Holds the "down" database's write lock for as long as the harness
+    /// lives: another process that has it locked is what makes an SQLite
+    /// store unavailable (a missing directory is a configuration error).
+    busy: tokio::sync::Mutex<Option<sqlx::SqliteConnection>>,
 }
 
 impl SqliteHarness {
     fn new() -> Self {
         SqliteHarness {
             dir: tempfile::tempdir().expect("temp dir"),
+            busy: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -32,11 +37,21 @@ impl Harness for SqliteHarness {
     }
 
     async fn unreachable_client(&self) -> Arc<dyn LockBackend> {
-        // A database file whose directory does not exist cannot be opened.
-        let url = format!(
-            "sqlite://{}/missing/dir/locks.db",
-            self.dir.path().display()
-        );
+        use sqlx::Connection;
+        let path = self.dir.path().join("busy.db");
+        let mut busy = self.busy.lock().await;
+        if busy.is_none() {
+            let url = format!("sqlite://{}?mode=rwc", path.display());
+            let mut conn = sqlx::SqliteConnection::connect(&url)
+                .await
+                .expect("open busy.db");
+            sqlx::query("BEGIN EXCLUSIVE")
+                .execute(&mut conn)
+                .await
+                .expect("lock busy.db");
+            *busy = Some(conn);
+        }
+        let url = format!("sqlite://{}?busy_timeout=200ms", path.display());
         Arc::new(SqlBackend::connect(&url).expect("valid url"))
     }
 }

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use locksmith_core::{
@@ -29,17 +29,21 @@ pub enum Defect {
     ContendedWhenDown,
     /// Claims to serve waiters in arrival order, but wakes them all to race.
     ClaimsFairness,
+    /// Treats a lease with less than a third of its TTL left as free (a
+    /// clock-skew allowance applied the wrong way round).
+    EarlyTakeover,
 }
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 6] = [
+    pub const ALL: [Defect; 7] = [
         Defect::ReleaseWithoutOwnerCheck,
         Defect::NoExpiry,
         Defect::RenewReleases,
         Defect::RepeatingFence,
         Defect::ContendedWhenDown,
         Defect::ClaimsFairness,
+        Defect::EarlyTakeover,
     ];
 }
 
@@ -50,6 +54,19 @@ pub struct Broken {
     inner: Arc<dyn LockBackend>,
     defect: Defect,
     holders: Arc<Mutex<HashMap<LockKey, OwnerToken>>>,
+    /// When each key's lease was last granted or renewed, and for how long.
+    leases: Arc<Mutex<HashMap<LockKey, (Instant, Duration)>>>,
+}
+
+impl Broken {
+    /// `EarlyTakeover`: the current lease of `key` is in its last third.
+    fn nearly_expired(&self, key: &LockKey) -> bool {
+        self.leases
+            .lock()
+            .unwrap()
+            .get(key)
+            .is_some_and(|(at, ttl)| at.elapsed() > ttl.mul_f64(2.0 / 3.0))
+    }
 }
 
 #[async_trait]
@@ -75,7 +92,18 @@ impl LockBackend for Broken {
             Defect::NoExpiry => ttl.max(Duration::from_secs(3600)),
             _ => ttl,
         };
-        let outcome = match self.inner.try_acquire(key, owner, ttl).await {
+        let mut outcome = self.inner.try_acquire(key, owner, ttl).await;
+        if self.defect == Defect::EarlyTakeover
+            && matches!(outcome, Ok(Acquire::Contended { .. }))
+            && self.nearly_expired(key)
+        {
+            let holder = self.holders.lock().unwrap().get(key).cloned();
+            if let Some(holder) = holder {
+                self.inner.release(key, &holder).await?;
+                outcome = self.inner.try_acquire(key, owner, ttl).await;
+            }
+        }
+        let outcome = match outcome {
             Err(e)
                 if self.defect == Defect::ContendedWhenDown
                     && e.kind() == ErrorKind::Unavailable =>
@@ -89,6 +117,10 @@ impl LockBackend for Broken {
                 .lock()
                 .unwrap()
                 .insert(key.clone(), owner.clone());
+            self.leases
+                .lock()
+                .unwrap()
+                .insert(key.clone(), (Instant::now(), ttl));
             if self.defect == Defect::RepeatingFence {
                 return Ok(Acquire::Acquired(Grant {
                     fence: Some(FencingToken(1)),
@@ -120,7 +152,16 @@ impl LockBackend for Broken {
                     .renew(key, owner, ttl.max(Duration::from_secs(3600)))
                     .await
             }
-            _ => self.inner.renew(key, owner, ttl).await,
+            _ => {
+                let renewed = self.inner.renew(key, owner, ttl).await?;
+                if renewed == Renew::Renewed {
+                    self.leases
+                        .lock()
+                        .unwrap()
+                        .insert(key.clone(), (Instant::now(), ttl));
+                }
+                Ok(renewed)
+            }
         }
     }
 
@@ -134,6 +175,7 @@ pub struct BrokenHarness<H> {
     inner: H,
     defect: Defect,
     holders: Arc<Mutex<HashMap<LockKey, OwnerToken>>>,
+    leases: Arc<Mutex<HashMap<LockKey, (Instant, Duration)>>>,
 }
 
 impl<H: Harness> BrokenHarness<H> {
@@ -143,6 +185,7 @@ impl<H: Harness> BrokenHarness<H> {
             inner,
             defect,
             holders: Arc::default(),
+            leases: Arc::default(),
         }
     }
 
@@ -151,6 +194,7 @@ impl<H: Harness> BrokenHarness<H> {
             inner,
             defect: self.defect,
             holders: self.holders.clone(),
+            leases: self.leases.clone(),
         })
     }
 }

@@ -12,7 +12,7 @@ use locksmith_core::{
 };
 use rand::Rng;
 
-use crate::faults::Partition;
+use crate::faults::{Partition, Stall};
 use crate::Harness;
 
 /// A prefix unique to this test process, so runs against a shared store
@@ -344,6 +344,72 @@ pub async fn cancelled_acquire_leaves_nothing_held(h: &dyn Harness) -> Result<()
             }
         }
     }
+    Ok(())
+}
+
+/// An acquire dropped after the store granted it, while the reply is still
+/// on its way, is undone when the reply arrives: nobody holds a guard for
+/// that grant, so it must not keep the key until its TTL.
+pub async fn cancelled_acquire_with_a_grant_in_flight_is_undone(h: &dyn Harness) -> Result<()> {
+    let k = key("cancelled_acquire_with_a_grant_in_flight_is_undone", "k");
+    let stall = Stall::new(h.client().await);
+    let b = Locker::from_arc(stall.clone());
+    let c = Locker::from_arc(h.client().await);
+    let opts = long();
+    tokio::select! {
+        r = b.lock_with(&k, &opts) => {
+            bail!("the stalled acquire returned ({:?}) before its reply was let through", r.map(|_| ()))
+        }
+        // The acquire future is dropped here, its grant in flight.
+        () = stall.granted() => {}
+    }
+    contended(
+        c.backend().as_ref(),
+        &k,
+        "the store granted the stalled acquire",
+    )
+    .await?;
+    stall.open();
+    eventually_free(
+        &c,
+        &k,
+        Duration::from_secs(5),
+        "an acquire dropped with its grant in flight left the lock held",
+    )
+    .await
+}
+
+/// Until its lease is about to run out, an unrenewed lock stays exclusive:
+/// another client trying all along never gets the key before 90% of the TTL
+/// has passed (counted from before the holder's request was sent).
+pub async fn still_exclusive_near_expiry(h: &dyn Harness) -> Result<()> {
+    let k = key("still_exclusive_near_expiry", "k");
+    let a = Locker::from_arc(h.client().await);
+    let b = h.client().await;
+    let ttl = short_ttl(a.capabilities()).max(Duration::from_secs(1));
+    let sent = Instant::now();
+    let g = a
+        .lock_with(&k, &LockOptions::new().ttl(ttl).auto_renew(false))
+        .await?;
+    let until = sent + ttl.mul_f64(0.9);
+    let mut tries = 0;
+    while Instant::now() < until {
+        let owner = OwnerToken::generate();
+        if let Acquire::Acquired(_) = b.try_acquire(&k, &owner, LONG_TTL).await? {
+            let early = until.saturating_duration_since(Instant::now());
+            b.release(&k, &owner).await?;
+            bail!(
+                "another client took the key {early:?} before 90% of the holder's TTL had passed"
+            );
+        }
+        tries += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    ensure!(
+        tries >= 10,
+        "only {tries} attempts were made; the case proves nothing"
+    );
+    let _ = g.release().await;
     Ok(())
 }
 

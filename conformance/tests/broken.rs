@@ -59,6 +59,11 @@ async fn false_fairness_is_caught() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn early_takeover_is_caught() {
+    check(Defect::EarlyTakeover, &["still_exclusive_near_expiry"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_correct_backend_fails_nothing() {
     let failed = failing_cases(&MemoryHarness::new()).await;
     assert!(failed.is_empty(), "reference backend failed: {failed:#?}");
