@@ -151,6 +151,10 @@ impl SqlBackend {
         self.inner
             .schema
             .get_or_try_init(|| async {
+                #[cfg(feature = "sqlite")]
+                if let Pool::Sqlite(p) = &self.inner.pool {
+                    use_wal(p, self.inner.config.busy_timeout).await?;
+                }
                 for stmt in &self.inner.queries.create {
                     create(&self.inner.pool, stmt).await?;
                 }
@@ -158,6 +162,41 @@ impl SqlBackend {
             })
             .await?;
         Ok(())
+    }
+}
+
+/// Puts an SQLite file in WAL mode (readers never wait for the writer),
+/// once. WAL is a property of the file, so this is done here and not on
+/// every new connection: switching a new file needs it to itself, and
+/// SQLite refuses at once, without waiting out the busy timeout, while other
+/// connections are opening it (the "database is locked" the suite saw about
+/// one run in fifteen with eight clients on a fresh file). So the switch
+/// waits for a quiet moment, up to the busy timeout.
+#[cfg(feature = "sqlite")]
+async fn use_wal(pool: &sqlx::SqlitePool, within: Duration) -> Result<()> {
+    let start = std::time::Instant::now();
+    loop {
+        let mode: std::result::Result<(String,), sqlx::Error> =
+            sqlx::query_as("PRAGMA journal_mode = WAL")
+                .fetch_one(pool)
+                .await;
+        match mode {
+            Ok((mode,)) => {
+                if !mode.eq_ignore_ascii_case("wal") {
+                    tracing::debug!(
+                        mode,
+                        "SQLite kept its journal mode; WAL is not available here"
+                    );
+                }
+                return Ok(());
+            }
+            Err(sqlx::Error::Database(db))
+                if db.code().as_deref() == Some("5") && start.elapsed() < within =>
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => return Err(map_err(e)),
+        }
     }
 }
 
@@ -175,6 +214,34 @@ async fn create(pool: &Pool, stmt: &str) -> Result<()> {
                 .map_err(map_err)?;
             sqlx::query(stmt).execute(&mut *tx).await.map_err(map_err)?;
             tx.commit().await.map_err(map_err)?;
+        }
+        // A DDL statement starts as a read of the schema and then writes. In
+        // WAL mode, when another connection wrote in between (8 clients
+        // creating the table of a new file at once), SQLite answers BUSY at
+        // once without waiting the busy timeout, as waiting cannot refresh
+        // a stale snapshot. BEGIN IMMEDIATE takes the write lock first, and
+        // that does wait.
+        #[cfg(feature = "sqlite")]
+        Pool::Sqlite(p) => {
+            use sqlx::Connection;
+            let mut conn = p.acquire().await.map_err(map_err)?;
+            sqlx::query("BEGIN IMMEDIATE")
+                .execute(&mut *conn)
+                .await
+                .map_err(map_err)?;
+            let created = sqlx::query(stmt).execute(&mut *conn).await;
+            let ended = match created {
+                Ok(_) => sqlx::query("COMMIT").execute(&mut *conn).await,
+                Err(e) => {
+                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                    Err(e)
+                }
+            };
+            if ended.is_err() {
+                // Never hand back to the pool a connection in a transaction.
+                let _ = conn.detach().close().await;
+            }
+            ended.map_err(map_err)?;
         }
         #[allow(unreachable_patterns)]
         other => {
@@ -204,14 +271,12 @@ fn open_pool(config: &SqlConfig) -> Result<(Pool, String)> {
     match config.dialect {
         #[cfg(feature = "sqlite")]
         Dialect::Sqlite => {
-            use sqlx::sqlite::{
-                SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
-            };
+            use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteSynchronous};
             use std::str::FromStr;
             let opts = SqliteConnectOptions::from_str(config.url.expose())
                 .map_err(bad_url)?
                 .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
+                // Not WAL here: see `use_wal`.
                 .synchronous(SqliteSynchronous::Normal)
                 .busy_timeout(config.busy_timeout);
             let scope = std::path::absolute(opts.get_filename())

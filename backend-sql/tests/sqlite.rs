@@ -83,6 +83,27 @@ async fn the_row_survives_release_so_fences_keep_rising_across_tables_reopened()
     }
 }
 
+/// WAL is switched on once per file, not per connection (see `use_wal`):
+/// the file must still end up in it, with many clients opening it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_file_opened_by_many_clients_ends_up_in_wal_mode() {
+    let h = SqliteHarness::new();
+    let clients: Vec<_> = (0..8)
+        .map(|_| SqlBackend::connect(&h.url()).unwrap())
+        .collect();
+    let results = futures::future::join_all(clients.iter().map(|b| b.migrate())).await;
+    for r in results {
+        r.expect("migrate on a new file with 8 clients at once");
+    }
+    use sqlx::Connection;
+    let mut conn = sqlx::SqliteConnection::connect(&h.url()).await.unwrap();
+    let (mode,): (String,) = sqlx::query_as("PRAGMA journal_mode")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(mode.to_ascii_lowercase(), "wal");
+}
+
 #[tokio::test]
 async fn custom_table_names_are_used_and_bad_ones_refused() {
     let h = SqliteHarness::new();

@@ -16,7 +16,16 @@ pub fn redlock_ports() -> Vec<u16> {
 }
 
 /// A Redlock URL over these ports; port 1 stands for a node that is down.
+/// Each down node gets a loopback address of its own (127.0.0.2, …), since
+/// Redlock refuses the same node twice.
 pub fn redlock_url(ports: &[u16]) -> String {
-    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let hosts: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| match p {
+            1 => format!("127.0.0.{}:1", i + 2),
+            p => format!("127.0.0.1:{p}"),
+        })
+        .collect();
     format!("redis+redlock://{}", hosts.join(","))
 }
