@@ -4,13 +4,10 @@
 
 #![cfg(unix)]
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, killpg, Signal};
@@ -330,6 +327,10 @@ fn a_signal_to_the_foreground_group_reaches_the_command_once() {
 #[cfg(feature = "redis")]
 mod on_redis {
     use super::*;
+    use std::io::Write;
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
 
     /// A TCP proxy between one client and Redis that can cut the link: a
     /// partition of that client only.

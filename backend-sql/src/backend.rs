@@ -151,7 +151,9 @@ impl SqlBackend {
         self.inner
             .schema
             .get_or_try_init(|| async {
+                // The only pool when SQLite is the only SQL feature.
                 #[cfg(feature = "sqlite")]
+                #[allow(irrefutable_let_patterns)]
                 if let Pool::Sqlite(p) = &self.inner.pool {
                     use_wal(p, self.inner.config.busy_timeout).await?;
                 }

@@ -54,7 +54,7 @@ impl RedactedUrl {
         match secret_param(rest).filter(|&(start, _)| start < at) {
             // A secret parameter before the last '@': its value may run on
             // past that '@', so nothing after it is shown.
-            Some((start, value)) if colon.is_none_or(|c| start < c) => {
+            Some((start, value)) if colon.map_or(true, |c| start < c) => {
                 out.push_str(&rest[..value]);
                 out.push_str("***");
             }
