@@ -132,30 +132,31 @@ fn tree_script(pidfile: &Path) -> String {
     )
 }
 
-#[test]
-fn sigterm_to_locksmith_stops_the_whole_command_tree() {
+/// `locksmith run` holding `key` on a fresh SQLite file around such a
+/// command tree, once the grandchild runs: the directory, locksmith, and
+/// the grandchild's pid.
+fn run_tree(key: &str, ttl: &str) -> (tempfile::TempDir, Child, i32) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let pidfile = d.join("grandchild");
     let u = sqlite_url(d);
-    let mut ls = spawn(locksmith(
+    let script = tree_script(&pidfile);
+    let ls = spawn(locksmith(
         d,
         &[
-            "run",
-            "--url",
-            &u,
-            "--key",
-            "k",
-            "--",
-            "sh",
-            "-c",
-            &tree_script(&pidfile),
+            "run", "--url", &u, "--key", key, "--ttl", ttl, "--", "sh", "-c", &script,
         ],
     ));
-    let grandchild: i32 = wait_for_file(&pidfile, Duration::from_secs(10))
+    let grandchild = wait_for_file(&pidfile, Duration::from_secs(10))
         .trim()
         .parse()
         .unwrap();
+    (dir, ls, grandchild)
+}
+
+#[test]
+fn sigterm_to_locksmith_stops_the_whole_command_tree() {
+    let (_dir, mut ls, grandchild) = run_tree("k", "30s");
     kill(Pid::from_raw(ls.id() as i32), Signal::SIGTERM).unwrap();
     let code = wait_exit(&mut ls, Duration::from_secs(10));
     assert_eq!(code, 128 + 15, "{}", stderr_of(&mut ls));
@@ -167,30 +168,7 @@ fn sigterm_to_locksmith_stops_the_whole_command_tree() {
 
 #[test]
 fn sigkill_of_locksmith_still_stops_the_whole_command_tree() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let pidfile = d.join("grandchild");
-    let u = sqlite_url(d);
-    let mut ls = spawn(locksmith(
-        d,
-        &[
-            "run",
-            "--url",
-            &u,
-            "--key",
-            "k",
-            "--ttl",
-            "30s",
-            "--",
-            "sh",
-            "-c",
-            &tree_script(&pidfile),
-        ],
-    ));
-    let grandchild: i32 = wait_for_file(&pidfile, Duration::from_secs(10))
-        .trim()
-        .parse()
-        .unwrap();
+    let (_dir, mut ls, grandchild) = run_tree("k", "30s");
     ls.kill().unwrap(); // SIGKILL: locksmith can do nothing more itself
     ls.wait().unwrap();
     assert!(
@@ -234,30 +212,8 @@ fn a_command_that_exits_leaves_nothing_of_its_tree_behind_the_release() {
 
 #[test]
 fn a_lost_lock_stops_the_whole_command_tree() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, mut ls, grandchild) = run_tree("stolen", "1s");
     let d = dir.path();
-    let pidfile = d.join("grandchild");
-    let u = sqlite_url(d);
-    let mut ls = spawn(locksmith(
-        d,
-        &[
-            "run",
-            "--url",
-            &u,
-            "--key",
-            "stolen",
-            "--ttl",
-            "1s",
-            "--",
-            "sh",
-            "-c",
-            &tree_script(&pidfile),
-        ],
-    ));
-    let grandchild: i32 = wait_for_file(&pidfile, Duration::from_secs(10))
-        .trim()
-        .parse()
-        .unwrap();
     // Someone with write access rewrites the owner: the next renewal finds
     // the lock is no longer ours.
     let rt = tokio::runtime::Builder::new_current_thread()
