@@ -339,3 +339,41 @@ fn run_works_unchanged_on_redis() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// A TTL the store cannot keep is refused up front; the shortest one it
+/// accepts holds through a command that outlives it several times over.
+#[test]
+fn the_shortest_ttl_accepted_is_one_renewal_keeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut stores = vec![(url(d), "250ms")];
+    if cfg!(feature = "redis") {
+        let redis = std::env::var("LOCKSMITH_TEST_REDIS_URL")
+            .unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        stores.push((redis, "100ms"));
+    }
+    for (u, min) in stores {
+        let key = format!("short-ttl-{}", std::process::id());
+        let o = output(locksmith(
+            d,
+            &[
+                "run", "--url", &u, "--key", &key, "--ttl", "10ms", "--", "true",
+            ],
+        ));
+        assert_eq!(code(&o), 64, "{u}: {}", String::from_utf8_lossy(&o.stderr));
+        for _ in 0..3 {
+            let o = output(locksmith(
+                d,
+                &[
+                    "run", "--url", &u, "--key", &key, "--ttl", min, "--", "sleep", "1",
+                ],
+            ));
+            assert_eq!(
+                code(&o),
+                0,
+                "{u} --ttl {min}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
+}
