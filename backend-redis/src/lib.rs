@@ -29,8 +29,9 @@
 //!
 //! A hand-off grants only the waiter's liveness window (four refresh
 //! periods, 2 s by default) when that is shorter than the TTL; the new
-//! holder extends the lease to the TTL as soon as the message reaches it,
-//! in the background, without delaying the hand-off. So a waiter that died
+//! holder's watchdog extends it to the TTL halfway through that window, in
+//! the background, so the hand-off is not delayed and a holder done within
+//! a second never pays for the extension. So a waiter that died
 //! unseen (SIGKILL, a stalled host) between its last refresh and the grant
 //! holds the next waiter up for at most that window plus one refresh
 //! period, not a whole TTL.

@@ -17,10 +17,11 @@
 //! own, and no newcomer can barge in between. The hand-off lease is the
 //! shorter of the TTL and the waiter's liveness window, so a waiter that died
 //! unseen since its last refresh holds the next one up for that window, not
-//! a whole TTL; the new holder extends it to the TTL at once. The lock hash then also records the
-//! ticket it was handed to (field `~grant`, which no owner token can be), so
-//! a waiter whose message was lost finds its grant on its next refresh, and
-//! one that gave up can hand it on; the record goes with the lock.
+//! a whole TTL; the new holder extends it to the TTL halfway through it.
+//! The lock hash then also records the ticket it was handed to (field
+//! `~grant`, which no owner token can be), so a waiter whose message was
+//! lost finds its grant on its next refresh, and one that gave up can hand
+//! it on; the record goes with the lock.
 
 use std::sync::OnceLock;
 

@@ -186,3 +186,57 @@ async fn a_newcomer_cannot_jump_the_queue_after_expiry() {
     assert!(matches!(notice, Notice::Granted(_)));
     assert_eq!(b.release(&k, &w).await.unwrap(), Release::Freed);
 }
+
+/// A hand-off grants the waiter's liveness window (2 s with the default
+/// refresh), not the TTL; the new holder's watchdog extends it halfway
+/// through, so a lock handed over and held past the window stays held.
+#[tokio::test]
+async fn a_short_hand_off_lease_is_extended_to_the_ttl() {
+    let k = key("short-lease");
+    let ttl = Duration::from_secs(20);
+    let (holder, waiter) = (Locker::new(backend("500ms")), Locker::new(backend("500ms")));
+    let g = holder
+        .lock_with(&k, &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let k2 = k.clone();
+    let task = tokio::spawn(async move {
+        let opts = LockOptions::new()
+            .ttl(ttl)
+            .wait_for(Duration::from_secs(10));
+        waiter.lock_with(&k2, &opts).await.unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    g.release().await.unwrap();
+    let handed = task.await.unwrap();
+    let client = redis::Client::open(common::redis_url()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let lock = format!("locksmith:{{{}}}:lock", k.as_str());
+    let pttl = |c: &mut redis::aio::MultiplexedConnection| {
+        let mut c = c.clone();
+        let lock = lock.clone();
+        async move {
+            redis::cmd("PTTL")
+                .arg(&lock)
+                .query_async::<i64>(&mut c)
+                .await
+                .unwrap()
+        }
+    };
+    let first = pttl(&mut c).await;
+    assert!(
+        (1..=2000).contains(&first),
+        "the hand-off lease was {first} ms, not the 2 s liveness window"
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        !handed.is_lost(),
+        "the handed lock was lost past its short lease"
+    );
+    let later = pttl(&mut c).await;
+    assert!(
+        later > 10_000,
+        "the short lease was not extended to the TTL: {later} ms left"
+    );
+    handed.release().await.unwrap();
+}

@@ -76,7 +76,7 @@ pub struct Grant {
     /// The lease the store granted when it is shorter than the TTL asked
     /// for; `None` means the full TTL. A fair store's direct hand-off grants
     /// a short lease, so a waiter that died unseen blocks the next one only
-    /// that long; the new holder extends it as soon as it hears of the grant.
+    /// that long; the new holder's watchdog extends it halfway through.
     pub lease: Option<Duration>,
 }
 

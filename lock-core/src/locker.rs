@@ -313,11 +313,12 @@ impl Locker {
 
     /// The lock was handed to us while we waited. The grant was made after
     /// `queued_at`, so the lease runs at least until `queued_at` plus the
-    /// granted lease. A full lease with at least half of it left goes to the
-    /// caller as it is. A short hand-off lease goes to the caller at once
-    /// when the watchdog can extend it straight away and enough of it is
-    /// left; otherwise it is renewed first rather than hand the caller a
-    /// lease about to run out. `None` if it was lost meanwhile.
+    /// granted lease. A lease with at least half of it left goes to the
+    /// caller as it is; a short hand-off lease is then extended by the
+    /// watchdog halfway through it, so a holder done within that time never
+    /// pays the extra round trip. Otherwise it is renewed first rather than
+    /// hand the caller a lease about to run out. `None` if it was lost
+    /// meanwhile.
     async fn handed(
         &self,
         key: &LockKey,
@@ -328,15 +329,9 @@ impl Locker {
     ) -> Result<Option<LockGuard>> {
         let granted = grant.lease.map_or(opts.ttl, |l| l.min(opts.ttl));
         let left = local_deadline(queued_at, granted).saturating_duration_since(Instant::now());
-        if left >= granted / 2 {
-            if granted == opts.ttl {
-                return Ok(Some(self.guard(key, owner, grant, opts, queued_at, None)));
-            }
-            if opts.auto_renew {
-                let now = Instant::now();
-                let short = Some((granted, now));
-                return Ok(Some(self.guard(key, owner, grant, opts, queued_at, short)));
-            }
+        if left >= granted / 2 && (granted == opts.ttl || opts.auto_renew) {
+            let short = (granted < opts.ttl).then_some(granted);
+            return Ok(Some(self.guard(key, owner, grant, opts, queued_at, short)));
         }
         let sent = Instant::now();
         match self.backend.renew(key, owner, opts.ttl).await? {
@@ -346,7 +341,8 @@ impl Locker {
     }
 
     /// A guard for a lease granted after `sent`. `short`: the store granted
-    /// only this lease, and the watchdog extends it to the TTL at that instant.
+    /// only this lease, and the watchdog extends it to the TTL halfway
+    /// through it (or at the usual period, if that comes first).
     fn guard(
         &self,
         key: &LockKey,
@@ -354,9 +350,9 @@ impl Locker {
         grant: Grant,
         opts: &LockOptions,
         sent: Instant,
-        short: Option<(Duration, Instant)>,
+        short: Option<Duration>,
     ) -> LockGuard {
-        let granted = short.map_or(opts.ttl, |(lease, _)| lease);
+        let granted = short.unwrap_or(opts.ttl);
         let lease = Lease {
             key: key.clone(),
             owner: owner.clone(),
@@ -366,7 +362,8 @@ impl Locker {
             deadline: local_deadline(sent, granted),
         };
         let renew_every = opts.auto_renew.then(|| opts.renew_period());
-        let first_renew = short.map_or(sent + renew_every.unwrap_or_default(), |(_, at)| at);
+        let period = renew_every.unwrap_or_default();
+        let first_renew = sent + short.map_or(period, |lease| period.min(lease / 2));
         LockGuard::new(
             lease,
             self.backend.clone(),

@@ -28,6 +28,9 @@ struct Entry {
     request: RenewRequest,
     renew_every: Option<Duration>,
     next_renew: Instant,
+    /// How early this renewal may join a batch: a quarter of the interval
+    /// up to it (a short first interval after a hand-off has a short one).
+    window: Duration,
     deadline: Instant,
     in_flight: bool,
     /// Renewals failed in a row; while non-zero the entry waits out its
@@ -97,6 +100,10 @@ impl Watchdog {
             Entry {
                 request,
                 next_renew: first_renew,
+                window: first_renew
+                    .saturating_duration_since(Instant::now())
+                    .min(renew_every.unwrap_or_default())
+                    / COALESCE_DIVISOR,
                 renew_every,
                 deadline,
                 in_flight: false,
@@ -146,6 +153,7 @@ impl Watchdog {
             Ok(Renew::Renewed) => {
                 e.failures = 0;
                 e.deadline = local_deadline(sent, e.request.ttl);
+                e.window = e.renew_every.unwrap_or_default() / COALESCE_DIVISOR;
                 if let Some(every) = e.renew_every {
                     e.next_renew = sent + every;
                 }
@@ -200,11 +208,11 @@ impl Watchdog {
                 idle = st.entries.is_empty() && in_flight.is_empty();
                 for (id, e) in st.entries.iter_mut() {
                     let mut wake_at = e.deadline;
-                    if let (Some(every), false) = (e.renew_every, e.in_flight) {
+                    if let (Some(_), false) = (e.renew_every, e.in_flight) {
                         // A failing lease is due only at its retry time:
                         // joining an early batch would undo the backoff.
                         let window = if e.failures == 0 {
-                            every / COALESCE_DIVISOR
+                            e.window
                         } else {
                             Duration::ZERO
                         };
