@@ -16,8 +16,8 @@ pub(crate) const WATCH_SUBCOMMAND: &str = "__watch-group";
 
 /// The terminal on standard input, when this process is in its foreground
 /// process group: the command's group then takes the foreground while it
-/// runs, so that Ctrl-C and Ctrl-Z reach the command's group once, from the
-/// terminal, and never twice (once from the terminal, once forwarded).
+/// runs, so that Ctrl-C reaches the command's group once, from the terminal,
+/// and never twice (once from the terminal, once forwarded).
 pub(crate) fn foreground_terminal() -> bool {
     let stdin = std::io::stdin();
     std::io::IsTerminal::is_terminal(&stdin)
@@ -49,6 +49,11 @@ pub(crate) fn own_group(cmd: &mut Command, foreground: bool) {
             #[cfg(not(target_os = "linux"))]
             let _ = parent;
             if foreground {
+                // Ctrl-Z would stop the command's group, which the shell does
+                // not know as a job, leaving the terminal to a stopped group;
+                // and a suspended holder would keep the lock indefinitely.
+                // The ignored disposition survives exec.
+                signal(Signal::SIGTSTP, SigHandler::SigIgn)?;
                 // A background group that sets the terminal's foreground
                 // group gets SIGTTOU unless it ignores it for the call.
                 signal(Signal::SIGTTOU, SigHandler::SigIgn)?;
