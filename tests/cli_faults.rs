@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_locksmith");
 
 fn sqlite_url(dir: &Path) -> String {
@@ -406,7 +408,11 @@ mod on_redis {
 
     /// One Redis command over a plain socket (RESP), answered as text.
     fn redis(args: &[&str]) -> String {
-        let mut s = TcpStream::connect(("127.0.0.1", redis_port())).unwrap();
+        redis_at(redis_port(), args)
+    }
+
+    pub(super) fn redis_at(port: u16, args: &[&str]) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         let mut req = format!("*{}\r\n", args.len());
         for a in args {
             req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
@@ -418,7 +424,11 @@ mod on_redis {
     }
 
     fn queued(key: &str) -> i64 {
-        let reply = redis(&["ZCARD", &format!("locksmith:{{{key}}}:queue")]);
+        queued_at(redis_port(), key)
+    }
+
+    pub(super) fn queued_at(port: u16, key: &str) -> i64 {
+        let reply = redis_at(port, &["ZCARD", &format!("locksmith:{{{key}}}:queue")]);
         reply.trim().trim_start_matches(':').parse().unwrap_or(-1)
     }
 
@@ -551,4 +561,108 @@ mod on_redis {
             "the dead waiter held the next one up for {waited:?}"
         );
     }
+}
+
+/// A waiter caught in a store stall gives up with 69; it leaves the queue
+/// once the store answers again, so the next release goes to the waiter
+/// behind it at once, not to the one that gave up (which would hold the
+/// lock, unused, until its lease ran out).
+#[cfg(feature = "redis")]
+#[test]
+fn a_waiter_that_gives_up_in_a_store_stall_holds_nobody_up() {
+    use on_redis::{queued_at, redis_at};
+    let server = common::PrivateRedis::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let u = format!("redis://127.0.0.1:{}", server.port);
+    // The waiter behind refreshes rarely, so the stall does not reach it.
+    let patient = format!("{u}?waiter_refresh=10s");
+    let key = unique("stall");
+    let go = d.join("go");
+    let done = d.join("c-done");
+    let hold_script = format!("while [ ! -e {} ]; do sleep 0.01; done", go.display());
+    let mut holder = spawn(locksmith(
+        d,
+        &[
+            "run",
+            "--url",
+            &u,
+            "--key",
+            &key,
+            "--ttl",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            &hold_script,
+        ],
+    ));
+    let start = Instant::now();
+    while redis_at(
+        server.port,
+        &["EXISTS", &format!("locksmith:{{{key}}}:lock")],
+    )
+    .trim()
+        != ":1"
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the holder never held {key}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // W's requests time out within the stall, so it gives up in it.
+    let hasty = format!("{u}?timeout=200ms");
+    let mut w = spawn(locksmith(
+        d,
+        &[
+            "run", "--url", &hasty, "--key", &key, "--ttl", "30s", "--wait", "60s", "--", "true",
+        ],
+    ));
+    while queued_at(server.port, &key) != 1 {
+        assert!(start.elapsed() < Duration::from_secs(10), "W never queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let c_script = format!("touch {}", done.display());
+    let mut c = spawn(locksmith(
+        d,
+        &[
+            "run", "--url", &patient, "--key", &key, "--ttl", "30s", "--wait", "60s", "--", "sh",
+            "-c", &c_script,
+        ],
+    ));
+    while queued_at(server.port, &key) != 2 {
+        assert!(start.elapsed() < Duration::from_secs(10), "C never queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let redis_pid = Pid::from_raw(server.pid());
+    kill(redis_pid, Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_millis(1300));
+    kill(redis_pid, Signal::SIGCONT).unwrap();
+    assert_eq!(
+        wait_exit(&mut w, Duration::from_secs(10)),
+        69,
+        "{}",
+        stderr_of(&mut w)
+    );
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(
+        wait_exit(&mut holder, Duration::from_secs(10)),
+        0,
+        "{}",
+        stderr_of(&mut holder)
+    );
+    let released = Instant::now();
+    assert_eq!(
+        wait_exit(&mut c, Duration::from_secs(40)),
+        0,
+        "{}",
+        stderr_of(&mut c)
+    );
+    let waited = released.elapsed();
+    assert!(done.exists());
+    assert!(
+        waited < Duration::from_secs(3),
+        "the waiter that gave up held the next one up for {waited:?}"
+    );
 }

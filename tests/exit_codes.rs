@@ -11,10 +11,9 @@
     feature = "redis"
 ))]
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
+
+use std::process::{Command, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_locksmith");
 /// Part of every wrong password; no message may show it.
@@ -81,64 +80,12 @@ fn run(url: &str) -> (i32, String) {
     )
 }
 
-/// A private Redis that requires a password.
-struct AuthRedis {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for AuthRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn auth_redis() -> AuthRedis {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .args(["--requirepass", "right-password"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server is installed (scripts/test installs it)");
-    let server = AuthRedis { child, port };
-    let start = Instant::now();
-    loop {
-        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
-            let _ = s.write_all(b"PING\r\n");
-            let mut buf = [0u8; 64];
-            if s.read(&mut buf).is_ok_and(|n| n > 0) {
-                return server;
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "private redis-server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn each_failure_has_one_exit_code_on_every_store() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display().to_string();
     std::fs::write(dir.path().join("garbage.db"), "this is not a database\n").unwrap();
-    let auth = auth_redis();
+    let auth = common::PrivateRedis::start(&["--requirepass", "right-password"]);
     let wrong = format!("wrong%2F{SECRET}");
     let rows: Vec<(&str, String, i32)> = vec![
         // Credentials refused.

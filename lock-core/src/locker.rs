@@ -481,18 +481,47 @@ impl Drop for Attempts {
                 None => undo,
             };
             if fresh_owner && maybe_granted {
-                if let Err(e) = backend.release(&key, &owner).await {
+                let undone =
+                    retry_briefly(|| async { backend.release(&key, &owner).await.map(drop) });
+                if let Err(e) = undone.await {
                     tracing::warn!(key = %key, error = %e,
                         "could not undo an abandoned acquire; the lock frees at its TTL");
                 }
             }
             if queued {
-                if let Err(e) = backend.abandon(&key, &owner, &ticket).await {
+                let left = retry_briefly(|| backend.abandon(&key, &owner, &ticket));
+                if let Err(e) = left.await {
                     tracing::warn!(key = %key, error = %e,
                         "could not leave the wait queue; the place lapses by itself");
                 }
             }
         });
+    }
+}
+
+/// How long a clean-up keeps trying a store that is unreachable for now: a
+/// stall or reconnect of a second or two must not leave a queue place or an
+/// undone grant behind (the store would hand the lock to a waiter that gave
+/// up), yet a store that is down for good must not keep a task alive.
+const CLEANUP_PATIENCE: Duration = Duration::from_secs(3);
+
+/// Runs `op` until it succeeds, fails for a reason retrying will not fix,
+/// or [`CLEANUP_PATIENCE`] has passed; 50 ms between tries, doubling.
+async fn retry_briefly<F, Fut>(mut op: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
+    let give_up = Instant::now() + CLEANUP_PATIENCE;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match op().await {
+            Err(e) if e.is_retryable() && Instant::now() + pause < give_up => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            other => return other,
+        }
     }
 }
 

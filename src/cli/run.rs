@@ -23,7 +23,7 @@ use super::{RunArgs, EX_SOFTWARE};
 
 /// How long background clean-ups (leaving a wait queue, undoing an acquire
 /// whose reply was lost) get before the process exits.
-const SETTLE: Duration = Duration::from_secs(3);
+const SETTLE: Duration = Duration::from_secs(4);
 
 /// The signals that end `locksmith run` while it waits, and that it passes
 /// on to the command while it runs.
