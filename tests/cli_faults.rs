@@ -179,6 +179,30 @@ fn sigkill_of_locksmith_still_stops_the_whole_command_tree() {
     );
 }
 
+/// Stopped rather than killed (SIGSTOP, or a shell's `kill -TSTP %1`),
+/// locksmith can neither renew nor signal; its watcher still kills the
+/// command's group before the lease ends.
+#[test]
+fn a_stopped_locksmith_still_stops_the_command_before_its_lease_ends() {
+    let (_dir, mut ls, grandchild) = run_tree("k", "2s");
+    let stopped = Instant::now();
+    kill(Pid::from_raw(ls.id() as i32), Signal::SIGSTOP).unwrap();
+    let gone = wait_gone(grandchild, Duration::from_secs(4));
+    let after = stopped.elapsed();
+    kill(Pid::from_raw(ls.id() as i32), Signal::SIGCONT).unwrap();
+    assert!(gone, "the command ran on while locksmith was stopped");
+    assert!(
+        after < Duration::from_secs(2),
+        "the command was stopped {after:?} after locksmith, past its 2 s lease"
+    );
+    assert_eq!(
+        wait_exit(&mut ls, Duration::from_secs(10)),
+        70,
+        "{}",
+        stderr_of(&mut ls)
+    );
+}
+
 #[test]
 fn a_command_that_exits_leaves_nothing_of_its_tree_behind_the_release() {
     let dir = tempfile::tempdir().unwrap();
@@ -451,6 +475,37 @@ mod on_redis {
                 "the queue never held {n}"
             );
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A waiter handed the lock with the default TTL runs its command: the
+    /// short hand-off lease is extended first, not mistaken for a lease
+    /// about to run out.
+    #[test]
+    fn a_waiter_handed_the_lock_runs_its_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let u = redis_url();
+        for _ in 0..8 {
+            let key = unique("handed");
+            let mut holder = spawn(locksmith(
+                d,
+                &["run", "--url", &u, "--key", &key, "--", "sleep", "0.3"],
+            ));
+            wait_held(&key);
+            let o = output(locksmith(
+                d,
+                &[
+                    "run", "--url", &u, "--key", &key, "--wait", "60s", "--", "true",
+                ],
+            ));
+            assert_eq!(
+                o.status.code(),
+                Some(0),
+                "{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            assert_eq!(wait_exit(&mut holder, Duration::from_secs(10)), 0);
         }
     }
 

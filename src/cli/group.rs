@@ -171,6 +171,13 @@ impl Watcher {
         pipe.flush()
     }
 
+    /// Kill the group in `within` unless told a later time (or "done").
+    pub(crate) fn arm(&mut self, within: Duration) -> std::io::Result<()> {
+        let pipe = self.pipe.as_mut().ok_or(std::io::ErrorKind::BrokenPipe)?;
+        writeln!(pipe, "kill-in {}", within.as_millis())?;
+        pipe.flush()
+    }
+
     /// The group is gone: the watcher may exit without killing anything.
     pub(crate) fn done(mut self) {
         if let Some(mut pipe) = self.pipe.take() {
@@ -189,8 +196,10 @@ impl Drop for Watcher {
     }
 }
 
-/// The watcher's body: reads a group id, then waits for "done" or the end
-/// of the pipe; at the end without "done", kills the group.
+/// The watcher's body: reads a group id, then kill times ("kill-in <ms>",
+/// each replacing the last) until "done". The group is SIGKILLed when the
+/// pipe ends without "done" (locksmith died) or a kill time passes without
+/// a later one (locksmith stopped or stalled while its lease ran out).
 pub(crate) fn watcher_main() -> i32 {
     for sig in [
         Signal::SIGINT,
@@ -205,17 +214,41 @@ pub(crate) fn watcher_main() -> i32 {
             let _ = signal(sig, SigHandler::SigIgn);
         }
     }
-    let mut group: Option<Pid> = None;
-    let stdin = std::io::stdin();
-    for line in stdin.lock().lines() {
-        let Ok(line) = line else { break };
-        match line.trim() {
-            "done" => return 0,
-            pid => {
-                if let Ok(p) = pid.parse::<i32>() {
-                    group = Some(Pid::from_raw(p));
-                }
+    let (tx, rx) = std::sync::mpsc::channel::<Option<String>>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if tx.send(Some(line)).is_err() {
+                return;
             }
+        }
+        let _ = tx.send(None);
+    });
+    let mut group: Option<Pid> = None;
+    let mut kill_at: Option<Instant> = None;
+    loop {
+        let next = match kill_at {
+            Some(at) => rx.recv_timeout(at.saturating_duration_since(Instant::now())),
+            None => rx
+                .recv()
+                .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected),
+        };
+        match next {
+            Ok(Some(line)) => match line.trim().split_once(' ') {
+                Some(("kill-in", ms)) => {
+                    if let Ok(ms) = ms.parse::<u64>() {
+                        kill_at = Some(Instant::now() + Duration::from_millis(ms));
+                    }
+                }
+                _ if line.trim() == "done" => return 0,
+                _ => {
+                    if let Ok(p) = line.trim().parse::<i32>() {
+                        group = Some(Pid::from_raw(p));
+                    }
+                }
+            },
+            // The pipe ended without "done", or the kill time passed.
+            Ok(None) | Err(_) => break,
         }
     }
     if let Some(g) = group.filter(|g| g.as_raw() > 1) {

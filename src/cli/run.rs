@@ -108,6 +108,18 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32> {
             return Err(e);
         }
     };
+    // A fair store's hand-off grants a short lease, which would put the
+    // command inside its kill grace from the start: extend it to the TTL
+    // before the command runs.
+    let short = guard.deadline().map_or(true, |d| {
+        d.saturating_duration_since(Instant::now()) < args.ttl / 2
+    });
+    if short {
+        if let Err(e) = guard.renew().await {
+            locker.settle(SETTLE).await;
+            return Err(e);
+        }
+    }
     let code = hold(&args, guard, timeline, &mut signals).await;
     locker.settle(SETTLE).await;
     code
@@ -160,6 +172,12 @@ async fn hold(
         let _ = guard.release().await;
         return Err(Error::backend(format!("cannot reach the watcher: {e}")));
     }
+    // The watcher also kills the group by the lease's kill time unless told
+    // a later one, so a stopped or stalled locksmith cannot leave the
+    // command running past the lease. Told again a few times per renewal.
+    let mut told: Option<Instant> = None;
+    let mut tell = tokio::time::interval((args.ttl / 6).max(Duration::from_millis(5)));
+    tell.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let lost = guard.lost();
     tokio::pin!(lost);
@@ -185,6 +203,15 @@ async fn hold(
             sig = signals.recv() => {
                 // The command's group is not ours, so this is the one copy it gets.
                 group::signal_group(group, sig);
+            }
+            _ = tell.tick() => {
+                if told != Some(kill_at) {
+                    // A watcher gone is the end of the protection: stop now.
+                    if watcher.arm(kill_at.saturating_duration_since(Instant::now())).is_err() {
+                        break Err("killed");
+                    }
+                    told = Some(kill_at);
+                }
             }
             _ = tokio::time::sleep_until(wake.into()) => {
                 let now = Instant::now();
