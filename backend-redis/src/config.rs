@@ -21,8 +21,11 @@ const OUR_PARAMS: &[&str] = &[
     "tls_key",
 ];
 
-/// The parameters the redis driver reads from a URL's query.
-const DRIVER_PARAMS: &[&str] = &["protocol", "db", "user", "pass"];
+/// The parameters the redis driver reads from a URL's query: `db`, `user`
+/// and `pass` only on a unix socket (over TCP they go in the URL's path and
+/// userinfo, and the driver ignores them in the query).
+const DRIVER_PARAMS_TCP: &[&str] = &["protocol"];
+const DRIVER_PARAMS_UNIX: &[&str] = &["protocol", "db", "user", "pass"];
 
 /// The default per-request timeout on one server.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -129,7 +132,11 @@ impl RedisConfig {
             }
             Ok(true)
         })?;
-        reject_unknown_params(&driver_url, OUR_PARAMS, DRIVER_PARAMS)
+        let driver_params = match scheme.as_str() {
+            "redis+unix" | "unix" => DRIVER_PARAMS_UNIX,
+            _ => DRIVER_PARAMS_TCP,
+        };
+        reject_unknown_params(&driver_url, OUR_PARAMS, driver_params)
             .map_err(|e| Error::invalid_options(format!("{shown}: {}", e.message())))?;
         if !config.tls.is_empty() && scheme != "rediss" {
             return Err(Error::config(format!(
@@ -203,9 +210,19 @@ fn reject_duplicate_nodes(shown: &RedactedUrl, hosts: &str) -> Result<()> {
         } else {
             format!("{}:6379", host.to_ascii_lowercase())
         };
-        let addrs: Vec<_> = named
+        // An IPv4-mapped IPv6 address ([::ffff:127.0.0.1]) is the IPv4 one.
+        let addrs: Vec<std::net::SocketAddr> = named
             .to_socket_addrs()
-            .map(Iterator::collect)
+            .map(|a| {
+                a.map(|a| match a.ip() {
+                    std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                        Some(v4) => std::net::SocketAddr::new(v4.into(), a.port()),
+                        None => a,
+                    },
+                    _ => a,
+                })
+                .collect()
+            })
             .unwrap_or_default();
         if let Some((other, _)) = seen
             .iter()
@@ -260,6 +277,9 @@ mod tests {
             "redis+redlock://h:6450,h:6450,h:6450",
             "redis+redlock://localhost:6450,127.0.0.1:6450,h3:1",
             "redis+redlock://H1,h1:6379,h2",
+            "redis+redlock://127.0.0.1:6450,[::ffff:127.0.0.1]:6450,h3:1",
+            "redis://h?db=3",
+            "redis://h?pass=secret",
         ] {
             assert!(RedisConfig::from_url(bad).is_err(), "{bad}");
         }
