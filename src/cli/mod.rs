@@ -1,6 +1,7 @@
 //! Argument parsing and exit codes (sysexits.h values, so scripts can tell
 //! "busy" from "broken").
 
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -156,11 +157,39 @@ pub(crate) fn main() -> i32 {
     });
     // Background releases of dropped guards get a moment to reach the store.
     runtime.shutdown_timeout(Duration::from_secs(2));
-    match outcome {
+    let code = match outcome {
         Ok(code) => code,
         Err(e) => {
             eprintln!("locksmith: {e}");
             exit_code(&e)
         }
+    };
+    let sig = DIE_BY.load(Ordering::SeqCst);
+    if sig != 0 {
+        if let Ok(sig) = nix::sys::signal::Signal::try_from(sig) {
+            // SAFETY: restores the default action of one signal, then
+            // raises it on this process; no handler code runs.
+            #[allow(unsafe_code)]
+            unsafe {
+                let _ = nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl);
+            }
+            let _ = nix::sys::signal::raise(sig);
+        }
+    }
+    code
+}
+
+/// A signal this process should end by, once everything is cleaned up.
+static DIE_BY: AtomicI32 = AtomicI32::new(0);
+
+/// Ends `locksmith` by `sig` (after clean-up) rather than by exit code
+/// 128+N, when the user interrupted it or the command died by it: a shell
+/// stops a loop or script only for a child that died by SIGINT, so the
+/// exit code alone would let `for …; do locksmith run …; done` run on
+/// after Ctrl-C.
+pub(crate) fn die_by_signal_on_exit(sig: nix::sys::signal::Signal) {
+    use nix::sys::signal::Signal;
+    if matches!(sig, Signal::SIGINT | Signal::SIGTERM | Signal::SIGHUP) {
+        DIE_BY.store(sig as i32, Ordering::SeqCst);
     }
 }

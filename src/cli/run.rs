@@ -98,6 +98,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32> {
         r = locker.lock_with(args.key.as_str(), &opts) => r,
         sig = signals.recv() => {
             locker.settle(SETTLE).await;
+            super::die_by_signal_on_exit(sig);
             return Ok(128 + sig as i32);
         }
     };
@@ -300,6 +301,9 @@ fn describe(reason: LostReason) -> &'static str {
 
 fn status_code(status: ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
+    if let Some(sig) = status.signal().and_then(|s| Signal::try_from(s).ok()) {
+        super::die_by_signal_on_exit(sig);
+    }
     status
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))
