@@ -232,6 +232,11 @@ fn no_password_shows_on_stderr() {
             format!("mysql://locksmith:{pw}@127.0.0.1:1/db?connect_timeout=200ms"),
             format!("redis://:{pw}@127.0.0.1:1"),
             format!("redis+redlock://:{pw}@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"),
+            format!("postgres://127.0.0.1:1/db?connect_timeout=200ms&password={pw}&x=1"),
+            format!("postgres:/locksmith:{pw}@127.0.0.1:1/db"),
+            format!("postgres//locksmith:{pw}@127.0.0.1:1/db"),
+            format!("locksmith:{pw}@127.0.0.1:1/db"),
+            format!("redis:/:{pw}@127.0.0.1:1"),
         ] {
             let (code, stderr) = run(&url);
             // Whatever fragments the password splits into at reserved bytes.

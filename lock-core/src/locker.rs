@@ -480,10 +480,11 @@ impl Drop for Attempts {
                 Some(request) => !matches!(request.await, Ok(Acquire::Contended { .. })),
                 None => undo,
             };
+            // One try: it follows the request it undoes on the same
+            // connection, and a store that is simply down (the request never
+            // left) must not hold up an exiting process.
             if fresh_owner && maybe_granted {
-                let undone =
-                    retry_briefly(|| async { backend.release(&key, &owner).await.map(drop) });
-                if let Err(e) = undone.await {
+                if let Err(e) = backend.release(&key, &owner).await {
                     tracing::warn!(key = %key, error = %e,
                         "could not undo an abandoned acquire; the lock frees at its TTL");
                 }
@@ -499,10 +500,10 @@ impl Drop for Attempts {
     }
 }
 
-/// How long a clean-up keeps trying a store that is unreachable for now: a
-/// stall or reconnect of a second or two must not leave a queue place or an
-/// undone grant behind (the store would hand the lock to a waiter that gave
-/// up), yet a store that is down for good must not keep a task alive.
+/// How long leaving a wait queue keeps trying a store that is unreachable
+/// for now: a stall or reconnect of a second or two must not leave the place
+/// behind (the store would hand the lock to a waiter that gave up), yet a
+/// store that is down for good must not keep a task alive.
 const CLEANUP_PATIENCE: Duration = Duration::from_secs(3);
 
 /// Runs `op` until it succeeds, fails for a reason retrying will not fix,

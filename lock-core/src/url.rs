@@ -43,7 +43,15 @@ impl RedactedUrl {
     fn redacted(&self) -> String {
         let s = &self.0;
         let Some((scheme, rest)) = s.split_once("://") else {
-            return redact_query(s);
+            // Not a URL as we know it (a missing or mistyped scheme): still
+            // hide whatever stands before an '@'.
+            return match s.rsplit_once('@') {
+                Some((_, after)) if secret_param(s).is_none() => {
+                    format!("***@{}", redact_query(after))
+                }
+                Some(_) => "***".to_owned(),
+                None => redact_query(s),
+            };
         };
         let mut out = format!("{scheme}://");
         let Some(at) = rest.rfind('@') else {
@@ -176,7 +184,11 @@ pub fn take_params(
 /// `Config`, showing nothing of the URL.
 pub fn check_userinfo(url: &str) -> crate::Result<()> {
     let Some((_, rest)) = url.split_once("://") else {
-        return Ok(());
+        // `postgres:/user:pw@h` would reach the server with the password
+        // read as part of a database name.
+        return Err(crate::Error::config(
+            "not a server URL: expected scheme://[user[:password]@]host[:port]/…",
+        ));
     };
     let Some(at) = rest.rfind('@') else {
         return Ok(());
@@ -225,9 +237,18 @@ pub fn duration_param(
 /// `InvalidOptions` naming the first unknown parameter and the known ones.
 pub fn reject_unknown_params(url: &str, ours: &[&str], driver: &[&str]) -> crate::Result<()> {
     let query = url.split_once('?').map_or("", |(_, q)| q);
+    let mut after_secret = false;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let k = pair.split_once('=').map_or(pair, |(k, _)| k);
         if !driver.contains(&k) {
+            if after_secret {
+                // A password may hold an unescaped '&': what follows it
+                // could be a piece of it, so it is not named.
+                return Err(crate::Error::invalid_options(
+                    "unknown URL parameter after a password parameter (not shown); \
+                     percent-encode '&' in passwords as %26",
+                ));
+            }
             let mut known: Vec<&str> = ours.iter().chain(driver).copied().collect();
             known.sort_unstable();
             return Err(crate::Error::invalid_options(format!(
@@ -235,6 +256,7 @@ pub fn reject_unknown_params(url: &str, ours: &[&str], driver: &[&str]) -> crate
                 known.join(", ")
             )));
         }
+        after_secret |= SECRET_PARAMS.contains(&k.to_ascii_lowercase().as_str());
     }
     Ok(())
 }
@@ -297,6 +319,10 @@ mod tests {
                 format!("zk://user:{pw}@h1:2181,h2:2181/locks"),
                 format!("memcache://user:{pw}@h:11211"),
                 format!("postgres://h/db?password={pw}"),
+                format!("locksmith:{pw}@127.0.0.1:5432/db"),
+                format!("postgres//user:{pw}@h/db"),
+                format!("redis:/:{pw}@h:6379"),
+                format!("postgres:user:{pw}@h/db"),
                 format!("postgres://h/db?sslmode=disable&password={pw}&table=t"),
                 format!("redis+unix:///tmp/r.sock?pass={pw}"),
             ] {
