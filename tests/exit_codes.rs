@@ -52,6 +52,17 @@ fn my(user: &str, password: &str, db: &str) -> String {
     )
 }
 
+/// A Redlock URL over the test masters, with `tail` after the host list.
+fn redlock(tail: &str) -> String {
+    let ports = std::env::var("LOCKSMITH_TEST_REDLOCK_PORTS")
+        .unwrap_or_else(|_| "16380 16381 16382 16383 16384".into());
+    let hosts: Vec<String> = ports
+        .split_whitespace()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    format!("redis+redlock://{}{tail}", hosts.join(","))
+}
+
 fn redis() -> String {
     std::env::var("LOCKSMITH_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
@@ -121,6 +132,18 @@ fn each_failure_has_one_exit_code_on_every_store() {
             64,
         ),
         ("Redis database out of range", format!("{}/99", redis()), 64),
+        // A transport this build cannot speak.
+        (
+            "PostgreSQL TLS required, not built in",
+            pg("locksmith", "locksmith", "locksmith_test?sslmode=require"),
+            64,
+        ),
+        // A quorum refused (the per-node timeout leaves room for the handshake).
+        (
+            "Redlock database out of range",
+            redlock("/99?timeout=2s"),
+            64,
+        ),
         // A table name the SQL parser refuses.
         (
             "SQLite bad table",

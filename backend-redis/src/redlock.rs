@@ -143,6 +143,10 @@ impl LockBackend for RedlockBackend {
         // did not answer (their request may still be applied).
         let mut undo = Vec::new();
         let mut errors = 0;
+        // A node that refused our credentials or database will not do better
+        // on a retry: if the quorum fails for it, say so (Config), not
+        // "did not answer" (Unavailable).
+        let mut refused: Option<&Error> = None;
         for (node, answer) in self.inner.nodes.iter().zip(&answers) {
             match answer {
                 Ok(Acquire::Acquired(g)) => {
@@ -155,7 +159,10 @@ impl LockBackend for RedlockBackend {
                         (a, b) => a.or(b),
                     }
                 }
-                Err(_) => {
+                Err(e) => {
+                    if e.kind() == ErrorKind::Config {
+                        refused.get_or_insert(e);
+                    }
                     errors += 1;
                     undo.push(node);
                 }
@@ -178,7 +185,13 @@ impl LockBackend for RedlockBackend {
             let _ = join_all(undo.into_iter().map(|n| n.release(&keys, owner))).await;
         }
         if let Some(e) = self.unreachable(errors) {
-            return Err(e);
+            return Err(match refused {
+                Some(r) => Error::config(format!(
+                    "a quorum of Redlock nodes cannot be had: {}",
+                    r.message()
+                )),
+                None => e,
+            });
         }
         Ok(Acquire::Contended { retry_after })
     }

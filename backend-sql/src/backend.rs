@@ -347,6 +347,8 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
     };
     let permanent = match &e {
         E::Database(db) => db_refused(db.as_ref()),
+        // A TLS mode this build cannot speak will not work on a retry.
+        E::Tls(t) => t.to_string().contains("without TLS support"),
         _ => false,
     };
     let msg = e.to_string();

@@ -66,6 +66,11 @@ pub(crate) fn own_group(cmd: &mut Command, foreground: bool) {
     }
 }
 
+/// Whether standard input's terminal is still there (not hung up).
+pub(crate) fn terminal_alive() -> bool {
+    nix::unistd::tcgetpgrp(std::io::stdin().as_fd()).is_ok()
+}
+
 /// Gives the terminal back to our own group once the command's is done.
 pub(crate) fn reclaim_terminal() {
     // SAFETY: changes this process's SIGTTOU disposition around one

@@ -202,8 +202,13 @@ async fn hold(
                 break Err("lost");
             }
             sig = signals.recv() => {
-                // The command's group is not ours, so this is the one copy it gets.
-                group::signal_group(group, sig);
+                // The command's group is not ours, so this is the one copy it
+                // gets; except a hang-up of its terminal, which the kernel
+                // already sent to the terminal's foreground group, the command's.
+                let hung_up = sig == Signal::SIGHUP && foreground && !group::terminal_alive();
+                if !hung_up {
+                    group::signal_group(group, sig);
+                }
             }
             _ = tell.tick() => {
                 if told != Some(kill_at) {
