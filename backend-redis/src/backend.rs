@@ -10,7 +10,7 @@ use locksmith_core::{
 };
 
 use crate::config::RedisConfig;
-use crate::node::{Keys, Node, Waiter};
+use crate::node::{Keys, Node, Role, Waiter};
 
 /// A waiter's place is kept this many refresh periods without a refresh, so
 /// one late or lost refresh does not cost it.
@@ -50,7 +50,7 @@ impl RedisBackend {
             config.timeout,
             config.connect_timeout,
             &config.tls,
-            false,
+            Role::Single,
         )?;
         Ok(RedisBackend {
             inner: Arc::new(Inner { config, node }),

@@ -2,15 +2,44 @@
 //!
 //! # The scheme
 //!
-//! A lock is a Redis hash whose single field is the holder's owner token
+//! A lock is a Redis hash whose owner field is the holder's owner token
 //! (128 random bits) and whose value is the hold count, with a millisecond
 //! expiry: the re-entrant scheme of the design notes. Acquire, release and
 //! renew are each one Lua script, so each is atomic and owner-checked: a
 //! holder whose lease ran out and was taken over cannot release or extend
-//! the new holder's lock. Beside the lock sits a fencing counter, never
-//! expired, incremented inside the acquire script on every new grant, so
-//! fencing tokens rise across release, expiry and takeover. Lock, counter
-//! and wait queue share a `{hash tag}` and stay in one cluster slot.
+//! the new holder's lock. Lock and wait queue share a `{hash tag}` and stay
+//! in one cluster slot.
+//!
+//! # What stays in Redis
+//!
+//! Only live locks and live queues. The lock hash goes on release and at
+//! the end of its lease (Redis's own expiry); the queue's two keys expire
+//! when the last waiter stops refreshing them. No key is kept per name once
+//! a lock is free, so locking millions of distinct names leaves nothing
+//! behind: the retention is zero.
+//!
+//! # Fencing tokens
+//!
+//! A grant's token is the Redis server's clock in microseconds when the
+//! grant was made (`TIME` inside the script), or one above the token it
+//! follows when a release hands the lock straight to a waiter in the same
+//! script. Every grant of a key is a separate command, and Redis takes more
+//! than a microsecond per command, so tokens strictly increase across
+//! release, expiry, takeover and a restart that lost the data, **provided
+//! the server's clock does not step back** (NTP slews rather than steps; a
+//! failover to a replica whose clock is behind could repeat tokens for the
+//! size of the difference). The token is kept in the lock hash only while
+//! the lock lives.
+//!
+//! Earlier versions kept a counter key `…{name}:fence` per name, for
+//! ever. They are no longer read or written: their values (seeded from the
+//! same clock, one per grant) are all below the clock now, so the new
+//! tokens are higher. Delete them at leisure, for example with
+//! `redis-cli --scan --pattern 'locksmith:{*}:fence' | xargs -r redis-cli unlink`
+//! (with your prefix). A lock held by an old version across the upgrade is
+//! respected. Upgrade every client of a keyspace together: an old client
+//! still running keeps counting its own per-name counter, which can be
+//! below the tokens new clients handed out.
 //!
 //! # Hand-off: a fair queue, and the lock delivered by message
 //!
@@ -56,7 +85,9 @@
 //! **no fencing tokens**: each master keeps its own counter and a grant's
 //! quorum differs from the next one's, so no single sequence orders the
 //! grants; a token from one node could repeat or go backwards. Use single
-//! node Redis, SQL or ZooKeeper where the resource checks fences.
+//! node Redis, SQL or ZooKeeper where the resource checks fences. Its nodes
+//! therefore keep no fencing state at all: a Redlock grant writes the lock
+//! hash only, and a failed one leaves no key of any kind behind.
 
 mod backend;
 mod config;

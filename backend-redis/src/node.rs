@@ -19,12 +19,13 @@ use crate::config::TlsFiles;
 use crate::scripts;
 
 /// The Redis keys of one lock, in the order the scripts take them. The lock
-/// name sits inside `{…}`, so the lock, its fencing counter and its wait
-/// queue share a hash tag and stay in one cluster slot. The mapping is
-/// injective: fixed prefix and suffixes around the name itself.
+/// name sits inside `{…}`, so the lock and its wait queue share a hash tag
+/// and stay in one cluster slot. The mapping is injective: fixed prefix and
+/// suffixes around the name itself. Every one of them expires: the lock
+/// with its lease, the queue when nobody waits.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
-    all: [String; 4],
+    all: [String; 3],
 }
 
 impl Keys {
@@ -33,7 +34,6 @@ impl Keys {
         Keys {
             all: [
                 Self::lock(prefix, key),
-                format!("{base}:fence"),
                 format!("{base}:queue"),
                 format!("{base}:waiters"),
             ],
@@ -45,7 +45,7 @@ impl Keys {
         format!("{prefix}{{{}}}:lock", key.as_str())
     }
 
-    /// A call of `script` on all four keys.
+    /// A call of `script` on all three keys.
     fn call(&self, script: &'static redis::Script) -> redis::ScriptInvocation<'static> {
         let mut call = script.prepare_invoke();
         for k in &self.all {
@@ -109,6 +109,17 @@ pub(crate) fn map_err(e: RedisError) -> Error {
     }
 }
 
+/// What a node is for, which decides how it answers and what it writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// The one server of a `RedisBackend`: fenced grants, the driver's
+    /// timeouts.
+    Single,
+    /// One of Redlock's nodes: a hard per-request budget, and no fencing
+    /// state at all, since the quorum reports no fence.
+    Quorum,
+}
+
 #[derive(Debug)]
 pub(crate) struct Node {
     pub(crate) url: RedactedUrl,
@@ -118,6 +129,8 @@ pub(crate) struct Node {
     connect_timeout: Duration,
     /// Every request must answer within `timeout`, reconnects included.
     strict: bool,
+    /// Grants carry fencing tokens (not under Redlock, which writes none).
+    fenced: bool,
     hub: Hub,
 }
 
@@ -127,8 +140,12 @@ impl Node {
         timeout: Duration,
         connect_timeout: Duration,
         tls: &TlsFiles,
-        strict: bool,
+        role: Role,
     ) -> Result<Self> {
+        let (strict, fenced) = match role {
+            Role::Single => (false, true),
+            Role::Quorum => (true, false),
+        };
         let bad = |e: &dyn std::fmt::Display| Error::config(format!("{url}: {e}"));
         let client = if tls.is_empty() {
             redis::Client::open(url.expose()).map_err(|e| bad(&e))?
@@ -159,7 +176,16 @@ impl Node {
             timeout,
             connect_timeout,
             strict,
+            fenced,
         })
+    }
+
+    fn fence_arg(&self) -> &'static str {
+        if self.fenced {
+            "1"
+        } else {
+            "0"
+        }
     }
 
     /// The connection, made on first use; a server that is down now is
@@ -219,7 +245,7 @@ impl Node {
     ) -> Result<Acquire> {
         self.bounded(async {
             let mut call = keys.call(scripts::acquire());
-            call.arg(owner.as_str()).arg(ms(ttl));
+            call.arg(owner.as_str()).arg(ms(ttl)).arg(self.fence_arg());
             if let Some(w) = waiter {
                 // Listening before queueing, so the grant cannot be missed.
                 let channel = self.hub.listening().await?;
@@ -252,6 +278,7 @@ impl Node {
             let left: i64 = keys
                 .call(scripts::release())
                 .arg(owner.as_str())
+                .arg(self.fence_arg())
                 .invoke_async(&mut c)
                 .await
                 .map_err(map_err)?;
@@ -277,6 +304,7 @@ impl Node {
                 .call(scripts::abandon())
                 .arg(owner.as_str())
                 .arg(ticket.as_str())
+                .arg(self.fence_arg())
                 .invoke_async(&mut c)
                 .await
                 .map_err(map_err)?;

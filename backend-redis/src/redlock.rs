@@ -11,7 +11,7 @@ use locksmith_core::{
 };
 
 use crate::config::RedisConfig;
-use crate::node::{Keys, Node};
+use crate::node::{Keys, Node, Role};
 
 /// Redlock: the lock is held when a quorum (N/2+1) of independent masters
 /// granted it within `ttl − elapsed − drift`. A minority of nodes down or
@@ -50,7 +50,7 @@ impl RedlockBackend {
         let nodes = config
             .nodes
             .iter()
-            .map(|u| Node::new(u, config.timeout, config.connect_timeout, &config.tls, true))
+            .map(|u| Node::new(u, config.timeout, config.connect_timeout, &config.tls, Role::Quorum))
             .collect::<Result<Vec<_>>>()?;
         let quorum = nodes.len() / 2 + 1;
         Ok(RedlockBackend {

@@ -1,10 +1,20 @@
 //! The Lua scripts: each operation is one script, so each is atomic in Redis.
 //!
-//! A lock is a hash at `KEYS[1]` whose one field is the owner token and whose
-//! value is the hold count (the re-entrant scheme of the design notes), with
-//! a millisecond expiry. Its fencing counter is a plain integer key beside
-//! it, never expired, so tokens keep rising across release and expiry, and
-//! seeded from the server clock so they keep rising across a restart too.
+//! A lock is a hash at `KEYS[1]` whose one owner field is the owner token
+//! and whose value is the hold count (the re-entrant scheme of the design
+//! notes), with a millisecond expiry. Fields starting with `~`, which no
+//! owner token can, carry the rest: `~f` the grant's fencing token, `~q`
+//! "someone may be queued", `~grant` the ticket of a hand-off. Everything of
+//! a lock goes with the hash, on release or at expiry: nothing is kept per
+//! name once the lock is free.
+//!
+//! The fencing token is the server's clock in µs when the grant was made,
+//! or one above the token it follows when the lock is handed over within a
+//! script. Grants of one key are separate commands, each taking more than a
+//! microsecond, so tokens strictly increase across release, expiry and a
+//! restart that lost the data, as long as the server's clock does not step
+//! back (see the crate docs). Redlock asks for no token, and its scripts
+//! then write none.
 //!
 //! Waiters queue in arrival order: a sorted set of tickets (`queue`, scored
 //! by arrival time) and a hash `waiters` from ticket to its entry,
@@ -18,58 +28,63 @@
 //! shorter of the TTL and the waiter's liveness window, so a waiter that died
 //! unseen since its last refresh holds the next one up for that window, not
 //! a whole TTL; the new holder extends it to the TTL halfway through it.
-//! The lock hash then also records the ticket it was handed to (field
-//! `~grant`, which no owner token can be), so a waiter whose message was
-//! lost finds its grant on its next refresh, and one that gave up can hand
-//! it on; the record goes with the lock.
+//! The lock hash then also records the ticket it was handed to (`~grant`),
+//! so a waiter whose message was lost finds its grant on its next refresh,
+//! and one that gave up can hand it on; the record goes with the lock.
+//!
+//! The common case is cheap: a free key with nobody queued is taken with
+//! one `EXISTS`, `TIME`, `HSET` and `PEXPIRE`, and a release with no queue
+//! flag is one `HMGET` and one `DEL`. A queue flag that outlived its queue
+//! only costs that release one `EXISTS`.
 
 use std::sync::OnceLock;
 
 use redis::Script;
 
-/// Shared by the scripts that can free or take a lock. KEYS: lock, fence
-/// counter, queue, waiters.
+/// Shared by the scripts that can free or take a lock. KEYS: lock, queue,
+/// waiters.
 const COMMON: &str = r"
 local function now_us()
   local t = redis.call('time')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return t[1] * 1000000 + t[2]
 end
 
--- The fence counter counts grants. A counter that is new, or was lost with
--- a restart that kept no data, starts from the server time in µs: above any
--- token handed out before, as long as the server's clock does not jump back
--- (grants are far rarer than one per µs, so the count never outruns it).
-local function next_fence()
-  local fence = redis.call('incr', KEYS[2])
-  if fence == 1 then
+-- Takes the free lock for `owner`. `after` is the token of the grant this
+-- one follows within the same script (a hand-off), if any. Returns the
+-- fence, 0 when none is asked for.
+local function take(owner, ttl, fenced, after, queued)
+  local fence = 0
+  if fenced == '1' then
     fence = now_us()
-    redis.call('set', KEYS[2], string.format('%.0f', fence))
+    if after and after >= fence then
+      fence = after + 1
+    end
+    redis.call('hset', KEYS[1], owner, 1, '~f', fence)
+  else
+    redis.call('hset', KEYS[1], owner, 1)
   end
-  return fence
-end
-
-local function take(owner, ttl)
-  local fence = next_fence()
-  redis.call('hset', KEYS[1], owner, 1)
+  if queued then
+    redis.call('hset', KEYS[1], '~q', 1)
+  end
   redis.call('pexpire', KEYS[1], ttl)
   return fence
 end
 
 -- The lock is free: take it for the longest live waiter, unless that is
 -- `me`. Returns 'me', the ticket served, or nil when no live waiter is left.
-local function hand_off(me)
+local function hand_off(me, fenced, after)
   local now = nil
   while true do
-    local head = redis.call('zpopmin', KEYS[3])[1]
+    local head = redis.call('zpopmin', KEYS[2])[1]
     if not head then
       return nil
     end
     if head == me then
-      redis.call('hdel', KEYS[4], head)
+      redis.call('hdel', KEYS[3], head)
       return 'me'
     end
-    local v = redis.call('hget', KEYS[4], head)
-    redis.call('hdel', KEYS[4], head)
+    local v = redis.call('hget', KEYS[3], head)
+    redis.call('hdel', KEYS[3], head)
     local live, ttl, life, hub, owner
     if v then
       live, ttl, life, hub, owner = string.match(v, '^(%d+) (%d+) (%d+) (%S+) (%S+)$')
@@ -79,7 +94,8 @@ local function hand_off(me)
       -- The waiter may have died since its last refresh: it gets only its
       -- liveness window, and extends the lease when the message reaches it.
       local lease = math.min(tonumber(ttl), tonumber(life))
-      local fence = take(owner, lease)
+      local queued = redis.call('exists', KEYS[2]) == 1
+      local fence = take(owner, lease, fenced, after, queued)
       redis.call('hset', KEYS[1], '~grant', head)
       redis.call('publish', hub, head .. ' ' .. string.format('%.0f', fence) .. ' ' .. lease)
       return head
@@ -87,34 +103,50 @@ local function hand_off(me)
   end
 end
 
--- Drops one of the `holds` (read just now) of `owner`; frees and hands off
--- at zero. Returns the holds left.
-local function drop_hold(owner, holds)
+-- Drops one of the `holds` (read just now) of `owner`; frees at zero, and
+-- hands off if the lock says someone may be queued. Returns the holds left.
+local function drop_hold(owner, holds, queued, fenced, fence)
   if holds > 1 then
     return redis.call('hincrby', KEYS[1], owner, -1)
   end
   redis.call('del', KEYS[1])
-  if redis.call('exists', KEYS[3]) == 1 then
-    hand_off(nil)
+  if queued and redis.call('exists', KEYS[2]) == 1 then
+    hand_off(nil, fenced, fence)
   end
   return 0
 end
+
+-- The token of the live hold, made now for a hold that lacks one (taken by
+-- an older version, whose tokens were never above the clock).
+local function fence_of(fenced)
+  if fenced ~= '1' then
+    return 0
+  end
+  local fence = tonumber(redis.call('hget', KEYS[1], '~f'))
+  if not fence then
+    fence = now_us()
+    redis.call('hset', KEYS[1], '~f', fence)
+  end
+  return fence
+end
 ";
 
-/// KEYS: lock, fence counter, queue, waiters.
-/// ARGV: owner, ttl ms; and for a waiter: ticket, liveness ms, hub channel.
+/// KEYS: lock, queue, waiters.
+/// ARGV: owner, ttl ms, fenced ('1' or '0'); and for a waiter: ticket,
+/// liveness ms, hub channel.
 /// Returns {1, fence, holds} when granted, {0, pttl} when held by another
 /// (a waiter is then queued, or its place refreshed).
 const ACQUIRE: &str = r"
-local owner, ttl, ticket = ARGV[1], ARGV[2], ARGV[3]
+local owner, ttl, fenced, ticket = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 -- One call answers the common case: no lock and nobody queued.
-if redis.call('exists', KEYS[1], KEYS[3]) == 0 then
-  return {1, take(owner, ttl), 1}
+if redis.call('exists', KEYS[1], KEYS[2]) == 0 then
+  return {1, take(owner, ttl, fenced, nil, false), 1}
 end
 if redis.call('exists', KEYS[1]) == 0 then
-  local served = hand_off(ticket)
+  local served = hand_off(ticket, fenced, nil)
   if served == nil or served == 'me' then
-    return {1, take(owner, ttl), 1}
+    local queued = redis.call('exists', KEYS[2]) == 1
+    return {1, take(owner, ttl, fenced, nil, queued), 1}
   end
 elseif redis.call('hexists', KEYS[1], owner) == 1 then
   if ticket and redis.call('hget', KEYS[1], '~grant') == ticket then
@@ -122,52 +154,56 @@ elseif redis.call('hexists', KEYS[1], owner) == 1 then
     -- short hand-off lease becomes the full one.
     redis.call('hdel', KEYS[1], '~grant')
     redis.call('pexpire', KEYS[1], ttl)
-    return {1, tonumber(redis.call('get', KEYS[2])), tonumber(redis.call('hget', KEYS[1], owner))}
+    return {1, fence_of(fenced), tonumber(redis.call('hget', KEYS[1], owner))}
   end
   local holds = redis.call('hincrby', KEYS[1], owner, 1)
   redis.call('pexpire', KEYS[1], ttl)
   if ticket then
-    redis.call('zrem', KEYS[3], ticket)
-    redis.call('hdel', KEYS[4], ticket)
+    redis.call('zrem', KEYS[2], ticket)
+    redis.call('hdel', KEYS[3], ticket)
   end
-  return {1, tonumber(redis.call('get', KEYS[2])), holds}
+  return {1, fence_of(fenced), holds}
 end
 if ticket then
-  local life, hub = tonumber(ARGV[4]), ARGV[5]
+  local life, hub = tonumber(ARGV[5]), ARGV[6]
   local now = now_us()
-  redis.call('zadd', KEYS[3], 'NX', now, ticket)
-  redis.call('hset', KEYS[4], ticket, string.format('%.0f %s %d %s %s',
+  redis.call('zadd', KEYS[2], 'NX', now, ticket)
+  redis.call('hset', KEYS[3], ticket, string.format('%.0f %s %d %s %s',
     now + life * 1000, ttl, life, hub, owner))
+  -- The holder's release looks for waiters only when this flag is set.
+  redis.call('hset', KEYS[1], '~q', 1)
   -- The queue's keys live while anyone waits, and go after.
-  if redis.call('pttl', KEYS[3]) < life then
+  if redis.call('pttl', KEYS[2]) < life then
+    redis.call('pexpire', KEYS[2], life)
     redis.call('pexpire', KEYS[3], life)
-    redis.call('pexpire', KEYS[4], life)
   end
 end
 return {0, redis.call('pttl', KEYS[1])}
 ";
 
-/// KEYS: lock, fence counter, queue, waiters. ARGV: owner.
+/// KEYS: lock, queue, waiters. ARGV: owner, fenced.
 /// Returns -1 when not held by this owner, else the holds left (0: freed,
 /// and handed to the longest live waiter if any).
 const RELEASE: &str = r"
-local holds = tonumber(redis.call('hget', KEYS[1], ARGV[1]))
+local v = redis.call('hmget', KEYS[1], ARGV[1], '~q', '~f')
+local holds = tonumber(v[1])
 if not holds then
   return -1
 end
-return drop_hold(ARGV[1], holds)
+return drop_hold(ARGV[1], holds, v[2], ARGV[2], tonumber(v[3]))
 ";
 
-/// KEYS: lock, fence counter, queue, waiters. ARGV: owner, ticket.
+/// KEYS: lock, queue, waiters. ARGV: owner, ticket, fenced.
 /// A waiter gives up: leaves the queue, and drops the hold it was handed if
 /// the hand-off already happened. Returns 1 if it dropped such a hold.
 const ABANDON: &str = r"
-redis.call('zrem', KEYS[3], ARGV[2])
-redis.call('hdel', KEYS[4], ARGV[2])
-local holds = tonumber(redis.call('hget', KEYS[1], ARGV[1]))
-if holds and redis.call('hget', KEYS[1], '~grant') == ARGV[2] then
+redis.call('zrem', KEYS[2], ARGV[2])
+redis.call('hdel', KEYS[3], ARGV[2])
+local v = redis.call('hmget', KEYS[1], ARGV[1], '~grant', '~f')
+local holds = tonumber(v[1])
+if holds and v[2] == ARGV[2] then
   redis.call('hdel', KEYS[1], '~grant')
-  drop_hold(ARGV[1], holds)
+  drop_hold(ARGV[1], holds, true, ARGV[3], tonumber(v[3]))
   return 1
 end
 return 0
@@ -198,13 +234,14 @@ fn cached(cell: &'static OnceLock<Script>, body: &str, common: bool) -> &'static
     })
 }
 
-/// The acquire script (KEYS: lock, fence, queue, waiters; ARGV: owner, ttl ms).
+/// The acquire script (KEYS: lock, queue, waiters; ARGV: owner, ttl ms,
+/// fenced `1`/`0`).
 pub fn acquire() -> &'static Script {
     static S: OnceLock<Script> = OnceLock::new();
     cached(&S, ACQUIRE, true)
 }
 
-/// The release script (KEYS as acquire; ARGV: owner).
+/// The release script (KEYS as acquire; ARGV: owner, fenced `1`/`0`).
 pub fn release() -> &'static Script {
     static S: OnceLock<Script> = OnceLock::new();
     cached(&S, RELEASE, true)

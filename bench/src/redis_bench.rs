@@ -98,7 +98,7 @@ pub(crate) async fn run(
                 }
                 4 => {
                     let base = format!("locksmith:{{bench:{tag}:raw}}");
-                    let keys: Vec<String> = [":lock", ":fence", ":queue", ":waiters"]
+                    let keys: Vec<String> = [":lock", ":queue", ":waiters"]
                         .iter()
                         .map(|s| format!("{base}{s}"))
                         .collect();
@@ -109,6 +109,7 @@ pub(crate) async fn run(
                                 .key(&keys)
                                 .arg(token.as_str())
                                 .arg(10_000)
+                                .arg("1")
                                 .invoke_async(&mut bare)
                                 .await
                                 .expect("acquire script");
@@ -116,6 +117,7 @@ pub(crate) async fn run(
                             let left: i64 = locksmith::redis::scripts::release()
                                 .key(&keys)
                                 .arg(token.as_str())
+                                .arg("1")
                                 .invoke_async(&mut bare)
                                 .await
                                 .expect("release script");
