@@ -80,6 +80,8 @@ impl LockBackend for RedisBackend {
             binding: Binding::Lease,
             notify: true,
             fair: true,
+            // Nothing is kept once a lock is free.
+            retention: Duration::ZERO,
         }
     }
 

@@ -50,7 +50,15 @@ impl RedlockBackend {
         let nodes = config
             .nodes
             .iter()
-            .map(|u| Node::new(u, config.timeout, config.connect_timeout, &config.tls, Role::Quorum))
+            .map(|u| {
+                Node::new(
+                    u,
+                    config.timeout,
+                    config.connect_timeout,
+                    &config.tls,
+                    Role::Quorum,
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         let quorum = nodes.len() / 2 + 1;
         Ok(RedlockBackend {
@@ -118,6 +126,7 @@ impl LockBackend for RedlockBackend {
             binding: Binding::Lease,
             notify: false,
             fair: false,
+            retention: Duration::ZERO,
         }
     }
 

@@ -19,6 +19,10 @@ impl Harness for Single {
     async fn unreachable_client(&self) -> Arc<dyn LockBackend> {
         Arc::new(RedisBackend::connect("redis://127.0.0.1:1").unwrap())
     }
+    async fn stored_names(&self, prefix: &str) -> anyhow::Result<u64> {
+        let keys = common::scan(&common::redis_url(), &common::names_pattern(prefix)).await;
+        Ok(keys.len() as u64)
+    }
 }
 
 struct Redlock;
@@ -30,6 +34,15 @@ impl Harness for Redlock {
     }
     async fn unreachable_client(&self) -> Arc<dyn LockBackend> {
         Arc::new(RedlockBackend::connect(&common::redlock_url(&[1, 1, 1, 1, 1])).unwrap())
+    }
+    async fn stored_names(&self, prefix: &str) -> anyhow::Result<u64> {
+        let mut most = 0;
+        for port in common::redlock_ports() {
+            let url = format!("redis://127.0.0.1:{port}");
+            let keys = common::scan(&url, &common::names_pattern(prefix)).await;
+            most = most.max(keys.len() as u64);
+        }
+        Ok(most)
     }
 }
 

@@ -97,33 +97,12 @@ async fn acquire_succeeds_iff_a_quorum_is_free() {
             // writes no fencing counter, and a failed acquire leaves no
             // queue or lock behind.
             for (i, port) in ports.iter().enumerate() {
-                let left = keys_of(*port, key.as_str()).await;
+                let url = format!("redis://127.0.0.1:{port}");
+                let left = common::scan(&url, &format!("*{{{}}}*", key.as_str())).await;
                 assert!(left.is_empty(), "{case}: node {i} kept {left:?}");
             }
         }
     }
-}
-
-/// Every key on the node at `port` whose name carries the lock name `name`.
-async fn keys_of(port: u16, name: &str) -> Vec<String> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let pattern = format!("*{{{name}}}*");
-    let mut iter: redis::AsyncIter<String> = redis::cmd("SCAN")
-        .cursor_arg(0)
-        .arg("MATCH")
-        .arg(&pattern)
-        .arg("COUNT")
-        .arg(1000)
-        .clone()
-        .iter_async(&mut conn)
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    while let Some(k) = futures::StreamExt::next(&mut iter).await {
-        out.push(k.unwrap_or_default());
-    }
-    out
 }
 
 use locksmith_core::Grant;

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{watch, OnceCell};
 
 use crate::config::{Dialect, Mode, SqlConfig};
-use crate::queries::Queries;
+use crate::queries::{Queries, SWEEP_BATCH};
 use crate::session::SessionLocks;
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
@@ -77,6 +77,8 @@ struct Inner {
     schema: OnceCell<()>,
     local: Arc<LocalReleases>,
     session: Option<SessionLocks>,
+    /// When this client last started a sweep (see [`SqlBackend::sweep`]).
+    swept: Mutex<Option<std::time::Instant>>,
 }
 
 impl SqlBackend {
@@ -110,6 +112,7 @@ impl SqlBackend {
                 schema: OnceCell::new(),
                 local,
                 session,
+                swept: Mutex::new(None),
             }),
         })
     }
@@ -164,6 +167,62 @@ impl SqlBackend {
             })
             .await?;
         Ok(())
+    }
+}
+
+impl SqlBackend {
+    /// Deletes the lease rows that have been free (released, or their lease
+    /// ended) for longer than the [retention](SqlConfig::retention), and
+    /// returns how many went. Lease-mode acquires start one in the
+    /// background at most every quarter of the retention, so a free row is
+    /// gone within 1.25 × the retention while any client of the table keeps
+    /// acquiring; call this to collect at other times. Session mode keeps no
+    /// rows and deletes nothing.
+    ///
+    /// # Errors
+    /// `Unavailable` if the database cannot be reached.
+    pub async fn sweep(&self) -> Result<u64> {
+        if self.inner.session.is_some() {
+            return Ok(0);
+        }
+        self.migrate().await?;
+        let retention = ttl_ms(self.inner.config.retention);
+        let mut gone = 0;
+        // Batches keep each statement short; a backlog left by an earlier
+        // version is worked off over several sweeps.
+        for _ in 0..100 {
+            let n = on_pool!(&self.inner.pool, p => sqlx::query(&self.inner.queries.sweep)
+                .bind(retention)
+                .execute(p)
+                .await
+                .map_err(map_err)?
+                .rows_affected());
+            gone += n;
+            if n < SWEEP_BATCH {
+                break;
+            }
+        }
+        Ok(gone)
+    }
+
+    /// Starts a background sweep if this client has not started one within
+    /// a quarter of the retention.
+    fn sweep_now_and_then(&self) {
+        let every = self.inner.config.retention / 4;
+        let now = std::time::Instant::now();
+        {
+            let mut last = self.inner.swept.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|t| now.duration_since(t) < every) {
+                return;
+            }
+            *last = Some(now);
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = this.sweep().await {
+                tracing::debug!("sweep of free lease rows failed: {e}");
+            }
+        });
     }
 }
 
@@ -430,6 +489,7 @@ impl SqlBackend {
         ttl: Duration,
     ) -> Result<Acquire> {
         self.migrate().await?;
+        self.sweep_now_and_then();
         let q = &self.inner.queries;
         let row: Option<(i64, i64)> = match &self.inner.pool {
             #[cfg(feature = "mysql")]
@@ -589,6 +649,13 @@ impl LockBackend for SqlBackend {
             // once; other processes are found by polling.
             notify: false,
             fair: false,
+            // Rows go a retention after the lock is free, swept by acquires
+            // every quarter of it; session locks keep no rows.
+            retention: if session {
+                Duration::ZERO
+            } else {
+                self.inner.config.retention + self.inner.config.retention / 4
+            },
         }
     }
 

@@ -17,7 +17,11 @@ const OUR_PARAMS: &[&str] = &[
     "pool_max",
     "connect_timeout",
     "busy_timeout",
+    "retention",
 ];
+
+/// How long a free lease row is kept by default (see [`SqlConfig::retention`]).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(60);
 
 /// The parameters each driver understands (sqlx 0.8); anything else in the
 /// URL is refused rather than silently ignored.
@@ -96,7 +100,8 @@ pub enum Mode {
 /// name, a plain identifier), `pool_max` (connections in the pool),
 /// `connect_timeout` (e.g. `3s`) and, for SQLite only, `busy_timeout` (how
 /// long a statement waits for another process's write lock before the store
-/// counts as unavailable; default 5s). Any other parameter must be one the
+/// counts as unavailable; default 5s), and `retention` (how long a free lease
+/// row is kept, from 1s; default 60s). Any other parameter must be one the
 /// driver understands, or the URL is refused.
 #[derive(Debug, Clone)]
 pub struct SqlConfig {
@@ -114,6 +119,12 @@ pub struct SqlConfig {
     pub connect_timeout: Duration,
     /// SQLite: how long to wait for another connection's write lock.
     pub busy_timeout: Duration,
+    /// How long a released or expired lease row is kept before a sweep
+    /// deletes it. Fences stay strictly increasing across that deletion as
+    /// long as the database clock never steps back by more than this, and no
+    /// acquire statement takes longer than this between reading the clock
+    /// and inserting its row.
+    pub retention: Duration,
 }
 
 impl SqlConfig {
@@ -149,6 +160,7 @@ impl SqlConfig {
             pool_max: 8,
             connect_timeout: Duration::from_secs(3),
             busy_timeout: Duration::from_secs(5),
+            retention: DEFAULT_RETENTION,
         };
         let driver_url = take_params(url, |k, v| {
             match k {
@@ -179,6 +191,14 @@ impl SqlConfig {
                 "busy_timeout" if dialect == Dialect::Sqlite => {
                     config.busy_timeout =
                         duration_param(k, v, Duration::from_millis(1), Duration::from_secs(3600))?
+                }
+                "retention" => {
+                    config.retention = duration_param(
+                        k,
+                        v,
+                        Duration::from_secs(1),
+                        Duration::from_secs(30 * 86_400),
+                    )?
                 }
                 "connect_timeout" => {
                     config.connect_timeout =

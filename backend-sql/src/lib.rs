@@ -71,4 +71,6 @@ mod session;
 mod session;
 
 pub use backend::{LeaseStatements, SqlBackend};
-pub use config::{validate_table_name, Dialect, Mode, SqlConfig, DEFAULT_TABLE, SQL_SCHEMES};
+pub use config::{
+    validate_table_name, Dialect, Mode, SqlConfig, DEFAULT_RETENTION, DEFAULT_TABLE, SQL_SCHEMES,
+};

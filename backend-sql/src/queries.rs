@@ -16,6 +16,9 @@ pub(crate) struct Queries {
     pub(crate) acquire: String,
     pub(crate) release: String,
     pub(crate) renew: String,
+    /// Deletes up to [`SWEEP_BATCH`] rows free for longer than the retention
+    /// (parameter: the retention in ms).
+    pub(crate) sweep: String,
     /// MySQL only: reads the hold count after a re-entrant grant.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) holds: String,
@@ -31,17 +34,34 @@ impl Queries {
     }
 }
 
+/// Rows one sweep statement deletes at most, so a sweep of a large backlog
+/// (a table from an earlier version) never holds locks for long.
+pub(crate) const SWEEP_BATCH: u64 = 1000;
+
 // Every dialect keeps the same columns. key_hash: SHA-256 of the key, so any
 // key up to 1024 bytes fits a fixed-width unique key and none is truncated;
-// lock_key keeps the key itself for people reading the table. The row outlives
-// release so the fence keeps rising across release, expiry and takeover.
+// lock_key keeps the key itself for people reading the table.
+//
+// A row lives while its lock does, and for the retention after: release sets
+// expires_at to the time of release, and the sweep deletes rows whose
+// expires_at lies more than the retention in the past (released or expired
+// alike). The fence is the database clock in µs at the grant, or one above
+// the row's previous fence if that is higher: it rises across takeovers
+// through the row, and across a row's deletion through the clock. Fences of
+// earlier versions counted 1, 2, 3… per row, far below the clock, so rows
+// from them keep rising too.
 
 /// Milliseconds since the Unix epoch on the database's clock. SQLite keeps
 /// `'now'` fixed for the whole statement, so every use agrees.
 const SQLITE_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+/// The same in µs (SQLite's clock has ms precision; the fence needs only to
+/// rise, which `MAX(fence + 1, …)` ensures within a millisecond).
+const SQLITE_NOW_US: &str = "(CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) * 1000)";
 
 fn sqlite(t: &str) -> Queries {
     let now = SQLITE_NOW;
+    let us = SQLITE_NOW_US;
+    let batch = SWEEP_BATCH;
     Queries {
         create: vec![format!(
             "CREATE TABLE IF NOT EXISTS {t} (
@@ -58,12 +78,12 @@ fn sqlite(t: &str) -> Queries {
         // another owner fails the WHERE and returns nothing: contended.
         acquire: format!(
             "INSERT INTO {t} (key_hash, lock_key, owner, holds, fence, expires_at)
-             VALUES (?1, ?2, ?3, 1, 1, {now} + ?4)
+             VALUES (?1, ?2, ?3, 1, {us}, {now} + ?4)
              ON CONFLICT (key_hash) DO UPDATE SET
                 holds = CASE WHEN {t}.owner = excluded.owner AND {t}.expires_at > {now}
                              THEN {t}.holds + 1 ELSE 1 END,
                 fence = CASE WHEN {t}.owner = excluded.owner AND {t}.expires_at > {now}
-                             THEN {t}.fence ELSE {t}.fence + 1 END,
+                             THEN {t}.fence ELSE MAX({t}.fence + 1, {us}) END,
                 owner = excluded.owner,
                 expires_at = excluded.expires_at
              WHERE {t}.owner IS NULL OR {t}.expires_at <= {now} OR {t}.owner = excluded.owner
@@ -73,13 +93,18 @@ fn sqlite(t: &str) -> Queries {
             "UPDATE {t} SET
                 holds = holds - 1,
                 owner = CASE WHEN holds > 1 THEN owner ELSE NULL END,
-                expires_at = CASE WHEN holds > 1 THEN expires_at ELSE 0 END
+                expires_at = CASE WHEN holds > 1 THEN expires_at ELSE {now} END
              WHERE key_hash = ?1 AND owner = ?2 AND expires_at > {now}
              RETURNING holds"
         ),
         renew: format!(
             "UPDATE {t} SET expires_at = {now} + ?3
              WHERE key_hash = ?1 AND owner = ?2 AND expires_at > {now}"
+        ),
+        sweep: format!(
+            "DELETE FROM {t} WHERE key_hash IN
+                (SELECT key_hash FROM {t} WHERE expires_at < {now} - ?1 LIMIT {batch})
+             AND expires_at < {now} - ?1"
         ),
         holds: String::new(),
     }
@@ -89,6 +114,9 @@ fn sqlite(t: &str) -> Queries {
 /// autocommit that is after the client sent the request, so a lease computed
 /// from it never ends before the client's conservative local deadline.
 fn postgres(t: &str) -> Queries {
+    let us = "(extract(epoch from now()) * 1000000)::bigint";
+    let batch = SWEEP_BATCH;
+    let stale = "now() - $1::bigint * interval '1 millisecond'";
     Queries {
         create: vec![format!(
             "CREATE TABLE IF NOT EXISTS {t} (
@@ -102,12 +130,12 @@ fn postgres(t: &str) -> Queries {
         )],
         acquire: format!(
             "INSERT INTO {t} AS l (key_hash, lock_key, owner, holds, fence, expires_at)
-             VALUES ($1, $2, $3, 1, 1, now() + $4::bigint * interval '1 millisecond')
+             VALUES ($1, $2, $3, 1, {us}, now() + $4::bigint * interval '1 millisecond')
              ON CONFLICT (key_hash) DO UPDATE SET
                 holds = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > now()
                              THEN l.holds + 1 ELSE 1 END,
                 fence = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > now()
-                             THEN l.fence ELSE l.fence + 1 END,
+                             THEN l.fence ELSE GREATEST(l.fence + 1, {us}) END,
                 owner = EXCLUDED.owner,
                 expires_at = EXCLUDED.expires_at
              WHERE l.owner IS NULL OR l.expires_at <= now() OR l.owner = EXCLUDED.owner
@@ -117,13 +145,20 @@ fn postgres(t: &str) -> Queries {
             "UPDATE {t} SET
                 holds = holds - 1,
                 owner = CASE WHEN holds > 1 THEN owner ELSE NULL END,
-                expires_at = CASE WHEN holds > 1 THEN expires_at ELSE '-infinity' END
+                expires_at = CASE WHEN holds > 1 THEN expires_at ELSE now() END
              WHERE key_hash = $1 AND owner = $2 AND expires_at > now()
              RETURNING holds"
         ),
         renew: format!(
             "UPDATE {t} SET expires_at = now() + $3::bigint * interval '1 millisecond'
              WHERE key_hash = $1 AND owner = $2 AND expires_at > now()"
+        ),
+        // The outer condition is checked again on a row that changed while
+        // the statement waited for it, so a row taken meanwhile stays.
+        sweep: format!(
+            "DELETE FROM {t} WHERE key_hash IN
+                (SELECT key_hash FROM {t} WHERE expires_at < {stale} LIMIT {batch})
+             AND expires_at < {stale}"
         ),
         holds: String::new(),
     }
@@ -132,9 +167,13 @@ fn postgres(t: &str) -> Queries {
 /// `NOW(3)` is fixed for the statement; sqlx pins the session time zone to
 /// UTC, so the epoch arithmetic is exact.
 const MYSQL_NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+/// The same in µs, for fences.
+const MYSQL_NOW_US: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)";
 
 fn mysql(t: &str) -> Queries {
     let now = MYSQL_NOW;
+    let us = MYSQL_NOW_US;
+    let batch = SWEEP_BATCH;
     let flag = MYSQL_REENTRY_FLAG;
     let mine = format!("(owner = VALUES(owner) AND expires_at > {now})");
     let free = format!("(owner IS NULL OR expires_at <= {now})");
@@ -153,16 +192,17 @@ fn mysql(t: &str) -> Queries {
         // right, each seeing the columns already assigned. So owner and
         // expires_at go last, and expires_at tests the *new* owner. The
         // outcome comes back in the OK packet through LAST_INSERT_ID(expr):
-        // 1 from the VALUES list on a fresh insert (evaluated on duplicates
+        // the clock's µs from the VALUES list on a fresh insert (evaluated on duplicates
         // too, hence the explicit reset), the new fence on takeover, the fence
         // plus a flag on re-entry, and 0 when someone else holds the key.
         acquire: format!(
             "INSERT INTO {t} (key_hash, lock_key, owner, holds, fence, expires_at)
-             VALUES (?, ?, ?, 1, LAST_INSERT_ID(1), {now} + ?)
+             VALUES (?, ?, ?, 1, LAST_INSERT_ID({us}), {now} + ?)
              ON DUPLICATE KEY UPDATE
                 holds = IF({mine}, holds + 1, IF({free}, 1, holds)),
                 fence = IF({mine}, LAST_INSERT_ID(fence + {flag}) - {flag},
-                        IF({free}, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0))),
+                        IF({free}, LAST_INSERT_ID(GREATEST(fence + 1, {us})),
+                           fence + LAST_INSERT_ID(0))),
                 owner = IF({mine} OR {free}, VALUES(owner), owner),
                 expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at)"
         ),
@@ -172,13 +212,14 @@ fn mysql(t: &str) -> Queries {
             "UPDATE {t} SET
                 holds = LAST_INSERT_ID(holds - 1),
                 owner = IF(holds > 0, owner, NULL),
-                expires_at = IF(holds > 0, expires_at, 0)
+                expires_at = IF(holds > 0, expires_at, {now})
              WHERE key_hash = ? AND owner = ? AND expires_at > {now}"
         ),
         renew: format!(
             "UPDATE {t} SET expires_at = {now} + ?
              WHERE key_hash = ? AND owner = ? AND expires_at > {now}"
         ),
+        sweep: format!("DELETE FROM {t} WHERE expires_at < {now} - ? LIMIT {batch}"),
         holds: format!("SELECT holds FROM {t} WHERE key_hash = ? AND owner = ?"),
     }
 }

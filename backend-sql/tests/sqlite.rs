@@ -1,12 +1,14 @@
 //! The whole conformance suite against SQLite files, plus what is particular
 //! to the SQL lease table.
 
+mod common;
+
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use locksmith_conformance::Harness;
 use locksmith_core::{Acquire, ErrorKind, LockBackend, LockKey, OwnerToken, Release};
-use locksmith_sql::SqlBackend;
+use locksmith_sql::{Dialect, SqlBackend};
 
 /// Each client is its own pool on one database file in a fresh directory.
 struct SqliteHarness {
@@ -33,7 +35,9 @@ impl SqliteHarness {
 #[async_trait]
 impl Harness for SqliteHarness {
     async fn client(&self) -> Arc<dyn LockBackend> {
-        Arc::new(SqlBackend::connect(&self.url()).expect("valid url"))
+        // Free rows kept 1 s, so the bounded-state cases need not wait a minute.
+        let url = format!("{}?retention=1s", self.url());
+        Arc::new(SqlBackend::connect(&url).expect("valid url"))
     }
 
     async fn unreachable_client(&self) -> Arc<dyn LockBackend> {
@@ -53,6 +57,11 @@ impl Harness for SqliteHarness {
         }
         let url = format!("sqlite://{}?busy_timeout=200ms", path.display());
         Arc::new(SqlBackend::connect(&url).expect("valid url"))
+    }
+
+    async fn stored_names(&self, prefix: &str) -> anyhow::Result<u64> {
+        let url = format!("sqlite://{}/locks.db", self.dir.path().display());
+        common::count_rows(Dialect::Sqlite, &url, locksmith_sql::DEFAULT_TABLE, prefix).await
     }
 }
 

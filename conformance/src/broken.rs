@@ -2,7 +2,7 @@
 //! promise of the contract; the suite must fail every one of them (this
 //! crate's `tests/broken.rs` proves it does).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,11 +32,16 @@ pub enum Defect {
     /// Treats a lease with less than a third of its TTL left as free (a
     /// clock-skew allowance applied the wrong way round).
     EarlyTakeover,
+    /// Keeps a record of every name it ever granted, for ever.
+    LeaksState,
+    /// Counts fences per name and forgets the count when the name's state is
+    /// collected, so a name locked again after collection starts over.
+    FenceForgottenOnCollection,
 }
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 7] = [
+    pub const ALL: [Defect; 9] = [
         Defect::ReleaseWithoutOwnerCheck,
         Defect::NoExpiry,
         Defect::RenewReleases,
@@ -44,6 +49,8 @@ impl Defect {
         Defect::ContendedWhenDown,
         Defect::ClaimsFairness,
         Defect::EarlyTakeover,
+        Defect::LeaksState,
+        Defect::FenceForgottenOnCollection,
     ];
 }
 
@@ -56,6 +63,16 @@ pub struct Broken {
     holders: Arc<Mutex<HashMap<LockKey, OwnerToken>>>,
     /// When each key's lease was last granted or renewed, and for how long.
     leases: Arc<Mutex<HashMap<LockKey, (Instant, Duration)>>>,
+    /// The state this "store" keeps beside the inner one (`LeaksState`,
+    /// `FenceForgottenOnCollection`).
+    extra: Arc<Extra>,
+}
+
+/// Per-name state a broken store keeps of its own.
+#[derive(Debug, Default)]
+struct Extra {
+    leaked: Mutex<HashSet<LockKey>>,
+    fences: Mutex<HashMap<LockKey, u64>>,
 }
 
 impl Broken {
@@ -127,6 +144,20 @@ impl LockBackend for Broken {
                     ..grant
                 }));
             }
+            if self.defect == Defect::LeaksState {
+                self.extra.leaked.lock().unwrap().insert(key.clone());
+            }
+            if self.defect == Defect::FenceForgottenOnCollection {
+                let mut fences = self.extra.fences.lock().unwrap();
+                let count = fences.entry(key.clone()).or_insert(0);
+                if grant.holds == 1 {
+                    *count += 1;
+                }
+                return Ok(Acquire::Acquired(Grant {
+                    fence: Some(FencingToken(*count)),
+                    ..grant
+                }));
+            }
         }
         Ok(outcome)
     }
@@ -176,6 +207,7 @@ pub struct BrokenHarness<H> {
     defect: Defect,
     holders: Arc<Mutex<HashMap<LockKey, OwnerToken>>>,
     leases: Arc<Mutex<HashMap<LockKey, (Instant, Duration)>>>,
+    extra: Arc<Extra>,
 }
 
 impl<H: Harness> BrokenHarness<H> {
@@ -186,6 +218,7 @@ impl<H: Harness> BrokenHarness<H> {
             defect,
             holders: Arc::default(),
             leases: Arc::default(),
+            extra: Arc::default(),
         }
     }
 
@@ -195,6 +228,7 @@ impl<H: Harness> BrokenHarness<H> {
             defect: self.defect,
             holders: self.holders.clone(),
             leases: self.leases.clone(),
+            extra: self.extra.clone(),
         })
     }
 }
@@ -206,5 +240,23 @@ impl<H: Harness> Harness for BrokenHarness<H> {
     }
     async fn unreachable_client(&self) -> Arc<dyn LockBackend> {
         self.wrap(self.inner.unreachable_client().await)
+    }
+    async fn stored_names(&self, prefix: &str) -> anyhow::Result<u64> {
+        let inner = self.inner.stored_names(prefix).await?;
+        // Collected names lose their count: the store "forgot" them.
+        self.extra
+            .fences
+            .lock()
+            .unwrap()
+            .retain(|k, _| !k.as_str().starts_with(prefix));
+        let leaked = self
+            .extra
+            .leaked
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|k| k.as_str().starts_with(prefix))
+            .count();
+        Ok(inner + leaked as u64)
     }
 }

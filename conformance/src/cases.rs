@@ -934,6 +934,152 @@ pub async fn fencing_strictly_increases(h: &dyn Harness) -> Result<()> {
     Ok(())
 }
 
+/// Polls `stored_names(prefix)` until it is at most `most`, acquiring and
+/// releasing a name elsewhere between polls (stores may collect free state
+/// as a side effect of any acquire), until `within` has passed.
+async fn collected(
+    h: &dyn Harness,
+    client: &dyn LockBackend,
+    prefix: &str,
+    most: u64,
+    within: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + within;
+    let elsewhere = key("collection_trigger", &OwnerToken::generate().as_str()[..8]);
+    loop {
+        let owner = OwnerToken::generate();
+        if let Acquire::Acquired(_) = client.try_acquire(&elsewhere, &owner, LONG_TTL).await? {
+            client.release(&elsewhere, &owner).await?;
+        }
+        let n = h.stored_names(prefix).await?;
+        if n <= most {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the store still keeps state for {n} names under {prefix:?} (at most {most} \
+                 expected) {within:?} after they were freed"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Names locked once each, then released, leave no state behind beyond the
+/// store's stated retention; nor do holders whose leases ran out (or whose
+/// sessions ended) without a release. Per-entity locking (`order:81723`…)
+/// must not make the lock library the store's biggest tenant.
+pub async fn store_state_is_bounded(h: &dyn Harness) -> Result<()> {
+    const NAMES: usize = 10_000;
+    const HELD: usize = 10;
+    /// Room for bookkeeping a store keeps beside the locks themselves.
+    const SLACK: u64 = 8;
+    let case = "store_state_is_bounded";
+    let client = h.client().await;
+    let caps = client.capabilities();
+    let prefix = key(case, "").as_str().to_owned();
+    let held_owner = OwnerToken::generate();
+    for i in 0..HELD {
+        acquired(
+            &*client,
+            &key(case, &format!("held/{i}")),
+            &held_owner,
+            LONG_TTL,
+        )
+        .await?;
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let workers = (0..16).map(|_| {
+        let (client, next) = (client.clone(), next.clone());
+        async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= NAMES {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                let k = key(case, &format!("once/{i}"));
+                let owner = OwnerToken::generate();
+                acquired(&*client, &k, &owner, LONG_TTL).await?;
+                ensure!(
+                    client.release(&k, &owner).await? == Release::Freed,
+                    "release of {k:?} did not free it"
+                );
+            }
+        }
+    });
+    futures::future::try_join_all(workers).await?;
+    let slack = Duration::from_secs(5);
+    collected(
+        h,
+        &*client,
+        &prefix,
+        HELD as u64 + SLACK,
+        caps.retention + slack,
+    )
+    .await
+    .context("after releasing 10,000 names")?;
+    for i in 0..HELD {
+        client
+            .release(&key(case, &format!("held/{i}")), &held_owner)
+            .await?;
+    }
+
+    // Holders that vanish without releasing: leases run out, or sessions end.
+    let gone = h.client().await;
+    let ttl = short_ttl(&caps);
+    let owner = OwnerToken::generate();
+    for i in 0..20 {
+        acquired(&*gone, &key(case, &format!("abandoned/{i}")), &owner, ttl).await?;
+    }
+    end_hold(h, &gone, ttl).await?;
+    drop(gone);
+    collected(h, &*client, &prefix, SLACK, caps.retention + slack)
+        .await
+        .context("after 20 holders vanished without releasing")?;
+    Ok(())
+}
+
+/// A name whose state was collected and is then locked again gets a fence
+/// above the one before: fences rise through the collection too.
+pub async fn fencing_rises_after_state_is_collected(h: &dyn Harness) -> Result<()> {
+    let case = "fencing_rises_after_state_is_collected";
+    let k = key(case, "k");
+    let client = h.client().await;
+    let caps = client.capabilities();
+    let owner = OwnerToken::generate();
+    let first = acquired(&*client, &k, &owner, LONG_TTL).await?.fence;
+    ensure!(
+        client.release(&k, &owner).await? == Release::Freed,
+        "release did not free the key"
+    );
+    collected(
+        h,
+        &*client,
+        k.as_str(),
+        0,
+        caps.retention + Duration::from_secs(5),
+    )
+    .await?;
+    let second = acquired(&*h.client().await, &k, &OwnerToken::generate(), LONG_TTL)
+        .await?
+        .fence;
+    match (caps.fencing, first, second) {
+        (false, None, None) => Ok(()),
+        (true, Some(a), Some(b)) if a < b => Ok(()),
+        (true, Some(a), Some(b)) => {
+            bail!(
+                "fence went from {} to {} across the collection of the name's state",
+                a.0,
+                b.0
+            )
+        }
+        _ => bail!(
+            "fences {first:?} then {second:?} do not match fencing = {}",
+            caps.fencing
+        ),
+    }
+}
+
 /// `lock_all` is all or nothing: if one key stays held, every key it took is
 /// released before it returns.
 pub async fn multi_lock_all_or_nothing(h: &dyn Harness) -> Result<()> {

@@ -54,6 +54,15 @@ pub trait Harness: Send + Sync {
         let _ = client;
         anyhow::bail!("this harness cannot end a client's sessions, which session-bound cases need")
     }
+
+    /// How many lock names starting with `prefix` the store keeps any state
+    /// for, read from the store itself: Redis keys, SQL rows, in-memory
+    /// slots. Under Redlock, the most any one node keeps. The bounded-state
+    /// cases need it; a harness that cannot inspect its store fails them.
+    async fn stored_names(&self, prefix: &str) -> anyhow::Result<u64> {
+        let _ = prefix;
+        anyhow::bail!("this harness cannot inspect its store, which the bounded-state cases need")
+    }
 }
 
 /// The one list of cases. `__expand_cases!` turns it into the runner below and
@@ -87,6 +96,8 @@ macro_rules! __case_list {
             invalid_input_is_typed,
             reentrant_same_owner,
             fencing_strictly_increases,
+            store_state_is_bounded,
+            fencing_rises_after_state_is_collected,
             multi_lock_all_or_nothing,
             multi_lock_opposite_orders_do_not_deadlock,
         }

@@ -32,4 +32,8 @@ impl Harness for MemoryHarness {
         down.set_available(false);
         Arc::new(down)
     }
+
+    async fn stored_names(&self, prefix: &str) -> anyhow::Result<u64> {
+        Ok(self.store.stored_keys(prefix) as u64)
+    }
 }

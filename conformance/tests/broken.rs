@@ -64,6 +64,20 @@ async fn early_takeover_is_caught() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leaked_state_is_caught() {
+    check(Defect::LeaksState, &["store_state_is_bounded"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fence_forgotten_on_collection_is_caught() {
+    check(
+        Defect::FenceForgottenOnCollection,
+        &["fencing_rises_after_state_is_collected"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_correct_backend_fails_nothing() {
     let failed = failing_cases(&MemoryHarness::new()).await;
     assert!(failed.is_empty(), "reference backend failed: {failed:#?}");

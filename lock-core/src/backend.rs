@@ -50,6 +50,10 @@ pub struct Capabilities {
     /// longest waiter, and no newcomer (the releaser included) can barge in
     /// ahead of a live waiter.
     pub fair: bool,
+    /// The longest a released or expired lock's state stays in the store
+    /// before it is collected (zero: it goes with the lock). Fences keep
+    /// rising across that collection.
+    pub retention: Duration,
 }
 
 impl Default for Capabilities {
@@ -61,6 +65,7 @@ impl Default for Capabilities {
             binding: Binding::Lease,
             notify: false,
             fair: false,
+            retention: Duration::ZERO,
         }
     }
 }

@@ -41,15 +41,54 @@ impl Slot {
     }
 }
 
+impl Slot {
+    /// Nothing of the slot is needed any more: free, and nobody watching.
+    fn idle(&self, now: Instant) -> bool {
+        !self.held_by_anyone(now) && self.released.receiver_count() == 0
+    }
+}
+
+/// The slots, and one fencing counter for every key, so a slot can go as
+/// soon as its lock is free and nobody watches it.
+#[derive(Debug, Default)]
+struct Store {
+    slots: HashMap<LockKey, Slot>,
+    fence: u64,
+    /// The slot count after the last sweep, and when it was.
+    swept_at: usize,
+    swept: Option<Instant>,
+}
+
+/// How often expired slots are swept at the least, while the store is used.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+impl Store {
+    /// Drops idle slots (expired leases, watches that ended) once the map
+    /// has doubled since the last sweep, and at least every second: amortised
+    /// O(1) per acquire, and the map stays within twice the live locks and
+    /// watches plus a constant, with no idle slot kept much over a second.
+    fn sweep(&mut self, now: Instant) {
+        let due = !matches!(self.swept, Some(t) if now.duration_since(t) < SWEEP_EVERY);
+        if self.slots.len() < 2 * self.swept_at + 64 && !due {
+            return;
+        }
+        self.slots.retain(|_, slot| !slot.idle(now));
+        self.swept_at = self.slots.len();
+        self.swept = Some(now);
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
-    slots: Mutex<HashMap<LockKey, Slot>>,
+    store: Mutex<Store>,
     down: AtomicBool,
 }
 
 /// Locks kept in this process's memory. Clones share one store, so each
 /// clone stands for a separate client of it. Offers fencing and release
 /// notifications; [`set_available`](Self::set_available) simulates an outage.
+/// A key's state goes when its lock is released, or with the sweep an
+/// acquire makes at least every second once its lease ran out.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryBackend {
     inner: Arc<Inner>,
@@ -67,11 +106,26 @@ impl MemoryBackend {
         self.inner.down.store(!up, Ordering::SeqCst);
     }
 
-    fn slots(&self) -> Result<std::sync::MutexGuard<'_, HashMap<LockKey, Slot>>> {
+    /// How many keys starting with `prefix` the store keeps state for
+    /// (held, expired but not yet swept, or watched): what the conformance
+    /// suite's bounded-state cases inspect.
+    pub fn stored_keys(&self, prefix: &str) -> usize {
+        self.lock_store()
+            .slots
+            .keys()
+            .filter(|k| k.as_str().starts_with(prefix))
+            .count()
+    }
+
+    fn lock_store(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.inner.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn store(&self) -> Result<std::sync::MutexGuard<'_, Store>> {
         if self.inner.down.load(Ordering::SeqCst) {
             return Err(Error::unavailable("in-memory store is switched off"));
         }
-        Ok(self.inner.slots.lock().unwrap_or_else(|e| e.into_inner()))
+        Ok(self.lock_store())
     }
 }
 
@@ -85,6 +139,8 @@ impl LockBackend for MemoryBackend {
             binding: Binding::Lease,
             notify: true,
             fair: false,
+            // Released keys go at once; expired ones with the next sweep.
+            retention: SWEEP_EVERY,
         }
     }
 
@@ -94,8 +150,10 @@ impl LockBackend for MemoryBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Acquire> {
-        let mut slots = self.slots()?;
+        let mut store = self.store()?;
         let now = Instant::now();
+        store.sweep(now);
+        let Store { slots, fence, .. } = &mut *store;
         let slot = slots.entry(key.clone()).or_insert_with(|| Slot::free(now));
         if slot.held_by(owner, now) {
             slot.holds += 1;
@@ -107,7 +165,8 @@ impl LockBackend for MemoryBackend {
         } else {
             slot.owner = Some(owner.clone());
             slot.holds = 1;
-            slot.fence += 1;
+            *fence += 1;
+            slot.fence = *fence;
             slot.expires = now + ttl;
         }
         Ok(Acquire::Acquired(Grant {
@@ -118,9 +177,9 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        let mut slots = self.slots()?;
+        let mut store = self.store()?;
         let now = Instant::now();
-        let Some(slot) = slots.get_mut(key).filter(|s| s.held_by(owner, now)) else {
+        let Some(slot) = store.slots.get_mut(key).filter(|s| s.held_by(owner, now)) else {
             return Ok(Release::NotHeld);
         };
         slot.holds -= 1;
@@ -129,13 +188,16 @@ impl LockBackend for MemoryBackend {
         }
         slot.owner = None;
         slot.released.send_modify(|v| *v += 1);
+        if slot.idle(now) {
+            store.slots.remove(key);
+        }
         Ok(Release::Freed)
     }
 
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        let mut slots = self.slots()?;
+        let mut store = self.store()?;
         let now = Instant::now();
-        match slots.get_mut(key).filter(|s| s.held_by(owner, now)) {
+        match store.slots.get_mut(key).filter(|s| s.held_by(owner, now)) {
             Some(slot) => {
                 slot.expires = now + ttl;
                 Ok(Renew::Renewed)
@@ -145,9 +207,12 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn watch(&self, key: &LockKey, _ticket: &OwnerToken) -> Result<Option<Watch>> {
-        let mut slots = self.slots()?;
+        let mut store = self.store()?;
         let now = Instant::now();
-        let slot = slots.entry(key.clone()).or_insert_with(|| Slot::free(now));
+        let slot = store
+            .slots
+            .entry(key.clone())
+            .or_insert_with(|| Slot::free(now));
         Ok(Some(Watch::new(slot.released.subscribe(), None)))
     }
 }

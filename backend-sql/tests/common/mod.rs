@@ -43,10 +43,12 @@ pub struct ServerHarness {
 
 impl ServerHarness {
     /// `params`: extra URL parameters, e.g. `mode=session`.
+    /// Lease mode keeps free rows for 1 s, so the bounded-state cases need
+    /// not wait out the default minute.
     pub fn new(dialect: Dialect, params: &str) -> Self {
         let base = server_url(dialect);
         let url = if params.is_empty() {
-            base
+            with_params(&base, "retention=1s")
         } else {
             with_params(&base, params)
         };
@@ -104,6 +106,59 @@ impl Harness for ServerHarness {
         }
         Ok(())
     }
+
+    async fn stored_names(&self, prefix: &str) -> anyhow::Result<u64> {
+        let config = SqlConfig::from_url(&self.url)?;
+        if config.mode == locksmith_sql::Mode::Session {
+            // Session locks write no rows; the server drops them with the session.
+            return Ok(0);
+        }
+        count_rows(self.dialect, config.url.expose(), &config.table, prefix).await
+    }
+}
+
+/// Rows of `table` whose lock name starts with `prefix`.
+pub async fn count_rows(
+    dialect: Dialect,
+    url: &str,
+    table: &str,
+    prefix: &str,
+) -> anyhow::Result<u64> {
+    use sqlx::Connection;
+    let chars = prefix.chars().count() as i64;
+    let n: i64 = match dialect {
+        Dialect::Postgres => {
+            let mut c = sqlx::PgConnection::connect(url).await?;
+            sqlx::query_scalar(&format!(
+                "SELECT count(*) FROM {table} WHERE left(lock_key, $2::int) = $1"
+            ))
+            .bind(prefix)
+            .bind(chars)
+            .fetch_one(&mut c)
+            .await?
+        }
+        Dialect::MySql => {
+            let mut c = sqlx::MySqlConnection::connect(url).await?;
+            sqlx::query_scalar(&format!(
+                "SELECT COUNT(*) FROM {table} WHERE LEFT(lock_key, ?) = ?"
+            ))
+            .bind(chars)
+            .bind(prefix)
+            .fetch_one(&mut c)
+            .await?
+        }
+        _ => {
+            let mut c = sqlx::SqliteConnection::connect(url).await?;
+            sqlx::query_scalar(&format!(
+                "SELECT count(*) FROM {table} WHERE substr(lock_key, 1, ?2) = ?1"
+            ))
+            .bind(prefix)
+            .bind(chars)
+            .fetch_one(&mut c)
+            .await?
+        }
+    };
+    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 /// Ends one server session the way an operator (or a crash) would, and waits
