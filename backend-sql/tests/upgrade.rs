@@ -1,0 +1,202 @@
+//! A lease table written by the previous version (rows kept for ever, fences
+//! counted 1, 2, 3… per row, released rows marked with an expiry of 0 or
+//! `-infinity`) keeps working under this one: a lock held across the
+//! upgrade stays held and its holder can renew and release it, no fence
+//! goes below one already given, and the old rows are swept.
+
+mod common;
+
+use std::time::Duration;
+
+use locksmith_core::{Acquire, LockBackend, LockKey, OwnerToken, Release, Renew};
+use locksmith_sql::{Dialect, SqlBackend};
+use sha2::{Digest, Sha256};
+
+fn hash(key: &LockKey) -> String {
+    hex::encode(Sha256::digest(key.as_str().as_bytes()))
+}
+
+/// The rows the previous version left: `(key, owner, holds, fence, expires)`
+/// where `expires` is seconds from now, or `None` for its "released" marker.
+fn legacy_rows(run: &str) -> Vec<(LockKey, Option<String>, i64, i64, Option<i64>)> {
+    let k = |n: &str| LockKey::new(format!("upgrade/{run}/{n}")).unwrap();
+    vec![
+        (
+            k("held"),
+            Some(format!("old-holder-{run}-{}", "0".repeat(24))),
+            1,
+            7,
+            Some(60),
+        ),
+        (k("released"), None, 0, 42, None),
+        (
+            k("expired"),
+            Some(format!("old-crashed-{run}-{}", "0".repeat(24))),
+            1,
+            9,
+            Some(-600),
+        ),
+    ]
+}
+
+async fn insert_legacy(dialect: Dialect, url: &str, table: &str, run: &str) {
+    use sqlx::Connection;
+    for (key, owner, holds, fence, expires) in legacy_rows(run) {
+        match dialect {
+            Dialect::Postgres => {
+                let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+                let expires = match expires {
+                    Some(s) => format!("now() + interval '{s} seconds'"),
+                    None => "'-infinity'".to_owned(),
+                };
+                sqlx::query(&format!(
+                    "INSERT INTO {table} (key_hash, lock_key, owner, holds, fence, expires_at)
+                     VALUES ($1, $2, $3, $4, $5, {expires})"
+                ))
+                .bind(hash(&key))
+                .bind(key.as_str())
+                .bind(owner)
+                .bind(holds)
+                .bind(fence)
+                .execute(&mut c)
+                .await
+                .unwrap();
+            }
+            Dialect::MySql => {
+                let mut c = sqlx::MySqlConnection::connect(url).await.unwrap();
+                sqlx::query(&format!(
+                    "INSERT INTO {table} (key_hash, lock_key, owner, holds, fence, expires_at)
+                     VALUES (?, ?, ?, ?, ?,
+                             IF(? IS NULL, 0, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + ? * 1000))"
+                ))
+                .bind(hash(&key))
+                .bind(key.as_str())
+                .bind(owner)
+                .bind(holds)
+                .bind(fence)
+                .bind(expires)
+                .bind(expires)
+                .execute(&mut c)
+                .await
+                .unwrap();
+            }
+            _ => {
+                let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
+                sqlx::query(&format!(
+                    "INSERT INTO {table} (key_hash, lock_key, owner, holds, fence, expires_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5,
+                             CASE WHEN ?6 IS NULL THEN 0 ELSE
+                             CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + ?6 * 1000 END)"
+                ))
+                .bind(hash(&key))
+                .bind(key.as_str())
+                .bind(owner)
+                .bind(holds)
+                .bind(fence)
+                .bind(expires)
+                .execute(&mut c)
+                .await
+                .unwrap();
+            }
+        }
+    }
+}
+
+async fn fence_of(b: &SqlBackend, key: &LockKey) -> u64 {
+    match b
+        .try_acquire(key, &OwnerToken::generate(), Duration::from_secs(30))
+        .await
+        .unwrap()
+    {
+        Acquire::Acquired(g) => g.fence.expect("lease mode gives fences").0,
+        Acquire::Contended { .. } => panic!("{key:?} should be free"),
+    }
+}
+
+async fn upgrade(dialect: Dialect, base_url: &str, driver_url: &str) {
+    let token = OwnerToken::generate();
+    let run = &token.as_str()[..10];
+    let table = format!("upgrade_{run}");
+    let url = common::with_params(base_url, &format!("table={table}&retention=1s"));
+    let b = SqlBackend::connect(&url).unwrap();
+    // The table's layout is the previous version's: same DDL.
+    b.migrate().await.unwrap();
+    insert_legacy(dialect, driver_url, &table, run).await;
+    let rows = legacy_rows(run);
+    let (held, released, expired) = (&rows[0], &rows[1], &rows[2]);
+
+    // Held across the upgrade: still held, and its holder keeps it.
+    let stranger = b
+        .try_acquire(&held.0, &OwnerToken::generate(), Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(
+        matches!(stranger, Acquire::Contended { .. }),
+        "{stranger:?}"
+    );
+    let old_owner = OwnerToken::from_string(held.1.clone().unwrap()).unwrap();
+    assert_eq!(
+        b.renew(&held.0, &old_owner, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        Renew::Renewed
+    );
+    assert_eq!(
+        b.release(&held.0, &old_owner).await.unwrap(),
+        Release::Freed
+    );
+
+    // Fences go on from above the old counters, row or no row.
+    assert!(fence_of(&b, &held.0).await > held.3 as u64);
+    assert!(fence_of(&b, &released.0).await > released.3 as u64);
+    // An acquire above may have started a sweep already; this one finishes
+    // whatever is left.
+    b.sweep().await.unwrap();
+    let prefix = format!("upgrade/{run}/expired");
+    assert_eq!(
+        common::count_rows(dialect, driver_url, &table, &prefix)
+            .await
+            .unwrap(),
+        0,
+        "the crashed holder's old row was not swept"
+    );
+    assert!(fence_of(&b, &expired.0).await > expired.3 as u64);
+    drop_table(dialect, driver_url, &table).await;
+}
+
+async fn drop_table(dialect: Dialect, url: &str, table: &str) {
+    use sqlx::Connection;
+    let sql = format!("DROP TABLE {table}");
+    match dialect {
+        Dialect::Postgres => {
+            let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+            sqlx::query(&sql).execute(&mut c).await.unwrap();
+        }
+        Dialect::MySql => {
+            let mut c = sqlx::MySqlConnection::connect(url).await.unwrap();
+            sqlx::query(&sql).execute(&mut c).await.unwrap();
+        }
+        _ => {}
+    }
+}
+
+#[tokio::test]
+async fn an_sqlite_table_of_the_previous_version_keeps_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/locks.db", dir.path().display());
+    upgrade(Dialect::Sqlite, &url, &url).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_postgres_table_of_the_previous_version_keeps_working() {
+    let url = common::server_url(Dialect::Postgres);
+    upgrade(Dialect::Postgres, &url, &url).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn a_mariadb_table_of_the_previous_version_keeps_working() {
+    let url = common::server_url(Dialect::MySql);
+    upgrade(Dialect::MySql, &url, &url).await;
+}
