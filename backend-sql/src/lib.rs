@@ -20,11 +20,31 @@
 //!
 //! Keys are stored under their SHA-256 (a fixed-width unique key, so a key of
 //! any length up to 1024 bytes fits and none is ever truncated), with the key
-//! itself beside it for people reading the table. Rows are kept after
-//! release so the fencing column keeps rising across release, expiry and
-//! takeover; deleting rows by hand resets a key's fence. The table (default
+//! itself beside it for people reading the table. The table (default
 //! `locksmith_locks`, or `?table=name`, a plain identifier) is created on
 //! first use, or by [`SqlBackend::migrate`].
+//!
+//! # Bounded state, and fences
+//!
+//! A row lives while its lock does and for the retention after
+//! (`?retention=60s` by default): release stamps it with the time of
+//! release, and a sweep deletes rows free (released, or their lease ended)
+//! for longer than the retention. Each client starts a sweep in the
+//! background with an acquire, at most every quarter of the retention, so a
+//! free row is gone within 1.25 × the retention while anyone acquires
+//! ([`SqlBackend::sweep`] does it on demand). The table holds the live
+//! locks plus the names freed within the retention, however many distinct
+//! names were ever locked.
+//!
+//! A grant's fence is the larger of the row's previous fence + 1 and the
+//! database clock in microseconds. Through the row, fences rise across
+//! takeovers whatever the clock does; across the row's deletion they rise
+//! through the clock, **provided the database clock never steps back by
+//! more than the retention** and no acquire statement takes longer than the
+//! retention between reading the clock and inserting its row. Tables of
+//! earlier versions (fences counted 1, 2, 3… per row, released rows kept
+//! for ever) keep working: their fences are far below the clock, and their
+//! old rows are swept like new ones.
 //!
 //! # Session mode (`?mode=session`, PostgreSQL and MySQL)
 //!

@@ -230,7 +230,84 @@ pub(crate) async fn run(
     }
     ours.print("locksmith", seconds * 2);
     theirs.print("rslock", seconds * 2);
+    state_left(url, &backend, &mut bare, tag).await;
     Ok(())
+}
+
+/// Locks and releases 100,000 distinct names (16 at a time) and reports
+/// what that left in Redis: `used_memory` before and after, and the keys
+/// under the names' prefix.
+async fn state_left(
+    url: &str,
+    backend: &RedisBackend,
+    bare: &mut redis::aio::ConnectionManager,
+    tag: &str,
+) {
+    const NAMES: usize = 100_000;
+    let used = |info: String| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let info = |conn: &mut redis::aio::ConnectionManager| {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("INFO")
+                .arg("memory")
+                .query_async::<String>(&mut conn)
+                .await
+                .expect("INFO memory")
+        }
+    };
+    let before = used(info(bare).await);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let workers = (0..16).map(|_| {
+        let (backend, next) = (backend.clone(), next.clone());
+        let tag = tag.to_owned();
+        tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= NAMES {
+                    return;
+                }
+                let key = LockKey::new(format!("bench:{tag}:entity:{i}")).expect("key");
+                let owner = OwnerToken::generate();
+                backend
+                    .try_acquire(&key, &owner, TTL)
+                    .await
+                    .expect("acquire");
+                backend.release(&key, &owner).await.expect("release");
+            }
+        })
+    });
+    futures::future::join_all(workers).await;
+    let after = used(info(bare).await);
+    let pattern = format!("locksmith:{{bench:{tag}:entity:*");
+    let client = redis::Client::open(url).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let mut keys: redis::AsyncIter<String> = redis::cmd("SCAN")
+        .cursor_arg(0)
+        .arg("MATCH")
+        .arg(&pattern)
+        .arg("COUNT")
+        .arg(10_000)
+        .clone()
+        .iter_async(&mut conn)
+        .await
+        .expect("SCAN");
+    let mut left = 0;
+    while futures::StreamExt::next(&mut keys).await.is_some() {
+        left += 1;
+    }
+    println!(
+        "\nRedis: {NAMES} distinct names locked and released: used_memory {before} -> {after} \
+         bytes ({:+} bytes), {left} keys left under their names",
+        after as i64 - before as i64
+    );
 }
 
 /// Acquisitions per client and hand-off latencies, summed over rounds.
