@@ -256,7 +256,16 @@ async fn hold(
                 }
             }
             finish(foreground, watcher);
-            if terminated_at.is_some() {
+            // Killed by the watcher at the kill time it was last told: the
+            // lease was not confirmed in time (locksmith stopped or stalled),
+            // even if a renewal got through after.
+            let by_watcher = std::os::unix::process::ExitStatusExt::signal(&status)
+                == Some(Signal::SIGKILL as i32)
+                && told.is_some_and(|k| Instant::now() >= k);
+            if by_watcher {
+                eprintln!("locksmith: the command was killed at the lease's kill time");
+            }
+            if terminated_at.is_some() || by_watcher {
                 let _ = guard.release().await;
                 return Ok(EX_SOFTWARE);
             }
