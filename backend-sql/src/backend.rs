@@ -205,10 +205,16 @@ impl SqlBackend {
         Ok(gone)
     }
 
+    /// How often this client's acquires start a sweep: a quarter of the
+    /// retention, so a free row is gone within 1.25 × the retention.
+    fn sweep_every(&self) -> Duration {
+        self.inner.config.retention / 4
+    }
+
     /// Starts a background sweep if this client has not started one within
-    /// a quarter of the retention.
+    /// [`sweep_every`](Self::sweep_every).
     fn sweep_now_and_then(&self) {
-        let every = self.inner.config.retention / 4;
+        let every = self.sweep_every();
         let now = std::time::Instant::now();
         {
             let mut last = self.inner.swept.lock().unwrap_or_else(|e| e.into_inner());
@@ -649,12 +655,12 @@ impl LockBackend for SqlBackend {
             // once; other processes are found by polling.
             notify: false,
             fair: false,
-            // Rows go a retention after the lock is free, swept by acquires
-            // every quarter of it; session locks keep no rows.
+            // Rows go a retention after the lock is free, swept by acquires;
+            // session locks keep no rows.
             retention: if session {
                 Duration::ZERO
             } else {
-                self.inner.config.retention + self.inner.config.retention / 4
+                self.inner.config.retention + self.sweep_every()
             },
         }
     }

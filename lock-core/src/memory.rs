@@ -39,9 +39,6 @@ impl Slot {
     fn held_by(&self, owner: &OwnerToken, now: Instant) -> bool {
         self.held_by_anyone(now) && self.owner.as_ref() == Some(owner)
     }
-}
-
-impl Slot {
     /// Nothing of the slot is needed any more: free, and nobody watching.
     fn idle(&self, now: Instant) -> bool {
         !self.held_by_anyone(now) && self.released.receiver_count() == 0
@@ -54,8 +51,7 @@ impl Slot {
 struct Store {
     slots: HashMap<LockKey, Slot>,
     fence: u64,
-    /// The slot count after the last sweep, and when it was.
-    swept_at: usize,
+    /// When idle slots were last dropped.
     swept: Option<Instant>,
 }
 
@@ -63,17 +59,14 @@ struct Store {
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 impl Store {
-    /// Drops idle slots (expired leases, watches that ended) once the map
-    /// has doubled since the last sweep, and at least every second: amortised
-    /// O(1) per acquire, and the map stays within twice the live locks and
-    /// watches plus a constant, with no idle slot kept much over a second.
+    /// Drops idle slots (expired leases, watches that ended) at most once a
+    /// second: released slots go at once, so what waits for this is only
+    /// what expired or stopped being watched within the last second.
     fn sweep(&mut self, now: Instant) {
-        let due = !matches!(self.swept, Some(t) if now.duration_since(t) < SWEEP_EVERY);
-        if self.slots.len() < 2 * self.swept_at + 64 && !due {
+        if matches!(self.swept, Some(t) if now.duration_since(t) < SWEEP_EVERY) {
             return;
         }
         self.slots.retain(|_, slot| !slot.idle(now));
-        self.swept_at = self.slots.len();
         self.swept = Some(now);
     }
 }
