@@ -60,6 +60,18 @@ fn spawn(mut c: Command) -> Child {
     c.process_group(0).stderr(Stdio::piped()).spawn().unwrap()
 }
 
+#[cfg(feature = "redis")]
+/// A holder of `key` (30 s TTL) whose command runs until the file `go` exists.
+fn hold_until(dir: &Path, url: &str, key: &str, go: &Path) -> Child {
+    let script = format!("while [ ! -e {} ]; do sleep 0.01; done", go.display());
+    spawn(locksmith(
+        dir,
+        &[
+            "run", "--url", url, "--key", key, "--ttl", "30s", "--", "sh", "-c", &script,
+        ],
+    ))
+}
+
 fn stderr_of(child: &mut Child) -> String {
     let mut err = String::new();
     if let Some(e) = child.stderr.as_mut() {
@@ -609,23 +621,7 @@ mod on_redis {
         let key = unique("handoff");
         let go = d.join("go");
         let done = d.join("c-done");
-        let hold_script = format!("while [ ! -e {} ]; do sleep 0.01; done", go.display());
-        let mut holder = spawn(locksmith(
-            d,
-            &[
-                "run",
-                "--url",
-                &u,
-                "--key",
-                &key,
-                "--ttl",
-                "30s",
-                "--",
-                "sh",
-                "-c",
-                &hold_script,
-            ],
-        ));
+        let mut holder = hold_until(d, &u, &key, &go);
         wait_held(&key);
         let mut b = spawn(locksmith(
             d,
@@ -685,23 +681,7 @@ fn a_waiter_that_gives_up_in_a_store_stall_holds_nobody_up() {
     let key = unique("stall");
     let go = d.join("go");
     let done = d.join("c-done");
-    let hold_script = format!("while [ ! -e {} ]; do sleep 0.01; done", go.display());
-    let mut holder = spawn(locksmith(
-        d,
-        &[
-            "run",
-            "--url",
-            &u,
-            "--key",
-            &key,
-            "--ttl",
-            "30s",
-            "--",
-            "sh",
-            "-c",
-            &hold_script,
-        ],
-    ));
+    let mut holder = hold_until(d, &u, &key, &go);
     let start = Instant::now();
     while redis_at(
         server.port,
