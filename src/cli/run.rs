@@ -185,6 +185,7 @@ async fn hold(
     let mut terminated_at: Option<Instant> = None;
     let outcome: std::result::Result<ExitStatus, &'static str> = loop {
         let Some(deadline) = guard.deadline() else {
+            eprintln!("locksmith: the lease ran out before it was renewed; killing the command");
             break Err("lost");
         };
         let kill_at = deadline.checked_sub(timeline.margin).unwrap_or(deadline);
@@ -224,7 +225,12 @@ async fn hold(
                 // A renewal may have moved the deadline while we slept.
                 let current = guard.deadline().map(|d| d.checked_sub(timeline.margin).unwrap_or(d));
                 match (terminated_at, current) {
-                    (_, None) => break Err("lost"),
+                    (_, None) => {
+                        eprintln!(
+                            "locksmith: the lease ran out before it was renewed; killing the command"
+                        );
+                        break Err("lost");
+                    }
                     (None, Some(k)) if now + timeline.grace >= k => {
                         eprintln!(
                             "locksmith: the lease could not be renewed; terminating the command \
