@@ -16,32 +16,41 @@ fn hash(key: &LockKey) -> String {
     hex::encode(Sha256::digest(key.as_str().as_bytes()))
 }
 
-/// The rows the previous version left: `(key, owner, holds, fence, expires)`
-/// where `expires` is seconds from now, or `None` for its "released" marker.
-fn legacy_rows(run: &str) -> Vec<(LockKey, Option<String>, i64, i64, Option<i64>)> {
-    let k = |n: &str| LockKey::new(format!("upgrade/{run}/{n}")).unwrap();
+/// A row as the previous version left it.
+struct Legacy {
+    key: LockKey,
+    owner: Option<String>,
+    holds: i64,
+    fence: i64,
+    /// Seconds from now, or `None` for its "released" marker.
+    expires: Option<i64>,
+}
+
+fn legacy_rows(run: &str) -> Vec<Legacy> {
+    let row = |name: &str, owner: Option<&str>, holds, fence, expires| Legacy {
+        key: LockKey::new(format!("upgrade/{run}/{name}")).unwrap(),
+        owner: owner.map(|o| format!("{o}-{run}-{}", "0".repeat(24))),
+        holds,
+        fence,
+        expires,
+    };
     vec![
-        (
-            k("held"),
-            Some(format!("old-holder-{run}-{}", "0".repeat(24))),
-            1,
-            7,
-            Some(60),
-        ),
-        (k("released"), None, 0, 42, None),
-        (
-            k("expired"),
-            Some(format!("old-crashed-{run}-{}", "0".repeat(24))),
-            1,
-            9,
-            Some(-600),
-        ),
+        row("held", Some("old-holder"), 1, 7, Some(60)),
+        row("released", None, 0, 42, None),
+        row("expired", Some("old-crashed"), 1, 9, Some(-600)),
     ]
 }
 
 async fn insert_legacy(dialect: Dialect, url: &str, table: &str, run: &str) {
     use sqlx::Connection;
-    for (key, owner, holds, fence, expires) in legacy_rows(run) {
+    for Legacy {
+        key,
+        owner,
+        holds,
+        fence,
+        expires,
+    } in legacy_rows(run)
+    {
         match dialect {
             Dialect::Postgres => {
                 let mut c = sqlx::PgConnection::connect(url).await.unwrap();
@@ -127,28 +136,28 @@ async fn upgrade(dialect: Dialect, base_url: &str, driver_url: &str) {
 
     // Held across the upgrade: still held, and its holder keeps it.
     let stranger = b
-        .try_acquire(&held.0, &OwnerToken::generate(), Duration::from_secs(30))
+        .try_acquire(&held.key, &OwnerToken::generate(), Duration::from_secs(30))
         .await
         .unwrap();
     assert!(
         matches!(stranger, Acquire::Contended { .. }),
         "{stranger:?}"
     );
-    let old_owner = OwnerToken::from_string(held.1.clone().unwrap()).unwrap();
+    let old_owner = OwnerToken::from_string(held.owner.clone().unwrap()).unwrap();
     assert_eq!(
-        b.renew(&held.0, &old_owner, Duration::from_secs(30))
+        b.renew(&held.key, &old_owner, Duration::from_secs(30))
             .await
             .unwrap(),
         Renew::Renewed
     );
     assert_eq!(
-        b.release(&held.0, &old_owner).await.unwrap(),
+        b.release(&held.key, &old_owner).await.unwrap(),
         Release::Freed
     );
 
     // Fences go on from above the old counters, row or no row.
-    assert!(fence_of(&b, &held.0).await > held.3 as u64);
-    assert!(fence_of(&b, &released.0).await > released.3 as u64);
+    assert!(fence_of(&b, &held.key).await > held.fence as u64);
+    assert!(fence_of(&b, &released.key).await > released.fence as u64);
     // An acquire above may have started a sweep already; this one finishes
     // whatever is left.
     b.sweep().await.unwrap();
@@ -160,7 +169,7 @@ async fn upgrade(dialect: Dialect, base_url: &str, driver_url: &str) {
         0,
         "the crashed holder's old row was not swept"
     );
-    assert!(fence_of(&b, &expired.0).await > expired.3 as u64);
+    assert!(fence_of(&b, &expired.key).await > expired.fence as u64);
     drop_table(dialect, driver_url, &table).await;
 }
 
