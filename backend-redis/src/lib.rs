@@ -2,9 +2,15 @@
 //!
 //! # The scheme
 //!
-//! A lock is a Redis hash whose owner field is the holder's owner token
-//! (128 random bits) and whose value is the hold count, with a millisecond
-//! expiry: the re-entrant scheme of the design notes. Acquire, release and
+//! A lock is one key with a millisecond expiry. Held once with nobody
+//! waiting, the common case, it is a plain string: the holder's owner token
+//! (128 random bits) and the grant's fencing token, taken with `SET NX PX`
+//! and freed with `DEL` inside the scripts. Held more than once or with
+//! waiters queued, it is a Redis hash whose owner field is the owner token
+//! and whose value is the hold count: the re-entrant scheme of the design
+//! notes. The scripts turn the first form into the second when they need
+//! to; Redis charges for each call a script makes, and the plain string
+//! takes one call where the hash takes two. Acquire, release and
 //! renew are each one Lua script, so each is atomic and owner-checked: a
 //! holder whose lease ran out and was taken over cannot release or extend
 //! the new holder's lock. Lock and wait queue share a `{hash tag}` and stay
@@ -39,7 +45,9 @@
 //! (with your prefix). A lock held by an old version across the upgrade is
 //! respected. Upgrade every client of a keyspace together: an old client
 //! still running keeps counting its own per-name counter, which can be
-//! below the tokens new clients handed out.
+//! below the tokens new clients handed out, and it does not know the plain
+//! string form: where a new client holds a lock that way, an old client's
+//! attempt on it fails with a `WRONGTYPE` error (never a second grant).
 //!
 //! # Hand-off: a fair queue, and the lock delivered by message
 //!
@@ -86,8 +94,8 @@
 //! quorum differs from the next one's, so no single sequence orders the
 //! grants; a token from one node could repeat or go backwards. Use single
 //! node Redis, SQL or ZooKeeper where the resource checks fences. Its nodes
-//! therefore keep no fencing state at all: a Redlock grant writes the lock
-//! hash only, and a failed one leaves no key of any kind behind.
+//! therefore keep no fencing state at all: a Redlock grant writes the owner
+//! token only, and a failed one leaves no key of any kind behind.
 
 mod backend;
 mod config;

@@ -180,14 +180,6 @@ impl Node {
         })
     }
 
-    fn fence_arg(&self) -> &'static str {
-        if self.fenced {
-            "1"
-        } else {
-            "0"
-        }
-    }
-
     /// The connection, made on first use; a server that is down now is
     /// `Unavailable` now and tried again on the next call.
     async fn conn(&self) -> Result<ConnectionManager> {
@@ -244,29 +236,35 @@ impl Node {
         waiter: Option<Waiter<'_>>,
     ) -> Result<Acquire> {
         self.bounded(async {
-            let mut call = keys.call(scripts::acquire());
-            call.arg(owner.as_str()).arg(ms(ttl)).arg(self.fence_arg());
+            let mut call = keys.call(scripts::acquire(self.fenced));
+            call.arg(owner.as_str()).arg(ms(ttl));
             if let Some(w) = waiter {
                 // Listening before queueing, so the grant cannot be missed.
                 let channel = self.hub.listening().await?;
                 call.arg(w.ticket.as_str()).arg(ms(w.liveness)).arg(channel);
             }
             let mut c = self.conn().await?;
-            let reply: Vec<i64> = call.invoke_async(&mut c).await.map_err(map_err)?;
-            Ok(match reply.as_slice() {
-                [1, fence, holds] => Acquire::Acquired(Grant {
-                    fence: Some(FencingToken(u64::try_from(*fence).unwrap_or(0))),
-                    holds: u32::try_from(*holds).unwrap_or(u32::MAX),
+            let reply: AcquireReply = call.invoke_async(&mut c).await.map_err(map_err)?;
+            let grant = |fence: i64, holds: i64| {
+                Acquire::Acquired(Grant {
+                    fence: Some(FencingToken(u64::try_from(fence).unwrap_or(0))),
+                    holds: u32::try_from(holds).unwrap_or(u32::MAX),
                     lease: None,
-                }),
-                [0, pttl] => Acquire::Contended {
-                    retry_after: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                })
+            };
+            Ok(match reply {
+                AcquireReply::First(fence) => grant(fence, 1),
+                AcquireReply::Full(v) => match v.as_slice() {
+                    [1, fence, holds] => grant(*fence, *holds),
+                    [0, pttl] => Acquire::Contended {
+                        retry_after: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                    },
+                    other => {
+                        return Err(Error::backend(format!(
+                            "unexpected acquire reply {other:?}"
+                        )))
+                    }
                 },
-                other => {
-                    return Err(Error::backend(format!(
-                        "unexpected acquire reply {other:?}"
-                    )))
-                }
             })
         })
         .await
@@ -276,9 +274,8 @@ impl Node {
         self.bounded(async {
             let mut c = self.conn().await?;
             let left: i64 = keys
-                .call(scripts::release())
+                .call(scripts::release(self.fenced))
                 .arg(owner.as_str())
-                .arg(self.fence_arg())
                 .invoke_async(&mut c)
                 .await
                 .map_err(map_err)?;
@@ -301,10 +298,9 @@ impl Node {
         self.bounded(async {
             let mut c = self.conn().await?;
             let _: i64 = keys
-                .call(scripts::abandon())
+                .call(scripts::abandon(self.fenced))
                 .arg(owner.as_str())
                 .arg(ticket.as_str())
-                .arg(self.fence_arg())
                 .invoke_async(&mut c)
                 .await
                 .map_err(map_err)?;
@@ -343,6 +339,23 @@ impl Node {
     pub(crate) async fn watch(&self, ticket: &OwnerToken) -> Result<Watch> {
         self.hub.listening().await?;
         Ok(self.hub.register(ticket))
+    }
+}
+
+/// The acquire script's answer: the bare fence of a first hold taken in the
+/// common case (one integer is the cheapest reply for the server to make),
+/// or `{1, fence, holds}` / `{0, pttl}`.
+enum AcquireReply {
+    First(i64),
+    Full(Vec<i64>),
+}
+
+impl redis::FromRedisValue for AcquireReply {
+    fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
+        match v {
+            redis::Value::Int(fence) => Ok(AcquireReply::First(fence)),
+            v => Ok(AcquireReply::Full(Vec::from_redis_value(v)?)),
+        }
     }
 }
 

@@ -1,12 +1,19 @@
 //! The Lua scripts: each operation is one script, so each is atomic in Redis.
 //!
-//! A lock is a hash at `KEYS[1]` whose one owner field is the owner token
-//! and whose value is the hold count (the re-entrant scheme of the design
-//! notes), with a millisecond expiry. Fields starting with `~`, which no
-//! owner token can, carry the rest: `~f` the grant's fencing token, `~q`
-//! "someone may be queued", `~grant` the ticket of a hand-off. Everything of
-//! a lock goes with the hash, on release or at expiry: nothing is kept per
-//! name once the lock is free.
+//! A lock at `KEYS[1]` has a millisecond expiry and one of two forms:
+//! - **one hold, nobody queued** (the common case) is a plain string: the
+//!   owner token, then for a fenced lock the server's `TIME` at the grant,
+//!   `<owner> <s> <µs>`. One `SET NX PX` takes it and one `DEL` frees it.
+//! - **anything else** is a hash whose one owner field is the owner token
+//!   and whose value is the hold count (the re-entrant scheme of the design
+//!   notes). Fields starting with `~`, which no owner token can, carry the
+//!   rest: `~f` the grant's fencing token, `~q` "someone may be queued",
+//!   `~grant` the ticket of a hand-off.
+//!
+//! A script that has to record more than the string form holds (a second
+//! hold, a queued waiter) turns it into the hash form first, keeping its
+//! expiry. Everything of a lock goes with its key, on release or at expiry:
+//! nothing is kept per name once the lock is free.
 //!
 //! The fencing token is the server's clock in µs when the grant was made,
 //! or one above the token it follows when the lock is handed over within a
@@ -14,7 +21,7 @@
 //! microsecond, so tokens strictly increase across release, expiry and a
 //! restart that lost the data, as long as the server's clock does not step
 //! back (see the crate docs). Redlock asks for no token, and its scripts
-//! then write none.
+//! then write none: each script comes in a fenced and an unfenced variant.
 //!
 //! Waiters queue in arrival order: a sorted set of tickets (`queue`, scored
 //! by arrival time) and a hash `waiters` from ticket to its entry,
@@ -32,29 +39,57 @@
 //! so a waiter whose message was lost finds its grant on its next refresh,
 //! and one that gave up can hand it on; the record goes with the lock.
 //!
-//! The common case is cheap: a free key with nobody queued is taken with
-//! one `EXISTS`, `TIME`, `HSET` and `PEXPIRE`, and a release with no queue
-//! flag is one `HMGET` and one `DEL`. A queue flag that outlived its queue
-//! only costs that release one `EXISTS`.
+//! The common case is cheap, because Redis charges for every call a script
+//! makes and every key and argument it is given (measured with callgrind on
+//! the server): a free key with nobody queued is taken with one `EXISTS`,
+//! `TIME` and `SET`, answered with the bare fence, and released with one
+//! `TYPE`, `GET` and `DEL`. A queue flag that outlived its queue only costs
+//! that release one `EXISTS`. (`TYPE` rather than a `GET` that may fail on
+//! the hash form: a failed call counts as an error in the server's
+//! statistics, which users watch.)
 
 use std::sync::OnceLock;
 
 use redis::Script;
 
-/// Shared by the scripts that can free or take a lock. KEYS: lock, queue,
-/// waiters.
+/// Shared by the scripts that can free or take a lock, after their fast
+/// paths. KEYS: lock, queue, waiters. `fenced` is the variant's constant.
 const COMMON: &str = r"
 local function now_us()
   local t = redis.call('time')
   return t[1] * 1000000 + t[2]
 end
 
--- Takes the free lock for `owner`. `after` is the token of the grant this
--- one follows within the same script (a hand-off), if any. Returns the
--- fence, 0 when none is asked for.
-local function take(owner, ttl, fenced, after, queued)
+-- The owner of a lock in the string form, and its fence (nil if unfenced).
+local function parse(v)
+  local owner, s, us = string.match(v, '^(%S+) (%d+) (%d+)$')
+  if owner then
+    return owner, s * 1000000 + us
+  end
+  return v, nil
+end
+
+-- Turns a string-form lock into its hash form, keeping its expiry.
+local function to_hash()
+  local owner, fence = parse(redis.call('get', KEYS[1]))
+  local pttl = redis.call('pttl', KEYS[1])
+  redis.call('del', KEYS[1])
+  if fence then
+    redis.call('hset', KEYS[1], owner, 1, '~f', fence)
+  else
+    redis.call('hset', KEYS[1], owner, 1)
+  end
+  if pttl > 0 then
+    redis.call('pexpire', KEYS[1], pttl)
+  end
+end
+
+-- Takes the free lock for `owner`, in the hash form. `after` is the token
+-- of the grant this one follows within the same script (a hand-off), if
+-- any. Returns the fence, 0 when none is asked for.
+local function take(owner, ttl, after, queued)
   local fence = 0
-  if fenced == '1' then
+  if fenced then
     fence = now_us()
     if after and after >= fence then
       fence = after + 1
@@ -72,7 +107,7 @@ end
 
 -- The lock is free: take it for the longest live waiter, unless that is
 -- `me`. Returns 'me', the ticket served, or nil when no live waiter is left.
-local function hand_off(me, fenced, after)
+local function hand_off(me, after)
   local now = nil
   while true do
     local head = redis.call('zpopmin', KEYS[2])[1]
@@ -95,7 +130,7 @@ local function hand_off(me, fenced, after)
       -- liveness window, and extends the lease when the message reaches it.
       local lease = math.min(tonumber(ttl), tonumber(life))
       local queued = redis.call('exists', KEYS[2]) == 1
-      local fence = take(owner, lease, fenced, after, queued)
+      local fence = take(owner, lease, after, queued)
       redis.call('hset', KEYS[1], '~grant', head)
       redis.call('publish', hub, head .. ' ' .. string.format('%.0f', fence) .. ' ' .. lease)
       return head
@@ -103,23 +138,24 @@ local function hand_off(me, fenced, after)
   end
 end
 
--- Drops one of the `holds` (read just now) of `owner`; frees at zero, and
--- hands off if the lock says someone may be queued. Returns the holds left.
-local function drop_hold(owner, holds, queued, fenced, fence)
+-- Drops one of the `holds` (read just now) of `owner` on a hash-form lock;
+-- frees at zero, and hands off if the lock says someone may be queued.
+-- Returns the holds left.
+local function drop_hold(owner, holds, queued, fence)
   if holds > 1 then
     return redis.call('hincrby', KEYS[1], owner, -1)
   end
   redis.call('del', KEYS[1])
   if queued and redis.call('exists', KEYS[2]) == 1 then
-    hand_off(nil, fenced, fence)
+    hand_off(nil, fence)
   end
   return 0
 end
 
 -- The token of the live hold, made now for a hold that lacks one (taken by
 -- an older version, whose tokens were never above the clock).
-local function fence_of(fenced)
-  if fenced ~= '1' then
+local function fence_of()
+  if not fenced then
     return 0
   end
   local fence = tonumber(redis.call('hget', KEYS[1], '~f'))
@@ -134,35 +170,45 @@ end
 /// The common case of [`ACQUIRE`], run before [`COMMON`] defines its
 /// functions: Redis runs the whole script body on every call, and making
 /// those closures cost more than the rest of an uncontended pair (measured).
-/// One call answers it: no lock and nobody queued.
+/// Nobody queued and the key free: `SET NX` takes it in the string form.
+/// The `TIME` call is wasted when the key is held, which only the contended
+/// path pays.
 const ACQUIRE_FAST: &str = r"
-local owner, ttl, fenced, ticket = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-if redis.call('exists', KEYS[1], KEYS[2]) == 0 then
-  if fenced == '1' then
+local owner, ttl, ticket = ARGV[1], ARGV[2], ARGV[3]
+if redis.call('exists', KEYS[2]) == 0 then
+  if fenced then
     local t = redis.call('time')
-    local fence = t[1] * 1000000 + t[2]
-    redis.call('hset', KEYS[1], owner, 1, '~f', fence)
-    redis.call('pexpire', KEYS[1], ttl)
-    return {1, fence, 1}
+    if redis.call('set', KEYS[1], owner .. ' ' .. t[1] .. ' ' .. t[2], 'NX', 'PX', ttl) then
+      return t[1] * 1000000 + t[2]
+    end
+  elseif redis.call('set', KEYS[1], owner, 'NX', 'PX', ttl) then
+    return 0
   end
-  redis.call('hset', KEYS[1], owner, 1)
-  redis.call('pexpire', KEYS[1], ttl)
-  return {1, 0, 1}
 end
 ";
 
 /// KEYS: lock, queue, waiters.
-/// ARGV: owner, ttl ms, fenced ('1' or '0'); and for a waiter: ticket,
-/// liveness ms, hub channel.
-/// Returns {1, fence, holds} when granted, {0, pttl} when held by another
-/// (a waiter is then queued, or its place refreshed). Follows
-/// [`ACQUIRE_FAST`], whose locals it uses.
+/// ARGV: owner, ttl ms; and for a waiter: ticket, liveness ms, hub channel.
+/// Returns the bare fence (0 when unfenced) for a first hold taken by
+/// [`ACQUIRE_FAST`], {1, fence, holds} for any other grant, {0, pttl} when
+/// held by another (a waiter is then queued, or its place refreshed).
+/// Follows [`ACQUIRE_FAST`], whose locals it uses.
 const ACQUIRE: &str = r"
-if redis.call('exists', KEYS[1]) == 0 then
-  local served = hand_off(ticket, fenced, nil)
+local form = redis.call('type', KEYS[1])['ok']
+if form == 'string' then
+  -- Held in the string form. Someone else's, and we would not queue:
+  -- nothing to record. Ours (re-entry), or a waiter to flag: the hash form.
+  if not ticket and parse(redis.call('get', KEYS[1])) ~= owner then
+    return {0, redis.call('pttl', KEYS[1])}
+  end
+  to_hash()
+  form = 'hash'
+end
+if form == 'none' then
+  local served = hand_off(ticket, nil)
   if served == nil or served == 'me' then
     local queued = redis.call('exists', KEYS[2]) == 1
-    return {1, take(owner, ttl, fenced, nil, queued), 1}
+    return {1, take(owner, ttl, nil, queued), 1}
   end
 elseif redis.call('hexists', KEYS[1], owner) == 1 then
   if ticket and redis.call('hget', KEYS[1], '~grant') == ticket then
@@ -170,7 +216,7 @@ elseif redis.call('hexists', KEYS[1], owner) == 1 then
     -- short hand-off lease becomes the full one.
     redis.call('hdel', KEYS[1], '~grant')
     redis.call('pexpire', KEYS[1], ttl)
-    return {1, fence_of(fenced), tonumber(redis.call('hget', KEYS[1], owner))}
+    return {1, fence_of(), tonumber(redis.call('hget', KEYS[1], owner))}
   end
   local holds = redis.call('hincrby', KEYS[1], owner, 1)
   redis.call('pexpire', KEYS[1], ttl)
@@ -178,10 +224,10 @@ elseif redis.call('hexists', KEYS[1], owner) == 1 then
     redis.call('zrem', KEYS[2], ticket)
     redis.call('hdel', KEYS[3], ticket)
   end
-  return {1, fence_of(fenced), holds}
+  return {1, fence_of(), holds}
 end
 if ticket then
-  local life, hub = tonumber(ARGV[5]), ARGV[6]
+  local life, hub = tonumber(ARGV[4]), ARGV[5]
   local now = now_us()
   redis.call('zadd', KEYS[2], 'NX', now, ticket)
   redis.call('hset', KEYS[3], ticket, string.format('%.0f %s %d %s %s',
@@ -197,18 +243,31 @@ end
 return {0, redis.call('pttl', KEYS[1])}
 ";
 
-/// KEYS: lock, queue, waiters. ARGV: owner, fenced.
+/// KEYS: lock, queue, waiters. ARGV: owner.
 /// Returns -1 when not held by this owner, else the holds left (0: freed,
 /// and handed to the longest live waiter if any). The common cases come
-/// before [`COMMON`], as in [`ACQUIRE_FAST`].
+/// before [`COMMON`], as in [`ACQUIRE_FAST`]: the string form, then a hash
+/// with more than one hold or no queue flag.
 const RELEASE_FAST: &str = r"
-local v = redis.call('hmget', KEYS[1], ARGV[1], '~q', '~f')
+local owner = ARGV[1]
+local form = redis.call('type', KEYS[1])['ok']
+if form == 'string' then
+  local v = redis.call('get', KEYS[1])
+  if string.sub(v, 1, #owner) == owner and (#v == #owner or string.byte(v, #owner + 1) == 32) then
+    redis.call('del', KEYS[1])
+    return 0
+  end
+  return -1
+elseif form ~= 'hash' then
+  return -1
+end
+local v = redis.call('hmget', KEYS[1], owner, '~q', '~f')
 local holds = tonumber(v[1])
 if not holds then
   return -1
 end
 if holds > 1 then
-  return redis.call('hincrby', KEYS[1], ARGV[1], -1)
+  return redis.call('hincrby', KEYS[1], owner, -1)
 end
 if not v[2] then
   redis.call('del', KEYS[1])
@@ -218,20 +277,24 @@ end
 
 /// The rest of [`RELEASE_FAST`]: the lock says someone may be queued.
 const RELEASE: &str = r"
-return drop_hold(ARGV[1], holds, v[2], ARGV[2], tonumber(v[3]))
+return drop_hold(owner, holds, v[2], tonumber(v[3]))
 ";
 
-/// KEYS: lock, queue, waiters. ARGV: owner, ticket, fenced.
+/// KEYS: lock, queue, waiters. ARGV: owner, ticket.
 /// A waiter gives up: leaves the queue, and drops the hold it was handed if
-/// the hand-off already happened. Returns 1 if it dropped such a hold.
+/// the hand-off already happened (a hand-off always leaves the hash form).
+/// Returns 1 if it dropped such a hold.
 const ABANDON: &str = r"
 redis.call('zrem', KEYS[2], ARGV[2])
 redis.call('hdel', KEYS[3], ARGV[2])
+if redis.call('type', KEYS[1])['ok'] ~= 'hash' then
+  return 0
+end
 local v = redis.call('hmget', KEYS[1], ARGV[1], '~grant', '~f')
 local holds = tonumber(v[1])
 if holds and v[2] == ARGV[2] then
   redis.call('hdel', KEYS[1], '~grant')
-  drop_hold(ARGV[1], holds, true, ARGV[3], tonumber(v[3]))
+  drop_hold(ARGV[1], holds, true, tonumber(v[3]))
   return 1
 end
 return 0
@@ -242,7 +305,16 @@ return 0
 const RENEW: &str = r"
 local out = {}
 for i, key in ipairs(KEYS) do
-  if redis.call('hexists', key, ARGV[2 * i - 1]) == 1 then
+  local owner = ARGV[2 * i - 1]
+  local form = redis.call('type', key)['ok']
+  local mine = false
+  if form == 'string' then
+    local v = redis.call('get', key)
+    mine = string.sub(v, 1, #owner) == owner and (#v == #owner or string.byte(v, #owner + 1) == 32)
+  elseif form == 'hash' then
+    mine = redis.call('hexists', key, owner) == 1
+  end
+  if mine then
     redis.call('pexpire', key, ARGV[2 * i])
     out[i] = 1
   else
@@ -252,41 +324,57 @@ end
 return out
 ";
 
-/// `fast`, then the shared functions, then `body`; or `body` alone.
-fn cached(
-    cell: &'static OnceLock<Script>,
-    fast: &str,
-    body: &str,
+/// One script in its two variants, fenced and unfenced, each made once.
+struct Variants {
+    fast: &'static str,
+    body: &'static str,
     common: bool,
-) -> &'static Script {
-    cell.get_or_init(|| {
-        if common {
-            Script::new(&format!("{fast}{COMMON}{body}"))
-        } else {
-            Script::new(body)
+    cells: [OnceLock<Script>; 2],
+}
+
+impl Variants {
+    const fn new(fast: &'static str, body: &'static str, common: bool) -> Self {
+        Variants {
+            fast,
+            body,
+            common,
+            cells: [OnceLock::new(), OnceLock::new()],
         }
-    })
+    }
+
+    /// `fenced` as a constant, `fast`, then the shared functions, then
+    /// `body`. A constant rather than an argument: every argument costs the
+    /// server on every call.
+    fn get(&'static self, fenced: bool) -> &'static Script {
+        self.cells[usize::from(fenced)].get_or_init(|| {
+            let common = if self.common { COMMON } else { "" };
+            Script::new(&format!(
+                "local fenced = {fenced}\n{}{common}{}",
+                self.fast, self.body
+            ))
+        })
+    }
 }
 
-/// The acquire script (KEYS: lock, queue, waiters; ARGV: owner, ttl ms,
-/// fenced `1`/`0`).
-pub fn acquire() -> &'static Script {
-    static S: OnceLock<Script> = OnceLock::new();
-    cached(&S, ACQUIRE_FAST, ACQUIRE, true)
+static ACQUIRE_SCRIPT: Variants = Variants::new(ACQUIRE_FAST, ACQUIRE, true);
+static RELEASE_SCRIPT: Variants = Variants::new(RELEASE_FAST, RELEASE, true);
+static ABANDON_SCRIPT: Variants = Variants::new("", ABANDON, true);
+static RENEW_SCRIPT: Variants = Variants::new("", RENEW, false);
+
+/// The acquire script (KEYS: lock, queue, waiters; ARGV: owner, ttl ms).
+pub fn acquire(fenced: bool) -> &'static Script {
+    ACQUIRE_SCRIPT.get(fenced)
 }
 
-/// The release script (KEYS as acquire; ARGV: owner, fenced `1`/`0`).
-pub fn release() -> &'static Script {
-    static S: OnceLock<Script> = OnceLock::new();
-    cached(&S, RELEASE_FAST, RELEASE, true)
+/// The release script (KEYS as acquire; ARGV: owner).
+pub fn release(fenced: bool) -> &'static Script {
+    RELEASE_SCRIPT.get(fenced)
 }
 
-pub(crate) fn abandon() -> &'static Script {
-    static S: OnceLock<Script> = OnceLock::new();
-    cached(&S, "", ABANDON, true)
+pub(crate) fn abandon(fenced: bool) -> &'static Script {
+    ABANDON_SCRIPT.get(fenced)
 }
 
 pub(crate) fn renew() -> &'static Script {
-    static S: OnceLock<Script> = OnceLock::new();
-    cached(&S, "", RENEW, false)
+    RENEW_SCRIPT.get(false)
 }
