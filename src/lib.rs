@@ -23,7 +23,11 @@
 //!     _ = async { /* the critical section */ } => {}
 //!     reason = guard.lost() => eprintln!("lock lost ({reason:?}); stop touching the resource"),
 //! }
-//! guard.release().await?;
+//! // After a loss the release says `Lost`: report it, it is not an outage.
+//! if let Err(e) = guard.release().await {
+//!     eprintln!("{e}");
+//! }
+//! locker.close().await?;
 //! # let _ = fence;
 //! # Ok(())
 //! # }
@@ -43,9 +47,84 @@
 //! memcached and ZooKeeper are planned; their schemes are recognised and
 //! answer with a `Config` error saying so.
 
-use std::sync::Arc;
+pub use locksmith_core::{
+    Error, ErrorKind, FencingToken, IntoLockKey, Lease, LeaseState, LockGuard, LockKey,
+    LockOptions, Locker, LostReason, MultiGuard, OwnerToken, Result, WaitPolicy, MAX_KEY_LEN,
+    MAX_TTL,
+};
 
-pub use locksmith_core::*;
+/// For backend authors and tools: the [`LockBackend`](backend::LockBackend) contract, the
+/// helpers backends share, and [`open`](backend::open), which dispatches a
+/// URL to a bare backend without a [`Locker`] on top.
+pub mod backend {
+    use std::sync::Arc;
+
+    pub use locksmith_core::backend::*;
+
+    #[cfg(feature = "redis")]
+    use crate::redis;
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    use crate::sql;
+    use crate::DEFAULT_URL;
+    use crate::{Error, Result};
+
+    /// Opens the backend a URL names, without a [`Locker`](crate::Locker) on top.
+    ///
+    /// # Errors
+    /// `Config` for a malformed URL, an unknown scheme, or a backend whose cargo
+    /// feature is off (the message names the feature); `InvalidOptions` for bad
+    /// parameters. Nothing is sent to the store yet: call
+    /// [`LockBackend::verify`] to check it now.
+    pub async fn open(url: &str) -> Result<Arc<dyn LockBackend>> {
+        let shown = RedactedUrl::new(url);
+        let scheme = shown.scheme();
+        // Unused when every store is compiled in.
+        #[allow(unused_variables)]
+        let not_built = |store: &str, feature: &str| -> Result<Arc<dyn LockBackend>> {
+            Err(Error::config(format!(
+                "{shown}: {store} support is not compiled in; enable cargo feature `{feature}`"
+            )))
+        };
+        let planned = |store: &str, feature: &str| -> Result<Arc<dyn LockBackend>> {
+            Err(Error::config(format!(
+                "{shown}: the {store} backend is not part of this release yet \
+                 (it will be behind cargo feature `{feature}`)"
+            )))
+        };
+        match scheme.as_str() {
+            "memory" => Ok(Arc::new(MemoryBackend::new())),
+            #[cfg(feature = "sqlite")]
+            "sqlite" => Ok(Arc::new(sql::SqlBackend::connect(url)?)),
+            #[cfg(not(feature = "sqlite"))]
+            "sqlite" => not_built("SQLite", "sqlite"),
+            #[cfg(feature = "postgres")]
+            "postgres" | "postgresql" => Ok(Arc::new(sql::SqlBackend::connect(url)?)),
+            #[cfg(not(feature = "postgres"))]
+            "postgres" | "postgresql" => not_built("PostgreSQL", "postgres"),
+            #[cfg(feature = "mysql")]
+            "mysql" | "mariadb" => Ok(Arc::new(sql::SqlBackend::connect(url)?)),
+            #[cfg(not(feature = "mysql"))]
+            "mysql" | "mariadb" => not_built("MySQL/MariaDB", "mysql"),
+            #[cfg(feature = "redis")]
+            "redis+redlock" => Ok(Arc::new(redis::RedlockBackend::connect(url)?)),
+            #[cfg(feature = "redis")]
+            "redis" | "rediss" | "redis+unix" | "unix" => {
+                Ok(Arc::new(redis::RedisBackend::connect(url)?))
+            }
+            #[cfg(not(feature = "redis"))]
+            "redis" | "rediss" | "redis+unix" | "redis+redlock" => not_built("Redis", "redis"),
+            "memcache" | "memcached" => planned("memcached", "memcached"),
+            "zk" | "zookeeper" => planned("ZooKeeper", "zookeeper"),
+            "" => Err(Error::config(format!(
+                "{shown}: not a URL; expected e.g. {DEFAULT_URL} or memory://"
+            ))),
+            other => Err(Error::config(format!(
+                "{shown}: unknown scheme {other:?}; known: sqlite, postgres, mysql, \
+                 mariadb, redis, rediss, redis+redlock, memory (planned: memcache, zk)"
+            ))),
+        }
+    }
+}
 
 /// The SQL backend: SQLite, PostgreSQL, MySQL/MariaDB.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
@@ -58,69 +137,29 @@ pub use locksmith_redis as redis;
 /// The store used when no URL is given: an SQLite file in the working directory.
 pub const DEFAULT_URL: &str = "sqlite://locksmith.db";
 
-/// Opens the backend a URL names.
+/// Opens a [`Locker`] on the store a URL names (see [`backend::open`]) and
+/// checks the store before returning: reachable, credentials accepted, the
+/// lease table in place (created if missing). So a wrong password or a
+/// server that is down shows here, at start-up, not at the first lock.
 ///
 /// # Errors
-/// `Config` for a malformed URL, an unknown scheme, or a backend whose cargo
-/// feature is off (the message names the feature); `InvalidOptions` for bad
-/// parameters. Connections are made lazily, so a store that is down shows up
-/// as `Unavailable` on first use, not here.
-pub async fn backend(url: &str) -> Result<Arc<dyn LockBackend>> {
-    let shown = RedactedUrl::new(url);
-    let scheme = shown.scheme();
-    // Unused when every store is compiled in.
-    #[allow(unused_variables)]
-    let not_built = |store: &str, feature: &str| -> Result<Arc<dyn LockBackend>> {
-        Err(Error::config(format!(
-            "{shown}: {store} support is not compiled in; enable cargo feature `{feature}`"
-        )))
-    };
-    let planned = |store: &str, feature: &str| -> Result<Arc<dyn LockBackend>> {
-        Err(Error::config(format!(
-            "{shown}: the {store} backend is not part of this release yet \
-             (it will be behind cargo feature `{feature}`)"
-        )))
-    };
-    match scheme.as_str() {
-        "memory" => Ok(Arc::new(MemoryBackend::new())),
-        #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(Arc::new(sql::SqlBackend::connect(url)?)),
-        #[cfg(not(feature = "sqlite"))]
-        "sqlite" => not_built("SQLite", "sqlite"),
-        #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => Ok(Arc::new(sql::SqlBackend::connect(url)?)),
-        #[cfg(not(feature = "postgres"))]
-        "postgres" | "postgresql" => not_built("PostgreSQL", "postgres"),
-        #[cfg(feature = "mysql")]
-        "mysql" | "mariadb" => Ok(Arc::new(sql::SqlBackend::connect(url)?)),
-        #[cfg(not(feature = "mysql"))]
-        "mysql" | "mariadb" => not_built("MySQL/MariaDB", "mysql"),
-        #[cfg(feature = "redis")]
-        "redis+redlock" => Ok(Arc::new(redis::RedlockBackend::connect(url)?)),
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+unix" | "unix" => {
-            Ok(Arc::new(redis::RedisBackend::connect(url)?))
-        }
-        #[cfg(not(feature = "redis"))]
-        "redis" | "rediss" | "redis+unix" | "redis+redlock" => not_built("Redis", "redis"),
-        "memcache" | "memcached" => planned("memcached", "memcached"),
-        "zk" | "zookeeper" => planned("ZooKeeper", "zookeeper"),
-        "" => Err(Error::config(format!(
-            "{shown}: not a URL; expected e.g. {DEFAULT_URL} or memory://"
-        ))),
-        other => Err(Error::config(format!(
-            "{shown}: unknown scheme {other:?}; known: sqlite, postgres, mysql, \
-             mariadb, redis, rediss, redis+redlock, memory (planned: memcache, zk)"
-        ))),
-    }
+/// As [`backend::open`]; then `Unavailable` if the store cannot be reached,
+/// `Config` if it refuses the credentials, database or certificate.
+pub async fn connect(url: &str) -> Result<Locker> {
+    let backend = backend::open(url).await?;
+    backend.verify().await?;
+    Ok(Locker::from_arc(backend))
 }
 
-/// Opens a [`Locker`] on the store a URL names (see [`backend`]).
+/// Opens a [`Locker`] like [`connect`] but without talking to the store:
+/// the first lock makes the connection, and a store that is down shows up
+/// there as `Unavailable`. For services that must start while their store
+/// is still coming up.
 ///
 /// # Errors
-/// As [`backend`].
-pub async fn connect(url: &str) -> Result<Locker> {
-    Ok(Locker::from_arc(backend(url).await?))
+/// As [`backend::open`]: only a malformed URL or bad parameters.
+pub async fn connect_lazy(url: &str) -> Result<Locker> {
+    Ok(Locker::from_arc(backend::open(url).await?))
 }
 
 #[cfg(test)]
@@ -142,9 +181,11 @@ mod tests {
         }
         // Built with the SQL features, server URLs dispatch (lazily: no I/O yet).
         #[cfg(feature = "postgres")]
-        assert!(connect("postgresql://u:pw@127.0.0.1:1/db").await.is_ok());
+        assert!(connect_lazy("postgresql://u:pw@127.0.0.1:1/db")
+            .await
+            .is_ok());
         #[cfg(feature = "mysql")]
-        assert!(connect("mariadb://u:pw@127.0.0.1:1/db?mode=session")
+        assert!(connect_lazy("mariadb://u:pw@127.0.0.1:1/db?mode=session")
             .await
             .is_ok());
         #[cfg(not(feature = "postgres"))]

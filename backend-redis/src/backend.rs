@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::{
-    Acquire, Binding, Capabilities, Error, LockBackend, LockKey, OwnerToken, Release, Renew,
-    RenewRequest, Result, Watch,
+use locksmith_core::backend::{
+    Acquire, Binding, Capabilities, LockBackend, Release, Renew, RenewRequest, Watch,
 };
+use locksmith_core::{Error, LockKey, OwnerToken, Result};
 
 use crate::config::RedisConfig;
 use crate::node::{Keys, Node, Role, Waiter};
@@ -83,6 +83,10 @@ impl LockBackend for RedisBackend {
             // Nothing is kept once a lock is free.
             retention: Duration::ZERO,
         }
+    }
+
+    async fn verify(&self) -> Result<()> {
+        self.inner.node.ping().await
     }
 
     async fn try_acquire(
@@ -163,10 +167,7 @@ impl LockBackend for RedisBackend {
                 .into_iter()
                 .map(|ok| Ok(if ok { Renew::Renewed } else { Renew::NotHeld }))
                 .collect(),
-            Err(e) => requests
-                .iter()
-                .map(|_| Err(Error::new(e.kind(), e.message().to_owned())))
-                .collect(),
+            Err(e) => requests.iter().map(|_| Err(e.clone())).collect(),
         }
     }
 

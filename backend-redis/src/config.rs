@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use locksmith_core::{
-    check_userinfo, duration_param, reject_unknown_params, take_params, Error, RedactedUrl, Result,
+use locksmith_core::backend::{
+    check_userinfo, duration_param, reject_unknown_params, take_params, RedactedUrl,
 };
+use locksmith_core::{Error, Result};
 
 /// The URL schemes this crate answers to.
 pub const REDIS_SCHEMES: &[&str] = &["redis", "rediss", "redis+unix", "unix", "redis+redlock"];

@@ -7,10 +7,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
-use locksmith_core::{
-    Acquire, Error, FencingToken, Grant, LockKey, OwnerToken, RedactedUrl, Release, RenewRequest,
-    Result, Watch,
-};
+use locksmith_core::backend::{Acquire, Grant, RedactedUrl, Release, RenewRequest, Watch};
+use locksmith_core::{Error, FencingToken, LockKey, OwnerToken, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
 use redis::RedisError;
 use tokio::sync::{mpsc, oneshot, OnceCell};
@@ -96,16 +94,16 @@ pub(crate) fn map_err(e: RedisError) -> Error {
         || e.code() == Some("WRONGPASS")
         || msg.contains("DB index is out of range");
     if e.kind() == redis::ErrorKind::AuthenticationFailed || refused_tls || refused_config {
-        Error::config(format!("redis refused the connection: {msg}")).with_source(e)
+        Error::config("redis refused the connection").with_source(e)
     } else if e.is_io_error()
         || e.is_connection_refusal()
         || e.is_timeout()
         || e.is_connection_dropped()
         || transient_code
     {
-        Error::unavailable(format!("redis unavailable: {msg}")).with_source(e)
+        Error::unavailable("redis unavailable").with_source(e)
     } else {
-        Error::backend(msg).with_source(e)
+        Error::backend("redis answered with an error").with_source(e)
     }
 }
 
@@ -224,6 +222,18 @@ impl Node {
                 self.url, self.timeout
             ))),
         }
+    }
+
+    /// Connects (authenticating) if not yet connected, and asks for a PONG.
+    pub(crate) async fn ping(&self) -> Result<()> {
+        self.bounded(async {
+            let mut conn = self.conn().await?;
+            redis::cmd("PING")
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(map_err)
+        })
+        .await
     }
 
     /// One attempt; a `waiter` is queued (or its place refreshed) if the

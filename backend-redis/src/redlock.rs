@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::future::join_all;
-use locksmith_core::{
-    clock_drift, Acquire, Binding, Capabilities, Error, ErrorKind, Grant, LockBackend, LockKey,
-    OwnerToken, Release, Renew, RenewRequest, Result,
+use locksmith_core::backend::{
+    clock_drift, Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
 };
+use locksmith_core::{Error, ErrorKind, LockKey, OwnerToken, Result};
 
 use crate::config::RedisConfig;
 use crate::node::{Keys, Node, Role};
@@ -130,6 +130,39 @@ impl LockBackend for RedlockBackend {
         }
     }
 
+    /// A quorum of nodes must answer; a node that refuses our credentials
+    /// is named as the reason when the quorum fails.
+    async fn verify(&self) -> Result<()> {
+        let answers = join_all(self.inner.nodes.iter().map(|n| n.ping())).await;
+        let ok = answers.iter().filter(|a| a.is_ok()).count();
+        if ok >= self.inner.quorum {
+            return Ok(());
+        }
+        let failure = answers
+            .iter()
+            .filter_map(|a| a.as_ref().err())
+            .find(|e| e.kind() == ErrorKind::Config)
+            .or_else(|| answers.iter().find_map(|a| a.as_ref().err()));
+        let n = self.inner.nodes.len();
+        let e = Error::new(
+            failure.map_or(ErrorKind::Unavailable, |f| {
+                if f.kind() == ErrorKind::Config {
+                    ErrorKind::Config
+                } else {
+                    ErrorKind::Unavailable
+                }
+            }),
+            format!(
+                "only {ok} of {n} Redlock nodes answered; a quorum is {}",
+                self.inner.quorum
+            ),
+        );
+        Err(match failure {
+            Some(f) => e.with_source(f.clone()),
+            None => e,
+        })
+    }
+
     async fn try_acquire(
         &self,
         key: &LockKey,
@@ -195,10 +228,9 @@ impl LockBackend for RedlockBackend {
         }
         if let Some(e) = self.unreachable(errors) {
             return Err(match refused {
-                Some(r) => Error::config(format!(
-                    "a quorum of Redlock nodes cannot be had: {}",
-                    r.message()
-                )),
+                Some(r) => {
+                    Error::config("a quorum of Redlock nodes cannot be had").with_source(r.clone())
+                }
                 None => e,
             });
         }

@@ -7,9 +7,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use locksmith_core::{
-    Acquire, LockBackend, LockKey, LockOptions, Locker, Notice, OwnerToken, Release,
-};
+use locksmith_core::backend::{Acquire, LockBackend, Notice, Release};
+use locksmith_core::{LockKey, LockOptions, Locker, OwnerToken};
 use locksmith_redis::RedisBackend;
 
 const TTL: Duration = Duration::from_secs(60);

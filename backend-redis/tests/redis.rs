@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use locksmith_conformance::Harness;
-use locksmith_core::LockBackend;
+use locksmith_core::backend::LockBackend;
 use locksmith_redis::{RedisBackend, RedlockBackend};
 
 struct Single;

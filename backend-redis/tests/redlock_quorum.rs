@@ -7,7 +7,8 @@ mod common;
 
 use std::time::Duration;
 
-use locksmith_core::{Acquire, ErrorKind, LockBackend, LockKey, OwnerToken, Release};
+use locksmith_core::backend::{Acquire, LockBackend, Release};
+use locksmith_core::{ErrorKind, LockKey, OwnerToken};
 use locksmith_redis::{RedisBackend, RedlockBackend};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -105,4 +106,4 @@ async fn acquire_succeeds_iff_a_quorum_is_free() {
     }
 }
 
-use locksmith_core::Grant;
+use locksmith_core::backend::Grant;

@@ -6,7 +6,8 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use locksmith_core::{Acquire, ErrorKind, LockBackend, LockKey, LockOptions, Locker, OwnerToken};
+use locksmith_core::backend::{Acquire, LockBackend};
+use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
 use locksmith_redis::RedisBackend;
 
 const PORT: u16 = 16399;

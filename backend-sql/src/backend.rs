@@ -5,10 +5,10 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::{
-    Acquire, Binding, Capabilities, Error, FencingToken, Grant, LockBackend, LockKey, OwnerToken,
-    Release, Renew, Result, Watch,
+use locksmith_core::backend::{
+    Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, Watch,
 };
+use locksmith_core::{Error, FencingToken, LockKey, OwnerToken, Result};
 use sha2::{Digest, Sha256};
 use tokio::sync::{watch, OnceCell};
 
@@ -416,15 +416,14 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
         E::Tls(t) => t.to_string().contains("without TLS support"),
         _ => false,
     };
-    let msg = e.to_string();
     if permanent {
-        Error::config(format!("the database refused the configuration: {msg}")).with_source(e)
+        Error::config("the database refused the configuration").with_source(e)
     } else if unavailable {
-        Error::unavailable(format!("database unavailable: {msg}")).with_source(e)
+        Error::unavailable("database unavailable").with_source(e)
     } else if matches!(e, E::Configuration(_)) {
-        Error::config(msg).with_source(e)
+        Error::config("the database driver refused the configuration").with_source(e)
     } else {
-        Error::backend(msg).with_source(e)
+        Error::backend("the database answered with an error").with_source(e)
     }
 }
 
@@ -662,6 +661,21 @@ impl LockBackend for SqlBackend {
             } else {
                 self.inner.config.retention + self.sweep_every()
             },
+        }
+    }
+
+    /// Lease mode: the table exists (created if missing). Session mode: a
+    /// connection is made and answers.
+    async fn verify(&self) -> Result<()> {
+        match self.inner.session {
+            None => self.migrate().await,
+            Some(_) => {
+                on_pool!(&self.inner.pool, p => sqlx::query("SELECT 1")
+                    .execute(p)
+                    .await
+                    .map(|_| ())
+                    .map_err(map_err))
+            }
         }
     }
 

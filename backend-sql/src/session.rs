@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use locksmith_core::{Acquire, Error, Grant, LockKey, OwnerToken, Release, Renew, Result};
+use locksmith_core::backend::{Acquire, Grant, Release, Renew};
+use locksmith_core::{Error, LockKey, OwnerToken, Result};
 use sha2::{Digest, Sha256};
 
 use crate::backend::map_err;

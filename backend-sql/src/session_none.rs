@@ -1,7 +1,8 @@
 //! Session mode needs PostgreSQL or MySQL; in a build with neither, no
 //! session backend can exist.
 
-use locksmith_core::{Acquire, Error, LockKey, OwnerToken, Release, Renew, Result};
+use locksmith_core::backend::{Acquire, Release, Renew};
+use locksmith_core::{Error, LockKey, OwnerToken, Result};
 
 use crate::config::SqlConfig;
 

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use locksmith_conformance::Harness;
-use locksmith_core::{Acquire, ErrorKind, LockBackend, LockKey, OwnerToken, Release};
+use locksmith_core::backend::{Acquire, LockBackend, Release};
+use locksmith_core::{ErrorKind, LockKey, OwnerToken};
 use locksmith_sql::{Dialect, SqlBackend};
 
 /// Each client is its own pool on one database file in a fresh directory.

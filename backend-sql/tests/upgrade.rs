@@ -8,7 +8,8 @@ mod common;
 
 use std::time::Duration;
 
-use locksmith_core::{Acquire, LockBackend, LockKey, OwnerToken, Release, Renew};
+use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
+use locksmith_core::{LockKey, OwnerToken};
 use locksmith_sql::{Dialect, SqlBackend};
 use sha2::{Digest, Sha256};
 

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 
 mod redis_bench;
+use locksmith::backend::LockBackend;
 use locksmith::sql::{LeaseStatements, SqlBackend};
-use locksmith::{LockBackend, LockKey, Locker, OwnerToken};
+use locksmith::{LockKey, Locker, OwnerToken};
 use sha2::{Digest, Sha256};
 
 #[derive(Parser, Debug)]
@@ -224,7 +225,7 @@ async fn sql(
                             .try_acquire(&k, &owner, Duration::from_secs(30))
                             .await
                             .expect("acquire");
-                        assert!(matches!(got, locksmith::Acquire::Acquired(_)));
+                        assert!(matches!(got, locksmith::backend::Acquire::Acquired(_)));
                         b.release(&k, &owner).await.expect("release");
                     }
                 }

@@ -5,8 +5,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use locksmith::backend::LockBackend;
 use locksmith::redis::RedisBackend;
-use locksmith::{LockBackend, LockKey, LockOptions, Locker, OwnerToken};
+use locksmith::{LockKey, LockOptions, Locker, OwnerToken};
 use redis::AsyncCommands;
 
 const TTL: Duration = Duration::from_secs(10);

@@ -7,10 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use locksmith_core::{
-    Acquire, Capabilities, ErrorKind, FencingToken, Grant, LockBackend, LockKey, OwnerToken,
-    Release, Renew, Result, Watch,
-};
+use locksmith_core::backend::{Acquire, Capabilities, Grant, LockBackend, Release, Renew, Watch};
+use locksmith_core::{ErrorKind, FencingToken, LockKey, OwnerToken, Result};
 
 use crate::Harness;
 

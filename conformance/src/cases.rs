@@ -6,10 +6,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use locksmith_core::{
-    Acquire, Binding, Capabilities, ErrorKind, LockBackend, LockKey, LockOptions, Locker,
-    OwnerToken, Release, Renew, MAX_KEY_LEN, MAX_TTL,
-};
+use locksmith_core::backend::{Acquire, Binding, Capabilities, LockBackend, Release, Renew};
+use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken, MAX_KEY_LEN, MAX_TTL};
 use rand::Rng;
 
 use crate::faults::{Partition, Stall};
@@ -68,7 +66,7 @@ async fn acquired(
     k: &LockKey,
     owner: &OwnerToken,
     ttl: Duration,
-) -> Result<locksmith_core::Grant> {
+) -> Result<locksmith_core::backend::Grant> {
     match b.try_acquire(k, owner, ttl).await? {
         Acquire::Acquired(g) => Ok(g),
         Acquire::Contended { .. } => bail!("expected to acquire {k:?}, but it is held"),
@@ -867,9 +865,9 @@ pub async fn reentrant_same_owner(h: &dyn Harness) -> Result<()> {
     let a = Locker::from_arc(h.client().await);
     let b = h.client().await;
     let me = OwnerToken::generate();
-    let outer = a.lock_as(&me, &k, &long()).await?;
+    let outer = a.lock_as(&k, &long(), &me).await?;
     let inner = a
-        .lock_as(&me, &k, &long().no_wait())
+        .lock_as(&k, &long().no_wait(), &me)
         .await
         .context("owner could not re-enter")?;
     ensure!(

@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::{
-    Acquire, Capabilities, Error, LockBackend, LockKey, OwnerToken, Release, Renew, Result, Watch,
-};
+use locksmith_core::backend::{Acquire, Capabilities, LockBackend, Release, Renew, Watch};
+use locksmith_core::{Error, LockKey, OwnerToken, Result};
 
 /// Wraps a client; once [`cut`](Partition::cut), every call fails with
 /// `Unavailable` without reaching the store, as if the network had gone.

@@ -11,7 +11,7 @@
 //! }
 //! ```
 //!
-//! Cases read the backend's [`Capabilities`](locksmith_core::Capabilities) to
+//! Cases read the backend's [`Capabilities`](locksmith_core::backend::Capabilities) to
 //! adapt expectations (fencing or not, TTL resolution), never to skip a
 //! safety property. The suite itself is tested: [`broken`] holds
 //! deliberately broken backends, and this crate's tests prove each one fails.
@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
-use locksmith_core::LockBackend;
+use locksmith_core::backend::LockBackend;
 
 pub use memory::MemoryHarness;
 
@@ -47,7 +47,7 @@ pub trait Harness: Send + Sync {
 
     /// Ends every session `client` has with the store, from the server side,
     /// as a crash or a lost network would. Session-bound backends
-    /// ([`Binding::Session`](locksmith_core::Binding::Session)) must provide
+    /// ([`Binding::Session`](locksmith_core::backend::Binding::Session)) must provide
     /// it: their cases end a holder's session where lease-bound cases wait
     /// for the lease to run out.
     async fn end_sessions(&self, client: &Arc<dyn LockBackend>) -> anyhow::Result<()> {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use locksmith_core::{LockBackend, MemoryBackend};
+use locksmith_core::backend::{LockBackend, MemoryBackend};
 
 use crate::Harness;
 

@@ -1,28 +1,25 @@
-//! The [`LockBackend`] trait every store implements, and what it returns.
+//! For backend authors: the [`LockBackend`] contract every store
+//! implements, what its methods return, and the helpers backends share
+//! (URL parameters, TTL checks, clock-drift margins). Applications need
+//! none of this; they use the crate root.
+
+pub use crate::lease::{clock_drift, local_deadline};
+pub use crate::memory::MemoryBackend;
+pub use crate::options::validate_ttl;
+pub use crate::url::{
+    check_userinfo, duration_param, reject_unknown_params, take_params, RedactedUrl,
+};
+/// Re-exported so backends implement [`LockBackend`] with the same macro version.
+pub use async_trait::async_trait;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::sync::{mpsc, watch};
 
 use crate::error::Result;
-use crate::key::{LockKey, OwnerToken};
-
-/// A fencing token: strictly increasing across successive grants of one key.
-///
-/// Pass it to the resource you protect and have the resource refuse any
-/// request carrying a token lower than one it has already seen; that is what
-/// keeps a paused holder whose lease expired from doing damage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FencingToken(pub u64);
-
-impl fmt::Display for FencingToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
+use crate::key::{FencingToken, LockKey, OwnerToken};
 
 /// How a backend's locks end when the holder disappears.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,6 +227,14 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     /// What this backend promises.
     fn capabilities(&self) -> Capabilities;
 
+    /// Checks the store now: reachable, credentials accepted, and whatever
+    /// schema the backend needs in place. `locksmith::connect` calls it, so
+    /// a wrong password shows at start-up, not at the first lock. The
+    /// default (for stores with nothing to check) succeeds.
+    async fn verify(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// One attempt to take `key` for `owner` for `ttl`.
     async fn try_acquire(
         &self,
@@ -291,6 +296,9 @@ macro_rules! forward_backend {
         impl<T: LockBackend + ?Sized> LockBackend for $ptr<T> {
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()
+            }
+            async fn verify(&self) -> Result<()> {
+                (**self).verify().await
             }
             async fn try_acquire(
                 &self,

@@ -1,6 +1,7 @@
 //! The one error type every locksmith operation returns.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// Convenience alias used throughout locksmith.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -25,6 +26,8 @@ pub enum ErrorKind {
     Config,
     /// Any other store error.
     Backend,
+    /// The [`Locker`](crate::Locker) was closed and takes no new locks.
+    Closed,
 }
 
 impl ErrorKind {
@@ -39,8 +42,46 @@ impl ErrorKind {
             ErrorKind::InvalidOptions => "invalid options",
             ErrorKind::Config => "config",
             ErrorKind::Backend => "backend",
+            ErrorKind::Closed => "closed",
         }
     }
+}
+
+impl ErrorKind {
+    /// The exit status (from BSD's `sysexits.h`) a command-line tool should
+    /// end with for this kind of error, so that scripts can tell "busy" from
+    /// "broken"; the `locksmith` command uses this table.
+    ///
+    /// | kind | status |
+    /// |---|---|
+    /// | `Timeout` | 75 (`EX_TEMPFAIL`): not acquired within the wait |
+    /// | `Lost`, `NotHeld`, `Closed` | 70 (`EX_SOFTWARE`): the lock could not be kept |
+    /// | `InvalidKey`, `InvalidOptions`, `Config` | 64 (`EX_USAGE`): retrying will not help |
+    /// | `Unavailable` | 69 (`EX_UNAVAILABLE`): the store cannot be reached now |
+    /// | `Backend` | 76 (`EX_PROTOCOL`): the store answered unexpectedly |
+    pub fn exit_code(self) -> i32 {
+        // Exhaustive on purpose: a new kind must be given its status here.
+        match self {
+            ErrorKind::Timeout => 75,
+            ErrorKind::Lost | ErrorKind::NotHeld | ErrorKind::Closed => 70,
+            ErrorKind::InvalidKey | ErrorKind::InvalidOptions | ErrorKind::Config => 64,
+            ErrorKind::Unavailable => 69,
+            ErrorKind::Backend => 76,
+        }
+    }
+
+    /// Every kind, for tables and tests.
+    pub const ALL: [ErrorKind; 9] = [
+        ErrorKind::Timeout,
+        ErrorKind::NotHeld,
+        ErrorKind::Lost,
+        ErrorKind::Unavailable,
+        ErrorKind::InvalidKey,
+        ErrorKind::InvalidOptions,
+        ErrorKind::Config,
+        ErrorKind::Backend,
+        ErrorKind::Closed,
+    ];
 }
 
 impl fmt::Display for ErrorKind {
@@ -51,14 +92,29 @@ impl fmt::Display for ErrorKind {
 
 type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// A locksmith error: a matchable [`ErrorKind`], a message and an optional cause.
-#[derive(thiserror::Error)]
-#[error("{kind}: {message}")]
+/// A locksmith error: a matchable [`ErrorKind`], a message and an optional
+/// cause. `Display` shows the kind and the message; the driver's own text
+/// is in the [`source`](std::error::Error::source) chain, shown in full by
+/// [`chain`](Error::chain). Cloning shares the cause.
+#[derive(Clone)]
 pub struct Error {
     kind: ErrorKind,
     message: String,
-    #[source]
-    source: Option<Source>,
+    source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
+    }
 }
 
 impl fmt::Debug for Error {
@@ -84,8 +140,31 @@ impl Error {
 
     /// Attaches the underlying cause.
     pub fn with_source(mut self, source: impl Into<Source>) -> Self {
-        self.source = Some(source.into());
+        self.source = Some(Arc::from(source.into()));
         self
+    }
+
+    /// The error and every cause under it on one line, `a: b: c`, each
+    /// cause's text shown once even where a driver repeats its own source.
+    ///
+    /// ```
+    /// use locksmith_core::Error;
+    /// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+    /// let e = Error::unavailable("redis unavailable").with_source(io);
+    /// assert_eq!(e.chain(), "unavailable: redis unavailable: refused");
+    /// ```
+    pub fn chain(&self) -> String {
+        let mut out = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            let text = c.to_string();
+            if !text.is_empty() && !out.contains(&text) {
+                out.push_str(": ");
+                out.push_str(&text);
+            }
+            cause = c.source();
+        }
+        out
     }
 
     /// What kind of failure this is.

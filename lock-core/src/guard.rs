@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
-use crate::backend::{FencingToken, LockBackend, Release, Renew};
+use crate::backend::{LockBackend, Release, Renew};
 use crate::background::Background;
 use crate::error::{Error, Result};
-use crate::key::{LockKey, OwnerToken};
+use crate::key::{FencingToken, LockKey, OwnerToken};
 use crate::lease::{Lease, LeaseState, LostReason};
 use crate::watchdog::Watchdog;
 
@@ -124,6 +125,53 @@ impl LockGuard {
         }
     }
 
+    /// A token cancelled when the lock is lost, for work that checks for
+    /// loss cooperatively (`token.is_cancelled()` between steps) instead of
+    /// being cancelled by `select!` at an await point that may not be
+    /// cancel-safe. It is never cancelled by a release. Each call makes a
+    /// new token, watched by a small task that ends with the guard.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> locksmith_core::Result<()> {
+    /// # use locksmith_core::{backend::MemoryBackend, Locker};
+    /// # let locker = Locker::new(MemoryBackend::new());
+    /// let guard = locker.lock("batch-42").await?;
+    /// let lost = guard.lost_token();
+    /// for row in 0..3 {
+    ///     if lost.is_cancelled() {
+    ///         break; // someone else may hold the lock now: stop writing
+    ///     }
+    ///     // ... write row `row` with guard.fence() attached ...
+    /// #   let _ = row;
+    /// }
+    /// guard.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lost_token(&self) -> CancellationToken {
+        let token = CancellationToken::new();
+        let mut rx = self.state.clone();
+        let cancel = token.clone();
+        // Ends when the lock is lost, or when the watchdog stops tracking
+        // it (release, leak, close) and drops the sender.
+        let watcher = async move {
+            if rx
+                .wait_for(|s| matches!(s, LeaseState::Lost(_)))
+                .await
+                .is_ok()
+            {
+                cancel.cancel();
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn(watcher)),
+            Err(_) if self.is_lost() => token.cancel(),
+            Err(_) => {}
+        }
+        token
+    }
+
     /// Renews the lease now, outside the watchdog's schedule.
     ///
     /// # Errors
@@ -154,13 +202,19 @@ impl LockGuard {
     /// store could not be reached (the lock then frees at its TTL).
     pub async fn release(mut self) -> Result<()> {
         self.armed = false;
+        if self.closed() {
+            return Ok(());
+        }
         self.watchdog.unregister(self.id);
         match self
             .backend
             .release(&self.lease.key, &self.lease.owner)
             .await?
         {
-            Release::Freed | Release::StillHeld(_) => Ok(()),
+            Release::Freed | Release::StillHeld(_) => {
+                tracing::debug!(key = %self.lease.key, "lock released");
+                Ok(())
+            }
             Release::NotHeld => Err(Error::lost(format!(
                 "lock {:?} was no longer held at release (lease expired or taken over)",
                 self.lease.key.as_str()
@@ -177,9 +231,16 @@ impl LockGuard {
     }
 }
 
+impl LockGuard {
+    /// [`Locker::close`](crate::Locker::close) released this lock already.
+    fn closed(&self) -> bool {
+        matches!(*self.state.borrow(), LeaseState::Released) && self.watchdog.is_closed()
+    }
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if !self.armed {
+        if !self.armed || self.closed() {
             return;
         }
         self.watchdog.unregister(self.id);

@@ -1,4 +1,5 @@
-//! Validated lock names and the owner tokens that prove who holds a lock.
+//! Validated lock names, the owner tokens that prove who holds a lock, and
+//! the fencing tokens a grant carries.
 
 use std::fmt;
 
@@ -162,6 +163,20 @@ impl fmt::Debug for OwnerToken {
 impl fmt::Display for OwnerToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+/// A fencing token: strictly increasing across successive grants of one key.
+///
+/// Pass it to the resource you protect and have the resource refuse any
+/// request carrying a token lower than one it has already seen; that is what
+/// keeps a paused holder whose lease expired from doing damage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(pub u64);
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
     }
 }
 

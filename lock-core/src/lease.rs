@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backend::FencingToken;
+use crate::key::FencingToken;
 use crate::key::{LockKey, OwnerToken};
 
 /// Why a held lock was lost.

@@ -12,12 +12,15 @@ use futures::future::BoxFuture;
 
 use crate::backend::{Acquire, Capabilities, Grant, LockBackend, Notice, Renew, Watch};
 use crate::background::Background;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::guard::{LockGuard, MultiGuard};
 use crate::key::{IntoLockKey, LockKey, OwnerToken};
 use crate::lease::{local_deadline, Lease};
 use crate::options::{LockOptions, WaitPolicy};
 use crate::watchdog::Watchdog;
+
+/// How long [`Locker::close`] waits for background clean-ups.
+const CLOSE_PATIENCE: Duration = Duration::from_secs(5);
 
 /// The shortest sleep between polling attempts.
 const MIN_POLL: Duration = Duration::from_millis(1);
@@ -28,7 +31,7 @@ const MIN_POLL: Duration = Duration::from_millis(1);
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> locksmith_core::Result<()> {
-/// use locksmith_core::{Locker, LockOptions, MemoryBackend};
+/// use locksmith_core::{backend::MemoryBackend, LockOptions, Locker};
 /// use std::time::Duration;
 ///
 /// let locker = Locker::new(MemoryBackend::new());
@@ -74,6 +77,50 @@ impl Locker {
     /// Returns `true` when nothing is left pending.
     pub async fn settle(&self, within: Duration) -> bool {
         self.background.settle(within).await
+    }
+
+    /// Releases every lock this locker (and its clones) still holds, stops
+    /// the renewal watchdog and waits, at most `CLOSE_PATIENCE` (5 s), for
+    /// the background clean-ups ([`settle`](Self::settle)). Call it before
+    /// the process exits: a guard dropped as `main` returns is released by a
+    /// task that the shutting-down runtime may never run. After `close`,
+    /// acquires fail with [`ErrorKind::Closed`](crate::ErrorKind::Closed);
+    /// guards still alive report [`LeaseState::Released`](crate::LeaseState),
+    /// and their `release` is a no-op that succeeds.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> locksmith_core::Result<()> {
+    /// # use locksmith_core::{backend::MemoryBackend, ErrorKind, Locker};
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let _job = locker.lock("nightly").await?;
+    /// locker.close().await?; // "nightly" is free in the store now
+    /// assert_eq!(locker.lock("nightly").await.unwrap_err().kind(), ErrorKind::Closed);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// The first error of a release that failed (the store unreachable, say);
+    /// every other lock was still released, and that one frees at its TTL.
+    pub async fn close(&self) -> Result<()> {
+        let held = self.watchdog.close();
+        let released =
+            futures::future::join_all(held.iter().map(|r| self.backend.release(&r.key, &r.owner)))
+                .await;
+        self.background.settle(CLOSE_PATIENCE).await;
+        let failed = released.iter().filter(|r| r.is_err()).count();
+        match released.into_iter().find_map(|r| r.err()) {
+            Some(e) => Err(Error::new(
+                e.kind(),
+                format!(
+                    "closing: {failed} of {} locks could not be released (they free at their TTL)",
+                    held.len()
+                ),
+            )
+            .with_source(e)),
+            None => Ok(()),
+        }
     }
 
     /// Replaces the options used by [`lock`](Self::lock) and [`try_lock`](Self::try_lock).
@@ -132,9 +179,42 @@ impl Locker {
             .ok_or_else(|| timeout_error(&key, opts.wait))
     }
 
-    /// Acquires as a given owner. If that owner already holds the key, the
-    /// store adds a hold (re-entrancy) and the lock frees only when every
-    /// hold's guard is released; any other owner stays excluded throughout.
+    /// Acquires with explicit options, waiting as they say, and reports a
+    /// lock still held by someone else when the wait runs out as `Ok(None)`
+    /// (where [`lock_with`](Self::lock_with) says `Err(Timeout)`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> locksmith_core::Result<()> {
+    /// use locksmith_core::{backend::MemoryBackend, LockOptions, Locker};
+    /// use std::time::Duration;
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let opts = LockOptions::new().wait_for(Duration::from_millis(50));
+    /// let held = locker.lock_with("report", &opts).await?;
+    /// assert!(locker.try_lock_with("report", &opts).await?.is_none());
+    /// held.release().await?;
+    /// assert!(locker.try_lock_with("report", &opts).await?.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`try_lock`](Self::try_lock), and `InvalidOptions` for options the
+    /// backend cannot honour.
+    pub async fn try_lock_with(
+        &self,
+        key: impl IntoLockKey,
+        opts: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        self.acquire(key.into_lock_key()?, None, opts).await
+    }
+
+    /// Acquires as a given owner, with the arguments in
+    /// [`lock_with`](Self::lock_with)'s order and the owner last. If that
+    /// owner already holds the key, the store adds a hold (re-entrancy) and
+    /// the lock frees only when every hold's guard is released; any other
+    /// owner stays excluded throughout.
     ///
     /// A re-entrant acquire whose future is dropped while its request is in
     /// flight may leave one extra hold, which the store drops at TTL expiry
@@ -144,9 +224,9 @@ impl Locker {
     /// As [`lock_with`](Self::lock_with).
     pub async fn lock_as(
         &self,
-        owner: &OwnerToken,
         key: impl IntoLockKey,
         opts: &LockOptions,
+        owner: &OwnerToken,
     ) -> Result<LockGuard> {
         let key = key.into_lock_key()?;
         self.acquire(key.clone(), Some(owner.clone()), opts)
@@ -210,6 +290,7 @@ impl Locker {
         owner: Option<OwnerToken>,
         opts: &LockOptions,
     ) -> Result<Option<LockGuard>> {
+        self.refuse_if_closed()?;
         opts.validate(&self.caps)?;
         let fresh_owner = owner.is_none();
         let owner = owner.unwrap_or_else(OwnerToken::generate);
@@ -249,7 +330,8 @@ impl Locker {
             let retry_after = match attempts.attempt(opts.ttl).await? {
                 Acquire::Acquired(grant) => {
                     attempts.done();
-                    return Ok(Some(self.guard(&key, &owner, grant, opts, sent, None)));
+                    let guard = self.guard(&key, &owner, grant, opts, sent, None);
+                    return self.unless_closed(guard).await.map(Some);
                 }
                 Acquire::Contended { retry_after } => {
                     queued_at = sent;
@@ -263,6 +345,7 @@ impl Locker {
                 return Ok(None);
             }
             if !subscribed {
+                tracing::debug!(key = %key, wait = %opts.wait, "lock held by another owner; waiting");
                 subscribed = true;
                 watch = self.subscribe(&mut attempts).await?;
                 if watch.is_some() {
@@ -298,10 +381,26 @@ impl Locker {
             if let Some(Notice::Granted(grant)) = notice {
                 if let Some(guard) = self.handed(&key, &owner, grant, opts, queued_at).await? {
                     attempts.done();
-                    return Ok(Some(guard));
+                    return self.unless_closed(guard).await.map(Some);
                 }
             }
         }
+    }
+
+    fn refuse_if_closed(&self) -> Result<()> {
+        if self.watchdog.is_closed() {
+            return Err(closed());
+        }
+        Ok(())
+    }
+
+    /// A guard made while [`close`](Self::close) ran is released at once.
+    async fn unless_closed(&self, guard: LockGuard) -> Result<LockGuard> {
+        if self.watchdog.is_closed() {
+            let _ = guard.release().await;
+            return Err(closed());
+        }
+        Ok(guard)
     }
 
     /// Subscribes to the key's notices as `attempts`' ticket.
@@ -361,6 +460,8 @@ impl Locker {
             ttl: opts.ttl,
             deadline: local_deadline(sent, granted),
         };
+        tracing::debug!(key = %key, fence = ?grant.fence, holds = grant.holds,
+            lease = ?granted, "lock acquired");
         let renew_every = opts.auto_renew.then(|| opts.renew_period());
         let period = renew_every.unwrap_or_default();
         let first_renew = sent + short.map_or(period, |lease| period.min(lease / 2));
@@ -524,6 +625,13 @@ where
             other => return other,
         }
     }
+}
+
+fn closed() -> Error {
+    Error::new(
+        ErrorKind::Closed,
+        "this Locker was closed; it takes no new locks",
+    )
 }
 
 fn timeout_error(key: &LockKey, wait: WaitPolicy) -> Error {

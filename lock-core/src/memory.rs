@@ -8,11 +8,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use crate::backend::{
-    Acquire, Binding, Capabilities, FencingToken, Grant, LockBackend, Release, Renew, Watch,
-};
+use crate::backend::{Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, Watch};
 use crate::error::{Error, Result};
-use crate::key::{LockKey, OwnerToken};
+use crate::key::{FencingToken, LockKey, OwnerToken};
 
 #[derive(Debug)]
 struct Slot {

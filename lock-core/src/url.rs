@@ -7,7 +7,7 @@ use std::time::Duration;
 /// `password`/`token` query parameter). Use it wherever a URL may be logged.
 ///
 /// ```
-/// use locksmith_core::RedactedUrl;
+/// use locksmith_core::backend::RedactedUrl;
 /// let u = RedactedUrl::new("postgres://app:s3cret@db:5432/locks?password=x");
 /// assert_eq!(u.to_string(), "postgres://app:***@db:5432/locks?password=***");
 /// assert_eq!(u.expose(), "postgres://app:s3cret@db:5432/locks?password=x");
@@ -147,7 +147,7 @@ impl fmt::Display for RedactedUrl {
 ///
 /// ```
 /// let mut table = String::new();
-/// let rest = locksmith_core::take_params("sqlite://a.db?table=t&mode=ro", |k, v| {
+/// let rest = locksmith_core::backend::take_params("sqlite://a.db?table=t&mode=ro", |k, v| {
 ///     Ok(k == "table" && { table = v.to_owned(); true })
 /// })
 /// .unwrap();

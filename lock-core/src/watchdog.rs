@@ -44,6 +44,9 @@ struct State {
     entries: HashMap<u64, Entry>,
     next_id: u64,
     running: bool,
+    /// [`Watchdog::close`] ran: nothing new is tracked, and the task exits
+    /// as soon as its last renewal in flight is back.
+    closed: bool,
 }
 
 pub(crate) struct Watchdog {
@@ -137,6 +140,37 @@ impl Watchdog {
         }
     }
 
+    /// Stops tracking every lease at once, marking each `Released`, and lets
+    /// the task exit; returns what was tracked, for the caller to release.
+    /// Leases registered later are watched as before: the caller refuses
+    /// new acquires first.
+    pub(crate) fn close(&self) -> Vec<RenewRequest> {
+        let mut st = self.lock();
+        st.closed = true;
+        let held: Vec<RenewRequest> = st
+            .entries
+            .drain()
+            .map(|(_, e)| {
+                e.tx.send_if_modified(|s| {
+                    let held = matches!(s, LeaseState::Held { .. });
+                    if held {
+                        *s = LeaseState::Released;
+                    }
+                    held
+                });
+                e.request
+            })
+            .collect();
+        drop(st);
+        self.wake.notify_one();
+        held
+    }
+
+    /// True once [`close`](Self::close) ran.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
     /// Records the outcome of a renewal made outside the watchdog.
     pub(crate) fn renewed(&self, id: u64, sent: Instant, outcome: Renew) {
         let mut st = self.lock();
@@ -157,6 +191,7 @@ impl Watchdog {
                 if let Some(every) = e.renew_every {
                     e.next_renew = sent + every;
                 }
+                tracing::debug!(key = %e.request.key, ttl = ?e.request.ttl, "lock renewed");
                 e.tx.send_replace(LeaseState::Held {
                     deadline: e.deadline,
                 });
@@ -224,6 +259,13 @@ impl Watchdog {
                         }
                     }
                     next_wake = Some(next_wake.map_or(wake_at, |w| w.min(wake_at)));
+                }
+            }
+            if idle {
+                let mut st = strong.lock();
+                if st.closed && st.entries.is_empty() {
+                    st.running = false;
+                    return;
                 }
             }
             if idle {

@@ -5,10 +5,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use locksmith_core::{
-    async_trait, Acquire, Capabilities, Error, ErrorKind, LockBackend, LockKey, Locker,
-    MemoryBackend, OwnerToken, Release, Renew, Result,
+use locksmith_core::backend::{
+    async_trait, Acquire, Capabilities, LockBackend, MemoryBackend, Release, Renew,
 };
+use locksmith_core::{Error, ErrorKind, LockKey, Locker, OwnerToken, Result};
 
 /// A store whose acquire is applied but whose reply is lost: the caller sees
 /// a timeout, the store holds the lock.

@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use locksmith_core::{
-    async_trait, Acquire, Capabilities, Error, LockBackend, LockKey, LockOptions, Locker,
-    LostReason, MemoryBackend, OwnerToken, Release, Renew, RenewRequest, Result, Watch,
+use locksmith_core::backend::{
+    async_trait, Acquire, Capabilities, LockBackend, MemoryBackend, Release, Renew, RenewRequest,
+    Watch,
 };
+use locksmith_core::{Error, LockKey, LockOptions, Locker, LostReason, OwnerToken, Result};
 
 /// Records the size of every `renew_many` call made to a memory store; with
 /// `fail_renewals` set, every renewal fails at once as from a dead store.

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use locksmith::{LockOptions, OwnerToken, RedactedUrl, Result};
+use locksmith::backend::RedactedUrl;
+use locksmith::{LockOptions, OwnerToken, Result};
 
 use super::DemoArgs;
 

@@ -1,11 +1,11 @@
 //! Argument parsing and exit codes (sysexits.h values, so scripts can tell
-//! "busy" from "broken").
+//! "busy" from "broken"; errors map by [`locksmith::ErrorKind::exit_code`]).
 
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use locksmith::{Error, ErrorKind, WaitPolicy};
+use locksmith::{Error, WaitPolicy};
 
 mod demo;
 mod group;
@@ -14,16 +14,10 @@ mod run;
 /// Configuration that retrying will not fix: bad usage, URL, option,
 /// credentials, database, table.
 pub(crate) const EX_USAGE: i32 = 64;
-/// The store cannot be reached now; retrying later may work.
-pub(crate) const EX_UNAVAILABLE: i32 = 69;
 /// The lock was lost (or could not be kept) while the command ran.
 pub(crate) const EX_SOFTWARE: i32 = 70;
 /// The operating system refused something we need (a runtime, a process).
 pub(crate) const EX_OSERR: i32 = 71;
-/// The lock was not acquired within the wait.
-pub(crate) const EX_TEMPFAIL: i32 = 75;
-/// The store answered with an error we did not expect.
-pub(crate) const EX_PROTOCOL: i32 = 76;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -32,6 +26,9 @@ pub(crate) const EX_PROTOCOL: i32 = 76;
     about = "Distributed locks over many stores"
 )]
 struct Cli {
+    /// More detail on stderr (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -73,10 +70,11 @@ struct RunArgs {
     /// Lease length; renewed every third of it while the command runs.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     ttl: Duration,
-    /// Give up if the lock is not acquired within this long (default: wait forever).
-    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "no_wait")]
-    wait: Option<Duration>,
-    /// Give up at once if the lock is held.
+    /// How long to wait for a held lock: `none` (one attempt), `forever`
+    /// (the default), or a duration such as `5s`.
+    #[arg(long, value_parser = parse_wait, conflicts_with = "no_wait")]
+    wait: Option<WaitPolicy>,
+    /// Give up at once if the lock is held (the same as `--wait none`).
     #[arg(long)]
     no_wait: bool,
     /// When renewal fails, how long the command gets between SIGTERM and
@@ -93,10 +91,14 @@ impl RunArgs {
     fn wait_policy(&self) -> WaitPolicy {
         match (self.no_wait, self.wait) {
             (true, _) => WaitPolicy::NoWait,
-            (false, Some(d)) => WaitPolicy::For(d),
+            (false, Some(p)) => p,
             (false, None) => WaitPolicy::Forever,
         }
     }
+}
+
+fn parse_wait(s: &str) -> Result<WaitPolicy, String> {
+    s.parse().map_err(|e: Error| e.message().to_owned())
 }
 
 #[derive(Args, Debug)]
@@ -111,15 +113,28 @@ struct DemoArgs {
     rounds: u32,
 }
 
-/// The exit status for an error that ends the command.
+/// The exit status for an error that ends the command: the one table,
+/// [`locksmith::ErrorKind::exit_code`].
 pub(crate) fn exit_code(e: &Error) -> i32 {
-    match e.kind() {
-        ErrorKind::Timeout => EX_TEMPFAIL,
-        ErrorKind::Lost | ErrorKind::NotHeld => EX_SOFTWARE,
-        ErrorKind::InvalidKey | ErrorKind::InvalidOptions | ErrorKind::Config => EX_USAGE,
-        ErrorKind::Unavailable => EX_UNAVAILABLE,
-        _ => EX_PROTOCOL,
-    }
+    e.kind().exit_code()
+}
+
+/// `-v`/`RUST_LOG`: watchdog retries, lost-lock reasons and acquire events
+/// on stderr. `RUST_LOG` wins when set; `-v` is `info`, `-vv` `debug`.
+fn init_tracing(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
 }
 
 pub(crate) fn main() -> i32 {
@@ -137,6 +152,7 @@ pub(crate) fn main() -> i32 {
             return code;
         }
     };
+    init_tracing(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -160,7 +176,7 @@ pub(crate) fn main() -> i32 {
     let code = match outcome {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("locksmith: {e}");
+            eprintln!("locksmith: {}", e.chain());
             exit_code(&e)
         }
     };

@@ -12,7 +12,8 @@
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use locksmith::{Error, ErrorKind, LockGuard, LockOptions, LostReason, RedactedUrl, Result};
+use locksmith::backend::RedactedUrl;
+use locksmith::{Error, ErrorKind, LockGuard, LockOptions, LostReason, Result};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio::process::Command;
@@ -122,7 +123,10 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32> {
         }
     }
     let code = hold(&args, guard, timeline, &mut signals).await;
-    locker.settle(SETTLE).await;
+    // The guard is released by now; close() also waits out any clean-up.
+    if let Err(e) = locker.close().await {
+        eprintln!("locksmith: warning: {}", e.chain());
+    }
     code
 }
 
@@ -278,12 +282,18 @@ async fn hold(
             match guard.release().await {
                 Ok(()) => Ok(status_code(status)),
                 Err(e) if e.kind() == ErrorKind::Lost => {
-                    eprintln!("locksmith: {e}; the command may not have run exclusively");
+                    eprintln!(
+                        "locksmith: {}; the command may not have run exclusively",
+                        e.chain()
+                    );
                     Ok(EX_SOFTWARE)
                 }
                 Err(e) => {
                     // The command ran under the lock; the store just missed the release.
-                    eprintln!("locksmith: warning: {e}; the lock frees when its TTL runs out");
+                    eprintln!(
+                        "locksmith: warning: {}; the lock frees when its TTL runs out",
+                        e.chain()
+                    );
                     Ok(status_code(status))
                 }
             }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use locksmith_conformance::Harness;
-use locksmith_core::LockBackend;
+use locksmith_core::backend::LockBackend;
 use locksmith_sql::{Dialect, SqlBackend, SqlConfig};
 
 /// The test server's URL: from the environment `scripts/test` sets, else the

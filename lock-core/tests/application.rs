@@ -1,0 +1,127 @@
+//! The application door: `try_lock_with`, the loss token, `Locker::close`,
+//! and the exit status of every error kind.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use locksmith_core::backend::MemoryBackend;
+use locksmith_core::{ErrorKind, LeaseState, LockOptions, Locker};
+
+fn opts() -> LockOptions {
+    LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait_for(Duration::from_millis(50))
+}
+
+#[tokio::test]
+async fn try_lock_with_waits_then_reports_a_held_lock_as_none() {
+    let store = Arc::new(MemoryBackend::new());
+    let a = Locker::from_arc(store.clone());
+    let b = Locker::from_arc(store);
+    let held = a.lock_with("k", &opts()).await.unwrap();
+    let started = std::time::Instant::now();
+    assert!(b.try_lock_with("k", &opts()).await.unwrap().is_none());
+    // It waited as the options said before giving up, unlike try_lock.
+    assert!(started.elapsed() >= Duration::from_millis(50));
+    // Where lock_with says Timeout for the same thing.
+    let e = b.lock_with("k", &opts()).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout);
+    held.release().await.unwrap();
+    let got = b.try_lock_with("k", &opts()).await.unwrap();
+    assert!(got.is_some(), "a free lock is granted");
+    // Bad input is still an error, not None.
+    let e = b.try_lock_with("", &opts()).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidKey);
+}
+
+#[tokio::test]
+async fn the_loss_token_is_cancelled_on_loss_and_never_by_release() {
+    let locker = Locker::new(MemoryBackend::new());
+    // Not renewed: the lease runs out locally after 300 ms.
+    let short = LockOptions::new()
+        .ttl(Duration::from_millis(300))
+        .auto_renew(false);
+    let guard = locker.lock_with("lost", &short).await.unwrap();
+    let token = guard.lost_token();
+    assert!(!token.is_cancelled());
+    tokio::time::timeout(Duration::from_secs(5), token.cancelled())
+        .await
+        .expect("the token is cancelled when the lease is lost");
+    assert!(guard.is_lost());
+    drop(guard);
+
+    let guard = locker.lock_with("kept", &opts()).await.unwrap();
+    let token = guard.lost_token();
+    guard.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!token.is_cancelled(), "a release is not a loss");
+}
+
+#[tokio::test]
+async fn close_releases_every_held_lock_and_refuses_new_ones() {
+    let store = Arc::new(MemoryBackend::new());
+    let a = Locker::from_arc(store.clone());
+    let b = Locker::from_arc(store.clone());
+    let clone = a.clone();
+    let g1 = a.lock_with("one", &opts()).await.unwrap();
+    let g2 = clone.lock_with("two", &opts()).await.unwrap();
+    let many = a.lock_all(["three", "four"], &opts()).await.unwrap();
+    a.close().await.unwrap();
+    // Free in the store as soon as close returns: nothing is left to a
+    // background task that a shutting-down runtime might not run.
+    let mut taken = Vec::new();
+    for k in ["one", "two", "three", "four"] {
+        let g = b.try_lock(k).await.unwrap();
+        assert!(g.is_some(), "{k} is free after close");
+        taken.extend(g);
+    }
+    // Guards outlive the close harmlessly: released, never lost.
+    assert_eq!(g1.state(), LeaseState::Released);
+    assert!(!g1.is_lost());
+    g1.release().await.unwrap();
+    drop(g2);
+    many.release().await.unwrap();
+    // Releasing or dropping them after close did not free what b took since.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let c = Locker::from_arc(store.clone());
+    for k in ["one", "two", "three", "four"] {
+        assert!(c.try_lock(k).await.unwrap().is_none(), "{k} is still b's");
+    }
+    drop(taken);
+    // A closed locker (and its clones) takes no new locks.
+    for l in [&a, &clone] {
+        let e = l.lock_with("five", &opts()).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Closed);
+        let e = l.try_lock("five").await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Closed);
+    }
+    // Closing twice is fine.
+    a.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn close_reports_a_release_that_failed() {
+    let store = Arc::new(MemoryBackend::new());
+    let a = Locker::from_arc(store.clone());
+    let _g = a.lock_with("k", &opts()).await.unwrap();
+    store.set_available(false);
+    let e = a.close().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+    assert!(e.to_string().contains("1 of 1"), "{e}");
+    store.set_available(true);
+}
+
+#[test]
+fn every_error_kind_has_its_documented_exit_status() {
+    for kind in ErrorKind::ALL {
+        let want = match kind {
+            ErrorKind::Timeout => 75,
+            ErrorKind::Lost | ErrorKind::NotHeld | ErrorKind::Closed => 70,
+            ErrorKind::InvalidKey | ErrorKind::InvalidOptions | ErrorKind::Config => 64,
+            ErrorKind::Unavailable => 69,
+            ErrorKind::Backend => 76,
+            other => panic!("{other:?} has no status in this table"),
+        };
+        assert_eq!(kind.exit_code(), want, "{kind:?}");
+    }
+}
