@@ -65,7 +65,6 @@ pub mod backend {
     use crate::redis;
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     use crate::sql;
-    use crate::DEFAULT_URL;
     use crate::{Error, Result};
 
     /// Opens the backend a URL names, without a [`Locker`](crate::Locker) on top.
@@ -76,52 +75,40 @@ pub mod backend {
     /// parameters. Nothing is sent to the store yet: call
     /// [`LockBackend::verify`] to check it now.
     pub async fn open(url: &str) -> Result<Arc<dyn LockBackend>> {
+        let store = store_of(url)?;
         let shown = RedactedUrl::new(url);
-        let scheme = shown.scheme();
-        // Unused when every store is compiled in.
-        #[allow(unused_variables)]
-        let not_built = |store: &str, feature: &str| -> Result<Arc<dyn LockBackend>> {
-            Err(Error::config(format!(
-                "{shown}: {store} support is not compiled in; enable cargo feature `{feature}`"
-            )))
-        };
-        let planned = |store: &str, feature: &str| -> Result<Arc<dyn LockBackend>> {
-            Err(Error::config(format!(
-                "{shown}: the {store} backend is not part of this release yet \
-                 (it will be behind cargo feature `{feature}`)"
-            )))
-        };
-        match scheme.as_str() {
-            "memory" => Ok(Arc::new(MemoryBackend::new())),
-            #[cfg(feature = "sqlite")]
-            "sqlite" => Ok(Arc::new(sql::SqlBackend::connect(url)?)),
-            #[cfg(not(feature = "sqlite"))]
-            "sqlite" => not_built("SQLite", "sqlite"),
-            #[cfg(feature = "postgres")]
-            "postgres" | "postgresql" => Ok(Arc::new(sql::SqlBackend::connect(url)?)),
-            #[cfg(not(feature = "postgres"))]
-            "postgres" | "postgresql" => not_built("PostgreSQL", "postgres"),
-            #[cfg(feature = "mysql")]
-            "mysql" | "mariadb" => Ok(Arc::new(sql::SqlBackend::connect(url)?)),
-            #[cfg(not(feature = "mysql"))]
-            "mysql" | "mariadb" => not_built("MySQL/MariaDB", "mysql"),
-            #[cfg(feature = "redis")]
-            "redis+redlock" => Ok(Arc::new(redis::RedlockBackend::connect(url)?)),
-            #[cfg(feature = "redis")]
-            "redis" | "rediss" | "redis+unix" | "unix" => {
-                Ok(Arc::new(redis::RedisBackend::connect(url)?))
+        let built = match store {
+            Store::Memory => true,
+            Store::Sqlite => cfg!(feature = "sqlite"),
+            Store::Postgres => cfg!(feature = "postgres"),
+            Store::MySql => cfg!(feature = "mysql"),
+            Store::Redis | Store::Redlock => cfg!(feature = "redis"),
+            Store::Memcached | Store::ZooKeeper => {
+                return Err(Error::config(format!(
+                    "{shown}: the {store} backend is not part of this release yet \
+                     (it will be behind cargo feature `{}`)",
+                    store.feature()
+                )))
             }
-            #[cfg(not(feature = "redis"))]
-            "redis" | "rediss" | "redis+unix" | "redis+redlock" => not_built("Redis", "redis"),
-            "memcache" | "memcached" => planned("memcached", "memcached"),
-            "zk" | "zookeeper" => planned("ZooKeeper", "zookeeper"),
-            "" => Err(Error::config(format!(
-                "{shown}: not a URL; expected e.g. {DEFAULT_URL} or memory://"
-            ))),
-            other => Err(Error::config(format!(
-                "{shown}: unknown scheme {other:?}; known: sqlite, postgres, mysql, \
-                 mariadb, redis, rediss, redis+redlock, memory (planned: memcache, zk)"
-            ))),
+            _ => false,
+        };
+        if !built {
+            return Err(Error::config(format!(
+                "{shown}: {store} support is not compiled in; enable cargo feature `{}`",
+                store.feature()
+            )));
+        }
+        match store {
+            Store::Memory => Ok(Arc::new(MemoryBackend::new())),
+            #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+            Store::Sqlite | Store::Postgres | Store::MySql => {
+                Ok(Arc::new(sql::SqlBackend::connect(url)?))
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis => Ok(Arc::new(redis::RedisBackend::connect(url)?)),
+            #[cfg(feature = "redis")]
+            Store::Redlock => Ok(Arc::new(redis::RedlockBackend::connect(url)?)),
+            _ => Err(Error::config(format!("{shown}: no backend for {store}"))),
         }
     }
 }

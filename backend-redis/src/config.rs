@@ -3,24 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use locksmith_core::backend::{
-    check_userinfo, duration_param, reject_unknown_params, take_params, RedactedUrl,
-};
+use locksmith_core::backend::{check_userinfo, store_of, RedactedUrl, Store, UrlParams};
 use locksmith_core::{Error, Result};
-
-/// The URL schemes this crate answers to.
-pub const REDIS_SCHEMES: &[&str] = &["redis", "rediss", "redis+unix", "unix", "redis+redlock"];
-
-/// Our own URL parameters, removed before the driver sees the URL.
-const OUR_PARAMS: &[&str] = &[
-    "prefix",
-    "timeout",
-    "connect_timeout",
-    "waiter_refresh",
-    "tls_ca",
-    "tls_cert",
-    "tls_key",
-];
 
 /// The parameters the redis driver reads from a URL's query: `db`, `user`
 /// and `pass` only on a unix socket (over TCP they go in the URL's path and
@@ -97,48 +81,49 @@ impl RedisConfig {
     pub fn from_url(url: &str) -> Result<Self> {
         let shown = RedactedUrl::new(url);
         let scheme = shown.scheme();
+        let redlock = match store_of(url)? {
+            Store::Redis => false,
+            Store::Redlock => true,
+            other => {
+                return Err(Error::config(format!(
+                    "{shown}: a {other} URL, not a Redis one"
+                )))
+            }
+        };
         if !matches!(scheme.as_str(), "redis+unix" | "unix") {
             check_userinfo(url)?;
         }
+        let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));
+        let mut p = UrlParams::new(url);
+        // The per-node default follows the scheme alone: Redlock's is its
+        // quorum budget, whatever other parameters the URL has.
+        let default_timeout = if redlock {
+            DEFAULT_REDLOCK_TIMEOUT
+        } else {
+            DEFAULT_TIMEOUT
+        };
         let mut config = RedisConfig {
             nodes: Vec::new(),
             redlock: false,
-            prefix: "locksmith:".to_owned(),
-            timeout: if scheme == "redis+redlock" {
-                DEFAULT_REDLOCK_TIMEOUT
-            } else {
-                DEFAULT_TIMEOUT
+            prefix: p.text("prefix")?.unwrap_or_else(|| "locksmith:".to_owned()),
+            timeout: p.duration("timeout", ms..=hour)?.unwrap_or(default_timeout),
+            connect_timeout: p
+                .duration("connect_timeout", ms..=hour)?
+                .unwrap_or(Duration::from_secs(1)),
+            waiter_refresh: p
+                .duration("waiter_refresh", Duration::from_millis(10)..=hour)?
+                .unwrap_or(Duration::from_millis(500)),
+            tls: TlsFiles {
+                ca: p.text("tls_ca")?.map(PathBuf::from),
+                cert: p.text("tls_cert")?.map(PathBuf::from),
+                key: p.text("tls_key")?.map(PathBuf::from),
             },
-            connect_timeout: Duration::from_secs(1),
-            waiter_refresh: Duration::from_millis(500),
-            tls: TlsFiles::default(),
         };
-        let driver_url = take_params(url, |k, v| {
-            let duration = |min: Duration, max: Duration| {
-                duration_param(k, v, min, max)
-                    .map_err(|e| Error::invalid_options(format!("{shown}: {}", e.message())))
-            };
-            let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));
-            match k {
-                "prefix" => config.prefix = v.to_owned(),
-                "timeout" => config.timeout = duration(ms, hour)?,
-                "connect_timeout" => config.connect_timeout = duration(ms, hour)?,
-                "tls_ca" => config.tls.ca = Some(PathBuf::from(v)),
-                "tls_cert" => config.tls.cert = Some(PathBuf::from(v)),
-                "tls_key" => config.tls.key = Some(PathBuf::from(v)),
-                "waiter_refresh" => {
-                    config.waiter_refresh = duration(Duration::from_millis(10), hour)?;
-                }
-                _ => return Ok(false),
-            }
-            Ok(true)
-        })?;
         let driver_params = match scheme.as_str() {
             "redis+unix" | "unix" => DRIVER_PARAMS_UNIX,
             _ => DRIVER_PARAMS_TCP,
         };
-        reject_unknown_params(&driver_url, OUR_PARAMS, driver_params)
-            .map_err(|e| Error::invalid_options(format!("{shown}: {}", e.message())))?;
+        let driver_url = p.finish(driver_params)?;
         if !config.tls.is_empty() && scheme != "rediss" {
             return Err(Error::config(format!(
                 "{shown}: tls_ca, tls_cert and tls_key need a rediss:// URL"
@@ -155,42 +140,33 @@ impl RedisConfig {
         } else {
             format!("?{query}")
         };
-        match scheme.as_str() {
-            "redis" | "rediss" | "redis+unix" | "unix" => {
-                config
-                    .nodes
-                    .push(RedactedUrl::new(format!("{base}{suffix}")));
-            }
-            "redis+redlock" => {
-                config.redlock = true;
-                let rest = &base["redis+redlock://".len().min(base.len())..];
-                let (auth, hosts_and_db) = match rest.rsplit_once('@') {
-                    Some((a, h)) => (format!("{a}@"), h),
-                    None => (String::new(), rest),
-                };
-                let (hosts, db) = match hosts_and_db.split_once('/') {
-                    Some((h, d)) => (h, format!("/{d}")),
-                    None => (hosts_and_db, String::new()),
-                };
-                for host in hosts.split(',').filter(|h| !h.is_empty()) {
-                    config.nodes.push(RedactedUrl::new(format!(
-                        "redis://{auth}{host}{db}{suffix}"
-                    )));
-                }
-                reject_duplicate_nodes(&shown, hosts)?;
-                if config.nodes.len() < 3 {
-                    return Err(Error::config(format!(
-                        "{shown}: Redlock needs at least 3 independent nodes, got {}",
-                        config.nodes.len()
-                    )));
-                }
-            }
-            other => {
-                return Err(Error::config(format!(
-                    "{shown}: scheme {other:?} is not Redis ({})",
-                    REDIS_SCHEMES.join(", ")
-                )))
-            }
+        if !redlock {
+            config
+                .nodes
+                .push(RedactedUrl::new(format!("{base}{suffix}")));
+            return Ok(config);
+        }
+        config.redlock = true;
+        let rest = &base["redis+redlock://".len().min(base.len())..];
+        let (auth, hosts_and_db) = match rest.rsplit_once('@') {
+            Some((a, h)) => (format!("{a}@"), h),
+            None => (String::new(), rest),
+        };
+        let (hosts, db) = match hosts_and_db.split_once('/') {
+            Some((h, d)) => (h, format!("/{d}")),
+            None => (hosts_and_db, String::new()),
+        };
+        for host in hosts.split(',').filter(|h| !h.is_empty()) {
+            config.nodes.push(RedactedUrl::new(format!(
+                "redis://{auth}{host}{db}{suffix}"
+            )));
+        }
+        reject_duplicate_nodes(&shown, hosts)?;
+        if config.nodes.len() < 3 {
+            return Err(Error::config(format!(
+                "{shown}: Redlock needs at least 3 independent nodes, got {}",
+                config.nodes.len()
+            )));
         }
         Ok(config)
     }
@@ -264,6 +240,14 @@ mod tests {
                 "redis://:pw@h3:3/0"
             ]
         );
+
+        // Another parameter whose name holds "timeout" leaves Redlock's
+        // per-node budget (and with it the shortest TTL) alone.
+        let r = RedisConfig::from_url("redis+redlock://h1:1,h2:2,h3:3?connect_timeout=2s").unwrap();
+        assert_eq!(r.timeout, DEFAULT_REDLOCK_TIMEOUT);
+        assert_eq!(r.connect_timeout, Duration::from_secs(2));
+        let r = RedisConfig::from_url("redis+redlock://h1:1,h2:2,h3:3?timeout=50ms").unwrap();
+        assert_eq!(r.timeout, Duration::from_millis(50));
 
         for bad in [
             "redis+redlock://h1:1,h2:2",

@@ -107,5 +107,5 @@ mod redlock;
 pub mod scripts;
 
 pub use backend::RedisBackend;
-pub use config::{RedisConfig, TlsFiles, REDIS_SCHEMES};
+pub use config::{RedisConfig, TlsFiles};
 pub use redlock::RedlockBackend;

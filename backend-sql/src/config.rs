@@ -2,24 +2,8 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{
-    check_userinfo, duration_param, reject_unknown_params, take_params, RedactedUrl,
-};
+use locksmith_core::backend::{check_userinfo, store_of, RedactedUrl, Store, UrlParams};
 use locksmith_core::{Error, Result};
-
-/// The URL schemes this crate answers to.
-pub const SQL_SCHEMES: &[&str] = &["sqlite", "postgres", "postgresql", "mysql", "mariadb"];
-
-/// Our own URL parameters, removed before the URL reaches the driver.
-const OUR_PARAMS: &[&str] = &[
-    "table",
-    "mode",
-    "lock_mode",
-    "pool_max",
-    "connect_timeout",
-    "busy_timeout",
-    "retention",
-];
 
 /// How long a free lease row is kept by default (see [`SqlConfig::retention`]).
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(60);
@@ -138,79 +122,54 @@ impl SqlConfig {
     /// a table name that is not a plain identifier.
     pub fn from_url(url: &str) -> Result<Self> {
         let redacted = RedactedUrl::new(url);
-        let scheme = redacted.scheme();
-        let dialect = match scheme.as_str() {
-            "sqlite" => Dialect::Sqlite,
-            "postgres" | "postgresql" => Dialect::Postgres,
-            "mysql" | "mariadb" => Dialect::MySql,
+        let dialect = match store_of(url)? {
+            Store::Sqlite => Dialect::Sqlite,
+            Store::Postgres => Dialect::Postgres,
+            Store::MySql => Dialect::MySql,
             other => {
                 return Err(Error::config(format!(
-                    "{redacted}: scheme {other:?} is not a SQL database this crate supports ({})",
-                    SQL_SCHEMES.join(", ")
+                    "{redacted}: a {other} URL, not a SQL database"
                 )))
             }
         };
         if dialect != Dialect::Sqlite {
             check_userinfo(url)?;
         }
+        let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));
+        let modes = [("lease", Mode::Lease), ("session", Mode::Session)];
+        let mut p = UrlParams::new(url);
+        // SQLite's driver has a `mode` of its own (rwc, ro, memory).
+        let mut mode = p.choice("lock_mode", &modes)?;
+        if dialect != Dialect::Sqlite {
+            mode = mode.or(p.choice("mode", &modes)?);
+        }
+        let table = match p.text("table")? {
+            Some(t) => validate_table_name(&t)?,
+            None => DEFAULT_TABLE.to_owned(),
+        };
+        let busy_timeout = if dialect == Dialect::Sqlite {
+            p.duration("busy_timeout", ms..=hour)?
+        } else {
+            None
+        };
         let mut config = SqlConfig {
             dialect,
             url: redacted.clone(),
-            mode: Mode::Lease,
-            table: DEFAULT_TABLE.to_owned(),
-            pool_max: 8,
-            connect_timeout: Duration::from_secs(3),
-            busy_timeout: Duration::from_secs(5),
-            retention: DEFAULT_RETENTION,
+            mode: mode.unwrap_or(Mode::Lease),
+            table,
+            pool_max: p.integer("pool_max", 1..=1000)?.unwrap_or(8),
+            connect_timeout: p
+                .duration("connect_timeout", ms..=hour)?
+                .unwrap_or(Duration::from_secs(3)),
+            busy_timeout: busy_timeout.unwrap_or(Duration::from_secs(5)),
+            retention: p
+                .duration(
+                    "retention",
+                    Duration::from_secs(1)..=Duration::from_secs(30 * 86_400),
+                )?
+                .unwrap_or(DEFAULT_RETENTION),
         };
-        let driver_url = take_params(url, |k, v| {
-            match k {
-                "table" => config.table = validate_table_name(v)?,
-                // SQLite's driver has a `mode` of its own (rwc, ro, memory).
-                "mode" | "lock_mode" if k == "lock_mode" || dialect != Dialect::Sqlite => {
-                    config.mode = match v {
-                        "lease" => Mode::Lease,
-                        "session" => Mode::Session,
-                        _ => {
-                            return Err(Error::invalid_options(format!(
-                                "{redacted}: {k} must be \"lease\" or \"session\""
-                            )))
-                        }
-                    }
-                }
-                "pool_max" => {
-                    config.pool_max = v
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=1000).contains(n))
-                        .ok_or_else(|| {
-                            Error::invalid_options(format!(
-                                "{redacted}: pool_max must be a whole number from 1 to 1000"
-                            ))
-                        })?
-                }
-                "busy_timeout" if dialect == Dialect::Sqlite => {
-                    config.busy_timeout =
-                        duration_param(k, v, Duration::from_millis(1), Duration::from_secs(3600))?
-                }
-                "retention" => {
-                    config.retention = duration_param(
-                        k,
-                        v,
-                        Duration::from_secs(1),
-                        Duration::from_secs(30 * 86_400),
-                    )?
-                }
-                "connect_timeout" => {
-                    config.connect_timeout =
-                        duration_param(k, v, Duration::from_millis(1), Duration::from_secs(3600))?
-                }
-                _ => return Ok(false),
-            }
-            Ok(true)
-        })?;
-        reject_unknown_params(&driver_url, OUR_PARAMS, driver_params(dialect))
-            .map_err(|e| Error::invalid_options(format!("{redacted}: {}", e.message())))?;
+        let driver_url = p.finish(driver_params(dialect))?;
         // sqlx knows MariaDB by the MySQL scheme.
         let driver_url = match driver_url.split_once("://") {
             Some((s, rest)) if s.eq_ignore_ascii_case("mariadb") => format!("mysql://{rest}"),

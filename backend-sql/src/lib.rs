@@ -91,6 +91,4 @@ mod session;
 mod session;
 
 pub use backend::{LeaseStatements, SqlBackend};
-pub use config::{
-    validate_table_name, Dialect, Mode, SqlConfig, DEFAULT_RETENTION, DEFAULT_TABLE, SQL_SCHEMES,
-};
+pub use config::{validate_table_name, Dialect, Mode, SqlConfig, DEFAULT_RETENTION, DEFAULT_TABLE};

@@ -23,6 +23,7 @@ mod lease;
 mod locker;
 mod memory;
 mod options;
+mod params;
 mod url;
 mod watchdog;
 

@@ -1,7 +1,6 @@
 //! Connection URLs that never show their secrets.
 
 use std::fmt;
-use std::time::Duration;
 
 /// A connection URL whose `Debug` and `Display` hide the password (and any
 /// `password`/`token` query parameter). Use it wherever a URL may be logged.
@@ -87,7 +86,7 @@ impl RedactedUrl {
 }
 
 /// Query parameter names whose values are secrets.
-const SECRET_PARAMS: [&str; 4] = ["password", "pass", "token", "secret"];
+pub(crate) const SECRET_PARAMS: [&str; 4] = ["password", "pass", "token", "secret"];
 
 /// Where the first secret parameter (`?password=`, `&token=`, …) starts,
 /// and where its value starts.
@@ -117,7 +116,7 @@ fn redact_query(s: &str) -> String {
     let mut rest = query.split('&');
     for kv in rest.by_ref() {
         let key = kv.split_once('=').map_or(kv, |(k, _)| k);
-        if ["password", "pass", "token", "secret"].contains(&key.to_ascii_lowercase().as_str()) {
+        if SECRET_PARAMS.contains(&key.to_ascii_lowercase().as_str()) {
             parts.push(format!("{key}=***"));
             break;
         }
@@ -139,40 +138,6 @@ impl fmt::Display for RedactedUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.redacted())
     }
-}
-
-/// Splits off the query parameters a backend understands, leaving the rest
-/// for its driver: `take(key, value)` answers `Ok(true)` for a parameter it
-/// consumed. Returns the URL without the consumed parameters.
-///
-/// ```
-/// let mut table = String::new();
-/// let rest = locksmith_core::backend::take_params("sqlite://a.db?table=t&mode=ro", |k, v| {
-///     Ok(k == "table" && { table = v.to_owned(); true })
-/// })
-/// .unwrap();
-/// assert_eq!((rest.as_str(), table.as_str()), ("sqlite://a.db?mode=ro", "t"));
-/// ```
-///
-/// # Errors
-/// Whatever `take` returns for a bad value.
-pub fn take_params(
-    url: &str,
-    mut take: impl FnMut(&str, &str) -> crate::Result<bool>,
-) -> crate::Result<String> {
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let mut rest = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if !take(k, v)? {
-            rest.push(pair);
-        }
-    }
-    Ok(if rest.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", rest.join("&"))
-    })
 }
 
 /// Refuses a server URL whose user name or password holds an unescaped
@@ -198,65 +163,6 @@ pub fn check_userinfo(url: &str) -> crate::Result<()> {
             "the URL's user name or password holds a '/', '?' or '#' (or a query value holds \
              an '@'): percent-encode them (%2F, %3F, %23, %40) so the URL reads as meant",
         ));
-    }
-    Ok(())
-}
-
-/// Parses the duration parameter `name` of a URL, which must lie in
-/// `min..=max` (zero is never a useful timeout or period).
-///
-/// # Errors
-/// `InvalidOptions` naming the parameter, for text that is not a duration
-/// or a duration out of range.
-pub fn duration_param(
-    name: &str,
-    value: &str,
-    min: Duration,
-    max: Duration,
-) -> crate::Result<Duration> {
-    let d = humantime::parse_duration(value).map_err(|_| {
-        crate::Error::invalid_options(format!(
-            "URL parameter {name}={value:?} is not a duration like 500ms or 3s"
-        ))
-    })?;
-    if d < min || d > max {
-        return Err(crate::Error::invalid_options(format!(
-            "URL parameter {name}={value:?} is out of range: it must be between {} and {}",
-            humantime::format_duration(min),
-            humantime::format_duration(max)
-        )));
-    }
-    Ok(d)
-}
-
-/// Checks that every query parameter left in `url` (after a backend took its
-/// own) is one its driver understands: a misspelt `tabel=` or `prefx=`
-/// silently ignored would put the locks in another namespace.
-///
-/// # Errors
-/// `InvalidOptions` naming the first unknown parameter and the known ones.
-pub fn reject_unknown_params(url: &str, ours: &[&str], driver: &[&str]) -> crate::Result<()> {
-    let query = url.split_once('?').map_or("", |(_, q)| q);
-    let mut after_secret = false;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let k = pair.split_once('=').map_or(pair, |(k, _)| k);
-        if !driver.contains(&k) {
-            if after_secret {
-                // A password may hold an unescaped '&': what follows it
-                // could be a piece of it, so it is not named.
-                return Err(crate::Error::invalid_options(
-                    "unknown URL parameter after a password parameter (not shown); \
-                     percent-encode '&' in passwords as %26",
-                ));
-            }
-            let mut known: Vec<&str> = ours.iter().chain(driver).copied().collect();
-            known.sort_unstable();
-            return Err(crate::Error::invalid_options(format!(
-                "unknown URL parameter {k:?}; known: {}",
-                known.join(", ")
-            )));
-        }
-        after_secret |= SECRET_PARAMS.contains(&k.to_ascii_lowercase().as_str());
     }
     Ok(())
 }

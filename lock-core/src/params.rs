@@ -1,0 +1,387 @@
+//! Connection URLs read the same way by every backend: one table of
+//! schemes, and query parameters read by type.
+
+use std::fmt;
+use std::ops::RangeInclusive;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::url::{RedactedUrl, SECRET_PARAMS};
+
+/// A kind of store, as a URL's scheme names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Store {
+    /// In this process only (`memory://`).
+    Memory,
+    /// An SQLite file.
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL or MariaDB.
+    MySql,
+    /// One Redis server.
+    Redis,
+    /// Redlock over independent Redis masters.
+    Redlock,
+    /// memcached.
+    Memcached,
+    /// ZooKeeper.
+    ZooKeeper,
+}
+
+impl Store {
+    /// The store's name, for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Store::Memory => "in-process memory",
+            Store::Sqlite => "SQLite",
+            Store::Postgres => "PostgreSQL",
+            Store::MySql => "MySQL/MariaDB",
+            Store::Redis => "Redis",
+            Store::Redlock => "Redlock",
+            Store::Memcached => "memcached",
+            Store::ZooKeeper => "ZooKeeper",
+        }
+    }
+
+    /// The cargo feature of the `locksmith` crate that builds it in (empty
+    /// for `memory://`, which is always there).
+    pub fn feature(self) -> &'static str {
+        match self {
+            Store::Memory => "",
+            Store::Sqlite => "sqlite",
+            Store::Postgres => "postgres",
+            Store::MySql => "mysql",
+            Store::Redis | Store::Redlock => "redis",
+            Store::Memcached => "memcached",
+            Store::ZooKeeper => "zookeeper",
+        }
+    }
+}
+
+impl fmt::Display for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Every URL scheme locksmith knows, and the store it names: the one table
+/// the facade's dispatch and every backend's configuration read.
+pub const SCHEMES: &[(&str, Store)] = &[
+    ("memory", Store::Memory),
+    ("sqlite", Store::Sqlite),
+    ("postgres", Store::Postgres),
+    ("postgresql", Store::Postgres),
+    ("mysql", Store::MySql),
+    ("mariadb", Store::MySql),
+    ("redis", Store::Redis),
+    ("rediss", Store::Redis),
+    ("redis+unix", Store::Redis),
+    ("unix", Store::Redis),
+    ("redis+redlock", Store::Redlock),
+    ("memcache", Store::Memcached),
+    ("memcached", Store::Memcached),
+    ("zk", Store::ZooKeeper),
+    ("zookeeper", Store::ZooKeeper),
+];
+
+/// The store a URL's scheme names.
+///
+/// ```
+/// use locksmith_core::backend::{store_of, Store};
+/// assert_eq!(store_of("postgresql://h/db").unwrap(), Store::Postgres);
+/// assert!(store_of("ftp://h").is_err());
+/// ```
+///
+/// # Errors
+/// `Config` for text that is not a URL or a scheme not in [`SCHEMES`],
+/// showing the URL without secrets and the known schemes.
+pub fn store_of(url: &str) -> Result<Store> {
+    let shown = RedactedUrl::new(url);
+    let scheme = shown.scheme();
+    if scheme.is_empty() || !url.contains(':') {
+        return Err(Error::config(format!(
+            "{shown}: not a URL; expected e.g. sqlite://locksmith.db or memory://"
+        )));
+    }
+    SCHEMES
+        .iter()
+        .find(|(s, _)| *s == scheme)
+        .map(|&(_, store)| store)
+        .ok_or_else(|| {
+            let known: Vec<&str> = SCHEMES.iter().map(|(s, _)| *s).collect();
+            Error::config(format!(
+                "{shown}: unknown scheme {scheme:?}; known: {}",
+                known.join(", ")
+            ))
+        })
+}
+
+/// A URL's query parameters, read by type. A backend asks for each of its
+/// own parameters by name; [`finish`](Self::finish) then refuses any
+/// parameter that neither the backend asked for nor its driver reads (a
+/// misspelt `prefx=` silently ignored would put the locks in another
+/// namespace), and returns the URL for the driver without the backend's
+/// own parameters. Every error is `InvalidOptions`, shows the URL without
+/// secrets and names the parameter.
+///
+/// ```
+/// use std::time::Duration;
+/// use locksmith_core::backend::UrlParams;
+///
+/// let mut p = UrlParams::new("redis://h:6379/0?timeout=250ms&prefix=app:&protocol=resp3");
+/// let timeout = p.duration("timeout", Duration::from_millis(1)..=Duration::from_secs(60))?;
+/// let prefix = p.text("prefix")?;
+/// let driver_url = p.finish(&["protocol"])?;
+/// assert_eq!(timeout, Some(Duration::from_millis(250)));
+/// assert_eq!(prefix.as_deref(), Some("app:"));
+/// assert_eq!(driver_url, "redis://h:6379/0?protocol=resp3");
+///
+/// let mut p = UrlParams::new("redis://h?timeout=soon");
+/// let e = p.duration("timeout", Duration::ZERO..=Duration::MAX).unwrap_err();
+/// assert!(e.to_string().contains("timeout"));
+/// # Ok::<(), locksmith_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct UrlParams {
+    shown: RedactedUrl,
+    base: String,
+    /// Each `key=value` pair as written, and whether a read took it.
+    pairs: Vec<(String, String, bool)>,
+    /// Every name the backend asked for, present or not, for messages.
+    asked: Vec<String>,
+}
+
+impl UrlParams {
+    /// Splits `url` into its base and its query parameters.
+    pub fn new(url: &str) -> Self {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let pairs = query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|pair| {
+                let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                (k.to_owned(), v.to_owned(), false)
+            })
+            .collect();
+        UrlParams {
+            shown: RedactedUrl::new(url),
+            base: base.to_owned(),
+            pairs,
+            asked: Vec::new(),
+        }
+    }
+
+    /// The URL without secrets, for messages.
+    pub fn shown(&self) -> &RedactedUrl {
+        &self.shown
+    }
+
+    /// An `InvalidOptions` error about parameter `name`.
+    pub fn invalid(&self, name: &str, why: impl fmt::Display) -> Error {
+        Error::invalid_options(format!("{}: URL parameter {name}: {why}", self.shown))
+    }
+
+    /// Takes the raw value of `name`; a parameter given twice is refused.
+    fn take(&mut self, name: &str) -> Result<Option<String>> {
+        if !self.asked.iter().any(|a| a == name) {
+            self.asked.push(name.to_owned());
+        }
+        let mut found: Option<String> = None;
+        let mut twice = false;
+        for (k, v, taken) in &mut self.pairs {
+            if k == name {
+                twice |= found.is_some();
+                found = Some(v.clone());
+                *taken = true;
+            }
+        }
+        if twice {
+            return Err(self.invalid(name, "given more than once"));
+        }
+        Ok(found)
+    }
+
+    /// The text of `name`, as written.
+    ///
+    /// # Errors
+    /// The parameter given twice.
+    pub fn text(&mut self, name: &str) -> Result<Option<String>> {
+        self.take(name)
+    }
+
+    /// A human duration (`500ms`, `3s`, `1m 30s`) within `range`.
+    ///
+    /// # Errors
+    /// Text that is not a duration, or one out of range.
+    pub fn duration(
+        &mut self,
+        name: &str,
+        range: RangeInclusive<Duration>,
+    ) -> Result<Option<Duration>> {
+        let Some(v) = self.take(name)? else {
+            return Ok(None);
+        };
+        let d = humantime::parse_duration(&v)
+            .map_err(|_| self.invalid(name, format!("{v:?} is not a duration like 500ms or 3s")))?;
+        if !range.contains(&d) {
+            return Err(self.invalid(
+                name,
+                format!(
+                    "{v:?} is out of range: it must be between {} and {}",
+                    humantime::format_duration(*range.start()),
+                    humantime::format_duration(*range.end())
+                ),
+            ));
+        }
+        Ok(Some(d))
+    }
+
+    /// A whole number within `range`.
+    ///
+    /// # Errors
+    /// Text that is not a whole number, or one out of range.
+    pub fn integer<T>(&mut self, name: &str, range: RangeInclusive<T>) -> Result<Option<T>>
+    where
+        T: FromStr + PartialOrd + fmt::Display,
+    {
+        let Some(v) = self.take(name)? else {
+            return Ok(None);
+        };
+        match v.parse::<T>() {
+            Ok(n) if range.contains(&n) => Ok(Some(n)),
+            _ => Err(self.invalid(
+                name,
+                format!(
+                    "{v:?} must be a whole number from {} to {}",
+                    range.start(),
+                    range.end()
+                ),
+            )),
+        }
+    }
+
+    /// `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`).
+    ///
+    /// # Errors
+    /// Any other text.
+    pub fn boolean(&mut self, name: &str) -> Result<Option<bool>> {
+        let Some(v) = self.take(name)? else {
+            return Ok(None);
+        };
+        match v.to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => Ok(Some(true)),
+            "false" | "0" | "no" | "off" => Ok(Some(false)),
+            _ => Err(self.invalid(name, format!("{v:?} must be true or false"))),
+        }
+    }
+
+    /// One of the named `choices`.
+    ///
+    /// # Errors
+    /// Any text not among them.
+    pub fn choice<T: Copy>(&mut self, name: &str, choices: &[(&str, T)]) -> Result<Option<T>> {
+        let Some(v) = self.take(name)? else {
+            return Ok(None);
+        };
+        match choices.iter().find(|(c, _)| *c == v) {
+            Some(&(_, t)) => Ok(Some(t)),
+            None => {
+                let names: Vec<String> = choices.iter().map(|(c, _)| format!("{c:?}")).collect();
+                Err(self.invalid(name, format!("{v:?} must be one of {}", names.join(", "))))
+            }
+        }
+    }
+
+    /// Refuses every parameter that was not read and is not in `driver`,
+    /// and returns the URL with only the parameters left for the driver.
+    ///
+    /// # Errors
+    /// `InvalidOptions` naming the first unknown parameter and the known
+    /// ones. After a password parameter the name is not shown: a password
+    /// may hold an unescaped `&`, and what follows could be a piece of it.
+    pub fn finish(self, driver: &[&str]) -> Result<String> {
+        let mut after_secret = false;
+        let mut rest = Vec::new();
+        for (k, v, taken) in &self.pairs {
+            if *taken {
+                continue;
+            }
+            if !driver.contains(&k.as_str()) {
+                if after_secret {
+                    return Err(Error::invalid_options(format!(
+                        "{}: unknown URL parameter after a password parameter (not shown); \
+                         percent-encode '&' in passwords as %26",
+                        self.shown
+                    )));
+                }
+                let mut known: Vec<&str> = self.asked.iter().map(String::as_str).collect();
+                known.extend(driver);
+                known.sort_unstable();
+                known.dedup();
+                return Err(Error::invalid_options(format!(
+                    "{}: unknown URL parameter {k:?}; known: {}",
+                    self.shown,
+                    known.join(", ")
+                )));
+            }
+            after_secret |= SECRET_PARAMS.contains(&k.to_ascii_lowercase().as_str());
+            rest.push(if v.is_empty() && !k.is_empty() {
+                k.clone()
+            } else {
+                format!("{k}={v}")
+            });
+        }
+        Ok(if rest.is_empty() {
+            self.base
+        } else {
+            format!("{}?{}", self.base, rest.join("&"))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scheme_names_one_store_and_unknown_ones_are_refused() {
+        for (scheme, store) in SCHEMES {
+            assert_eq!(store_of(&format!("{scheme}://h")).unwrap(), *store);
+        }
+        assert_eq!(store_of("Redis://h").unwrap(), Store::Redis);
+        for bad in ["ftp://h", "locks.db", "", "://h"] {
+            let e = store_of(bad).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::Config, "{bad}");
+        }
+    }
+
+    #[test]
+    fn typed_reads_name_the_parameter_and_never_the_password() {
+        let url = "postgres://u:hunter2@h/db?pool_max=0&retention=1y&flag=maybe&mode=x&t=1&t=2";
+        let ms = Duration::from_millis(1)..=Duration::from_secs(60);
+        let mut p = UrlParams::new(url);
+        for e in [
+            p.integer::<u32>("pool_max", 1..=1000).unwrap_err(),
+            p.duration("retention", ms).unwrap_err(),
+            p.boolean("flag").unwrap_err(),
+            p.choice("mode", &[("lease", 0), ("session", 1)])
+                .unwrap_err(),
+            p.text("t").unwrap_err(),
+        ] {
+            assert_eq!(e.kind(), crate::ErrorKind::InvalidOptions);
+            assert!(!e.to_string().contains("hunter2"), "{e}");
+        }
+        let mut p = UrlParams::new("sqlite://a.db?table=t&mode=ro&tabel=x");
+        assert_eq!(p.text("table").unwrap().as_deref(), Some("t"));
+        let e = p.finish(&["mode"]).unwrap_err();
+        assert!(e.to_string().contains("\"tabel\""), "{e}");
+        assert!(e.to_string().contains("known: mode, table"), "{e}");
+        let mut p = UrlParams::new("sqlite://a.db?table=t&mode=ro");
+        assert_eq!(p.boolean("absent").unwrap(), None);
+        p.text("table").unwrap();
+        assert_eq!(p.finish(&["mode"]).unwrap(), "sqlite://a.db?mode=ro");
+    }
+}
