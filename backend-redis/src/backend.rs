@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use locksmith_core::backend::{
-    Acquire, Binding, Capabilities, LockBackend, Release, Renew, RenewRequest, Watch,
+    Acquire, Capabilities, LockBackend, Release, Renew, RenewRequest, Watch,
 };
 use locksmith_core::{Error, LockKey, OwnerToken, Result};
 
@@ -70,19 +70,15 @@ impl RedisBackend {
 #[async_trait]
 impl LockBackend for RedisBackend {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            fencing: true,
+        // Lease-bound, 1 ms resolution, and nothing kept once a lock is free.
+        Capabilities::default()
+            .with_fencing(true)
             // Renewed every third of it, a lease must outlast a round trip
             // and a scheduling delay on a loaded host, not just Redis's 1 ms
             // clock.
-            min_ttl: Duration::from_millis(100),
-            ttl_resolution: Duration::from_millis(1),
-            binding: Binding::Lease,
-            notify: true,
-            fair: true,
-            // Nothing is kept once a lock is free.
-            retention: Duration::ZERO,
-        }
+            .with_min_ttl(Duration::from_millis(100))
+            .with_notify(true)
+            .with_fair(true)
     }
 
     async fn verify(&self) -> Result<()> {

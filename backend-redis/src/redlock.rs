@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::join_all;
 use locksmith_core::backend::{
-    clock_drift, Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
+    clock_drift, Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
 };
 use locksmith_core::{Error, ErrorKind, LockKey, OwnerToken, Result};
 
@@ -118,16 +118,10 @@ impl RedlockBackend {
 #[async_trait]
 impl LockBackend for RedlockBackend {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            fencing: false,
+        // No fences, no notification, no queue, nothing kept.
+        Capabilities::default()
             // A TTL must leave room for a slow round of requests and the drift.
-            min_ttl: (self.inner.config.timeout * 4).max(Duration::from_millis(100)),
-            ttl_resolution: Duration::from_millis(1),
-            binding: Binding::Lease,
-            notify: false,
-            fair: false,
-            retention: Duration::ZERO,
-        }
+            .with_min_ttl((self.inner.config.timeout * 4).max(Duration::from_millis(100)))
     }
 
     /// A quorum of nodes must answer; a node that refuses our credentials

@@ -637,31 +637,27 @@ fn granted(fence: i64, holds: i64) -> Acquire {
 impl LockBackend for SqlBackend {
     fn capabilities(&self) -> Capabilities {
         let session = self.inner.session.is_some();
-        Capabilities {
+        // Releases made by this process wake this process's waiters at
+        // once; other processes are found by polling: no `notify`.
+        Capabilities::default()
             // Session locks have no row to keep a counter in; see the crate docs.
-            fencing: !session,
+            .with_fencing(!session)
             // Renewed every third of it, a lease must outlast a commit, a
             // busy wait behind other writers and a scheduling delay on a
             // loaded host; 10 ms did not (SQLite lost it 5 runs in 5).
-            min_ttl: MIN_TTL,
-            ttl_resolution: Duration::from_millis(1),
-            binding: if session {
+            .with_min_ttl(MIN_TTL)
+            .with_binding(if session {
                 Binding::Session
             } else {
                 Binding::Lease
-            },
-            // Releases made by this process wake this process's waiters at
-            // once; other processes are found by polling.
-            notify: false,
-            fair: false,
+            })
             // Rows go a retention after the lock is free, swept by acquires;
             // session locks keep no rows.
-            retention: if session {
+            .with_retention(if session {
                 Duration::ZERO
             } else {
                 self.inner.config.retention + self.sweep_every()
-            },
-        }
+            })
     }
 
     /// Lease mode: the table exists (created if missing). Session mode: a

@@ -30,7 +30,20 @@ pub enum Binding {
 }
 
 /// What a backend can promise; conformance cases adapt their expectations to it.
+///
+/// Built from [`Default`] (no fencing, lease-bound, 1 ms resolution) with
+/// the `with_*` methods, so that a field added later breaks no backend:
+///
+/// ```
+/// use std::time::Duration;
+/// use locksmith_core::backend::Capabilities;
+/// let caps = Capabilities::default()
+///     .with_fencing(true)
+///     .with_min_ttl(Duration::from_millis(100));
+/// assert!(caps.fencing && !caps.fair);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// Grants carry strictly increasing fencing tokens.
     pub fencing: bool,
@@ -63,6 +76,57 @@ impl Default for Capabilities {
             fair: false,
             retention: Duration::ZERO,
         }
+    }
+}
+
+impl Capabilities {
+    /// Sets [`fencing`](Self::fencing): grants carry strictly increasing fencing tokens.
+    #[must_use]
+    pub fn with_fencing(mut self, fencing: bool) -> Self {
+        self.fencing = fencing;
+        self
+    }
+
+    /// Sets [`min_ttl`](Self::min_ttl): the smallest TTL the store honours.
+    #[must_use]
+    pub fn with_min_ttl(mut self, min_ttl: Duration) -> Self {
+        self.min_ttl = min_ttl;
+        self
+    }
+
+    /// Sets [`ttl_resolution`](Self::ttl_resolution): the granularity of the store's expiry clock.
+    #[must_use]
+    pub fn with_ttl_resolution(mut self, ttl_resolution: Duration) -> Self {
+        self.ttl_resolution = ttl_resolution;
+        self
+    }
+
+    /// Sets [`binding`](Self::binding): lease-bound or session-bound.
+    #[must_use]
+    pub fn with_binding(mut self, binding: Binding) -> Self {
+        self.binding = binding;
+        self
+    }
+
+    /// Sets [`notify`](Self::notify): release notifications reach waiters without polling.
+    #[must_use]
+    pub fn with_notify(mut self, notify: bool) -> Self {
+        self.notify = notify;
+        self
+    }
+
+    /// Sets [`fair`](Self::fair): waiters are served in arrival order.
+    #[must_use]
+    pub fn with_fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// Sets [`retention`](Self::retention): how long a free lock's state stays in the store.
+    #[must_use]
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
     }
 }
 
