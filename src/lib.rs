@@ -49,8 +49,8 @@
 
 pub use locksmith_core::{
     Error, ErrorKind, FencingToken, IntoLockKey, Lease, LeaseState, LockGuard, LockKey,
-    LockOptions, Locker, LostReason, MultiGuard, OwnerToken, Result, WaitPolicy, MAX_KEY_LEN,
-    MAX_TTL,
+    LockOptions, LockStatus, Locker, LostReason, MultiGuard, OwnerToken, Result, WaitPolicy,
+    MAX_KEY_LEN, MAX_TTL,
 };
 
 /// For backend authors and tools: the [`LockBackend`](backend::LockBackend) contract, the

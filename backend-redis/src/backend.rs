@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use locksmith_core::backend::{
     Acquire, Capabilities, LockBackend, Release, Renew, RenewRequest, Watch,
 };
-use locksmith_core::{Error, LockKey, OwnerToken, Result};
+use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::config::RedisConfig;
 use crate::node::{Keys, Node, Role, Waiter};
@@ -83,6 +83,10 @@ impl LockBackend for RedisBackend {
 
     async fn verify(&self) -> Result<()> {
         self.inner.node.ping().await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+        self.inner.node.inspect(&self.keys(key)).await
     }
 
     async fn try_acquire(

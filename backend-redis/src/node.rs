@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use locksmith_core::backend::{Acquire, Grant, RedactedUrl, Release, RenewRequest, Watch};
-use locksmith_core::{Error, FencingToken, LockKey, OwnerToken, Result};
+use locksmith_core::{Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
 use redis::RedisError;
 use tokio::sync::{mpsc, oneshot, OnceCell};
@@ -341,6 +341,30 @@ impl Node {
                 ));
             }
             Ok(out.into_iter().map(|r| r == 1).collect())
+        })
+        .await
+    }
+
+    /// What the node holds for a lock, read without changing it.
+    pub(crate) async fn inspect(&self, keys: &Keys) -> Result<LockStatus> {
+        self.bounded(async {
+            let mut c = self.conn().await?;
+            let out: Vec<i64> = keys
+                .call(scripts::inspect())
+                .invoke_async(&mut c)
+                .await
+                .map_err(map_err)?;
+            let [holds, fence, pttl, queued] = out[..] else {
+                return Err(Error::backend("inspect script answered in another shape"));
+            };
+            let queued = Some(u32::try_from(queued).unwrap_or(u32::MAX));
+            if holds <= 0 {
+                return Ok(LockStatus::free().with_waiters(queued));
+            }
+            Ok(LockStatus::held(u32::try_from(holds).unwrap_or(u32::MAX))
+                .with_fence(u64::try_from(fence).ok().map(FencingToken))
+                .with_remaining(u64::try_from(pttl).ok().map(Duration::from_millis))
+                .with_waiters(queued))
         })
         .await
     }

@@ -8,7 +8,7 @@ use futures::future::join_all;
 use locksmith_core::backend::{
     clock_drift, Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
 };
-use locksmith_core::{Error, ErrorKind, LockKey, OwnerToken, Result};
+use locksmith_core::{Error, ErrorKind, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::config::RedisConfig;
 use crate::node::{Keys, Node, Role};
@@ -256,6 +256,26 @@ impl LockBackend for RedlockBackend {
             }
         }
         Ok(Release::NotHeld)
+    }
+
+    /// Held when a quorum of nodes holds the key; the lease left is what
+    /// the quorum-th longest of their leases has left (the lock holds while
+    /// a quorum does).
+    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+        let keys = self.keys(key);
+        let answers = join_all(self.inner.nodes.iter().map(|n| n.inspect(&keys))).await;
+        let t = Self::tally(answers);
+        if let Some(e) = self.unreachable(t.errors) {
+            return Err(e);
+        }
+        let held: Vec<&LockStatus> = t.ok.iter().filter(|s| s.held).collect();
+        if held.len() < self.inner.quorum {
+            return Ok(LockStatus::free());
+        }
+        let mut left: Vec<std::time::Duration> = held.iter().filter_map(|s| s.remaining).collect();
+        left.sort_unstable_by(|a, b| b.cmp(a));
+        let holds = held.iter().map(|s| s.holds).max().unwrap_or(1);
+        Ok(LockStatus::held(holds).with_remaining(left.get(self.inner.quorum - 1).copied()))
     }
 
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {

@@ -356,10 +356,41 @@ impl Variants {
     }
 }
 
+/// Reads a lock without changing it. KEYS: lock, queue, waiters. Answers
+/// `{holds, fence or -1, pttl ms, queued}`; a free lock has 0 holds.
+const INSPECT: &str = r"
+local queued = redis.call('zcard', KEYS[2])
+local t = redis.call('type', KEYS[1]).ok
+if t == 'none' then
+  return {0, -1, -2, queued}
+end
+local pttl = redis.call('pttl', KEYS[1])
+if t == 'string' then
+  local v = redis.call('get', KEYS[1])
+  local owner, s, us = string.match(v, '^(%S+) (%d+) (%d+)$')
+  local fence = -1
+  if owner then
+    fence = s * 1000000 + us
+  end
+  return {1, fence, pttl, queued}
+end
+local holds, fence = 0, -1
+local h = redis.call('hgetall', KEYS[1])
+for i = 1, #h, 2 do
+  if h[i] == '~f' then
+    fence = tonumber(h[i + 1])
+  elseif string.sub(h[i], 1, 1) ~= '~' then
+    holds = tonumber(h[i + 1])
+  end
+end
+return {holds, fence, pttl, queued}
+";
+
 static ACQUIRE_SCRIPT: Variants = Variants::new(ACQUIRE_FAST, ACQUIRE, true);
 static RELEASE_SCRIPT: Variants = Variants::new(RELEASE_FAST, RELEASE, true);
 static ABANDON_SCRIPT: Variants = Variants::new("", ABANDON, true);
 static RENEW_SCRIPT: Variants = Variants::new("", RENEW, false);
+static INSPECT_SCRIPT: Variants = Variants::new("", INSPECT, false);
 
 /// The acquire script (KEYS: lock, queue, waiters; ARGV: owner, ttl ms).
 pub fn acquire(fenced: bool) -> &'static Script {
@@ -377,4 +408,8 @@ pub(crate) fn abandon(fenced: bool) -> &'static Script {
 
 pub(crate) fn renew() -> &'static Script {
     RENEW_SCRIPT.get(false)
+}
+
+pub(crate) fn inspect() -> &'static Script {
+    INSPECT_SCRIPT.get(false)
 }

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use locksmith_core::backend::{
     Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, Watch,
 };
-use locksmith_core::{Error, FencingToken, LockKey, OwnerToken, Result};
+use locksmith_core::{Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
 use sha2::{Digest, Sha256};
 use tokio::sync::{watch, OnceCell};
 
@@ -673,6 +673,30 @@ impl LockBackend for SqlBackend {
                     .map_err(map_err))
             }
         }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+        if let Some(s) = &self.inner.session {
+            return s.inspect(key).await;
+        }
+        self.migrate().await?;
+        let hash = key_hash(key);
+        let q = &self.inner.queries.inspect;
+        let row: Option<(i64, i64, i64)> = on_pool!(&self.inner.pool, p => sqlx::query_as(q)
+            .bind(&hash)
+            .fetch_optional(p)
+            .await
+            .map_err(map_err)?);
+        Ok(match row {
+            Some((holds, fence, left_ms)) => {
+                LockStatus::held(u32::try_from(holds).unwrap_or(u32::MAX))
+                    .with_fence(u64::try_from(fence).ok().map(FencingToken))
+                    .with_remaining(Some(Duration::from_millis(
+                        u64::try_from(left_ms).unwrap_or(0),
+                    )))
+            }
+            None => LockStatus::free(),
+        })
     }
 
     async fn try_acquire(

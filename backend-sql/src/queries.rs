@@ -19,6 +19,9 @@ pub(crate) struct Queries {
     /// Deletes up to [`SWEEP_BATCH`] rows free for longer than the retention
     /// (parameter: the retention in ms).
     pub(crate) sweep: String,
+    /// Reads a live lease row without changing it (parameter: key hash):
+    /// holds, fence, ms of lease left.
+    pub(crate) inspect: String,
     /// MySQL only: reads the hold count after a re-entrant grant.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) holds: String,
@@ -106,6 +109,10 @@ fn sqlite(t: &str) -> Queries {
                 (SELECT key_hash FROM {t} WHERE expires_at < {now} - ?1 LIMIT {batch})
              AND expires_at < {now} - ?1"
         ),
+        inspect: format!(
+            "SELECT holds, fence, expires_at - {now} FROM {t}
+             WHERE key_hash = ?1 AND owner IS NOT NULL AND expires_at > {now}"
+        ),
         holds: String::new(),
     }
 }
@@ -159,6 +166,11 @@ fn postgres(t: &str) -> Queries {
             "DELETE FROM {t} WHERE key_hash IN
                 (SELECT key_hash FROM {t} WHERE expires_at < {stale} LIMIT {batch})
              AND expires_at < {stale}"
+        ),
+        inspect: format!(
+            "SELECT holds, fence,
+                    (extract(epoch from (expires_at - now())) * 1000)::bigint
+             FROM {t} WHERE key_hash = $1 AND owner IS NOT NULL AND expires_at > now()"
         ),
         holds: String::new(),
     }
@@ -220,6 +232,10 @@ fn mysql(t: &str) -> Queries {
              WHERE key_hash = ? AND owner = ? AND expires_at > {now}"
         ),
         sweep: format!("DELETE FROM {t} WHERE expires_at < {now} - ? LIMIT {batch}"),
+        inspect: format!(
+            "SELECT holds, fence, expires_at - {now} FROM {t}
+             WHERE key_hash = ? AND owner IS NOT NULL AND expires_at > {now}"
+        ),
         holds: format!("SELECT holds FROM {t} WHERE key_hash = ? AND owner = ?"),
     }
 }

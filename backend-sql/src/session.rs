@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use locksmith_core::backend::{Acquire, Grant, Release, Renew};
-use locksmith_core::{Error, LockKey, OwnerToken, Result};
+use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 use sha2::{Digest, Sha256};
 
 use crate::backend::map_err;
@@ -317,6 +317,47 @@ impl SessionLocks {
             self.tidy(key, &slot, true);
             Ok(Acquire::Contended { retry_after: None })
         }
+    }
+
+    /// Whether any session holds `key`, asked of the server on an idle
+    /// connection of ours (the server cannot count another session's holds).
+    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+        let mut conn = self.checkout().await?;
+        let held = match &mut conn.raw {
+            #[cfg(feature = "postgres")]
+            Raw::Postgres(c) => {
+                // A bigint advisory key shows as classid (high 32 bits) and
+                // objid (low 32 bits), with objsubid 1.
+                let id = self.pg_id(key) as u64;
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+                       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                       AND objsubid = 1 AND classid::bigint = $1 AND objid::bigint = $2",
+                )
+                .bind((id >> 32) as i64)
+                .bind((id & 0xffff_ffff) as i64)
+                .fetch_one(&mut *c)
+                .await
+                .map_err(map_err)?;
+                n > 0
+            }
+            #[cfg(feature = "mysql")]
+            Raw::MySql(c) => {
+                let used: i64 =
+                    sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) IS NOT NULL AS SIGNED)")
+                        .bind(self.my_name(key))
+                        .fetch_one(&mut *c)
+                        .await
+                        .map_err(map_err)?;
+                used != 0
+            }
+        };
+        self.checkin(conn);
+        Ok(if held {
+            LockStatus::held(1)
+        } else {
+            LockStatus::free()
+        })
     }
 
     async fn checkout_fresh(&self) -> Result<Conn> {

@@ -2,7 +2,7 @@
 //! session backend can exist.
 
 use locksmith_core::backend::{Acquire, Release, Renew};
-use locksmith_core::{Error, LockKey, OwnerToken, Result};
+use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::config::SqlConfig;
 
@@ -26,6 +26,9 @@ impl SessionLocks {
         match *self {}
     }
     pub(crate) async fn renew(&self, _: &LockKey, _: &OwnerToken) -> Result<Renew> {
+        match *self {}
+    }
+    pub(crate) async fn inspect(&self, _: &LockKey) -> Result<LockStatus> {
         match *self {}
     }
 }

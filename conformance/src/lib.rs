@@ -95,6 +95,7 @@ macro_rules! __case_list {
             tricky_keys_are_distinct,
             invalid_input_is_typed,
             reentrant_same_owner,
+            status_reads_without_changing,
             fencing_strictly_increases,
             store_state_is_bounded,
             fencing_rises_after_state_is_collected,

@@ -17,8 +17,9 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::key::{FencingToken, LockKey, OwnerToken};
+use crate::lease::LockStatus;
 
 /// How a backend's locks end when the holder disappears.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -319,6 +320,17 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
             .await
     }
 
+    /// Reads what the store holds for `key` without changing anything: held
+    /// or free, holds, fence, lease left, queued waiters (see
+    /// [`LockStatus`]). The default says the store cannot.
+    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+        let _ = key;
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "this store cannot report a lock's status",
+        ))
+    }
+
     /// Subscribes to release notifications for `key`, if the store has them,
     /// for the waiter that will queue as `ticket`. `Ok(None)` (the default)
     /// means waiters fall back to jittered backoff.
@@ -382,6 +394,9 @@ macro_rules! forward_backend {
             }
             async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
                 (**self).watch(key, ticket).await
+            }
+            async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+                (**self).inspect(key).await
             }
             async fn try_acquire_waiting(
                 &self,

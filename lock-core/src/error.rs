@@ -28,6 +28,8 @@ pub enum ErrorKind {
     Backend,
     /// The [`Locker`](crate::Locker) was closed and takes no new locks.
     Closed,
+    /// The store cannot do what was asked (e.g. report a lock's status).
+    Unsupported,
 }
 
 impl ErrorKind {
@@ -43,6 +45,7 @@ impl ErrorKind {
             ErrorKind::Config => "config",
             ErrorKind::Backend => "backend",
             ErrorKind::Closed => "closed",
+            ErrorKind::Unsupported => "unsupported",
         }
     }
 }
@@ -56,7 +59,7 @@ impl ErrorKind {
     /// |---|---|
     /// | `Timeout` | 75 (`EX_TEMPFAIL`): not acquired within the wait |
     /// | `Lost`, `NotHeld`, `Closed` | 70 (`EX_SOFTWARE`): the lock could not be kept |
-    /// | `InvalidKey`, `InvalidOptions`, `Config` | 64 (`EX_USAGE`): retrying will not help |
+    /// | `InvalidKey`, `InvalidOptions`, `Config`, `Unsupported` | 64 (`EX_USAGE`): retrying will not help |
     /// | `Unavailable` | 69 (`EX_UNAVAILABLE`): the store cannot be reached now |
     /// | `Backend` | 76 (`EX_PROTOCOL`): the store answered unexpectedly |
     pub fn exit_code(self) -> i32 {
@@ -64,14 +67,17 @@ impl ErrorKind {
         match self {
             ErrorKind::Timeout => 75,
             ErrorKind::Lost | ErrorKind::NotHeld | ErrorKind::Closed => 70,
-            ErrorKind::InvalidKey | ErrorKind::InvalidOptions | ErrorKind::Config => 64,
+            ErrorKind::InvalidKey
+            | ErrorKind::InvalidOptions
+            | ErrorKind::Config
+            | ErrorKind::Unsupported => 64,
             ErrorKind::Unavailable => 69,
             ErrorKind::Backend => 76,
         }
     }
 
     /// Every kind, for tables and tests.
-    pub const ALL: [ErrorKind; 9] = [
+    pub const ALL: [ErrorKind; 10] = [
         ErrorKind::Timeout,
         ErrorKind::NotHeld,
         ErrorKind::Lost,
@@ -81,6 +87,7 @@ impl ErrorKind {
         ErrorKind::Config,
         ErrorKind::Backend,
         ErrorKind::Closed,
+        ErrorKind::Unsupported,
     ];
 }
 

@@ -47,6 +47,71 @@ pub struct Lease {
     pub deadline: Instant,
 }
 
+/// What the store says about a key right now, read without changing it
+/// ([`Locker::status`](crate::Locker::status), `locksmith status`). It is a
+/// snapshot: the lock may change hands as soon as it is read, so never
+/// decide to act on a resource from it; take the lock instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockStatus {
+    /// Someone holds the key now.
+    pub held: bool,
+    /// How many re-entrant holds its owner has (0 when free; at least 1
+    /// when held, where the store cannot count them).
+    pub holds: u32,
+    /// The current grant's fencing token, where the store gives them.
+    pub fence: Option<FencingToken>,
+    /// How long the current lease has left on the store's clock, where the
+    /// store has leases.
+    pub remaining: Option<Duration>,
+    /// Waiters queued for the key, where the store queues them (an upper
+    /// bound: a waiter that died is counted until it is dropped).
+    pub waiters: Option<u32>,
+}
+
+impl LockStatus {
+    /// Nobody holds the key.
+    pub fn free() -> Self {
+        LockStatus {
+            held: false,
+            holds: 0,
+            fence: None,
+            remaining: None,
+            waiters: None,
+        }
+    }
+
+    /// Someone holds the key, with `holds` holds.
+    pub fn held(holds: u32) -> Self {
+        LockStatus {
+            held: true,
+            holds: holds.max(1),
+            ..Self::free()
+        }
+    }
+
+    /// Sets the current grant's fencing token.
+    #[must_use]
+    pub fn with_fence(mut self, fence: Option<FencingToken>) -> Self {
+        self.fence = fence;
+        self
+    }
+
+    /// Sets the lease time left.
+    #[must_use]
+    pub fn with_remaining(mut self, remaining: Option<Duration>) -> Self {
+        self.remaining = remaining;
+        self
+    }
+
+    /// Sets the number of queued waiters.
+    #[must_use]
+    pub fn with_waiters(mut self, waiters: Option<u32>) -> Self {
+        self.waiters = waiters;
+        self
+    }
+}
+
 /// The margin subtracted from every local deadline for clock-rate drift
 /// between this host and the store, and for timer lateness: 1% of the TTL
 /// plus 2 ms (the allowance the Redlock analysis uses).

@@ -30,6 +30,6 @@ mod watchdog;
 pub use error::{Error, ErrorKind, Result};
 pub use guard::{LockGuard, MultiGuard};
 pub use key::{FencingToken, IntoLockKey, LockKey, OwnerToken, MAX_KEY_LEN};
-pub use lease::{Lease, LeaseState, LostReason};
+pub use lease::{Lease, LeaseState, LockStatus, LostReason};
 pub use locker::Locker;
 pub use options::{LockOptions, WaitPolicy, MAX_TTL};

@@ -15,7 +15,7 @@ use crate::background::Background;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::{LockGuard, MultiGuard};
 use crate::key::{IntoLockKey, LockKey, OwnerToken};
-use crate::lease::{local_deadline, Lease};
+use crate::lease::{local_deadline, Lease, LockStatus};
 use crate::options::{LockOptions, WaitPolicy};
 use crate::watchdog::Watchdog;
 
@@ -121,6 +121,41 @@ impl Locker {
             .with_source(e)),
             None => Ok(()),
         }
+    }
+
+    /// What the store holds for `key` right now: held or free, holds, the
+    /// current fence, the lease left, queued waiters (each where the store
+    /// has it). A snapshot for dashboards and operators, read without
+    /// taking the lock.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> locksmith_core::Result<()> {
+    /// # use locksmith_core::{backend::MemoryBackend, Locker};
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// assert!(!locker.is_held("report").await?);
+    /// let guard = locker.lock("report").await?;
+    /// let status = locker.status("report").await?;
+    /// assert!(status.held && status.holds == 1);
+    /// assert_eq!(status.fence, guard.fence());
+    /// assert!(status.remaining.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// `InvalidKey`; `Unsupported` where the store cannot tell; the store's
+    /// errors (`Unavailable`, …).
+    pub async fn status(&self, key: impl IntoLockKey) -> Result<LockStatus> {
+        self.backend.inspect(&key.into_lock_key()?).await
+    }
+
+    /// Whether anyone holds `key` right now (see [`status`](Self::status)).
+    ///
+    /// # Errors
+    /// As [`status`](Self::status).
+    pub async fn is_held(&self, key: impl IntoLockKey) -> Result<bool> {
+        Ok(self.status(key).await?.held)
     }
 
     /// Replaces the options used by [`lock`](Self::lock) and [`try_lock`](Self::try_lock).

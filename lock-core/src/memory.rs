@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use crate::backend::{Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, Watch};
 use crate::error::{Error, Result};
 use crate::key::{FencingToken, LockKey, OwnerToken};
+use crate::lease::LockStatus;
 
 #[derive(Debug)]
 struct Slot {
@@ -195,6 +196,19 @@ impl LockBackend for MemoryBackend {
             }
             None => Ok(Renew::NotHeld),
         }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+        let store = self.store()?;
+        let now = Instant::now();
+        Ok(
+            match store.slots.get(key).filter(|s| s.held_by_anyone(now)) {
+                Some(slot) => LockStatus::held(slot.holds)
+                    .with_fence(Some(FencingToken(slot.fence)))
+                    .with_remaining(Some(slot.expires.saturating_duration_since(now))),
+                None => LockStatus::free(),
+            },
+        )
     }
 
     async fn watch(&self, key: &LockKey, _ticket: &OwnerToken) -> Result<Option<Watch>> {

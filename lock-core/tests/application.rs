@@ -117,7 +117,10 @@ fn every_error_kind_has_its_documented_exit_status() {
         let want = match kind {
             ErrorKind::Timeout => 75,
             ErrorKind::Lost | ErrorKind::NotHeld | ErrorKind::Closed => 70,
-            ErrorKind::InvalidKey | ErrorKind::InvalidOptions | ErrorKind::Config => 64,
+            ErrorKind::InvalidKey
+            | ErrorKind::InvalidOptions
+            | ErrorKind::Config
+            | ErrorKind::Unsupported => 64,
             ErrorKind::Unavailable => 69,
             ErrorKind::Backend => 76,
             other => panic!("{other:?} has no status in this table"),

@@ -10,6 +10,7 @@ use locksmith::{Error, WaitPolicy};
 mod demo;
 mod group;
 mod run;
+mod status;
 
 /// Configuration that retrying will not fix: bad usage, URL, option,
 /// credentials, database, table.
@@ -44,6 +45,11 @@ enum Command {
     /// 76 for an unexpected store error, 128+N when ended by signal N while
     /// waiting.
     Run(RunArgs),
+    /// Says whether a key is held: by how many holds, its fence, the lease
+    /// left and queued waiters, where the store has them. Reads only.
+    ///
+    /// Exit status: 0 whether the key is held or free; otherwise as for run.
+    Status(StatusArgs),
     /// Internal: kills a command's process group if `locksmith run` dies.
     #[command(name = "__watch-group", hide = true)]
     WatchGroup,
@@ -99,6 +105,18 @@ impl RunArgs {
 
 fn parse_wait(s: &str) -> Result<WaitPolicy, String> {
     s.parse().map_err(|e: Error| e.message().to_owned())
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The lock name.
+    #[arg(long)]
+    key: String,
+    /// One JSON object instead of a line of text, for scripts.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -168,6 +186,7 @@ pub(crate) fn main() -> i32 {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Demo(args) => demo::demo(args).await,
+            Command::Status(args) => status::status(args).await,
             Command::WatchGroup => Ok(group::watcher_main()),
         }
     });
