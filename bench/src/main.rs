@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 
 mod redis_bench;
+/// The hand-off timing `locksmith demo` uses, compiled here from its source.
+#[path = "../../src/cli/timing.rs"]
+mod timing;
 use locksmith::backend::LockBackend;
 use locksmith::sql::{LeaseStatements, SqlBackend};
 use locksmith::{LockKey, Locker, OwnerToken};

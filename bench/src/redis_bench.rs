@@ -2,13 +2,15 @@
 //! two-command floor and our own two scripts sent raw through the same
 //! client, uncontended; and with 8 clients on one key.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use locksmith::backend::LockBackend;
 use locksmith::redis::RedisBackend;
 use locksmith::{LockKey, LockOptions, Locker, OwnerToken};
 use redis::AsyncCommands;
+
+use crate::timing::{percentile, HandOffs};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -338,14 +340,7 @@ impl Contention {
     fn print(mut self, label: &str, seconds: u64) {
         let total: u64 = self.counts.iter().sum();
         self.handoffs.sort();
-        let lat = &self.handoffs;
-        let pct = |p: f64| {
-            if lat.is_empty() {
-                return "n/a".to_owned();
-            }
-            let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
-            format!("{:.2} ms", lat[i].as_secs_f64() * 1000.0)
-        };
+        let pct = |p: f64| percentile(&self.handoffs, p);
         let share = |c: u64| 100.0 * c as f64 / total.max(1) as f64;
         let (min, max) = (
             self.counts.iter().min().copied().unwrap_or(0),
@@ -393,26 +388,20 @@ where
     M: Fn(usize) -> A,
     A: Fn() -> Acquiring + Send + 'static,
 {
-    let last: Arc<Mutex<Option<(usize, Instant)>>> = Arc::default();
-    let handoffs: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let handoffs: Arc<HandOffs> = Arc::default();
     let stop = Instant::now() + Duration::from_secs(seconds);
     let mut tasks = Vec::new();
     for id in 0..clients {
         let acquire = make(id);
-        let (last, handoffs) = (last.clone(), handoffs.clone());
+        let handoffs = handoffs.clone();
         tasks.push(tokio::spawn(async move {
             let mut count = 0u64;
             while Instant::now() < stop {
                 let release = acquire().await;
-                let now = Instant::now();
-                if let Some((who, at)) = *last.lock().unwrap() {
-                    if who != id {
-                        handoffs.lock().unwrap().push(now - at);
-                    }
-                }
+                handoffs.granted(id);
                 count += 1;
                 tokio::task::yield_now().await;
-                *last.lock().unwrap() = Some((id, Instant::now()));
+                handoffs.releasing(id);
                 release().await;
             }
             count
@@ -422,6 +411,8 @@ where
     for t in tasks {
         counts.push(t.await.expect("client task"));
     }
-    let handoffs = std::mem::take(&mut *handoffs.lock().unwrap());
-    Contention { counts, handoffs }
+    Contention {
+        counts,
+        handoffs: handoffs.take(),
+    }
 }

@@ -2,17 +2,14 @@
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use locksmith::backend::RedactedUrl;
 use locksmith::{LockOptions, OwnerToken, Result};
 
+use super::timing::{percentile, HandOffs};
 use super::DemoArgs;
-
-/// Who released last, and when: the next acquirer measures its hand-off from it.
-#[derive(Default)]
-struct LastRelease(Mutex<Option<(usize, Instant)>>);
 
 pub(crate) async fn demo(args: DemoArgs) -> Result<i32> {
     let workers = args.workers as usize;
@@ -27,8 +24,7 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<i32> {
     let inside = Arc::new(AtomicUsize::new(0));
     let overlaps = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
-    let last = Arc::new(LastRelease::default());
-    let handoffs = Arc::new(Mutex::new(Vec::with_capacity(total as usize)));
+    let handoffs = Arc::new(HandOffs::default());
     let opts = LockOptions::new().ttl(Duration::from_secs(10));
 
     // Connect every worker before the clock starts.
@@ -61,23 +57,17 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<i32> {
     let mut tasks = Vec::with_capacity(workers);
     for (id, locker) in lockers.into_iter().enumerate() {
         let (key, opts) = (key.clone(), opts.clone());
-        let (counter, inside, overlaps, done, last, handoffs) = (
+        let (counter, inside, overlaps, done, handoffs) = (
             counter.clone(),
             inside.clone(),
             overlaps.clone(),
             done.clone(),
-            last.clone(),
             handoffs.clone(),
         );
         tasks.push(tokio::spawn(async move {
             for _ in 0..rounds {
                 let guard = locker.lock_with(key.as_str(), &opts).await?;
-                let now = Instant::now();
-                if let Some((who, at)) = *last.0.lock().unwrap() {
-                    if who != id {
-                        handoffs.lock().unwrap().push(now - at);
-                    }
-                }
+                handoffs.granted(id);
                 if inside.fetch_add(1, Ordering::SeqCst) != 0 {
                     overlaps.fetch_add(1, Ordering::SeqCst);
                 }
@@ -86,7 +76,7 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<i32> {
                 tokio::task::yield_now().await;
                 counter.store(value + 1, Ordering::SeqCst);
                 inside.fetch_sub(1, Ordering::SeqCst);
-                *last.0.lock().unwrap() = Some((id, Instant::now()));
+                handoffs.releasing(id);
                 guard.release().await?;
                 done.fetch_add(1, Ordering::Relaxed);
             }
@@ -112,15 +102,8 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<i32> {
         return Err(e);
     }
 
-    let mut lat = std::mem::take(&mut *handoffs.lock().unwrap());
-    lat.sort();
-    let pct = |p: f64| -> String {
-        if lat.is_empty() {
-            return "n/a".into();
-        }
-        let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
-        format!("{:.2} ms", lat[i].as_secs_f64() * 1000.0)
-    };
+    let lat = handoffs.take();
+    let pct = |p: f64| percentile(&lat, p);
     let final_count = counter.load(Ordering::SeqCst);
     let held = final_count == total && overlaps.load(Ordering::SeqCst) == 0;
     println!("  elapsed            {:.2} s", elapsed.as_secs_f64());

@@ -11,6 +11,7 @@ mod demo;
 mod group;
 mod run;
 mod status;
+mod timing;
 
 /// Configuration that retrying will not fix: bad usage, URL, option,
 /// credentials, database, table.
