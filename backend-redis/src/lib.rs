@@ -101,10 +101,35 @@ mod backend;
 mod config;
 mod node;
 mod redlock;
-// Public only so the benchmark can send the same scripts raw, as the floor
-// of this scheme; not part of the API.
-#[doc(hidden)]
-pub mod scripts;
+mod scripts;
+
+/// The key layout and the scripts themselves, for benchmarks that send the
+/// same scripts raw as the floor of this scheme, and for fault tests. Only
+/// with the `internals` feature, and outside semver: they change with the
+/// layout.
+#[cfg(feature = "internals")]
+pub mod internals {
+    use locksmith_core::LockKey;
+    use redis::Script;
+
+    /// The Redis keys of `key` under `prefix`: lock, queue, waiters, in the
+    /// order the scripts take them.
+    pub fn key_names(prefix: &str, key: &LockKey) -> [String; 3] {
+        crate::node::Keys::new(prefix, key).names().clone()
+    }
+
+    /// The acquire script (KEYS: [`key_names`]; ARGV: owner, TTL in ms);
+    /// answers the bare fence for a fresh grant.
+    pub fn acquire_script(fenced: bool) -> &'static Script {
+        crate::scripts::acquire(fenced)
+    }
+
+    /// The release script (KEYS: [`key_names`]; ARGV: owner); answers the
+    /// holds left, or a negative number when the owner did not hold it.
+    pub fn release_script(fenced: bool) -> &'static Script {
+        crate::scripts::release(fenced)
+    }
+}
 
 pub use backend::RedisBackend;
 pub use config::{RedisConfig, TlsFiles};

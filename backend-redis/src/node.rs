@@ -38,6 +38,12 @@ impl Keys {
         }
     }
 
+    /// Lock, queue and waiters, in the order the scripts take them.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
+    pub(crate) fn names(&self) -> &[String; 3] {
+        &self.all
+    }
+
     /// The lock's own key, all a renewal touches.
     fn lock(prefix: &str, key: &LockKey) -> String {
         format!("{prefix}{{{}}}:lock", key.as_str())

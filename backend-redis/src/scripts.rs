@@ -393,12 +393,12 @@ static RENEW_SCRIPT: Variants = Variants::new("", RENEW, false);
 static INSPECT_SCRIPT: Variants = Variants::new("", INSPECT, false);
 
 /// The acquire script (KEYS: lock, queue, waiters; ARGV: owner, ttl ms).
-pub fn acquire(fenced: bool) -> &'static Script {
+pub(crate) fn acquire(fenced: bool) -> &'static Script {
     ACQUIRE_SCRIPT.get(fenced)
 }
 
 /// The release script (KEYS as acquire; ARGV: owner).
-pub fn release(fenced: bool) -> &'static Script {
+pub(crate) fn release(fenced: bool) -> &'static Script {
     RELEASE_SCRIPT.get(fenced)
 }
 

@@ -124,8 +124,8 @@ impl SqlBackend {
 
     /// Server-side ids (PostgreSQL backend pid, MySQL connection id) of the
     /// connections holding this client's session locks; empty in lease mode.
-    /// For diagnostics and fault-injection tests.
-    pub fn session_ids(&self) -> Vec<i64> {
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
+    pub(crate) fn session_ids(&self) -> Vec<i64> {
         self.inner
             .session
             .as_ref()
@@ -319,7 +319,7 @@ async fn create(pool: &Pool, stmt: &str) -> Result<()> {
 }
 
 /// The key's fixed-width identity in the table.
-fn key_hash(key: &LockKey) -> String {
+pub(crate) fn key_hash(key: &LockKey) -> String {
     hex::encode(Sha256::digest(key.as_str().as_bytes()))
 }
 

@@ -91,4 +91,25 @@ mod session;
 mod session;
 
 pub use backend::{LeaseStatements, SqlBackend};
+
+/// The key hashing and session handles, for benchmarks that run the lease
+/// statements raw and for fault tests that end a holder's session. Only
+/// with the `internals` feature, and outside semver.
+#[cfg(feature = "internals")]
+pub mod internals {
+    use locksmith_core::LockKey;
+
+    use crate::SqlBackend;
+
+    /// The lease row's `key_hash`: lowercase hex SHA-256 of the key.
+    pub fn key_hash(key: &LockKey) -> String {
+        crate::backend::key_hash(key)
+    }
+
+    /// Server-side ids (PostgreSQL backend pid, MySQL connection id) of the
+    /// connections holding `backend`'s session locks; empty in lease mode.
+    pub fn session_ids(backend: &SqlBackend) -> Vec<i64> {
+        backend.session_ids()
+    }
+}
 pub use config::{validate_table_name, Dialect, Mode, SqlConfig, DEFAULT_RETENTION, DEFAULT_TABLE};

@@ -22,9 +22,8 @@ mod redis_bench;
 #[path = "../../src/cli/timing.rs"]
 mod timing;
 use locksmith::backend::LockBackend;
-use locksmith::sql::{LeaseStatements, SqlBackend};
+use locksmith::sql::{internals, LeaseStatements, SqlBackend};
 use locksmith::{LockKey, Locker, OwnerToken};
-use sha2::{Digest, Sha256};
 
 #[derive(Parser, Debug)]
 #[command(about = "locksmith throughput, side by side with its baselines")]
@@ -110,10 +109,6 @@ async fn main() {
     }
 }
 
-fn hash(key: &str) -> String {
-    hex::encode(Sha256::digest(key.as_bytes()))
-}
-
 /// Runs `clients` copies of `work` at once; returns pairs per second.
 async fn rate<F, Fut>(clients: u32, iterations: u32, work: F) -> f64
 where
@@ -126,7 +121,10 @@ where
 }
 
 async fn raw_pairs(pool: &RawPool, s: &LeaseStatements, key: &str, iterations: u32) {
-    let (h, owner) = (hash(key), OwnerToken::generate().as_str().to_owned());
+    let (h, owner) = (
+        internals::key_hash(&LockKey::new(key).expect("key")),
+        OwnerToken::generate().as_str().to_owned(),
+    );
     for _ in 0..iterations {
         match pool {
             RawPool::Pg(p) => {

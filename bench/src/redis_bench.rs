@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use locksmith::backend::LockBackend;
-use locksmith::redis::RedisBackend;
+use locksmith::redis::{internals, RedisBackend};
 use locksmith::{LockKey, LockOptions, Locker, OwnerToken};
 use redis::AsyncCommands;
 
@@ -108,15 +108,12 @@ pub(crate) async fn run(
                     .await
                 }
                 4 => {
-                    let base = format!("locksmith:{{bench:{tag}:raw}}");
-                    let keys: Vec<String> = [":lock", ":queue", ":waiters"]
-                        .iter()
-                        .map(|s| format!("{base}{s}"))
-                        .collect();
+                    let name = LockKey::new(format!("bench:{tag}:raw")).expect("key");
+                    let keys = internals::key_names("locksmith:", &name);
                     pairs_per_sec(iterations, || async {
                         for _ in 0..iterations {
                             let token = OwnerToken::generate();
-                            let fence: i64 = locksmith::redis::scripts::acquire(true)
+                            let fence: i64 = internals::acquire_script(true)
                                 .key(&keys)
                                 .arg(token.as_str())
                                 .arg(10_000)
@@ -124,7 +121,7 @@ pub(crate) async fn run(
                                 .await
                                 .expect("acquire script");
                             assert!(fence > 0, "uncontended");
-                            let left: i64 = locksmith::redis::scripts::release(true)
+                            let left: i64 = internals::release_script(true)
                                 .key(&keys)
                                 .arg(token.as_str())
                                 .invoke_async(&mut bare)

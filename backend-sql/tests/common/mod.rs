@@ -98,7 +98,7 @@ impl Harness for ServerHarness {
         let typed = self
             .find(client)
             .ok_or_else(|| anyhow::anyhow!("not a client of this harness"))?;
-        let ids = typed.session_ids();
+        let ids = locksmith_sql::internals::session_ids(&typed);
         anyhow::ensure!(!ids.is_empty(), "the client holds no session to end");
         let admin_url = SqlConfig::from_url(&self.url)?.url.expose().to_owned();
         for id in ids {
