@@ -99,6 +99,8 @@
 
 mod backend;
 mod config;
+mod error;
+mod hub;
 mod node;
 mod redlock;
 mod scripts;
@@ -115,7 +117,7 @@ pub mod internals {
     /// The Redis keys of `key` under `prefix`: lock, queue, waiters, in the
     /// order the scripts take them.
     pub fn key_names(prefix: &str, key: &LockKey) -> [String; 3] {
-        crate::node::Keys::new(prefix, key).names().clone()
+        crate::scripts::Keys::new(prefix, key).names().clone()
     }
 
     /// The acquire script (KEYS: [`key_names`]; ARGV: owner, TTL in ms);

@@ -1,63 +1,17 @@
 //! One Redis server: the scripts run on a self-reconnecting connection, and
-//! grants to this backend's waiters arrive on one shared pub/sub connection.
+//! grants to this backend's waiters arrive on its [`Hub`].
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use futures::StreamExt;
 use locksmith_core::backend::{Acquire, Grant, RedactedUrl, Release, RenewRequest, Watch};
-use locksmith_core::{Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
-use redis::RedisError;
-use tokio::sync::{mpsc, oneshot, OnceCell};
+use locksmith_core::{Error, FencingToken, LockStatus, OwnerToken, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::OnceCell;
 
 use crate::config::TlsFiles;
-use crate::scripts;
-
-/// The Redis keys of one lock, in the order the scripts take them. The lock
-/// name sits inside `{…}`, so the lock and its wait queue share a hash tag
-/// and stay in one cluster slot. The mapping is injective: fixed prefix and
-/// suffixes around the name itself. Every one of them expires: the lock
-/// with its lease, the queue when nobody waits.
-#[derive(Debug, Clone)]
-pub(crate) struct Keys {
-    all: [String; 3],
-}
-
-impl Keys {
-    pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
-        let base = format!("{prefix}{{{}}}", key.as_str());
-        Keys {
-            all: [
-                Self::lock(prefix, key),
-                format!("{base}:queue"),
-                format!("{base}:waiters"),
-            ],
-        }
-    }
-
-    /// Lock, queue and waiters, in the order the scripts take them.
-    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
-    pub(crate) fn names(&self) -> &[String; 3] {
-        &self.all
-    }
-
-    /// The lock's own key, all a renewal touches.
-    fn lock(prefix: &str, key: &LockKey) -> String {
-        format!("{prefix}{{{}}}:lock", key.as_str())
-    }
-
-    /// A call of `script` on all three keys.
-    fn call(&self, script: &'static redis::Script) -> redis::ScriptInvocation<'static> {
-        let mut call = script.prepare_invoke();
-        for k in &self.all {
-            call.key(k);
-        }
-        call
-    }
-}
+use crate::error::map_err;
+use crate::hub::Hub;
+use crate::scripts::{self, Keys};
 
 /// A waiter's place in a key's queue: its ticket, how long the place is
 /// kept without a refresh, and where its grant is to be published.
@@ -69,48 +23,6 @@ pub(crate) struct Waiter<'a> {
 
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis().max(1)).unwrap_or(u64::MAX / 4)
-}
-
-/// A TLS handshake the client or server refused (untrusted or missing
-/// certificate), found through the layers the driver wraps it in.
-fn is_tls_refusal(e: &(dyn std::error::Error + 'static)) -> bool {
-    type Shared = Arc<dyn std::error::Error + Send + Sync>;
-    let e = match e.downcast_ref::<Shared>() {
-        Some(shared) => &**shared as &(dyn std::error::Error + 'static),
-        None => e,
-    };
-    let inner = e
-        .downcast_ref::<std::io::Error>()
-        .and_then(std::io::Error::get_ref)
-        .map_or(e, |i| i as &(dyn std::error::Error + 'static));
-    inner.is::<rustls::Error>()
-}
-
-/// Maps driver errors onto the contract's kinds, in one place.
-pub(crate) fn map_err(e: RedisError) -> Error {
-    let transient_code = matches!(
-        e.code(),
-        Some("LOADING" | "MASTERDOWN" | "READONLY" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN")
-    );
-    let msg = e.to_string();
-    // Refused credentials or certificates will not get better by retrying.
-    let refused_tls = std::error::Error::source(&e).is_some_and(is_tls_refusal);
-    // No password where one is required, or a database the server lacks.
-    let refused_config = e.code() == Some("NOAUTH")
-        || e.code() == Some("WRONGPASS")
-        || msg.contains("DB index is out of range");
-    if e.kind() == redis::ErrorKind::AuthenticationFailed || refused_tls || refused_config {
-        Error::config("redis refused the connection").with_source(e)
-    } else if e.is_io_error()
-        || e.is_connection_refusal()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || transient_code
-    {
-        Error::unavailable("redis unavailable").with_source(e)
-    } else {
-        Error::backend("redis answered with an error").with_source(e)
-    }
 }
 
 /// What a node is for, which decides how it answers and what it writes.
@@ -399,146 +311,3 @@ impl redis::FromRedisValue for AcquireReply {
     }
 }
 
-type Tickets = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Grant>>>>;
-
-/// The shared pub/sub connection of one backend. It listens on a channel of
-/// its own, on which the scripts publish `<ticket> <fence>` when they hand a
-/// lock to one of this backend's waiters; each message wakes that waiter
-/// only. A message sent while the connection was down is lost; the waiter
-/// finds its grant on its next refresh.
-#[derive(Debug)]
-struct Hub {
-    client: redis::Client,
-    connect_timeout: Duration,
-    channel: String,
-    conn: tokio::sync::Mutex<Option<HubConn>>,
-    tickets: Tickets,
-}
-
-struct HubConn {
-    _sink: PubSubSink,
-    alive: Arc<AtomicBool>,
-    /// Dropped with the hub: stops the reader, which closes the connection.
-    _stop: oneshot::Sender<()>,
-}
-
-impl std::fmt::Debug for HubConn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HubConn")
-            .field("alive", &self.alive.load(Ordering::Relaxed))
-            .finish()
-    }
-}
-
-/// Unregisters a ticket when its watch is dropped.
-struct Registration {
-    ticket: String,
-    tickets: Weak<Mutex<HashMap<String, mpsc::UnboundedSender<Grant>>>>,
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        if let Some(t) = self.tickets.upgrade() {
-            t.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&self.ticket);
-        }
-    }
-}
-
-impl Hub {
-    fn new(client: redis::Client, connect_timeout: Duration) -> Self {
-        Hub {
-            client,
-            connect_timeout,
-            channel: format!("locksmith:hub:{}", OwnerToken::generate().as_str()),
-            conn: tokio::sync::Mutex::new(None),
-            tickets: Arc::default(),
-        }
-    }
-
-    /// Subscribes (again, after a dropped connection) if need be; returns
-    /// the channel once the server confirmed it.
-    async fn listening(&self) -> Result<&str> {
-        let mut conn = self.conn.lock().await;
-        if !conn
-            .as_ref()
-            .is_some_and(|c| c.alive.load(Ordering::SeqCst))
-        {
-            *conn = Some(self.connect().await?);
-        }
-        Ok(&self.channel)
-    }
-
-    fn register(&self, ticket: &OwnerToken) -> Watch {
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.tickets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(ticket.as_str().to_owned(), tx);
-        let registration = Registration {
-            ticket: ticket.as_str().to_owned(),
-            tickets: Arc::downgrade(&self.tickets),
-        };
-        Watch::grants(rx, Some(Box::new(registration)))
-    }
-
-    async fn connect(&self) -> Result<HubConn> {
-        let connecting = async {
-            let pubsub = self.client.get_async_pubsub().await.map_err(map_err)?;
-            let (mut sink, stream) = pubsub.split();
-            sink.subscribe(&self.channel).await.map_err(map_err)?;
-            Ok::<_, Error>((sink, stream))
-        };
-        let (sink, mut stream) = match tokio::time::timeout(self.connect_timeout, connecting).await
-        {
-            Ok(r) => r?,
-            Err(_) => return Err(Error::unavailable("pub/sub connect timed out")),
-        };
-        let alive = Arc::new(AtomicBool::new(true));
-        let (tickets, flag) = (Arc::downgrade(&self.tickets), alive.clone());
-        let (stop, mut stopped) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            loop {
-                let msg = tokio::select! {
-                    msg = stream.next() => msg,
-                    _ = &mut stopped => None,
-                };
-                let Some(msg) = msg else {
-                    break;
-                };
-                let Some(tickets) = tickets.upgrade() else {
-                    break;
-                };
-                let payload: String = msg.get_payload().unwrap_or_default();
-                let mut fields = payload.split(' ');
-                let (Some(ticket), Some(Ok(fence)), lease) = (
-                    fields.next(),
-                    fields.next().map(str::parse::<u64>),
-                    fields.next().and_then(|l| l.parse::<u64>().ok()),
-                ) else {
-                    continue;
-                };
-                let sender = tickets
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(ticket)
-                    .cloned();
-                if let Some(s) = sender {
-                    let _ = s.send(Grant {
-                        fence: Some(FencingToken(fence)),
-                        holds: 1,
-                        lease: lease.map(Duration::from_millis),
-                    });
-                }
-            }
-            // Waiters fall back to their refresh; the next attempt reconnects.
-            flag.store(false, Ordering::SeqCst);
-        });
-        Ok(HubConn {
-            _sink: sink,
-            alive,
-            _stop: stop,
-        })
-    }
-}

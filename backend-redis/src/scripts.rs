@@ -1,4 +1,5 @@
-//! The Lua scripts: each operation is one script, so each is atomic in Redis.
+//! The key layout and the Lua scripts: each operation is one script, so
+//! each is atomic in Redis.
 //!
 //! A lock at `KEYS[1]` has a millisecond expiry and one of two forms:
 //! - **one hold, nobody queued** (the common case) is a plain string: the
@@ -50,6 +51,7 @@
 
 use std::sync::OnceLock;
 
+use locksmith_core::LockKey;
 use redis::Script;
 
 /// Shared by the scripts that can free or take a lock, after their fast
@@ -412,4 +414,47 @@ pub(crate) fn renew() -> &'static Script {
 
 pub(crate) fn inspect() -> &'static Script {
     INSPECT_SCRIPT.get(false)
+}
+
+/// The Redis keys of one lock, in the order the scripts take them. The lock
+/// name sits inside `{…}`, so the lock and its wait queue share a hash tag
+/// and stay in one cluster slot. The mapping is injective: fixed prefix and
+/// suffixes around the name itself. Every one of them expires: the lock
+/// with its lease, the queue when nobody waits.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    all: [String; 3],
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
+        let base = format!("{prefix}{{{}}}", key.as_str());
+        Keys {
+            all: [
+                Self::lock(prefix, key),
+                format!("{base}:queue"),
+                format!("{base}:waiters"),
+            ],
+        }
+    }
+
+    /// Lock, queue and waiters, in the order the scripts take them.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
+    pub(crate) fn names(&self) -> &[String; 3] {
+        &self.all
+    }
+
+    /// The lock's own key, all a renewal touches.
+    pub(crate) fn lock(prefix: &str, key: &LockKey) -> String {
+        format!("{prefix}{{{}}}:lock", key.as_str())
+    }
+
+    /// A call of `script` on all three keys.
+    pub(crate) fn call(&self, script: &'static redis::Script) -> redis::ScriptInvocation<'static> {
+        let mut call = script.prepare_invoke();
+        for k in &self.all {
+            call.key(k);
+        }
+        call
+    }
 }
