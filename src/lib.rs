@@ -101,9 +101,7 @@ pub mod backend {
         match store {
             Store::Memory => Ok(Arc::new(MemoryBackend::new())),
             #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-            Store::Sqlite | Store::Postgres | Store::MySql => {
-                Ok(Arc::new(sql::SqlBackend::connect(url)?))
-            }
+            Store::Sqlite | Store::Postgres | Store::MySql => sql::open(url),
             #[cfg(feature = "redis")]
             Store::Redis => Ok(Arc::new(redis::RedisBackend::connect(url)?)),
             #[cfg(feature = "redis")]

@@ -310,4 +310,3 @@ impl redis::FromRedisValue for AcquireReply {
         }
     }
 }
-

@@ -52,6 +52,12 @@ fn driver_params(dialect: Dialect) -> &'static [&'static str] {
     }
 }
 
+/// The shortest TTL accepted, in both modes: renewed every third of it, a
+/// lease must outlast a commit, a busy wait behind other writers and a
+/// scheduling delay on a loaded host (10 ms did not: SQLite lost it 5 runs
+/// in 5).
+pub(crate) const MIN_TTL: Duration = Duration::from_millis(250);
+
 /// Default name of the lease table.
 pub const DEFAULT_TABLE: &str = "locksmith_locks";
 

@@ -74,6 +74,7 @@
 //! # async fn f() -> locksmith_core::Result<()> {
 //! use locksmith_core::Locker;
 //! use locksmith_sql::SqlBackend;
+//! // Or locksmith_sql::open(url), which picks SqlSessionBackend for ?mode=session.
 //! let locker = Locker::new(SqlBackend::connect("postgres://app:secret@db/app")?);
 //! let guard = locker.lock("invoice-7").await?;
 //! println!("fencing token {:?}", guard.fence());
@@ -81,16 +82,41 @@
 //! # Ok(()) }
 //! ```
 
+#[macro_use]
+mod pool;
 mod backend;
 mod config;
+mod error;
+mod notify;
 mod queries;
+mod session;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-mod session;
+mod session_locks;
 #[cfg(not(any(feature = "postgres", feature = "mysql")))]
-#[path = "session_none.rs"]
-mod session;
+#[path = "session_locks_none.rs"]
+mod session_locks;
+
+use std::sync::Arc;
+
+use locksmith_core::backend::LockBackend;
+use locksmith_core::Result;
 
 pub use backend::{LeaseStatements, SqlBackend};
+pub use config::{validate_table_name, Dialect, Mode, SqlConfig, DEFAULT_RETENTION, DEFAULT_TABLE};
+pub use session::SqlSessionBackend;
+
+/// Opens the backend a SQL URL names: [`SqlBackend`] for lease rows (the
+/// default), [`SqlSessionBackend`] for `?mode=session`.
+///
+/// # Errors
+/// As [`SqlConfig::from_url`], and the backend's `connect`.
+pub fn open(url: &str) -> Result<Arc<dyn LockBackend>> {
+    let config = SqlConfig::from_url(url)?;
+    Ok(match config.mode {
+        Mode::Lease => Arc::new(SqlBackend::with_config(config)?),
+        Mode::Session => Arc::new(SqlSessionBackend::with_config(config)?),
+    })
+}
 
 /// The key hashing and session handles, for benchmarks that run the lease
 /// statements raw and for fault tests that end a holder's session. Only
@@ -99,17 +125,16 @@ pub use backend::{LeaseStatements, SqlBackend};
 pub mod internals {
     use locksmith_core::LockKey;
 
-    use crate::SqlBackend;
+    use crate::SqlSessionBackend;
 
     /// The lease row's `key_hash`: lowercase hex SHA-256 of the key.
     pub fn key_hash(key: &LockKey) -> String {
-        crate::backend::key_hash(key)
+        crate::queries::key_hash(key)
     }
 
     /// Server-side ids (PostgreSQL backend pid, MySQL connection id) of the
-    /// connections holding `backend`'s session locks; empty in lease mode.
-    pub fn session_ids(backend: &SqlBackend) -> Vec<i64> {
+    /// connections holding `backend`'s session locks.
+    pub fn session_ids(backend: &SqlSessionBackend) -> Vec<i64> {
         backend.session_ids()
     }
 }
-pub use config::{validate_table_name, Dialect, Mode, SqlConfig, DEFAULT_RETENTION, DEFAULT_TABLE};

@@ -1,6 +1,11 @@
 //! The SQL each dialect runs: one statement per operation, every time taken
 //! from the database clock.
 
+use std::time::Duration;
+
+use locksmith_core::LockKey;
+use sha2::{Digest, Sha256};
+
 use crate::config::Dialect;
 
 /// Added to the fence reported through MySQL's `LAST_INSERT_ID(expr)` when
@@ -238,4 +243,15 @@ fn mysql(t: &str) -> Queries {
         ),
         holds: format!("SELECT holds FROM {t} WHERE key_hash = ? AND owner = ?"),
     }
+}
+
+/// The key's fixed-width identity in the table.
+pub(crate) fn key_hash(key: &LockKey) -> String {
+    hex::encode(Sha256::digest(key.as_str().as_bytes()))
+}
+
+/// A TTL in whole milliseconds, as the statements take it.
+pub(crate) fn ttl_ms(ttl: Duration) -> i64 {
+    // The core caps TTLs at a year; the clamp only keeps this total.
+    i64::try_from(ttl.as_millis().max(1)).unwrap_or(i64::MAX / 4)
 }

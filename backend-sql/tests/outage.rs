@@ -8,7 +8,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use locksmith_core::{ErrorKind, LockOptions, Locker};
-use locksmith_sql::SqlBackend;
 
 fn fault_server(name: &str, action: &str) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/fault-server");
@@ -27,8 +26,8 @@ async fn outage(server: &str, base_url: &str) {
     fault_server(server, "start");
     for mode in ["lease", "session"] {
         let url = format!("{base_url}?mode={mode}&connect_timeout=1s");
-        let a = Locker::new(SqlBackend::connect(&url).unwrap());
-        let b = Locker::new(SqlBackend::connect(&url).unwrap());
+        let a = Locker::from_arc(locksmith_sql::open(&url).unwrap());
+        let b = Locker::from_arc(locksmith_sql::open(&url).unwrap());
         let key = format!("outage/{mode}/{}", std::process::id());
         let ttl = Duration::from_secs(3);
         let guard = a

@@ -22,7 +22,7 @@ mod redis_bench;
 #[path = "../../src/cli/timing.rs"]
 mod timing;
 use locksmith::backend::LockBackend;
-use locksmith::sql::{internals, LeaseStatements, SqlBackend};
+use locksmith::sql::{internals, LeaseStatements, SqlBackend, SqlSessionBackend};
 use locksmith::{LockKey, Locker, OwnerToken};
 
 #[derive(Parser, Debug)]
@@ -204,7 +204,7 @@ async fn sql(
         )
     };
     let locker = Locker::new(backend.clone());
-    let session = Locker::new(SqlBackend::connect(&session_url).map_err(|e| e.to_string())?);
+    let session = Locker::new(SqlSessionBackend::connect(&session_url).map_err(|e| e.to_string())?);
     let key = |c: u32| format!("bench/{}/{c}", std::process::id());
 
     let mut figures: [Vec<f64>; 4] = Default::default();

@@ -1,5 +1,5 @@
 //! A conformance harness for a database server: clients are independent
-//! `SqlBackend`s on one URL; sessions are ended with the server's own kill.
+//! backends on one URL (`SqlBackend`, or `SqlSessionBackend` in session mode); sessions are ended with the server's own kill.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use locksmith_conformance::Harness;
 use locksmith_core::backend::LockBackend;
-use locksmith_sql::{Dialect, SqlBackend, SqlConfig};
+use locksmith_sql::{Dialect, Mode, SqlBackend, SqlConfig, SqlSessionBackend};
 
 /// The test server's URL: from the environment `scripts/test` sets, else the
 /// role and database `scripts/test` creates on the default port.
@@ -38,7 +38,8 @@ pub struct ServerHarness {
     pub url: String,
     dialect: Dialect,
     // Weak: a client whose last user is gone must be dropped, closing its sessions.
-    clients: Mutex<Vec<Weak<SqlBackend>>>,
+    /// The session-mode clients, whose sessions `end_sessions` kills.
+    clients: Mutex<Vec<Weak<SqlSessionBackend>>>,
 }
 
 impl ServerHarness {
@@ -59,7 +60,7 @@ impl ServerHarness {
         }
     }
 
-    fn find(&self, client: &Arc<dyn LockBackend>) -> Option<Arc<SqlBackend>> {
+    fn find(&self, client: &Arc<dyn LockBackend>) -> Option<Arc<SqlSessionBackend>> {
         let want = Arc::as_ptr(client) as *const u8;
         self.clients
             .lock()
@@ -73,9 +74,15 @@ impl ServerHarness {
 #[async_trait]
 impl Harness for ServerHarness {
     async fn client(&self) -> Arc<dyn LockBackend> {
-        let c = Arc::new(SqlBackend::connect(&self.url).expect("valid test URL"));
-        self.clients.lock().unwrap().push(Arc::downgrade(&c));
-        c
+        let config = SqlConfig::from_url(&self.url).expect("valid test URL");
+        match config.mode {
+            Mode::Session => {
+                let c = Arc::new(SqlSessionBackend::with_config(config).expect("valid test URL"));
+                self.clients.lock().unwrap().push(Arc::downgrade(&c));
+                c
+            }
+            _ => Arc::new(SqlBackend::with_config(config).expect("valid test URL")),
+        }
     }
 
     async fn unreachable_client(&self) -> Arc<dyn LockBackend> {
@@ -88,10 +95,10 @@ impl Harness for ServerHarness {
         let dead = format!("{scheme}://{auth}@127.0.0.1:1/{db}");
         let dead = with_params(&dead, "connect_timeout=1s");
         let dead = match config.mode {
-            locksmith_sql::Mode::Session => with_params(&dead, "mode=session"),
-            locksmith_sql::Mode::Lease => dead,
+            Mode::Session => with_params(&dead, "mode=session"),
+            Mode::Lease => dead,
         };
-        Arc::new(SqlBackend::connect(&dead).expect("valid URL"))
+        locksmith_sql::open(&dead).expect("valid URL")
     }
 
     async fn end_sessions(&self, client: &Arc<dyn LockBackend>) -> anyhow::Result<()> {

@@ -1,0 +1,89 @@
+//! The one mapping of sqlx's errors onto the contract's kinds.
+
+use locksmith_core::Error;
+
+/// Maps driver errors onto the contract's kinds, in one place: anything that
+/// means "could not talk to the database" is `Unavailable`.
+pub(crate) fn map_err(e: sqlx::Error) -> Error {
+    use sqlx::Error as E;
+    let unavailable = match &e {
+        E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => true,
+        E::Protocol(_) => true,
+        E::Database(db) => db_unavailable(db.as_ref()),
+        _ => false,
+    };
+    let permanent = match &e {
+        E::Database(db) => db_refused(db.as_ref()),
+        // A TLS mode this build cannot speak will not work on a retry.
+        E::Tls(t) => t.to_string().contains("without TLS support"),
+        _ => false,
+    };
+    if permanent {
+        Error::config("the database refused the configuration").with_source(e)
+    } else if unavailable {
+        Error::unavailable("database unavailable").with_source(e)
+    } else if matches!(e, E::Configuration(_)) {
+        Error::config("the database driver refused the configuration").with_source(e)
+    } else {
+        Error::backend("the database answered with an error").with_source(e)
+    }
+}
+
+/// Server errors that retrying will not fix: refused credentials, a
+/// database or role that does not exist, a file that is not a database or
+/// cannot be created, a table name the SQL parser rejects.
+fn db_refused(db: &dyn sqlx::error::DatabaseError) -> bool {
+    #[cfg(feature = "sqlite")]
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        // Primary result codes: CANTOPEN 14 (a missing directory), NOTADB
+        // 26; ERROR 1 covers a syntax error from a reserved table name.
+        let code = db.code().and_then(|c| c.parse::<i64>().ok()).unwrap_or(0);
+        return matches!(code & 0xff, 14 | 26)
+            || (code & 0xff == 1 && db.message().contains("syntax error"));
+    }
+    #[cfg(feature = "postgres")]
+    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        // Class 28 authorization (unknown role, wrong password), 3D000
+        // unknown database, 42601 syntax error, 42501 insufficient privilege.
+        let c = pg.code();
+        return c.starts_with("28") || matches!(c, "3D000" | "42601" | "42501");
+    }
+    #[cfg(feature = "mysql")]
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        // Access denied (1044 database, 1045 user, 1142 table), unknown
+        // database 1049, syntax error 1064.
+        return matches!(my.number(), 1044 | 1045 | 1049 | 1064 | 1142);
+    }
+    false
+}
+
+/// Server errors that mean "the database cannot serve us now".
+fn db_unavailable(db: &dyn sqlx::error::DatabaseError) -> bool {
+    #[cfg(feature = "sqlite")]
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        // Primary result codes: BUSY 5, LOCKED 6, READONLY 8, IOERR 10,
+        // FULL 13.
+        let code = db.code().and_then(|c| c.parse::<i64>().ok()).unwrap_or(0);
+        return matches!(code & 0xff, 5 | 6 | 8 | 10 | 13);
+    }
+    #[cfg(feature = "postgres")]
+    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        // Class 08 connection exceptions, 57P0x shutting down or starting
+        // up, class 53 out of resources (e.g. too many connections).
+        let c = pg.code();
+        return c.starts_with("08") || c.starts_with("57P") || c.starts_with("53");
+    }
+    #[cfg(feature = "mysql")]
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        // Too many connections, shutdown in progress, lock wait timeout,
+        // read-only server.
+        return matches!(my.number(), 1040 | 1053 | 1205 | 1290 | 1836);
+    }
+    false
+}
+
+/// MySQL reports a deadlock victim with 1213 and a lock-wait timeout with 1205.
+#[cfg(feature = "mysql")]
+pub(crate) fn is_mysql_conflict(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| c == "1213" || c == "40001"))
+}
