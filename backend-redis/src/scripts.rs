@@ -81,9 +81,9 @@ local function to_hash()
   else
     redis.call('hset', KEYS[1], owner, 1)
   end
-  if pttl > 0 then
-    redis.call('pexpire', KEYS[1], pttl)
-  end
+  -- Always an expiry: in its last millisecond a key still exists with a
+  -- PTTL of 0, and a hash left without one would be held for ever.
+  redis.call('pexpire', KEYS[1], math.max(pttl, 1))
 end
 
 -- Takes the free lock for `owner`, in the hash form. `after` is the token

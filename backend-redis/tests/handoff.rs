@@ -239,3 +239,62 @@ async fn a_short_hand_off_lease_is_extended_to_the_ttl() {
     );
     handed.release().await.unwrap();
 }
+
+/// A waiter that queues on a string-form lock in its very last millisecond
+/// (PTTL 0) turns it into the hash form; that hash must still expire, or a
+/// dead holder's lock would be held for ever. Waiters poll right at the end
+/// of a lease, so each round spins queued attempts across the expiry.
+#[tokio::test]
+async fn a_lock_turned_into_a_hash_at_its_last_millisecond_still_expires() {
+    let b = backend("500ms");
+    let client = redis::Client::open(common::redis_url()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let mut converted_late = 0;
+    for round in 0..200 {
+        let k = key(&format!("lastms{round}"));
+        let lock = format!("locksmith:{{{}}}:lock", k.as_str());
+        let holder = OwnerToken::generate();
+        // A dead holder's string-form lock with 3 ms left.
+        redis::cmd("SET")
+            .arg(&lock)
+            .arg(format!("{} 1 2", holder.as_str()))
+            .arg("PX")
+            .arg(3)
+            .query_async::<()>(&mut c)
+            .await
+            .unwrap();
+        let (me, ticket) = (OwnerToken::generate(), OwnerToken::generate());
+        let started = Instant::now();
+        loop {
+            let out = b.try_acquire_waiting(&k, &me, TTL, &ticket).await.unwrap();
+            let kind: String = redis::cmd("TYPE")
+                .arg(&lock)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(&lock)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            assert_ne!(pttl, -1, "round {round}: {lock} ({kind}) has no expiry");
+            if matches!(out, Acquire::Acquired(_)) {
+                break;
+            }
+            if kind == "hash" {
+                converted_late += 1;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "round {round}: the dead holder's lock never expired"
+            );
+        }
+        let _ = b.abandon(&k, &me, &ticket).await;
+        let _ = b.release(&k, &me).await;
+    }
+    // The rounds did reach the conversion they are about.
+    assert!(
+        converted_late > 0,
+        "no attempt converted a lock near its expiry"
+    );
+}

@@ -22,7 +22,8 @@
 //! any length up to 1024 bytes fits and none is ever truncated), with the key
 //! itself beside it for people reading the table. The table (default
 //! `locksmith_locks`, or `?table=name`, a plain identifier) is created on
-//! first use, or by [`SqlBackend::migrate`].
+//! first use, by [`SqlBackend::migrate`], or by `locksmith::connect`, which
+//! checks the store before it returns.
 //!
 //! # Bounded state, and fences
 //!
@@ -46,7 +47,7 @@
 //! for ever) keep working: their fences are far below the clock, and their
 //! old rows are swept like new ones.
 //!
-//! # Session mode (`?mode=session`, PostgreSQL and MySQL)
+//! # Session mode (`?mode=session`, PostgreSQL and MySQL): [`SqlSessionBackend`]
 //!
 //! Each held lock is a server-side session lock on a connection of its own:
 //! PostgreSQL `pg_try_advisory_lock` on 64 bits of SHA-256 over the table
