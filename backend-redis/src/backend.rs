@@ -87,7 +87,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
-        self.inner.node.inspect(&self.keys(key)).await
+        Ok(self.inner.node.inspect(&self.keys(key)).await?.0)
     }
 
     async fn try_acquire(

@@ -263,26 +263,25 @@ impl Node {
         .await
     }
 
-    /// What the node holds for a lock, read without changing it.
-    pub(crate) async fn inspect(&self, keys: &Keys) -> Result<LockStatus> {
+    /// What the node holds for a lock, read without changing it, and the
+    /// holder's owner token (for Redlock's per-owner quorum; never shown).
+    pub(crate) async fn inspect(&self, keys: &Keys) -> Result<(LockStatus, Option<String>)> {
         self.bounded(async {
             let mut c = self.conn().await?;
-            let out: Vec<i64> = keys
+            let (holds, fence, pttl, queued, owner): (i64, i64, i64, i64, String) = keys
                 .call(scripts::inspect())
                 .invoke_async(&mut c)
                 .await
                 .map_err(map_err)?;
-            let [holds, fence, pttl, queued] = out[..] else {
-                return Err(Error::backend("inspect script answered in another shape"));
-            };
             let queued = Some(u32::try_from(queued).unwrap_or(u32::MAX));
             if holds <= 0 {
-                return Ok(LockStatus::free().with_waiters(queued));
+                return Ok((LockStatus::free().with_waiters(queued), None));
             }
-            Ok(LockStatus::held(u32::try_from(holds).unwrap_or(u32::MAX))
+            let status = LockStatus::held(u32::try_from(holds).unwrap_or(u32::MAX))
                 .with_fence(u64::try_from(fence).ok().map(FencingToken))
                 .with_remaining(u64::try_from(pttl).ok().map(Duration::from_millis))
-                .with_waiters(queued))
+                .with_waiters(queued);
+            Ok((status, Some(owner)))
         })
         .await
     }

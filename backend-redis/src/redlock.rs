@@ -1,5 +1,6 @@
 //! [`RedlockBackend`]: one lock over N independent Redis masters.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -259,9 +260,10 @@ impl LockBackend for RedlockBackend {
         Ok(Release::NotHeld)
     }
 
-    /// Held when a quorum of nodes holds the key; the lease left is what
-    /// the quorum-th longest of their leases has left (the lock holds while
-    /// a quorum does).
+    /// Held when a quorum of nodes holds the key for one owner; the lease
+    /// left is what the quorum-th longest of that owner's leases has left
+    /// (the lock holds while a quorum does). `Unavailable` when the nodes
+    /// that did not answer could make or break that quorum.
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
         let keys = self.keys(key);
         let answers = join_all(self.inner.nodes.iter().map(|n| n.inspect(&keys))).await;
@@ -269,14 +271,32 @@ impl LockBackend for RedlockBackend {
         if let Some(e) = self.unreachable(t.errors) {
             return Err(e);
         }
-        let held: Vec<&LockStatus> = t.ok.iter().filter(|s| s.held).collect();
-        if held.len() < self.inner.quorum {
+        let quorum = self.inner.quorum;
+        let mut by_owner: HashMap<&str, Vec<&LockStatus>> = HashMap::new();
+        for (status, owner) in &t.ok {
+            if let Some(owner) = owner {
+                by_owner.entry(owner.as_str()).or_default().push(status);
+            }
+        }
+        let best = by_owner
+            .into_values()
+            .max_by_key(Vec::len)
+            .unwrap_or_default();
+        if best.len() < quorum {
+            if best.len() + t.errors >= quorum {
+                return Err(Error::unavailable(format!(
+                    "{} of {} Redlock nodes did not answer, and with them the lock may \
+                     or may not be held",
+                    t.errors,
+                    self.inner.nodes.len()
+                )));
+            }
             return Ok(LockStatus::free());
         }
-        let mut left: Vec<std::time::Duration> = held.iter().filter_map(|s| s.remaining).collect();
+        let mut left: Vec<Duration> = best.iter().filter_map(|s| s.remaining).collect();
         left.sort_unstable_by(|a, b| b.cmp(a));
-        let holds = held.iter().map(|s| s.holds).max().unwrap_or(1);
-        Ok(LockStatus::held(holds).with_remaining(left.get(self.inner.quorum - 1).copied()))
+        let holds = best.iter().map(|s| s.holds).max().unwrap_or(1);
+        Ok(LockStatus::held(holds).with_remaining(left.get(quorum - 1).copied()))
     }
 
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {

@@ -359,12 +359,14 @@ impl Variants {
 }
 
 /// Reads a lock without changing it. KEYS: lock, queue, waiters. Answers
-/// `{holds, fence or -1, pttl ms, queued}`; a free lock has 0 holds.
+/// `{holds, fence or -1, pttl ms, queued, owner}`; a free lock has 0 holds
+/// and an empty owner. (The owner goes no further than the backend: Redlock
+/// counts a quorum per owner with it.)
 const INSPECT: &str = r"
 local queued = redis.call('zcard', KEYS[2])
 local t = redis.call('type', KEYS[1]).ok
 if t == 'none' then
-  return {0, -1, -2, queued}
+  return {0, -1, -2, queued, ''}
 end
 local pttl = redis.call('pttl', KEYS[1])
 if t == 'string' then
@@ -373,19 +375,21 @@ if t == 'string' then
   local fence = -1
   if owner then
     fence = s * 1000000 + us
+  else
+    owner = v
   end
-  return {1, fence, pttl, queued}
+  return {1, fence, pttl, queued, owner}
 end
-local holds, fence = 0, -1
+local holds, fence, owner = 0, -1, ''
 local h = redis.call('hgetall', KEYS[1])
 for i = 1, #h, 2 do
   if h[i] == '~f' then
     fence = tonumber(h[i + 1])
   elseif string.sub(h[i], 1, 1) ~= '~' then
-    holds = tonumber(h[i + 1])
+    holds, owner = tonumber(h[i + 1]), h[i]
   end
 end
-return {holds, fence, pttl, queued}
+return {holds, fence, pttl, queued, owner}
 ";
 
 static ACQUIRE_SCRIPT: Variants = Variants::new(ACQUIRE_FAST, ACQUIRE, true);

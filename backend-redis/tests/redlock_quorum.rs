@@ -107,3 +107,72 @@ async fn acquire_succeeds_iff_a_quorum_is_free() {
 }
 
 use locksmith_core::backend::Grant;
+
+/// Redlock's status counts a quorum per owner, and says `Unavailable` when
+/// the nodes that did not answer could make or break it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_needs_a_quorum_of_one_owner() {
+    let ports = common::redlock_ports();
+    let direct: Vec<RedisBackend> = ports
+        .iter()
+        .map(|p| RedisBackend::connect(&format!("redis://127.0.0.1:{p}")).unwrap())
+        .collect();
+    let run = OwnerToken::generate();
+    let (a, b, c) = (
+        OwnerToken::generate(),
+        OwnerToken::generate(),
+        OwnerToken::generate(),
+    );
+    // (holders per node, nodes down) -> held, free, or unknowable.
+    let cases: [(&[Option<&OwnerToken>], &[usize], Option<bool>); 6] = [
+        (&[Some(&a), Some(&a), Some(&a), None, None], &[], Some(true)),
+        (
+            &[Some(&a), Some(&b), Some(&c), None, None],
+            &[],
+            Some(false),
+        ),
+        (
+            &[Some(&a), Some(&a), Some(&b), Some(&b), None],
+            &[],
+            Some(false),
+        ),
+        (&[Some(&a), Some(&a), None, None, None], &[3, 4], None),
+        // a could hold the two nodes that are down as well.
+        (&[Some(&a), None, None, None, None], &[3, 4], None),
+        (&[None, None, None, None, None], &[3, 4], Some(false)),
+    ];
+    for (n, (holders, down, want)) in cases.iter().enumerate() {
+        let key = LockKey::new(format!("redlock-status/{}/{n}", &run.as_str()[..8])).unwrap();
+        for (i, h) in holders.iter().enumerate() {
+            if let Some(owner) = h {
+                let got = direct[i].try_acquire(&key, owner, TTL).await.unwrap();
+                assert!(matches!(got, Acquire::Acquired(_)));
+            }
+        }
+        let mut url_ports = ports.clone();
+        for &i in *down {
+            url_ports[i] = 1;
+        }
+        let redlock = RedlockBackend::connect(&common::redlock_url(&url_ports)).unwrap();
+        let got = redlock.inspect(&key).await;
+        match want {
+            Some(held) => {
+                let s = got.unwrap_or_else(|e| panic!("case {n}: {e}"));
+                assert_eq!(s.held, *held, "case {n}: {s:?}");
+                if *held {
+                    assert!(s.remaining.is_some_and(|r| r <= TTL), "case {n}: {s:?}");
+                }
+            }
+            None => assert_eq!(
+                got.map(|s| s.held).unwrap_err().kind(),
+                ErrorKind::Unavailable,
+                "case {n}"
+            ),
+        }
+        for (i, h) in holders.iter().enumerate() {
+            if let Some(owner) = h {
+                let _ = direct[i].release(&key, owner).await;
+            }
+        }
+    }
+}

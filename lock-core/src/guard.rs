@@ -234,7 +234,7 @@ impl LockGuard {
 impl LockGuard {
     /// [`Locker::close`](crate::Locker::close) released this lock already.
     fn closed(&self) -> bool {
-        matches!(*self.state.borrow(), LeaseState::Released) && self.watchdog.is_closed()
+        matches!(*self.state.borrow(), LeaseState::Lost(LostReason::Closed))
     }
 }
 

@@ -13,6 +13,9 @@ pub enum LostReason {
     Expired,
     /// The store answered that this owner no longer holds the key.
     NotHeld,
+    /// [`Locker::close`](crate::Locker::close) released it while the guard
+    /// was still alive.
+    Closed,
 }
 
 /// The live state of a guard's lease, as the watchdog sees it.

@@ -84,9 +84,11 @@ impl Locker {
     /// the background clean-ups ([`settle`](Self::settle)). Call it before
     /// the process exits: a guard dropped as `main` returns is released by a
     /// task that the shutting-down runtime may never run. After `close`,
-    /// acquires fail with [`ErrorKind::Closed`](crate::ErrorKind::Closed);
-    /// guards still alive report [`LeaseState::Released`](crate::LeaseState),
-    /// and their `release` is a no-op that succeeds.
+    /// acquires (those still waiting included) fail with
+    /// [`ErrorKind::Closed`](crate::ErrorKind::Closed); guards still alive
+    /// fire their lost signal with [`LostReason::Closed`](crate::LostReason)
+    /// before their lock is released, and their `release` is a no-op that
+    /// succeeds.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -361,6 +363,10 @@ impl Locker {
         // grant delivered later was made after that.
         let mut queued_at;
         loop {
+            if self.watchdog.is_closed() {
+                attempts.abandon().await;
+                return Err(closed());
+            }
             let sent = Instant::now();
             let retry_after = match attempts.attempt(opts.ttl).await? {
                 Acquire::Acquired(grant) => {
@@ -406,10 +412,14 @@ impl Locker {
                     tokio::select! {
                         n = w.changed() => Some(n),
                         _ = tokio::time::sleep(pause) => None,
+                        () = self.watchdog.closed() => None,
                     }
                 }
                 None => {
-                    tokio::time::sleep(pause).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        () = self.watchdog.closed() => {}
+                    }
                     None
                 }
             };

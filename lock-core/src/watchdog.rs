@@ -53,6 +53,8 @@ pub(crate) struct Watchdog {
     backend: Arc<dyn LockBackend>,
     state: Mutex<State>,
     wake: Arc<Notify>,
+    /// Wakes acquires still waiting when the locker is closed.
+    closing: Notify,
 }
 
 impl std::fmt::Debug for Watchdog {
@@ -76,6 +78,7 @@ impl Watchdog {
             backend,
             state: Mutex::new(State::default()),
             wake: Arc::new(Notify::new()),
+            closing: Notify::new(),
         })
     }
 
@@ -140,10 +143,11 @@ impl Watchdog {
         }
     }
 
-    /// Stops tracking every lease at once, marking each `Released`, and lets
-    /// the task exit; returns what was tracked, for the caller to release.
-    /// Leases registered later are watched as before: the caller refuses
-    /// new acquires first.
+    /// Stops tracking every lease at once, firing each guard's lost signal
+    /// (`Closed`) before the caller releases the locks in the store, wakes
+    /// the acquires still waiting, and lets the task exit; returns what was
+    /// tracked, for the caller to release. Leases registered later are
+    /// watched as before: the caller refuses new acquires first.
     pub(crate) fn close(&self) -> Vec<RenewRequest> {
         let mut st = self.lock();
         st.closed = true;
@@ -154,7 +158,7 @@ impl Watchdog {
                 e.tx.send_if_modified(|s| {
                     let held = matches!(s, LeaseState::Held { .. });
                     if held {
-                        *s = LeaseState::Released;
+                        *s = LeaseState::Lost(LostReason::Closed);
                     }
                     held
                 });
@@ -162,8 +166,20 @@ impl Watchdog {
             })
             .collect();
         drop(st);
+        self.closing.notify_waiters();
         self.wake.notify_one();
         held
+    }
+
+    /// Completes once [`close`](Self::close) ran (at once if it has).
+    pub(crate) async fn closed(&self) {
+        let notified = self.closing.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if self.is_closed() {
+            return;
+        }
+        notified.await;
     }
 
     /// True once [`close`](Self::close) ran.

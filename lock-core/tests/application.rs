@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use locksmith_core::backend::MemoryBackend;
-use locksmith_core::{ErrorKind, LeaseState, LockOptions, Locker};
+use locksmith_core::{ErrorKind, LeaseState, LockOptions, Locker, LostReason};
 
 fn opts() -> LockOptions {
     LockOptions::new()
@@ -75,9 +75,17 @@ async fn close_releases_every_held_lock_and_refuses_new_ones() {
         assert!(g.is_some(), "{k} is free after close");
         taken.extend(g);
     }
-    // Guards outlive the close harmlessly: released, never lost.
-    assert_eq!(g1.state(), LeaseState::Released);
-    assert!(!g1.is_lost());
+    // Guards outlive the close: their lost signal fired (the lock is gone),
+    // and their release is a no-op.
+    assert_eq!(g1.state(), LeaseState::Lost(LostReason::Closed));
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(1), g2.lost()).await,
+        Ok(LostReason::Closed)
+    );
+    let token = g1.lost_token();
+    tokio::time::timeout(Duration::from_secs(1), token.cancelled())
+        .await
+        .expect("the loss token of a guard closed under it is cancelled");
     g1.release().await.unwrap();
     drop(g2);
     many.release().await.unwrap();
@@ -127,4 +135,25 @@ fn every_error_kind_has_its_documented_exit_status() {
         };
         assert_eq!(kind.exit_code(), want, "{kind:?}");
     }
+}
+
+#[tokio::test]
+async fn close_stops_acquires_still_waiting() {
+    let store = Arc::new(MemoryBackend::new());
+    let holder = Locker::from_arc(store.clone());
+    let waiter = Locker::from_arc(store.clone());
+    let _held = holder.lock_with("busy", &opts()).await.unwrap();
+    let w = waiter.clone();
+    let waiting = tokio::spawn(async move {
+        let forever = LockOptions::new().ttl(Duration::from_secs(30));
+        w.lock_with("busy", &forever).await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    waiter.close().await.unwrap();
+    let e = tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .expect("a waiting acquire ends when its locker closes")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Closed);
 }

@@ -326,6 +326,7 @@ fn describe(reason: LostReason) -> &'static str {
     match reason {
         LostReason::Expired => "not renewed before its deadline",
         LostReason::NotHeld => "the store says it is no longer held",
+        LostReason::Closed => "its locker was closed",
     }
 }
 
