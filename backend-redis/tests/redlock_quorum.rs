@@ -123,8 +123,9 @@ async fn status_needs_a_quorum_of_one_owner() {
         OwnerToken::generate(),
         OwnerToken::generate(),
     );
-    // (holders per node, nodes down) -> held, free, or unknowable.
-    let cases: [(&[Option<&OwnerToken>], &[usize], Option<bool>); 6] = [
+    // (holders per node, nodes down) -> held, free, or unknowable (None).
+    type Case<'a> = (&'a [Option<&'a OwnerToken>], &'a [usize], Option<bool>);
+    let cases: [Case; 6] = [
         (&[Some(&a), Some(&a), Some(&a), None, None], &[], Some(true)),
         (
             &[Some(&a), Some(&b), Some(&c), None, None],
