@@ -41,7 +41,7 @@ pub(crate) fn map_err(e: RedisError) -> Error {
         || e.is_connection_dropped()
         || transient_code
     {
-        Error::unavailable("redis unavailable").with_source(e)
+        Error::unavailable("cannot reach redis").with_source(e)
     } else {
         Error::backend("redis answered with an error").with_source(e)
     }

@@ -18,8 +18,8 @@
 //!
 //! # What stays in Redis
 //!
-//! Only live locks and live queues. The lock hash goes on release and at
-//! the end of its lease (Redis's own expiry); the queue's two keys expire
+//! Only live locks and live queues. The lock's key (string or hash) goes on
+//! release and at the end of its lease (Redis's own expiry); the queue's two keys expire
 //! when the last waiter stops refreshing them. No key is kept per name once
 //! a lock is free, so locking millions of distinct names leaves nothing
 //! behind: the retention is zero.
@@ -34,7 +34,7 @@
 //! release, expiry, takeover and a restart that lost the data, **provided
 //! the server's clock does not step back** (NTP slews rather than steps; a
 //! failover to a replica whose clock is behind could repeat tokens for the
-//! size of the difference). The token is kept in the lock hash only while
+//! size of the difference). The token is kept in the lock's key only while
 //! the lock lives.
 //!
 //! Earlier versions kept a counter key `…{name}:fence` per name, for

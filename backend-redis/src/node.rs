@@ -62,13 +62,16 @@ impl Node {
             Role::Single => (false, true),
             Role::Quorum => (true, false),
         };
-        let bad = |e: &dyn std::fmt::Display| Error::config(format!("{url}: {e}"));
+        let bad = |e: redis::RedisError| {
+            Error::config(format!("{url}: the driver cannot use this URL")).with_source(e)
+        };
         let client = if tls.is_empty() {
-            redis::Client::open(url.expose()).map_err(|e| bad(&e))?
+            redis::Client::open(url.expose()).map_err(bad)?
         } else {
             let read = |path: &std::path::Path| {
-                std::fs::read(path)
-                    .map_err(|e| bad(&format!("cannot read {}: {e}", path.display())))
+                std::fs::read(path).map_err(|e| {
+                    Error::config(format!("{url}: cannot read {}", path.display())).with_source(e)
+                })
             };
             let client_tls = match (&tls.cert, &tls.key) {
                 (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
@@ -82,7 +85,7 @@ impl Node {
                 client_tls,
                 root_cert,
             };
-            redis::Client::build_with_tls(url.expose(), certs).map_err(|e| bad(&e))?
+            redis::Client::build_with_tls(url.expose(), certs).map_err(bad)?
         };
         Ok(Node {
             url: url.clone(),
@@ -143,15 +146,25 @@ impl Node {
     }
 
     /// Connects (authenticating) if not yet connected, and asks for a PONG.
+    /// Bounded by the connect timeout, not Redlock's per-node budget: a
+    /// check at start-up must see the server's real answer (a refused
+    /// password), not a timeout that hides it.
     pub(crate) async fn ping(&self) -> Result<()> {
-        self.bounded(async {
+        let ping = async {
             let mut conn = self.conn().await?;
             redis::cmd("PING")
                 .query_async::<()>(&mut conn)
                 .await
                 .map_err(map_err)
-        })
-        .await
+        };
+        let within = self.connect_timeout * 2 + self.timeout;
+        match tokio::time::timeout(within, ping).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::unavailable(format!(
+                "{}: no answer within {within:?}",
+                self.url
+            ))),
+        }
     }
 
     /// One attempt; a `waiter` is queued (or its place refreshed) if the

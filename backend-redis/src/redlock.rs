@@ -107,7 +107,7 @@ impl RedlockBackend {
                 Ok(v) => t.ok.push(v),
                 Err(e) => {
                     if e.kind() != ErrorKind::Unavailable {
-                        tracing::warn!(error = %e, "Redlock node failed");
+                        tracing::warn!(error = %e.chain(), "Redlock node failed");
                     }
                     t.errors += 1;
                 }

@@ -11,11 +11,11 @@ use tokio::sync::OnceCell;
 use crate::config::{Mode, SqlConfig, MIN_TTL};
 #[cfg(feature = "mysql")]
 use crate::error::is_mysql_conflict;
-use crate::error::map_err;
+use crate::error::{is_missing_table, map_err};
 use crate::notify::LocalReleases;
 #[cfg(feature = "sqlite")]
 use crate::pool::use_wal;
-use crate::pool::{create, open_pool, Pool};
+use crate::pool::{create, open_pool, probe, Pool};
 use crate::queries::{key_hash, ttl_ms, Queries, SWEEP_BATCH};
 
 /// The statements of lease mode. Parameters: acquire (key hash, key, owner,
@@ -186,7 +186,7 @@ impl SqlBackend {
         let this = self.clone();
         tokio::spawn(async move {
             if let Err(e) = this.sweep().await {
-                tracing::debug!("sweep of free lease rows failed: {e}");
+                tracing::debug!(error = %e.chain(), "sweep of free lease rows failed");
             }
         });
     }
@@ -354,18 +354,24 @@ impl LockBackend for SqlBackend {
     /// The table exists (created if missing), which needs the database
     /// reachable and the credentials accepted.
     async fn verify(&self) -> Result<()> {
+        probe(&self.inner.config).await?;
         self.migrate().await
     }
 
+    /// Reads only: a table that does not exist yet is not created, and
+    /// every key in it reads as free.
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
-        self.migrate().await?;
         let hash = key_hash(key);
         let q = &self.inner.queries.inspect;
-        let row: Option<(i64, i64, i64)> = on_pool!(&self.inner.pool, p => sqlx::query_as(q)
-            .bind(&hash)
-            .fetch_optional(p)
-            .await
-            .map_err(map_err)?);
+        let read: std::result::Result<Option<(i64, i64, i64)>, sqlx::Error> = on_pool!(&self.inner.pool, p => sqlx::query_as(q)
+                .bind(&hash)
+                .fetch_optional(p)
+                .await);
+        let row = match read {
+            Ok(row) => row,
+            Err(e) if is_missing_table(&e) => None,
+            Err(e) => return Err(map_err(e)),
+        };
         Ok(match row {
             Some((holds, fence, left_ms)) => {
                 LockStatus::held(u32::try_from(holds).unwrap_or(u32::MAX))

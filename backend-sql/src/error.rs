@@ -21,7 +21,7 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
     if permanent {
         Error::config("the database refused the configuration").with_source(e)
     } else if unavailable {
-        Error::unavailable("database unavailable").with_source(e)
+        Error::unavailable("cannot reach the database").with_source(e)
     } else if matches!(e, E::Configuration(_)) {
         Error::config("the database driver refused the configuration").with_source(e)
     } else {
@@ -86,4 +86,16 @@ fn db_unavailable(db: &dyn sqlx::error::DatabaseError) -> bool {
 #[cfg(feature = "mysql")]
 pub(crate) fn is_mysql_conflict(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| c == "1213" || c == "40001"))
+}
+
+/// The lease table does not exist (yet): PostgreSQL 42P01, MySQL 42S02,
+/// SQLite "no such table".
+pub(crate) fn is_missing_table(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            matches!(db.code().as_deref(), Some("42P01" | "42S02"))
+                || db.message().contains("no such table")
+        }
+        _ => false,
+    }
 }

@@ -38,7 +38,9 @@ macro_rules! on_pool {
 /// Builds the pool for a dialect, and a scope naming the database so that
 /// backends of one process on one database share release notifications.
 pub(crate) fn open_pool(config: &SqlConfig) -> Result<(Pool, String)> {
-    let bad_url = |e: sqlx::Error| Error::config(format!("{}: {e}", config.url));
+    let bad_url = |e: sqlx::Error| {
+        Error::config(format!("{}: the driver cannot read this URL", config.url)).with_source(e)
+    };
     match config.dialect {
         #[cfg(feature = "sqlite")]
         Dialect::Sqlite => {
@@ -188,4 +190,46 @@ pub(crate) async fn create(pool: &Pool, stmt: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Opens and closes one connection outside the pool, so that a database
+/// that cannot be reached says why (refused, unknown host, TLS, …): the
+/// pool reports every such failure only as "timed out".
+pub(crate) async fn probe(config: &SqlConfig) -> Result<()> {
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    let bad_url = |e: sqlx::Error| {
+        Error::config(format!("{}: the driver cannot read this URL", config.url)).with_source(e)
+    };
+    let connect = async {
+        match config.dialect {
+            #[cfg(feature = "postgres")]
+            Dialect::Postgres => {
+                use sqlx::{ConnectOptions, Connection};
+                use std::str::FromStr;
+                let opts = sqlx::postgres::PgConnectOptions::from_str(config.url.expose())
+                    .map_err(bad_url)?;
+                let c = opts.connect().await.map_err(map_err)?;
+                let _ = c.close().await;
+            }
+            #[cfg(feature = "mysql")]
+            Dialect::MySql => {
+                use sqlx::{ConnectOptions, Connection};
+                use std::str::FromStr;
+                let opts = sqlx::mysql::MySqlConnectOptions::from_str(config.url.expose())
+                    .map_err(bad_url)?;
+                let c = opts.connect().await.map_err(map_err)?;
+                let _ = c.close().await;
+            }
+            // A file: nothing to reach.
+            _ => {}
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(config.connect_timeout, connect).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::unavailable(format!(
+            "{}: no connection within {:?}",
+            config.url, config.connect_timeout
+        ))),
+    }
 }

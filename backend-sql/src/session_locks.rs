@@ -63,7 +63,9 @@ pub(crate) struct SessionLocks {
 
 impl SessionLocks {
     pub(crate) fn new(config: &SqlConfig) -> Result<Self> {
-        let bad_url = |e: sqlx::Error| Error::config(format!("{}: {e}", config.url));
+        let bad_url = |e: sqlx::Error| {
+            Error::config(format!("{}: the driver cannot read this URL", config.url)).with_source(e)
+        };
         let options = match config.dialect {
             #[cfg(feature = "postgres")]
             Dialect::Postgres => Options::Postgres(

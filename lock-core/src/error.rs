@@ -77,7 +77,7 @@ impl ErrorKind {
     }
 
     /// Every kind, for tables and tests.
-    pub const ALL: [ErrorKind; 10] = [
+    pub const ALL: &'static [ErrorKind] = &[
         ErrorKind::Timeout,
         ErrorKind::NotHeld,
         ErrorKind::Lost,
@@ -157,14 +157,14 @@ impl Error {
     /// ```
     /// use locksmith_core::Error;
     /// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-    /// let e = Error::unavailable("redis unavailable").with_source(io);
-    /// assert_eq!(e.chain(), "unavailable: redis unavailable: refused");
+    /// let e = Error::unavailable("cannot reach redis").with_source(io);
+    /// assert_eq!(e.chain(), "unavailable: cannot reach redis: refused");
     /// ```
     pub fn chain(&self) -> String {
-        let mut out = self.to_string();
+        let mut out = one_line(&self.to_string());
         let mut cause = std::error::Error::source(self);
         while let Some(c) = cause {
-            let text = c.to_string();
+            let text = one_line(&c.to_string());
             if !text.is_empty() && !out.contains(&text) {
                 out.push_str(": ");
                 out.push_str(&text);
@@ -223,6 +223,17 @@ impl Error {
     }
 }
 
+/// Text on one line: a server's multi-line message (an SQL excerpt, a
+/// protocol dump) with each line break and the indentation after it
+/// folded into one space.
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,5 +247,14 @@ mod tests {
         assert!(e.is_retryable());
         assert!(std::error::Error::source(&e).is_some());
         assert!(!Error::invalid_key("x").is_retryable());
+        let sql = std::io::Error::other(
+            "syntax error near 'select (\n        key_hash TEXT,\n  ...' at line 1",
+        );
+        let e = Error::config("the database refused the configuration").with_source(sql);
+        assert_eq!(
+            e.chain(),
+            "config: the database refused the configuration: \
+             syntax error near 'select ( key_hash TEXT, ...' at line 1"
+        );
     }
 }

@@ -264,7 +264,7 @@ fn spawn_release(
     let (backend, key2, owner) = (backend.clone(), key.clone(), owner.clone());
     let spawned = background.spawn(async move {
         if let Err(e) = backend.release(&key2, &owner).await {
-            tracing::warn!(key = %key2, error = %e, "background release failed; the lock frees at its TTL");
+            tracing::warn!(key = %key2, error = %e.chain(), "background release failed; the lock frees at its TTL");
         }
     });
     if !spawned {

@@ -505,7 +505,7 @@ impl Locker {
             ttl: opts.ttl,
             deadline: local_deadline(sent, granted),
         };
-        tracing::debug!(key = %key, fence = ?grant.fence, holds = grant.holds,
+        tracing::debug!(key = %key, fence = grant.fence.map(|f| f.0), holds = grant.holds,
             lease = ?granted, "lock acquired");
         let renew_every = opts.auto_renew.then(|| opts.renew_period());
         let period = renew_every.unwrap_or_default();
@@ -600,7 +600,7 @@ impl Attempts {
                 .abandon(&self.key, &self.owner, &self.ticket)
                 .await
             {
-                tracing::debug!(key = %self.key, error = %e,
+                tracing::debug!(key = %self.key, error = %e.chain(),
                     "could not leave the wait queue; the place lapses by itself");
             }
         }
@@ -631,14 +631,14 @@ impl Drop for Attempts {
             // left) must not hold up an exiting process.
             if fresh_owner && maybe_granted {
                 if let Err(e) = backend.release(&key, &owner).await {
-                    tracing::warn!(key = %key, error = %e,
+                    tracing::warn!(key = %key, error = %e.chain(),
                         "could not undo an abandoned acquire; the lock frees at its TTL");
                 }
             }
             if queued {
                 let left = retry_briefly(|| backend.abandon(&key, &owner, &ticket));
                 if let Err(e) = left.await {
-                    tracing::warn!(key = %key, error = %e,
+                    tracing::warn!(key = %key, error = %e.chain(),
                         "could not leave the wait queue; the place lapses by itself");
                 }
             }

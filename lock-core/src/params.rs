@@ -184,7 +184,8 @@ impl UrlParams {
         Error::invalid_options(format!("{}: URL parameter {name}: {why}", self.shown))
     }
 
-    /// Takes the raw value of `name`; a parameter given twice is refused.
+    /// Takes the value of `name`, percent-decoded; a parameter given twice
+    /// is refused.
     fn take(&mut self, name: &str) -> Result<Option<String>> {
         if !self.asked.iter().any(|a| a == name) {
             self.asked.push(name.to_owned());
@@ -201,7 +202,27 @@ impl UrlParams {
         if twice {
             return Err(self.invalid(name, "given more than once"));
         }
-        Ok(found)
+        match found {
+            None => Ok(None),
+            Some(v) => percent_decode(&v)
+                .map(Some)
+                .ok_or_else(|| self.invalid(name, "holds a bad percent-escape or invalid UTF-8")),
+        }
+    }
+
+    /// `v`, quoted, for a message about parameter `name`; not shown after a
+    /// password parameter, whose value may run on past an unescaped `&`.
+    fn quoted(&self, name: &str, v: &str) -> String {
+        let secret_before = self
+            .pairs
+            .iter()
+            .take_while(|(k, _, _)| k != name)
+            .any(|(k, _, _)| SECRET_PARAMS.contains(&k.to_ascii_lowercase().as_str()));
+        if secret_before {
+            "the value (not shown: it follows a password parameter)".to_owned()
+        } else {
+            format!("{v:?}")
+        }
     }
 
     /// The text of `name`, as written.
@@ -224,13 +245,15 @@ impl UrlParams {
         let Some(v) = self.take(name)? else {
             return Ok(None);
         };
-        let d = humantime::parse_duration(&v)
-            .map_err(|_| self.invalid(name, format!("{v:?} is not a duration like 500ms or 3s")))?;
+        let shown = self.quoted(name, &v);
+        let d = humantime::parse_duration(&v).map_err(|_| {
+            self.invalid(name, format!("{shown} is not a duration like 500ms or 3s"))
+        })?;
         if !range.contains(&d) {
             return Err(self.invalid(
                 name,
                 format!(
-                    "{v:?} is out of range: it must be between {} and {}",
+                    "{shown} is out of range: it must be between {} and {}",
                     humantime::format_duration(*range.start()),
                     humantime::format_duration(*range.end())
                 ),
@@ -255,7 +278,8 @@ impl UrlParams {
             _ => Err(self.invalid(
                 name,
                 format!(
-                    "{v:?} must be a whole number from {} to {}",
+                    "{} must be a whole number from {} to {}",
+                    self.quoted(name, &v),
                     range.start(),
                     range.end()
                 ),
@@ -274,7 +298,10 @@ impl UrlParams {
         match v.to_ascii_lowercase().as_str() {
             "true" | "1" | "yes" | "on" => Ok(Some(true)),
             "false" | "0" | "no" | "off" => Ok(Some(false)),
-            _ => Err(self.invalid(name, format!("{v:?} must be true or false"))),
+            _ => Err(self.invalid(
+                name,
+                format!("{} must be true or false", self.quoted(name, &v)),
+            )),
         }
     }
 
@@ -290,7 +317,14 @@ impl UrlParams {
             Some(&(_, t)) => Ok(Some(t)),
             None => {
                 let names: Vec<String> = choices.iter().map(|(c, _)| format!("{c:?}")).collect();
-                Err(self.invalid(name, format!("{v:?} must be one of {}", names.join(", "))))
+                Err(self.invalid(
+                    name,
+                    format!(
+                        "{} must be one of {}",
+                        self.quoted(name, &v),
+                        names.join(", ")
+                    ),
+                ))
             }
         }
     }
@@ -342,6 +376,25 @@ impl UrlParams {
     }
 }
 
+/// Decodes `%XX` escapes (and nothing else: a `+` stays a `+`); `None` for
+/// a bad escape or bytes that are not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,6 +432,14 @@ mod tests {
         let e = p.finish(&["mode"]).unwrap_err();
         assert!(e.to_string().contains("\"tabel\""), "{e}");
         assert!(e.to_string().contains("known: mode, table"), "{e}");
+        let mut p = UrlParams::new("sqlite://a.db?table=a%5Fb&prefix=%zz&x=%C3%A9");
+        assert_eq!(p.text("table").unwrap().as_deref(), Some("a_b"));
+        assert!(p.text("prefix").is_err());
+        assert_eq!(p.text("x").unwrap().as_deref(), Some("é"));
+        // A value after a password parameter may be a piece of it.
+        let mut p = UrlParams::new("postgres://h/db?password=a&mode=hunter2");
+        let e = p.choice("mode", &[("lease", 0)]).unwrap_err();
+        assert!(!e.to_string().contains("hunter2"), "{e}");
         let mut p = UrlParams::new("sqlite://a.db?table=t&mode=ro");
         assert_eq!(p.boolean("absent").unwrap(), None);
         p.text("table").unwrap();

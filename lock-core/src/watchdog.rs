@@ -229,7 +229,7 @@ impl Watchdog {
                 let backoff = (every / 8).saturating_mul(1 << e.failures.min(16));
                 let retry = jitter(backoff.min(every).min(left / 2)).max(MIN_RETRY);
                 e.failures = e.failures.saturating_add(1);
-                tracing::warn!(key = %e.request.key, error = %err,
+                tracing::warn!(key = %e.request.key, error = %err.chain(),
                     retry_in = ?retry, "lock renewal failed; retrying");
                 e.next_renew = now + retry;
             }

@@ -121,7 +121,7 @@ async fn close_reports_a_release_that_failed() {
 
 #[test]
 fn every_error_kind_has_its_documented_exit_status() {
-    for kind in ErrorKind::ALL {
+    for &kind in ErrorKind::ALL {
         let want = match kind {
             ErrorKind::Timeout => 75,
             ErrorKind::Lost | ErrorKind::NotHeld | ErrorKind::Closed => 70,

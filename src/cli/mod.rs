@@ -28,7 +28,8 @@ pub(crate) const EX_OSERR: i32 = 71;
     about = "Distributed locks over many stores"
 )]
 struct Cli {
-    /// More detail on stderr (-v info, -vv debug); RUST_LOG overrides.
+    /// More detail on stderr: -v what the lock does (acquire, renewals,
+    /// release), -vv the drivers' debug output too; RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
     #[command(subcommand)]
@@ -142,11 +143,14 @@ pub(crate) fn exit_code(e: &Error) -> i32 {
 /// on stderr. `RUST_LOG` wins when set; `-v` is `info`, `-vv` `debug`.
 fn init_tracing(verbose: u8) {
     use tracing_subscriber::EnvFilter;
+    // -v: what the lock does (acquire, renewals, release; debug in our
+    // crates), without the drivers' own chatter; -vv: the drivers' too.
+    let ours = "locksmith=debug,locksmith_core=debug,locksmith_sql=debug,locksmith_redis=debug";
     let default = match verbose {
-        0 => "warn",
-        1 => "info",
-        2 => "debug",
-        _ => "trace",
+        0 => "warn".to_owned(),
+        1 => format!("warn,{ours}"),
+        2 => "debug".to_owned(),
+        _ => "trace".to_owned(),
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
