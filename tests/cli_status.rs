@@ -45,7 +45,8 @@ fn stores(sqlite: &str) -> Vec<String> {
         my.clone(),
         format!("{my}?mode=session"),
         env_or("LOCKSMITH_TEST_REDIS_URL", "redis://127.0.0.1:6379"),
-        format!("redis+redlock://{}", hosts.join(",")),
+        // 250 ms per node: the first request also connects, on a loaded host.
+        format!("redis+redlock://{}?timeout=250ms", hosts.join(",")),
     ]
 }
 
