@@ -178,3 +178,22 @@ fn wait_accepts_none_forever_or_a_duration() {
     assert_eq!(o.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&o.stderr).contains("forever"));
 }
+
+#[tokio::test]
+async fn status_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("not-yet.db");
+    let url = format!("sqlite://{}", path.display());
+    assert!(status(&url, "k", false).contains("free"));
+    assert!(!path.exists(), "status created the SQLite file");
+    // An existing file without the lease table: still free, still no table.
+    std::fs::File::create(&path).unwrap();
+    assert!(status(&url, "k", false).contains("free"));
+    use sqlx::Connection;
+    let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    let tables: Vec<(String,)> = sqlx::query_as("SELECT name FROM sqlite_master")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    assert!(tables.is_empty(), "status created {tables:?}");
+}

@@ -8,7 +8,7 @@ use locksmith_core::backend::{Acquire, Capabilities, Grant, LockBackend, Release
 use locksmith_core::{Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
 use tokio::sync::OnceCell;
 
-use crate::config::{Mode, SqlConfig, MIN_TTL};
+use crate::config::{Dialect, Mode, SqlConfig, MIN_TTL};
 #[cfg(feature = "mysql")]
 use crate::error::is_mysql_conflict;
 use crate::error::{is_missing_table, map_err};
@@ -51,6 +51,8 @@ struct Inner {
     queries: Queries,
     schema: OnceCell<()>,
     local: Arc<LocalReleases>,
+    /// SQLite: the database file, which a status read must not create.
+    file: Option<std::path::PathBuf>,
     /// When this client last started a sweep (see [`SqlBackend::sweep`]).
     swept: Mutex<Option<std::time::Instant>>,
 }
@@ -81,6 +83,8 @@ impl SqlBackend {
         let (pool, scope) = open_pool(&config)?;
         let queries = Queries::new(config.dialect, &config.table);
         let local = LocalReleases::for_scope(format!("{scope}\u{0}{}", config.table));
+        // For SQLite the scope is the file's absolute path.
+        let file = (config.dialect == Dialect::Sqlite).then(|| std::path::PathBuf::from(&scope));
         Ok(SqlBackend {
             inner: Arc::new(Inner {
                 config,
@@ -88,6 +92,7 @@ impl SqlBackend {
                 queries,
                 schema: OnceCell::new(),
                 local,
+                file,
                 swept: Mutex::new(None),
             }),
         })
@@ -358,9 +363,12 @@ impl LockBackend for SqlBackend {
         self.migrate().await
     }
 
-    /// Reads only: a table that does not exist yet is not created, and
-    /// every key in it reads as free.
+    /// Reads only: a table (or SQLite file) that does not exist yet is not
+    /// created, and every key in it reads as free.
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+        if self.inner.file.as_ref().is_some_and(|f| !f.exists()) {
+            return Ok(LockStatus::free());
+        }
         let hash = key_hash(key);
         let q = &self.inner.queries.inspect;
         let read: std::result::Result<Option<(i64, i64, i64)>, sqlx::Error> = on_pool!(&self.inner.pool, p => sqlx::query_as(q)
