@@ -64,6 +64,13 @@ pub struct Capabilities {
     /// before it is collected (zero: it goes with the lock). Fences keep
     /// rising across that collection.
     pub retention: Duration,
+    /// The longest a hold can be trusted without a renewal the store
+    /// confirmed, whatever TTL was asked for: a session-bound store whose
+    /// session expires after this much silence (ZooKeeper's negotiated
+    /// session timeout). The `Locker` keeps each guard's local deadline and
+    /// renewal period within it, so the lost signal fires before the
+    /// session could have expired. `None`: the TTL alone decides.
+    pub max_lease: Option<Duration>,
 }
 
 impl Default for Capabilities {
@@ -76,6 +83,7 @@ impl Default for Capabilities {
             notify: false,
             fair: false,
             retention: Duration::ZERO,
+            max_lease: None,
         }
     }
 }
@@ -127,6 +135,13 @@ impl Capabilities {
     #[must_use]
     pub fn with_retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
+        self
+    }
+
+    /// Sets [`max_lease`](Self::max_lease): how long a hold can be trusted without renewal.
+    #[must_use]
+    pub fn with_max_lease(mut self, max_lease: Option<Duration>) -> Self {
+        self.max_lease = max_lease;
         self
     }
 }

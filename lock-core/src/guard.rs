@@ -37,6 +37,7 @@ impl LockGuard {
     /// `first_renew`: when the watchdog first renews (with `renew_every`).
     pub(crate) fn new(
         lease: Lease,
+        trusted: Duration,
         backend: Arc<dyn LockBackend>,
         watchdog: Arc<Watchdog>,
         background: Background,
@@ -48,7 +49,8 @@ impl LockGuard {
             owner: lease.owner.clone(),
             ttl: lease.ttl,
         };
-        let (id, state) = watchdog.register(request, renew_every, first_renew, lease.deadline);
+        let (id, state) =
+            watchdog.register(request, trusted, renew_every, first_renew, lease.deadline);
         LockGuard {
             lease,
             state,

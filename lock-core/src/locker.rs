@@ -496,7 +496,10 @@ impl Locker {
         sent: Instant,
         short: Option<Duration>,
     ) -> LockGuard {
-        let granted = short.unwrap_or(opts.ttl);
+        // A store may trust a hold for less than the TTL (a session that
+        // expires sooner): deadlines and renewals keep within that.
+        let trusted = self.caps.max_lease.map_or(opts.ttl, |m| m.min(opts.ttl));
+        let granted = short.unwrap_or(trusted).min(trusted);
         let lease = Lease {
             key: key.clone(),
             owner: owner.clone(),
@@ -507,11 +510,14 @@ impl Locker {
         };
         tracing::debug!(key = %key, fence = grant.fence.map(|f| f.0), holds = grant.holds,
             lease = ?granted, "lock acquired");
-        let renew_every = opts.auto_renew.then(|| opts.renew_period());
+        let renew_every = opts
+            .auto_renew
+            .then(|| opts.renew_period().min(trusted / 3));
         let period = renew_every.unwrap_or_default();
         let first_renew = sent + short.map_or(period, |lease| period.min(lease / 2));
         LockGuard::new(
             lease,
+            trusted,
             self.backend.clone(),
             self.watchdog.clone(),
             self.background.clone(),

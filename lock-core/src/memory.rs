@@ -133,6 +133,7 @@ impl LockBackend for MemoryBackend {
             fair: false,
             // Released keys go at once; expired ones with the next sweep.
             retention: SWEEP_EVERY,
+            max_lease: None,
         }
     }
 

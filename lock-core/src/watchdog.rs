@@ -26,6 +26,9 @@ const IDLE_EXIT: Duration = Duration::from_secs(30);
 
 struct Entry {
     request: RenewRequest,
+    /// How long a confirmed renewal is trusted for: the TTL, or less where
+    /// the store caps it (`Capabilities::max_lease`).
+    trusted: Duration,
     renew_every: Option<Duration>,
     next_renew: Instant,
     /// How early this renewal may join a batch: a quarter of the interval
@@ -93,6 +96,7 @@ impl Watchdog {
     pub(crate) fn register(
         self: &Arc<Self>,
         request: RenewRequest,
+        trusted: Duration,
         renew_every: Option<Duration>,
         first_renew: Instant,
         deadline: Instant,
@@ -105,6 +109,7 @@ impl Watchdog {
             id,
             Entry {
                 request,
+                trusted,
                 next_renew: first_renew,
                 window: first_renew
                     .saturating_duration_since(Instant::now())
@@ -202,7 +207,7 @@ impl Watchdog {
         match outcome {
             Ok(Renew::Renewed) => {
                 e.failures = 0;
-                e.deadline = local_deadline(sent, e.request.ttl);
+                e.deadline = local_deadline(sent, e.trusted);
                 e.window = e.renew_every.unwrap_or_default() / COALESCE_DIVISOR;
                 if let Some(every) = e.renew_every {
                     e.next_renew = sent + every;
@@ -225,7 +230,7 @@ impl Watchdog {
                 // lockers do not retry in step.
                 let now = Instant::now();
                 let left = e.deadline.saturating_duration_since(now);
-                let every = e.renew_every.unwrap_or(e.request.ttl / 3);
+                let every = e.renew_every.unwrap_or(e.trusted / 3);
                 let backoff = (every / 8).saturating_mul(1 << e.failures.min(16));
                 let retry = jitter(backoff.min(every).min(left / 2)).max(MIN_RETRY);
                 e.failures = e.failures.saturating_add(1);

@@ -157,3 +157,64 @@ async fn close_stops_acquires_still_waiting() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Closed);
 }
+
+/// A store whose sessions expire after 300 ms of silence, however long the
+/// TTL asked for: the memory store with `max_lease` set.
+#[derive(Debug, Default)]
+struct ShortSessions(MemoryBackend);
+
+#[locksmith_core::backend::async_trait]
+impl locksmith_core::backend::LockBackend for ShortSessions {
+    fn capabilities(&self) -> locksmith_core::backend::Capabilities {
+        self.0
+            .capabilities()
+            .with_max_lease(Some(Duration::from_millis(300)))
+    }
+    async fn try_acquire(
+        &self,
+        k: &locksmith_core::LockKey,
+        o: &locksmith_core::OwnerToken,
+        ttl: Duration,
+    ) -> locksmith_core::Result<locksmith_core::backend::Acquire> {
+        self.0.try_acquire(k, o, ttl).await
+    }
+    async fn release(
+        &self,
+        k: &locksmith_core::LockKey,
+        o: &locksmith_core::OwnerToken,
+    ) -> locksmith_core::Result<locksmith_core::backend::Release> {
+        self.0.release(k, o).await
+    }
+    async fn renew(
+        &self,
+        k: &locksmith_core::LockKey,
+        o: &locksmith_core::OwnerToken,
+        ttl: Duration,
+    ) -> locksmith_core::Result<locksmith_core::backend::Renew> {
+        self.0.renew(k, o, ttl).await
+    }
+}
+
+/// The lost signal fires within the store's `max_lease` of the last
+/// confirmed renewal, not the (much longer) TTL, and renewals come often
+/// enough to keep such a hold.
+#[tokio::test]
+async fn a_capped_lease_is_renewed_and_lost_within_the_cap() {
+    let store = Arc::new(ShortSessions::default());
+    let locker = Locker::from_arc(store.clone());
+    let ttl = LockOptions::new().ttl(Duration::from_secs(30));
+    let guard = locker.lock_with("capped", &ttl).await.unwrap();
+    let left = guard
+        .deadline()
+        .unwrap()
+        .saturating_duration_since(std::time::Instant::now());
+    assert!(left <= Duration::from_millis(300), "deadline {left:?} away");
+    // Renewed every 100 ms: still held well past the cap.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!guard.is_lost(), "a renewed capped lease was lost");
+    // The store stops answering: lost within the cap, not the 30 s TTL.
+    store.0.set_available(false);
+    let lost = tokio::time::timeout(Duration::from_millis(600), guard.lost()).await;
+    assert_eq!(lost, Ok(LostReason::Expired));
+    store.0.set_available(true);
+}
