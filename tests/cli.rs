@@ -350,7 +350,7 @@ fn the_shortest_ttl_accepted_is_one_renewal_keeps() {
     if cfg!(feature = "redis") {
         let redis = std::env::var("LOCKSMITH_TEST_REDIS_URL")
             .unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-        stores.push((redis, "100ms"));
+        stores.push((redis, "250ms"));
     }
     for (u, min) in stores {
         let key = format!("short-ttl-{}", std::process::id());
