@@ -2,6 +2,7 @@
 //! fires the lost signal when a lease cannot be kept.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -58,6 +59,8 @@ pub(crate) struct Watchdog {
     wake: Arc<Notify>,
     /// Wakes acquires still waiting when the locker is closed.
     closing: Notify,
+    /// `State::closed`, readable without the lock: every acquire asks.
+    closed: AtomicBool,
 }
 
 impl std::fmt::Debug for Watchdog {
@@ -82,6 +85,7 @@ impl Watchdog {
             state: Mutex::new(State::default()),
             wake: Arc::new(Notify::new()),
             closing: Notify::new(),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -156,6 +160,7 @@ impl Watchdog {
     pub(crate) fn close(&self) -> Vec<RenewRequest> {
         let mut st = self.lock();
         st.closed = true;
+        self.closed.store(true, Ordering::Release);
         let held: Vec<RenewRequest> = st
             .entries
             .drain()
@@ -189,7 +194,7 @@ impl Watchdog {
 
     /// True once [`close`](Self::close) ran.
     pub(crate) fn is_closed(&self) -> bool {
-        self.lock().closed
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Records the outcome of a renewal made outside the watchdog.
