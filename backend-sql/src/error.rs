@@ -1,5 +1,6 @@
 //! The one mapping of sqlx's errors onto the contract's kinds.
 
+use locksmith_core::backend::RedactedUrl;
 use locksmith_core::Error;
 
 /// Maps driver errors onto the contract's kinds, in one place: anything that
@@ -98,4 +99,9 @@ pub(crate) fn is_missing_table(e: &sqlx::Error) -> bool {
         }
         _ => false,
     }
+}
+
+/// A URL the driver cannot read: `Config`, the driver's reason as the source.
+pub(crate) fn bad_url(url: &RedactedUrl, e: sqlx::Error) -> Error {
+    Error::config(format!("{url}: the driver cannot read this URL")).with_source(e)
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use locksmith_core::{Error, Result};
 
 use crate::config::{Dialect, SqlConfig};
-use crate::error::map_err;
+use crate::error::{bad_url, map_err};
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
 compile_error!("locksmith-sql needs at least one of the features sqlite, postgres, mysql");
@@ -38,16 +38,14 @@ macro_rules! on_pool {
 /// Builds the pool for a dialect, and a scope naming the database so that
 /// backends of one process on one database share release notifications.
 pub(crate) fn open_pool(config: &SqlConfig) -> Result<(Pool, String)> {
-    let bad_url = |e: sqlx::Error| {
-        Error::config(format!("{}: the driver cannot read this URL", config.url)).with_source(e)
-    };
+    let bad = |e| bad_url(&config.url, e);
     match config.dialect {
         #[cfg(feature = "sqlite")]
         Dialect::Sqlite => {
             use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteSynchronous};
             use std::str::FromStr;
             let opts = SqliteConnectOptions::from_str(config.url.expose())
-                .map_err(bad_url)?
+                .map_err(bad)?
                 .create_if_missing(true)
                 // Not WAL here: see `use_wal`.
                 .synchronous(SqliteSynchronous::Normal)
@@ -66,7 +64,7 @@ pub(crate) fn open_pool(config: &SqlConfig) -> Result<(Pool, String)> {
         Dialect::Postgres => {
             use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
             use std::str::FromStr;
-            let opts = PgConnectOptions::from_str(config.url.expose()).map_err(bad_url)?;
+            let opts = PgConnectOptions::from_str(config.url.expose()).map_err(bad)?;
             let pool = PgPoolOptions::new()
                 .max_connections(config.pool_max)
                 .acquire_timeout(config.connect_timeout)
@@ -78,7 +76,7 @@ pub(crate) fn open_pool(config: &SqlConfig) -> Result<(Pool, String)> {
             use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
             use sqlx::Executor;
             use std::str::FromStr;
-            let opts = MySqlConnectOptions::from_str(config.url.expose()).map_err(bad_url)?;
+            let opts = MySqlConnectOptions::from_str(config.url.expose()).map_err(bad)?;
             let pool = MySqlPoolOptions::new()
                 .max_connections(config.pool_max)
                 .acquire_timeout(config.connect_timeout)
@@ -197,17 +195,15 @@ pub(crate) async fn create(pool: &Pool, stmt: &str) -> Result<()> {
 /// pool reports every such failure only as "timed out".
 pub(crate) async fn probe(config: &SqlConfig) -> Result<()> {
     #[cfg(any(feature = "postgres", feature = "mysql"))]
-    let bad_url = |e: sqlx::Error| {
-        Error::config(format!("{}: the driver cannot read this URL", config.url)).with_source(e)
-    };
+    let bad = |e| bad_url(&config.url, e);
     let connect = async {
         match config.dialect {
             #[cfg(feature = "postgres")]
             Dialect::Postgres => {
                 use sqlx::{ConnectOptions, Connection};
                 use std::str::FromStr;
-                let opts = sqlx::postgres::PgConnectOptions::from_str(config.url.expose())
-                    .map_err(bad_url)?;
+                let opts =
+                    sqlx::postgres::PgConnectOptions::from_str(config.url.expose()).map_err(bad)?;
                 let c = opts.connect().await.map_err(map_err)?;
                 let _ = c.close().await;
             }
@@ -215,8 +211,8 @@ pub(crate) async fn probe(config: &SqlConfig) -> Result<()> {
             Dialect::MySql => {
                 use sqlx::{ConnectOptions, Connection};
                 use std::str::FromStr;
-                let opts = sqlx::mysql::MySqlConnectOptions::from_str(config.url.expose())
-                    .map_err(bad_url)?;
+                let opts =
+                    sqlx::mysql::MySqlConnectOptions::from_str(config.url.expose()).map_err(bad)?;
                 let c = opts.connect().await.map_err(map_err)?;
                 let _ = c.close().await;
             }

@@ -10,7 +10,7 @@ use locksmith_core::backend::{Acquire, Grant, Release, Renew};
 use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 use sha2::{Digest, Sha256};
 
-use crate::error::map_err;
+use crate::error::{bad_url, map_err};
 use std::str::FromStr;
 
 use crate::config::{Dialect, SqlConfig};
@@ -63,17 +63,15 @@ pub(crate) struct SessionLocks {
 
 impl SessionLocks {
     pub(crate) fn new(config: &SqlConfig) -> Result<Self> {
-        let bad_url = |e: sqlx::Error| {
-            Error::config(format!("{}: the driver cannot read this URL", config.url)).with_source(e)
-        };
+        let bad = |e| bad_url(&config.url, e);
         let options = match config.dialect {
             #[cfg(feature = "postgres")]
             Dialect::Postgres => Options::Postgres(
-                sqlx::postgres::PgConnectOptions::from_str(config.url.expose()).map_err(bad_url)?,
+                sqlx::postgres::PgConnectOptions::from_str(config.url.expose()).map_err(bad)?,
             ),
             #[cfg(feature = "mysql")]
             Dialect::MySql => Options::MySql(
-                sqlx::mysql::MySqlConnectOptions::from_str(config.url.expose()).map_err(bad_url)?,
+                sqlx::mysql::MySqlConnectOptions::from_str(config.url.expose()).map_err(bad)?,
             ),
             #[allow(unreachable_patterns)]
             other => {
