@@ -136,11 +136,20 @@ impl Node {
         if !self.strict {
             return f.await;
         }
-        match tokio::time::timeout(self.timeout, f).await {
+        self.within(self.timeout, f).await
+    }
+
+    /// `f`, or `Unavailable` once `limit` has passed.
+    async fn within<T>(
+        &self,
+        limit: Duration,
+        f: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(limit, f).await {
             Ok(r) => r,
             Err(_) => Err(Error::unavailable(format!(
-                "{}: no answer within {:?}",
-                self.url, self.timeout
+                "{}: no answer within {limit:?}",
+                self.url
             ))),
         }
     }
@@ -157,14 +166,8 @@ impl Node {
                 .await
                 .map_err(map_err)
         };
-        let within = self.connect_timeout * 2 + self.timeout;
-        match tokio::time::timeout(within, ping).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::unavailable(format!(
-                "{}: no answer within {within:?}",
-                self.url
-            ))),
-        }
+        self.within(self.connect_timeout * 2 + self.timeout, ping)
+            .await
     }
 
     /// One attempt; a `waiter` is queued (or its place refreshed) if the

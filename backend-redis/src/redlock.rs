@@ -36,6 +36,8 @@ struct Inner {
 struct Tally<T> {
     ok: Vec<T>,
     errors: usize,
+    /// The first node that refused our credentials or database.
+    refused: Option<Error>,
 }
 
 impl RedlockBackend {
@@ -86,14 +88,22 @@ impl RedlockBackend {
         Keys::new(&self.inner.config.prefix, key)
     }
 
-    /// More nodes failed than the quorum can spare: the answer is unknowable.
-    fn unreachable(&self, errors: usize) -> Option<Error> {
+    /// More nodes failed than the quorum can spare: the answer is
+    /// unknowable. A node that `refused` our credentials or database will
+    /// not do better on a retry, so then it is `Config` with that cause,
+    /// not `Unavailable`.
+    fn unreachable(&self, errors: usize, refused: Option<&Error>) -> Option<Error> {
         let n = self.inner.nodes.len();
         (errors > n - self.inner.quorum).then(|| {
-            Error::unavailable(format!(
-                "{errors} of {n} Redlock nodes did not answer; a quorum of {} is needed",
+            let e = Error::unavailable(format!(
+                "only {} of {n} Redlock nodes answered; a quorum of {} is needed",
+                n - errors,
                 self.inner.quorum
-            ))
+            ));
+            match refused {
+                Some(r) => Error::new(ErrorKind::Config, e.message()).with_source(r.clone()),
+                None => e,
+            }
         })
     }
 
@@ -101,6 +111,7 @@ impl RedlockBackend {
         let mut t = Tally {
             ok: Vec::new(),
             errors: 0,
+            refused: None,
         };
         for r in results {
             match r {
@@ -108,6 +119,9 @@ impl RedlockBackend {
                 Err(e) => {
                     if e.kind() != ErrorKind::Unavailable {
                         tracing::warn!(error = %e.chain(), "Redlock node failed");
+                    }
+                    if e.kind() == ErrorKind::Config && t.refused.is_none() {
+                        t.refused = Some(e);
                     }
                     t.errors += 1;
                 }
@@ -130,33 +144,11 @@ impl LockBackend for RedlockBackend {
     /// is named as the reason when the quorum fails.
     async fn verify(&self) -> Result<()> {
         let answers = join_all(self.inner.nodes.iter().map(|n| n.ping())).await;
-        let ok = answers.iter().filter(|a| a.is_ok()).count();
-        if ok >= self.inner.quorum {
-            return Ok(());
+        let t = Self::tally(answers);
+        match self.unreachable(t.errors, t.refused.as_ref()) {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        let failure = answers
-            .iter()
-            .filter_map(|a| a.as_ref().err())
-            .find(|e| e.kind() == ErrorKind::Config)
-            .or_else(|| answers.iter().find_map(|a| a.as_ref().err()));
-        let n = self.inner.nodes.len();
-        let e = Error::new(
-            failure.map_or(ErrorKind::Unavailable, |f| {
-                if f.kind() == ErrorKind::Config {
-                    ErrorKind::Config
-                } else {
-                    ErrorKind::Unavailable
-                }
-            }),
-            format!(
-                "only {ok} of {n} Redlock nodes answered; a quorum is {}",
-                self.inner.quorum
-            ),
-        );
-        Err(match failure {
-            Some(f) => e.with_source(f.clone()),
-            None => e,
-        })
     }
 
     async fn try_acquire(
@@ -222,13 +214,8 @@ impl LockBackend for RedlockBackend {
         if !undo.is_empty() {
             let _ = join_all(undo.into_iter().map(|n| n.release(&keys, owner))).await;
         }
-        if let Some(e) = self.unreachable(errors) {
-            return Err(match refused {
-                Some(r) => {
-                    Error::config("a quorum of Redlock nodes cannot be had").with_source(r.clone())
-                }
-                None => e,
-            });
+        if let Some(e) = self.unreachable(errors, refused) {
+            return Err(e);
         }
         Ok(Acquire::Contended { retry_after })
     }
@@ -253,7 +240,7 @@ impl LockBackend for RedlockBackend {
             });
         }
         if held + t.errors >= self.inner.quorum {
-            if let Some(e) = self.unreachable(t.errors) {
+            if let Some(e) = self.unreachable(t.errors, t.refused.as_ref()) {
                 return Err(e);
             }
         }
@@ -268,7 +255,7 @@ impl LockBackend for RedlockBackend {
         let keys = self.keys(key);
         let answers = join_all(self.inner.nodes.iter().map(|n| n.inspect(&keys))).await;
         let t = Self::tally(answers);
-        if let Some(e) = self.unreachable(t.errors) {
+        if let Some(e) = self.unreachable(t.errors, t.refused.as_ref()) {
             return Err(e);
         }
         let quorum = self.inner.quorum;
@@ -339,7 +326,7 @@ impl LockBackend for RedlockBackend {
                 } else if renewed + errors >= self.inner.quorum {
                     // Could still be ours; let the watchdog try again before its deadline.
                     Err(self
-                        .unreachable(errors)
+                        .unreachable(errors, None)
                         .unwrap_or_else(|| Error::unavailable("Redlock renewal was too slow")))
                 } else {
                     Ok(Renew::NotHeld)
