@@ -9,6 +9,8 @@
     feature = "redis"
 ))]
 
+mod common;
+
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -16,37 +18,18 @@ use locksmith::{LockOptions, OwnerToken};
 
 const BIN: &str = env!("CARGO_BIN_EXE_locksmith");
 
-fn env_or(var: &str, fallback: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| fallback.to_owned())
-}
-
 /// Every store shipped, each URL once.
 fn stores(sqlite: &str) -> Vec<String> {
-    let pg = env_or(
-        "LOCKSMITH_TEST_POSTGRES_URL",
-        "postgres://locksmith:locksmith@127.0.0.1:5432/locksmith_test",
-    );
-    let my = env_or(
-        "LOCKSMITH_TEST_MYSQL_URL",
-        "mysql://locksmith:locksmith@127.0.0.1:3306/locksmith_test",
-    );
-    let ports = env_or(
-        "LOCKSMITH_TEST_REDLOCK_PORTS",
-        "16380 16381 16382 16383 16384",
-    );
-    let hosts: Vec<String> = ports
-        .split_whitespace()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect();
+    let (pg, my) = (common::postgres_url(), common::mysql_url());
     vec![
         format!("sqlite://{sqlite}"),
         pg.clone(),
         format!("{pg}?mode=session"),
         my.clone(),
         format!("{my}?mode=session"),
-        env_or("LOCKSMITH_TEST_REDIS_URL", "redis://127.0.0.1:6379"),
+        common::redis_url(),
         // 250 ms per node: the first request also connects, on a loaded host.
-        format!("redis+redlock://{}?timeout=250ms", hosts.join(",")),
+        common::redlock_url("?timeout=250ms"),
     ]
 }
 

@@ -6,10 +6,7 @@ use locksmith::ErrorKind;
 
 mod common;
 
-fn pg_url() -> String {
-    std::env::var("LOCKSMITH_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://locksmith:locksmith@127.0.0.1:5432/locksmith_test".into())
-}
+use common::postgres_url as pg_url;
 
 #[tokio::test]
 async fn refused_credentials_fail_connect_not_the_first_lock() {

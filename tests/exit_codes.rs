@@ -19,11 +19,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_locksmith");
 /// Part of every wrong password; no message may show it.
 const SECRET: &str = "PWxyz";
 
-/// `scheme://user:password@host:port/db` from the test environment, with
-/// the given user, password and database.
-fn server_url(var: &str, fallback: &str, user: &str, password: &str, db: &str) -> String {
-    let base = std::env::var(var).unwrap_or_else(|_| fallback.to_owned());
-    let u = url::Url::parse(&base).expect("a server URL");
+/// `base` (a test server's URL) with the given user, password and database.
+fn server_url(base: &str, user: &str, password: &str, db: &str) -> String {
+    let u = url::Url::parse(base).expect("a server URL");
     format!(
         "{}://{user}:{password}@{}:{}/{db}",
         u.scheme(),
@@ -33,39 +31,14 @@ fn server_url(var: &str, fallback: &str, user: &str, password: &str, db: &str) -
 }
 
 fn pg(user: &str, password: &str, db: &str) -> String {
-    server_url(
-        "LOCKSMITH_TEST_POSTGRES_URL",
-        "postgres://locksmith:locksmith@127.0.0.1:5432/locksmith_test",
-        user,
-        password,
-        db,
-    )
+    server_url(&common::postgres_url(), user, password, db)
 }
 
 fn my(user: &str, password: &str, db: &str) -> String {
-    server_url(
-        "LOCKSMITH_TEST_MYSQL_URL",
-        "mysql://locksmith:locksmith@127.0.0.1:3306/locksmith_test",
-        user,
-        password,
-        db,
-    )
+    server_url(&common::mysql_url(), user, password, db)
 }
 
-/// A Redlock URL over the test masters, with `tail` after the host list.
-fn redlock(tail: &str) -> String {
-    let ports = std::env::var("LOCKSMITH_TEST_REDLOCK_PORTS")
-        .unwrap_or_else(|_| "16380 16381 16382 16383 16384".into());
-    let hosts: Vec<String> = ports
-        .split_whitespace()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect();
-    format!("redis+redlock://{}{tail}", hosts.join(","))
-}
-
-fn redis() -> String {
-    std::env::var("LOCKSMITH_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
+use common::{redis_url as redis, redlock_url as redlock};
 
 /// Runs `locksmith run --no-wait` on `url`; its code and stderr.
 fn run(url: &str) -> (i32, String) {

@@ -12,7 +12,6 @@
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use locksmith::backend::RedactedUrl;
 use locksmith::{Error, ErrorKind, LockGuard, LockOptions, LostReason, Result};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
@@ -75,13 +74,7 @@ impl Timeline {
 }
 
 pub(crate) async fn run(args: RunArgs) -> Result<i32> {
-    let url = RedactedUrl::new(args.store.url.as_str());
-    if url.scheme() == "memory" {
-        return Err(Error::config(
-            "memory:// locks live inside one process, so every `locksmith run` would get \
-             its own; use a shared store (sqlite://file.db, redis://…, postgres://…)",
-        ));
-    }
+    args.store.shared_url()?;
     let timeline = Timeline::new(args.ttl, args.kill_after);
     if args.kill_after.is_some_and(|k| k > timeline.grace) {
         eprintln!(

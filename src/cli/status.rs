@@ -2,21 +2,14 @@
 
 use std::time::Duration;
 
-use locksmith::backend::Store;
-use locksmith::{Error, LockStatus, Result};
+use locksmith::{LockStatus, Result};
 
 use super::StatusArgs;
 
 pub(crate) async fn status(args: StatusArgs) -> Result<i32> {
-    if locksmith::backend::store_of(&args.store.url)? == Store::Memory {
-        return Err(Error::config(
-            "memory:// locks live inside one process, so another process cannot see them; \
-             use the store your lockers use",
-        ));
-    }
     // Lazy: a status read must not create the lease table (a mistyped
     // ?table= would otherwise read "free" from a table it just made).
-    let locker = locksmith::connect_lazy(&args.store.url).await?;
+    let locker = locksmith::connect_lazy(args.store.shared_url()?).await?;
     let s = locker.status(args.key.as_str()).await?;
     if args.json {
         println!("{}", json(&args.key, &s));

@@ -7,6 +7,46 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The test servers' URLs: from the environment `scripts/test` sets, else
+/// the defaults it provisions.
+fn env_or(var: &str, fallback: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| fallback.to_owned())
+}
+
+/// The PostgreSQL test database.
+pub fn postgres_url() -> String {
+    env_or(
+        "LOCKSMITH_TEST_POSTGRES_URL",
+        "postgres://locksmith:locksmith@127.0.0.1:5432/locksmith_test",
+    )
+}
+
+/// The MySQL/MariaDB test database.
+pub fn mysql_url() -> String {
+    env_or(
+        "LOCKSMITH_TEST_MYSQL_URL",
+        "mysql://locksmith:locksmith@127.0.0.1:3306/locksmith_test",
+    )
+}
+
+/// The single Redis test server.
+pub fn redis_url() -> String {
+    env_or("LOCKSMITH_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+}
+
+/// A Redlock URL over the test masters, with `tail` after the host list.
+pub fn redlock_url(tail: &str) -> String {
+    let ports = env_or(
+        "LOCKSMITH_TEST_REDLOCK_PORTS",
+        "16380 16381 16382 16383 16384",
+    );
+    let hosts: Vec<String> = ports
+        .split_whitespace()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    format!("redis+redlock://{}{tail}", hosts.join(","))
+}
+
 /// A private redis-server on a free loopback port, killed when dropped.
 pub struct PrivateRedis {
     child: Child,
