@@ -218,3 +218,90 @@ redlock_install() { redis_install; }
 redlock_start() {
     for p in $REDLOCK_PORTS; do redis_port_ready "$p" || redis_start_port "$p"; done
 }
+
+# --- ZooKeeper: a standalone server, and a private 3-node ensemble ---------
+#
+# Debian's `zookeeper` package (never `zookeeperd`, whose service would take
+# the ports), run by hand with short ticks so that session expiry takes
+# seconds, containers reaped every second, no fsync (test data only), and
+# the admin server off (it takes port 8080 otherwise). Curator's jars are
+# for the interop test, which runs a Java source file (it needs javac's
+# module, so a JDK).
+
+ZK_PORT=${LOCKSMITH_ZK_PORT:-2181}
+ZK_ENSEMBLE_PORTS="22181 22182 22183"
+ZK_CP=/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar
+
+# The server's mode as its `srvr` command tells it: standalone, leader or follower.
+zk_mode() {
+    timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1 && printf srvr >&3 && cat <&3" 2>/dev/null |
+        sed -n 's/^Mode: //p'
+}
+zk_install() {
+    apt_install zookeeper libcurator-recipes-java libslf4j-java
+    java --list-modules 2>/dev/null | grep -q '^jdk.compiler' || apt_install default-jdk-headless
+}
+# $1: directory; the rest: zoo.cfg lines beyond the common ones.
+zk_run() {
+    local dir=$1
+    shift
+    mkdir -p "$dir/data"
+    {
+        echo "dataDir=$dir/data"
+        echo "clientPortAddress=127.0.0.1"
+        echo "admin.enableServer=false"
+        echo "forceSync=no"
+        echo "maxSessionTimeout=60000"
+        echo "4lw.commands.whitelist=srvr,ruok,mntr"
+        printf '%s\n' "$@"
+    } >"$dir/zoo.cfg"
+    setsid java -Xmx256m -XX:+UseSerialGC -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
+        -Dznode.container.checkIntervalMs=1000 -Dznode.container.maxPerMinute=1000000 \
+        -cp "$ZK_CP" org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" \
+        </dev/null >>"$dir/log" 2>&1 &
+    echo $! >"$dir/pid"
+}
+zk_kill() {
+    local dir=$1
+    [ -f "$dir/pid" ] || return 0
+    local pid
+    pid=$(cat "$dir/pid")
+    kill -9 "$pid" 2>/dev/null || true
+    for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    rm -f "$dir/pid"
+}
+
+zookeeper_ready() { [ -f /usr/share/java/curator-recipes.jar ] && [ -n "$(zk_mode "$ZK_PORT")" ]; }
+zookeeper_install() { zk_install; }
+zookeeper_start() {
+    zk_run "$STATE_DIR/zk" "tickTime=100" "minSessionTimeout=200" "clientPort=$ZK_PORT"
+}
+
+# Ensemble node N (1, 2 or 3): client port 2218N, peer ports 2288N and 2388N.
+zk_node_dir() { echo "$STATE_DIR/zk-ensemble/$1"; }
+zk_node_start() {
+    local dir
+    dir=$(zk_node_dir "$1")
+    mkdir -p "$dir/data"
+    echo "$1" >"$dir/data/myid"
+    zk_run "$dir" "tickTime=200" "minSessionTimeout=400" "initLimit=20" "syncLimit=10" \
+        "clientPort=2218$1" "server.1=127.0.0.1:22881:23881" \
+        "server.2=127.0.0.1:22882:23882" "server.3=127.0.0.1:22883:23883"
+}
+zk_node_stop() { zk_kill "$(zk_node_dir "$1")"; }
+for n in 1 2 3; do
+    eval "zk$n""_ready() { [ -n \"\$(zk_mode 2218$n)\" ]; }"
+    eval "zk$n""_install() { zk_install; }"
+    eval "zk$n""_start() { zk_node_start $n; }"
+    eval "zk$n""_stop() { zk_node_stop $n; }"
+done
+# The ensemble serves once every node knows its role.
+zk_ensemble_ready() {
+    for p in $ZK_ENSEMBLE_PORTS; do
+        case "$(zk_mode "$p")" in leader | follower) ;; *) return 1 ;; esac
+    done
+}
+zk_ensemble_install() { zk_install; }
+zk_ensemble_start() {
+    for n in 1 2 3; do "zk${n}_ready" || zk_node_start "$n"; done
+}

@@ -42,10 +42,11 @@
 //! | `mysql://…`, `mariadb://…` | MySQL/MariaDB (add `?mode=session` for `GET_LOCK`) | `mysql` |
 //! | `redis://…`, `rediss://…`, `redis+unix:///path` | one Redis server | `redis` |
 //! | `redis+redlock://h1:p1,h2:p2,h3:p3` | Redlock over independent masters | `redis` |
+//! | `zk://h1:2181,h2:2181,h3:2181/root` | ZooKeeper, Curator-compatible | `zookeeper` |
 //! | `memory://` | this process only (tests) | always |
 //!
-//! memcached and ZooKeeper are planned; their schemes are recognised and
-//! answer with a `Config` error saying so.
+//! memcached is planned; its scheme is recognised and answers with a
+//! `Config` error saying so.
 
 pub use locksmith_core::{
     Error, ErrorKind, FencingToken, IntoLockKey, Lease, LeaseState, LockGuard, LockKey,
@@ -83,7 +84,8 @@ pub mod backend {
             Store::Postgres => cfg!(feature = "postgres"),
             Store::MySql => cfg!(feature = "mysql"),
             Store::Redis | Store::Redlock => cfg!(feature = "redis"),
-            Store::Memcached | Store::ZooKeeper => {
+            Store::ZooKeeper => cfg!(feature = "zookeeper"),
+            Store::Memcached => {
                 return Err(Error::config(format!(
                     "{shown}: the {store} backend is not part of this release yet \
                      (it will be behind cargo feature `{}`)",
@@ -106,6 +108,8 @@ pub mod backend {
             Store::Redis => Ok(Arc::new(redis::RedisBackend::connect(url)?)),
             #[cfg(feature = "redis")]
             Store::Redlock => Ok(Arc::new(redis::RedlockBackend::connect(url)?)),
+            #[cfg(feature = "zookeeper")]
+            Store::ZooKeeper => crate::zookeeper::open(url),
             _ => Err(Error::config(format!("{shown}: no backend for {store}"))),
         }
     }
@@ -118,6 +122,10 @@ pub use locksmith_sql as sql;
 /// The Redis backends: single node and Redlock.
 #[cfg(feature = "redis")]
 pub use locksmith_redis as redis;
+
+/// The ZooKeeper backend (Curator-compatible locks).
+#[cfg(feature = "zookeeper")]
+pub use locksmith_zk as zookeeper;
 
 /// The store used when no URL is given: an SQLite file in the working directory.
 pub const DEFAULT_URL: &str = "sqlite://locksmith.db";

@@ -1,3 +1,119 @@
-//! ZooKeeper backend for locksmith: ephemeral sequential nodes, watching
-//! only the predecessor. Not implemented yet; the crate exists so the
-//! workspace layout is the one the design names.
+//! ZooKeeper backend for locksmith: Curator's `InterProcessMutex` recipe,
+//! so Rust services share locks with Java (Curator) fleets.
+//!
+//! # The scheme
+//!
+//! A lock is a directory, `<root>/<key>`, made as a *container* node (ZooKeeper
+//! 3.5+), which the server reaps once it is empty. A contender creates an
+//! ephemeral sequential node in it, named as Curator names its own:
+//! `_c_<uuid>-lock-<sequence>`, holding the owner token. The lowest
+//! sequence holds the lock. Every other waiter watches only the node just
+//! before its own (no thundering herd), so waiters are served in arrival
+//! order and a release wakes exactly one of them. Curator sorts by the same
+//! rule (the text after the last `lock-`), so a Curator `InterProcessMutex`
+//! on the same path and locksmith exclude each other, both ways.
+//!
+//! - `try_acquire` creates a node and lists the directory in one round trip
+//!   (the client sends both at once; the server answers in order). If ours
+//!   is not first, it is deleted and the answer is `Contended`.
+//! - A waiting acquire keeps its node in the queue; the lock is handed to
+//!   it (a `Granted` notice) when the node before it goes.
+//! - `release` deletes the node. Its path carries our UUID, so it can only
+//!   ever be our node; a node of an ended session is gone already.
+//! - `renew` checks that the node exists and that its `ephemeralOwner` is
+//!   our live session.
+//! - Re-entry is counted in this process: a second acquire by the same
+//!   owner checks the node and adds a hold.
+//!
+//! # Keys
+//!
+//! A key that is a plain ZooKeeper node name (no `/`, not `.` or `..`, no
+//! control or private-use characters, at most 255 bytes, not starting with
+//! `%`) is the directory's name as it is, so `orders` is `<root>/orders`,
+//! where Curator finds it. Any other key becomes `%` followed by its UTF-8
+//! bytes percent-encoded (all but `A-Z a-z 0-9 . _ -`), or, if that is
+//! longer than 255 bytes, `%~` and the SHA-256 of the key in hex. No two
+//! keys share a directory.
+//!
+//! # Fencing tokens
+//!
+//! A grant's token is the `czxid` of the holder's node, which the create
+//! returns (no extra round trip). Zxids are totally ordered across the
+//! ensemble, leader changes included (the epoch is the high 32 bits), and
+//! grants follow creation order, so tokens strictly increase across
+//! release, session expiry and the reaping of the directory.
+//!
+//! # Sessions: what "suspect" means
+//!
+//! The lock lives as long as the session that created the node. A holder
+//! cut off from the ensemble cannot know whether its session still lives,
+//! so its lock is *suspect* from its last confirmed contact: the server
+//! ends the session one session timeout after it last heard from the
+//! client, and may then grant the lock to someone else. The backend
+//! reports the session timeout as [`Capabilities::max_lease`](locksmith_core::backend::Capabilities::max_lease): the
+//! `Locker` confirms each hold at least every third of it, and a hold not
+//! confirmed within one session timeout (minus clock drift) of the last
+//! confirmation fires the guard's lost signal, before the server could have
+//! ended the session. A GC pause or a frozen process longer than the
+//! session timeout loses the lock the same way: pick a session timeout
+//! longer than your pauses, and use the fencing token for writes.
+//!
+//! An ended session is never reused: the next request opens a new one,
+//! and a node is only ever taken as ours if its `ephemeralOwner` is the
+//! live session that created it (the two-holders bug of CURATOR-604 cannot
+//! happen). A create whose answer was lost is followed up in the
+//! background: the node is found by its UUID and our session, and deleted.
+//! While disconnected, the client reconnects with backoff (never a busy
+//! loop) and requests wait at most `timeout` before they are `Unavailable`.
+//!
+//! # What stays in ZooKeeper
+//!
+//! Only live contenders' ephemeral nodes, and lock directories, which are
+//! container nodes the server deletes once empty, within its
+//! `znode.container.checkIntervalMs` (default a minute; tell the backend
+//! with `?retention=`). Nodes of a crashed client go with its session.
+//!
+//! Connection URLs are read by [`ZkConfig::from_url`].
+
+mod backend;
+mod config;
+mod error;
+mod layout;
+mod session;
+
+pub use backend::ZkBackend;
+pub use config::ZkConfig;
+
+/// Opens the ZooKeeper backend for a `zk://` URL; no connection is made
+/// until the first request.
+///
+/// # Errors
+/// `Config`/`InvalidOptions` for a bad URL.
+pub fn open(
+    url: &str,
+) -> locksmith_core::Result<std::sync::Arc<dyn locksmith_core::backend::LockBackend>> {
+    Ok(std::sync::Arc::new(ZkBackend::connect(url)?))
+}
+
+/// Session handles and the key layout, for tests that end a client's
+/// session from outside or read the tree. Only with the `internals`
+/// feature, and outside semver.
+#[cfg(feature = "internals")]
+pub mod internals {
+    pub use zookeeper_client;
+
+    /// The current session of `backend`, if it has one that has not ended.
+    pub fn session(backend: &crate::ZkBackend) -> Option<zookeeper_client::SessionInfo> {
+        backend.session_info()
+    }
+
+    /// The directory name of `key` (at the top of the tree when `at_top`).
+    pub fn dir_name(key: &str, at_top: bool) -> String {
+        crate::layout::dir_name(key, at_top)
+    }
+
+    /// The key a directory name stands for; `None` for a hashed one.
+    pub fn key_of(dir: &str) -> Option<String> {
+        crate::layout::key_of(dir)
+    }
+}

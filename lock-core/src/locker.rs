@@ -471,10 +471,13 @@ impl Locker {
         opts: &LockOptions,
         queued_at: Instant,
     ) -> Result<Option<LockGuard>> {
-        let granted = grant.lease.map_or(opts.ttl, |l| l.min(opts.ttl));
+        // A store that trusts a hold for less than the TTL (a session that
+        // may expire sooner) hands over no more than that.
+        let trusted = self.caps.max_lease.map_or(opts.ttl, |m| m.min(opts.ttl));
+        let granted = grant.lease.map_or(trusted, |l| l.min(trusted));
         let left = local_deadline(queued_at, granted).saturating_duration_since(Instant::now());
-        if left >= granted / 2 && (granted == opts.ttl || opts.auto_renew) {
-            let short = (granted < opts.ttl).then_some(granted);
+        if left >= granted / 2 && (granted == trusted || opts.auto_renew) {
+            let short = (granted < trusted).then_some(granted);
             return Ok(Some(self.guard(key, owner, grant, opts, queued_at, short)));
         }
         let sent = Instant::now();

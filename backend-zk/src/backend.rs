@@ -1,0 +1,708 @@
+//! [`ZkBackend`]: the [`LockBackend`] over ephemeral sequential nodes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use locksmith_core::backend::{
+    Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, Watch,
+};
+use locksmith_core::{Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
+use tokio::sync::mpsc;
+use zookeeper_client::{CreateMode, Error as ZkError};
+
+use crate::config::ZkConfig;
+use crate::error::{is_session_over, is_transient, map_err};
+use crate::layout;
+use crate::session::{Session, Sessions};
+
+/// The shortest TTL accepted: the TTL only paces renewals here (the
+/// session, not the TTL, keeps a lock), and checks faster than this
+/// would load the ensemble for nothing.
+pub(crate) const MIN_TTL: Duration = Duration::from_millis(250);
+
+/// How long to let a transient failure pass before trying again, in the
+/// background tasks that must finish their work (never a busy loop).
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Locks in ZooKeeper, as Curator's `InterProcessMutex` takes them (see the
+/// crate docs). Cheap to clone; every clone shares one session.
+#[derive(Debug, Clone)]
+pub struct ZkBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    sessions: Sessions,
+    /// This process's holds, by key: the node that holds it and for whom.
+    held: Mutex<HashMap<LockKey, Held>>,
+    /// Queued waiters, by ticket.
+    waiters: Mutex<HashMap<OwnerToken, Waiter>>,
+}
+
+/// One contender node of ours.
+#[derive(Debug, Clone)]
+struct Node {
+    session: Arc<Session>,
+    path: String,
+    czxid: i64,
+}
+
+impl Node {
+    fn grant(&self, holds: u32) -> Grant {
+        Grant {
+            // A zxid is positive: epoch << 32 | counter.
+            fence: Some(FencingToken(self.czxid.max(0) as u64)),
+            holds,
+            lease: None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Held {
+    owner: OwnerToken,
+    holds: u32,
+    node: Node,
+    /// The waiter ticket the lock was handed to, if it came that way.
+    ticket: Option<OwnerToken>,
+}
+
+#[derive(Debug, Default)]
+struct Waiter {
+    /// Where grants are delivered, once the waiter watches.
+    grants: Option<mpsc::UnboundedSender<Grant>>,
+    /// The waiter's node in the queue, once it queued.
+    node: Option<Node>,
+    /// The lock was handed to this waiter.
+    granted: Option<Grant>,
+    task: Option<tokio::task::AbortHandle>,
+}
+
+/// The answers to a create and the listing sent with it.
+type CreateAndList = (
+    std::result::Result<(zookeeper_client::Stat, zookeeper_client::CreateSequence), ZkError>,
+    std::result::Result<Vec<String>, ZkError>,
+);
+
+/// What one attempt found: our new node, and the queue it joined.
+struct Entered {
+    node: Node,
+    name: String,
+    dir: String,
+    first: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for w in lock(&self.waiters).values() {
+            if let Some(t) = &w.task {
+                t.abort();
+            }
+        }
+    }
+}
+
+impl ZkBackend {
+    /// Opens a backend for a `zk://` URL (see [`ZkConfig::from_url`]). No
+    /// connection is made until the first request (or
+    /// [`verify`](LockBackend::verify)).
+    ///
+    /// # Errors
+    /// `Config`/`InvalidOptions` for a bad URL.
+    pub fn connect(url: &str) -> Result<Self> {
+        Ok(Self::with_config(ZkConfig::from_url(url)?))
+    }
+
+    /// Opens a backend from a parsed configuration.
+    pub fn with_config(config: ZkConfig) -> Self {
+        ZkBackend {
+            inner: Arc::new(Inner {
+                sessions: Sessions::new(config),
+                held: Mutex::new(HashMap::new()),
+                waiters: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The configuration in use (its URL prints without secrets).
+    pub fn config(&self) -> &ZkConfig {
+        self.inner.sessions.config()
+    }
+
+    /// The current session's credentials, for tests that end it from outside.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
+    pub(crate) fn session_info(&self) -> Option<zookeeper_client::SessionInfo> {
+        self.inner
+            .sessions
+            .peek()
+            .map(|s| s.client.session().clone())
+    }
+}
+
+impl Inner {
+    fn dir(&self, key: &LockKey) -> String {
+        let root = &self.sessions.config().root;
+        format!("{root}/{}", layout::dir_name(key.as_str(), root.is_empty()))
+    }
+
+    /// Creates our contender node in `key`'s directory and lists the queue
+    /// in the same round trip: the client sends both at once, and the
+    /// server answers a session's requests in order, so the listing holds
+    /// the node. A create whose answer is lost is cleaned up in the
+    /// background: the node is found by its UUID and our session, and
+    /// deleted, so no orphan blocks the queue.
+    async fn enter(
+        &self,
+        session: &Arc<Session>,
+        key: &LockKey,
+        owner: &OwnerToken,
+    ) -> Result<Entered> {
+        let dir = self.dir(key);
+        let prefix = layout::contender_prefix(&uuid::Uuid::new_v4());
+        let acls = self.sessions.acls();
+        let mut made_dir = false;
+        loop {
+            let (client, list_dir) = (session.client.clone(), dir.clone());
+            let (path, data) = (
+                format!("{dir}/{prefix}"),
+                owner.as_str().as_bytes().to_vec(),
+            );
+            let mut task = tokio::spawn(async move {
+                let options = CreateMode::EphemeralSequential.with_acls(acls);
+                let create = client.create(&path, &data, &options);
+                let list = client.list_children(&list_dir);
+                futures::future::join(create, list).await
+            });
+            let answered = session
+                .call(async { Ok::<_, ZkError>((&mut task).await) })
+                .await;
+            let (created, listed) = match answered {
+                Ok(Ok(both)) => both,
+                Ok(Err(e)) => return Err(Error::backend("the create task failed").with_source(e)),
+                Err(e) => {
+                    tokio::spawn(undo_create(session.clone(), task, dir, prefix));
+                    return Err(map_err(e));
+                }
+            };
+            let (stat, sequence) = match created {
+                Ok(c) => c,
+                Err(ZkError::NoNode) if !made_dir => {
+                    made_dir = true;
+                    let options = CreateMode::Container.with_acls(acls);
+                    session
+                        .call(session.client.mkdir(&dir, &options))
+                        .await
+                        .map_err(map_err)?;
+                    continue;
+                }
+                Err(e) => {
+                    if is_transient(&e) {
+                        tokio::spawn(find_and_delete(session.clone(), dir, prefix));
+                    }
+                    return Err(map_err(e));
+                }
+            };
+            let name = format!("{prefix}{sequence}");
+            let node = Node {
+                session: session.clone(),
+                path: format!("{dir}/{name}"),
+                czxid: stat.czxid,
+            };
+            let first = match listed {
+                Ok(mut children) => {
+                    layout::sort_queue(&mut children);
+                    match children.iter().position(|c| *c == name) {
+                        Some(i) => i == 0,
+                        None => {
+                            tokio::spawn(delete_surely(node.session.clone(), node.path));
+                            return Err(Error::backend(format!(
+                                "ZooKeeper did not list the node {name} just created in {dir}"
+                            )));
+                        }
+                    }
+                }
+                Err(e) => {
+                    tokio::spawn(delete_surely(node.session.clone(), node.path));
+                    return Err(map_err(e));
+                }
+            };
+            return Ok(Entered {
+                node,
+                name,
+                dir,
+                first,
+            });
+        }
+    }
+
+    /// Still ours: the node exists and belongs to the session that made it,
+    /// which is live. Never taken from a listing: a node left by an ended
+    /// session is not ours, whatever its name (CURATOR-604).
+    async fn confirm(&self, node: &Node) -> Result<bool> {
+        if node.session.is_over() {
+            return Ok(false);
+        }
+        match node
+            .session
+            .call(node.session.client.check_stat(&node.path))
+            .await
+        {
+            Ok(Some(stat)) => Ok(stat.ephemeral_owner == node.session.id),
+            Ok(None) => Ok(false),
+            Err(e) if is_session_over(&e) => Ok(false),
+            Err(e) => Err(map_err(e)),
+        }
+    }
+
+    /// Re-entry: `owner` already holds `key` here, on a node that is still
+    /// its own. `None` to acquire afresh.
+    async fn reenter(&self, key: &LockKey, owner: &OwnerToken) -> Result<Option<Acquire>> {
+        let node = match lock(&self.held).get(key) {
+            Some(h) if h.owner == *owner => h.node.clone(),
+            _ => return Ok(None),
+        };
+        let ours = self.confirm(&node).await?;
+        let mut held = lock(&self.held);
+        match held.get_mut(key) {
+            Some(h) if h.owner == *owner && h.node.path == node.path => {
+                if ours {
+                    h.holds += 1;
+                    return Ok(Some(Acquire::Acquired(h.node.grant(h.holds))));
+                }
+                held.remove(key);
+                Ok(None)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Deletes our node now, or, if the store does not answer, in the
+    /// background once it does (or never, if the session ends first: the
+    /// node goes with it).
+    async fn delete(&self, node: Node) -> Result<bool> {
+        if node.session.is_over() {
+            return Ok(false);
+        }
+        match node
+            .session
+            .call(node.session.client.delete(&node.path, None))
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(ZkError::NoNode) => Ok(false),
+            Err(e) if is_session_over(&e) => Ok(false),
+            Err(e) if is_transient(&e) => {
+                tokio::spawn(delete_surely(node.session.clone(), node.path));
+                Err(Error::unavailable(
+                    "ZooKeeper did not confirm the delete; it is retried once the connection \
+                     returns, and the node goes with the session otherwise",
+                )
+                .with_source(e))
+            }
+            Err(e) => Err(map_err(e)),
+        }
+    }
+
+    fn hold(&self, key: &LockKey, owner: &OwnerToken, node: Node, ticket: Option<OwnerToken>) {
+        lock(&self.held).insert(
+            key.clone(),
+            Held {
+                owner: owner.clone(),
+                holds: 1,
+                node,
+                ticket,
+            },
+        );
+    }
+}
+
+#[async_trait]
+impl LockBackend for ZkBackend {
+    fn capabilities(&self) -> Capabilities {
+        let config = self.inner.sessions.config();
+        // The session, not the TTL, keeps a lock: a hold can be trusted for
+        // one session timeout after the server last confirmed the session.
+        Capabilities::default()
+            .with_fencing(true)
+            .with_min_ttl(MIN_TTL)
+            .with_binding(Binding::Session)
+            .with_notify(true)
+            .with_fair(true)
+            .with_retention(config.retention)
+            .with_max_lease(Some(config.session_timeout))
+    }
+
+    /// A session is made and the root's parent can be read.
+    async fn verify(&self) -> Result<()> {
+        let session = self.inner.sessions.get().await?;
+        let root = &self.inner.sessions.config().root;
+        let probe = match root.rfind('/') {
+            Some(0) | None => "/",
+            Some(i) => &root[..i],
+        };
+        session
+            .call(session.client.check_stat(probe))
+            .await
+            .map(drop)
+            .map_err(map_err)
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        _ttl: Duration,
+    ) -> Result<Acquire> {
+        let inner = &self.inner;
+        if let Some(a) = inner.reenter(key, owner).await? {
+            return Ok(a);
+        }
+        let session = inner.sessions.get().await?;
+        let entered = inner.enter(&session, key, owner).await?;
+        if entered.first {
+            let grant = entered.node.grant(1);
+            inner.hold(key, owner, entered.node, None);
+            return Ok(Acquire::Acquired(grant));
+        }
+        // Not first: leave the queue. A delete the store did not confirm is
+        // finished in the background; the answer is still "contended".
+        let _ = inner.delete(entered.node).await;
+        Ok(Acquire::Contended { retry_after: None })
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+        let node = {
+            let mut held = lock(&self.inner.held);
+            match held.get_mut(key) {
+                Some(h) if h.owner == *owner => {
+                    if h.holds > 1 {
+                        h.holds -= 1;
+                        return Ok(Release::StillHeld(h.holds));
+                    }
+                    held.remove(key).map(|h| h.node)
+                }
+                _ => None,
+            }
+        };
+        let Some(node) = node else {
+            return Ok(Release::NotHeld);
+        };
+        Ok(if self.inner.delete(node).await? {
+            Release::Freed
+        } else {
+            Release::NotHeld
+        })
+    }
+
+    async fn renew(&self, key: &LockKey, owner: &OwnerToken, _ttl: Duration) -> Result<Renew> {
+        let node = match lock(&self.inner.held).get(key) {
+            Some(h) if h.owner == *owner => h.node.clone(),
+            _ => return Ok(Renew::NotHeld),
+        };
+        if self.inner.confirm(&node).await? {
+            return Ok(Renew::Renewed);
+        }
+        let mut held = lock(&self.inner.held);
+        if held.get(key).is_some_and(|h| h.node.path == node.path) {
+            held.remove(key);
+        }
+        Ok(Renew::NotHeld)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+        let session = self.inner.sessions.get().await?;
+        let dir = self.inner.dir(key);
+        let mut children = match session.call(session.client.list_children(&dir)).await {
+            Ok(c) => c,
+            Err(ZkError::NoNode) => return Ok(LockStatus::free()),
+            Err(e) => return Err(map_err(e)),
+        };
+        layout::sort_queue(&mut children);
+        for (i, first) in children.iter().enumerate() {
+            let path = format!("{dir}/{first}");
+            let stat = match session.call(session.client.check_stat(&path)).await {
+                Ok(Some(stat)) => stat,
+                // Released while we looked: the next one holds it.
+                Ok(None) => continue,
+                Err(e) => return Err(map_err(e)),
+            };
+            let holds = match lock(&self.inner.held).get(key) {
+                Some(h) if h.node.path == path => h.holds,
+                _ => 1,
+            };
+            let waiters = u32::try_from(children.len() - i - 1).unwrap_or(u32::MAX);
+            return Ok(LockStatus::held(holds)
+                .with_fence(Some(FencingToken(stat.czxid.max(0) as u64)))
+                .with_waiters(Some(waiters)));
+        }
+        Ok(LockStatus::free())
+    }
+
+    async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
+        let _ = key;
+        let (tx, rx) = mpsc::unbounded_channel();
+        {
+            let mut waiters = lock(&self.inner.waiters);
+            let w = waiters.entry(ticket.clone()).or_default();
+            if let Some(g) = w.granted {
+                let _ = tx.send(g);
+            }
+            w.grants = Some(tx);
+        }
+        let keepalive = Box::new(WaiterGuard {
+            inner: Arc::downgrade(&self.inner),
+            ticket: ticket.clone(),
+        });
+        Ok(Some(Watch::grants(rx, Some(keepalive))))
+    }
+
+    async fn try_acquire_waiting(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        _ttl: Duration,
+        ticket: &OwnerToken,
+    ) -> Result<Acquire> {
+        let inner = &self.inner;
+        {
+            let mut waiters = lock(&inner.waiters);
+            if let Some(w) = waiters.get_mut(ticket) {
+                if let Some(g) = w.granted {
+                    waiters.remove(ticket);
+                    return Ok(Acquire::Acquired(g));
+                }
+                if w.node.is_some() {
+                    return Ok(Acquire::Contended { retry_after: None });
+                }
+            }
+        }
+        if let Some(a) = inner.reenter(key, owner).await? {
+            return Ok(a);
+        }
+        let session = inner.sessions.get().await?;
+        let entered = inner.enter(&session, key, owner).await?;
+        if entered.first {
+            let grant = entered.node.grant(1);
+            inner.hold(key, owner, entered.node, None);
+            lock(&inner.waiters).remove(ticket);
+            return Ok(Acquire::Acquired(grant));
+        }
+        // Queue: keep the node, and watch only the one just before it.
+        let mut waiters = lock(&inner.waiters);
+        let w = waiters.entry(ticket.clone()).or_default();
+        if let Some(t) = w.task.take() {
+            t.abort();
+        }
+        w.node = Some(entered.node.clone());
+        let task = tokio::spawn(wait_turn(
+            Arc::downgrade(inner),
+            key.clone(),
+            owner.clone(),
+            ticket.clone(),
+            entered,
+        ));
+        w.task = Some(task.abort_handle());
+        Ok(Acquire::Contended { retry_after: None })
+    }
+
+    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
+        let waiter = lock(&self.inner.waiters).remove(ticket);
+        if let Some(w) = waiter {
+            if let Some(t) = &w.task {
+                t.abort();
+            }
+            if w.granted.is_none() {
+                if let Some(node) = w.node {
+                    self.inner.delete(node).await?;
+                }
+                return Ok(());
+            }
+        }
+        // Handed to the ticket already: release that hold.
+        let node = {
+            let mut held = lock(&self.inner.held);
+            match held.get(key) {
+                Some(h) if h.owner == *owner && h.ticket.as_ref() == Some(ticket) => {
+                    held.remove(key).map(|h| h.node)
+                }
+                _ => None,
+            }
+        };
+        if let Some(node) = node {
+            self.inner.delete(node).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Dropped with a waiter's [`Watch`]: a waiter that never got the lock
+/// leaves the queue, so a caller that drops its watch leaves no node behind.
+struct WaiterGuard {
+    inner: Weak<Inner>,
+    ticket: OwnerToken,
+}
+
+impl Drop for WaiterGuard {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.upgrade() else {
+            return;
+        };
+        let Some(w) = lock(&inner.waiters).remove(&self.ticket) else {
+            return;
+        };
+        if w.granted.is_some() {
+            return;
+        }
+        if let Some(t) = &w.task {
+            t.abort();
+        }
+        if let (Some(node), Ok(rt)) = (w.node, tokio::runtime::Handle::try_current()) {
+            rt.spawn(delete_surely(node.session, node.path));
+        }
+    }
+}
+
+/// A queued waiter's turn: watch the node just before ours until ours is
+/// first, then hand the lock to the waiter. If our node is gone (the
+/// session ended), the waiter is marked unqueued and its next attempt
+/// queues afresh.
+async fn wait_turn(
+    inner: Weak<Inner>,
+    key: LockKey,
+    owner: OwnerToken,
+    ticket: OwnerToken,
+    entered: Entered,
+) {
+    let Entered {
+        node, name, dir, ..
+    } = entered;
+    let session = node.session.clone();
+    let first = loop {
+        let mut children = match session.client.list_children(&dir).await {
+            Ok(c) => c,
+            Err(e) if is_transient(&e) && session.connected().await => {
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            }
+            Err(_) => break false,
+        };
+        layout::sort_queue(&mut children);
+        let Some(i) = children.iter().position(|c| *c == name) else {
+            break false;
+        };
+        if i == 0 {
+            break true;
+        }
+        let before = format!("{dir}/{}", children[i - 1]);
+        match session.client.get_and_watch_data(&before).await {
+            Ok((_, _, watcher)) => {
+                watcher.changed().await;
+            }
+            Err(ZkError::NoNode) => {}
+            Err(e) if is_transient(&e) && session.connected().await => {
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Err(_) => break false,
+        }
+    };
+    let Some(inner) = inner.upgrade() else {
+        return;
+    };
+    let mut waiters = lock(&inner.waiters);
+    let current = waiters
+        .get_mut(&ticket)
+        .filter(|w| w.node.as_ref().is_some_and(|n| n.path == node.path));
+    let Some(w) = current else {
+        // Abandoned meanwhile: the abandon deleted (or deletes) the node.
+        return;
+    };
+    w.task = None;
+    if !first {
+        w.node = None;
+        drop(waiters);
+        if !session.is_over() {
+            tokio::spawn(delete_surely(session, node.path));
+        }
+        return;
+    }
+    let grant = node.grant(1);
+    inner.hold(&key, &owner, node, Some(ticket));
+    w.granted = Some(grant);
+    if let Some(tx) = &w.grants {
+        let _ = tx.send(grant);
+    }
+}
+
+/// Finishes a create whose answer did not come in time: once it is
+/// answered, its node is deleted; if the connection dropped under it, the
+/// node (if the server made it) is found by its UUID and deleted.
+async fn undo_create(
+    session: Arc<Session>,
+    task: tokio::task::JoinHandle<CreateAndList>,
+    dir: String,
+    prefix: String,
+) {
+    match task.await {
+        Ok((Ok((_, sequence)), _)) => {
+            delete_surely(session, format!("{dir}/{prefix}{sequence}")).await
+        }
+        Ok((Err(e), _)) if is_transient(&e) => find_and_delete(session, dir, prefix).await,
+        _ => {}
+    }
+}
+
+/// After a create that may or may not have happened: finds the node by our
+/// UUID prefix *and* our session (never another session's node), and
+/// deletes it.
+async fn find_and_delete(session: Arc<Session>, dir: String, prefix: String) {
+    loop {
+        if !session.connected().await {
+            return;
+        }
+        // The server we reconnected to may lag the one that took the create.
+        let found = match session.client.sync(&dir).await {
+            Ok(()) => session.client.list_children(&dir).await,
+            Err(e) => Err(e),
+        };
+        match found {
+            Ok(children) => {
+                for child in children.iter().filter(|c| c.starts_with(&prefix)) {
+                    let path = format!("{dir}/{child}");
+                    if let Ok(Some(stat)) = session.client.check_stat(&path).await {
+                        if stat.ephemeral_owner == session.id {
+                            delete_surely(session.clone(), path).await;
+                        }
+                    }
+                }
+                return;
+            }
+            Err(e) if is_transient(&e) => tokio::time::sleep(RETRY_PAUSE).await,
+            Err(_) => return,
+        }
+    }
+}
+
+/// Deletes our node, waiting out disconnections, until it is gone or the
+/// session ends (which takes the node with it).
+async fn delete_surely(session: Arc<Session>, path: String) {
+    loop {
+        if !session.connected().await {
+            return;
+        }
+        match session.client.delete(&path, None).await {
+            Ok(()) | Err(ZkError::NoNode) => return,
+            Err(e) if is_transient(&e) => tokio::time::sleep(RETRY_PAUSE).await,
+            Err(e) => {
+                tracing::warn!(path = %path, error = %e, "could not delete a lock node");
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Parsing `zk://` URLs into a [`ZkConfig`].
+
+use std::time::Duration;
+
+use locksmith_core::backend::{check_userinfo, store_of, RedactedUrl, Store, UrlParams};
+use locksmith_core::{Error, Result};
+
+use crate::layout;
+
+/// The port a host without one is reached on.
+const DEFAULT_PORT: u16 = 2181;
+/// Where the lock directories go when the URL names no path.
+const DEFAULT_ROOT: &str = "/locksmith";
+
+/// Where the locks live and how the client behaves.
+///
+/// `zk://[user:password@]host1[:port],host2[:port],…[/root/path][?params]`
+/// (also `zookeeper://`). The hosts are one ensemble: the client fails over
+/// between them on its own. Without a path the root is `/locksmith`.
+/// With a user and password the client authenticates with the `digest`
+/// scheme, and every node it creates (lock directories included) gets an
+/// ACL that gives that identity, and nobody else, any right to it.
+///
+/// Parameters: `session_timeout` (default 10s; the server may grant a
+/// longer one, never accepted shorter: see [`ZkBackend`](crate::ZkBackend)),
+/// `connect_timeout` (default 2s), `timeout` (how long one request may
+/// wait for an answer, reconnection included, before it is `Unavailable`;
+/// default 2s), and `retention` (how long an empty lock directory may stay
+/// before the server reaps it: the server's
+/// `znode.container.checkIntervalMs`, default 60s). Any other parameter is
+/// refused, so that a misspelt one cannot silently change behaviour.
+#[derive(Debug, Clone)]
+pub struct ZkConfig {
+    /// The URL as given, printing without its password.
+    pub url: RedactedUrl,
+    /// The ensemble's `host:port` list, comma-separated, each with a port.
+    pub hosts: String,
+    /// The root path under which each lock is a directory; `""` is the
+    /// top of the tree.
+    pub root: String,
+    /// Digest credentials (`user`, `password`), percent-decoded.
+    pub auth: Option<(String, String)>,
+    /// The session timeout asked for.
+    pub session_timeout: Duration,
+    /// How long to wait for a connection to some server of the ensemble.
+    pub connect_timeout: Duration,
+    /// How long one request may wait for its answer.
+    pub timeout: Duration,
+    /// How long an empty lock directory may stay before it is reaped.
+    pub retention: Duration,
+}
+
+impl ZkConfig {
+    /// Parses a `zk://` URL.
+    ///
+    /// # Errors
+    /// `Config` for another scheme, no host, a bad port or root path, or
+    /// bad credentials; `InvalidOptions` for an unknown parameter or a bad
+    /// value.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let shown = RedactedUrl::new(url);
+        match store_of(url)? {
+            Store::ZooKeeper => {}
+            other => {
+                return Err(Error::config(format!(
+                    "{shown}: a {other} URL, not a ZooKeeper one"
+                )))
+            }
+        }
+        check_userinfo(url)?;
+        let mut p = UrlParams::new(url);
+        let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));
+        let session_timeout = p
+            .duration("session_timeout", Duration::from_millis(100)..=hour)?
+            .unwrap_or(Duration::from_secs(10));
+        let connect_timeout = p
+            .duration("connect_timeout", ms..=hour)?
+            .unwrap_or(Duration::from_secs(2));
+        let timeout = p
+            .duration("timeout", ms..=hour)?
+            .unwrap_or(Duration::from_secs(2));
+        let retention = p
+            .duration("retention", Duration::ZERO..=Duration::from_secs(24 * 3600))?
+            .unwrap_or(Duration::from_secs(60));
+        let base = p.finish(&[])?;
+        let rest = base.split_once("://").map_or("", |(_, r)| r);
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let auth = userinfo.map(|u| credentials(&shown, u)).transpose()?;
+        Ok(ZkConfig {
+            hosts: hosts_with_ports(&shown, hosts)?,
+            root: root_path(&shown, path)?,
+            auth,
+            session_timeout,
+            connect_timeout,
+            timeout,
+            retention,
+            url: shown,
+        })
+    }
+}
+
+fn credentials(shown: &RedactedUrl, userinfo: &str) -> Result<(String, String)> {
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|c| c.into_owned())
+            .map_err(|_| {
+                Error::config(format!(
+                    "{shown}: the user name or password is not UTF-8 once percent-decoded"
+                ))
+            })
+    };
+    let (user, password) = userinfo.split_once(':').ok_or_else(|| {
+        Error::config(format!(
+            "{shown}: digest authentication needs user:password, not only a user name"
+        ))
+    })?;
+    let (user, password) = (decode(user)?, decode(password)?);
+    // The digest identity is `user:password`: a ':' in the user would make
+    // another identity, and an empty one matches nobody's ACL.
+    if user.is_empty() || user.contains(':') {
+        return Err(Error::config(format!(
+            "{shown}: the user name must be non-empty and hold no ':'"
+        )));
+    }
+    Ok((user, password))
+}
+
+fn hosts_with_ports(shown: &RedactedUrl, hosts: &str) -> Result<String> {
+    let mut out = Vec::new();
+    for host in hosts.split(',') {
+        if host.is_empty() {
+            return Err(Error::config(format!(
+                "{shown}: an empty host in the server list; expected zk://host1:2181,host2:2181/root"
+            )));
+        }
+        // `[::1]:2181`, `[::1]`, `h:2181`, `h`.
+        let (name, port) = match host.rsplit_once(':') {
+            Some((n, p)) if !p.contains(']') => (n, Some(p)),
+            _ => (host, None),
+        };
+        if name.is_empty() {
+            return Err(Error::config(format!("{shown}: a host with no name")));
+        }
+        let port = match port {
+            None => DEFAULT_PORT,
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| Error::config(format!("{shown}: {p:?} is not a port number")))?,
+        };
+        out.push(format!("{name}:{port}"));
+    }
+    Ok(out.join(","))
+}
+
+fn root_path(shown: &RedactedUrl, path: &str) -> Result<String> {
+    // `zk://h` takes the default root; `zk://h/` is the top of the tree.
+    match path {
+        "" => return Ok(DEFAULT_ROOT.to_owned()),
+        "/" => return Ok(String::new()),
+        _ => {}
+    }
+    let path = path.strip_suffix('/').unwrap_or(path);
+    let decoded = percent_encoding::percent_decode_str(path)
+        .decode_utf8()
+        .map_err(|_| Error::config(format!("{shown}: the root path is not UTF-8")))?;
+    for segment in decoded[1..].split('/') {
+        if !layout::is_plain_name(segment) {
+            return Err(Error::config(format!(
+                "{shown}: {segment:?} is not a valid ZooKeeper node name in the root path"
+            )));
+        }
+    }
+    if decoded == "/zookeeper" || decoded.starts_with("/zookeeper/") {
+        return Err(Error::config(format!(
+            "{shown}: /zookeeper is ZooKeeper's own subtree"
+        )));
+    }
+    Ok(decoded.into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use locksmith_core::ErrorKind;
+
+    #[test]
+    fn a_full_url_reads_as_written() {
+        let c = ZkConfig::from_url(
+            "zk://alice:p%40ss@h1:2181,h2,[::1]:2182/apps/locks?session_timeout=6s&connect_timeout=3s",
+        )
+        .unwrap();
+        assert_eq!(c.hosts, "h1:2181,h2:2181,[::1]:2182");
+        assert_eq!(c.root, "/apps/locks");
+        assert_eq!(c.auth, Some(("alice".into(), "p@ss".into())));
+        assert_eq!(c.session_timeout, Duration::from_secs(6));
+        assert_eq!(c.connect_timeout, Duration::from_secs(3));
+        assert!(!c.url.to_string().contains("p%40ss"));
+    }
+
+    #[test]
+    fn defaults_and_the_top_of_the_tree() {
+        let c = ZkConfig::from_url("zookeeper://h").unwrap();
+        assert_eq!(
+            (c.hosts.as_str(), c.root.as_str()),
+            ("h:2181", "/locksmith")
+        );
+        assert_eq!(c.auth, None);
+        assert_eq!(c.session_timeout, Duration::from_secs(10));
+        assert_eq!(c.retention, Duration::from_secs(60));
+        let c = ZkConfig::from_url("zk://h:2181/").unwrap();
+        assert_eq!(c.root, "");
+    }
+
+    #[test]
+    fn bad_urls_are_typed_errors() {
+        for (url, kind) in [
+            ("zk://", ErrorKind::Config),
+            ("zk://h1,,h2/x", ErrorKind::Config),
+            ("zk://h:99999/x", ErrorKind::Config),
+            ("zk://h:0/x", ErrorKind::Config),
+            ("zk://h/a/../b", ErrorKind::Config),
+            ("zk://h/a//b", ErrorKind::Config),
+            ("zk://h/zookeeper/x", ErrorKind::Config),
+            ("zk://alice@h/x", ErrorKind::Config),
+            ("zk://:pw@h/x", ErrorKind::Config),
+            ("zk://h/x?session_timeout=soon", ErrorKind::InvalidOptions),
+            ("zk://h/x?sesion_timeout=6s", ErrorKind::InvalidOptions),
+            ("redis://h", ErrorKind::Config),
+        ] {
+            let e = ZkConfig::from_url(url).expect_err(url);
+            assert_eq!(e.kind(), kind, "{url}: {e}");
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Where a lock lives in the tree: key → directory name, and Curator's
+//! contender node names and their order.
+
+use sha2::{Digest, Sha256};
+
+/// Curator's `InterProcessMutex` lock name: contender nodes are
+/// `_c_<uuid>-lock-<sequence>`, ordered by the text after the last `lock-`.
+pub(crate) const LOCK_NAME: &str = "lock-";
+
+/// The longest key text used as a node name as it is.
+const MAX_PLAIN: usize = 255;
+
+/// Marks a directory name that is an escaped or hashed key.
+const ESCAPED: char = '%';
+/// After [`ESCAPED`], marks a hashed key (`~` never appears in an escape).
+const HASHED: char = '~';
+
+/// A character ZooKeeper refuses in a path (`PathUtils.validatePath`):
+/// controls, and what Java sees as private-use or surrogate code units.
+fn is_refused(c: char) -> bool {
+    matches!(c, '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}' | '\u{e000}'..='\u{f8ff}' | '\u{fff0}'..)
+}
+
+/// A name ZooKeeper takes as one node name: not empty, not `.` or `..`,
+/// no `/` and no refused character.
+pub(crate) fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains('/')
+        && !name.chars().any(is_refused)
+}
+
+/// The directory name of a key: the key itself when it is a plain node
+/// name of at most 255 bytes that does not start with `%` (and is not
+/// `zookeeper` at the top of the tree); otherwise `%` and the key's UTF-8
+/// bytes percent-encoded (every byte but `A-Z a-z 0-9 . _ -`), or, if
+/// that is longer than 255 bytes, `%~` and the SHA-256 of the key in hex.
+/// Plain names never start with `%`, and escapes never hold `~`, so no
+/// two keys share a directory.
+pub(crate) fn dir_name(key: &str, at_top: bool) -> String {
+    let plain = key.len() <= MAX_PLAIN
+        && is_plain_name(key)
+        && !key.starts_with(ESCAPED)
+        && !(at_top && key == "zookeeper");
+    if plain {
+        return key.to_owned();
+    }
+    let mut escaped = String::with_capacity(key.len() * 3 + 1);
+    escaped.push(ESCAPED);
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
+            escaped.push(char::from(b));
+        } else {
+            escaped.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if escaped.len() <= MAX_PLAIN {
+        return escaped;
+    }
+    format!(
+        "{ESCAPED}{HASHED}{}",
+        hex::encode(Sha256::digest(key.as_bytes()))
+    )
+}
+
+/// The key a directory name stands for; `None` for a hashed one.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
+pub(crate) fn key_of(dir: &str) -> Option<String> {
+    match dir.strip_prefix(ESCAPED) {
+        None => Some(dir.to_owned()),
+        Some(rest) if rest.starts_with(HASHED) => None,
+        Some(rest) => percent_encoding::percent_decode_str(rest)
+            .decode_utf8()
+            .ok()
+            .map(|s| s.into_owned()),
+    }
+}
+
+/// The prefix of one contender's node: Curator's protected-mode prefix
+/// with a fresh UUID, then the lock name. The server appends the sequence.
+pub(crate) fn contender_prefix(id: &uuid::Uuid) -> String {
+    format!("_c_{}-{LOCK_NAME}", id.hyphenated())
+}
+
+/// What Curator sorts a child by: the text after the last `lock-`, or the
+/// whole name when it has none.
+pub(crate) fn sequence_of(child: &str) -> &str {
+    child
+        .rfind(LOCK_NAME)
+        .map_or(child, |i| &child[i + LOCK_NAME.len()..])
+}
+
+/// Sorts a lock directory's children into queue order, as Curator does
+/// (ties, which Curator leaves to the listing's order, by whole name).
+pub(crate) fn sort_queue(children: &mut [String]) {
+    children.sort_by(|a, b| sequence_of(a).cmp(sequence_of(b)).then_with(|| a.cmp(b)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_keys_are_their_own_names() {
+        for k in [
+            "orders",
+            "job.nightly",
+            "a b",
+            "ключ",
+            "x".repeat(255).as_str(),
+        ] {
+            assert_eq!(dir_name(k, false), k);
+            assert_eq!(key_of(&dir_name(k, false)).as_deref(), Some(k));
+        }
+        assert_eq!(dir_name("zookeeper", false), "zookeeper");
+    }
+
+    #[test]
+    fn other_keys_map_to_distinct_escapes_or_hashes() {
+        let keys = [
+            "a/b",
+            "a%2Fb",
+            "%",
+            "%25",
+            ".",
+            "..",
+            "tab\there",
+            "\u{e000}",
+            "😀",
+            "~",
+            "%~",
+            "zookeeper",
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for k in keys {
+            let top = k == "zookeeper";
+            let d = dir_name(k, top);
+            assert!(is_plain_name(&d) && d.len() <= 255, "{k:?} → {d:?}");
+            assert_eq!(key_of(&d).as_deref(), Some(k), "{k:?} → {d:?}");
+            assert!(seen.insert(d), "{k:?} collides");
+        }
+        let long = "/".repeat(100);
+        let d = dir_name(&long, false);
+        assert!(d.starts_with("%~") && d.len() == 66, "{d}");
+        assert_eq!(key_of(&d), None);
+        assert_ne!(dir_name(&"/".repeat(101), false), d);
+    }
+
+    #[test]
+    fn the_queue_sorts_by_sequence_as_curator_does() {
+        let mut c: Vec<String> = [
+            "_c_ffff-lock-0000000003",
+            "_c_0000-lock-0000000010",
+            "_c_aaaa-lock-0000000001",
+            "other-lock-0000000002",
+        ]
+        .map(String::from)
+        .to_vec();
+        sort_queue(&mut c);
+        let seqs: Vec<&str> = c.iter().map(|s| sequence_of(s)).collect();
+        assert_eq!(
+            seqs,
+            ["0000000001", "0000000002", "0000000003", "0000000010"]
+        );
+        let p = contender_prefix(&uuid::Uuid::nil());
+        assert_eq!(p, "_c_00000000-0000-0000-0000-000000000000-lock-");
+    }
+}

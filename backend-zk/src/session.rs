@@ -1,0 +1,158 @@
+//! One ZooKeeper session at a time: made when first needed, replaced (never
+//! in a loop) only once the server has ended it, and never mistaken for the
+//! one before it.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use locksmith_core::{Error, Result};
+use zookeeper_client::{Acls, Client, Error as ZkError, SessionState};
+
+use crate::config::ZkConfig;
+use crate::error::map_err;
+
+/// A live session and the client that carries it. Every node a hold or a
+/// waiter created remembers its session, so that a node of an ended
+/// session is never taken for one of the current session (CURATOR-604).
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) client: Client,
+    /// The server's id of this session: an ephemeral node's `ephemeralOwner`.
+    pub(crate) id: i64,
+    /// How long a request may wait for its answer.
+    timeout: Duration,
+}
+
+impl Session {
+    /// Ended for good on the server's side, or closed: nothing it created lives.
+    pub(crate) fn is_over(&self) -> bool {
+        is_terminal(self.client.state())
+    }
+
+    /// `fut`, a request of this session, within the request timeout (a
+    /// request that outlasts it is the client's `Timeout`).
+    pub(crate) async fn call<T>(
+        &self,
+        fut: impl Future<Output = std::result::Result<T, ZkError>>,
+    ) -> std::result::Result<T, ZkError> {
+        tokio::time::timeout(self.timeout, fut)
+            .await
+            .unwrap_or(Err(ZkError::Timeout))
+    }
+
+    /// Waits until the session is connected again (`true`) or over
+    /// (`false`). The client reconnects with backoff on its own, and
+    /// declares the session expired after a while out of touch, so this
+    /// ends without polling.
+    pub(crate) async fn connected(&self) -> bool {
+        let mut states = self.client.state_watcher();
+        loop {
+            match states.state() {
+                SessionState::SyncConnected | SessionState::ConnectedReadOnly => return true,
+                s if is_terminal(s) => return false,
+                _ => {}
+            }
+            states.changed().await;
+        }
+    }
+}
+
+pub(crate) fn is_terminal(state: SessionState) -> bool {
+    matches!(
+        state,
+        SessionState::Expired | SessionState::AuthFailed | SessionState::Closed
+    )
+}
+
+/// Makes and keeps the current session.
+#[derive(Debug)]
+pub(crate) struct Sessions {
+    config: ZkConfig,
+    current: tokio::sync::Mutex<Option<Arc<Session>>>,
+}
+
+impl Sessions {
+    pub(crate) fn new(config: ZkConfig) -> Self {
+        Sessions {
+            config,
+            current: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn config(&self) -> &ZkConfig {
+        &self.config
+    }
+
+    /// The ACL of every node we create: the authenticated identity's
+    /// alone, or open to all without credentials.
+    pub(crate) fn acls(&self) -> Acls<'static> {
+        if self.config.auth.is_some() {
+            Acls::creator_all()
+        } else {
+            Acls::anyone_all()
+        }
+    }
+
+    /// The session now, if there is one that has not ended.
+    pub(crate) fn peek(&self) -> Option<Arc<Session>> {
+        let current = self.current.try_lock().ok()?;
+        current.as_ref().filter(|s| !s.is_over()).cloned()
+    }
+
+    /// The live session, connecting first if there is none (or the last
+    /// one ended). One caller connects; the others wait for it.
+    pub(crate) async fn get(&self) -> Result<Arc<Session>> {
+        let mut current = self.current.lock().await;
+        if let Some(s) = current.as_ref().filter(|s| !s.is_over()) {
+            return Ok(s.clone());
+        }
+        let session = Arc::new(self.connect().await?);
+        *current = Some(session.clone());
+        Ok(session)
+    }
+
+    async fn connect(&self) -> Result<Session> {
+        let c = &self.config;
+        let mut connector = Client::connector()
+            .with_session_timeout(c.session_timeout)
+            .with_connection_timeout(c.connect_timeout)
+            .with_fail_eagerly();
+        if let Some((user, password)) = &c.auth {
+            connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+        }
+        // Each host gets the connection timeout; the whole ensemble twice that.
+        let budget = c.connect_timeout * 2 + Duration::from_millis(100);
+        let client = match tokio::time::timeout(budget, connector.connect(&c.hosts)).await {
+            Ok(r) => r.map_err(|e| {
+                let e = map_err(e);
+                Error::new(e.kind(), format!("cannot reach ZooKeeper at {}", c.url)).with_source(e)
+            })?,
+            Err(_) => {
+                return Err(Error::unavailable(format!(
+                    "no ZooKeeper server of {} answered within {budget:?}",
+                    c.url
+                )))
+            }
+        };
+        // The lost signal is timed on the session timeout asked for; a
+        // server that grants a shorter one could end the session first.
+        if client.session_timeout() < c.session_timeout {
+            return Err(Error::config(format!(
+                "{}: the server grants sessions of at most {:?}, below the session_timeout \
+                 of {:?} asked for; ask for at most that (or raise the server's \
+                 maxSessionTimeout)",
+                c.url,
+                client.session_timeout(),
+                c.session_timeout
+            )));
+        }
+        tracing::debug!(session = %client.session_id(), timeout = ?client.session_timeout(),
+            "ZooKeeper session established");
+        Ok(Session {
+            id: client.session_id().0,
+            client,
+            timeout: c.timeout,
+        })
+    }
+}

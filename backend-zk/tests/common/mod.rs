@@ -1,0 +1,150 @@
+//! The ZooKeeper test servers and a conformance harness over them.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use locksmith_conformance::Harness;
+use locksmith_core::backend::LockBackend;
+use locksmith_zk::internals::{self, zookeeper_client as zk};
+use locksmith_zk::ZkBackend;
+
+/// The standalone server (`scripts/test` starts it). Missing: the test fails.
+pub fn server_url() -> String {
+    std::env::var("LOCKSMITH_TEST_ZK_URL").expect(
+        "LOCKSMITH_TEST_ZK_URL is not set: run scripts/test, which starts ZooKeeper \
+         on 127.0.0.1:2181 and sets it",
+    )
+}
+
+/// `host:port` list of a `zk://` URL.
+pub fn hosts_of(url: &str) -> String {
+    let rest = url.split_once("://").expect("a zk:// URL").1;
+    rest.split(['/', '?']).next().unwrap_or_default().to_owned()
+}
+
+/// The private 3-node ensemble's client ports (`scripts/test` starts it).
+pub const ENSEMBLE_PORTS: [u16; 3] = [22181, 22182, 22183];
+
+/// Its connection string.
+pub fn ensemble_hosts() -> String {
+    ENSEMBLE_PORTS.map(|p| format!("127.0.0.1:{p}")).join(",")
+}
+
+/// A raw client of `hosts`, for reading the tree and making foreign nodes.
+pub async fn raw_client(hosts: &str) -> zk::Client {
+    zk::Client::connector()
+        .with_session_timeout(Duration::from_secs(5))
+        .connect(hosts)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach ZooKeeper at {hosts}: {e}"))
+}
+
+/// Ends the session `info` names from the server's side, as a crash would:
+/// a second connection takes the session over and closes it. The victim's
+/// client may take the session back first (each new connection drops the
+/// one before), so this repeats until the server refuses the session.
+pub async fn end_session(hosts: &str, info: zk::SessionInfo) -> anyhow::Result<()> {
+    for _ in 0..20 {
+        let killer = match zk::Client::connector()
+            .with_session(info.clone())
+            .with_connection_timeout(Duration::from_secs(2))
+            .connect(hosts)
+            .await
+        {
+            Ok(k) => k,
+            Err(zk::Error::SessionExpired) => return Ok(()),
+            // The victim took the session back while we connected.
+            Err(_) => continue,
+        };
+        let mut states = killer.state_watcher();
+        drop(killer.into_session());
+        let _ = tokio::time::timeout(Duration::from_millis(500), async {
+            while !matches!(
+                states.changed().await,
+                zk::SessionState::Closed | zk::SessionState::Expired
+            ) {}
+        })
+        .await;
+    }
+    anyhow::bail!(
+        "the session {:?} survived 20 attempts to close it",
+        info.id()
+    )
+}
+
+pub struct ZkHarness {
+    pub url: String,
+    hosts: String,
+    root: String,
+    clients: Mutex<Vec<Weak<ZkBackend>>>,
+}
+
+impl ZkHarness {
+    /// Clients on `root` of the standalone server, with a 2 s session and
+    /// the server's 1 s container reaping.
+    pub fn new(root: &str) -> Self {
+        let base = server_url();
+        let hosts = hosts_of(&base);
+        ZkHarness {
+            url: format!(
+                "zk://{hosts}{root}?session_timeout=2s&retention=2s&connect_timeout=1s&timeout=1s"
+            ),
+            hosts,
+            root: root.to_owned(),
+            clients: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn typed(&self) -> Arc<ZkBackend> {
+        let c = Arc::new(ZkBackend::connect(&self.url).expect("valid URL"));
+        self.clients.lock().unwrap().push(Arc::downgrade(&c));
+        c
+    }
+
+    fn find(&self, client: &Arc<dyn LockBackend>) -> Option<Arc<ZkBackend>> {
+        let want = Arc::as_ptr(client) as *const u8;
+        self.clients
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|c| Arc::as_ptr(c) as *const u8 == want)
+    }
+}
+
+#[async_trait::async_trait]
+impl Harness for ZkHarness {
+    async fn client(&self) -> Arc<dyn LockBackend> {
+        self.typed()
+    }
+
+    async fn unreachable_client(&self) -> Arc<dyn LockBackend> {
+        Arc::new(
+            ZkBackend::connect("zk://127.0.0.1:1/x?connect_timeout=300ms&timeout=300ms")
+                .expect("valid URL"),
+        )
+    }
+
+    async fn end_sessions(&self, client: &Arc<dyn LockBackend>) -> anyhow::Result<()> {
+        let typed = self
+            .find(client)
+            .ok_or_else(|| anyhow::anyhow!("not a client of this harness"))?;
+        let info = internals::session(&typed)
+            .ok_or_else(|| anyhow::anyhow!("the client has no session to end"))?;
+        end_session(&self.hosts, info).await
+    }
+
+    async fn stored_names(&self, prefix: &str) -> anyhow::Result<u64> {
+        let raw = raw_client(&self.hosts).await;
+        let dirs = match raw.list_children(&self.root).await {
+            Ok(d) => d,
+            Err(zk::Error::NoNode) => return Ok(0),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(dirs
+            .iter()
+            .filter(|d| internals::key_of(d).map_or(true, |k| k.starts_with(prefix)))
+            .count() as u64)
+    }
+}
