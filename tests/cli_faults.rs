@@ -751,3 +751,96 @@ fn a_waiter_that_gives_up_in_a_store_stall_holds_nobody_up() {
         "the waiter that gave up held the next one up for {waited:?}"
     );
 }
+
+#[cfg(feature = "zookeeper")]
+mod zookeeper {
+    use super::*;
+
+    /// Sessions of 2 s on the test server, whose ticks are 100 ms.
+    fn url() -> String {
+        format!("{}/locksmith-cli?session_timeout=2s", common::zk_url())
+    }
+
+    fn fence_in(path: &Path) -> u64 {
+        wait_for_file(path, Duration::from_secs(15))
+            .trim()
+            .parse()
+            .expect("a fencing token")
+    }
+
+    /// A holder frozen (SIGSTOP) past its session timeout: the server ends
+    /// its session, another process takes the lock with a higher fence, and
+    /// the thawed holder stops, exits 70, and its release leaves the new
+    /// holder's node alone.
+    #[test]
+    fn a_frozen_holder_loses_to_a_higher_fence_and_spares_the_new_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let (url, key) = (url(), format!("frozen-{}", std::process::id()));
+        let (fa, fb, go) = (d.join("a"), d.join("b"), d.join("go"));
+        let mut a = spawn(locksmith(
+            d,
+            &[
+                "run",
+                "--url",
+                &url,
+                "--key",
+                &key,
+                "--ttl",
+                "30s",
+                "--",
+                "sh",
+                "-c",
+                &format!("echo $LOCKSMITH_FENCE > {}; sleep 60", fa.display()),
+            ],
+        ));
+        let first = fence_in(&fa);
+        let a_pid = Pid::from_raw(a.id() as i32);
+        kill(a_pid, Signal::SIGSTOP).unwrap();
+        let mut b = spawn(locksmith(
+            d,
+            &[
+                "run",
+                "--url",
+                &url,
+                "--key",
+                &key,
+                "--wait",
+                "20s",
+                "--ttl",
+                "30s",
+                "--",
+                "sh",
+                "-c",
+                &format!(
+                    "echo $LOCKSMITH_FENCE > {}; while [ ! -e {} ]; do sleep 0.01; done",
+                    fb.display(),
+                    go.display()
+                ),
+            ],
+        ));
+        let second = fence_in(&fb);
+        assert!(second > first, "fences {first} then {second}");
+        kill(a_pid, Signal::SIGCONT).unwrap();
+        let code = wait_exit(&mut a, Duration::from_secs(15));
+        assert_eq!(code, 70, "{}", stderr_of(&mut a));
+        let shown = output(locksmith(
+            d,
+            &["status", "--url", &url, "--key", &key, "--json"],
+        ));
+        let status: serde_json::Value = serde_json::from_slice(&shown.stdout)
+            .unwrap_or_else(|e| panic!("status --json: {e}: {shown:?}"));
+        assert_eq!(status["held"], true, "{status}");
+        assert_eq!(
+            status["fence"], second,
+            "the new holder's node is not the one held"
+        );
+        std::fs::write(&go, "").unwrap();
+        assert_eq!(
+            wait_exit(&mut b, Duration::from_secs(15)),
+            0,
+            "{}",
+            stderr_of(&mut b)
+        );
+    }
+}

@@ -75,16 +75,22 @@ impl Timeline {
 
 pub(crate) async fn run(args: RunArgs) -> Result<i32> {
     args.store.shared_url()?;
-    let timeline = Timeline::new(args.ttl, args.kill_after);
+    let mut signals = Signals::new()?;
+    let locker = locksmith::connect(&args.store.url).await?;
+    // A session-bound store trusts a hold for its session timeout at most,
+    // whatever the TTL: the command's timeline follows the shorter.
+    let lease = locker
+        .capabilities()
+        .max_lease
+        .map_or(args.ttl, |m| m.min(args.ttl));
+    let timeline = Timeline::new(lease, args.kill_after);
     if args.kill_after.is_some_and(|k| k > timeline.grace) {
         eprintln!(
             "locksmith: --kill-after capped at {} so the command stops before the {} lease ends",
             humantime::format_duration(timeline.grace),
-            humantime::format_duration(args.ttl)
+            humantime::format_duration(lease)
         );
     }
-    let mut signals = Signals::new()?;
-    let locker = locksmith::connect(&args.store.url).await?;
     let opts = LockOptions::new().ttl(args.ttl).wait(args.wait_policy());
     // Dropping the acquire on a signal leaves the queue and undoes a grant
     // in flight; settle() waits for that before we exit.
@@ -107,7 +113,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32> {
     // command inside its kill grace from the start: extend it to the TTL
     // before the command runs.
     let short = guard.deadline().map_or(true, |d| {
-        d.saturating_duration_since(Instant::now()) < args.ttl / 2
+        d.saturating_duration_since(Instant::now()) < lease / 2
     });
     if short {
         if let Err(e) = guard.renew().await {
@@ -115,7 +121,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32> {
             return Err(e);
         }
     }
-    let code = hold(&args, guard, timeline, &mut signals).await;
+    let code = hold(&args, guard, lease, timeline, &mut signals).await;
     // The guard is released by now; close() also waits out any clean-up.
     if let Err(e) = locker.close().await {
         eprintln!("locksmith: warning: {}", e.chain());
@@ -127,6 +133,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32> {
 async fn hold(
     args: &RunArgs,
     guard: LockGuard,
+    lease: Duration,
     timeline: Timeline,
     signals: &mut Signals,
 ) -> Result<i32> {
@@ -174,7 +181,7 @@ async fn hold(
     // a later one, so a stopped or stalled locksmith cannot leave the
     // command running past the lease. Told again a few times per renewal.
     let mut told: Option<Instant> = None;
-    let mut tell = tokio::time::interval((args.ttl / 6).max(Duration::from_millis(5)));
+    let mut tell = tokio::time::interval((lease / 6).max(Duration::from_millis(5)));
     tell.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let lost = guard.lost();

@@ -98,3 +98,8 @@ impl Drop for PrivateRedis {
         let _ = self.child.wait();
     }
 }
+
+/// The standalone ZooKeeper test server.
+pub fn zk_url() -> String {
+    env_or("LOCKSMITH_TEST_ZK_URL", "zk://127.0.0.1:2181")
+}

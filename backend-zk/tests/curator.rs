@@ -1,0 +1,218 @@
+//! Interop with a real Apache Curator `InterProcessMutex` (Debian's Curator
+//! 5.4.0, driven through `tests/curator/CuratorLock.java`): on the same
+//! path, Curator and locksmith exclude each other both ways, each waits on
+//! the other's node, and with digest credentials nobody else can touch them.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{hosts_of, raw_client, server_url};
+use locksmith_core::{ErrorKind, LockOptions, Locker};
+use locksmith_zk::internals::zookeeper_client as zk;
+use locksmith_zk::ZkBackend;
+
+const CLASSPATH: &str = "/usr/share/java/curator-recipes.jar:/usr/share/java/slf4j-nop.jar";
+
+/// One Curator client holding one `InterProcessMutex`, answering commands.
+struct Curator {
+    child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Curator {
+    fn start(hosts: &str, path: &str, credentials: Option<&str>) -> Curator {
+        let source = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/curator/CuratorLock.java"
+        );
+        let mut cmd = Command::new("java");
+        cmd.args(["-cp", CLASSPATH, source, hosts, path])
+            .args(credentials)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .expect("java runs (scripts/test installs a JDK and Curator)");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout: ChildStdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut c = Curator {
+            child,
+            stdin,
+            lines,
+        };
+        // The JVM compiles the source first: allow for a loaded machine.
+        assert_eq!(c.next(Duration::from_secs(60)), "ready");
+        c
+    }
+
+    fn next(&mut self, within: Duration) -> String {
+        self.lines
+            .recv_timeout(within)
+            .unwrap_or_else(|e| panic!("Curator did not answer within {within:?}: {e}"))
+    }
+
+    /// Sends a command without waiting for its answer.
+    fn send(&mut self, command: &str) {
+        writeln!(self.stdin, "{command}").expect("Curator's stdin");
+    }
+
+    fn ask(&mut self, command: &str) -> String {
+        self.send(command);
+        self.next(Duration::from_secs(30))
+    }
+}
+
+impl Drop for Curator {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "quit");
+        if self.child.wait_timeout_or_kill() {
+            let _ = self.child.wait();
+        }
+    }
+}
+
+trait WaitOrKill {
+    fn wait_timeout_or_kill(&mut self) -> bool;
+}
+
+impl WaitOrKill for Child {
+    /// Waits up to 5 s for the JVM to close its client, then kills it.
+    /// `true` if it had to be killed.
+    fn wait_timeout_or_kill(&mut self) -> bool {
+        for _ in 0..50 {
+            if let Ok(Some(_)) = self.try_wait() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.kill();
+        true
+    }
+}
+
+fn unique(name: &str) -> String {
+    format!("{name}-{}", uuid_ish())
+}
+
+fn uuid_ish() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{}-{nanos}", std::process::id())
+}
+
+fn locker(hosts: &str, credentials: &str, root: &str) -> Locker {
+    let url = format!("zk://{credentials}{hosts}{root}?session_timeout=4s");
+    Locker::new(ZkBackend::connect(&url).expect("valid URL"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn curator_and_locksmith_exclude_each_other_both_ways() {
+    let hosts = hosts_of(&server_url());
+    let root = format!("/{}", unique("interop"));
+    let path = format!("{root}/k");
+    let ours = locker(&hosts, "", &root);
+    let mut curator = Curator::start(&hosts, &path, None);
+
+    // Curator holds: locksmith is refused, then waits on Curator's node.
+    assert_eq!(curator.ask("try"), "acquired");
+    assert!(
+        ours.try_lock("k").await.expect("try_lock").is_none(),
+        "locksmith took a lock Curator holds"
+    );
+    let waiting = {
+        let ours = ours.clone();
+        tokio::spawn(async move {
+            let opts = LockOptions::new().wait_for(Duration::from_secs(20));
+            ours.lock_with("k", &opts).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "locksmith got the lock while Curator held it"
+    );
+    assert_eq!(curator.ask("release"), "released");
+    let guard = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("Curator's release wakes the locksmith waiter")
+        .expect("task")
+        .expect("the waiter gets the lock");
+
+    // locksmith holds: Curator is refused, and sees our node in its layout.
+    assert_eq!(curator.ask("try"), "busy");
+    assert_eq!(curator.ask("acquire 300"), "timeout");
+    let nodes = curator.ask("nodes");
+    let names: Vec<&str> = nodes
+        .trim_start_matches("nodes")
+        .trim()
+        .split(',')
+        .filter(|n| !n.is_empty())
+        .collect();
+    assert_eq!(names.len(), 1, "{nodes}");
+    let name = names[0];
+    assert!(
+        name.starts_with("_c_") && name.len() == "_c_".len() + 36 + "-lock-".len() + 10,
+        "our node {name:?} is not named as Curator names its own"
+    );
+    // Curator waits on our node and gets the lock when we release.
+    curator.send("acquire 20000");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    guard.release().await.expect("release");
+    assert_eq!(curator.next(Duration::from_secs(20)), "acquired");
+    assert!(ours.try_lock("k").await.expect("try_lock").is_none());
+    assert_eq!(curator.ask("release"), "released");
+    let again = ours.try_lock("k").await.expect("try_lock");
+    assert!(again.is_some(), "free after Curator's release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_credentials_only_that_identity_can_touch_the_locks() {
+    let hosts = hosts_of(&server_url());
+    let root = format!("/{}", unique("interop-auth"));
+    let path = format!("{root}/k");
+    let ours = locker(&hosts, "alice:s%3Acret@", &root);
+    let guard = ours.lock("k").await.expect("lock with credentials");
+
+    // The same identity through Curator is excluded by our node.
+    let mut curator = Curator::start(&hosts, &path, Some("alice:s:cret"));
+    assert_eq!(curator.ask("try"), "busy");
+
+    // Nobody else can read the directory or delete our node.
+    let stranger = raw_client(&hosts).await;
+    assert!(
+        matches!(stranger.list_children(&path).await, Err(zk::Error::NoAuth)),
+        "a client without the credentials listed the lock directory"
+    );
+    let mine = raw_client(&hosts).await;
+    mine.auth("digest", b"alice:s:cret").await.expect("auth");
+    let children = mine.list_children(&path).await.expect("alice lists");
+    assert_eq!(children.len(), 1, "{children:?}");
+    let node = format!("{path}/{}", children[0]);
+    assert!(
+        matches!(stranger.delete(&node, None).await, Err(zk::Error::NoAuth)),
+        "a client without the credentials deleted our node"
+    );
+    // Another identity's locker gets a typed error, never "contended".
+    let mallory = locker(&hosts, "mallory:x@", &root);
+    let e = mallory.try_lock("k").await.expect_err("another identity");
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+
+    guard.release().await.expect("release");
+    assert_eq!(curator.ask("try"), "acquired");
+    assert_eq!(curator.ask("release"), "released");
+}
