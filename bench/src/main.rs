@@ -21,6 +21,7 @@ mod redis_bench;
 /// The hand-off timing `locksmith demo` uses, compiled here from its source.
 #[path = "../../src/cli/timing.rs"]
 mod timing;
+mod zk_bench;
 use locksmith::backend::LockBackend;
 use locksmith::sql::{internals, LeaseStatements, SqlBackend, SqlSessionBackend};
 use locksmith::{LockKey, Locker, OwnerToken};
@@ -70,6 +71,24 @@ enum Cli {
         #[arg(long, default_value_t = 5)]
         seconds: u64,
     },
+    /// ZooKeeper: our backend and Locker beside Python kazoo and the raw requests.
+    Zookeeper {
+        /// The ensemble's host:port list.
+        #[arg(long, default_value = "127.0.0.1:2181")]
+        hosts: String,
+        /// Uncontended pairs per round.
+        #[arg(long, default_value_t = 2000)]
+        iterations: u32,
+        /// Interleaved rounds; the median is reported.
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        /// Clients contending on one key.
+        #[arg(long, default_value_t = 8)]
+        contenders: usize,
+        /// Seconds of contention per library.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+    },
 }
 
 const TTL_MS: i64 = 30_000;
@@ -103,6 +122,18 @@ async fn main() {
         } => {
             if let Err(e) = redis_bench::run(&url, iterations, rounds, contenders, seconds).await {
                 eprintln!("Redis: {e}");
+                std::process::exit(1);
+            }
+        }
+        Cli::Zookeeper {
+            hosts,
+            iterations,
+            rounds,
+            contenders,
+            seconds,
+        } => {
+            if let Err(e) = zk_bench::run(&hosts, iterations, rounds, contenders, seconds).await {
+                eprintln!("ZooKeeper: {e}");
                 std::process::exit(1);
             }
         }

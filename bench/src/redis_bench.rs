@@ -14,12 +14,12 @@ use crate::timing::{percentile, HandOffs};
 
 const TTL: Duration = Duration::from_secs(10);
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
-async fn pairs_per_sec<Fut: std::future::Future<Output = ()>>(
+pub(crate) async fn pairs_per_sec<Fut: std::future::Future<Output = ()>>(
     n: u32,
     f: impl FnOnce() -> Fut,
 ) -> f64 {
@@ -318,13 +318,13 @@ async fn state_left(
 
 /// Acquisitions per client and hand-off latencies, summed over rounds.
 #[derive(Default)]
-struct Contention {
-    counts: Vec<u64>,
-    handoffs: Vec<Duration>,
+pub(crate) struct Contention {
+    pub(crate) counts: Vec<u64>,
+    pub(crate) handoffs: Vec<Duration>,
 }
 
 impl Contention {
-    fn add(&mut self, other: Contention) {
+    pub(crate) fn add(&mut self, other: Contention) {
         if self.counts.is_empty() {
             self.counts = vec![0; other.counts.len()];
         }
@@ -334,7 +334,7 @@ impl Contention {
         self.handoffs.extend(other.handoffs);
     }
 
-    fn print(mut self, label: &str, seconds: u64) {
+    pub(crate) fn print(mut self, label: &str, seconds: u64) {
         let total: u64 = self.counts.iter().sum();
         self.handoffs.sort();
         let pct = |p: f64| percentile(&self.handoffs, p);
@@ -374,13 +374,13 @@ async fn server_busy_us(conn: &mut redis::aio::ConnectionManager, top: &[&str]) 
         .sum()
 }
 
-type Release = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
-type Releaser = Box<dyn FnOnce() -> Release + Send>;
-type Acquiring = std::pin::Pin<Box<dyn std::future::Future<Output = Releaser> + Send>>;
+pub(crate) type Release = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+pub(crate) type Releaser = Box<dyn FnOnce() -> Release + Send>;
+pub(crate) type Acquiring = std::pin::Pin<Box<dyn std::future::Future<Output = Releaser> + Send>>;
 
 /// Each client loops acquire, a tiny critical section, release, until time
 /// is up; hand-off is measured from one client's release to another's grant.
-async fn contended<M, A>(clients: usize, seconds: u64, make: M) -> Contention
+pub(crate) async fn contended<M, A>(clients: usize, seconds: u64, make: M) -> Contention
 where
     M: Fn(usize) -> A,
     A: Fn() -> Acquiring + Send + 'static,

@@ -218,3 +218,142 @@ async fn a_capped_lease_is_renewed_and_lost_within_the_cap() {
     assert_eq!(lost, Ok(LostReason::Expired));
     store.0.set_available(true);
 }
+
+/// A fair store with 300 ms sessions that hands the lock over by notice:
+/// the memory store, with the grant delivered by the test.
+#[derive(Debug, Default)]
+struct ShortSessionHandOff {
+    store: MemoryBackend,
+    waiter: std::sync::Mutex<
+        Option<(
+            locksmith_core::OwnerToken,
+            tokio::sync::mpsc::UnboundedSender<locksmith_core::backend::Grant>,
+        )>,
+    >,
+    queued: std::sync::Mutex<Option<locksmith_core::OwnerToken>>,
+    renewals: std::sync::atomic::AtomicUsize,
+}
+
+#[locksmith_core::backend::async_trait]
+impl locksmith_core::backend::LockBackend for ShortSessionHandOff {
+    fn capabilities(&self) -> locksmith_core::backend::Capabilities {
+        self.store
+            .capabilities()
+            .with_fair(true)
+            .with_notify(true)
+            .with_max_lease(Some(Duration::from_millis(300)))
+    }
+    async fn try_acquire(
+        &self,
+        k: &locksmith_core::LockKey,
+        o: &locksmith_core::OwnerToken,
+        ttl: Duration,
+    ) -> locksmith_core::Result<locksmith_core::backend::Acquire> {
+        self.store.try_acquire(k, o, ttl).await
+    }
+    async fn try_acquire_waiting(
+        &self,
+        k: &locksmith_core::LockKey,
+        o: &locksmith_core::OwnerToken,
+        ttl: Duration,
+        _ticket: &locksmith_core::OwnerToken,
+    ) -> locksmith_core::Result<locksmith_core::backend::Acquire> {
+        *self.queued.lock().unwrap() = Some(o.clone());
+        match self.store.try_acquire(k, o, ttl).await? {
+            locksmith_core::backend::Acquire::Contended { .. } => {
+                Ok(locksmith_core::backend::Acquire::Contended {
+                    retry_after: Some(Duration::from_secs(10)),
+                })
+            }
+            got => Ok(got),
+        }
+    }
+    async fn watch(
+        &self,
+        _k: &locksmith_core::LockKey,
+        ticket: &locksmith_core::OwnerToken,
+    ) -> locksmith_core::Result<Option<locksmith_core::backend::Watch>> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        *self.waiter.lock().unwrap() = Some((ticket.clone(), tx));
+        Ok(Some(locksmith_core::backend::Watch::grants(rx, None)))
+    }
+    async fn release(
+        &self,
+        k: &locksmith_core::LockKey,
+        o: &locksmith_core::OwnerToken,
+    ) -> locksmith_core::Result<locksmith_core::backend::Release> {
+        self.store.release(k, o).await
+    }
+    async fn renew(
+        &self,
+        k: &locksmith_core::LockKey,
+        o: &locksmith_core::OwnerToken,
+        ttl: Duration,
+    ) -> locksmith_core::Result<locksmith_core::backend::Renew> {
+        self.renewals
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.store.renew(k, o, ttl).await
+    }
+}
+
+/// A lock handed to a waiter that queued longer ago than the store's
+/// `max_lease` is confirmed before the guard is made: the guard starts
+/// with a deadline ahead of it, not one that passed while it waited.
+#[tokio::test]
+async fn a_hand_off_after_a_long_wait_is_confirmed_within_the_cap() {
+    use locksmith_core::backend::{Acquire, LockBackend};
+    let store = Arc::new(ShortSessionHandOff::default());
+    let key = locksmith_core::LockKey::new("handed").unwrap();
+    let holder = locksmith_core::OwnerToken::generate();
+    let long = Duration::from_secs(30);
+    assert!(matches!(
+        store.store.try_acquire(&key, &holder, long).await.unwrap(),
+        Acquire::Acquired(_)
+    ));
+    let locker = Locker::from_arc(store.clone());
+    let waiting = tokio::spawn(async move {
+        let opts = LockOptions::new()
+            .ttl(long)
+            .wait_for(Duration::from_secs(10));
+        locker.lock_with("handed", &opts).await
+    });
+    // Queued for longer than a session could live unconfirmed.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    store.store.release(&key, &holder).await.unwrap();
+    let owner = store
+        .queued
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("the waiter queued");
+    let grant = match store.store.try_acquire(&key, &owner, long).await.unwrap() {
+        Acquire::Acquired(g) => g,
+        other => panic!("{other:?}"),
+    };
+    let renewals = store.renewals.load(std::sync::atomic::Ordering::SeqCst);
+    let tx = store
+        .waiter
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the waiter watches")
+        .1;
+    tx.send(grant).unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the hand-off reaches the waiter")
+        .unwrap()
+        .unwrap();
+    let left = guard
+        .deadline()
+        .map(|d| d.saturating_duration_since(std::time::Instant::now()));
+    assert!(
+        left.is_some_and(|l| l >= Duration::from_millis(150)),
+        "the handed guard starts with {left:?} left of a 300 ms cap"
+    );
+    assert!(
+        store.renewals.load(std::sync::atomic::Ordering::SeqCst) > renewals,
+        "the hand-off was not confirmed with the store"
+    );
+    assert!(!guard.is_lost());
+}

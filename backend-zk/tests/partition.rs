@@ -1,0 +1,236 @@
+//! A holder's link to ZooKeeper cut or silenced at a TCP proxy between
+//! client and server: the lost signal fires before the server could end the
+//! session, the client does not hammer the server while cut off, an ended
+//! session's node is never taken for ours, and a create whose reply was
+//! lost leaves no node behind to block the queue.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{hosts_of, raw_client, server_url};
+use locksmith_core::{ErrorKind, LockOptions, Locker};
+use locksmith_zk::internals::zookeeper_client as zk;
+use locksmith_zk::ZkBackend;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const PASS: u8 = 0;
+/// Connections are closed, and new ones closed as soon as they open.
+const CUT: u8 = 1;
+/// Bytes to the server pass; the server's replies are dropped.
+const MUTE: u8 = 2;
+
+struct Proxy {
+    addr: SocketAddr,
+    mode: Arc<AtomicU8>,
+    accepted: Arc<AtomicUsize>,
+    links: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mode = Arc::new(AtomicU8::new(PASS));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let links: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let (m, a, l) = (mode.clone(), accepted.clone(), links.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                a.fetch_add(1, Ordering::SeqCst);
+                if m.load(Ordering::SeqCst) == CUT {
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                let mode = m.clone();
+                let task = tokio::spawn(async move {
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = async move {
+                        let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                    };
+                    let down = async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match sr.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if mode.load(Ordering::SeqCst) == MUTE {
+                                continue;
+                            }
+                            if cw.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    };
+                    tokio::select! { () = up => {}, () = down => {} }
+                });
+                l.lock().unwrap().push(task.abort_handle());
+            }
+        });
+        Proxy {
+            addr,
+            mode,
+            accepted,
+            links,
+        }
+    }
+
+    fn set(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
+        if mode == CUT {
+            for link in self.links.lock().unwrap().drain(..) {
+                link.abort();
+            }
+        }
+    }
+}
+
+fn locker(hosts: &str, root: &str, params: &str) -> Locker {
+    Locker::new(ZkBackend::connect(&format!("zk://{hosts}{root}?{params}")).expect("valid URL"))
+}
+
+fn root(name: &str) -> String {
+    format!("/locksmith-partition-{name}-{}", std::process::id())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cut_off_holder_is_lost_before_anyone_else_can_take_the_lock() {
+    let hosts = hosts_of(&server_url());
+    let proxy = Proxy::start(hosts.clone()).await;
+    let root = root("cut");
+    let session = Duration::from_secs(2);
+    let holder = locker(
+        &proxy.addr.to_string(),
+        &root,
+        "session_timeout=2s&connect_timeout=500ms&timeout=500ms",
+    );
+    let other = locker(&hosts, &root, "session_timeout=2s");
+    let ttl = LockOptions::new().ttl(Duration::from_secs(30));
+    let guard = holder.lock_with("k", &ttl).await.expect("lock");
+    let first = guard.fence().expect("fence");
+
+    proxy.set(CUT);
+    let cut_at = Instant::now();
+    let accepted_before = proxy.accepted.load(Ordering::SeqCst);
+    let taker = tokio::spawn(async move {
+        loop {
+            if let Ok(Some(g)) = other.try_lock_with("k", &ttl).await {
+                return (Instant::now(), g, other);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    let reason = tokio::time::timeout(session * 3, guard.lost())
+        .await
+        .expect("the lost signal fires while the holder is cut off");
+    let fired_at = Instant::now();
+    let (taken_at, taken, other) = tokio::time::timeout(session * 5, taker)
+        .await
+        .expect("the server ends the cut-off session and the lock is taken")
+        .unwrap();
+    assert!(
+        fired_at <= taken_at,
+        "another client took the lock {:?} before the holder's lost signal ({reason:?})",
+        fired_at - taken_at
+    );
+    assert!(
+        fired_at - cut_at <= session,
+        "lost fired {:?} after the cut, later than the session timeout",
+        fired_at - cut_at
+    );
+    // Cut off for seconds, the client reconnected with backoff, not in a loop.
+    let attempts = proxy.accepted.load(Ordering::SeqCst) - accepted_before;
+    let cut_for = cut_at.elapsed();
+    assert!(
+        attempts <= 5 + 10 * cut_for.as_secs() as usize,
+        "{attempts} connection attempts in {cut_for:?} while cut off"
+    );
+    let second = taken.fence().expect("fence");
+    assert!(second > first, "fences {first:?} then {second:?}");
+
+    // Back on the network, its session ended: nothing of the old session is
+    // taken for a hold, even by the same owner.
+    proxy.set(PASS);
+    let again = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match holder.try_lock("k").await {
+                Err(e) if e.kind() == ErrorKind::Unavailable => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the holder reaches the server again");
+    assert!(
+        again.expect("try_lock").is_none(),
+        "the old holder was granted a lock someone else holds"
+    );
+    taken.release().await.expect("release");
+    let third = holder.try_lock("k").await.expect("try_lock").expect("free");
+    assert!(third.fence().expect("fence") > second);
+    third.release().await.unwrap();
+    drop(other);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_create_whose_reply_is_lost_leaves_no_node_behind() {
+    let hosts = hosts_of(&server_url());
+    let proxy = Proxy::start(hosts.clone()).await;
+    let root = root("mute");
+    let client = locker(
+        &proxy.addr.to_string(),
+        &root,
+        "session_timeout=6s&connect_timeout=500ms&timeout=300ms",
+    );
+    // A first lock makes the session and the directory.
+    client
+        .try_lock("k")
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    // The create reaches the server; its reply does not come back.
+    proxy.set(MUTE);
+    let e = client.try_lock("k").await.expect_err("no reply");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    let raw = raw_client(&hosts).await;
+    let dir = format!("{root}/k");
+    let orphans = raw.list_children(&dir).await.expect("list");
+    assert_eq!(orphans.len(), 1, "the server made the node: {orphans:?}");
+    // The connection drops and the client reconnects to the same session.
+    proxy.set(CUT);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.set(PASS);
+    // The node is found by its UUID and deleted, within a few seconds: not
+    // when the session (which lives on) ends.
+    let start = Instant::now();
+    loop {
+        match raw.list_children(&dir).await {
+            Ok(c) if c.is_empty() => break,
+            Err(zk::Error::NoNode) => break,
+            Ok(c) => assert!(
+                start.elapsed() < Duration::from_secs(4),
+                "the orphan node {c:?} is still there"
+            ),
+            Err(e) => panic!("list: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let next = locker(&hosts, &root, "session_timeout=6s");
+    let g = next.try_lock("k").await.unwrap();
+    assert!(g.is_some(), "the lock is free once the orphan is gone");
+    drop(client);
+}

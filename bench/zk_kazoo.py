@@ -1,0 +1,187 @@
+"""Baseline for `locksmith-bench zookeeper`: Python kazoo's ZooKeeper lock.
+
+Measures kazoo.recipe.lock.Lock against a live ZooKeeper server, in one of
+two modes, and prints exactly one JSON line on stdout (errors go to stderr,
+with a nonzero exit status):
+
+  uncontended  one client, one lock: N sequential acquire(blocking=False) +
+               release pairs, timed after a 50-pair warm-up.
+  contended    C threads, each with its own KazooClient (own session), loop
+               blocking acquire / tiny critical section / release on one
+               lock for T seconds. Hand-off latency runs from one client's
+               release start to the next grant to a different client, the
+               same measure as src/cli/timing.rs.
+
+`locksmith-bench zookeeper` runs this as a subprocess and prints its figures
+beside its own. Every run locks under a fresh path (--path plus a random
+suffix) and deletes it at the end.
+"""
+
+import argparse
+import json
+import math
+import sys
+import threading
+import time
+import uuid
+from importlib.metadata import version
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+KAZOO = version("kazoo")
+WARMUP = 50
+ACQUIRE_TIMEOUT = 30.0  # a stuck blocking acquire fails the run, not hangs it
+
+
+def connect(hosts):
+    client = KazooClient(hosts=hosts)
+    client.start(timeout=10)
+    return client
+
+
+def close(client):
+    client.stop()
+    client.close()
+
+
+def uncontended(client, path, iterations):
+    lock = client.Lock(path)
+
+    def pair():
+        if not lock.acquire(blocking=False):
+            raise RuntimeError("uncontended acquire(blocking=False) returned False")
+        lock.release()
+
+    for _ in range(WARMUP):
+        pair()
+    start = time.perf_counter()
+    for _ in range(iterations):
+        pair()
+    seconds = time.perf_counter() - start
+    return {
+        "mode": "uncontended",
+        "pairs": iterations,
+        "seconds": round(seconds, 6),
+        "pairs_per_s": round(iterations / seconds, 1),
+    }
+
+
+class HandOffs:
+    """Release-to-grant gaps between different clients (cf. src/cli/timing.rs)."""
+
+    def __init__(self):
+        self.mutex = threading.Lock()
+        self.last = None  # (releaser id, monotonic time its release started)
+        self.gaps = []
+
+    def granted(self, cid):
+        now = time.monotonic()
+        with self.mutex:
+            if self.last is not None and self.last[0] != cid:
+                self.gaps.append(now - self.last[1])
+            self.last = None
+
+    def releasing(self, cid):
+        with self.mutex:
+            self.last = (cid, time.monotonic())
+
+
+def percentile_us(sorted_gaps, p):
+    """Nearest-rank quantile in microseconds, as timing.rs picks it."""
+    if not sorted_gaps:
+        return None
+    i = min(max(math.ceil(len(sorted_gaps) * p), 1), len(sorted_gaps)) - 1
+    return round(sorted_gaps[i] * 1e6, 1)
+
+
+def contended(clients, path, seconds):
+    handoffs = HandOffs()
+    counts = [0] * len(clients)
+    errors = []
+    locks = [c.Lock(path, identifier=f"bench-{i}") for i, c in enumerate(clients)]
+    ready = threading.Barrier(len(clients) + 1)
+    deadline = None
+
+    def run(cid):
+        lock = locks[cid]
+        try:
+            ready.wait()
+            while time.monotonic() < deadline:
+                lock.acquire(timeout=ACQUIRE_TIMEOUT)
+                handoffs.granted(cid)
+                counts[cid] += 1
+                time.sleep(0)  # the tiny critical section: yield once
+                handoffs.releasing(cid)
+                lock.release()
+        except Exception as e:  # reported by the main thread
+            errors.append(f"client {cid}: {type(e).__name__}: {e}")
+            ready.abort()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(clients))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + seconds
+    ready.wait()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    gaps = sorted(handoffs.gaps)
+    return {
+        "mode": "contended",
+        "contenders": len(clients),
+        "seconds": seconds,
+        "locks": sum(counts),
+        "counts": counts,
+        "handoff_p50_us": percentile_us(gaps, 0.5),
+        "handoff_p99_us": percentile_us(gaps, 0.99),
+        "handoffs": len(gaps),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", default="127.0.0.1:2181")
+    ap.add_argument("--path", default="/bench-kazoo",
+                    help="lock path prefix; a random suffix is appended per run")
+    ap.add_argument("--mode", choices=["uncontended", "contended"], required=True)
+    ap.add_argument("--iterations", type=int, default=2000)
+    ap.add_argument("--contenders", type=int, default=8)
+    ap.add_argument("--seconds", type=int, default=5)
+    args = ap.parse_args()
+    if args.iterations < 1 or args.contenders < 1 or args.seconds <= 0:
+        ap.error("--iterations and --contenders must be >= 1, --seconds > 0")
+
+    path = f"{args.path.rstrip('/')}-{uuid.uuid4().hex[:12]}"
+    n = 1 if args.mode == "uncontended" else args.contenders
+    clients = []
+    try:
+        for _ in range(n):
+            clients.append(connect(args.hosts))
+        if args.mode == "uncontended":
+            result = uncontended(clients[0], path, args.iterations)
+        else:
+            result = contended(clients, path, args.seconds)
+    finally:
+        try:
+            if clients:
+                clients[0].delete(path, recursive=True)
+        except NoNodeError:
+            pass
+        except Exception as e:
+            print(f"zk_kazoo: could not delete {path}: {e}", file=sys.stderr)
+        for c in clients:
+            close(c)
+    result["kazoo"] = KAZOO
+    print(json.dumps(result, separators=(",", ":")), flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as e:
+        print(f"zk_kazoo: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(1)
