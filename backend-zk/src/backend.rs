@@ -167,7 +167,9 @@ impl Inner {
         let dir = self.dir(key);
         let prefix = layout::contender_prefix(&uuid::Uuid::new_v4());
         let acls = self.sessions.acls();
-        let mut made_dir = false;
+        // The server may reap an empty directory between our mkdir and our
+        // create: make it again, a few times.
+        let mut dirs_made = 0;
         loop {
             let (client, list_dir) = (session.client.clone(), dir.clone());
             let (path, data) = (
@@ -193,8 +195,8 @@ impl Inner {
             };
             let (stat, sequence) = match created {
                 Ok(c) => c,
-                Err(ZkError::NoNode) if !made_dir => {
-                    made_dir = true;
+                Err(ZkError::NoNode) if dirs_made < 3 => {
+                    dirs_made += 1;
                     let options = CreateMode::Container.with_acls(acls);
                     session
                         .call(session.client.mkdir(&dir, &options))
@@ -249,16 +251,70 @@ impl Inner {
         if node.session.is_over() {
             return Ok(false);
         }
-        match node
+        // A server cut off from the leader may still answer reads from its
+        // stale copy while the leader expires the session: `sync` first, so
+        // the answer is at least as new as the leader's state when it was
+        // sent (the server answers a session's requests in order).
+        let client = &node.session.client;
+        let (synced, stat) = node
             .session
-            .call(node.session.client.check_stat(&node.path))
+            .call(async {
+                let pair =
+                    futures::future::join(client.sync(&node.path), client.check_stat(&node.path));
+                Ok(pair.await)
+            })
             .await
-        {
+            .unwrap_or_else(|e| (Err(e.clone()), Err(e)));
+        match synced.and(stat) {
             Ok(Some(stat)) => Ok(stat.ephemeral_owner == node.session.id),
-            Ok(None) => Ok(false),
+            Ok(None) | Err(ZkError::NoNode) => Ok(false),
             Err(e) if is_session_over(&e) => Ok(false),
             Err(e) => Err(map_err(e)),
         }
+    }
+
+    /// A ticket already queued: its node is confirmed with the server (so
+    /// the caller's send time is a moment the session was known alive,
+    /// which a later grant's lease counts from), then the grant it was
+    /// handed, or "still queued". `None` if the ticket has no live node and
+    /// must queue afresh (anything of it left behind is cleared).
+    async fn requeued(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Acquire>> {
+        let (node, granted) = match lock(&self.waiters).get(ticket) {
+            Some(w) => match &w.node {
+                Some(n) => (n.clone(), w.granted),
+                None => return Ok(None),
+            },
+            None => return Ok(None),
+        };
+        let alive = self.confirm(&node).await?;
+        let mut waiters = lock(&self.waiters);
+        let Some(w) = waiters
+            .get_mut(ticket)
+            .filter(|w| w.node.as_ref().is_some_and(|n| n.path == node.path))
+        else {
+            return Ok(None);
+        };
+        if alive {
+            return Ok(Some(match granted {
+                Some(g) => {
+                    waiters.remove(ticket);
+                    Acquire::Acquired(g)
+                }
+                None => Acquire::Contended { retry_after: None },
+            }));
+        }
+        // The node is gone (its session ended): forget it, and any hold it
+        // was handed, and queue again.
+        if let Some(t) = w.task.take() {
+            t.abort();
+        }
+        w.node = None;
+        w.granted = None;
+        let mut held = lock(&self.held);
+        if held.get(key).is_some_and(|h| h.node.path == node.path) {
+            held.remove(key);
+        }
+        Ok(None)
     }
 
     /// Re-entry: `owner` already holds `key` here, on a node that is still
@@ -471,17 +527,8 @@ impl LockBackend for ZkBackend {
         ticket: &OwnerToken,
     ) -> Result<Acquire> {
         let inner = &self.inner;
-        {
-            let mut waiters = lock(&inner.waiters);
-            if let Some(w) = waiters.get_mut(ticket) {
-                if let Some(g) = w.granted {
-                    waiters.remove(ticket);
-                    return Ok(Acquire::Acquired(g));
-                }
-                if w.node.is_some() {
-                    return Ok(Acquire::Contended { retry_after: None });
-                }
-            }
+        if let Some(answer) = inner.requeued(key, ticket).await? {
+            return Ok(answer);
         }
         if let Some(a) = inner.reenter(key, owner).await? {
             return Ok(a);
@@ -490,7 +537,9 @@ impl LockBackend for ZkBackend {
         let entered = inner.enter(&session, key, owner).await?;
         if entered.first {
             let grant = entered.node.grant(1);
-            inner.hold(key, owner, entered.node, None);
+            // Under the ticket, so that an abandon (the caller cancelled
+            // while this answer was on its way) releases it.
+            inner.hold(key, owner, entered.node, Some(ticket.clone()));
             lock(&inner.waiters).remove(ticket);
             return Ok(Acquire::Acquired(grant));
         }
@@ -525,12 +574,19 @@ impl LockBackend for ZkBackend {
                 return Ok(());
             }
         }
-        // Handed to the ticket already: release that hold.
+        // Handed to the ticket already: release that hold (only that one,
+        // if the owner has re-entered meanwhile).
         let node = {
             let mut held = lock(&self.inner.held);
-            match held.get(key) {
+            match held.get_mut(key) {
                 Some(h) if h.owner == *owner && h.ticket.as_ref() == Some(ticket) => {
-                    held.remove(key).map(|h| h.node)
+                    if h.holds > 1 {
+                        h.holds -= 1;
+                        h.ticket = None;
+                        None
+                    } else {
+                        held.remove(key).map(|h| h.node)
+                    }
                 }
                 _ => None,
             }
@@ -624,6 +680,9 @@ async fn wait_turn(
         return;
     };
     w.task = None;
+    // A listing that found us first says nothing of a session that has
+    // ended since.
+    let first = first && !session.is_over();
     if !first {
         w.node = None;
         drop(waiters);

@@ -73,6 +73,17 @@
 //! `znode.container.checkIntervalMs` (default a minute; tell the backend
 //! with `?retention=`). Nodes of a crashed client go with its session.
 //!
+//! # Why not the client's own lock
+//!
+//! The `zookeeper-client` crate has `Client::lock` with a Curator prefix.
+//! This backend builds on its `create`, `list_children`,
+//! `get_and_watch_data`, `check_stat` and `delete` instead, because that
+//! lock only blocks (the contract needs a single attempt), drops the
+//! create's `Stat` (the fence would cost a round trip), retries a lost
+//! connection until the session dies (never `Unavailable`), and its clean-up
+//! of a Curator-named node on drop passes a bare name to `delete`, which
+//! fails and leaves the node in the queue.
+//!
 //! Connection URLs are read by [`ZkConfig::from_url`].
 
 mod backend;

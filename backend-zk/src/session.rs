@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use locksmith_core::{Error, Result};
 use zookeeper_client::{Acls, Client, Error as ZkError, SessionState};
@@ -69,14 +69,24 @@ pub(crate) fn is_terminal(state: SessionState) -> bool {
 #[derive(Debug)]
 pub(crate) struct Sessions {
     config: ZkConfig,
-    current: tokio::sync::Mutex<Option<Arc<Session>>>,
+    current: tokio::sync::Mutex<Current>,
+}
+
+#[derive(Debug, Default)]
+struct Current {
+    session: Option<Arc<Session>>,
+    /// When the last attempt to connect failed, and why: callers that
+    /// queued behind that attempt get its answer instead of each making
+    /// one more, so an ensemble that is down costs one connect timeout,
+    /// not one per caller.
+    failed: Option<(Instant, Error)>,
 }
 
 impl Sessions {
     pub(crate) fn new(config: ZkConfig) -> Self {
         Sessions {
             config,
-            current: tokio::sync::Mutex::new(None),
+            current: tokio::sync::Mutex::new(Current::default()),
         }
     }
 
@@ -97,19 +107,34 @@ impl Sessions {
     /// The session now, if there is one that has not ended.
     pub(crate) fn peek(&self) -> Option<Arc<Session>> {
         let current = self.current.try_lock().ok()?;
-        current.as_ref().filter(|s| !s.is_over()).cloned()
+        current.session.as_ref().filter(|s| !s.is_over()).cloned()
     }
 
     /// The live session, connecting first if there is none (or the last
     /// one ended). One caller connects; the others wait for it.
     pub(crate) async fn get(&self) -> Result<Arc<Session>> {
+        let arrived = Instant::now();
         let mut current = self.current.lock().await;
-        if let Some(s) = current.as_ref().filter(|s| !s.is_over()) {
+        if let Some(s) = current.session.as_ref().filter(|s| !s.is_over()) {
             return Ok(s.clone());
         }
-        let session = Arc::new(self.connect().await?);
-        *current = Some(session.clone());
-        Ok(session)
+        if let Some((at, e)) = &current.failed {
+            if *at >= arrived {
+                return Err(e.clone());
+            }
+        }
+        match self.connect().await {
+            Ok(s) => {
+                let session = Arc::new(s);
+                current.session = Some(session.clone());
+                current.failed = None;
+                Ok(session)
+            }
+            Err(e) => {
+                current.failed = Some((Instant::now(), e.clone()));
+                Err(e)
+            }
+        }
     }
 
     async fn connect(&self) -> Result<Session> {
@@ -121,8 +146,9 @@ impl Sessions {
         if let Some((user, password)) = &c.auth {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
         }
-        // Each host gets the connection timeout; the whole ensemble twice that.
-        let budget = c.connect_timeout * 2 + Duration::from_millis(100);
+        // Each host gets the connection timeout, tried in turn.
+        let hosts = u32::try_from(c.hosts.split(',').count()).unwrap_or(u32::MAX);
+        let budget = c.connect_timeout.saturating_mul(hosts) + Duration::from_millis(100);
         let client = match tokio::time::timeout(budget, connector.connect(&c.hosts)).await {
             Ok(r) => r.map_err(|e| {
                 let e = map_err(e);

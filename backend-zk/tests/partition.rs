@@ -182,11 +182,23 @@ async fn a_cut_off_holder_is_lost_before_anyone_else_can_take_the_lock() {
     drop(other);
 }
 
+/// The connection drops (EOF) after the create was sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_create_whose_reply_is_lost_leaves_no_node_behind() {
+    orphan_case("drop", false).await;
+}
+
+/// The server goes silent after the create was sent, until the client
+/// gives the connection up itself (an I/O error, not a clean loss).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_create_answered_into_silence_leaves_no_node_behind() {
+    orphan_case("silence", true).await;
+}
+
+async fn orphan_case(name: &str, silence: bool) {
     let hosts = hosts_of(&server_url());
     let proxy = Proxy::start(hosts.clone()).await;
-    let root = root("mute");
+    let root = root(name);
     let client = locker(
         &proxy.addr.to_string(),
         &root,
@@ -210,9 +222,15 @@ async fn a_create_whose_reply_is_lost_leaves_no_node_behind() {
     let dir = format!("{root}/k");
     let orphans = raw.list_children(&dir).await.expect("list");
     assert_eq!(orphans.len(), 1, "the server made the node: {orphans:?}");
-    // The connection drops and the client reconnects to the same session.
-    proxy.set(CUT);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    if silence {
+        // Pings still reach the server (the session lives); no reply comes
+        // back, so the client declares the connection dead by itself.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    } else {
+        proxy.set(CUT);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The client reconnects to the same session.
     proxy.set(PASS);
     // The node is found by its UUID and deleted, within a few seconds: not
     // when the session (which lives on) ends.
