@@ -317,9 +317,32 @@ impl Inner {
         Ok(None)
     }
 
+    /// One attempt: re-entry, or a new node that is first in the queue
+    /// (the hold recorded under `ticket`, so that an abandon, when the
+    /// caller cancelled while this answer was on its way, releases it); or
+    /// the node that queued behind someone else.
+    async fn attempt(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ticket: Option<&OwnerToken>,
+    ) -> Result<std::result::Result<Grant, Entered>> {
+        if let Some(granted) = self.reenter(key, owner).await? {
+            return Ok(Ok(granted));
+        }
+        let session = self.sessions.get().await?;
+        let entered = self.enter(&session, key, owner).await?;
+        if !entered.first {
+            return Ok(Err(entered));
+        }
+        let grant = entered.node.grant(1);
+        self.hold(key, owner, entered.node, ticket.cloned());
+        Ok(Ok(grant))
+    }
+
     /// Re-entry: `owner` already holds `key` here, on a node that is still
     /// its own. `None` to acquire afresh.
-    async fn reenter(&self, key: &LockKey, owner: &OwnerToken) -> Result<Option<Acquire>> {
+    async fn reenter(&self, key: &LockKey, owner: &OwnerToken) -> Result<Option<Grant>> {
         let node = match lock(&self.held).get(key) {
             Some(h) if h.owner == *owner => h.node.clone(),
             _ => return Ok(None),
@@ -330,7 +353,7 @@ impl Inner {
             Some(h) if h.owner == *owner && h.node.path == node.path => {
                 if ours {
                     h.holds += 1;
-                    return Ok(Some(Acquire::Acquired(h.node.grant(h.holds))));
+                    return Ok(Some(h.node.grant(h.holds)));
                 }
                 held.remove(key);
                 Ok(None)
@@ -417,16 +440,10 @@ impl LockBackend for ZkBackend {
         _ttl: Duration,
     ) -> Result<Acquire> {
         let inner = &self.inner;
-        if let Some(a) = inner.reenter(key, owner).await? {
-            return Ok(a);
-        }
-        let session = inner.sessions.get().await?;
-        let entered = inner.enter(&session, key, owner).await?;
-        if entered.first {
-            let grant = entered.node.grant(1);
-            inner.hold(key, owner, entered.node, None);
-            return Ok(Acquire::Acquired(grant));
-        }
+        let entered = match inner.attempt(key, owner, None).await? {
+            Ok(granted) => return Ok(Acquire::Acquired(granted)),
+            Err(queued) => queued,
+        };
         // Not first: leave the queue. A delete the store did not confirm is
         // finished in the background; the answer is still "contended".
         let _ = inner.delete(entered.node).await;
@@ -530,19 +547,13 @@ impl LockBackend for ZkBackend {
         if let Some(answer) = inner.requeued(key, ticket).await? {
             return Ok(answer);
         }
-        if let Some(a) = inner.reenter(key, owner).await? {
-            return Ok(a);
-        }
-        let session = inner.sessions.get().await?;
-        let entered = inner.enter(&session, key, owner).await?;
-        if entered.first {
-            let grant = entered.node.grant(1);
-            // Under the ticket, so that an abandon (the caller cancelled
-            // while this answer was on its way) releases it.
-            inner.hold(key, owner, entered.node, Some(ticket.clone()));
-            lock(&inner.waiters).remove(ticket);
-            return Ok(Acquire::Acquired(grant));
-        }
+        let entered = match inner.attempt(key, owner, Some(ticket)).await? {
+            Ok(granted) => {
+                lock(&inner.waiters).remove(ticket);
+                return Ok(Acquire::Acquired(granted));
+            }
+            Err(queued) => queued,
+        };
         // Queue: keep the node, and watch only the one just before it.
         let mut waiters = lock(&inner.waiters);
         let w = waiters.entry(ticket.clone()).or_default();

@@ -194,20 +194,7 @@ pub(crate) async fn run(
                 ours.add(
                     contended(contenders, seconds, |_| {
                         let l = Locker::new(RedisBackend::connect(url).expect("url"));
-                        let key = format!("bench:{tag}:contended");
-                        move || {
-                            let (l, key) = (l.clone(), key.clone());
-                            Box::pin(async move {
-                                let g = l
-                                    .lock_with(key.as_str(), &LockOptions::new().ttl(TTL))
-                                    .await
-                                    .expect("lock");
-                                Box::new(move || {
-                                    Box::pin(async move { g.release().await.expect("release") })
-                                        as Release
-                                }) as Releaser
-                            }) as Acquiring
-                        }
+                        locker_contender(l, format!("bench:{tag}:contended"), TTL)
                     })
                     .await,
                 );
@@ -377,6 +364,26 @@ async fn server_busy_us(conn: &mut redis::aio::ConnectionManager, top: &[&str]) 
 pub(crate) type Release = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 pub(crate) type Releaser = Box<dyn FnOnce() -> Release + Send>;
 pub(crate) type Acquiring = std::pin::Pin<Box<dyn std::future::Future<Output = Releaser> + Send>>;
+
+/// One contender taking `key` through a `Locker`, waiting as long as it takes.
+pub(crate) fn locker_contender(
+    l: Locker,
+    key: String,
+    ttl: Duration,
+) -> impl Fn() -> Acquiring + Send + 'static {
+    move || {
+        let (l, key) = (l.clone(), key.clone());
+        Box::pin(async move {
+            let g = l
+                .lock_with(key.as_str(), &LockOptions::new().ttl(ttl))
+                .await
+                .expect("lock");
+            Box::new(move || {
+                Box::pin(async move { g.release().await.expect("release") }) as Release
+            }) as Releaser
+        }) as Acquiring
+    }
+}
 
 /// Each client loops acquire, a tiny critical section, release, until time
 /// is up; hand-off is measured from one client's release to another's grant.

@@ -11,9 +11,7 @@ use locksmith::zookeeper::internals::zookeeper_client as zk;
 use locksmith::zookeeper::ZkBackend;
 use locksmith::{LockKey, LockOptions, Locker, OwnerToken};
 
-use crate::redis_bench::{
-    contended, median, pairs_per_sec, Acquiring, Contention, Release, Releaser,
-};
+use crate::redis_bench::{contended, locker_contender, median, pairs_per_sec, Contention};
 
 const TTL: Duration = Duration::from_secs(30);
 const KAZOO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/zk_kazoo.py");
@@ -176,19 +174,7 @@ pub(crate) async fn run(
                 ours.add(
                     contended(contenders, seconds, |_| {
                         let l = Locker::new(ZkBackend::connect(&url).expect("url"));
-                        move || {
-                            let l = l.clone();
-                            Box::pin(async move {
-                                let g = l
-                                    .lock_with("contended", &LockOptions::new().ttl(TTL))
-                                    .await
-                                    .expect("lock");
-                                Box::new(move || {
-                                    Box::pin(async move { g.release().await.expect("release") })
-                                        as Release
-                                }) as Releaser
-                            }) as Acquiring
-                        }
+                        locker_contender(l, "contended".to_owned(), TTL)
                     })
                     .await,
                 );

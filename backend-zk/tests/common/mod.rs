@@ -132,7 +132,20 @@ impl Harness for ZkHarness {
             .ok_or_else(|| anyhow::anyhow!("not a client of this harness"))?;
         let info = internals::session(&typed)
             .ok_or_else(|| anyhow::anyhow!("the client has no session to end"))?;
-        end_session(&self.hosts, info).await
+        end_session(&self.hosts, info).await?;
+        // Each takeover above drops the victim's connection, and its client
+        // reconnects with a growing backoff (up to about a second after a
+        // few rounds): wait until it has learnt that its session ended, so
+        // that cases time the backend, not this harness's tug of war.
+        let start = std::time::Instant::now();
+        while internals::session(&typed).is_some() {
+            anyhow::ensure!(
+                start.elapsed() < Duration::from_secs(5),
+                "the victim's client did not learn within 5 s that its session ended"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
     }
 
     async fn stored_names(&self, prefix: &str) -> anyhow::Result<u64> {
