@@ -197,11 +197,7 @@ impl Inner {
                 Ok(c) => c,
                 Err(ZkError::NoNode) if dirs_made < 3 => {
                     dirs_made += 1;
-                    let options = CreateMode::Container.with_acls(acls);
-                    session
-                        .call(session.client.mkdir(&dir, &options))
-                        .await
-                        .map_err(map_err)?;
+                    self.make_dir(session, &dir).await?;
                     continue;
                 }
                 Err(e) => {
@@ -241,6 +237,35 @@ impl Inner {
                 dir,
                 first,
             });
+        }
+    }
+
+    /// Makes the lock directory `dir` with our ACL, and the root's missing
+    /// levels with the shared one; all are containers, reaped once empty.
+    async fn make_dir(&self, session: &Session, dir: &str) -> Result<()> {
+        let lock_dir = CreateMode::Container.with_acls(self.sessions.acls());
+        match session
+            .call(session.client.create(dir, &[], &lock_dir))
+            .await
+        {
+            Ok(_) | Err(ZkError::NodeExists) => return Ok(()),
+            Err(ZkError::NoNode) => {}
+            Err(e) => return Err(map_err(e)),
+        }
+        let root = &self.sessions.config().root;
+        if !root.is_empty() {
+            let parents = CreateMode::Container.with_acls(self.sessions.parent_acls());
+            session
+                .call(session.client.mkdir(root, &parents))
+                .await
+                .map_err(map_err)?;
+        }
+        match session
+            .call(session.client.create(dir, &[], &lock_dir))
+            .await
+        {
+            Ok(_) | Err(ZkError::NodeExists) => Ok(()),
+            Err(e) => Err(map_err(e)),
         }
     }
 

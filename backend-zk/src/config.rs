@@ -21,9 +21,10 @@ const DEFAULT_ROOT: &str = "/locksmith";
 /// scheme, and every node it creates (lock directories included) gets an
 /// ACL that gives that identity, and nobody else, any right to it.
 ///
-/// Parameters: `session_timeout` (default 10s; the server may grant a
-/// longer one, never accepted shorter: see [`ZkBackend`](crate::ZkBackend)),
-/// `connect_timeout` (default 2s), `timeout` (how long one request may
+/// Parameters: `session_timeout` (default 10s, at least 1s; the server may
+/// grant a longer one, never accepted shorter: see [`ZkBackend`](crate::ZkBackend)),
+/// `connect_timeout` (default 2s; the client gives up on a silent server
+/// after 40% of the session timeout at most), `timeout` (how long one request may
 /// wait for an answer, reconnection included, before it is `Unavailable`;
 /// default 2s), and `retention` (how long an empty lock directory may stay
 /// before the server reaps it: the server's
@@ -71,7 +72,7 @@ impl ZkConfig {
         let mut p = UrlParams::new(url);
         let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));
         let session_timeout = p
-            .duration("session_timeout", Duration::from_millis(100)..=hour)?
+            .duration("session_timeout", Duration::from_secs(1)..=hour)?
             .unwrap_or(Duration::from_secs(10));
         let connect_timeout = p
             .duration("connect_timeout", ms..=hour)?
@@ -80,7 +81,10 @@ impl ZkConfig {
             .duration("timeout", ms..=hour)?
             .unwrap_or(Duration::from_secs(2));
         let retention = p
-            .duration("retention", Duration::ZERO..=Duration::from_secs(24 * 3600))?
+            .duration(
+                "retention",
+                Duration::from_secs(1)..=Duration::from_secs(24 * 3600),
+            )?
             .unwrap_or(Duration::from_secs(60));
         let base = p.finish(&[])?;
         let rest = base.split_once("://").map_or("", |(_, r)| r);
@@ -234,6 +238,8 @@ mod tests {
             ("zk://alice@h/x", ErrorKind::Config),
             ("zk://:pw@h/x", ErrorKind::Config),
             ("zk://h/x?session_timeout=soon", ErrorKind::InvalidOptions),
+            ("zk://h/x?session_timeout=200ms", ErrorKind::InvalidOptions),
+            ("zk://h/x?retention=0s", ErrorKind::InvalidOptions),
             ("zk://h/x?sesion_timeout=6s", ErrorKind::InvalidOptions),
             ("redis://h", ErrorKind::Config),
         ] {

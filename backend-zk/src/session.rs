@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use locksmith_core::{Error, Result};
-use zookeeper_client::{Acls, Client, Error as ZkError, SessionState};
+use zookeeper_client::{Acl, Acls, AuthId, Client, Error as ZkError, Permission, SessionState};
 
 use crate::config::ZkConfig;
 use crate::error::map_err;
@@ -94,14 +94,31 @@ impl Sessions {
         &self.config
     }
 
-    /// The ACL of every node we create: the authenticated identity's
-    /// alone, or open to all without credentials.
+    /// The ACL of lock directories and contender nodes: the authenticated
+    /// identity's alone (nobody else can create in, or delete from, our
+    /// locks), or open to all without credentials.
     pub(crate) fn acls(&self) -> Acls<'static> {
         if self.config.auth.is_some() {
             Acls::creator_all()
         } else {
             Acls::anyone_all()
         }
+    }
+
+    /// The ACL of the root path's levels we create: ours, and anyone may
+    /// list them and create in them, so that a root shared with other
+    /// identities (or none) does not lock them out of their own keys.
+    pub(crate) fn parent_acls(&self) -> Acls<'static> {
+        static SHARED: std::sync::OnceLock<[Acl; 2]> = std::sync::OnceLock::new();
+        if self.config.auth.is_none() {
+            return Acls::anyone_all();
+        }
+        Acls::new(SHARED.get_or_init(|| {
+            [
+                Acl::new(Permission::ALL, AuthId::authed()),
+                Acl::new(Permission::READ | Permission::CREATE, AuthId::anyone()),
+            ]
+        }))
     }
 
     /// The session now, if there is one that has not ended.

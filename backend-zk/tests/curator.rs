@@ -211,6 +211,14 @@ async fn with_credentials_only_that_identity_can_touch_the_locks() {
     let mallory = locker(&hosts, "mallory:x@", &root);
     let e = mallory.try_lock("k").await.expect_err("another identity");
     assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    // The root alice made is shared: others lock keys of their own in it.
+    for (other, key) in [
+        (&mallory, "mallory's"),
+        (&locker(&hosts, "", &root), "anyone's"),
+    ] {
+        let g = other.try_lock(key).await.expect("a key of their own");
+        g.expect("free").release().await.expect("release");
+    }
 
     guard.release().await.expect("release");
     assert_eq!(curator.ask("try"), "acquired");

@@ -64,9 +64,10 @@ pub(crate) async fn run(
         .await
         .map_err(|e| format!("cannot reach ZooKeeper at {hosts}: {e}"))?;
     let dir = format!("{root}/raw");
+    // Containers: the server reaps them even if this run is interrupted.
     raw.mkdir(
         &dir,
-        &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        &zk::CreateMode::Container.with_acls(zk::Acls::anyone_all()),
     )
     .await
     .map_err(|e| e.to_string())?;
@@ -217,5 +218,6 @@ pub(crate) async fn run(
     }
     drop((backend, locker));
     let _ = raw.delete(&dir, None).await;
+    let _ = raw.delete(&root, None).await;
     Ok(())
 }

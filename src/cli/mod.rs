@@ -158,10 +158,14 @@ fn init_tracing(verbose: u8) {
     use tracing_subscriber::EnvFilter;
     // -v: what the lock does (acquire, renewals, release; debug in our
     // crates), without the drivers' own chatter; -vv: the drivers' too.
-    let ours = "locksmith=debug,locksmith_core=debug,locksmith_sql=debug,locksmith_redis=debug";
+    let ours = "locksmith=debug,locksmith_core=debug,locksmith_sql=debug,locksmith_redis=debug,\
+                locksmith_zk=debug";
+    // The ZooKeeper client warns of every failed connection attempt; the
+    // error that matters reaches the user as ours.
+    let quiet = "zookeeper_client=error";
     let default = match verbose {
-        0 => "warn".to_owned(),
-        1 => format!("warn,{ours}"),
+        0 => format!("warn,{quiet}"),
+        1 => format!("warn,{quiet},{ours}"),
         2 => "debug".to_owned(),
         _ => "trace".to_owned(),
     };

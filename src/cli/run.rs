@@ -239,7 +239,9 @@ async fn hold(
                         eprintln!(
                             "locksmith: the lease could not be renewed; terminating the command \
                              ({} before it must stop)",
-                            humantime::format_duration(k.saturating_duration_since(now))
+                            humantime::format_duration(Duration::from_millis(
+                                k.saturating_duration_since(now).as_millis() as u64
+                            ))
                         );
                         group::signal_group(group, Signal::SIGTERM);
                         terminated_at = Some(now);
