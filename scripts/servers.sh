@@ -261,19 +261,33 @@ zk_run() {
         </dev/null >>"$dir/log" 2>&1 &
     echo $! >"$dir/pid"
 }
+# Kills the server of $1 by its config path (a pid file can be stale).
 zk_kill() {
     local dir=$1
-    [ -f "$dir/pid" ] || return 0
-    local pid
-    pid=$(cat "$dir/pid")
-    kill -9 "$pid" 2>/dev/null || true
-    for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    pkill -9 -f -- "QuorumPeerMain $dir/zoo.cfg" 2>/dev/null || true
+    for _ in $(seq 40); do
+        pgrep -f -- "QuorumPeerMain $dir/zoo.cfg" >/dev/null 2>&1 || break
+        sleep 0.25
+    done
     rm -f "$dir/pid"
 }
+# Whether the server of $1 runs, serving or not (a node cut off from its
+# quorum still runs): never start a second copy over it.
+zk_running() { pgrep -f -- "QuorumPeerMain $1/zoo.cfg" >/dev/null 2>&1; }
+# Answers at all (`ruok`), in a quorum or not.
+zk_alive() {
+    timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1 && printf ruok >&3 && cat <&3" 2>/dev/null |
+        grep -q imok
+}
 
-zookeeper_ready() { [ -f /usr/share/java/curator-recipes.jar ] && [ -n "$(zk_mode "$ZK_PORT")" ]; }
+zookeeper_ready() {
+    [ -f /usr/share/java/curator-recipes.jar ] &&
+        java --list-modules 2>/dev/null | grep -q '^jdk.compiler' &&
+        [ -n "$(zk_mode "$ZK_PORT")" ]
+}
 zookeeper_install() { zk_install; }
 zookeeper_start() {
+    zk_running "$STATE_DIR/zk" && return 0
     zk_run "$STATE_DIR/zk" "tickTime=100" "minSessionTimeout=200" "clientPort=$ZK_PORT"
 }
 
@@ -282,6 +296,7 @@ zk_node_dir() { echo "$STATE_DIR/zk-ensemble/$1"; }
 zk_node_start() {
     local dir
     dir=$(zk_node_dir "$1")
+    zk_running "$dir" && return 0
     mkdir -p "$dir/data"
     echo "$1" >"$dir/data/myid"
     zk_run "$dir" "tickTime=200" "minSessionTimeout=400" "initLimit=20" "syncLimit=10" \
@@ -289,8 +304,10 @@ zk_node_start() {
         "server.2=127.0.0.1:22882:23882" "server.3=127.0.0.1:22883:23883"
 }
 zk_node_stop() { zk_kill "$(zk_node_dir "$1")"; }
+# A node alone is "ready" once it runs and answers; it serves only in a
+# quorum, which zk_ensemble_ready waits for.
 for n in 1 2 3; do
-    eval "zk$n""_ready() { [ -n \"\$(zk_mode 2218$n)\" ]; }"
+    eval "zk$n""_ready() { zk_alive 2218$n; }"
     eval "zk$n""_install() { zk_install; }"
     eval "zk$n""_start() { zk_node_start $n; }"
     eval "zk$n""_stop() { zk_node_stop $n; }"

@@ -797,6 +797,17 @@ mod zookeeper {
         let first = fence_in(&fa);
         let a_pid = Pid::from_raw(a.id() as i32);
         kill(a_pid, Signal::SIGSTOP).unwrap();
+        // If an assertion fails while it is stopped, it must not stay so.
+        struct Thaw(Pid, bool);
+        impl Drop for Thaw {
+            fn drop(&mut self) {
+                if !self.1 {
+                    let _ = kill(self.0, Signal::SIGCONT);
+                    let _ = kill(self.0, Signal::SIGKILL);
+                }
+            }
+        }
+        let mut thaw = Thaw(a_pid, false);
         let mut b = spawn(locksmith(
             d,
             &[
@@ -823,6 +834,7 @@ mod zookeeper {
         assert!(second > first, "fences {first} then {second}");
         kill(a_pid, Signal::SIGCONT).unwrap();
         let code = wait_exit(&mut a, Duration::from_secs(15));
+        thaw.1 = true;
         assert_eq!(code, 70, "{}", stderr_of(&mut a));
         let shown = output(locksmith(
             d,

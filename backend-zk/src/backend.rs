@@ -25,6 +25,9 @@ pub(crate) const MIN_TTL: Duration = Duration::from_millis(250);
 /// How long to let a transient failure pass before trying again, in the
 /// background tasks that must finish their work (never a busy loop).
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// The longest pause between such tries: an error that persists while the
+/// session lives (a throttling server) costs a request every few seconds.
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(5);
 
 /// Locks in ZooKeeper, as Curator's `InterProcessMutex` takes them (see the
 /// crate docs). Cheap to clone; every clone shares one session.
@@ -53,12 +56,17 @@ struct Node {
 impl Node {
     fn grant(&self, holds: u32) -> Grant {
         Grant {
-            // A zxid is positive: epoch << 32 | counter.
-            fence: Some(FencingToken(self.czxid.max(0) as u64)),
+            fence: Some(fence_of(self.czxid)),
             holds,
             lease: None,
         }
     }
+}
+
+/// A node's creation zxid as a fencing token (a zxid is positive: epoch
+/// << 32 | counter).
+fn fence_of(czxid: i64) -> FencingToken {
+    FencingToken(u64::try_from(czxid).unwrap_or(0))
 }
 
 #[derive(Debug)]
@@ -298,6 +306,15 @@ impl Inner {
         }
     }
 
+    /// The answer for a waiter in the queue. Its node keeps its place and
+    /// the grant comes by notice, so it needs no refreshing; it is looked
+    /// at again every third of the session timeout, as a hold is confirmed.
+    fn queued(&self) -> Acquire {
+        Acquire::Contended {
+            retry_after: Some(self.sessions.config().session_timeout / 3),
+        }
+    }
+
     /// A ticket already queued: its node is confirmed with the server (so
     /// the caller's send time is a moment the session was known alive,
     /// which a later grant's lease counts from), then the grant it was
@@ -325,7 +342,7 @@ impl Inner {
                     waiters.remove(ticket);
                     Acquire::Acquired(g)
                 }
-                None => Acquire::Contended { retry_after: None },
+                None => self.queued(),
             }));
         }
         // The node is gone (its session ended): forget it, and any hold it
@@ -537,7 +554,7 @@ impl LockBackend for ZkBackend {
             };
             let waiters = u32::try_from(children.len() - i - 1).unwrap_or(u32::MAX);
             return Ok(LockStatus::held(holds)
-                .with_fence(Some(FencingToken(stat.czxid.max(0) as u64)))
+                .with_fence(Some(fence_of(stat.czxid)))
                 .with_waiters(Some(waiters)));
         }
         Ok(LockStatus::free())
@@ -594,7 +611,7 @@ impl LockBackend for ZkBackend {
             entered,
         ));
         w.task = Some(task.abort_handle());
-        Ok(Acquire::Contended { retry_after: None })
+        Ok(inner.queued())
     }
 
     async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
@@ -757,6 +774,7 @@ async fn undo_create(
 /// UUID prefix *and* our session (never another session's node), and
 /// deletes it.
 async fn find_and_delete(session: Arc<Session>, dir: String, prefix: String) {
+    let mut pause = RETRY_PAUSE;
     loop {
         if !session.connected().await {
             return;
@@ -778,7 +796,10 @@ async fn find_and_delete(session: Arc<Session>, dir: String, prefix: String) {
                 }
                 return;
             }
-            Err(e) if is_transient(&e) => tokio::time::sleep(RETRY_PAUSE).await,
+            Err(e) if is_transient(&e) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_RETRY_PAUSE);
+            }
             Err(_) => return,
         }
     }
@@ -787,13 +808,17 @@ async fn find_and_delete(session: Arc<Session>, dir: String, prefix: String) {
 /// Deletes our node, waiting out disconnections, until it is gone or the
 /// session ends (which takes the node with it).
 async fn delete_surely(session: Arc<Session>, path: String) {
+    let mut pause = RETRY_PAUSE;
     loop {
         if !session.connected().await {
             return;
         }
         match session.client.delete(&path, None).await {
             Ok(()) | Err(ZkError::NoNode) => return,
-            Err(e) if is_transient(&e) => tokio::time::sleep(RETRY_PAUSE).await,
+            Err(e) if is_transient(&e) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_RETRY_PAUSE);
+            }
             Err(e) => {
                 tracing::warn!(path = %path, error = %e, "could not delete a lock node");
                 return;

@@ -18,15 +18,17 @@ const DEFAULT_ROOT: &str = "/locksmith";
 /// (also `zookeeper://`). The hosts are one ensemble: the client fails over
 /// between them on its own. Without a path the root is `/locksmith`.
 /// With a user and password the client authenticates with the `digest`
-/// scheme, and every node it creates (lock directories included) gets an
-/// ACL that gives that identity, and nobody else, any right to it.
+/// scheme: the lock directories and nodes it creates give that identity,
+/// and nobody else, any right to them, and the root path's levels it
+/// creates let anyone else list them and create in them (their own keys).
 ///
 /// Parameters: `session_timeout` (default 10s, at least 1s; the server may
 /// grant a longer one, never accepted shorter: see [`ZkBackend`](crate::ZkBackend)),
-/// `connect_timeout` (default 2s; the client gives up on a silent server
-/// after 40% of the session timeout at most), `timeout` (how long one request may
-/// wait for an answer, reconnection included, before it is `Unavailable`;
-/// default 2s), and `retention` (how long an empty lock directory may stay
+/// `connect_timeout` (default 2s, per host; the client caps it at about
+/// half the session timeout), `timeout` (how long one request may wait for
+/// its answer, a reconnection of the session included, before it is
+/// `Unavailable`; default 2s; a request that needs a new session first
+/// waits for the connection, up to `connect_timeout` per host), and `retention` (how long an empty lock directory may stay
 /// before the server reaps it: the server's
 /// `znode.container.checkIntervalMs`, default 60s). Any other parameter is
 /// refused, so that a misspelt one cannot silently change behaviour.

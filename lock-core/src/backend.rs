@@ -138,6 +138,12 @@ impl Capabilities {
         self
     }
 
+    /// How long a hold taken for `ttl` can be trusted without a confirmed
+    /// renewal: the TTL, or [`max_lease`](Self::max_lease) when shorter.
+    pub fn trusted_lease(&self, ttl: Duration) -> Duration {
+        self.max_lease.map_or(ttl, |m| m.min(ttl))
+    }
+
     /// Sets [`max_lease`](Self::max_lease): how long a hold can be trusted without renewal.
     #[must_use]
     pub fn with_max_lease(mut self, max_lease: Option<Duration>) -> Self {

@@ -473,7 +473,7 @@ impl Locker {
     ) -> Result<Option<LockGuard>> {
         // A store that trusts a hold for less than the TTL (a session that
         // may expire sooner) hands over no more than that.
-        let trusted = self.caps.max_lease.map_or(opts.ttl, |m| m.min(opts.ttl));
+        let trusted = self.caps.trusted_lease(opts.ttl);
         let granted = grant.lease.map_or(trusted, |l| l.min(trusted));
         let left = local_deadline(queued_at, granted).saturating_duration_since(Instant::now());
         if left >= granted / 2 && (granted == trusted || opts.auto_renew) {
@@ -501,7 +501,7 @@ impl Locker {
     ) -> LockGuard {
         // A store may trust a hold for less than the TTL (a session that
         // expires sooner): deadlines and renewals keep within that.
-        let trusted = self.caps.max_lease.map_or(opts.ttl, |m| m.min(opts.ttl));
+        let trusted = self.caps.trusted_lease(opts.ttl);
         let granted = short.unwrap_or(trusted).min(trusted);
         let lease = Lease {
             key: key.clone(),

@@ -1,13 +1,14 @@
 //! `locksmith run`: hold a lock for the lifetime of a command's whole
 //! process tree.
 //!
-//! The timeline when renewal fails: the lease has a conservative local
+//! The timeline when renewal fails: the lease (the TTL, or the store's
+//! `max_lease` when shorter: a ZooKeeper session) has a conservative local
 //! deadline `D`. The command's group gets SIGTERM at `D − margin − grace`
 //! and SIGKILL at `D − margin` at the latest (`margin` covers delivering the
 //! signal and timer lateness), so nothing of it runs once someone else can
 //! hold the lock. Renewals keep the remaining lease above two thirds of the
 //! TTL, and `grace` is capped at half of it, so SIGTERM goes out only after
-//! renewals have failed for a while.
+//! renewals have failed for a while. "TTL" below means that lease.
 
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
@@ -79,10 +80,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32> {
     let locker = locksmith::connect(&args.store.url).await?;
     // A session-bound store trusts a hold for its session timeout at most,
     // whatever the TTL: the command's timeline follows the shorter.
-    let lease = locker
-        .capabilities()
-        .max_lease
-        .map_or(args.ttl, |m| m.min(args.ttl));
+    let lease = locker.capabilities().trusted_lease(args.ttl);
     let timeline = Timeline::new(lease, args.kill_after);
     if args.kill_after.is_some_and(|k| k > timeline.grace) {
         eprintln!(
