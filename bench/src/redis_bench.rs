@@ -95,15 +95,8 @@ pub(crate) async fn run(
                 }
                 2 => {
                     let key = LockKey::new(format!("bench:{tag}:backend")).unwrap();
-                    pairs_per_sec(iterations, || async {
-                        for _ in 0..iterations {
-                            let owner = OwnerToken::generate();
-                            backend
-                                .try_acquire(&key, &owner, TTL)
-                                .await
-                                .expect("acquire");
-                            backend.release(&key, &owner).await.expect("release");
-                        }
+                    pairs_per_sec(iterations, || {
+                        backend_pairs(&backend, &key, iterations, TTL)
                     })
                     .await
                 }
@@ -364,6 +357,24 @@ async fn server_busy_us(conn: &mut redis::aio::ConnectionManager, top: &[&str]) 
 pub(crate) type Release = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 pub(crate) type Releaser = Box<dyn FnOnce() -> Release + Send>;
 pub(crate) type Acquiring = std::pin::Pin<Box<dyn std::future::Future<Output = Releaser> + Send>>;
+
+/// `iterations` uncontended acquire+release pairs straight on a backend,
+/// a fresh owner each time (as the `Locker` makes them).
+pub(crate) async fn backend_pairs(
+    backend: &dyn LockBackend,
+    key: &LockKey,
+    iterations: u32,
+    ttl: Duration,
+) {
+    for _ in 0..iterations {
+        let owner = OwnerToken::generate();
+        backend
+            .try_acquire(key, &owner, ttl)
+            .await
+            .expect("acquire");
+        backend.release(key, &owner).await.expect("release");
+    }
+}
 
 /// One contender taking `key` through a `Locker`, waiting as long as it takes.
 pub(crate) fn locker_contender(

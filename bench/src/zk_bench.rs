@@ -11,7 +11,9 @@ use locksmith::zookeeper::internals::zookeeper_client as zk;
 use locksmith::zookeeper::ZkBackend;
 use locksmith::{LockKey, LockOptions, Locker, OwnerToken};
 
-use crate::redis_bench::{contended, locker_contender, median, pairs_per_sec, Contention};
+use crate::redis_bench::{
+    backend_pairs, contended, locker_contender, median, pairs_per_sec, Contention,
+};
 
 const TTL: Duration = Duration::from_secs(30);
 const KAZOO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/zk_kazoo.py");
@@ -109,15 +111,8 @@ pub(crate) async fn run(
                 }
                 2 => {
                     let key = LockKey::new("uncontended-backend").expect("key");
-                    pairs_per_sec(iterations, || async {
-                        for _ in 0..iterations {
-                            let owner = OwnerToken::generate();
-                            backend
-                                .try_acquire(&key, &owner, TTL)
-                                .await
-                                .expect("acquire");
-                            backend.release(&key, &owner).await.expect("release");
-                        }
+                    pairs_per_sec(iterations, || {
+                        backend_pairs(&backend, &key, iterations, TTL)
                     })
                     .await
                 }
