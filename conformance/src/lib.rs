@@ -28,7 +28,7 @@ use async_trait::async_trait;
 use futures::FutureExt;
 use locksmith_core::backend::LockBackend;
 
-pub use memory::MemoryHarness;
+pub use memory::{MemoryHarness, QuorumHarness};
 
 /// How long one case may run before it counts as failed (a broken backend
 /// must fail the suite, not hang it).

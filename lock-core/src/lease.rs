@@ -70,6 +70,10 @@ pub struct LockStatus {
     /// Waiters queued for the key, where the store queues them (an upper
     /// bound: a waiter that died is counted until it is dropped).
     pub waiters: Option<u32>,
+    /// The holder's owner token, where the store reads it with the rest:
+    /// a [`Quorum`](crate::backend::Quorum) counts only nodes held by one
+    /// owner. Never show it: whoever has it can release the lock.
+    pub owner: Option<OwnerToken>,
 }
 
 impl LockStatus {
@@ -81,6 +85,7 @@ impl LockStatus {
             fence: None,
             remaining: None,
             waiters: None,
+            owner: None,
         }
     }
 
@@ -111,6 +116,13 @@ impl LockStatus {
     #[must_use]
     pub fn with_waiters(mut self, waiters: Option<u32>) -> Self {
         self.waiters = waiters;
+        self
+    }
+
+    /// Sets the holder's owner token.
+    #[must_use]
+    pub fn with_owner(mut self, owner: Option<OwnerToken>) -> Self {
+        self.owner = owner;
         self
     }
 }

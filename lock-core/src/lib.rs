@@ -24,6 +24,7 @@ mod locker;
 mod memory;
 mod options;
 mod params;
+mod quorum;
 mod url;
 mod watchdog;
 

@@ -1,0 +1,357 @@
+//! [`Quorum`]: one lock over N independent lease stores, held while a
+//! majority of them grant it (Redlock's rules, for any backend).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::future::join_all;
+
+use crate::backend::{Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest};
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::{LockKey, OwnerToken};
+use crate::lease::{clock_drift, LockStatus};
+
+/// A lock over N independent nodes, each a lease backend of its own: held
+/// when a quorum (N/2 + 1) granted it within `ttl − elapsed − drift`.
+///
+/// - Every request goes to all nodes at once.
+/// - A failed acquire is undone on every node that granted it or did not
+///   answer (its request may still be applied), so nothing of ours stays.
+/// - Release and renewal count a quorum the same way.
+/// - A minority of nodes down or held by someone else changes nothing;
+///   when more nodes fail than the quorum can spare, the answer is
+///   `Unavailable` (or `Config` when a node refused our credentials),
+///   never "contended".
+/// - No fencing tokens: the nodes share no order. No notification or
+///   queue: waiters poll with backoff.
+///
+/// Redlock is this over Redis nodes. A node's per-request timeout is its
+/// own business; the TTL must leave room for a slow round (`min_ttl`).
+///
+/// ```
+/// use std::time::Duration;
+/// use locksmith_core::backend::{LockBackend, MemoryBackend, Quorum};
+/// use locksmith_core::{LockKey, OwnerToken};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> locksmith_core::Result<()> {
+/// let nodes = vec![MemoryBackend::new(), MemoryBackend::new(), MemoryBackend::new()];
+/// let q = Quorum::new("memory", nodes, Duration::from_millis(10))?;
+/// let (key, me) = (LockKey::new("k")?, OwnerToken::generate());
+/// assert!(matches!(
+///     q.try_acquire(&key, &me, Duration::from_secs(5)).await?,
+///     locksmith_core::backend::Acquire::Acquired(_)
+/// ));
+/// # Ok(())
+/// # }
+/// ```
+pub struct Quorum<B> {
+    name: String,
+    nodes: Vec<B>,
+    quorum: usize,
+    min_ttl: Duration,
+}
+
+impl<B> fmt::Debug for Quorum<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Quorum")
+            .field("name", &self.name)
+            .field("nodes", &self.nodes.len())
+            .field("quorum", &self.quorum)
+            .finish()
+    }
+}
+
+/// How the nodes answered one request.
+struct Tally<T> {
+    ok: Vec<T>,
+    errors: usize,
+    /// The first node that refused our credentials or database.
+    refused: Option<Error>,
+}
+
+fn tally<T>(name: &str, results: Vec<Result<T>>) -> Tally<T> {
+    let mut t = Tally {
+        ok: Vec::new(),
+        errors: 0,
+        refused: None,
+    };
+    for r in results {
+        match r {
+            Ok(v) => t.ok.push(v),
+            Err(e) => {
+                if e.kind() != ErrorKind::Unavailable {
+                    tracing::warn!(error = %e.chain(), "{name} node failed");
+                }
+                if e.kind() == ErrorKind::Config && t.refused.is_none() {
+                    t.refused = Some(e);
+                }
+                t.errors += 1;
+            }
+        }
+    }
+    t
+}
+
+impl<B: LockBackend> Quorum<B> {
+    /// A quorum over `nodes`, named `name` in messages ("Redlock").
+    /// `min_ttl`: the shortest TTL that leaves room for a slow round of
+    /// requests and the drift.
+    ///
+    /// # Errors
+    /// `Config` for no nodes.
+    pub fn new(name: impl Into<String>, nodes: Vec<B>, min_ttl: Duration) -> Result<Self> {
+        let name = name.into();
+        if nodes.is_empty() {
+            return Err(Error::config(format!("{name}: a quorum needs nodes")));
+        }
+        Ok(Quorum {
+            quorum: nodes.len() / 2 + 1,
+            name,
+            nodes,
+            min_ttl,
+        })
+    }
+
+    /// How many nodes must agree.
+    pub fn quorum(&self) -> usize {
+        self.quorum
+    }
+
+    /// The nodes, in the order given.
+    pub fn nodes(&self) -> &[B] {
+        &self.nodes
+    }
+
+    /// More nodes failed than the quorum can spare: the answer is
+    /// unknowable. A node that `refused` our credentials or database will
+    /// not do better on a retry, so then it is `Config` with that cause,
+    /// not `Unavailable`.
+    fn unreachable(&self, errors: usize, refused: Option<&Error>) -> Option<Error> {
+        let n = self.nodes.len();
+        (errors > n - self.quorum).then(|| {
+            let e = Error::unavailable(format!(
+                "only {} of {n} {} nodes answered; a quorum of {} is needed",
+                n - errors,
+                self.name,
+                self.quorum
+            ));
+            match refused {
+                Some(r) => Error::new(ErrorKind::Config, e.message()).with_source(r.clone()),
+                None => e,
+            }
+        })
+    }
+}
+
+#[async_trait]
+impl<B: LockBackend> LockBackend for Quorum<B> {
+    fn capabilities(&self) -> Capabilities {
+        // No fences, no notification, no queue; state goes when the
+        // slowest node collects it.
+        let retention = self
+            .nodes
+            .iter()
+            .map(|n| n.capabilities().retention)
+            .max()
+            .unwrap_or_default();
+        let resolution = self
+            .nodes
+            .iter()
+            .map(|n| n.capabilities().ttl_resolution)
+            .max()
+            .unwrap_or_default();
+        let node_min = self
+            .nodes
+            .iter()
+            .map(|n| n.capabilities().min_ttl)
+            .max()
+            .unwrap_or_default();
+        Capabilities::default()
+            .with_min_ttl(self.min_ttl.max(node_min))
+            .with_ttl_resolution(resolution)
+            .with_retention(retention)
+    }
+
+    /// A quorum of nodes must answer; a node that refuses our credentials
+    /// is named as the reason when the quorum fails.
+    async fn verify(&self) -> Result<()> {
+        let t = tally(
+            &self.name,
+            join_all(self.nodes.iter().map(|n| n.verify())).await,
+        );
+        match self.unreachable(t.errors, t.refused.as_ref()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        let start = Instant::now();
+        let answers = join_all(self.nodes.iter().map(|n| n.try_acquire(key, owner, ttl))).await;
+        let elapsed = start.elapsed();
+        let mut grants = Vec::new();
+        let mut retry_after: Option<Duration> = None;
+        // Nodes that may now hold our key: those that granted, and those that
+        // did not answer (their request may still be applied).
+        let mut undo = Vec::new();
+        let mut errors = 0;
+        let mut refused: Option<&Error> = None;
+        for (node, answer) in self.nodes.iter().zip(&answers) {
+            match answer {
+                Ok(Acquire::Acquired(g)) => {
+                    grants.push(*g);
+                    undo.push(node);
+                }
+                Ok(Acquire::Contended { retry_after: r }) => {
+                    retry_after = match (retry_after, *r) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    }
+                }
+                Err(e) => {
+                    if e.kind() == ErrorKind::Config {
+                        refused.get_or_insert(e);
+                    }
+                    errors += 1;
+                    undo.push(node);
+                }
+            }
+        }
+        let valid = ttl > elapsed + clock_drift(ttl);
+        if grants.len() >= self.quorum && valid {
+            let holds = grants.iter().map(|g| g.holds).max().unwrap_or(1);
+            return Ok(Acquire::Acquired(Grant {
+                fence: None,
+                holds,
+                lease: None,
+            }));
+        }
+        // A node that answered "contended" holds someone else's lock, not
+        // ours, so a waiter polling a busy key costs one round, not two. A
+        // node's release must not overtake the request it undoes: backends
+        // send both on one ordered connection (or answer the first first).
+        if !undo.is_empty() {
+            let _ = join_all(undo.into_iter().map(|n| n.release(key, owner))).await;
+        }
+        if let Some(e) = self.unreachable(errors, refused) {
+            return Err(e);
+        }
+        Ok(Acquire::Contended { retry_after })
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+        let t = tally(
+            &self.name,
+            join_all(self.nodes.iter().map(|n| n.release(key, owner))).await,
+        );
+        let still: Vec<u32> =
+            t.ok.iter()
+                .filter_map(|r| match r {
+                    Release::StillHeld(n) => Some(*n),
+                    _ => None,
+                })
+                .collect();
+        let held = t.ok.iter().filter(|r| **r != Release::NotHeld).count();
+        if held >= self.quorum {
+            return Ok(if still.len() >= self.quorum {
+                Release::StillHeld(still.into_iter().min().unwrap_or(1))
+            } else {
+                Release::Freed
+            });
+        }
+        if held + t.errors >= self.quorum {
+            if let Some(e) = self.unreachable(t.errors, t.refused.as_ref()) {
+                return Err(e);
+            }
+        }
+        Ok(Release::NotHeld)
+    }
+
+    /// Held when a quorum of nodes holds the key for one owner; the lease
+    /// left is what the quorum-th longest of that owner's leases has left
+    /// (the lock holds while a quorum does). `Unavailable` when the nodes
+    /// that did not answer could make or break that quorum.
+    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+        let t = tally(
+            &self.name,
+            join_all(self.nodes.iter().map(|n| n.inspect(key))).await,
+        );
+        if let Some(e) = self.unreachable(t.errors, t.refused.as_ref()) {
+            return Err(e);
+        }
+        let mut by_owner: HashMap<Option<&str>, Vec<&LockStatus>> = HashMap::new();
+        for status in t.ok.iter().filter(|s| s.held) {
+            let owner = status.owner.as_ref().map(OwnerToken::as_str);
+            by_owner.entry(owner).or_default().push(status);
+        }
+        let best = by_owner
+            .into_values()
+            .max_by_key(Vec::len)
+            .unwrap_or_default();
+        if best.len() < self.quorum {
+            if best.len() + t.errors >= self.quorum {
+                return Err(Error::unavailable(format!(
+                    "{} of {} {} nodes did not answer, and with them the lock may \
+                     or may not be held",
+                    t.errors,
+                    self.nodes.len(),
+                    self.name
+                )));
+            }
+            return Ok(LockStatus::free());
+        }
+        let mut left: Vec<Duration> = best.iter().filter_map(|s| s.remaining).collect();
+        left.sort_unstable_by(|a, b| b.cmp(a));
+        let holds = best.iter().map(|s| s.holds).max().unwrap_or(1);
+        Ok(LockStatus::held(holds).with_remaining(left.get(self.quorum - 1).copied()))
+    }
+
+    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
+        let request = RenewRequest {
+            key: key.clone(),
+            owner: owner.clone(),
+            ttl,
+        };
+        self.renew_many(std::slice::from_ref(&request))
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(Error::backend("no renewal result")))
+    }
+
+    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        let start = Instant::now();
+        let per_node = join_all(self.nodes.iter().map(|n| n.renew_many(requests))).await;
+        let elapsed = start.elapsed();
+        (0..requests.len())
+            .map(|i| {
+                let mut renewed = 0;
+                let mut errors = 0;
+                for answers in &per_node {
+                    match answers.get(i) {
+                        Some(Ok(Renew::Renewed)) => renewed += 1,
+                        Some(Ok(Renew::NotHeld)) => {}
+                        Some(Err(_)) | None => errors += 1,
+                    }
+                }
+                let ttl = requests[i].ttl;
+                if renewed >= self.quorum && ttl > elapsed + clock_drift(ttl) {
+                    Ok(Renew::Renewed)
+                } else if renewed + errors >= self.quorum {
+                    // Could still be ours; let the watchdog try again before its deadline.
+                    Err(self.unreachable(errors, None).unwrap_or_else(|| {
+                        Error::unavailable(format!("{} renewal was too slow", self.name))
+                    }))
+                } else {
+                    Ok(Renew::NotHeld)
+                }
+            })
+            .collect()
+    }
+}
