@@ -206,7 +206,8 @@ impl LockBackend for MemoryBackend {
             match store.slots.get(key).filter(|s| s.held_by_anyone(now)) {
                 Some(slot) => LockStatus::held(slot.holds)
                     .with_fence(Some(FencingToken(slot.fence)))
-                    .with_remaining(Some(slot.expires.saturating_duration_since(now))),
+                    .with_remaining(Some(slot.expires.saturating_duration_since(now)))
+                    .with_owner(slot.owner.clone()),
                 None => LockStatus::free(),
             },
         )

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::join_all;
 
-use crate::backend::{Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest};
+use crate::backend::{
+    Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{LockKey, OwnerToken};
 use crate::lease::{clock_drift, LockStatus};
@@ -105,6 +107,16 @@ impl<B: LockBackend> Quorum<B> {
         let name = name.into();
         if nodes.is_empty() {
             return Err(Error::config(format!("{name}: a quorum needs nodes")));
+        }
+        // A lease that some node ends early (a session) would break the
+        // validity arithmetic, which assumes every grant lasts the TTL.
+        if nodes.iter().any(|n| {
+            let caps = n.capabilities();
+            caps.binding != Binding::Lease || caps.max_lease.is_some()
+        }) {
+            return Err(Error::config(format!(
+                "{name}: a quorum is made of lease backends; a session-bound node cannot be one"
+            )));
         }
         Ok(Quorum {
             quorum: nodes.len() / 2 + 1,
@@ -286,10 +298,16 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         if let Some(e) = self.unreachable(t.errors, t.refused.as_ref()) {
             return Err(e);
         }
-        let mut by_owner: HashMap<Option<&str>, Vec<&LockStatus>> = HashMap::new();
-        for status in t.ok.iter().filter(|s| s.held) {
-            let owner = status.owner.as_ref().map(OwnerToken::as_str);
-            by_owner.entry(owner).or_default().push(status);
+        // Nodes held by one owner count together; a node that cannot say
+        // whose its lock is counts alone (two such nodes may hold for two
+        // different owners).
+        let mut by_owner: HashMap<(Option<&str>, usize), Vec<&LockStatus>> = HashMap::new();
+        for (i, status) in t.ok.iter().enumerate().filter(|(_, s)| s.held) {
+            let holder = match &status.owner {
+                Some(o) => (Some(o.as_str()), 0),
+                None => (None, i),
+            };
+            by_owner.entry(holder).or_default().push(status);
         }
         let best = by_owner
             .into_values()
