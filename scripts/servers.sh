@@ -322,3 +322,43 @@ zk_ensemble_install() { zk_install; }
 zk_ensemble_start() {
     for n in 1 2 3; do "zk${n}_ready" || zk_node_start "$n"; done
 }
+
+# --- memcached: the shared server, and three private ones for the quorum ----
+#
+# Debian's `memcached`, run by hand (its packaged service is not used), with
+# -M so that a full server refuses writes instead of evicting held locks.
+
+MC_PORT=${LOCKSMITH_MC_PORT:-11211}
+MC_QUORUM_PORTS="11212 11213 11214"
+
+mc_port_ready() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1 && printf 'mn\r\n' >&3 && head -c 2 <&3" 2>/dev/null | grep -q MN; }
+mc_start_port() {
+    local user=nobody
+    id memcache >/dev/null 2>&1 && user=memcache
+    memcached -d -u "$user" -l 127.0.0.1 -p "$1" -U 0 -M -m 64 -P "$STATE_DIR/memcached-$1.pid"
+}
+memcached_ready() { command -v memcached >/dev/null 2>&1 && mc_port_ready "$MC_PORT"; }
+memcached_install() { apt_install memcached; }
+memcached_start() { mc_start_port "$MC_PORT"; }
+
+mc_quorum_ready() {
+    command -v memcached >/dev/null 2>&1 || return 1
+    for p in $MC_QUORUM_PORTS; do mc_port_ready "$p" || return 1; done
+}
+mc_quorum_install() { memcached_install; }
+mc_quorum_start() {
+    for p in $MC_QUORUM_PORTS; do mc_port_ready "$p" || mc_start_port "$p"; done
+}
+
+# A private server the outage test stops and restarts.
+MC_FAULT_PORT=${LOCKSMITH_MC_FAULT_PORT:-11215}
+mc_fault_ready() { command -v memcached >/dev/null 2>&1 && mc_port_ready "$MC_FAULT_PORT"; }
+mc_fault_install() { memcached_install; }
+mc_fault_start() { mc_start_port "$MC_FAULT_PORT"; }
+mc_fault_stop() {
+    local pidfile="$STATE_DIR/memcached-$MC_FAULT_PORT.pid"
+    [ -f "$pidfile" ] && kill -9 "$(cat "$pidfile")" 2>/dev/null || true
+    pkill -9 -f -- "memcached .*-p $MC_FAULT_PORT " 2>/dev/null || true
+    for _ in $(seq 40); do mc_port_ready "$MC_FAULT_PORT" || break; sleep 0.25; done
+    rm -f "$pidfile"
+}

@@ -1,0 +1,96 @@
+//! [`MemcachedBackend`]: one server, or a quorum of several.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use locksmith_core::backend::{
+    Acquire, Capabilities, LockBackend, Quorum, Release, Renew, RenewRequest,
+};
+use locksmith_core::{LockKey, LockStatus, OwnerToken, Result};
+
+use crate::config::MemcachedConfig;
+use crate::node::Node;
+
+/// Locks in memcached (see the crate docs): on one server, or on a quorum
+/// of several when the URL names more than one. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct MemcachedBackend {
+    config: Arc<MemcachedConfig>,
+    store: Arc<dyn LockBackend>,
+}
+
+impl MemcachedBackend {
+    /// Opens a backend for a `memcache://` URL (see
+    /// [`MemcachedConfig::from_url`]). Connects lazily.
+    ///
+    /// # Errors
+    /// `Config`/`InvalidOptions` for a bad URL.
+    pub fn connect(url: &str) -> Result<Self> {
+        Self::with_config(MemcachedConfig::from_url(url)?)
+    }
+
+    /// Opens a backend from a parsed configuration.
+    ///
+    /// # Errors
+    /// `Config` for no server.
+    pub fn with_config(config: MemcachedConfig) -> Result<Self> {
+        let mut nodes: Vec<Node> = config
+            .servers
+            .iter()
+            .map(|s| Node::new(s, &config.prefix, config.timeout, config.connect_timeout))
+            .collect();
+        let store: Arc<dyn LockBackend> = if nodes.len() == 1 {
+            Arc::new(nodes.remove(0))
+        } else {
+            // A TTL must leave room for a slow round of requests and the drift.
+            let min_ttl = (config.timeout * 4).max(Duration::from_millis(100));
+            Arc::new(Quorum::new("memcached", nodes, min_ttl)?)
+        };
+        Ok(MemcachedBackend {
+            config: Arc::new(config),
+            store,
+        })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &MemcachedConfig {
+        &self.config
+    }
+}
+
+#[async_trait]
+impl LockBackend for MemcachedBackend {
+    fn capabilities(&self) -> Capabilities {
+        self.store.capabilities()
+    }
+
+    async fn verify(&self) -> Result<()> {
+        self.store.verify().await
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        self.store.try_acquire(key, owner, ttl).await
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+        self.store.release(key, owner).await
+    }
+
+    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
+        self.store.renew(key, owner, ttl).await
+    }
+
+    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        self.store.renew_many(requests).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+        self.store.inspect(key).await
+    }
+}

@@ -1,0 +1,164 @@
+//! Parsing `memcache://` URLs into a [`MemcachedConfig`].
+
+use std::time::Duration;
+
+use locksmith_core::backend::{store_of, RedactedUrl, Store, UrlParams};
+use locksmith_core::{Error, Result};
+
+/// The port a host without one is reached on.
+const DEFAULT_PORT: u16 = 11211;
+/// The longest key prefix: a hashed key (`<prefix>#` and 64 hex digits)
+/// must stay within memcached's 250 bytes.
+const MAX_PREFIX: usize = 100;
+
+/// Where the locks live and how the client behaves.
+///
+/// `memcache://host1[:port][,host2[:port],…][?params]` (also
+/// `memcached://`). One server holds the locks; several are a **quorum**
+/// (Redlock's rules, never key hashing across servers). memcached's text
+/// protocol has no authentication, so a user or password is refused.
+///
+/// Parameters: `prefix` (prepended to every key, default `locksmith:`;
+/// printable ASCII without spaces, at most 100 bytes), `timeout` (per
+/// request and server, default 1s; 100ms in a quorum), and
+/// `connect_timeout` (default 1s). Any other parameter is refused.
+#[derive(Debug, Clone)]
+pub struct MemcachedConfig {
+    /// The URL as given.
+    pub url: RedactedUrl,
+    /// One `host:port` per server, each with a port.
+    pub servers: Vec<String>,
+    /// Prepended to every memcached key this backend writes.
+    pub prefix: String,
+    /// How long one request to one server may take.
+    pub timeout: Duration,
+    /// How long a connection to one server may take to open.
+    pub connect_timeout: Duration,
+}
+
+impl MemcachedConfig {
+    /// Parses a `memcache://` URL.
+    ///
+    /// # Errors
+    /// `Config` for another scheme, no host, a bad port, credentials or a
+    /// server named twice; `InvalidOptions` for an unknown parameter or a
+    /// bad value.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let shown = RedactedUrl::new(url);
+        match store_of(url)? {
+            Store::Memcached => {}
+            other => {
+                return Err(Error::config(format!(
+                    "{shown}: a {other} URL, not a memcached one"
+                )))
+            }
+        }
+        let mut p = UrlParams::new(url);
+        let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));
+        let prefix = p.text("prefix")?.unwrap_or_else(|| "locksmith:".to_owned());
+        let timeout = p.duration("timeout", ms..=hour)?;
+        let connect_timeout = p
+            .duration("connect_timeout", ms..=hour)?
+            .unwrap_or(Duration::from_secs(1));
+        let base = p.finish(&[])?;
+        let rest = base.split_once("://").map_or("", |(_, r)| r);
+        let hosts = rest.strip_suffix('/').unwrap_or(rest);
+        if hosts.contains('@') {
+            return Err(Error::config(format!(
+                "{shown}: memcached's text protocol has no authentication; remove the user and password"
+            )));
+        }
+        if hosts.contains('/') {
+            return Err(Error::config(format!(
+                "{shown}: a memcached URL has no path; expected memcache://host:11211"
+            )));
+        }
+        let mut servers: Vec<String> = Vec::new();
+        for host in hosts.split(',') {
+            let (name, port) = match host.rsplit_once(':') {
+                Some((n, p)) if !p.contains(']') => (n, Some(p)),
+                _ => (host, None),
+            };
+            if name.is_empty() {
+                return Err(Error::config(format!(
+                    "{shown}: an empty host in the server list; expected memcache://host1:11211,host2:11211"
+                )));
+            }
+            let port =
+                match port {
+                    None => DEFAULT_PORT,
+                    Some(p) => p.parse::<u16>().ok().filter(|&p| p > 0).ok_or_else(|| {
+                        Error::config(format!("{shown}: {p:?} is not a port number"))
+                    })?,
+                };
+            let server = format!("{}:{port}", name.to_ascii_lowercase());
+            // One server named twice would make a fake quorum.
+            if servers.contains(&server) {
+                return Err(Error::config(format!(
+                    "{shown}: the server {server} is named twice"
+                )));
+            }
+            servers.push(server);
+        }
+        if prefix.len() > MAX_PREFIX || !prefix.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+            return Err(p_invalid(&shown, "prefix"));
+        }
+        let default_timeout = if servers.len() > 1 {
+            Duration::from_millis(100)
+        } else {
+            Duration::from_secs(1)
+        };
+        Ok(MemcachedConfig {
+            url: shown,
+            servers,
+            prefix,
+            timeout: timeout.unwrap_or(default_timeout),
+            connect_timeout,
+        })
+    }
+}
+
+fn p_invalid(shown: &RedactedUrl, name: &str) -> Error {
+    Error::invalid_options(format!(
+        "{shown}: {name} must be printable ASCII without spaces, at most {MAX_PREFIX} bytes"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use locksmith_core::ErrorKind;
+
+    #[test]
+    fn urls_read_as_written() {
+        let c =
+            MemcachedConfig::from_url("memcache://h1,H2:11212?prefix=app:&timeout=50ms").unwrap();
+        assert_eq!(c.servers, ["h1:11211", "h2:11212"]);
+        assert_eq!(c.prefix, "app:");
+        assert_eq!(c.timeout, Duration::from_millis(50));
+        let c = MemcachedConfig::from_url("memcached://127.0.0.1:11211").unwrap();
+        assert_eq!((c.servers.len(), c.timeout), (1, Duration::from_secs(1)));
+        let c = MemcachedConfig::from_url("memcache://a,b,c").unwrap();
+        assert_eq!(c.timeout, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn bad_urls_are_typed_errors() {
+        for (url, kind) in [
+            ("memcache://", ErrorKind::Config),
+            ("memcache://h,,x", ErrorKind::Config),
+            ("memcache://h:0", ErrorKind::Config),
+            ("memcache://h:x", ErrorKind::Config),
+            ("memcache://u:pw@h", ErrorKind::Config),
+            ("memcache://h/db", ErrorKind::Config),
+            ("memcache://h,H:11211", ErrorKind::Config),
+            ("memcache://h?prefix=a%20b", ErrorKind::InvalidOptions),
+            ("memcache://h?prefx=a", ErrorKind::InvalidOptions),
+            ("memcache://h?timeout=soon", ErrorKind::InvalidOptions),
+            ("redis://h", ErrorKind::Config),
+        ] {
+            let e = MemcachedConfig::from_url(url).expect_err(url);
+            assert_eq!(e.kind(), kind, "{url}: {e}");
+        }
+    }
+}

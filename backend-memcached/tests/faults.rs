@@ -1,0 +1,254 @@
+//! What the peers' memcached locks get wrong, done right: a stale holder's
+//! release and renewal change nothing; a quorum holds exactly when a
+//! majority of servers is free, leaving nothing of ours anywhere; a server
+//! that stops is `Unavailable` and its holder's lost signal fires, and after
+//! a restart (which forgets everything) locks work again.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{item_keys, quorum_servers, server, unique_prefix};
+use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
+use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
+use locksmith_memcached::MemcachedBackend;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// The item's value and CAS, read raw (`mg <key> v c`); `None` on a miss.
+async fn raw_item(server: &str, key: &str) -> Option<(String, u64)> {
+    let mut s = TcpStream::connect(server).await.expect("memcached");
+    s.write_all(format!("mg {key} v c\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut r = BufReader::new(s);
+    let mut head = String::new();
+    r.read_line(&mut head).await.unwrap();
+    if head.starts_with("EN") {
+        return None;
+    }
+    // VA <len> c<cas>
+    let parts: Vec<&str> = head.split_whitespace().collect();
+    assert_eq!(parts[0], "VA", "{head}");
+    let len: usize = parts[1].parse().unwrap();
+    let cas: u64 = parts
+        .iter()
+        .find_map(|p| p.strip_prefix('c'))
+        .and_then(|c| c.parse().ok())
+        .expect("a CAS");
+    let mut value = vec![0u8; len + 2];
+    r.read_exact(&mut value).await.unwrap();
+    value.truncate(len);
+    Some((String::from_utf8(value).unwrap(), cas))
+}
+
+fn acquired(a: &Acquire) -> bool {
+    matches!(a, Acquire::Acquired(_))
+}
+
+/// Release with a plain `delete` and renew with `touch` (ShedLock,
+/// sherlock) let a holder whose lease ran out delete or extend the next
+/// holder's lock. Here both answer `NotHeld` and the new holder's item is
+/// untouched: the same value, the same CAS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_holder_cannot_release_or_renew_the_next_holders_lock() {
+    let server = server();
+    let prefix = unique_prefix();
+    let url = format!("memcache://{server}?prefix={prefix}");
+    let (a, b) = (
+        MemcachedBackend::connect(&url).unwrap(),
+        MemcachedBackend::connect(&url).unwrap(),
+    );
+    let key = LockKey::new("stale").unwrap();
+    let (old, new) = (OwnerToken::generate(), OwnerToken::generate());
+    let ttl = Duration::from_secs(2);
+    assert!(acquired(&a.try_acquire(&key, &old, ttl).await.unwrap()));
+    // A 2 s lease is stored for 3 s (memcached may end it a second early).
+    tokio::time::sleep(Duration::from_millis(3300)).await;
+    assert!(acquired(
+        &b.try_acquire(&key, &new, Duration::from_secs(30))
+            .await
+            .unwrap()
+    ));
+    let item = format!("{prefix}stale");
+    let before = raw_item(&server, &item)
+        .await
+        .expect("the new holder's item");
+    assert!(before.0.starts_with(new.as_str()), "{before:?}");
+    assert_eq!(a.release(&key, &old).await.unwrap(), Release::NotHeld);
+    assert_eq!(
+        a.renew(&key, &old, Duration::from_secs(60)).await.unwrap(),
+        Renew::NotHeld
+    );
+    let after = raw_item(&server, &item).await.expect("still there");
+    assert_eq!(
+        before, after,
+        "the stale holder changed the new holder's item"
+    );
+    assert_eq!(b.release(&key, &new).await.unwrap(), Release::Freed);
+    assert_eq!(raw_item(&server, &item).await, None);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    Down,
+    HeldByAnother,
+}
+
+/// For every subset of the 3 servers down or held by another owner,
+/// acquire succeeds exactly when a quorum (2) is free, and nothing of ours
+/// is left on any server afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_acquire_succeeds_iff_a_majority_is_free() {
+    let servers = quorum_servers();
+    assert_eq!(servers.len(), 3, "the test wants three servers");
+    let prefix = unique_prefix();
+    let direct: Vec<MemcachedBackend> = servers
+        .iter()
+        .map(|s| MemcachedBackend::connect(&format!("memcache://{s}?prefix={prefix}")).unwrap())
+        .collect();
+    let ttl = Duration::from_secs(10);
+    for fault in [Fault::Down, Fault::HeldByAnother] {
+        for mask in 0u32..8 {
+            let key = LockKey::new(format!("q/{fault:?}/{mask}")).unwrap();
+            let faulty: Vec<usize> = (0..3).filter(|i| mask & (1 << i) != 0).collect();
+            let stranger = OwnerToken::generate();
+            let mut hosts = servers.clone();
+            for &i in &faulty {
+                match fault {
+                    Fault::Down => hosts[i] = format!("127.0.0.1:{}", i + 1),
+                    Fault::HeldByAnother => {
+                        let got = direct[i].try_acquire(&key, &stranger, ttl).await.unwrap();
+                        assert!(acquired(&got));
+                    }
+                }
+            }
+            let quorum = MemcachedBackend::connect(&format!(
+                "memcache://{}?prefix={prefix}&timeout=250ms&connect_timeout=250ms",
+                hosts.join(",")
+            ))
+            .unwrap();
+            let me = OwnerToken::generate();
+            let outcome = quorum.try_acquire(&key, &me, ttl).await;
+            let case = format!("{fault:?} on servers {faulty:?}");
+            if faulty.len() <= 1 {
+                assert!(
+                    matches!(outcome, Ok(Acquire::Acquired(g)) if g.fence.is_none()),
+                    "{case}: {outcome:?}"
+                );
+                assert_eq!(
+                    quorum.release(&key, &me).await.unwrap(),
+                    Release::Freed,
+                    "{case}"
+                );
+            } else {
+                match fault {
+                    Fault::Down => assert_eq!(
+                        outcome.as_ref().err().map(|e| e.kind()),
+                        Some(ErrorKind::Unavailable),
+                        "{case}: {outcome:?}"
+                    ),
+                    Fault::HeldByAnother => {
+                        assert!(
+                            matches!(outcome, Ok(Acquire::Contended { .. })),
+                            "{case}: {outcome:?}"
+                        )
+                    }
+                }
+            }
+            for (i, node) in direct.iter().enumerate() {
+                assert_eq!(
+                    node.release(&key, &me).await.unwrap(),
+                    Release::NotHeld,
+                    "{case}: our item was left on server {i}"
+                );
+            }
+            for &i in &faulty {
+                if fault == Fault::HeldByAnother {
+                    assert_eq!(
+                        direct[i].release(&key, &stranger).await.unwrap(),
+                        Release::Freed,
+                        "{case}: the other owner's item was touched"
+                    );
+                }
+            }
+        }
+    }
+    // And no item of this run left on any server.
+    for s in &servers {
+        let left: Vec<String> = item_keys(s)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|k| k.starts_with(&prefix))
+            .collect();
+        assert!(left.is_empty(), "{s} kept {left:?}");
+    }
+}
+
+/// `scripts/fault-server mc_fault start|stop`.
+fn fault_server(action: &str) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/fault-server");
+    let status = Command::new(script)
+        .args(["mc_fault", action])
+        .status()
+        .expect("scripts/fault-server runs");
+    assert!(
+        status.success(),
+        "scripts/fault-server mc_fault {action} failed"
+    );
+}
+
+/// Restarts the private server even if the test fails midway.
+struct Restart;
+
+impl Drop for Restart {
+    fn drop(&mut self) {
+        fault_server("start");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_is_unavailable_and_a_restarted_one_serves_again() {
+    let port =
+        std::env::var("LOCKSMITH_TEST_MEMCACHED_FAULT_PORT").unwrap_or_else(|_| "11215".into());
+    let url = format!(
+        "memcache://127.0.0.1:{port}?prefix={}&timeout=300ms&connect_timeout=300ms",
+        unique_prefix()
+    );
+    fault_server("start");
+    let holder = Locker::new(MemcachedBackend::connect(&url).unwrap());
+    let other = Locker::new(MemcachedBackend::connect(&url).unwrap());
+    let ttl = Duration::from_secs(3);
+    let guard = holder
+        .lock_with("outage", &LockOptions::new().ttl(ttl))
+        .await
+        .expect("lock");
+    let _restart = Restart;
+    fault_server("stop");
+    let stopped = Instant::now();
+    let e = other
+        .try_lock("outage")
+        .await
+        .expect_err("a stopped server");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    let deadline = guard.deadline().expect("a live lease");
+    tokio::time::timeout(ttl * 2, guard.lost())
+        .await
+        .expect("the holder's lost signal fires while the server is down");
+    assert!(
+        Instant::now() <= deadline + Duration::from_millis(250),
+        "lost fired after its deadline"
+    );
+    assert!(stopped.elapsed() <= ttl + Duration::from_millis(250));
+    // memcached restarts empty: the lock is free, and new locks work.
+    fault_server("start");
+    let g = other
+        .try_lock("outage")
+        .await
+        .expect("the restarted server answers")
+        .expect("a restarted server forgot the old lock");
+    g.release().await.expect("release");
+}

@@ -1,0 +1,12 @@
+//! The whole conformance suite on one memcached server, and on a quorum of
+//! three.
+
+mod common;
+
+mod single {
+    locksmith_conformance::conformance_tests!(super::common::McHarness::single());
+}
+
+mod quorum {
+    locksmith_conformance::conformance_tests!(super::common::McHarness::quorum());
+}
