@@ -216,7 +216,10 @@ impl LockBackend for Node {
                     }));
                 }
                 let Some((holder, cas, left)) = self.read(c, &k).await? else {
-                    continue; // expired or released in between
+                    // Released (or expired) since our add found it held:
+                    // under contention it is taken again at once, so this
+                    // attempt's answer is "held", and the caller comes back.
+                    return Ok(Acquire::Contended { retry_after: None });
                 };
                 if holder.owner != owner.as_str() {
                     let retry_after = left

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 
+mod mc_bench;
 mod redis_bench;
 /// The hand-off timing `locksmith demo` uses, compiled here from its source.
 #[path = "../../src/cli/timing.rs"]
@@ -63,6 +64,24 @@ enum Cli {
         iterations: u32,
         /// Interleaved rounds; the median is reported.
         #[arg(long, default_value_t = 5)]
+        rounds: u32,
+        /// Clients contending on one key.
+        #[arg(long, default_value_t = 8)]
+        contenders: usize,
+        /// Seconds of contention per library.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+    },
+    /// memcached: our backend and Locker beside Python sherlock and the raw commands.
+    Memcached {
+        /// The server's host:port.
+        #[arg(long, default_value = "127.0.0.1:11211")]
+        server: String,
+        /// Uncontended pairs per round.
+        #[arg(long, default_value_t = 3000)]
+        iterations: u32,
+        /// Interleaved rounds; the median is reported.
+        #[arg(long, default_value_t = 3)]
         rounds: u32,
         /// Clients contending on one key.
         #[arg(long, default_value_t = 8)]
@@ -122,6 +141,18 @@ async fn main() {
         } => {
             if let Err(e) = redis_bench::run(&url, iterations, rounds, contenders, seconds).await {
                 eprintln!("Redis: {e}");
+                std::process::exit(1);
+            }
+        }
+        Cli::Memcached {
+            server,
+            iterations,
+            rounds,
+            contenders,
+            seconds,
+        } => {
+            if let Err(e) = mc_bench::run(&server, iterations, rounds, contenders, seconds).await {
+                eprintln!("memcached: {e}");
                 std::process::exit(1);
             }
         }
