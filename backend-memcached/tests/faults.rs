@@ -252,3 +252,37 @@ async fn a_stopped_server_is_unavailable_and_a_restarted_one_serves_again() {
         .expect("a restarted server forgot the old lock");
     g.release().await.expect("release");
 }
+
+/// Eight clients racing for one key, as waiting `Locker`s: every attempt
+/// is a grant or "contended", never an error (a lock released between our
+/// add and our read is someone else's again a moment later, not a store
+/// failure).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_clients_see_grants_or_contention_never_errors() {
+    let url = format!("memcache://{}?prefix={}", server(), unique_prefix());
+    let until = Instant::now() + Duration::from_secs(4);
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let l = Locker::new(MemcachedBackend::connect(&url).unwrap());
+            tokio::spawn(async move {
+                let mut grants = 0u32;
+                let opts = LockOptions::new().ttl(Duration::from_secs(10));
+                while Instant::now() < until {
+                    match l.lock_with("race", &opts).await {
+                        Ok(g) => {
+                            grants += 1;
+                            g.release().await.expect("release");
+                        }
+                        Err(e) => panic!("an acquire under contention failed: {e}"),
+                    }
+                }
+                grants
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    assert!(total > 0, "nobody got the lock");
+}
