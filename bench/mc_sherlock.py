@@ -28,12 +28,13 @@ suffix) and deletes it at the end.
 
 import argparse
 import json
-import math
 import sys
 import threading
 import time
 import uuid
 from importlib.metadata import version
+
+from handoffs import HandOffs, percentile_us
 
 import pylibmc
 from pymemcache.client.base import Client as PymemcacheClient
@@ -112,34 +113,6 @@ def raw(client, key, iterations):
     result = pairs_result("raw", iterations, seconds)
     result["pymemcache"] = PYMEMCACHE
     return result
-
-
-class HandOffs:
-    """Release-to-grant gaps between different clients (cf. src/cli/timing.rs)."""
-
-    def __init__(self):
-        self.mutex = threading.Lock()
-        self.last = None  # (releaser id, monotonic time its release started)
-        self.gaps = []
-
-    def granted(self, cid):
-        now = time.monotonic()
-        with self.mutex:
-            if self.last is not None and self.last[0] != cid:
-                self.gaps.append(now - self.last[1])
-            self.last = None
-
-    def releasing(self, cid):
-        with self.mutex:
-            self.last = (cid, time.monotonic())
-
-
-def percentile_us(sorted_gaps, p):
-    """Nearest-rank quantile in microseconds, as timing.rs picks it."""
-    if not sorted_gaps:
-        return None
-    i = min(max(math.ceil(len(sorted_gaps) * p), 1), len(sorted_gaps)) - 1
-    return round(sorted_gaps[i] * 1e6, 1)
 
 
 def contended(clients, key, seconds):

@@ -19,12 +19,13 @@ suffix) and deletes it at the end.
 
 import argparse
 import json
-import math
 import sys
 import threading
 import time
 import uuid
 from importlib.metadata import version
+
+from handoffs import HandOffs, percentile_us
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -65,34 +66,6 @@ def uncontended(client, path, iterations):
         "seconds": round(seconds, 6),
         "pairs_per_s": round(iterations / seconds, 1),
     }
-
-
-class HandOffs:
-    """Release-to-grant gaps between different clients (cf. src/cli/timing.rs)."""
-
-    def __init__(self):
-        self.mutex = threading.Lock()
-        self.last = None  # (releaser id, monotonic time its release started)
-        self.gaps = []
-
-    def granted(self, cid):
-        now = time.monotonic()
-        with self.mutex:
-            if self.last is not None and self.last[0] != cid:
-                self.gaps.append(now - self.last[1])
-            self.last = None
-
-    def releasing(self, cid):
-        with self.mutex:
-            self.last = (cid, time.monotonic())
-
-
-def percentile_us(sorted_gaps, p):
-    """Nearest-rank quantile in microseconds, as timing.rs picks it."""
-    if not sorted_gaps:
-        return None
-    i = min(max(math.ceil(len(sorted_gaps) * p), 1), len(sorted_gaps)) - 1
-    return round(sorted_gaps[i] * 1e6, 1)
 
 
 def contended(clients, path, seconds):

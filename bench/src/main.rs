@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 
+mod baseline;
 mod mc_bench;
 mod redis_bench;
 /// The hand-off timing `locksmith demo` uses, compiled here from its source.

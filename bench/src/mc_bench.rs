@@ -4,7 +4,6 @@
 //! backend sends (`ms ME` to take, `mg v c` then `md C` to give back),
 //! sent raw through the same client.
 
-use std::process::Command;
 use std::time::Duration;
 
 use locksmith::backend::LockBackend;
@@ -12,27 +11,18 @@ use locksmith::memcached::MemcachedBackend;
 use locksmith::{LockKey, Locker, OwnerToken};
 use memcache::exp::{AsyncMetaClient, Meta, Ttl};
 
-use crate::redis_bench::{
-    backend_pairs, contended, locker_contender, median, pairs_per_sec, Contention,
-};
+use crate::baseline::{contention, python, uncontended_table};
+use crate::redis_bench::{backend_pairs, pairs_per_sec};
 
 const TTL: Duration = Duration::from_secs(30);
 const SHERLOCK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mc_sherlock.py");
 
-/// Runs `bench/mc_sherlock.py` with `args`; its one JSON line, or why not.
-fn python(args: &[&str]) -> Result<serde_json::Value, String> {
-    let out = Command::new("python3")
-        .arg(SHERLOCK)
-        .args(args)
-        .output()
-        .map_err(|e| format!("python3: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "sherlock baseline failed (pip install sherlock==0.4.1 pymemcache==4.0.0 pylibmc?): {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("sherlock output: {e}"))
+fn sherlock(args: &[&str]) -> Result<serde_json::Value, String> {
+    python(
+        SHERLOCK,
+        "pip install sherlock==0.4.1 pymemcache==4.0.0 pylibmc",
+        args,
+    )
 }
 
 async fn raw_pairs(client: &AsyncMetaClient, key: &str, iterations: u32) {
@@ -94,7 +84,7 @@ pub(crate) async fn run(
                 }
                 1 | 2 => {
                     let mode = if path == 1 { "uncontended" } else { "raw" };
-                    let v = python(&["--server", server, "--mode", mode, "--iterations", &n])?;
+                    let v = sherlock(&["--server", server, "--mode", mode, "--iterations", &n])?;
                     if path == 1 {
                         versions = format!(
                             "sherlock {}, pylibmc {}",
@@ -128,93 +118,44 @@ pub(crate) async fn run(
             figures[path].push(r);
         }
     }
-    let floor = median(&mut figures[0].clone());
-    let sherlock = median(&mut figures[1].clone());
     println!(
         "\nmemcached: uncontended acquire+release, 1 client x {iterations} pairs, median of {rounds} rounds ({versions})"
     );
-    println!(
-        "  {:<36} {:>10}  {:>8}  {:>11}  {:>14}",
-        "path", "pairs/s", "vs raw", "vs sherlock", "min..max"
+    uncontended_table(
+        "sherlock",
+        &[
+            "raw ms ME; mg v c + md C (floor)",
+            "sherlock MCLock",
+            "pymemcache add/delete (unsafe)",
+            "MemcachedBackend",
+            "Locker",
+        ],
+        &mut figures,
     );
-    for (i, label) in [
-        "raw ms ME; mg v c + md C (floor)",
-        "sherlock MCLock",
-        "pymemcache add/delete (unsafe)",
-        "MemcachedBackend",
-        "Locker",
-    ]
-    .iter()
-    .enumerate()
-    {
-        let v = &mut figures[i];
-        let r = median(v);
-        println!(
-            "  {label:<36} {r:>10.0}  {:>8.2}  {:>11.2}  {:>6.0}..{:<6.0}",
-            r / floor,
-            r / sherlock,
-            v.first().copied().unwrap_or_default(),
-            v.last().copied().unwrap_or_default(),
-        );
-    }
-
     println!(
         "\nmemcached: {contenders} clients contending on one key, own client each; \
          {seconds} s per library per round, 2 rounds in alternating order"
     );
-    println!(
-        "  {:<14} {:>9} {:>12} {:>12} {:>22}",
-        "library", "locks/s", "hand-off p50", "hand-off p99", "share per client min..max"
-    );
-    let mut ours = Contention::default();
-    let mut theirs = Vec::new();
     let (c, s) = (contenders.to_string(), seconds.to_string());
-    for round in 0..2 {
-        for step in 0..2 {
-            if (round + step) % 2 == 0 {
-                ours.add(
-                    contended(contenders, seconds, |_| {
-                        let l = Locker::new(MemcachedBackend::connect(&url).expect("url"));
-                        locker_contender(l, "contended".to_owned(), TTL)
-                    })
-                    .await,
-                );
-            } else {
-                theirs.push(python(&[
-                    "--server",
-                    server,
-                    "--mode",
-                    "contended",
-                    "--contenders",
-                    &c,
-                    "--seconds",
-                    &s,
-                ])?);
-            }
-        }
-    }
-    ours.print("locksmith", seconds * 2);
-    for row in theirs {
-        let counts: Vec<u64> = row["counts"]
-            .as_array()
-            .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect())
-            .unwrap_or_default();
-        let total: u64 = counts.iter().sum();
-        let share = |c: Option<&u64>| 100.0 * c.copied().unwrap_or(0) as f64 / total.max(1) as f64;
-        let ms = |k: &str| {
-            row[k]
-                .as_f64()
-                .map_or("n/a".to_owned(), |us| format!("{:.2} ms", us / 1000.0))
-        };
-        println!(
-            "  {:<14} {:>9.0} {:>12} {:>12} {:>12.1}%..{:.1}%",
-            "sherlock (1)",
-            total as f64 / seconds.max(1) as f64,
-            ms("handoff_p50_us"),
-            ms("handoff_p99_us"),
-            share(counts.iter().min()),
-            share(counts.iter().max())
-        );
-    }
+    contention(
+        contenders,
+        seconds,
+        TTL,
+        || MemcachedBackend::connect(&url).expect("url"),
+        "sherlock",
+        || {
+            sherlock(&[
+                "--server",
+                server,
+                "--mode",
+                "contended",
+                "--contenders",
+                &c,
+                "--seconds",
+                &s,
+            ])
+        },
+    )
+    .await?;
     Ok(())
 }
