@@ -335,7 +335,7 @@ mc_port_ready() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1 && printf 'mn
 mc_start_port() {
     local user=nobody
     id memcache >/dev/null 2>&1 && user=memcache
-    memcached -d -u "$user" -l 127.0.0.1 -p "$1" -U 0 -M -m 64 -P "$STATE_DIR/memcached-$1.pid"
+    memcached -d -u "$user" -l 127.0.0.1 -p "$1" -U 0 -M -m 64
 }
 memcached_ready() { command -v memcached >/dev/null 2>&1 && mc_port_ready "$MC_PORT"; }
 memcached_install() { apt_install memcached; }
@@ -355,10 +355,9 @@ MC_FAULT_PORT=${LOCKSMITH_MC_FAULT_PORT:-11215}
 mc_fault_ready() { command -v memcached >/dev/null 2>&1 && mc_port_ready "$MC_FAULT_PORT"; }
 mc_fault_install() { memcached_install; }
 mc_fault_start() { mc_start_port "$MC_FAULT_PORT"; }
+# Killed by its command line (it drops root before it could write a pid
+# file into our directory).
 mc_fault_stop() {
-    local pidfile="$STATE_DIR/memcached-$MC_FAULT_PORT.pid"
-    [ -f "$pidfile" ] && kill -9 "$(cat "$pidfile")" 2>/dev/null || true
     pkill -9 -f -- "memcached .*-p $MC_FAULT_PORT " 2>/dev/null || true
     for _ in $(seq 40); do mc_port_ready "$MC_FAULT_PORT" || break; sleep 0.25; done
-    rm -f "$pidfile"
 }

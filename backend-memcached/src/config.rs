@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{store_of, RedactedUrl, Store, UrlParams};
+use locksmith_core::backend::{distinct_servers, store_of, RedactedUrl, Store, UrlParams};
 use locksmith_core::{Error, Result};
 
 /// The port a host without one is reached on.
@@ -19,9 +19,11 @@ const MAX_PREFIX: usize = 100;
 /// protocol has no authentication, so a user or password is refused.
 ///
 /// Parameters: `prefix` (prepended to every key, default `locksmith:`;
-/// printable ASCII without spaces, at most 100 bytes), `timeout` (per
-/// request and server, default 1s; 100ms in a quorum), and
-/// `connect_timeout` (default 1s). Any other parameter is refused.
+/// printable ASCII without spaces, at most 100 bytes), `timeout` (one
+/// exchange with one server, default 1s; 100ms in a quorum; an operation
+/// of two exchanges, and a redial, may take up to `timeout` +
+/// `connect_timeout`), and `connect_timeout` (default 1s). Any other
+/// parameter is refused. Several servers must be at least 3.
 #[derive(Debug, Clone)]
 pub struct MemcachedConfig {
     /// The URL as given.
@@ -100,6 +102,13 @@ impl MemcachedConfig {
             }
             servers.push(server);
         }
+        distinct_servers(&shown, "memcached", hosts, DEFAULT_PORT)?;
+        if servers.len() == 2 {
+            return Err(Error::config(format!(
+                "{shown}: a quorum needs at least 3 servers (of 2, both must answer: no better \
+                 than one, and twice as likely to be down)"
+            )));
+        }
         if prefix.len() > MAX_PREFIX || !prefix.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
             return Err(p_invalid(&shown, "prefix"));
         }
@@ -131,9 +140,9 @@ mod tests {
 
     #[test]
     fn urls_read_as_written() {
-        let c =
-            MemcachedConfig::from_url("memcache://h1,H2:11212?prefix=app:&timeout=50ms").unwrap();
-        assert_eq!(c.servers, ["h1:11211", "h2:11212"]);
+        let c = MemcachedConfig::from_url("memcache://h1,H2:11212,h3?prefix=app:&timeout=50ms")
+            .unwrap();
+        assert_eq!(c.servers, ["h1:11211", "h2:11212", "h3:11211"]);
         assert_eq!(c.prefix, "app:");
         assert_eq!(c.timeout, Duration::from_millis(50));
         let c = MemcachedConfig::from_url("memcached://127.0.0.1:11211").unwrap();
@@ -151,7 +160,12 @@ mod tests {
             ("memcache://h:x", ErrorKind::Config),
             ("memcache://u:pw@h", ErrorKind::Config),
             ("memcache://h/db", ErrorKind::Config),
-            ("memcache://h,H:11211", ErrorKind::Config),
+            ("memcache://h,H:11211,x", ErrorKind::Config),
+            ("memcache://a,b", ErrorKind::Config),
+            (
+                "memcache://127.0.0.1:11211,localhost:11211,h",
+                ErrorKind::Config,
+            ),
             ("memcache://h?prefix=a%20b", ErrorKind::InvalidOptions),
             ("memcache://h?prefx=a", ErrorKind::InvalidOptions),
             ("memcache://h?timeout=soon", ErrorKind::InvalidOptions),

@@ -18,7 +18,10 @@
 //! new owner's token and gets `NotHeld` without writing anything: never a
 //! plain `delete`, never a `touch` (`mg … T` touches without looking at
 //! the CAS). The CAS is read again every time, never cached: memcached
-//! restarts its CAS counter at 1.
+//! restarts its CAS counter at 1, so a cached one could match another
+//! owner's item after a restart. (A restart *between* our read and our
+//! write, with the new counter reaching the value we read within that one
+//! round trip, is the window left.)
 //!
 //! # Client
 //!
@@ -46,11 +49,24 @@
 //!
 //! # Several servers
 //!
-//! `memcache://h1:11211,h2:11211,h3:11211` is a quorum
+//! `memcache://h1:11211,h2:11211,h3:11211` (3 or more) is a quorum
 //! ([`Quorum`](locksmith_core::backend::Quorum), Redlock's rules): every
 //! request goes to every server, a lock is held when a majority granted it
-//! within `ttl − elapsed − drift`, a failed acquire is undone everywhere,
-//! and renewal counts a majority too.
+//! within `ttl − elapsed − drift`, a failed acquire is undone on every
+//! server that granted it or did not answer, and renewal counts a majority
+//! too.
+//!
+//! Two limits, both Redlock's too:
+//! - **A restarted server forgets its locks.** The holder's next renewal
+//!   (every third of the TTL) puts its vote back there while a majority
+//!   still holds the lock; until then, a second server restarting would
+//!   leave a majority free for another owner. Stagger restarts by more
+//!   than a renewal period (Redlock's own rule, keeping a restarted node
+//!   out for one TTL, is the safe one, and memcached cannot enforce it).
+//! - **An undo can overtake the request it undoes.** The client sends them
+//!   on different pooled connections, so an acquire that timed out after
+//!   it was sent may still land after the undo looked: that vote then stays
+//!   until its TTL.
 //!
 //! # Keys
 //!

@@ -67,7 +67,7 @@ fn value(owner: &OwnerToken, holds: u32) -> String {
 /// most two seconds more. Above 30 days the client sends the absolute time
 /// memcached requires.
 fn store_ttl(ttl: Duration) -> Ttl {
-    Ttl::from(ttl + RESOLUTION)
+    Ttl::from(ttl.saturating_add(RESOLUTION))
 }
 
 pub(crate) fn map_err(e: memcache::exp::Error) -> Error {

@@ -286,3 +286,108 @@ async fn racing_clients_see_grants_or_contention_never_errors() {
     }
     assert!(total > 0, "nobody got the lock");
 }
+
+/// A memcached server of this test's own, restartable at will.
+struct OwnServer {
+    port: u16,
+    child: std::process::Child,
+}
+
+impl OwnServer {
+    fn start(port: u16) -> OwnServer {
+        let user = if Command::new("id")
+            .arg("memcache")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            "memcache"
+        } else {
+            "nobody"
+        };
+        let child = Command::new("memcached")
+            .args([
+                "-l",
+                "127.0.0.1",
+                "-U",
+                "0",
+                "-M",
+                "-m",
+                "16",
+                "-u",
+                user,
+                "-p",
+            ])
+            .arg(port.to_string())
+            .spawn()
+            .expect("memcached runs (scripts/test installs it)");
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "memcached on {port} did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        OwnServer { port, child }
+    }
+
+    /// Kills it and starts it again, empty, as a restart leaves it.
+    fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        *self = OwnServer::start(self.port);
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Servers restarted one at a time, never two down at once: the holder's
+/// renewals put its vote back on a restarted (empty) server, so a second
+/// restart does not leave a majority free for another owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_the_quorum_keeps_the_lock() {
+    let mut servers: Vec<OwnServer> = (0..3).map(|_| OwnServer::start(free_port())).collect();
+    let url = format!(
+        "memcache://{}?prefix={}&timeout=250ms",
+        servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect::<Vec<_>>()
+            .join(","),
+        unique_prefix()
+    );
+    let holder = Locker::new(MemcachedBackend::connect(&url).unwrap());
+    let other = Locker::new(MemcachedBackend::connect(&url).unwrap());
+    // Renewed every second.
+    let guard = holder
+        .lock_with("rolling", &LockOptions::new().ttl(Duration::from_secs(3)))
+        .await
+        .expect("lock");
+    servers[2].restart();
+    // A renewal (within a second) puts the vote back on the empty server.
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    servers[1].restart();
+    let stolen = other.try_lock("rolling").await.expect("a quorum answers");
+    assert!(
+        stolen.is_none(),
+        "another owner took the lock while its holder still held it"
+    );
+    assert!(
+        !guard.is_lost(),
+        "the holder lost a lock a majority still held"
+    );
+    guard.release().await.expect("release");
+}

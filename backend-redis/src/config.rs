@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use locksmith_core::backend::{check_userinfo, store_of, RedactedUrl, Store, UrlParams};
+use locksmith_core::backend::{
+    check_userinfo, distinct_servers, store_of, RedactedUrl, Store, UrlParams,
+};
 use locksmith_core::{Error, Result};
 
 /// The parameters the redis driver reads from a URL's query: `db`, `user`
@@ -161,7 +163,7 @@ impl RedisConfig {
                 "redis://{auth}{host}{db}{suffix}"
             )));
         }
-        reject_duplicate_nodes(&shown, hosts)?;
+        distinct_servers(&shown, "Redlock", hosts, 6379)?;
         if config.nodes.len() < 3 {
             return Err(Error::config(format!(
                 "{shown}: Redlock needs at least 3 independent nodes, got {}",
@@ -170,49 +172,6 @@ impl RedisConfig {
         }
         Ok(config)
     }
-}
-
-/// Redlock's safety rests on independent nodes: one server named twice (or
-/// under two names) would make a fake quorum. Hosts are compared by name and
-/// port, and by every address they resolve to.
-fn reject_duplicate_nodes(shown: &RedactedUrl, hosts: &str) -> Result<()> {
-    use std::net::ToSocketAddrs;
-    let mut seen: Vec<(String, Vec<std::net::SocketAddr>)> = Vec::new();
-    for host in hosts.split(',').filter(|h| !h.is_empty()) {
-        let named = if host
-            .rsplit_once(':')
-            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-        {
-            host.to_ascii_lowercase()
-        } else {
-            format!("{}:6379", host.to_ascii_lowercase())
-        };
-        // An IPv4-mapped IPv6 address ([::ffff:127.0.0.1]) is the IPv4 one.
-        let addrs: Vec<std::net::SocketAddr> = named
-            .to_socket_addrs()
-            .map(|a| {
-                a.map(|a| match a.ip() {
-                    std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                        Some(v4) => std::net::SocketAddr::new(v4.into(), a.port()),
-                        None => a,
-                    },
-                    _ => a,
-                })
-                .collect()
-            })
-            .unwrap_or_default();
-        if let Some((other, _)) = seen
-            .iter()
-            .find(|(n, a)| *n == named || a.iter().any(|x| addrs.contains(x)))
-        {
-            return Err(Error::config(format!(
-                "{shown}: Redlock nodes {other} and {named} are the same server; \
-                 a quorum needs independent nodes"
-            )));
-        }
-        seen.push((named, addrs));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

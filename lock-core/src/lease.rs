@@ -72,7 +72,8 @@ pub struct LockStatus {
     pub waiters: Option<u32>,
     /// The holder's owner token, where the store reads it with the rest:
     /// a [`Quorum`](crate::backend::Quorum) counts only nodes held by one
-    /// owner. Never show it: whoever has it can release the lock.
+    /// owner. Never show it: whoever has it can release the lock
+    /// ([`Locker::status`](crate::Locker::status) clears it).
     pub owner: Option<OwnerToken>,
 }
 

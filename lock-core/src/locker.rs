@@ -149,7 +149,10 @@ impl Locker {
     /// `InvalidKey`; `Unsupported` where the store cannot tell; the store's
     /// errors (`Unavailable`, …).
     pub async fn status(&self, key: impl IntoLockKey) -> Result<LockStatus> {
-        self.backend.inspect(&key.into_lock_key()?).await
+        // The holder's token is for quorum backends' bookkeeping: whoever
+        // has it can release the lock, so applications never see it.
+        let status = self.backend.inspect(&key.into_lock_key()?).await?;
+        Ok(status.with_owner(None))
     }
 
     /// Whether anyone holds `key` right now (see [`status`](Self::status)).

@@ -14,6 +14,7 @@ use crate::backend::{
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{LockKey, OwnerToken};
 use crate::lease::{clock_drift, LockStatus};
+use crate::url::RedactedUrl;
 
 /// A lock over N independent nodes, each a lease backend of its own: held
 /// when a quorum (N/2 + 1) granted it within `ttl − elapsed − drift`.
@@ -63,6 +64,59 @@ impl<B> fmt::Debug for Quorum<B> {
             .field("quorum", &self.quorum)
             .finish()
     }
+}
+
+/// Refuses a quorum whose servers are not independent: one server named
+/// twice, or under two names, would make a fake majority. `hosts` is the
+/// URL's comma-separated `host[:port]` list (a host without a port gets
+/// `default_port`); hosts are compared by name and port, and by every
+/// address they resolve to (an IPv4-mapped IPv6 address counts as the IPv4
+/// one). `kind` names the nodes in the message ("Redlock").
+///
+/// # Errors
+/// `Config` naming the two entries that are one server.
+pub fn distinct_servers(
+    shown: &RedactedUrl,
+    kind: &str,
+    hosts: &str,
+    default_port: u16,
+) -> Result<()> {
+    use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+    let mut seen: Vec<(String, Vec<SocketAddr>)> = Vec::new();
+    for host in hosts.split(',').filter(|h| !h.is_empty()) {
+        let named = if host
+            .rsplit_once(':')
+            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        {
+            host.to_ascii_lowercase()
+        } else {
+            format!("{}:{default_port}", host.to_ascii_lowercase())
+        };
+        let addrs: Vec<SocketAddr> = named
+            .to_socket_addrs()
+            .map(|a| {
+                a.map(|a| match a.ip() {
+                    IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                        Some(v4) => SocketAddr::new(v4.into(), a.port()),
+                        None => a,
+                    },
+                    IpAddr::V4(_) => a,
+                })
+                .collect()
+            })
+            .unwrap_or_default();
+        if let Some((other, _)) = seen
+            .iter()
+            .find(|(n, a)| *n == named || a.iter().any(|x| addrs.contains(x)))
+        {
+            return Err(Error::config(format!(
+                "{shown}: {kind} nodes {other} and {named} are the same server; \
+                 a quorum needs independent nodes"
+            )));
+        }
+        seen.push((named, addrs));
+    }
+    Ok(())
 }
 
 /// How the nodes answered one request.
@@ -247,8 +301,9 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         }
         // A node that answered "contended" holds someone else's lock, not
         // ours, so a waiter polling a busy key costs one round, not two. A
-        // node's release must not overtake the request it undoes: backends
-        // send both on one ordered connection (or answer the first first).
+        // node whose release overtakes the request it undoes (a client
+        // that sends them on different connections) keeps that vote until
+        // its TTL: Redis nodes send both on one ordered connection.
         if !undo.is_empty() {
             let _ = join_all(undo.into_iter().map(|n| n.release(key, owner))).await;
         }
@@ -347,7 +402,7 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         let start = Instant::now();
         let per_node = join_all(self.nodes.iter().map(|n| n.renew_many(requests))).await;
         let elapsed = start.elapsed();
-        (0..requests.len())
+        let results: Vec<Result<Renew>> = (0..requests.len())
             .map(|i| {
                 let mut renewed = 0;
                 let mut errors = 0;
@@ -370,6 +425,36 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
                     Ok(Renew::NotHeld)
                 }
             })
-            .collect()
+            .collect();
+        // A node that lost our vote (a restart that forgot it, an eviction)
+        // gets it back while a majority still holds the lock: otherwise a
+        // second node restarting before the lock ends would leave a
+        // majority free for someone else. Best effort; where another
+        // owner took that node meanwhile, it stays theirs.
+        let restore = per_node.iter().enumerate().flat_map(|(n, answers)| {
+            let results = &results;
+            answers.iter().enumerate().filter_map(move |(i, a)| {
+                let lost = matches!(a, Ok(Renew::NotHeld));
+                let kept = matches!(results.get(i), Some(Ok(Renew::Renewed)));
+                (lost && kept).then_some((n, i))
+            })
+        });
+        let restored = join_all(restore.map(|(n, i)| {
+            let r = &requests[i];
+            self.nodes[n].try_acquire(&r.key, &r.owner, r.ttl)
+        }))
+        .await;
+        let back = restored
+            .iter()
+            .filter(|r| matches!(r, Ok(Acquire::Acquired(_))))
+            .count();
+        if back > 0 {
+            tracing::debug!(
+                votes = back,
+                "{}: votes restored on nodes that had lost them",
+                self.name
+            );
+        }
+        results
     }
 }

@@ -58,8 +58,22 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Every live item key on `server`, from `lru_crawler metadump all`.
+/// Every live item key on `server`, from `lru_crawler metadump all`. The
+/// server runs one crawler at a time (its own included): a busy one is
+/// asked again.
 pub async fn item_keys(server: &str) -> anyhow::Result<Vec<String>> {
+    for _ in 0..50 {
+        match dump(server).await {
+            Err(e) if e.to_string().contains("BUSY") => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+    anyhow::bail!("{server}: the LRU crawler stayed busy for 5 s")
+}
+
+async fn dump(server: &str) -> anyhow::Result<Vec<String>> {
     let mut s = TcpStream::connect(server).await?;
     s.write_all(b"lru_crawler metadump all\r\n").await?;
     let mut lines = BufReader::new(s).lines();
