@@ -1,6 +1,6 @@
-"""Hand-off timing shared by the Python baselines (zk_kazoo.py,
-mc_sherlock.py): the same measure as src/cli/timing.rs, so their figures
-and ours mean the same thing."""
+"""Hand-off timing and the contention run shared by the Python baselines
+(zk_kazoo.py, mc_sherlock.py): the same measure as src/cli/timing.rs, so
+their figures and ours mean the same thing."""
 
 import math
 import threading
@@ -33,3 +33,50 @@ def percentile_us(sorted_gaps, p):
         return None
     i = min(max(math.ceil(len(sorted_gaps) * p), 1), len(sorted_gaps)) - 1
     return round(sorted_gaps[i] * 1e6, 1)
+
+
+def run_contended(locks, seconds, acquire):
+    """One thread per lock (each on its own client), all on one key: loop
+    acquire, a tiny critical section, release, for `seconds`; the counts
+    and hand-off figures, as the Rust side reports them."""
+    handoffs = HandOffs()
+    counts = [0] * len(locks)
+    errors = []
+    ready = threading.Barrier(len(locks) + 1)
+    deadline = None
+
+    def run(cid):
+        lock = locks[cid]
+        try:
+            ready.wait()
+            while time.monotonic() < deadline:
+                acquire(lock)
+                handoffs.granted(cid)
+                counts[cid] += 1
+                time.sleep(0)  # the tiny critical section: yield once
+                handoffs.releasing(cid)
+                lock.release()
+        except Exception as e:  # reported by the main thread
+            errors.append(f"client {cid}: {type(e).__name__}: {e}")
+            ready.abort()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(locks))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + seconds
+    ready.wait()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    gaps = sorted(handoffs.gaps)
+    return {
+        "mode": "contended",
+        "contenders": len(locks),
+        "seconds": seconds,
+        "locks": sum(counts),
+        "counts": counts,
+        "handoff_p50_us": percentile_us(gaps, 0.5),
+        "handoff_p99_us": percentile_us(gaps, 0.99),
+        "handoffs": len(gaps),
+    }

@@ -29,12 +29,11 @@ suffix) and deletes it at the end.
 import argparse
 import json
 import sys
-import threading
 import time
 import uuid
 from importlib.metadata import version
 
-from handoffs import HandOffs, percentile_us
+from handoffs import run_contended
 
 import pylibmc
 from pymemcache.client.base import Client as PymemcacheClient
@@ -116,55 +115,18 @@ def raw(client, key, iterations):
 
 
 def contended(clients, key, seconds):
-    handoffs = HandOffs()
-    counts = [0] * len(clients)
-    errors = []
     locks = [
         MCLock(key, client=c, expire=EXPIRE, timeout=ACQUIRE_TIMEOUT,
                retry_interval=RETRY_INTERVAL)
         for c in clients
     ]
-    ready = threading.Barrier(len(clients) + 1)
-    deadline = None
+    # Blocking acquire raises LockTimeoutException after ACQUIRE_TIMEOUT.
+    result = run_contended(locks, seconds, lambda lock: lock.acquire(blocking=True))
+    result["retry_interval"] = RETRY_INTERVAL
+    result["sherlock"] = SHERLOCK
+    result["pylibmc"] = PYLIBMC
+    return result
 
-    def run(cid):
-        lock = locks[cid]
-        try:
-            ready.wait()
-            while time.monotonic() < deadline:
-                lock.acquire(blocking=True)  # raises LockTimeoutException
-                handoffs.granted(cid)
-                counts[cid] += 1
-                time.sleep(0)  # the tiny critical section: yield once
-                handoffs.releasing(cid)
-                lock.release()
-        except Exception as e:  # reported by the main thread
-            errors.append(f"client {cid}: {type(e).__name__}: {e}")
-            ready.abort()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(clients))]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + seconds
-    ready.wait()
-    for t in threads:
-        t.join()
-    if errors:
-        raise RuntimeError("; ".join(errors))
-    gaps = sorted(handoffs.gaps)
-    return {
-        "mode": "contended",
-        "contenders": len(clients),
-        "seconds": seconds,
-        "locks": sum(counts),
-        "counts": counts,
-        "handoff_p50_us": percentile_us(gaps, 0.5),
-        "handoff_p99_us": percentile_us(gaps, 0.99),
-        "handoffs": len(gaps),
-        "retry_interval": RETRY_INTERVAL,
-        "sherlock": SHERLOCK,
-        "pylibmc": PYLIBMC,
-    }
 
 
 def main():

@@ -20,12 +20,11 @@ suffix) and deletes it at the end.
 import argparse
 import json
 import sys
-import threading
 import time
 import uuid
 from importlib.metadata import version
 
-from handoffs import HandOffs, percentile_us
+from handoffs import run_contended
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -69,48 +68,9 @@ def uncontended(client, path, iterations):
 
 
 def contended(clients, path, seconds):
-    handoffs = HandOffs()
-    counts = [0] * len(clients)
-    errors = []
     locks = [c.Lock(path, identifier=f"bench-{i}") for i, c in enumerate(clients)]
-    ready = threading.Barrier(len(clients) + 1)
-    deadline = None
+    return run_contended(locks, seconds, lambda lock: lock.acquire(timeout=ACQUIRE_TIMEOUT))
 
-    def run(cid):
-        lock = locks[cid]
-        try:
-            ready.wait()
-            while time.monotonic() < deadline:
-                lock.acquire(timeout=ACQUIRE_TIMEOUT)
-                handoffs.granted(cid)
-                counts[cid] += 1
-                time.sleep(0)  # the tiny critical section: yield once
-                handoffs.releasing(cid)
-                lock.release()
-        except Exception as e:  # reported by the main thread
-            errors.append(f"client {cid}: {type(e).__name__}: {e}")
-            ready.abort()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(clients))]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + seconds
-    ready.wait()
-    for t in threads:
-        t.join()
-    if errors:
-        raise RuntimeError("; ".join(errors))
-    gaps = sorted(handoffs.gaps)
-    return {
-        "mode": "contended",
-        "contenders": len(clients),
-        "seconds": seconds,
-        "locks": sum(counts),
-        "counts": counts,
-        "handoff_p50_us": percentile_us(gaps, 0.5),
-        "handoff_p99_us": percentile_us(gaps, 0.99),
-        "handoffs": len(gaps),
-    }
 
 
 def main():

@@ -12,7 +12,7 @@ use locksmith::{LockKey, Locker, OwnerToken};
 use memcache::exp::{AsyncMetaClient, Meta, Ttl};
 
 use crate::baseline::{contention, python, uncontended_table};
-use crate::redis_bench::{backend_pairs, pairs_per_sec};
+use crate::redis_bench::{backend_pairs, locker_pairs, pairs_per_sec};
 
 const TTL: Duration = Duration::from_secs(30);
 const SHERLOCK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mc_sherlock.py");
@@ -102,15 +102,8 @@ pub(crate) async fn run(
                     .await
                 }
                 _ => {
-                    pairs_per_sec(iterations, || async {
-                        for _ in 0..iterations {
-                            let g = locker
-                                .try_lock("uncontended-locker")
-                                .await
-                                .expect("acquire")
-                                .expect("uncontended");
-                            g.release().await.expect("release");
-                        }
+                    pairs_per_sec(iterations, || {
+                        locker_pairs(&locker, "uncontended-locker", iterations)
                     })
                     .await
                 }

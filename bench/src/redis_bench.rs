@@ -127,17 +127,7 @@ pub(crate) async fn run(
                 }
                 _ => {
                     let key = format!("bench:{tag}:locker");
-                    pairs_per_sec(iterations, || async {
-                        for _ in 0..iterations {
-                            let g = locker
-                                .try_lock(key.as_str())
-                                .await
-                                .expect("acquire")
-                                .expect("uncontended");
-                            g.release().await.expect("release");
-                        }
-                    })
-                    .await
+                    pairs_per_sec(iterations, || locker_pairs(&locker, &key, iterations)).await
                 }
             };
             let busy = server_busy_us(&mut bare, top).await - busy_before;
@@ -373,6 +363,18 @@ pub(crate) async fn backend_pairs(
             .await
             .expect("acquire");
         backend.release(key, &owner).await.expect("release");
+    }
+}
+
+/// `iterations` uncontended `try_lock` + release pairs through a `Locker`.
+pub(crate) async fn locker_pairs(locker: &Locker, key: &str, iterations: u32) {
+    for _ in 0..iterations {
+        let g = locker
+            .try_lock(key)
+            .await
+            .expect("acquire")
+            .expect("uncontended");
+        g.release().await.expect("release");
     }
 }
 

@@ -8,10 +8,10 @@ use std::time::Duration;
 use locksmith::backend::LockBackend;
 use locksmith::zookeeper::internals::zookeeper_client as zk;
 use locksmith::zookeeper::ZkBackend;
-use locksmith::{LockKey, LockOptions, Locker, OwnerToken};
+use locksmith::{LockKey, Locker, OwnerToken};
 
 use crate::baseline::{contention, python, uncontended_table};
-use crate::redis_bench::{backend_pairs, pairs_per_sec};
+use crate::redis_bench::{backend_pairs, locker_pairs, pairs_per_sec};
 
 const TTL: Duration = Duration::from_secs(30);
 const KAZOO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/zk_kazoo.py");
@@ -103,15 +103,8 @@ pub(crate) async fn run(
                     .await
                 }
                 _ => {
-                    pairs_per_sec(iterations, || async {
-                        for _ in 0..iterations {
-                            let g = locker
-                                .try_lock_with("uncontended-locker", &LockOptions::new().ttl(TTL))
-                                .await
-                                .expect("acquire")
-                                .expect("uncontended");
-                            g.release().await.expect("release");
-                        }
+                    pairs_per_sec(iterations, || {
+                        locker_pairs(&locker, "uncontended-locker", iterations)
                     })
                     .await
                 }
