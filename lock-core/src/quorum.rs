@@ -265,15 +265,15 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         let mut grants = Vec::new();
         let mut retry_after: Option<Duration> = None;
         // Nodes that may now hold our key: those that granted, and those that
-        // did not answer (their request may still be applied).
-        let mut undo = Vec::new();
+        // did not answer (their request may still be applied), and which.
+        let mut undo: Vec<(&B, bool)> = Vec::new();
         let mut errors = 0;
         let mut refused: Option<&Error> = None;
         for (node, answer) in self.nodes.iter().zip(&answers) {
             match answer {
                 Ok(Acquire::Acquired(g)) => {
                     grants.push(*g);
-                    undo.push(node);
+                    undo.push((node, true));
                 }
                 Ok(Acquire::Contended { retry_after: r }) => {
                     retry_after = match (retry_after, *r) {
@@ -286,7 +286,7 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
                         refused.get_or_insert(e);
                     }
                     errors += 1;
-                    undo.push(node);
+                    undo.push((node, false));
                 }
             }
         }
@@ -304,6 +304,17 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         // node whose release overtakes the request it undoes (a client
         // that sends them on different connections) keeps that vote until
         // its TTL: Redis nodes send both on one ordered connection.
+        // A re-entry (some node counted more than one hold) cannot be
+        // undone on a node that did not answer: a release there would take
+        // away a hold the owner had before, if the request never arrived.
+        // Only the nodes that granted are undone; an extra hold elsewhere
+        // is left to expire, as the Locker leaves a re-entrant one.
+        let reentry = grants.iter().any(|g| g.holds > 1);
+        let undo: Vec<&B> = undo
+            .into_iter()
+            .filter(|&(_, granted)| granted || !reentry)
+            .map(|(n, _)| n)
+            .collect();
         if !undo.is_empty() {
             let _ = join_all(undo.into_iter().map(|n| n.release(key, owner))).await;
         }
