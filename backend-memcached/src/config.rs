@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{distinct_servers, store_of, RedactedUrl, Store, UrlParams};
+use locksmith_core::backend::{
+    distinct_servers, server_list, store_of, RedactedUrl, Store, UrlParams,
+};
 use locksmith_core::{Error, Result};
 
 /// The port a host without one is reached on.
@@ -75,34 +77,11 @@ impl MemcachedConfig {
                 "{shown}: a memcached URL has no path; expected memcache://host:11211"
             )));
         }
-        let mut servers: Vec<String> = Vec::new();
-        for host in hosts.split(',') {
-            let (name, port) = match host.rsplit_once(':') {
-                Some((n, p)) if !p.contains(']') => (n, Some(p)),
-                _ => (host, None),
-            };
-            if name.is_empty() {
-                return Err(Error::config(format!(
-                    "{shown}: an empty host in the server list; expected memcache://host1:11211,host2:11211"
-                )));
-            }
-            let port =
-                match port {
-                    None => DEFAULT_PORT,
-                    Some(p) => p.parse::<u16>().ok().filter(|&p| p > 0).ok_or_else(|| {
-                        Error::config(format!("{shown}: {p:?} is not a port number"))
-                    })?,
-                };
-            let server = format!("{}:{port}", name.to_ascii_lowercase());
-            // One server named twice would make a fake quorum.
-            if servers.contains(&server) {
-                return Err(Error::config(format!(
-                    "{shown}: the server {server} is named twice"
-                )));
-            }
-            servers.push(server);
+        let servers = server_list(&shown, hosts, DEFAULT_PORT)?;
+        if servers.len() > 1 {
+            // One server under two names would make a fake quorum.
+            distinct_servers(&shown, "memcached", hosts, DEFAULT_PORT)?;
         }
-        distinct_servers(&shown, "memcached", hosts, DEFAULT_PORT)?;
         if servers.len() == 2 {
             return Err(Error::config(format!(
                 "{shown}: a quorum needs at least 3 servers (of 2, both must answer: no better \

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{check_userinfo, store_of, RedactedUrl, Store, UrlParams};
+use locksmith_core::backend::{
+    check_userinfo, percent_decode, server_list, store_of, RedactedUrl, Store, UrlParams,
+};
 use locksmith_core::{Error, Result};
 
 use crate::layout;
@@ -100,7 +102,7 @@ impl ZkConfig {
         };
         let auth = userinfo.map(|u| credentials(&shown, u)).transpose()?;
         Ok(ZkConfig {
-            hosts: hosts_with_ports(&shown, hosts)?,
+            hosts: server_list(&shown, hosts, DEFAULT_PORT)?.join(","),
             root: root_path(&shown, path)?,
             auth,
             session_timeout,
@@ -114,14 +116,11 @@ impl ZkConfig {
 
 fn credentials(shown: &RedactedUrl, userinfo: &str) -> Result<(String, String)> {
     let decode = |s: &str| {
-        percent_encoding::percent_decode_str(s)
-            .decode_utf8()
-            .map(|c| c.into_owned())
-            .map_err(|_| {
-                Error::config(format!(
-                    "{shown}: the user name or password is not UTF-8 once percent-decoded"
-                ))
-            })
+        percent_decode(s).ok_or_else(|| {
+            Error::config(format!(
+                "{shown}: the user name or password has a bad %-escape or is not UTF-8"
+            ))
+        })
     };
     let (user, password) = userinfo.split_once(':').ok_or_else(|| {
         Error::config(format!(
@@ -139,35 +138,6 @@ fn credentials(shown: &RedactedUrl, userinfo: &str) -> Result<(String, String)> 
     Ok((user, password))
 }
 
-fn hosts_with_ports(shown: &RedactedUrl, hosts: &str) -> Result<String> {
-    let mut out = Vec::new();
-    for host in hosts.split(',') {
-        if host.is_empty() {
-            return Err(Error::config(format!(
-                "{shown}: an empty host in the server list; expected zk://host1:2181,host2:2181/root"
-            )));
-        }
-        // `[::1]:2181`, `[::1]`, `h:2181`, `h`.
-        let (name, port) = match host.rsplit_once(':') {
-            Some((n, p)) if !p.contains(']') => (n, Some(p)),
-            _ => (host, None),
-        };
-        if name.is_empty() {
-            return Err(Error::config(format!("{shown}: a host with no name")));
-        }
-        let port = match port {
-            None => DEFAULT_PORT,
-            Some(p) => p
-                .parse::<u16>()
-                .ok()
-                .filter(|&p| p > 0)
-                .ok_or_else(|| Error::config(format!("{shown}: {p:?} is not a port number")))?,
-        };
-        out.push(format!("{name}:{port}"));
-    }
-    Ok(out.join(","))
-}
-
 fn root_path(shown: &RedactedUrl, path: &str) -> Result<String> {
     // `zk://h` takes the default root; `zk://h/` is the top of the tree.
     match path {
@@ -176,9 +146,11 @@ fn root_path(shown: &RedactedUrl, path: &str) -> Result<String> {
         _ => {}
     }
     let path = path.strip_suffix('/').unwrap_or(path);
-    let decoded = percent_encoding::percent_decode_str(path)
-        .decode_utf8()
-        .map_err(|_| Error::config(format!("{shown}: the root path is not UTF-8")))?;
+    let decoded = percent_decode(path).ok_or_else(|| {
+        Error::config(format!(
+            "{shown}: the root path has a bad %-escape or is not UTF-8"
+        ))
+    })?;
     for segment in decoded[1..].split('/') {
         if !layout::is_plain_name(segment) {
             return Err(Error::config(format!(
@@ -191,7 +163,7 @@ fn root_path(shown: &RedactedUrl, path: &str) -> Result<String> {
             "{shown}: /zookeeper is ZooKeeper's own subtree"
         )));
     }
-    Ok(decoded.into_owned())
+    Ok(decoded)
 }
 
 #[cfg(test)]

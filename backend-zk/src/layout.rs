@@ -70,10 +70,7 @@ pub(crate) fn key_of(dir: &str) -> Option<String> {
     match dir.strip_prefix(ESCAPED) {
         None => Some(dir.to_owned()),
         Some(rest) if rest.starts_with(HASHED) => None,
-        Some(rest) => percent_encoding::percent_decode_str(rest)
-            .decode_utf8()
-            .ok()
-            .map(|s| s.into_owned()),
+        Some(rest) => locksmith_core::backend::percent_decode(rest),
     }
 }
 

@@ -6,7 +6,7 @@
 pub use crate::lease::{clock_drift, local_deadline};
 pub use crate::memory::MemoryBackend;
 pub use crate::options::validate_ttl;
-pub use crate::params::{store_of, Store, UrlParams, SCHEMES};
+pub use crate::params::{percent_decode, server_list, store_of, Store, UrlParams, SCHEMES};
 pub use crate::quorum::{distinct_servers, Quorum};
 pub use crate::url::{check_userinfo, RedactedUrl};
 /// Re-exported so backends implement [`LockBackend`] with the same macro version.

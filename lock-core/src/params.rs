@@ -376,9 +376,49 @@ impl UrlParams {
     }
 }
 
+/// The servers of a URL's comma-separated `host[:port]` list, each as
+/// `host:port` (lowercased; `default_port` where none is given; `[v6]`
+/// literals kept in brackets).
+///
+/// ```
+/// use locksmith_core::backend::{server_list, RedactedUrl};
+/// let url = RedactedUrl::new("zk://h1,H2:2182");
+/// assert_eq!(server_list(&url, "h1,H2:2182", 2181).unwrap(), ["h1:2181", "h2:2182"]);
+/// assert!(server_list(&url, "h1,,h2", 2181).is_err());
+/// ```
+///
+/// # Errors
+/// `Config` for an empty host or a port that is not 1..=65535, showing the
+/// URL without secrets.
+pub fn server_list(shown: &RedactedUrl, hosts: &str, default_port: u16) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for host in hosts.split(',') {
+        // `[::1]:2181`, `[::1]`, `h:2181`, `h`.
+        let (name, port) = match host.rsplit_once(':') {
+            Some((n, p)) if !p.contains(']') => (n, Some(p)),
+            _ => (host, None),
+        };
+        if name.is_empty() {
+            return Err(Error::config(format!(
+                "{shown}: an empty host in the server list; expected host1:{default_port},host2:{default_port}"
+            )));
+        }
+        let port = match port {
+            None => default_port,
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| Error::config(format!("{shown}: {p:?} is not a port number")))?,
+        };
+        out.push(format!("{}:{port}", name.to_ascii_lowercase()));
+    }
+    Ok(out)
+}
+
 /// Decodes `%XX` escapes (and nothing else: a `+` stays a `+`); `None` for
 /// a bad escape or bytes that are not UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
+pub fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

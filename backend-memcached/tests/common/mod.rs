@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use locksmith_conformance::Harness;
-use locksmith_core::backend::LockBackend;
+use locksmith_core::backend::{percent_decode, LockBackend};
 use locksmith_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -40,24 +40,6 @@ pub fn unique_prefix() -> String {
     format!("lst-{}-{nanos}:", std::process::id())
 }
 
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Every live item key on `server`, from `lru_crawler metadump all`. The
 /// server runs one crawler at a time (its own included): a busy one is
 /// asked again.
@@ -84,7 +66,8 @@ async fn dump(server: &str) -> anyhow::Result<Vec<String>> {
                 break;
             }
             if let Some(k) = line.strip_prefix("key=") {
-                keys.push(percent_decode(k.split(' ').next().unwrap_or_default()));
+                let raw = k.split(' ').next().unwrap_or_default();
+                keys.push(percent_decode(raw).unwrap_or_else(|| raw.to_owned()));
             } else if line.starts_with("ERROR") || line.starts_with("BUSY") {
                 anyhow::bail!("metadump: {line}");
             }
