@@ -11,6 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{item_keys, quorum_servers, server, unique_prefix};
+use locksmith_conformance::quorum::acquire_succeeds_iff_a_majority_is_free;
 use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
 use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
 use locksmith_memcached::MemcachedBackend;
@@ -91,15 +92,9 @@ async fn a_stale_holder_cannot_release_or_renew_the_next_holders_lock() {
     assert_eq!(raw_item(&server, &item).await, None);
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Fault {
-    Down,
-    HeldByAnother,
-}
-
 /// For every subset of the 3 servers down or held by another owner,
 /// acquire succeeds exactly when a quorum (2) is free, and nothing of ours
-/// is left on any server afterwards.
+/// is left on any server afterwards: the test Redlock runs too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_acquire_succeeds_iff_a_majority_is_free() {
     let servers = quorum_servers();
@@ -109,73 +104,23 @@ async fn quorum_acquire_succeeds_iff_a_majority_is_free() {
         .iter()
         .map(|s| MemcachedBackend::connect(&format!("memcache://{s}?prefix={prefix}")).unwrap())
         .collect();
-    let ttl = Duration::from_secs(10);
-    for fault in [Fault::Down, Fault::HeldByAnother] {
-        for mask in 0u32..8 {
-            let key = LockKey::new(format!("q/{fault:?}/{mask}")).unwrap();
-            let faulty: Vec<usize> = (0..3).filter(|i| mask & (1 << i) != 0).collect();
-            let stranger = OwnerToken::generate();
+    acquire_succeeds_iff_a_majority_is_free(
+        &direct,
+        |down| {
             let mut hosts = servers.clone();
-            for &i in &faulty {
-                match fault {
-                    Fault::Down => hosts[i] = format!("127.0.0.1:{}", i + 1),
-                    Fault::HeldByAnother => {
-                        let got = direct[i].try_acquire(&key, &stranger, ttl).await.unwrap();
-                        assert!(acquired(&got));
-                    }
-                }
+            for &i in down {
+                hosts[i] = format!("127.0.0.1:{}", i + 1);
             }
-            let quorum = MemcachedBackend::connect(&format!(
+            MemcachedBackend::connect(&format!(
                 "memcache://{}?prefix={prefix}&timeout=250ms&connect_timeout=250ms",
                 hosts.join(",")
             ))
-            .unwrap();
-            let me = OwnerToken::generate();
-            let outcome = quorum.try_acquire(&key, &me, ttl).await;
-            let case = format!("{fault:?} on servers {faulty:?}");
-            if faulty.len() <= 1 {
-                assert!(
-                    matches!(outcome, Ok(Acquire::Acquired(g)) if g.fence.is_none()),
-                    "{case}: {outcome:?}"
-                );
-                assert_eq!(
-                    quorum.release(&key, &me).await.unwrap(),
-                    Release::Freed,
-                    "{case}"
-                );
-            } else {
-                match fault {
-                    Fault::Down => assert_eq!(
-                        outcome.as_ref().err().map(|e| e.kind()),
-                        Some(ErrorKind::Unavailable),
-                        "{case}: {outcome:?}"
-                    ),
-                    Fault::HeldByAnother => {
-                        assert!(
-                            matches!(outcome, Ok(Acquire::Contended { .. })),
-                            "{case}: {outcome:?}"
-                        )
-                    }
-                }
-            }
-            for (i, node) in direct.iter().enumerate() {
-                assert_eq!(
-                    node.release(&key, &me).await.unwrap(),
-                    Release::NotHeld,
-                    "{case}: our item was left on server {i}"
-                );
-            }
-            for &i in &faulty {
-                if fault == Fault::HeldByAnother {
-                    assert_eq!(
-                        direct[i].release(&key, &stranger).await.unwrap(),
-                        Release::Freed,
-                        "{case}: the other owner's item was touched"
-                    );
-                }
-            }
-        }
-    }
+            .unwrap()
+        },
+        "q",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
     // And no item of this run left on any server.
     for s in &servers {
         let left: Vec<String> = item_keys(s)

@@ -7,17 +7,12 @@ mod common;
 
 use std::time::Duration;
 
-use locksmith_core::backend::{Acquire, LockBackend, Release};
+use locksmith_conformance::quorum::acquire_succeeds_iff_a_majority_is_free;
+use locksmith_core::backend::{Acquire, LockBackend};
 use locksmith_core::{ErrorKind, LockKey, OwnerToken};
 use locksmith_redis::{RedisBackend, RedlockBackend};
 
 const TTL: Duration = Duration::from_secs(10);
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Fault {
-    Down,
-    HeldByAnother,
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_succeeds_iff_a_quorum_is_free() {
@@ -28,85 +23,29 @@ async fn acquire_succeeds_iff_a_quorum_is_free() {
         .map(|p| RedisBackend::connect(&format!("redis://127.0.0.1:{p}")).unwrap())
         .collect();
     let run = OwnerToken::generate();
-    for fault in [Fault::Down, Fault::HeldByAnother] {
-        for mask in 0u32..32 {
-            let key = LockKey::new(format!(
-                "redlock-quorum/{}/{fault:?}/{mask}",
-                &run.as_str()[..8]
-            ))
-            .unwrap();
-            let faulty: Vec<usize> = (0..5).filter(|i| mask & (1 << i) != 0).collect();
-            let stranger = OwnerToken::generate();
+    let keys = acquire_succeeds_iff_a_majority_is_free(
+        &direct,
+        |down| {
             let mut url_ports = ports.clone();
-            for &i in &faulty {
-                match fault {
-                    Fault::Down => url_ports[i] = 1,
-                    Fault::HeldByAnother => {
-                        let got = direct[i].try_acquire(&key, &stranger, TTL).await.unwrap();
-                        assert!(matches!(got, Acquire::Acquired(_)));
-                    }
-                }
+            for &i in down {
+                url_ports[i] = 1;
             }
-            let redlock = RedlockBackend::connect(&common::redlock_url(&url_ports)).unwrap();
-            let me = OwnerToken::generate();
-            let outcome = redlock.try_acquire(&key, &me, TTL).await;
-            let free = 5 - faulty.len();
-            let case = format!("{fault:?} on nodes {faulty:?}");
-            if free >= 3 {
-                assert!(
-                    matches!(outcome, Ok(Acquire::Acquired(Grant { fence: None, .. }))),
-                    "{case}: expected a grant without a fence, got {outcome:?}"
-                );
-                assert_eq!(
-                    redlock.release(&key, &me).await.unwrap(),
-                    Release::Freed,
-                    "{case}"
-                );
-            } else {
-                match fault {
-                    Fault::Down => assert_eq!(
-                        outcome.as_ref().err().map(|e| e.kind()),
-                        Some(ErrorKind::Unavailable),
-                        "{case}: {outcome:?}"
-                    ),
-                    Fault::HeldByAnother => assert!(
-                        matches!(outcome, Ok(Acquire::Contended { .. })),
-                        "{case}: {outcome:?}"
-                    ),
-                }
-            }
-            // Nothing of ours anywhere: an owner-checked release on each
-            // reachable node finds no hold (and would have removed one).
-            for (i, node) in direct.iter().enumerate() {
-                assert_eq!(
-                    node.release(&key, &me).await.unwrap(),
-                    Release::NotHeld,
-                    "{case}: our key was left on node {i}"
-                );
-            }
-            // The other owner's holds are untouched.
-            for &i in &faulty {
-                if fault == Fault::HeldByAnother {
-                    assert_eq!(
-                        direct[i].release(&key, &stranger).await.unwrap(),
-                        Release::Freed,
-                        "{case}"
-                    );
-                }
-            }
-            // And no key of any kind under this name on any node: Redlock
-            // writes no fencing counter, and a failed acquire leaves no
-            // queue or lock behind.
-            for (i, port) in ports.iter().enumerate() {
-                let url = format!("redis://127.0.0.1:{port}");
-                let left = common::scan(&url, &format!("*{{{}}}*", key.as_str())).await;
-                assert!(left.is_empty(), "{case}: node {i} kept {left:?}");
-            }
+            RedlockBackend::connect(&common::redlock_url(&url_ports)).unwrap()
+        },
+        &format!("redlock-quorum/{}", &run.as_str()[..8]),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    // And no key of any kind under these names on any node: Redlock writes
+    // no fencing counter, and a failed acquire leaves no queue or lock.
+    for key in &keys {
+        for (i, port) in ports.iter().enumerate() {
+            let url = format!("redis://127.0.0.1:{port}");
+            let left = common::scan(&url, &format!("*{{{}}}*", key.as_str())).await;
+            assert!(left.is_empty(), "{key:?}: node {i} kept {left:?}");
         }
     }
 }
-
-use locksmith_core::backend::Grant;
 
 /// Redlock's status counts a quorum per owner, and says `Unavailable` when
 /// the nodes that did not answer could make or break it.

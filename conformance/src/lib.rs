@@ -20,6 +20,7 @@ pub mod broken;
 pub mod cases;
 pub mod faults;
 mod memory;
+pub mod quorum;
 
 use std::sync::Arc;
 use std::time::Duration;
