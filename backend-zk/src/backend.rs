@@ -95,6 +95,9 @@ type CreateAndList = (
     std::result::Result<Vec<String>, ZkError>,
 );
 
+/// A create and the listing sent with it, as one owned future.
+type Exchange = std::pin::Pin<Box<dyn std::future::Future<Output = CreateAndList> + Send>>;
+
 /// What one attempt found: our new node, and the queue it joined.
 struct Entered {
     node: Node,
@@ -184,20 +187,21 @@ impl Inner {
                 format!("{dir}/{prefix}"),
                 owner.as_str().as_bytes().to_vec(),
             );
-            let mut task = tokio::spawn(async move {
+            // Polled here; owned, so that if its answer is late it can be
+            // handed to a clean-up task and still be awaited there.
+            let mut exchange: Exchange = Box::pin(async move {
                 let options = CreateMode::EphemeralSequential.with_acls(acls);
                 let create = client.create(&path, &data, &options);
                 let list = client.list_children(&list_dir);
                 futures::future::join(create, list).await
             });
             let answered = session
-                .call(async { Ok::<_, ZkError>((&mut task).await) })
+                .call(async { Ok::<_, ZkError>((&mut exchange).await) })
                 .await;
             let (created, listed) = match answered {
-                Ok(Ok(both)) => both,
-                Ok(Err(e)) => return Err(Error::backend("the create task failed").with_source(e)),
+                Ok(both) => both,
                 Err(e) => {
-                    tokio::spawn(undo_create(session.clone(), task, dir, prefix));
+                    tokio::spawn(undo_create(session.clone(), exchange, dir, prefix));
                     return Err(map_err(e));
                 }
             };
@@ -755,17 +759,10 @@ async fn wait_turn(
 /// Finishes a create whose answer did not come in time: once it is
 /// answered, its node is deleted; if the connection dropped under it, the
 /// node (if the server made it) is found by its UUID and deleted.
-async fn undo_create(
-    session: Arc<Session>,
-    task: tokio::task::JoinHandle<CreateAndList>,
-    dir: String,
-    prefix: String,
-) {
-    match task.await {
-        Ok((Ok((_, sequence)), _)) => {
-            delete_surely(session, format!("{dir}/{prefix}{sequence}")).await
-        }
-        Ok((Err(e), _)) if is_transient(&e) => find_and_delete(session, dir, prefix).await,
+async fn undo_create(session: Arc<Session>, exchange: Exchange, dir: String, prefix: String) {
+    match exchange.await {
+        (Ok((_, sequence)), _) => delete_surely(session, format!("{dir}/{prefix}{sequence}")).await,
+        (Err(e), _) if is_transient(&e) => find_and_delete(session, dir, prefix).await,
         _ => {}
     }
 }
