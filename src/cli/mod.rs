@@ -7,8 +7,13 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use locksmith::{Error, WaitPolicy};
 
+mod bench;
+mod check;
 mod demo;
+mod endpoints;
 mod group;
+mod observed;
+mod proxy;
 mod run;
 mod status;
 mod timing;
@@ -59,6 +64,22 @@ enum Command {
     /// read-modify-write of a shared counter; reports locks/s, hand-off
     /// latency and whether mutual exclusion held.
     Demo(DemoArgs),
+    /// Proves a deployment: the conformance suite against the store, then a
+    /// fault run in which worker processes contend for one lock while they
+    /// are killed, frozen, cut off from the store and slowed, and a checker
+    /// judges the history.
+    ///
+    /// Nothing but the URL is needed: the store's machines are not touched.
+    /// Exit status: 0 if every case that ran passed and the run found no
+    /// exclusion or data violation; 1 otherwise; 69 if the store cannot be
+    /// reached, 64 for a bad URL or option.
+    Check(CheckArgs),
+    /// Sizes a deployment: uncontended pairs/s with 1 and N clients, N
+    /// contenders on one key, and one client holding many locks (renewal
+    /// round trips, memory per held lock).
+    ///
+    /// Exit status: 0, or as for run (69 unreachable, 64 bad URL or option).
+    Bench(BenchArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -146,6 +167,52 @@ struct DemoArgs {
     rounds: u32,
 }
 
+#[derive(Args, Debug)]
+struct CheckArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// How long the fault run lasts; 0s skips it.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Worker processes in the fault run.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=64))]
+    workers: u32,
+    /// Faults to inject: any of kill, pause, partition, latency, or none.
+    #[arg(long, default_value = "kill,pause,partition,latency", value_parser = check::parse_faults)]
+    faults: check::Faults,
+    /// The workers' lease length (short, so faults outlast it).
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// Skip the conformance cases; only the fault run.
+    #[arg(long)]
+    no_conformance: bool,
+    /// One JSON object on stdout instead of tables (the summary line still
+    /// ends stderr).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct BenchArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Clients for the N-client and contended runs.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=256))]
+    clients: u32,
+    /// How long each throughput run lasts.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Locks one client holds for the scale run; 0 skips it.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    held: u32,
+    /// How long the locks are held in the scale run.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    hold_for: Duration,
+    /// The held locks' lease (renewed every third of it).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+}
+
 /// The exit status for an error that ends the command: the one table,
 /// [`locksmith::ErrorKind::exit_code`].
 pub(crate) fn exit_code(e: &Error) -> i32 {
@@ -154,7 +221,10 @@ pub(crate) fn exit_code(e: &Error) -> i32 {
 
 /// `-v`/`RUST_LOG`: watchdog retries, lost-lock reasons and acquire events
 /// on stderr. `RUST_LOG` wins when set; `-v` is `info`, `-vv` `debug`.
-fn init_tracing(verbose: u8) {
+///
+/// `quiet`: warnings off too unless asked for (`check` injects faults, and
+/// the lock's warnings about them are expected).
+fn init_tracing(verbose: u8, quiet_warnings: bool) {
     use tracing_subscriber::EnvFilter;
     // -v: what the lock does (acquire, renewals, release; debug in our
     // crates), without the drivers' own chatter; -vv: the drivers' too.
@@ -164,6 +234,7 @@ fn init_tracing(verbose: u8) {
     // error that matters reaches the user as ours.
     let quiet = "zookeeper_client=error";
     let default = match verbose {
+        0 if quiet_warnings => "error".to_owned(),
         0 => format!("warn,{quiet}"),
         1 => format!("warn,{quiet},{ours}"),
         2 => "debug".to_owned(),
@@ -184,6 +255,17 @@ pub(crate) fn main() -> i32 {
     {
         return group::watcher_main();
     }
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == check::WORKER_SUBCOMMAND)
+    {
+        init_tracing(0, true);
+        let rest: Vec<String> = std::env::args_os()
+            .skip(2)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        return check::worker::main(&rest);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -192,7 +274,7 @@ pub(crate) fn main() -> i32 {
             return code;
         }
     };
-    init_tracing(cli.verbose);
+    init_tracing(cli.verbose, matches!(cli.command, Command::Check(_)));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -210,6 +292,8 @@ pub(crate) fn main() -> i32 {
             Command::Demo(args) => demo::demo(args).await,
             Command::Status(args) => status::status(args).await,
             Command::WatchGroup => Ok(group::watcher_main()),
+            Command::Check(args) => check::check(args).await,
+            Command::Bench(args) => bench::bench(args).await,
         }
     });
     // Background releases of dropped guards get a moment to reach the store.

@@ -103,3 +103,27 @@ impl Drop for PrivateRedis {
 pub fn zk_url() -> String {
     env_or("LOCKSMITH_TEST_ZK_URL", "zk://127.0.0.1:2181")
 }
+
+/// The single memcached test server.
+pub fn memcached_url() -> String {
+    env_or("LOCKSMITH_TEST_MEMCACHED_URL", "memcache://127.0.0.1:11211")
+}
+
+/// The three memcached test servers, as a quorum.
+pub fn memcached_quorum_url() -> String {
+    let ports = env_or("LOCKSMITH_TEST_MEMCACHED_QUORUM_PORTS", "11212 11213 11214");
+    let hosts: Vec<String> = ports
+        .split_whitespace()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    format!("memcache://{}", hosts.join(","))
+}
+
+/// A loopback port where nothing listens.
+pub fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

@@ -1,0 +1,378 @@
+//! `locksmith bench`: how much one deployment takes. Uncontended pairs/s
+//! with one and N clients, N contenders on one key, and one client holding
+//! many locks: the renewal round trips it costs (counted at a local proxy
+//! in front of the store) and the client memory per held lock.
+
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::stream::{self, StreamExt};
+use locksmith::backend::RedactedUrl;
+use locksmith::{Error, LockGuard, LockOptions, Locker, OwnerToken, Result};
+
+use super::endpoints::Endpoints;
+use super::observed::{Observed, Observer};
+use super::proxy::{self, Control};
+use super::timing::{percentile, HandOffs};
+use super::BenchArgs;
+
+/// Acquires or releases in flight at once while filling the held-lock run.
+const FILL_CONCURRENCY: usize = 64;
+
+/// A progress bar on stderr (redrawn only on a terminal).
+struct Bar {
+    label: String,
+    tty: bool,
+}
+
+impl Bar {
+    fn new(label: impl Into<String>) -> Bar {
+        let bar = Bar {
+            label: label.into(),
+            tty: std::io::stderr().is_terminal(),
+        };
+        bar.show(0.0);
+        bar
+    }
+
+    fn show(&self, done: f64) {
+        if self.tty {
+            let filled = (done.clamp(0.0, 1.0) * 30.0) as usize;
+            eprint!(
+                "\r  {:<34} [{}{}] {:>3.0}%",
+                self.label,
+                "#".repeat(filled),
+                " ".repeat(30 - filled),
+                done * 100.0
+            );
+            let _ = std::io::stderr().flush();
+        }
+    }
+
+    fn done(self) {
+        if self.tty {
+            eprint!("\r{:80}\r", "");
+        } else {
+            eprintln!("  {} done", self.label);
+        }
+    }
+}
+
+/// Shows a bar for `d` while `f` runs.
+async fn timed<F: std::future::Future>(label: &str, d: Duration, f: F) -> F::Output {
+    let bar = Bar::new(label);
+    let started = Instant::now();
+    tokio::pin!(f);
+    loop {
+        tokio::select! {
+            out = &mut f => { bar.done(); return out; }
+            () = tokio::time::sleep(Duration::from_millis(200)) => {
+                bar.show(started.elapsed().as_secs_f64() / d.as_secs_f64());
+            }
+        }
+    }
+}
+
+fn run_key(tag: &str) -> String {
+    format!(
+        "locksmith-bench/{}/{tag}",
+        &OwnerToken::generate().as_str()[..12]
+    )
+}
+
+pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
+    let url = args.store.shared_url()?.to_owned();
+    let shown = RedactedUrl::new(&url);
+    let n = args.clients as usize;
+    let first = locksmith::connect(&url).await?;
+    first.backend().verify().await?;
+    let caps = first.capabilities().clone();
+    if args.held > 0 && args.ttl < caps.min_ttl {
+        return Err(Error::invalid_options(format!(
+            "--ttl {:?} is below this store's shortest lease, {:?}",
+            args.ttl, caps.min_ttl
+        )));
+    }
+    println!(
+        "locksmith bench: {shown} ({n} clients, {} per throughput run)",
+        humantime::format_duration(args.duration)
+    );
+    let mut lockers = vec![first];
+    for _ in 1..n {
+        lockers.push(locksmith::connect(&url).await?);
+    }
+    let d = args.duration;
+
+    let (one, lat) = timed("uncontended, 1 client", d, uncontended(&lockers[..1], d)).await?;
+    let (many, _) = timed(
+        &format!("uncontended, {n} clients"),
+        d,
+        uncontended(&lockers, d),
+    )
+    .await?;
+    let contended = timed(
+        &format!("contended, {n} clients"),
+        d,
+        contended(&lockers, d),
+    )
+    .await?;
+    for l in &lockers {
+        let _ = l.close().await;
+    }
+    drop(lockers);
+
+    println!("  {:<34} figures", "run");
+    println!(
+        "  {:<34} {:>8.0} pairs/s  pair p50 {}  p99 {}",
+        "uncontended, 1 client",
+        one,
+        percentile(&lat, 0.50),
+        percentile(&lat, 0.99)
+    );
+    println!(
+        "  {:<34} {:>8.0} pairs/s  ({:.2}x one client)",
+        format!("uncontended, {n} clients"),
+        many,
+        many / one.max(f64::MIN_POSITIVE)
+    );
+    let (rate, gaps, shares) = contended;
+    let (lo, hi) = shares
+        .iter()
+        .fold((f64::MAX, 0.0f64), |(lo, hi), s| (lo.min(*s), hi.max(*s)));
+    println!(
+        "  {:<34} {:>8.0} locks/s  hand-off p50 {}  p99 {}  share {:.1}%..{:.1}%",
+        format!("contended, {n} clients, one key"),
+        rate,
+        percentile(&gaps, 0.50),
+        percentile(&gaps, 0.99),
+        lo * 100.0,
+        hi * 100.0
+    );
+    if args.held > 0 {
+        held(&url, &args).await?;
+    }
+    Ok(0)
+}
+
+/// Acquire+release pairs/s, each client on its own key, and the sorted
+/// pair latencies.
+async fn uncontended(lockers: &[Locker], d: Duration) -> Result<(f64, Vec<Duration>)> {
+    let started = Instant::now();
+    let runs = lockers.iter().map(|l| async move {
+        let key = run_key("free");
+        let mut lat = Vec::new();
+        while started.elapsed() < d {
+            let t = Instant::now();
+            let g = l
+                .try_lock(key.as_str())
+                .await?
+                .ok_or_else(|| Error::backend("an uncontended key was held"))?;
+            g.release().await?;
+            lat.push(t.elapsed());
+        }
+        Ok::<_, Error>(lat)
+    });
+    let mut all = Vec::new();
+    for r in futures::future::join_all(runs).await {
+        all.extend(r?);
+    }
+    let rate = all.len() as f64 / started.elapsed().as_secs_f64();
+    all.sort();
+    Ok((rate, all))
+}
+
+/// Locks/s, sorted hand-off gaps, and each client's share of the locks.
+async fn contended(lockers: &[Locker], d: Duration) -> Result<(f64, Vec<Duration>, Vec<f64>)> {
+    let key = run_key("contended");
+    let handoffs = HandOffs::default();
+    let opts =
+        LockOptions::new().ttl(Duration::from_secs(10).max(lockers[0].capabilities().min_ttl));
+    let started = Instant::now();
+    let stop = AtomicBool::new(false);
+    let runs = lockers.iter().enumerate().map(|(id, l)| {
+        let (key, opts, handoffs, stop) = (&key, &opts, &handoffs, &stop);
+        async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let g = l.lock_with(key.as_str(), opts).await?;
+                handoffs.granted(id);
+                n += 1;
+                if started.elapsed() >= d {
+                    stop.store(true, Ordering::Relaxed);
+                }
+                handoffs.releasing(id);
+                g.release().await?;
+            }
+            Ok::<_, Error>(n)
+        }
+    });
+    let mut counts = Vec::new();
+    for r in futures::future::join_all(runs).await {
+        counts.push(r?);
+    }
+    let total: u64 = counts.iter().sum();
+    let rate = total as f64 / started.elapsed().as_secs_f64();
+    let shares = counts
+        .iter()
+        .map(|c| *c as f64 / total.max(1) as f64)
+        .collect();
+    Ok((rate, handoffs.take(), shares))
+}
+
+/// Renewal requests and the leases they carried.
+#[derive(Debug, Default)]
+struct Renewals {
+    calls: AtomicU64,
+    leases: AtomicU64,
+}
+
+impl Renewals {
+    fn read(&self) -> (u64, u64) {
+        (
+            self.calls.load(Ordering::Relaxed),
+            self.leases.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl Observer for Arc<Renewals> {
+    fn renewing(&self, leases: usize) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.leases.fetch_add(leases as u64, Ordering::Relaxed);
+    }
+}
+
+/// This process's resident memory, in bytes.
+fn rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// One client holds `--held` locks for `--hold-for`: renewal round trips
+/// (through a counting proxy, for a store reached over TCP) and memory.
+async fn held(url: &str, args: &BenchArgs) -> Result<()> {
+    let n = args.held as usize;
+    let ctl = Control::new();
+    let counted = match Endpoints::of(url)? {
+        Some(e) => {
+            let mut ports = Vec::new();
+            for a in e.resolve(url).await? {
+                ports.push(
+                    proxy::start(a, ctl.clone())
+                        .await
+                        .map_err(|e| Error::backend(format!("proxy: {e}")))?,
+                );
+            }
+            Some(e.with_local_ports(&ports))
+        }
+        None => None,
+    };
+    let renewals = Arc::new(Renewals::default());
+    let backend = locksmith::backend::open(counted.as_deref().unwrap_or(url)).await?;
+    let locker = Locker::from_arc(Observed::new(backend, renewals.clone()));
+    let opts = LockOptions::new().ttl(args.ttl);
+    let prefix = run_key("held");
+    // Warm the connection, so the delta is the locks' own.
+    locker.try_lock(format!("{prefix}/warm").as_str()).await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = rss();
+
+    let bar = Bar::new(format!("acquiring {n} locks"));
+    let got = AtomicU64::new(0);
+    let guards: Vec<Result<LockGuard>> = stream::iter(0..n)
+        .map(|i| {
+            let (locker, opts, prefix, got, bar) = (&locker, &opts, &prefix, &got, &bar);
+            async move {
+                let g = locker
+                    .try_lock_with(format!("{prefix}/{i}").as_str(), opts)
+                    .await?
+                    .ok_or_else(|| Error::backend("a fresh key was held"))?;
+                let done = got.fetch_add(1, Ordering::Relaxed) + 1;
+                if done % 500 == 0 {
+                    bar.show(done as f64 / n as f64);
+                }
+                Ok(g)
+            }
+        })
+        .buffer_unordered(FILL_CONCURRENCY)
+        .collect()
+        .await;
+    bar.done();
+    let guards: Vec<LockGuard> = guards.into_iter().collect::<Result<_>>()?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = rss();
+
+    let rt_start = ctl.round_trips();
+    let (calls_start, leases_start) = renewals.read();
+    timed(
+        &format!("holding {n} locks"),
+        args.hold_for,
+        tokio::time::sleep(args.hold_for),
+    )
+    .await;
+    let round_trips = ctl.round_trips() - rt_start;
+    let (calls, leases) = renewals.read();
+    let (calls, leases) = (calls - calls_start, leases - leases_start);
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+
+    let bar = Bar::new(format!("releasing {n} locks"));
+    stream::iter(guards)
+        .map(|g| async move {
+            let _ = g.release().await;
+        })
+        .buffer_unordered(FILL_CONCURRENCY)
+        .collect::<Vec<()>>()
+        .await;
+    bar.done();
+    let _ = locker.close().await;
+
+    let periods = args.hold_for.as_secs_f64() / (args.ttl.as_secs_f64() / 3.0);
+    println!(
+        "  {:<34} {n} locks held for {}, TTL {} (renewed every third)",
+        "held locks",
+        humantime::format_duration(args.hold_for),
+        humantime::format_duration(args.ttl)
+    );
+    let per_period = calls as f64 / periods;
+    println!(
+        "  {:<34} {:>8.1}  ({:.2} per 100 held locks; {:.1} leases per request)",
+        "  renewal requests / period",
+        per_period,
+        per_period / (n as f64 / 100.0),
+        leases as f64 / calls.max(1) as f64
+    );
+    if counted.is_some() {
+        let per_period = round_trips as f64 / periods;
+        println!(
+            "  {:<34} {:>8.1}  ({:.2} per 100 held locks; requests sent together share one)",
+            "  renewal round trips / period",
+            per_period,
+            per_period / (n as f64 / 100.0)
+        );
+        println!(
+            "  {:<34} {:>8.3}",
+            "  round trips / lock / minute",
+            round_trips as f64 / n as f64 / (args.hold_for.as_secs_f64() / 60.0)
+        );
+    } else {
+        println!(
+            "  {:<34} {:>8}  (the store is not reached over TCP, so there is no proxy to count at)",
+            "  renewal round trips / period", "n/a"
+        );
+    }
+    match (before, after) {
+        (Some(b), Some(a)) => println!(
+            "  {:<34} {:>8.0} B  (RSS {:+.1} MiB for {n} locks)",
+            "  client memory / held lock",
+            a.saturating_sub(b) as f64 / n as f64,
+            (a as f64 - b as f64) / (1024.0 * 1024.0)
+        ),
+        _ => println!("  {:<34} {:>8}", "  client memory / held lock", "n/a"),
+    }
+    println!("  {:<34} {:>8}", "  locks lost while held", lost);
+    Ok(())
+}

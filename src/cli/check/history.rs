@@ -1,0 +1,398 @@
+//! What a fault run records, and the checker that judges it: exclusion
+//! between holders whose leases were valid, increments that were lost,
+//! writes accepted out of fence order, and the stale writes the fence
+//! stopped (or, without fences, could not stop).
+//!
+//! Times are nanoseconds of `CLOCK_MONOTONIC`, which every process on the
+//! machine shares, so worker and resource timestamps compare directly.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Nanoseconds of the machine's monotonic clock.
+pub(crate) fn mono_ns() -> u64 {
+    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
+        Ok(t) => t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64,
+        Err(_) => 0,
+    }
+}
+
+/// An `Instant` on the same scale as [`mono_ns`].
+pub(crate) fn instant_ns(at: std::time::Instant) -> u64 {
+    let now = std::time::Instant::now();
+    let base = mono_ns();
+    if at >= now {
+        base + (at - now).as_nanos() as u64
+    } else {
+        base.saturating_sub((now - at).as_nanos() as u64)
+    }
+}
+
+/// One critical section: from the grant to the end of the worker's work.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct Section {
+    /// The worker process (a restarted worker gets a new number).
+    pub(crate) worker: u32,
+    /// The section's number within its worker.
+    pub(crate) seq: u64,
+    /// The fencing token of the grant, where the store gives one.
+    pub(crate) fence: Option<u64>,
+    /// When the worker had the lock.
+    pub(crate) start: u64,
+    /// When the worker was done; `None` if it died first.
+    pub(crate) end: Option<u64>,
+    /// The latest deadline the worker reported: until then its lease was
+    /// valid by its own (conservative) reckoning.
+    pub(crate) deadline: u64,
+}
+
+impl Section {
+    /// The time during which the holder believed its lease valid.
+    fn valid_until(&self) -> u64 {
+        self.end.map_or(self.deadline, |e| e.min(self.deadline))
+    }
+}
+
+/// What a worker did to the shared resource.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) enum OpKind {
+    /// Read the counter.
+    Read,
+    /// Wrote the counter.
+    Write,
+}
+
+/// One request to the resource, as the resource saw and judged it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct Op {
+    /// When the resource applied (or refused) it.
+    pub(crate) t: u64,
+    /// The section it belongs to.
+    pub(crate) worker: u32,
+    /// The section's number within its worker.
+    pub(crate) seq: u64,
+    /// Read or write.
+    pub(crate) kind: OpKind,
+    /// The fence it carried.
+    pub(crate) fence: Option<u64>,
+    /// The counter before this op.
+    pub(crate) before: u64,
+    /// For a write: the value the section had read.
+    pub(crate) read: u64,
+    /// For a write: the value written.
+    pub(crate) value: u64,
+    /// False if the resource refused it for a fence lower than one seen.
+    pub(crate) accepted: bool,
+}
+
+/// A whole fault run: every section and every op, ops in the order the
+/// resource applied them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct History {
+    /// Critical sections.
+    pub(crate) sections: Vec<Section>,
+    /// Resource ops, in applied order.
+    pub(crate) ops: Vec<Op>,
+}
+
+/// The checker's findings.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub(crate) struct Verdict {
+    /// Critical sections begun.
+    pub(crate) acquisitions: u64,
+    /// Pairs of sections that overlapped while both leases were valid.
+    pub(crate) exclusion_violations: u64,
+    /// Lost increments by holders with valid leases, or fenced writes
+    /// accepted out of order or stale.
+    pub(crate) data_violations: u64,
+    /// Sections whose read or write the resource refused by fence: stale
+    /// holders the fence stopped.
+    pub(crate) fenced_out: u64,
+    /// Lost increments caused by a holder whose lease had run out, on a
+    /// store without fences: why fences matter.
+    pub(crate) unfenced_overlaps: u64,
+    /// Writes the resource accepted.
+    pub(crate) accepted_writes: u64,
+    /// Increments the counter lost (accepted writes less its final value).
+    pub(crate) increments_lost: u64,
+    /// A few of the violations, described.
+    pub(crate) examples: Vec<String>,
+}
+
+const EXAMPLES: usize = 5;
+
+/// Judges a history.
+pub(crate) fn check(h: &History) -> Verdict {
+    let mut v = Verdict {
+        acquisitions: h.sections.len() as u64,
+        ..Verdict::default()
+    };
+    let note = |v: &mut Verdict, s: String| {
+        if v.examples.len() < EXAMPLES {
+            v.examples.push(s);
+        }
+    };
+
+    // Exclusion: sweep the valid intervals by start time.
+    let mut valid: Vec<&Section> = h
+        .sections
+        .iter()
+        .filter(|s| s.valid_until() > s.start)
+        .collect();
+    valid.sort_by_key(|s| s.start);
+    let mut reach: Option<&Section> = None;
+    for s in valid {
+        if let Some(r) = reach {
+            if s.start < r.valid_until() {
+                v.exclusion_violations += 1;
+                let ms = (r.valid_until() - s.start) as f64 / 1e6;
+                let msg = format!(
+                    "exclusion: worker {} section {} (fence {:?}) began {ms:.1} ms before worker \
+                     {} section {} (fence {:?}, held {:.1} ms, {}) stopped believing its lease \
+                     valid",
+                    s.worker,
+                    s.seq,
+                    s.fence,
+                    r.worker,
+                    r.seq,
+                    r.fence,
+                    (r.valid_until() - r.start) as f64 / 1e6,
+                    match r.end {
+                        Some(e) if e <= r.deadline => "ended in time",
+                        Some(_) => "ended after its deadline",
+                        None => "never ended",
+                    }
+                );
+                note(&mut v, msg);
+            }
+        }
+        if reach.map_or(true, |r| s.valid_until() > r.valid_until()) {
+            reach = Some(s);
+        }
+    }
+
+    // Data: replay the accepted writes in the order they were applied.
+    let sections: HashMap<(u32, u64), &Section> =
+        h.sections.iter().map(|s| ((s.worker, s.seq), s)).collect();
+    let stale = |op: &Op| {
+        sections
+            .get(&(op.worker, op.seq))
+            .map_or(true, |s| op.t > s.deadline)
+    };
+    let mut highest: Option<u64> = None;
+    let mut fenced_sections = std::collections::HashSet::new();
+    // Per section: the index of its latest accepted read.
+    let mut read_at: HashMap<(u32, u64), usize> = HashMap::new();
+    let mut writes: Vec<(usize, &Op)> = Vec::new();
+    for (i, op) in h.ops.iter().enumerate() {
+        if !op.accepted {
+            fenced_sections.insert((op.worker, op.seq));
+            continue;
+        }
+        match op.kind {
+            OpKind::Read => {
+                read_at.insert((op.worker, op.seq), i);
+            }
+            OpKind::Write => {
+                v.accepted_writes += 1;
+                if let (Some(f), Some(top)) = (op.fence, highest) {
+                    if f < top {
+                        v.data_violations += 1;
+                        let msg = format!(
+                            "fence order: worker {} section {} wrote with fence {f} after fence \
+                             {top} had written",
+                            op.worker, op.seq
+                        );
+                        note(&mut v, msg);
+                    }
+                }
+                highest = highest.max(op.fence);
+                if op.before != op.read || op.value != op.read + 1 {
+                    // Another write landed between this section's read and
+                    // its write: one increment is lost. Who was stale?
+                    let since = read_at.get(&(op.worker, op.seq)).copied().unwrap_or(0);
+                    let others: Vec<&Op> = writes
+                        .iter()
+                        .filter(|(j, _)| *j > since)
+                        .map(|(_, w)| *w)
+                        .collect();
+                    let fenced = op.fence.is_some() || others.iter().any(|w| w.fence.is_some());
+                    let excused = !fenced
+                        && (stale(op) || (!others.is_empty() && others.iter().all(|w| stale(w))));
+                    if excused {
+                        v.unfenced_overlaps += 1;
+                    } else {
+                        v.data_violations += 1;
+                        let msg = format!(
+                            "lost increment: worker {} section {} (fence {:?}) read {} but the \
+                             counter was {} when its write of {} was accepted",
+                            op.worker, op.seq, op.fence, op.read, op.before, op.value
+                        );
+                        note(&mut v, msg);
+                    }
+                }
+                writes.push((i, op));
+            }
+        }
+    }
+    v.fenced_out = fenced_sections.len() as u64;
+    let last = writes.last().map_or(0, |(_, w)| w.value);
+    v.increments_lost = v.accepted_writes.saturating_sub(last);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn section(worker: u32, fence: Option<u64>, start: u64, end: u64, deadline: u64) -> Section {
+        Section {
+            worker,
+            seq: 1,
+            fence,
+            start: start * MS,
+            end: Some(end * MS),
+            deadline: deadline * MS,
+        }
+    }
+
+    fn op(worker: u32, kind: OpKind, t: u64, fence: Option<u64>, before: u64, read: u64) -> Op {
+        Op {
+            t: t * MS,
+            worker,
+            seq: 1,
+            kind,
+            fence,
+            before,
+            read,
+            value: if kind == OpKind::Write {
+                read + 1
+            } else {
+                before
+            },
+            accepted: true,
+        }
+    }
+
+    /// Two holders one after the other, each reading then incrementing.
+    fn clean(fences: bool) -> History {
+        let f = |n| fences.then_some(n);
+        History {
+            sections: vec![
+                section(1, f(1), 0, 10, 2000),
+                section(2, f(2), 11, 20, 2011),
+            ],
+            ops: vec![
+                op(1, OpKind::Read, 2, f(1), 0, 0),
+                op(1, OpKind::Write, 5, f(1), 0, 0),
+                op(2, OpKind::Read, 12, f(2), 1, 1),
+                op(2, OpKind::Write, 15, f(2), 1, 1),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        for fences in [true, false] {
+            let v = check(&clean(fences));
+            assert_eq!(v.acquisitions, 2);
+            assert_eq!(v.accepted_writes, 2);
+            assert_eq!(
+                (
+                    v.exclusion_violations,
+                    v.data_violations,
+                    v.fenced_out,
+                    v.unfenced_overlaps
+                ),
+                (0, 0, 0, 0),
+                "{v:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn overlapping_valid_sections_are_an_exclusion_violation() {
+        let mut h = clean(true);
+        h.sections[1].start = 8 * MS;
+        let v = check(&h);
+        assert_eq!(v.exclusion_violations, 1, "{v:?}");
+        // The same overlap after the first holder's deadline is no violation.
+        h.sections[0].deadline = 7 * MS;
+        assert_eq!(check(&h).exclusion_violations, 0);
+    }
+
+    #[test]
+    fn a_section_that_never_ended_is_valid_until_its_deadline() {
+        let mut h = clean(false);
+        h.sections[0].end = None;
+        h.sections[0].deadline = 15 * MS;
+        assert_eq!(check(&h).exclusion_violations, 1);
+        h.sections[0].deadline = 11 * MS;
+        assert_eq!(check(&h).exclusion_violations, 0);
+    }
+
+    #[test]
+    fn a_lost_increment_by_valid_holders_is_a_data_violation() {
+        for fences in [true, false] {
+            let f = |n| fences.then_some(n);
+            let mut h = clean(fences);
+            // Worker 2 read 0 before worker 1 wrote, then wrote 1 over it.
+            h.ops = vec![
+                op(1, OpKind::Read, 2, f(1), 0, 0),
+                op(2, OpKind::Read, 3, f(2), 0, 0),
+                op(1, OpKind::Write, 5, f(1), 0, 0),
+                op(2, OpKind::Write, 15, f(2), 1, 0),
+            ];
+            let v = check(&h);
+            assert_eq!(v.data_violations, 1, "fences {fences}: {v:?}");
+            assert_eq!(v.unfenced_overlaps, 0);
+        }
+    }
+
+    #[test]
+    fn an_accepted_write_below_a_written_fence_is_a_data_violation() {
+        let mut h = clean(true);
+        h.ops[3].fence = Some(0);
+        h.sections[1].fence = Some(0);
+        let v = check(&h);
+        assert_eq!(v.data_violations, 1, "{v:?}");
+        assert!(v.examples[0].contains("fence order"), "{v:?}");
+    }
+
+    #[test]
+    fn a_stale_unfenced_writer_is_an_unfenced_overlap_not_a_violation() {
+        // Worker 1 read 0, froze past its deadline (at 4 ms); worker 2 took
+        // over and incremented; worker 1 woke and wrote 1 over it.
+        let mut h = clean(false);
+        h.sections[0].deadline = 4 * MS;
+        h.sections[0].end = Some(30 * MS);
+        h.ops = vec![
+            op(1, OpKind::Read, 2, None, 0, 0),
+            op(2, OpKind::Read, 12, None, 0, 0),
+            op(2, OpKind::Write, 15, None, 0, 0),
+            op(1, OpKind::Write, 25, None, 1, 0),
+        ];
+        let v = check(&h);
+        assert_eq!((v.data_violations, v.unfenced_overlaps), (0, 1), "{v:?}");
+        // The same with fences is a violation: the fence should have refused it.
+        let mut f = h.clone();
+        for (o, fence) in f.ops.iter_mut().zip([1, 2, 2, 1]) {
+            o.fence = Some(fence);
+        }
+        assert_eq!(check(&f).data_violations, 2, "{:?}", check(&f));
+    }
+
+    #[test]
+    fn refused_ops_count_as_fenced_out() {
+        let mut h = clean(true);
+        h.ops.push(Op {
+            accepted: false,
+            ..op(1, OpKind::Write, 30, Some(1), 2, 0)
+        });
+        let v = check(&h);
+        assert_eq!((v.fenced_out, v.data_violations), (1, 0), "{v:?}");
+    }
+}

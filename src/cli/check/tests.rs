@@ -1,0 +1,124 @@
+//! The fault run's own tests: workers in this process, on the in-memory
+//! store, some frozen past their lease inside the critical section. The
+//! correct store passes (its fence stops the stale writers); each lock
+//! broken on purpose must be caught.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::FutureExt;
+use locksmith::backend::LockBackend;
+use locksmith::{LockKey, Locker, OwnerToken};
+use locksmith_conformance::broken::{BrokenHarness, Defect};
+use locksmith_conformance::{Harness, MemoryHarness};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::history::{check, Verdict};
+use super::resource::Resource;
+use super::worker::{rand_below, work};
+use crate::cli::observed::{Observed, Observer};
+
+/// Holds every call while frozen: a paused process, seen from the store.
+#[derive(Debug)]
+struct Frozen(watch::Sender<bool>);
+
+#[async_trait]
+impl Observer for Frozen {
+    async fn gate(&self) {
+        let _ = self.0.subscribe().wait_for(|f| !*f).await;
+    }
+}
+
+const TTL: Duration = Duration::from_millis(400);
+
+/// Four workers for `run_for`; one section in four freezes its holder for
+/// longer than the TTL between its read and its write.
+async fn fault_run(h: &dyn Harness, run_for: Duration) -> Verdict {
+    let key = LockKey::new(format!(
+        "check-selftest/{}",
+        &OwnerToken::generate().as_str()[..8]
+    ))
+    .unwrap();
+    let resource = Resource::default();
+    let stop = CancellationToken::new();
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(Observed::new(
+            h.client().await,
+            Frozen(watch::channel(false).0),
+        ));
+    }
+    let clients = Arc::new(clients);
+    let inside = {
+        let clients = clients.clone();
+        move |id: u32| {
+            let c = clients[id as usize].clone();
+            async move {
+                if rand_below(4) == 0 {
+                    c.observer.0.send_replace(true);
+                    tokio::time::sleep(TTL * 2).await;
+                    c.observer.0.send_replace(false);
+                }
+            }
+            .boxed()
+        }
+    };
+    let mut tasks = Vec::new();
+    for id in 0..4u32 {
+        let client: Arc<dyn LockBackend> = clients[id as usize].clone();
+        let locker = Locker::from_arc(client);
+        let (key, stop, inside) = (key.clone(), stop.clone(), inside.clone());
+        let mut ch = resource.clone();
+        tasks.push(tokio::spawn(async move {
+            work(&locker, &key, TTL, id, &mut ch, &stop, Some(&inside))
+                .await
+                .unwrap();
+        }));
+    }
+    tokio::time::sleep(run_for).await;
+    stop.cancel();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    check(&resource.snapshot().0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_correct_store_passes_and_its_fence_stops_the_stale_writers() {
+    let v = fault_run(&MemoryHarness::new(), Duration::from_secs(4)).await;
+    assert!(v.acquisitions > 20, "{v:?}");
+    assert_eq!((v.exclusion_violations, v.data_violations), (0, 0), "{v:?}");
+    assert!(v.fenced_out > 0, "no frozen holder was fenced out: {v:?}");
+}
+
+/// Runs a broken lock until the checker catches it (a few seconds at most).
+async fn caught(defect: Defect) -> Verdict {
+    let h = BrokenHarness::new(MemoryHarness::new(), defect);
+    for _ in 0..4 {
+        let v = fault_run(&h, Duration::from_secs(3)).await;
+        if v.exclusion_violations + v.data_violations > 0 {
+            return v;
+        }
+    }
+    panic!("the checker never caught {defect:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_without_owner_check_is_caught() {
+    let v = caught(Defect::ReleaseWithoutOwnerCheck).await;
+    assert!(v.exclusion_violations > 0, "{v:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_takeover_is_caught() {
+    let v = caught(Defect::EarlyTakeover).await;
+    assert!(v.exclusion_violations > 0, "{v:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeating_fence_is_caught() {
+    let v = caught(Defect::RepeatingFence).await;
+    assert!(v.data_violations > 0, "{v:?}");
+}

@@ -1,0 +1,180 @@
+//! A fault-run worker: takes the shared lock again and again and, holding
+//! it, increments `check`'s counter by a read, a short pause and a write,
+//! reporting each step. It never asks whether its lease is still valid
+//! before writing: a frozen or cut-off holder writes late on purpose, so
+//! the run shows what the fence (or its absence) does about it.
+
+use std::time::{Duration, Instant};
+
+use locksmith::{LockGuard, LockKey, LockOptions, Locker};
+use tokio_util::sync::CancellationToken;
+
+use super::history::{instant_ns, mono_ns};
+use super::resource::{Channel, Request};
+
+/// The latest deadline a guard has reported (a lost guard keeps its last).
+fn deadline(guard: &LockGuard, last: u64) -> u64 {
+    guard.deadline().map_or(last, |d| instant_ns(d).max(last))
+}
+
+/// What a worker does inside each section, between its read and its write
+/// (tests use it to stall a holder).
+pub(crate) type Inside<'a> = &'a (dyn Fn(u32) -> futures::future::BoxFuture<'static, ()> + Sync);
+
+/// Runs until `stop`, or until the resource is gone.
+///
+/// # Errors
+/// The resource could not be reached.
+pub(crate) async fn work(
+    locker: &Locker,
+    key: &LockKey,
+    ttl: Duration,
+    id: u32,
+    ch: &mut dyn Channel,
+    stop: &CancellationToken,
+    inside: Option<Inside<'_>>,
+) -> std::io::Result<()> {
+    let opts = LockOptions::new().ttl(ttl).wait_for(ttl * 5);
+    let mut seq = 0u64;
+    while !stop.is_cancelled() {
+        let guard = tokio::select! {
+            g = locker.lock_with(key, &opts) => g,
+            () = stop.cancelled() => break,
+        };
+        let guard = match guard {
+            Ok(g) => g,
+            Err(e) if e.kind() == locksmith::ErrorKind::Timeout => continue,
+            Err(e) => {
+                ch.call(Request::Error {
+                    w: id,
+                    what: format!("{:?}: {e}", e.kind()),
+                })
+                .await?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        seq += 1;
+        let start = mono_ns();
+        let fence = guard.fence().map(|f| f.0);
+        let mut dl = deadline(&guard, 0);
+        ch.call(Request::Begin {
+            w: id,
+            s: seq,
+            fence,
+            start,
+            deadline: dl,
+        })
+        .await?;
+        dl = deadline(&guard, dl);
+        let read = ch
+            .call(Request::Read {
+                w: id,
+                s: seq,
+                fence,
+                deadline: dl,
+            })
+            .await?;
+        if read.ok {
+            // Work that takes a moment: the window a pause lands in.
+            let pause = Duration::from_micros(500 + rand_below(4_500));
+            tokio::time::sleep(pause).await;
+            if let Some(inside) = inside {
+                inside(id).await;
+            }
+            dl = deadline(&guard, dl);
+            ch.call(Request::Write {
+                w: id,
+                s: seq,
+                fence,
+                read: read.value,
+                deadline: dl,
+            })
+            .await?;
+        }
+        dl = deadline(&guard, dl);
+        ch.call(Request::End {
+            w: id,
+            s: seq,
+            end: mono_ns(),
+            deadline: dl,
+        })
+        .await?;
+        // A lost lock's release says so; the run has already recorded it.
+        let _ = guard.release().await;
+    }
+    Ok(())
+}
+
+/// A cheap random number below `n`, for jitter.
+pub(crate) fn rand_below(n: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos() ^ u128::from(mono_ns()));
+    h.finish() % n.max(1)
+}
+
+/// The hidden `__check-worker KEY TTL PORT ID` subcommand: one worker
+/// process, its URL in the environment, stopped by the end of its stdin.
+pub(crate) fn main(args: &[String]) -> i32 {
+    let parsed = (|| {
+        let [key, ttl, port, id] = args else {
+            return None;
+        };
+        Some((
+            key.clone(),
+            humantime::parse_duration(ttl).ok()?,
+            port.parse::<u16>().ok()?,
+            id.parse::<u32>().ok()?,
+        ))
+    })();
+    let (Some((key, ttl, port, id)), Ok(url)) = (parsed, std::env::var(super::WORKER_URL_ENV))
+    else {
+        eprintln!(
+            "locksmith: {} is started by `locksmith check` only",
+            super::WORKER_SUBCOMMAND
+        );
+        return super::super::EX_USAGE;
+    };
+    let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    else {
+        return super::super::EX_OSERR;
+    };
+    let code = rt.block_on(run(&url, &key, ttl, port, id));
+    rt.shutdown_timeout(Duration::from_secs(1));
+    code
+}
+
+async fn run(url: &str, key: &str, ttl: Duration, port: u16, id: u32) -> i32 {
+    let run = async {
+        let key = LockKey::new(key)?;
+        let locker = locksmith::connect(url).await?;
+        let mut ch = Remote::connect(port)
+            .await
+            .map_err(|e| locksmith::Error::unavailable(format!("the check's resource: {e}")))?;
+        let stop = CancellationToken::new();
+        let eof = stop.clone();
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut sink = [0u8; 64];
+            let mut stdin = tokio::io::stdin();
+            while matches!(stdin.read(&mut sink).await, Ok(n) if n > 0) {}
+            eof.cancel();
+        });
+        let outcome = work(&locker, &key, ttl, id, &mut ch, &stop, None).await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), locker.close()).await;
+        outcome.map_err(|e| locksmith::Error::unavailable(format!("the check's resource: {e}")))
+    };
+    match run.await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("locksmith check worker {id}: {}", e.chain());
+            super::super::exit_code(&e)
+        }
+    }
+}
+
+use super::resource::Remote;

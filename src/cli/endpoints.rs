@@ -1,0 +1,145 @@
+//! The TCP servers a store URL names, and the same URL pointed elsewhere:
+//! `check` and `bench` put their own proxy between a client and each server
+//! without knowing each store's URL grammar beyond its host list.
+
+use std::net::SocketAddr;
+
+use locksmith::backend::{store_of, RedactedUrl, Store};
+use locksmith::{Error, Result};
+
+/// A URL split around its host list: `scheme://[userinfo@]h1:p1,h2:p2[/rest]`.
+#[derive(Debug, Clone)]
+pub(crate) struct Endpoints {
+    head: String,
+    tail: String,
+    /// Each server as written (`host:port`, `[v6]:port`; the store's default
+    /// port filled in).
+    pub(crate) servers: Vec<String>,
+}
+
+/// The default port of a store's servers.
+fn default_port(store: Store) -> Option<u16> {
+    match store {
+        Store::Postgres => Some(5432),
+        Store::MySql => Some(3306),
+        Store::Redis | Store::Redlock => Some(6379),
+        Store::Memcached => Some(11211),
+        Store::ZooKeeper => Some(2181),
+        _ => None,
+    }
+}
+
+impl Endpoints {
+    /// The servers `url` names over TCP, or `None` for a store reached
+    /// another way (an SQLite file, a Unix socket, this process's memory).
+    ///
+    /// # Errors
+    /// `Config` for a URL whose scheme is unknown.
+    pub(crate) fn of(url: &str) -> Result<Option<Endpoints>> {
+        let store = store_of(url)?;
+        let Some(port) = default_port(store) else {
+            return Ok(None);
+        };
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Ok(None);
+        };
+        if scheme == "redis+unix" || scheme == "unix" {
+            return Ok(None);
+        }
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let (userinfo, hosts) = match authority.rfind('@') {
+            Some(i) => (&authority[..=i], &authority[i + 1..]),
+            None => ("", authority),
+        };
+        if hosts.is_empty() {
+            return Ok(None);
+        }
+        let servers = hosts
+            .split(',')
+            .map(|h| {
+                let has_port = match h.rfind(']') {
+                    Some(close) => h[close..].contains(':'),
+                    None => h.contains(':'),
+                };
+                if has_port {
+                    h.to_owned()
+                } else {
+                    format!("{h}:{port}")
+                }
+            })
+            .collect();
+        Ok(Some(Endpoints {
+            head: format!("{scheme}://{userinfo}"),
+            tail: tail.to_owned(),
+            servers,
+        }))
+    }
+
+    /// The URL with the servers replaced, in order, by `127.0.0.1:<port>`.
+    pub(crate) fn with_local_ports(&self, ports: &[u16]) -> String {
+        let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!("{}{}{}", self.head, hosts.join(","), self.tail)
+    }
+
+    /// Every server's address, resolved now.
+    ///
+    /// # Errors
+    /// `Unavailable` for a name that does not resolve.
+    pub(crate) async fn resolve(&self, url: &str) -> Result<Vec<SocketAddr>> {
+        let mut out = Vec::with_capacity(self.servers.len());
+        for s in &self.servers {
+            let addr = tokio::net::lookup_host(s.as_str())
+                .await
+                .ok()
+                .and_then(|mut a| a.next())
+                .ok_or_else(|| {
+                    Error::unavailable(format!("{}: cannot resolve {s}", RedactedUrl::new(url)))
+                })?;
+            out.push(addr);
+        }
+        Ok(out)
+    }
+}
+
+/// A local port where nothing listens (bound, then closed at once).
+pub(crate) fn closed_port() -> Option<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+    l.local_addr().ok().map(|a| a.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_lists_are_replaced_and_the_rest_kept() {
+        let e = Endpoints::of("redis+redlock://a:1,b,[::1]:3/?timeout=1s")
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.servers, ["a:1", "b:6379", "[::1]:3"]);
+        assert_eq!(
+            e.with_local_ports(&[7, 8, 9]),
+            "redis+redlock://127.0.0.1:7,127.0.0.1:8,127.0.0.1:9/?timeout=1s"
+        );
+        let e = Endpoints::of("postgres://u:p@w@db.example/x?mode=session")
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.servers, ["db.example:5432"]);
+        assert_eq!(
+            e.with_local_ports(&[5]),
+            "postgres://u:p@w@127.0.0.1:5/x?mode=session"
+        );
+        let e = Endpoints::of("zk://h1:2181,h2:2182/locks")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            e.with_local_ports(&[1, 2]),
+            "zk://127.0.0.1:1,127.0.0.1:2/locks"
+        );
+        assert!(Endpoints::of("sqlite://x.db").unwrap().is_none());
+        assert!(Endpoints::of("redis+unix:///tmp/r.sock").unwrap().is_none());
+        assert!(Endpoints::of("memory://").unwrap().is_none());
+        assert!(Endpoints::of("ftp://x").is_err());
+    }
+}

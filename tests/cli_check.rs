@@ -1,0 +1,232 @@
+//! `locksmith check` and `locksmith bench` through the binary, against the
+//! real servers: a short fault run per store (the README's long runs use
+//! the same command), and the exit codes shared with `run`.
+
+#![cfg(all(
+    unix,
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "memcached"
+))]
+
+mod common;
+
+use std::process::{Command, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_locksmith");
+
+/// Runs the binary; its exit code, stdout and stderr.
+fn locksmith(args: &[&str]) -> (i32, String, String) {
+    let o = Command::new(BIN)
+        .current_dir(std::env::temp_dir())
+        .env_remove("LOCKSMITH_URL")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("locksmith runs");
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// The numbers in the summary line: passed, skipped, failed, acquisitions,
+/// faults, exclusion violations, data violations.
+fn summary(stdout: &str) -> [u64; 7] {
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(last.starts_with("check: "), "last line: {last:?}");
+    let nums: Vec<u64> = last
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap())
+        .collect();
+    nums.try_into()
+        .unwrap_or_else(|n| panic!("seven numbers in {last:?}, got {n:?}"))
+}
+
+/// The whole check (conformance, then 15 s of faults) exits 0 on `url`.
+fn check_passes(url: &str) {
+    let (code, out, err) =
+        locksmith(&["check", "--url", url, "--duration", "15s", "--workers", "6"]);
+    let [passed, _skipped, failed, acquisitions, faults, x, d] = summary(&out);
+    assert_eq!(
+        (code, failed, x, d),
+        (0, 0, 0, 0),
+        "check on {url}:\n{out}\n{err}"
+    );
+    assert!(passed >= 20, "only {passed} cases ran:\n{out}");
+    assert!(acquisitions > 0 && faults > 0, "an idle fault run:\n{out}");
+    assert!(
+        out.contains("lock left held") && out.contains(" no\n"),
+        "{out}"
+    );
+}
+
+#[test]
+fn sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    check_passes(&format!("sqlite://{}/check.db", dir.path().display()));
+}
+
+#[test]
+fn postgres() {
+    check_passes(&common::postgres_url());
+}
+
+#[test]
+fn postgres_session() {
+    check_passes(&format!("{}?mode=session", common::postgres_url()));
+}
+
+#[test]
+fn mysql() {
+    check_passes(&common::mysql_url());
+}
+
+#[test]
+fn mysql_session() {
+    check_passes(&format!("{}?mode=session", common::mysql_url()));
+}
+
+#[test]
+fn redis() {
+    check_passes(&common::redis_url());
+}
+
+#[test]
+fn redlock() {
+    let url = common::redlock_url("");
+    // Three of the five test masters: a quorum of independent servers.
+    let three: Vec<&str> = url.splitn(4, ',').take(3).collect();
+    check_passes(&three.join(","));
+}
+
+#[test]
+fn zookeeper() {
+    // A short session, so a frozen holder's node goes within the run.
+    check_passes(&format!(
+        "{}/locksmith-check?session_timeout=2s",
+        common::zk_url()
+    ));
+}
+
+#[test]
+fn memcached() {
+    check_passes(&common::memcached_url());
+}
+
+#[test]
+fn memcached_quorum() {
+    check_passes(&common::memcached_quorum_url());
+}
+
+#[test]
+fn json_output_is_one_object_and_the_summary_ends_stderr() {
+    let (code, out, err) = locksmith(&[
+        "check",
+        "--url",
+        &common::redis_url(),
+        "--no-conformance",
+        "--duration",
+        "3s",
+        "--faults",
+        "kill",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    assert!(
+        v["fault_run"]["verdict"]["acquisitions"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    assert!(
+        err.trim_end()
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("check: "),
+        "{err}"
+    );
+}
+
+#[test]
+fn both_commands_share_runs_exit_codes() {
+    let dead = format!("redis://127.0.0.1:{}", common::closed_port());
+    for (args, want) in [
+        (vec!["check", "--url", dead.as_str()], 69),
+        (vec!["bench", "--url", dead.as_str()], 69),
+        (vec!["check", "--url", "memcach://127.0.0.1"], 64),
+        (vec!["bench", "--url", "memcach://127.0.0.1"], 64),
+        (
+            vec!["check", "--url", "redis://127.0.0.1:6379/?timout=1s"],
+            64,
+        ),
+        (vec!["check", "--url", "memory://"], 64),
+        (
+            vec![
+                "check",
+                "--url",
+                "redis://127.0.0.1:6379",
+                "--faults",
+                "flood",
+            ],
+            64,
+        ),
+        (
+            vec![
+                "check",
+                "--url",
+                "memcache://127.0.0.1:11211",
+                "--ttl",
+                "1s",
+            ],
+            64,
+        ),
+        (
+            vec!["bench", "--url", "redis://127.0.0.1:6379", "--clients", "1"],
+            64,
+        ),
+    ] {
+        let (code, out, err) = locksmith(&args);
+        assert_eq!(code, want, "{args:?}:\n{out}\n{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn bench_prints_every_figure() {
+    let (code, out, err) = locksmith(&[
+        "bench",
+        "--url",
+        &common::redis_url(),
+        "--duration",
+        "1s",
+        "--held",
+        "300",
+        "--hold-for",
+        "3s",
+        "--ttl",
+        "3s",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    for figure in [
+        "uncontended, 1 client",
+        "uncontended, 8 clients",
+        "contended, 8 clients, one key",
+        "renewal requests / period",
+        "renewal round trips / period",
+        "client memory / held lock",
+        "locks lost while held",
+    ] {
+        assert!(out.contains(figure), "no {figure:?} in:\n{out}");
+    }
+    let lost = out
+        .lines()
+        .find(|l| l.contains("locks lost while held"))
+        .unwrap();
+    assert!(lost.trim_end().ends_with(" 0"), "{lost}");
+}
