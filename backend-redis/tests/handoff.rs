@@ -298,3 +298,89 @@ async fn a_lock_turned_into_a_hash_at_its_last_millisecond_still_expires() {
         "no attempt converted a lock near its expiry"
     );
 }
+
+/// A waiter on a runtime of its own, which the test can freeze outright:
+/// timers, the hub's reader and the waiting acquire all stop, as in a
+/// process under SIGSTOP.
+struct Paused {
+    go: tokio::sync::mpsc::UnboundedSender<LockKey>,
+    freeze: tokio::sync::mpsc::UnboundedSender<Duration>,
+    got: tokio::sync::mpsc::UnboundedReceiver<LockKey>,
+}
+
+impl Paused {
+    fn start() -> Paused {
+        let (go, mut go_rx) = tokio::sync::mpsc::unbounded_channel::<LockKey>();
+        let (freeze, mut freeze_rx) = tokio::sync::mpsc::unbounded_channel::<Duration>();
+        let (got_tx, got) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                tokio::spawn(async move {
+                    while let Some(d) = freeze_rx.recv().await {
+                        // Blocks the whole runtime: nothing of the waiter runs.
+                        std::thread::sleep(d);
+                    }
+                });
+                let waiter = std::sync::Arc::new(Locker::new(backend("100ms")));
+                while let Some(k) = go_rx.recv().await {
+                    let (waiter, got_tx) = (waiter.clone(), got_tx.clone());
+                    tokio::spawn(async move {
+                        let opts = LockOptions::new()
+                            .ttl(TTL)
+                            .wait_for(Duration::from_secs(20));
+                        let g = waiter.lock_with(&k, &opts).await.unwrap();
+                        let _ = got_tx.send(k);
+                        g.release().await.unwrap();
+                    });
+                }
+            });
+        });
+        Paused { go, freeze, got }
+    }
+}
+
+/// A waiter frozen while the lock is handed to it misses the short
+/// hand-off lease, and the lock goes to the next waiter. Thawed, its timer
+/// and the old grant's notice are both due; when the timer wins, its new
+/// attempt finds the lock held, and the notice is read after it. That
+/// grant is stale: it must not count as a lease starting at the new
+/// attempt (`locksmith check` found this; each round below catches the old
+/// rule about half the time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_grant_delivered_after_a_later_attempt_is_not_trusted() {
+    let mut w = Paused::start();
+    let holder = Locker::new(backend("100ms"));
+    let next = Locker::new(backend("100ms"));
+    let opts = LockOptions::new()
+        .ttl(TTL)
+        .wait_for(Duration::from_secs(20));
+    for round in 0..8 {
+        let k = key(&format!("stale-grant-{round}"));
+        let g = holder.lock_with(&k, &opts).await.unwrap();
+        w.go.send(k.clone()).unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        w.freeze.send(Duration::from_millis(1200)).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Handed to the frozen waiter for 400 ms (four refresh periods).
+        g.release().await.unwrap();
+        let taken = tokio::time::timeout(Duration::from_secs(5), next.lock_with(&k, &opts))
+            .await
+            .expect("the next waiter gets the lock once the frozen one's hand-off lapses")
+            .unwrap();
+        // Past the thaw, with time for the thawed waiter to act.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            w.got.try_recv().is_err(),
+            "round {round}: the thawed waiter took a stale grant while another holds the lock"
+        );
+        taken.release().await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), w.got.recv())
+            .await
+            .expect("the waiter gets the lock once it is free");
+        assert_eq!(got.as_ref(), Some(&k));
+    }
+}

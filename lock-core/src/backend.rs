@@ -219,7 +219,7 @@ pub enum Notice {
     /// The key was released (or may have been): try again.
     Released,
     /// A fair backend handed the lock to this waiter directly: it is held,
-    /// by the waiter's owner, since a moment after the waiter's last queued
+    /// by the waiter's owner, since a moment after the waiter's first queued
     /// attempt was sent.
     Granted(Grant),
 }

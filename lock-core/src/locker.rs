@@ -362,9 +362,13 @@ impl Locker {
             subscribed = true;
             watch = self.subscribe(&mut attempts).await?;
         }
-        // When the latest queued attempt that found the key held was sent: a
-        // grant delivered later was made after that.
-        let mut queued_at;
+        // When the first attempt that found the key held was sent: any grant
+        // delivered later was made after that. Not the latest such attempt: a
+        // grant made before it can be delivered after it (a paused process,
+        // a slow notification), and had it been live then, that attempt
+        // would have been granted; it is stale, and must not be trusted from
+        // a later start. `check`'s fault run found this on Redis.
+        let mut queued_at: Option<Instant> = None;
         loop {
             if self.watchdog.is_closed() {
                 attempts.abandon().await;
@@ -378,7 +382,7 @@ impl Locker {
                     return self.unless_closed(guard).await.map(Some);
                 }
                 Acquire::Contended { retry_after } => {
-                    queued_at = sent;
+                    queued_at.get_or_insert(sent);
                     retry_after
                 }
             };
@@ -426,7 +430,7 @@ impl Locker {
                     None
                 }
             };
-            if let Some(Notice::Granted(grant)) = notice {
+            if let (Some(Notice::Granted(grant)), Some(queued_at)) = (notice, queued_at) {
                 if let Some(guard) = self.handed(&key, &owner, grant, opts, queued_at).await? {
                     attempts.done();
                     return self.unless_closed(guard).await.map(Some);
@@ -515,7 +519,7 @@ impl Locker {
             deadline: local_deadline(sent, granted),
         };
         tracing::debug!(key = %key, fence = grant.fence.map(|f| f.0), holds = grant.holds,
-            lease = ?granted, "lock acquired");
+            lease = ?granted, since_sent = ?sent.elapsed(), handed = short.is_some(), "lock acquired");
         let renew_every = opts
             .auto_renew
             .then(|| opts.renew_period().min(trusted / 3));

@@ -186,6 +186,10 @@ struct CheckArgs {
     /// Skip the conformance cases; only the fault run.
     #[arg(long)]
     no_conformance: bool,
+    /// Also write the fault run's whole history (every critical section
+    /// and resource op, as JSON) to this file, to study a violation.
+    #[arg(long)]
+    history: Option<std::path::PathBuf>,
     /// One JSON object on stdout instead of tables (the summary line still
     /// ends stderr).
     #[arg(long)]

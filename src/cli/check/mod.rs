@@ -314,6 +314,15 @@ impl Spawner {
     fn spawn(&self, slot: &Slot) -> std::io::Result<Child> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         slot.id.store(id, Ordering::Relaxed);
+        // For studying a run: each worker's lock events, in a directory.
+        let stderr = match std::env::var_os("LOCKSMITH_CHECK_WORKER_LOGS") {
+            Some(dir) => {
+                std::fs::File::create(std::path::Path::new(&dir).join(format!("worker-{id}.log")))
+                    .map(std::process::Stdio::from)
+                    .unwrap_or_else(|_| std::process::Stdio::null())
+            }
+            None => std::process::Stdio::null(),
+        };
         Command::new(&self.exe)
             .arg(WORKER_SUBCOMMAND)
             .arg(&self.key)
@@ -324,7 +333,7 @@ impl Spawner {
             .env(WORKER_URL_ENV, &slot.url)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(stderr)
             .kill_on_drop(true)
             .spawn()
     }
@@ -537,6 +546,12 @@ async fn fault_run(
 
     let (history, errors) = resource.snapshot();
     let verdict = history::check(&history);
+    if let Some(path) = &args.history {
+        let json = serde_json::to_vec(&history).map_err(|e| Error::backend(e.to_string()))?;
+        std::fs::write(path, json).map_err(|e| {
+            Error::invalid_options(format!("cannot write --history {}: {e}", path.display()))
+        })?;
+    }
     let counter = history
         .ops
         .iter()
