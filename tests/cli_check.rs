@@ -190,6 +190,32 @@ fn both_commands_share_runs_exit_codes() {
             vec!["bench", "--url", "redis://127.0.0.1:6379", "--clients", "1"],
             64,
         ),
+        (
+            vec!["bench", "--url", dead.as_str(), "--hold-for", "0s"],
+            64,
+        ),
+        (vec!["check", "--url", dead.as_str(), "--ttl", "2m"], 64),
+        (
+            vec![
+                "check",
+                "--url",
+                dead.as_str(),
+                "--no-conformance",
+                "--duration",
+                "0s",
+            ],
+            64,
+        ),
+        (
+            vec![
+                "check",
+                "--url",
+                dead.as_str(),
+                "--history",
+                "/nonexistent-dir/h.json",
+            ],
+            64,
+        ),
     ] {
         let (code, out, err) = locksmith(&args);
         assert_eq!(code, want, "{args:?}:\n{out}\n{err}");
@@ -217,7 +243,7 @@ fn bench_prints_every_figure() {
         "uncontended, 1 client",
         "uncontended, 8 clients",
         "contended, 8 clients, one key",
-        "renewal requests / period",
+        "renewal batches / period",
         "renewal round trips / period",
         "client memory / held lock",
         "locks lost while held",

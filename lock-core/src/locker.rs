@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use backon::BackoffBuilder;
 use futures::future::BoxFuture;
 
-use crate::backend::{Acquire, Capabilities, Grant, LockBackend, Notice, Renew, Watch};
+use crate::backend::{Acquire, Capabilities, Grant, LockBackend, Notice, Watch};
 use crate::background::Background;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::{LockGuard, MultiGuard};
@@ -431,10 +431,14 @@ impl Locker {
                 }
             };
             if let (Some(Notice::Granted(grant)), Some(queued_at)) = (notice, queued_at) {
-                if let Some(guard) = self.handed(&key, &owner, grant, opts, queued_at).await? {
+                if let Some(guard) = self.handed(&key, &owner, grant, opts, queued_at) {
                     attempts.done();
                     return self.unless_closed(guard).await.map(Some);
                 }
+                // Too little of it can be vouched for: attempt at once. A
+                // grant still ours comes back with its live fence and a full
+                // lease; a stale one, as contention.
+                continue;
             }
         }
     }
@@ -467,17 +471,19 @@ impl Locker {
     /// granted lease. A lease with at least half of it left goes to the
     /// caller as it is; a short hand-off lease is then extended by the
     /// watchdog halfway through it, so a holder done within that time never
-    /// pays the extra round trip. Otherwise it is renewed first rather than
-    /// hand the caller a lease about to run out. `None` if it was lost
-    /// meanwhile.
-    async fn handed(
+    /// pays the extra round trip. Otherwise `None`: the caller attempts
+    /// again rather than hand out a lease about to run out, or one that may
+    /// have lapsed already (renewing it instead would keep this grant's
+    /// fence even where the store has since handed us the lock again, under
+    /// a higher one).
+    fn handed(
         &self,
         key: &LockKey,
         owner: &OwnerToken,
         grant: Grant,
         opts: &LockOptions,
         queued_at: Instant,
-    ) -> Result<Option<LockGuard>> {
+    ) -> Option<LockGuard> {
         // A store that trusts a hold for less than the TTL (a session that
         // may expire sooner) hands over no more than that.
         let trusted = self.caps.trusted_lease(opts.ttl);
@@ -485,13 +491,9 @@ impl Locker {
         let left = local_deadline(queued_at, granted).saturating_duration_since(Instant::now());
         if left >= granted / 2 && (granted == trusted || opts.auto_renew) {
             let short = (granted < trusted).then_some(granted);
-            return Ok(Some(self.guard(key, owner, grant, opts, queued_at, short)));
+            return Some(self.guard(key, owner, grant, opts, queued_at, short));
         }
-        let sent = Instant::now();
-        match self.backend.renew(key, owner, opts.ttl).await? {
-            Renew::Renewed => Ok(Some(self.guard(key, owner, grant, opts, sent, None))),
-            Renew::NotHeld => Ok(None),
-        }
+        None
     }
 
     /// A guard for a lease granted after `sent`. `short`: the store granted

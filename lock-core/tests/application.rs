@@ -232,6 +232,7 @@ struct ShortSessionHandOff {
     >,
     queued: std::sync::Mutex<Option<locksmith_core::OwnerToken>>,
     renewals: std::sync::atomic::AtomicUsize,
+    attempts: std::sync::atomic::AtomicUsize,
 }
 
 #[locksmith_core::backend::async_trait]
@@ -259,6 +260,19 @@ impl locksmith_core::backend::LockBackend for ShortSessionHandOff {
         _ticket: &locksmith_core::OwnerToken,
     ) -> locksmith_core::Result<locksmith_core::backend::Acquire> {
         *self.queued.lock().unwrap() = Some(o.clone());
+        self.attempts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        // The lock already handed to this waiter: the grant, not a second hold.
+        let status = self.store.inspect(k).await?;
+        if status.held && status.owner.as_ref() == Some(o) {
+            return Ok(locksmith_core::backend::Acquire::Acquired(
+                locksmith_core::backend::Grant {
+                    fence: status.fence,
+                    holds: status.holds,
+                    lease: None,
+                },
+            ));
+        }
         match self.store.try_acquire(k, o, ttl).await? {
             locksmith_core::backend::Acquire::Contended { .. } => {
                 Ok(locksmith_core::backend::Acquire::Contended {
@@ -330,7 +344,8 @@ async fn a_hand_off_after_a_long_wait_is_confirmed_within_the_cap() {
         Acquire::Acquired(g) => g,
         other => panic!("{other:?}"),
     };
-    let renewals = store.renewals.load(std::sync::atomic::Ordering::SeqCst);
+    let asked = store.renewals.load(std::sync::atomic::Ordering::SeqCst)
+        + store.attempts.load(std::sync::atomic::Ordering::SeqCst);
     let tx = store
         .waiter
         .lock()
@@ -352,8 +367,11 @@ async fn a_hand_off_after_a_long_wait_is_confirmed_within_the_cap() {
         "the handed guard starts with {left:?} left of a 300 ms cap"
     );
     assert!(
-        store.renewals.load(std::sync::atomic::Ordering::SeqCst) > renewals,
+        store.renewals.load(std::sync::atomic::Ordering::SeqCst)
+            + store.attempts.load(std::sync::atomic::Ordering::SeqCst)
+            > asked,
         "the hand-off was not confirmed with the store"
     );
+    assert_eq!(guard.holds(), 1, "the confirmation added a hold");
     assert!(!guard.is_lost());
 }

@@ -86,6 +86,18 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
     let url = args.store.shared_url()?.to_owned();
     let shown = RedactedUrl::new(&url);
     let n = args.clients as usize;
+    if args.held > 0 && args.hold_for < Duration::from_secs(1) {
+        return Err(Error::invalid_options("--hold-for must be at least 1s"));
+    }
+    if args.held > 0 && args.ttl > locksmith::MAX_TTL {
+        return Err(Error::invalid_options(format!(
+            "--ttl is longer than the longest lease, {}",
+            humantime::format_duration(locksmith::MAX_TTL)
+        )));
+    }
+    if args.duration.is_zero() {
+        return Err(Error::invalid_options("--duration must be more than 0s"));
+    }
     let first = locksmith::connect(&url).await?;
     first.backend().verify().await?;
     let caps = first.capabilities().clone();
@@ -282,27 +294,28 @@ async fn held(url: &str, args: &BenchArgs) -> Result<()> {
     let before = rss();
 
     let bar = Bar::new(format!("acquiring {n} locks"));
-    let got = AtomicU64::new(0);
-    let guards: Vec<Result<LockGuard>> = stream::iter(0..n)
+    // Straight into one vector of the final size: a second one, or the
+    // growth of this one, would count freed memory as the locks'.
+    let mut guards: Vec<LockGuard> = Vec::with_capacity(n);
+    let mut acquiring = stream::iter(0..n)
         .map(|i| {
-            let (locker, opts, prefix, got, bar) = (&locker, &opts, &prefix, &got, &bar);
+            let (locker, opts, prefix) = (&locker, &opts, &prefix);
             async move {
-                let g = locker
+                locker
                     .try_lock_with(format!("{prefix}/{i}").as_str(), opts)
                     .await?
-                    .ok_or_else(|| Error::backend("a fresh key was held"))?;
-                let done = got.fetch_add(1, Ordering::Relaxed) + 1;
-                if done % 500 == 0 {
-                    bar.show(done as f64 / n as f64);
-                }
-                Ok(g)
+                    .ok_or_else(|| Error::backend("a fresh key was held"))
             }
         })
-        .buffer_unordered(FILL_CONCURRENCY)
-        .collect()
-        .await;
+        .buffer_unordered(FILL_CONCURRENCY);
+    while let Some(g) = acquiring.next().await {
+        guards.push(g?);
+        if guards.len() % 500 == 0 {
+            bar.show(guards.len() as f64 / n as f64);
+        }
+    }
+    drop(acquiring);
     bar.done();
-    let guards: Vec<LockGuard> = guards.into_iter().collect::<Result<_>>()?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let after = rss();
 
@@ -339,8 +352,8 @@ async fn held(url: &str, args: &BenchArgs) -> Result<()> {
     );
     let per_period = calls as f64 / periods;
     println!(
-        "  {:<34} {:>8.1}  ({:.2} per 100 held locks; {:.1} leases per request)",
-        "  renewal requests / period",
+        "  {:<34} {:>8.1}  ({:.2} per 100 held locks; {:.1} leases per batch, one store call each)",
+        "  renewal batches / period",
         per_period,
         per_period / (n as f64 / 100.0),
         leases as f64 / calls.max(1) as f64

@@ -31,7 +31,8 @@ fn default_port(store: Store) -> Option<u16> {
 
 impl Endpoints {
     /// The servers `url` names over TCP, or `None` for a store reached
-    /// another way (an SQLite file, a Unix socket, this process's memory).
+    /// another way (an SQLite file, a Unix socket, this process's memory)
+    /// or over TLS that verifies the server's name.
     ///
     /// # Errors
     /// `Config` for a URL whose scheme is unknown.
@@ -44,6 +45,15 @@ impl Endpoints {
             return Ok(None);
         };
         if scheme == "redis+unix" || scheme == "unix" {
+            return Ok(None);
+        }
+        // TLS checks the server's name, which a local proxy would replace.
+        let lower = url.to_ascii_lowercase();
+        if scheme == "rediss"
+            || lower.contains("sslmode=verify")
+            || lower.contains("ssl-mode=verify")
+            || lower.contains("ssl_mode=verify")
+        {
             return Ok(None);
         }
         let end = rest.find(['/', '?']).unwrap_or(rest.len());
@@ -140,6 +150,10 @@ mod tests {
         assert!(Endpoints::of("sqlite://x.db").unwrap().is_none());
         assert!(Endpoints::of("redis+unix:///tmp/r.sock").unwrap().is_none());
         assert!(Endpoints::of("memory://").unwrap().is_none());
+        assert!(Endpoints::of("rediss://h:6380").unwrap().is_none());
+        assert!(Endpoints::of("postgres://h/db?sslmode=verify-full")
+            .unwrap()
+            .is_none());
         assert!(Endpoints::of("ftp://x").is_err());
     }
 }

@@ -35,6 +35,10 @@ use resource::Resource;
 /// The exit status when a case failed or the fault run found a violation.
 const EX_FOUND: i32 = 1;
 
+/// The longest `--ttl`: faults outlast it, so a longer one makes a run of
+/// a few faults.
+const MAX_FAULT_TTL: Duration = Duration::from_secs(60);
+
 /// The hidden subcommand a fault-run worker runs as.
 pub(crate) const WORKER_SUBCOMMAND: &str = "__check-worker";
 
@@ -124,6 +128,8 @@ struct FaultRun {
     verdict: Verdict,
     counter: u64,
     acquire_errors: BTreeMap<String, u64>,
+    /// Workers that ended without being killed (and were replaced).
+    workers_exited: u64,
     left_held: bool,
 }
 
@@ -142,6 +148,25 @@ struct Report {
 pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
     let url = args.store.shared_url()?.to_owned();
     let shown = RedactedUrl::new(&url).to_string();
+    if args.no_conformance && args.duration.is_zero() {
+        return Err(Error::invalid_options(
+            "--no-conformance with --duration 0s leaves nothing to check",
+        ));
+    }
+    if args.ttl > MAX_FAULT_TTL {
+        return Err(Error::invalid_options(format!(
+            "--ttl {} is too long for a fault run: every pause and partition must outlast it; \
+             at most {}",
+            humantime::format_duration(args.ttl),
+            humantime::format_duration(MAX_FAULT_TTL)
+        )));
+    }
+    // Refused now, not after the run.
+    if let Some(path) = &args.history {
+        std::fs::File::create(path).map_err(|e| {
+            Error::invalid_options(format!("cannot write --history {}: {e}", path.display()))
+        })?;
+    }
     let backend = locksmith::backend::open(&url).await?;
     backend.verify().await?;
     let caps = backend.capabilities();
@@ -282,7 +307,7 @@ async fn conformance(url: &str, endpoints: Option<&Endpoints>, text: bool) -> Ve
     let held = h.clean_up().await;
     if text {
         println!(
-            "  clean-up: every lock the cases took was released{}",
+            "  clean-up: every lock a case was granted directly and left held was released{}",
             if held == 0 {
                 String::new()
             } else {
@@ -464,9 +489,27 @@ async fn fault_run(
     // workers are under one, so the rest keep taking the lock.
     let max_busy = (args.workers as usize / 2).max(1);
     let mut tasks = Vec::new();
-    if !faults.is_empty() {
-        while started.elapsed() < args.duration {
-            tokio::time::sleep(Duration::from_millis(50 + worker::rand_below(200))).await;
+    let mut exited = 0u64;
+    while started.elapsed() < args.duration {
+        tokio::time::sleep(Duration::from_millis(50 + worker::rand_below(200))).await;
+        // A worker that ended by itself (it could not connect, say) is
+        // counted and replaced, so contention does not quietly drop.
+        for slot in &slots {
+            if slot.busy.load(Ordering::Relaxed) {
+                continue;
+            }
+            let mut child = slot.child.lock().await;
+            let ended = match child.as_mut() {
+                Some(c) => !matches!(c.try_wait(), Ok(None)),
+                None => true,
+            };
+            if ended {
+                exited += 1;
+                resource.died(slot.id.load(Ordering::Relaxed), history::mono_ns());
+                *child = spawner.spawn(slot).ok();
+            }
+        }
+        if !faults.is_empty() {
             let busy = slots
                 .iter()
                 .filter(|s| s.busy.load(Ordering::Relaxed))
@@ -508,8 +551,6 @@ async fn fault_run(
             }));
             tasks.retain(|t| !t.is_finished());
         }
-    } else {
-        tokio::time::sleep(args.duration).await;
     }
     for t in tasks {
         let _ = t.await;
@@ -591,6 +632,7 @@ async fn fault_run(
         verdict,
         counter,
         acquire_errors,
+        workers_exited: exited,
         left_held,
     })
 }

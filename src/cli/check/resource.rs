@@ -90,6 +90,8 @@ struct State {
     history: History,
     /// Index in `history.sections` of each open section, by worker.
     open: std::collections::HashMap<u32, usize>,
+    /// Killed workers, and when.
+    dead: std::collections::HashMap<u32, u64>,
     errors: Vec<String>,
 }
 
@@ -121,13 +123,18 @@ impl Resource {
                 start,
                 deadline,
             } => {
-                st.open.insert(w, st.history.sections.len());
+                // A Begin sent just before its worker was killed, and read
+                // after: the section ended with the worker.
+                let died = st.dead.get(&w).copied();
+                if died.is_none() {
+                    st.open.insert(w, st.history.sections.len());
+                }
                 st.history.sections.push(Section {
                     worker: w,
                     seq: s,
                     fence,
                     start,
-                    end: None,
+                    end: died.map(|t| t.max(start)),
                     deadline,
                 });
                 ok
@@ -139,22 +146,8 @@ impl Resource {
                 deadline,
             } => {
                 extend(st, w, s, deadline);
-                let accepted = admits(&mut st.highest, fence);
-                st.history.ops.push(Op {
-                    t: mono_ns(),
-                    worker: w,
-                    seq: s,
-                    kind: OpKind::Read,
-                    fence,
-                    before: st.value,
-                    read: st.value,
-                    value: st.value,
-                    accepted,
-                });
-                Reply {
-                    ok: accepted,
-                    value: st.value,
-                }
+                let read = st.value;
+                access(st, w, s, OpKind::Read, fence, read, read)
             }
             Request::Write {
                 w,
@@ -164,25 +157,7 @@ impl Resource {
                 deadline,
             } => {
                 extend(st, w, s, deadline);
-                let accepted = admits(&mut st.highest, fence);
-                st.history.ops.push(Op {
-                    t: mono_ns(),
-                    worker: w,
-                    seq: s,
-                    kind: OpKind::Write,
-                    fence,
-                    before: st.value,
-                    read,
-                    value: read + 1,
-                    accepted,
-                });
-                if accepted {
-                    st.value = read + 1;
-                }
-                Reply {
-                    ok: accepted,
-                    value: st.value,
-                }
+                access(st, w, s, OpKind::Write, fence, read, read + 1)
             }
             Request::End {
                 w,
@@ -210,6 +185,7 @@ impl Resource {
     /// once, well before the lease the worker last reported).
     pub(crate) fn died(&self, w: u32, t: u64) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.dead.insert(w, t);
         if let Some(i) = st.open.remove(&w) {
             let sec = &mut st.history.sections[i];
             sec.end = Some(sec.end.unwrap_or(t).min(t));
@@ -267,6 +243,38 @@ impl Resource {
             w.write_all(&out).await?;
         }
         Ok(())
+    }
+}
+
+/// A read or write of the counter: judged by its fence, recorded, and for
+/// an accepted write applied (`value` is what it writes).
+fn access(
+    st: &mut State,
+    w: u32,
+    s: u64,
+    kind: OpKind,
+    fence: Option<u64>,
+    read: u64,
+    value: u64,
+) -> Reply {
+    let accepted = admits(&mut st.highest, fence);
+    st.history.ops.push(Op {
+        t: mono_ns(),
+        worker: w,
+        seq: s,
+        kind,
+        fence,
+        before: st.value,
+        read,
+        value,
+        accepted,
+    });
+    if accepted && kind == OpKind::Write {
+        st.value = value;
+    }
+    Reply {
+        ok: accepted,
+        value: st.value,
     }
 }
 

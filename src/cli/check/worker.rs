@@ -136,6 +136,12 @@ pub(crate) fn main(args: &[String]) -> i32 {
         );
         return super::super::EX_USAGE;
     };
+    // Dies with `check`, even frozen: a worker left behind would hold a
+    // connection, and perhaps the lock, with nobody to stop it.
+    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+    if nix::unistd::getppid() == nix::unistd::Pid::from_raw(1) {
+        return 0;
+    }
     let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
