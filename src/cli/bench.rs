@@ -18,6 +18,10 @@ use super::proxy::{self, Control};
 use super::timing::{percentile, HandOffs};
 use super::BenchArgs;
 
+/// Most locks the held-lock run takes on a session store, where each one
+/// holds a server connection.
+const SESSION_HELD: usize = 50;
+
 /// Acquires or releases in flight at once while filling the held-lock run.
 const FILL_CONCURRENCY: usize = 64;
 
@@ -163,7 +167,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
         hi * 100.0
     );
     if args.held > 0 {
-        held(&url, &args).await?;
+        held(&url, &args, &caps).await?;
     }
     Ok(0)
 }
@@ -266,8 +270,15 @@ fn rss() -> Option<u64> {
 
 /// One client holds `--held` locks for `--hold-for`: renewal round trips
 /// (through a counting proxy, for a store reached over TCP) and memory.
-async fn held(url: &str, args: &BenchArgs) -> Result<()> {
-    let n = args.held as usize;
+async fn held(url: &str, args: &BenchArgs, caps: &locksmith::backend::Capabilities) -> Result<()> {
+    let mut n = args.held as usize;
+    if caps.binding == locksmith::backend::Binding::Session && n > SESSION_HELD {
+        println!(
+            "  held locks: a session store keeps each held lock on a connection of its own, \
+             so {SESSION_HELD} instead of {n} (more would exhaust the server's connections)"
+        );
+        n = SESSION_HELD;
+    }
     let ctl = Control::new();
     let counted = match Endpoints::of(url)? {
         Some(e) => {

@@ -127,6 +127,9 @@ pub(crate) struct Verdict {
     /// Lost increments caused by a holder whose lease had run out, on a
     /// store without fences: why fences matter.
     pub(crate) unfenced_overlaps: u64,
+    /// Sections still running after their holder's deadline: holders the
+    /// faults made stale mid-section (each then tried to write late).
+    pub(crate) late_sections: u64,
     /// Writes the resource accepted.
     pub(crate) accepted_writes: u64,
     /// Increments the counter lost (accepted writes less its final value).
@@ -141,6 +144,11 @@ const EXAMPLES: usize = 5;
 pub(crate) fn check(h: &History) -> Verdict {
     let mut v = Verdict {
         acquisitions: h.sections.len() as u64,
+        late_sections: h
+            .sections
+            .iter()
+            .filter(|s| s.end.is_some_and(|e| e > s.deadline))
+            .count() as u64,
         ..Verdict::default()
     };
     let note = |v: &mut Verdict, s: String| {

@@ -15,6 +15,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde::Serialize;
 use tokio::process::{Child, Command};
+use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Mutex;
 
 use super::endpoints::{closed_port, Endpoints};
@@ -194,6 +195,25 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
         );
     }
 
+    if let Some(e) = endpoints.as_ref().filter(|e| e.servers.len() > 1) {
+        let mut silent = Vec::new();
+        for (name, addr) in e.servers.iter().zip(e.resolve(&url).await.unwrap_or_default()) {
+            let probe = tokio::net::TcpStream::connect(addr);
+            if !matches!(tokio::time::timeout(Duration::from_secs(1), probe).await, Ok(Ok(_))) {
+                silent.push(name.as_str());
+            }
+        }
+        if !silent.is_empty() {
+            eprintln!(
+                "locksmith check: warning: {} of {} servers do not answer ({}); the store works \
+                 without them, but every request waits for them to time out, and cases that \
+                 count attempts may prove nothing",
+                silent.len(),
+                e.servers.len(),
+                silent.join(", ")
+            );
+        }
+    }
     let conformance = if args.no_conformance {
         Vec::new()
     } else {
@@ -490,8 +510,17 @@ async fn fault_run(
     let max_busy = (args.workers as usize / 2).max(1);
     let mut tasks = Vec::new();
     let mut exited = 0u64;
+    // Ctrl-C or SIGTERM ends the run early; what it saw is still judged.
+    let mut interrupted = None;
+    let mut sigint = signal(SignalKind::interrupt()).ok();
+    let mut sigterm = signal(SignalKind::terminate()).ok();
     while started.elapsed() < args.duration {
-        tokio::time::sleep(Duration::from_millis(50 + worker::rand_below(200))).await;
+        let tick = Duration::from_millis(50 + worker::rand_below(200));
+        tokio::select! {
+            () = tokio::time::sleep(tick) => {}
+            Some(()) = recv(&mut sigint) => { interrupted = Some(Signal::SIGINT); break; }
+            Some(()) = recv(&mut sigterm) => { interrupted = Some(Signal::SIGTERM); break; }
+        }
         // A worker that ended by itself (it could not connect, say) is
         // counted and replaced, so contention does not quietly drop.
         for slot in &slots {
@@ -518,16 +547,27 @@ async fn fault_run(
                 continue;
             }
             let fault = faults[worker::rand_below(faults.len() as u64) as usize];
-            let holders = resource.holders();
             let free: Vec<&Arc<Slot>> = slots
                 .iter()
                 .filter(|s| !s.busy.load(Ordering::Relaxed))
                 .collect();
-            let holding: Vec<&Arc<Slot>> = free
-                .iter()
-                .copied()
-                .filter(|s| holders.contains(&s.id.load(Ordering::Relaxed)))
-                .collect();
+            // Kill and pause aim at a holder inside its critical section:
+            // wait up to half a second for one, then take anyone.
+            let mut holding: Vec<&Arc<Slot>> = Vec::new();
+            if matches!(fault, Fault::Kill | Fault::Pause) {
+                for _ in 0..100 {
+                    let holders = resource.holders();
+                    holding = free
+                        .iter()
+                        .copied()
+                        .filter(|s| holders.contains(&s.id.load(Ordering::Relaxed)))
+                        .collect();
+                    if !holding.is_empty() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
             let pool = if matches!(fault, Fault::Kill | Fault::Pause) && !holding.is_empty() {
                 holding
             } else {
@@ -558,6 +598,14 @@ async fn fault_run(
     progress.abort();
     if text && std::io::stderr().is_terminal() {
         eprintln!();
+    }
+    if let Some(sig) = interrupted {
+        eprintln!(
+            "locksmith check: {sig} after {}s; stopping the fault run and judging what it saw",
+            started.elapsed().as_secs()
+        );
+        // Then end by that signal, as a shell expects of an interrupted command.
+        super::die_by_signal_on_exit(sig);
     }
 
     // Stop: every worker sees its stdin close, releases and exits.
@@ -637,6 +685,14 @@ async fn fault_run(
     })
 }
 
+/// The next delivery of a signal, or never if it could not be watched.
+async fn recv(s: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match s {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn inject(
     fault: Fault,
     slot: &Slot,
@@ -709,6 +765,11 @@ fn print_fault_table(
     println!("  {:<24} {:>8}", "acquisitions", v.acquisitions);
     println!("  {:<24} {:>8}  {kinds}", "faults injected", total);
     println!(
+        "  {:<24} {:>8}  sections still running past their holder's lease (frozen or cut off \
+         mid-section)",
+        "stale holders", v.late_sections
+    );
+    println!(
         "  {:<24} {:>8}",
         "exclusion violations", v.exclusion_violations
     );
@@ -723,20 +784,16 @@ fn print_fault_table(
             "(this store gives no fencing tokens)"
         }
     );
-    println!(
-        "  {:<24} {:>8}  {}",
-        "unfenced overlaps",
-        v.unfenced_overlaps,
-        if v.unfenced_overlaps > 0 {
-            format!(
-                "holders whose lease ran out while frozen or cut off wrote anyway, losing {} \
-                 increments: expected without fences, and why they matter",
-                v.increments_lost
-            )
-        } else {
-            String::new()
-        }
-    );
+    let overlaps = format!("  {:<24} {:>8}", "unfenced overlaps", v.unfenced_overlaps);
+    if v.unfenced_overlaps > 0 {
+        println!(
+            "{overlaps}  stale holders' late writes were accepted, losing {} increment(s): \
+             expected without fences, and why they matter",
+            v.increments_lost
+        );
+    } else {
+        println!("{overlaps}");
+    }
     println!(
         "  {:<24} {:>8}  counter {counter}",
         "accepted writes", v.accepted_writes

@@ -76,8 +76,10 @@ pub(crate) async fn work(
             })
             .await?;
         if read.ok {
-            // Work that takes a moment: the window a pause lands in.
-            let pause = Duration::from_micros(500 + rand_below(4_500));
+            // Work that takes a while, 5-40 ms: long enough that a holder
+            // the nemesis picks is still between its read and its write when
+            // the fault lands, so a frozen or cut-off holder writes late.
+            let pause = Duration::from_micros(5_000 + rand_below(35_000));
             tokio::time::sleep(pause).await;
             if let Some(inside) = inside {
                 inside(id).await;
