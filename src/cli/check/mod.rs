@@ -197,9 +197,16 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
 
     if let Some(e) = endpoints.as_ref().filter(|e| e.servers.len() > 1) {
         let mut silent = Vec::new();
-        for (name, addr) in e.servers.iter().zip(e.resolve(&url).await.unwrap_or_default()) {
+        for (name, addr) in e
+            .servers
+            .iter()
+            .zip(e.resolve(&url).await.unwrap_or_default())
+        {
             let probe = tokio::net::TcpStream::connect(addr);
-            if !matches!(tokio::time::timeout(Duration::from_secs(1), probe).await, Ok(Ok(_))) {
+            if !matches!(
+                tokio::time::timeout(Duration::from_secs(1), probe).await,
+                Ok(Ok(_))
+            ) {
                 silent.push(name.as_str());
             }
         }
