@@ -18,8 +18,8 @@ use super::proxy::{self, Control};
 use super::timing::{percentile, HandOffs};
 use super::BenchArgs;
 
-/// Most locks the held-lock run takes on a session store, where each one
-/// holds a server connection.
+/// Most locks the held-lock run takes with SQL session locks, where each
+/// one holds a server connection.
 const SESSION_HELD: usize = 50;
 
 /// Acquires or releases in flight at once while filling the held-lock run.
@@ -272,9 +272,16 @@ fn rss() -> Option<u64> {
 /// (through a counting proxy, for a store reached over TCP) and memory.
 async fn held(url: &str, args: &BenchArgs, caps: &locksmith::backend::Capabilities) -> Result<()> {
     let mut n = args.held as usize;
-    if caps.binding == locksmith::backend::Binding::Session && n > SESSION_HELD {
+    // SQL session locks each keep a server connection (ZooKeeper's share
+    // one session).
+    let per_connection = caps.binding == locksmith::backend::Binding::Session
+        && matches!(
+            locksmith::backend::store_of(url)?,
+            locksmith::backend::Store::Postgres | locksmith::backend::Store::MySql
+        );
+    if per_connection && n > SESSION_HELD {
         println!(
-            "  held locks: a session store keeps each held lock on a connection of its own, \
+            "  held locks: SQL session locks each keep a server connection of their own, \
              so {SESSION_HELD} instead of {n} (more would exhaust the server's connections)"
         );
         n = SESSION_HELD;
