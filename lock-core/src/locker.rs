@@ -521,7 +521,7 @@ impl Locker {
             deadline: local_deadline(sent, granted),
         };
         tracing::debug!(key = %key, fence = grant.fence.map(|f| f.0), holds = grant.holds,
-            lease = ?granted, since_sent = ?sent.elapsed(), handed = short.is_some(), "lock acquired");
+            lease = ?granted, since_sent = ?sent.elapsed(), short_lease = short.is_some(), "lock acquired");
         let renew_every = opts
             .auto_renew
             .then(|| opts.renew_period().min(trusted / 3));
