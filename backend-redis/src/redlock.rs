@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use locksmith_core::backend::{
-    Acquire, Capabilities, LockBackend, Quorum, Release, Renew, RenewRequest,
+    renew_one, Acquire, Capabilities, LockBackend, Quorum, Release, Renew, RenewRequest,
 };
 use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
@@ -68,15 +68,7 @@ impl LockBackend for QuorumNode {
     }
 
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        let request = RenewRequest {
-            key: key.clone(),
-            owner: owner.clone(),
-            ttl,
-        };
-        self.renew_many(std::slice::from_ref(&request))
-            .await
-            .pop()
-            .unwrap_or_else(|| Err(Error::backend("no renewal result")))
+        renew_one(self, key, owner, ttl).await
     }
 
     /// One script call for every lease on this node.

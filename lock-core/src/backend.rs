@@ -284,6 +284,30 @@ impl Watch {
     }
 }
 
+/// One renewal sent as a batch of one, for a backend whose
+/// [`LockBackend::renew_many`] is the real implementation (one script, one
+/// quorum round) and whose `renew` is that with a single lease.
+///
+/// # Errors
+/// The batch's error for this lease.
+pub async fn renew_one<B: LockBackend + ?Sized>(
+    backend: &B,
+    key: &LockKey,
+    owner: &OwnerToken,
+    ttl: Duration,
+) -> Result<Renew> {
+    let request = RenewRequest {
+        key: key.clone(),
+        owner: owner.clone(),
+        ttl,
+    };
+    backend
+        .renew_many(std::slice::from_ref(&request))
+        .await
+        .pop()
+        .unwrap_or_else(|| Err(Error::backend("no renewal result")))
+}
+
 /// A store that can hold locks. Implement this to add a backend; users hold a
 /// [`Locker`](crate::Locker), which adds waiting, guards, renewal and
 /// multi-lock on top.

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use futures::future::join_all;
 
 use crate::backend::{
-    Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
+    renew_one, Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{LockKey, OwnerToken};
@@ -398,15 +398,7 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
     }
 
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        let request = RenewRequest {
-            key: key.clone(),
-            owner: owner.clone(),
-            ttl,
-        };
-        self.renew_many(std::slice::from_ref(&request))
-            .await
-            .pop()
-            .unwrap_or_else(|| Err(Error::backend("no renewal result")))
+        renew_one(self, key, owner, ttl).await
     }
 
     async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
