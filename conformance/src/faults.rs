@@ -1,56 +1,64 @@
 //! Fault injection around a real client: a network partition between this
-//! client and its store, switched on and off by the test.
+//! client and its store, switched on and off by the test; a reply held
+//! back; and the one forwarding wrapper, [`Observed`], that these and the
+//! CLI's tools (`locksmith check`, `locksmith bench`) are built on.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::backend::{Acquire, Capabilities, LockBackend, Release, Renew, Watch};
-use locksmith_core::{Error, LockKey, OwnerToken, Result};
+use locksmith_core::backend::{
+    Acquire, Capabilities, LockBackend, Release, Renew, RenewRequest, Watch,
+};
+use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
-/// Wraps a client; once [`cut`](Partition::cut), every call fails with
-/// `Unavailable` without reaching the store, as if the network had gone.
-#[derive(Debug)]
-pub struct Partition {
-    inner: Arc<dyn LockBackend>,
-    cut: AtomicBool,
+/// What an [`Observed`] client reports to, or waits on.
+#[async_trait]
+pub trait Observer: Send + Sync + std::fmt::Debug + 'static {
+    /// Awaited before every call reaches the store; an error ends the call
+    /// there, as if the store had answered it.
+    async fn gate(&self) -> Result<()> {
+        Ok(())
+    }
+    /// A call granted `owner` the lock on `key`.
+    fn granted(&self, _key: &LockKey, _owner: &OwnerToken) {}
+    /// One renewal request for `leases` leases is about to be sent.
+    fn renewing(&self, _leases: usize) {}
 }
 
-impl Partition {
-    /// Wraps `inner`, connected.
-    pub fn new(inner: Arc<dyn LockBackend>) -> Arc<Self> {
-        Arc::new(Partition {
-            inner,
-            cut: AtomicBool::new(false),
-        })
+/// A real client with an observer in front of every call: one forwarding
+/// wrapper for fault injection ([`Partition`], a frozen process), grant
+/// tracking and counting, which otherwise behaves exactly like the client
+/// it wraps.
+#[derive(Debug)]
+pub struct Observed<O> {
+    inner: Arc<dyn LockBackend>,
+    /// The observer.
+    pub observer: O,
+}
+
+impl<O: Observer> Observed<O> {
+    /// Wraps `inner`.
+    pub fn wrap(inner: Arc<dyn LockBackend>, observer: O) -> Arc<Self> {
+        Arc::new(Observed { inner, observer })
     }
 
-    /// Cuts this client off from the store.
-    pub fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
-    }
-
-    /// Reconnects.
-    pub fn heal(&self) {
-        self.cut.store(false, Ordering::SeqCst);
-    }
-
-    fn check(&self) -> Result<()> {
-        if self.cut.load(Ordering::SeqCst) {
-            Err(Error::unavailable(
-                "partitioned from the store (injected fault)",
-            ))
-        } else {
-            Ok(())
+    fn note(&self, key: &LockKey, owner: &OwnerToken, outcome: &Result<Acquire>) {
+        if matches!(outcome, Ok(Acquire::Acquired(_))) {
+            self.observer.granted(key, owner);
         }
     }
 }
 
 #[async_trait]
-impl LockBackend for Partition {
+impl<O: Observer> LockBackend for Observed<O> {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
+    }
+    async fn verify(&self) -> Result<()> {
+        self.observer.gate().await?;
+        self.inner.verify().await
     }
     async fn try_acquire(
         &self,
@@ -58,19 +66,33 @@ impl LockBackend for Partition {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Acquire> {
-        self.check()?;
-        self.inner.try_acquire(key, owner, ttl).await
+        self.observer.gate().await?;
+        let outcome = self.inner.try_acquire(key, owner, ttl).await;
+        self.note(key, owner, &outcome);
+        outcome
     }
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        self.check()?;
+        self.observer.gate().await?;
         self.inner.release(key, owner).await
     }
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.check()?;
+        self.observer.gate().await?;
+        self.observer.renewing(1);
         self.inner.renew(key, owner, ttl).await
     }
+    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        if let Err(e) = self.observer.gate().await {
+            return requests.iter().map(|_| Err(e.clone())).collect();
+        }
+        self.observer.renewing(requests.len());
+        self.inner.renew_many(requests).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+        self.observer.gate().await?;
+        self.inner.inspect(key).await
+    }
     async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
-        self.check()?;
+        self.observer.gate().await?;
         self.inner.watch(key, ticket).await
     }
     async fn try_acquire_waiting(
@@ -80,14 +102,55 @@ impl LockBackend for Partition {
         ttl: Duration,
         ticket: &OwnerToken,
     ) -> Result<Acquire> {
-        self.check()?;
-        self.inner
+        self.observer.gate().await?;
+        let outcome = self
+            .inner
             .try_acquire_waiting(key, owner, ttl, ticket)
-            .await
+            .await;
+        self.note(key, owner, &outcome);
+        outcome
     }
     async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
-        self.check()?;
+        self.observer.gate().await?;
         self.inner.abandon(key, owner, ticket).await
+    }
+}
+
+/// The switch of a [`Partition`].
+#[derive(Debug, Default)]
+pub struct Cut(AtomicBool);
+
+#[async_trait]
+impl Observer for Cut {
+    async fn gate(&self) -> Result<()> {
+        if self.0.load(Ordering::SeqCst) {
+            Err(Error::unavailable(
+                "partitioned from the store (injected fault)",
+            ))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// A client that, once [`cut`](Partition::cut), fails every call with
+/// `Unavailable` without reaching the store, as if the network had gone.
+pub type Partition = Observed<Cut>;
+
+impl Partition {
+    /// Wraps `inner`, connected.
+    pub fn new(inner: Arc<dyn LockBackend>) -> Arc<Self> {
+        Observed::wrap(inner, Cut::default())
+    }
+
+    /// Cuts this client off from the store.
+    pub fn cut(&self) {
+        self.observer.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Reconnects.
+    pub fn heal(&self) {
+        self.observer.0.store(false, Ordering::SeqCst);
     }
 }
 

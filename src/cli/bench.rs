@@ -13,10 +13,10 @@ use locksmith::backend::RedactedUrl;
 use locksmith::{Error, LockGuard, LockOptions, Locker, OwnerToken, Result};
 
 use super::endpoints::Endpoints;
-use super::observed::{Observed, Observer};
 use super::proxy::{self, Control};
 use super::timing::{percentile, HandOffs};
 use super::BenchArgs;
+use locksmith_conformance::faults::{Observed, Observer};
 
 /// Most locks the held-lock run takes with SQL session locks, where each
 /// one holds a server connection.
@@ -253,10 +253,14 @@ impl Renewals {
     }
 }
 
-impl Observer for Arc<Renewals> {
+/// Counts a client's renewals into shared [`Renewals`].
+#[derive(Debug)]
+struct Counting(Arc<Renewals>);
+
+impl Observer for Counting {
     fn renewing(&self, leases: usize) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.leases.fetch_add(leases as u64, Ordering::Relaxed);
+        self.0.calls.fetch_add(1, Ordering::Relaxed);
+        self.0.leases.fetch_add(leases as u64, Ordering::Relaxed);
     }
 }
 
@@ -303,7 +307,7 @@ async fn held(url: &str, args: &BenchArgs, caps: &locksmith::backend::Capabiliti
     };
     let renewals = Arc::new(Renewals::default());
     let backend = locksmith::backend::open(counted.as_deref().unwrap_or(url)).await?;
-    let locker = Locker::from_arc(Observed::new(backend, renewals.clone()));
+    let locker = Locker::from_arc(Observed::wrap(backend, Counting(renewals.clone())));
     let opts = LockOptions::new().ttl(args.ttl);
     let prefix = run_key("held");
     // Warm the connection, so the delta is the locks' own.

@@ -12,7 +12,6 @@ mod check;
 mod demo;
 mod endpoints;
 mod group;
-mod observed;
 mod proxy;
 mod run;
 mod status;

@@ -13,7 +13,7 @@ use locksmith::backend::{Acquire, Capabilities, LockBackend, Release, Renew};
 use locksmith::{Error, LockKey, OwnerToken, Result};
 use locksmith_conformance::Harness;
 
-use crate::cli::observed::{Observed, Observer};
+use locksmith_conformance::faults::{Observed, Observer};
 
 /// Cases that count the store's own state, which needs access to it.
 pub(crate) const NEEDS_STORE_ACCESS: &[&str] = &[
@@ -95,7 +95,7 @@ impl UrlHarness {
 impl Harness for UrlHarness {
     async fn client(&self) -> Arc<dyn LockBackend> {
         match locksmith::backend::open(&self.url).await {
-            Ok(inner) => Observed::new(inner, Tracking(self.granted.clone())),
+            Ok(inner) => Observed::wrap(inner, Tracking(self.granted.clone())),
             Err(e) => Arc::new(Refusing(e.to_string())),
         }
     }

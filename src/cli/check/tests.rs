@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::history::{check, Verdict};
 use super::resource::Resource;
 use super::worker::{rand_below, work};
-use crate::cli::observed::{Observed, Observer};
+use locksmith_conformance::faults::{Observed, Observer};
 
 /// Holds every call while frozen: a paused process, seen from the store.
 #[derive(Debug)]
@@ -26,8 +26,9 @@ struct Frozen(watch::Sender<bool>);
 
 #[async_trait]
 impl Observer for Frozen {
-    async fn gate(&self) {
+    async fn gate(&self) -> locksmith::Result<()> {
         let _ = self.0.subscribe().wait_for(|f| !*f).await;
+        Ok(())
     }
 }
 
@@ -45,7 +46,7 @@ async fn fault_run(h: &dyn Harness, run_for: Duration) -> Verdict {
     let stop = CancellationToken::new();
     let mut clients = Vec::new();
     for _ in 0..4 {
-        clients.push(Observed::new(
+        clients.push(Observed::wrap(
             h.client().await,
             Frozen(watch::channel(false).0),
         ));
