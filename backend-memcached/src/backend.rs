@@ -8,6 +8,7 @@ use locksmith_core::backend::{
     Acquire, Capabilities, LockBackend, Quorum, Release, Renew, RenewRequest,
 };
 use locksmith_core::{LockKey, LockStatus, OwnerToken, Result};
+use tokio::sync::watch;
 
 use crate::config::MemcachedConfig;
 use crate::node::Node;
@@ -18,6 +19,9 @@ use crate::node::Node;
 pub struct MemcachedBackend {
     config: Arc<MemcachedConfig>,
     store: Arc<dyn LockBackend>,
+    /// Shared by every server's node: any one out of memory alarms all
+    /// (a quorum's lock may be on any of them).
+    alarm: Arc<watch::Sender<u64>>,
 }
 
 impl MemcachedBackend {
@@ -35,10 +39,20 @@ impl MemcachedBackend {
     /// # Errors
     /// `Config` for no server.
     pub fn with_config(config: MemcachedConfig) -> Result<Self> {
+        let alarm = Arc::new(watch::channel(0).0);
         let mut nodes: Vec<Node> = config
             .servers
             .iter()
-            .map(|s| Node::new(s, &config.prefix, config.timeout, config.connect_timeout))
+            .map(|s| {
+                Node::new(
+                    s,
+                    &config.prefix,
+                    config.timeout,
+                    config.connect_timeout,
+                    config.connections,
+                    alarm.clone(),
+                )
+            })
             .collect();
         let store: Arc<dyn LockBackend> = if nodes.len() == 1 {
             Arc::new(nodes.remove(0))
@@ -50,6 +64,7 @@ impl MemcachedBackend {
         Ok(MemcachedBackend {
             config: Arc::new(config),
             store,
+            alarm,
         })
     }
 
@@ -92,5 +107,9 @@ impl LockBackend for MemcachedBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
         self.store.inspect(key).await
+    }
+
+    fn alarm(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.alarm.subscribe())
     }
 }

@@ -12,6 +12,11 @@ const DEFAULT_PORT: u16 = 11211;
 /// The longest key prefix: a hashed key (`<prefix>#` and 64 hex digits)
 /// must stay within memcached's 250 bytes.
 const MAX_PREFIX: usize = 100;
+/// Connections per server by default: a few requests in flight at once;
+/// a batch of renewals needs one.
+const DEFAULT_CONNECTIONS: usize = 4;
+/// The most connections per server a URL may ask for.
+const MAX_CONNECTIONS: usize = 64;
 
 /// Where the locks live and how the client behaves.
 ///
@@ -24,8 +29,10 @@ const MAX_PREFIX: usize = 100;
 /// printable ASCII without spaces, at most 100 bytes), `timeout` (one
 /// exchange with one server, default 1s; 100ms in a quorum; an operation
 /// of two exchanges, and a redial, may take up to `timeout` +
-/// `connect_timeout`), and `connect_timeout` (default 1s). Any other
-/// parameter is refused. Several servers must be at least 3.
+/// `connect_timeout`), `connect_timeout` (default 1s), and `connections`
+/// (the most connections a backend opens to each server, default 4, 1 to
+/// 64: requests wait for a free one, and a batch of renewals shares one).
+/// Any other parameter is refused. Several servers must be at least 3.
 #[derive(Debug, Clone)]
 pub struct MemcachedConfig {
     /// The URL as given.
@@ -38,6 +45,8 @@ pub struct MemcachedConfig {
     pub timeout: Duration,
     /// How long a connection to one server may take to open.
     pub connect_timeout: Duration,
+    /// The most connections open to each server at once.
+    pub connections: usize,
 }
 
 impl MemcachedConfig {
@@ -64,6 +73,7 @@ impl MemcachedConfig {
         let connect_timeout = p
             .duration("connect_timeout", ms..=hour)?
             .unwrap_or(Duration::from_secs(1));
+        let connections = p.integer("connections", 1..=MAX_CONNECTIONS)?;
         let base = p.finish(&[])?;
         let rest = base.split_once("://").map_or("", |(_, r)| r);
         let hosts = rest.strip_suffix('/').unwrap_or(rest);
@@ -102,6 +112,7 @@ impl MemcachedConfig {
             prefix,
             timeout: timeout.unwrap_or(default_timeout),
             connect_timeout,
+            connections: connections.unwrap_or(DEFAULT_CONNECTIONS),
         })
     }
 }
@@ -124,6 +135,9 @@ mod tests {
         assert_eq!(c.servers, ["h1:11211", "h2:11212", "h3:11211"]);
         assert_eq!(c.prefix, "app:");
         assert_eq!(c.timeout, Duration::from_millis(50));
+        assert_eq!(c.connections, 4);
+        let c = MemcachedConfig::from_url("memcache://h?connections=1").unwrap();
+        assert_eq!(c.connections, 1);
         let c = MemcachedConfig::from_url("memcached://127.0.0.1:11211").unwrap();
         assert_eq!((c.servers.len(), c.timeout), (1, Duration::from_secs(1)));
         let c = MemcachedConfig::from_url("memcache://a,b,c").unwrap();
@@ -148,6 +162,8 @@ mod tests {
             ("memcache://h?prefix=a%20b", ErrorKind::InvalidOptions),
             ("memcache://h?prefx=a", ErrorKind::InvalidOptions),
             ("memcache://h?timeout=soon", ErrorKind::InvalidOptions),
+            ("memcache://h?connections=0", ErrorKind::InvalidOptions),
+            ("memcache://h?connections=65", ErrorKind::InvalidOptions),
             ("redis://h", ErrorKind::Config),
         ] {
             let e = MemcachedConfig::from_url(url).expect_err(url);

@@ -77,6 +77,7 @@
 mod backend;
 mod config;
 mod node;
+mod wire;
 
 pub use backend::MemcachedBackend;
 pub use config::MemcachedConfig;

@@ -2,14 +2,18 @@
 //! one vote of a quorum).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::backend::{Acquire, Capabilities, Grant, LockBackend, Release, Renew};
+use locksmith_core::backend::{
+    renew_one, Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
+};
 use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
-use memcache::exp::{AsyncMetaClient, Meta, MutationStatus, Ttl};
 use sha2::{Digest, Sha256};
-use tokio::sync::OnceCell;
+use tokio::sync::watch;
+
+use crate::wire::{Commands, Reply, Server};
 
 /// The shortest TTL: memcached counts whole seconds, and an item stored
 /// for N seconds may expire after N − 1 of them.
@@ -24,17 +28,18 @@ const CAS_TRIES: usize = 4;
 
 /// One memcached server.
 pub(crate) struct Node {
-    server: String,
+    server: Server,
     prefix: String,
     timeout: Duration,
     connect_timeout: Duration,
-    client: OnceCell<AsyncMetaClient>,
+    /// Bumped on every out-of-memory answer (see [`LockBackend::alarm`]).
+    alarm: Arc<watch::Sender<u64>>,
 }
 
 impl fmt::Debug for Node {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Node")
-            .field("server", &self.server)
+            .field("server", &self.server.addr())
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
@@ -57,26 +62,29 @@ impl Holder {
     }
 }
 
-fn value(owner: &OwnerToken, holds: u32) -> String {
-    format!("{} {holds}", owner.as_str())
+/// A lock item as read: its holder, CAS and whole seconds left.
+struct Item {
+    holder: Holder,
+    cas: u64,
+    left: Option<u64>,
 }
 
-/// The TTL sent: whole seconds rounded up, plus one, because the server
-/// may expire an item stored for N seconds after N − 1 (its clock ticks
-/// once a second). The lease then lasts at least the TTL asked for and at
-/// most two seconds more. Above 30 days the client sends the absolute time
-/// memcached requires.
-fn store_ttl(ttl: Duration) -> Ttl {
-    Ttl::from(ttl.saturating_add(RESOLUTION))
+fn value(owner: &OwnerToken, holds: u32) -> Vec<u8> {
+    format!("{} {holds}", owner.as_str()).into_bytes()
 }
 
-pub(crate) fn map_err(e: memcache::exp::Error) -> Error {
-    use memcache::exp::Error as E;
-    match e {
-        E::Io(_) | E::Timeout { .. } | E::Ambiguous { .. } | E::Server(_) => {
-            Error::unavailable("cannot reach memcached").with_source(e)
-        }
-        _ => Error::backend("memcached answered with an error").with_source(e),
+/// The TTL sent: one second more than asked, because the server may
+/// expire an item stored for N seconds after N − 1 (its clock ticks once a
+/// second); the wire rounds it up to whole seconds. The lease then lasts at
+/// least the TTL asked for and at most two seconds more.
+fn store_ttl(ttl: Duration) -> Duration {
+    ttl.saturating_add(RESOLUTION)
+}
+
+fn unexpected(reply: &Reply) -> Error {
+    match reply {
+        Reply::Refused(line) => Error::backend(format!("memcached refused a command: {line}")),
+        other => Error::backend(format!("memcached answered {other:?}")),
     }
 }
 
@@ -86,13 +94,15 @@ impl Node {
         prefix: &str,
         timeout: Duration,
         connect_timeout: Duration,
+        connections: usize,
+        alarm: Arc<watch::Sender<u64>>,
     ) -> Self {
         Node {
-            server: server.to_owned(),
+            server: Server::new(server, timeout, connect_timeout, connections),
             prefix: prefix.to_owned(),
             timeout,
             connect_timeout,
-            client: OnceCell::new(),
+            alarm,
         }
     }
 
@@ -116,60 +126,72 @@ impl Node {
         Self::item_key(&self.prefix, key)
     }
 
-    async fn client(&self) -> Result<&AsyncMetaClient> {
-        self.client
-            .get_or_try_init(|| async {
-                AsyncMetaClient::builder()
-                    .connect_timeout(Some(self.connect_timeout))
-                    .io_timeout(Some(self.timeout))
-                    .connect_async(self.server.as_str())
-                    .await
-                    .map_err(|e| {
-                        Error::unavailable(format!("cannot reach memcached at {}", self.server))
-                            .with_source(e)
-                    })
-            })
-            .await
-    }
-
-    /// `fut` within the per-request timeout: the client's own deadline
-    /// covers one exchange, this one a redial too.
+    /// `fut` within the per-request budget: waiting for a connection, a
+    /// redial, and the exchanges.
     async fn bounded<T>(&self, fut: impl std::future::Future<Output = Result<T>>) -> Result<T> {
         let budget = self.timeout + self.connect_timeout;
         match tokio::time::timeout(budget, fut).await {
             Ok(r) => r,
             Err(_) => Err(Error::unavailable(format!(
                 "no answer from memcached at {} within {budget:?}",
-                self.server
+                self.server.addr()
             ))),
         }
     }
 
-    /// The item: its holder, CAS and seconds left; `None` on a miss.
-    async fn read(
-        &self,
-        c: &AsyncMetaClient,
-        k: &str,
-    ) -> Result<Option<(Holder, u64, Option<i64>)>> {
-        let got = c
-            .get(k)
-            .meta(Meta::NONE.cas().ttl())
-            .send()
-            .await
-            .map_err(map_err)?;
-        if !got.hit() {
-            return Ok(None);
+    /// The commands' replies, one each.
+    async fn send(&self, commands: &Commands) -> Result<Vec<Reply>> {
+        let replies = self.server.exchange(commands).await?;
+        if replies.len() != commands.len() {
+            return Err(Error::backend("memcached sent too few replies"));
         }
-        let holder = got
-            .value
-            .as_deref()
-            .and_then(Holder::parse)
-            .ok_or_else(|| Error::backend(format!("the item {k:?} is not a locksmith lock")))?;
-        let cas = got
-            .item
-            .cas
-            .ok_or_else(|| Error::backend("memcached returned no CAS"))?;
-        Ok(Some((holder, cas, got.item.ttl)))
+        Ok(replies)
+    }
+
+    /// One command's reply.
+    async fn one(&self, commands: &Commands) -> Result<Reply> {
+        self.send(commands)
+            .await?
+            .pop()
+            .ok_or_else(|| Error::backend("memcached sent no reply"))
+    }
+
+    /// A full server refused a write. Nothing of ours was removed (`add`
+    /// and `cas` leave the item alone), but a full server is one where
+    /// other writers' failed stores (a meta `ms`, a `set`) unlink what
+    /// they meant to replace: the holders here are told to check their
+    /// locks now.
+    fn out_of_memory(&self, message: &str) -> Error {
+        self.alarm.send_modify(|n| *n += 1);
+        tracing::warn!(server = %self.server.addr(), "memcached is out of memory: {message}");
+        Error::unavailable(format!(
+            "memcached at {} is out of memory ({message}): it refuses new locks and renewals \
+             until items expire; give it more memory (-m) or fewer other items",
+            self.server.addr()
+        ))
+    }
+
+    /// An item from a `mg … v c t` reply; `None` on a miss.
+    fn item(&self, k: &str, reply: Reply) -> Result<Option<Item>> {
+        match reply {
+            Reply::Miss => Ok(None),
+            Reply::Value { data, cas, ttl } => {
+                let holder = Holder::parse(&data).ok_or_else(|| {
+                    Error::backend(format!("the item {k:?} is not a locksmith lock"))
+                })?;
+                Ok(Some(Item {
+                    holder,
+                    cas,
+                    left: ttl,
+                }))
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn read(&self, k: &str) -> Result<Option<Item>> {
+        let reply = self.one(Commands::default().get(k)).await?;
+        self.item(k, reply)
     }
 }
 
@@ -185,12 +207,18 @@ impl LockBackend for Node {
 
     async fn verify(&self) -> Result<()> {
         self.bounded(async {
-            let c = self.client().await?;
-            c.noop().await.map_err(map_err)
+            match self.one(Commands::default().noop()).await? {
+                Reply::Noop => Ok(()),
+                other => Err(unexpected(&other)),
+            }
         })
         .await
     }
 
+    /// `add` first: one round trip when the lock is free. When it is not
+    /// (or the server is too full to store it), the item is read, and a
+    /// lock held by another owner is `Contended` whatever the server's
+    /// memory: a full server refuses new locks, never hands out a held one.
     async fn try_acquire(
         &self,
         key: &LockKey,
@@ -199,49 +227,59 @@ impl LockBackend for Node {
     ) -> Result<Acquire> {
         let k = self.key(key);
         self.bounded(async {
-            let c = self.client().await?;
             for _ in 0..CAS_TRIES {
-                let added = c
-                    .set(&k, value(owner, 1))
-                    .add()
-                    .ttl(store_ttl(ttl))
-                    .send()
-                    .await
-                    .map_err(map_err)?;
-                if added.applied() {
-                    return Ok(Acquire::Acquired(Grant {
-                        fence: None,
-                        holds: 1,
-                        lease: None,
-                    }));
-                }
-                let Some((holder, cas, left)) = self.read(c, &k).await? else {
+                let full = match self
+                    .one(Commands::default().add(&k, &value(owner, 1), store_ttl(ttl)))
+                    .await?
+                {
+                    Reply::Stored => {
+                        return Ok(Acquire::Acquired(Grant {
+                            fence: None,
+                            holds: 1,
+                            lease: None,
+                        }))
+                    }
+                    Reply::NotStored => None,
+                    Reply::OutOfMemory(m) => Some(m),
+                    other => return Err(unexpected(&other)),
+                };
+                let Some(item) = self.read(&k).await? else {
+                    if let Some(m) = full {
+                        return Err(self.out_of_memory(&m));
+                    }
                     // Released (or expired) since our add found it held:
                     // under contention it is taken again at once, so this
                     // attempt's answer is "held", and the caller comes back.
                     return Ok(Acquire::Contended { retry_after: None });
                 };
-                if holder.owner != owner.as_str() {
-                    let retry_after = left
-                        .and_then(|s| u64::try_from(s).ok())
-                        .map(Duration::from_secs);
+                if item.holder.owner != owner.as_str() {
+                    if let Some(m) = full {
+                        self.out_of_memory(&m);
+                    }
+                    let retry_after = item.left.map(Duration::from_secs);
                     return Ok(Acquire::Contended { retry_after });
                 }
                 // Re-entry: one more hold, and the lease extended.
-                let holds = holder.holds.saturating_add(1);
-                let set = c
-                    .set(&k, value(owner, holds))
-                    .compare_cas(cas)
-                    .ttl(store_ttl(ttl))
-                    .send()
-                    .await
-                    .map_err(map_err)?;
-                if set.applied() {
-                    return Ok(Acquire::Acquired(Grant {
-                        fence: None,
-                        holds,
-                        lease: None,
-                    }));
+                let holds = item.holder.holds.saturating_add(1);
+                match self
+                    .one(Commands::default().cas(
+                        &k,
+                        &value(owner, holds),
+                        store_ttl(ttl),
+                        item.cas,
+                    ))
+                    .await?
+                {
+                    Reply::Stored => {
+                        return Ok(Acquire::Acquired(Grant {
+                            fence: None,
+                            holds,
+                            lease: None,
+                        }))
+                    }
+                    Reply::Exists | Reply::NotFound => {}
+                    Reply::OutOfMemory(m) => return Err(self.out_of_memory(&m)),
+                    other => return Err(unexpected(&other)),
                 }
             }
             Err(Error::unavailable(format!(
@@ -254,37 +292,34 @@ impl LockBackend for Node {
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
         let k = self.key(key);
         self.bounded(async {
-            let c = self.client().await?;
             for _ in 0..CAS_TRIES {
-                let Some((holder, cas, left)) = self.read(c, &k).await? else {
+                let Some(item) = self.read(&k).await? else {
                     return Ok(Release::NotHeld);
                 };
-                if holder.owner != owner.as_str() {
+                if item.holder.owner != owner.as_str() {
                     return Ok(Release::NotHeld);
                 }
-                let status = if holder.holds <= 1 {
-                    c.delete(&k)
-                        .compare_cas(cas)
-                        .send()
-                        .await
-                        .map_err(map_err)?
-                        .status
+                let last = item.holder.holds <= 1;
+                let mut c = Commands::default();
+                if last {
+                    c.delete(&k, item.cas);
                 } else {
                     // One hold fewer; the lease left is kept, never shortened.
-                    let left = left.and_then(|s| u64::try_from(s).ok()).unwrap_or(0);
-                    c.set(&k, value(owner, holder.holds - 1))
-                        .compare_cas(cas)
-                        .ttl(store_ttl(Duration::from_secs(left)))
-                        .send()
-                        .await
-                        .map_err(map_err)?
-                        .status
-                };
-                match status {
-                    MutationStatus::Applied if holder.holds <= 1 => return Ok(Release::Freed),
-                    MutationStatus::Applied => return Ok(Release::StillHeld(holder.holds - 1)),
-                    MutationStatus::NotFound => return Ok(Release::NotHeld),
-                    _ => {} // changed in between: look again
+                    let left = Duration::from_secs(item.left.unwrap_or(0));
+                    c.cas(
+                        &k,
+                        &value(owner, item.holder.holds - 1),
+                        store_ttl(left),
+                        item.cas,
+                    );
+                }
+                match self.one(&c).await? {
+                    Reply::Stored if last => return Ok(Release::Freed),
+                    Reply::Stored => return Ok(Release::StillHeld(item.holder.holds - 1)),
+                    Reply::NotFound => return Ok(Release::NotHeld),
+                    Reply::Exists => {} // changed in between: look again
+                    Reply::OutOfMemory(m) => return Err(self.out_of_memory(&m)),
+                    other => return Err(unexpected(&other)),
                 }
             }
             Err(Error::unavailable(format!(
@@ -295,56 +330,131 @@ impl LockBackend for Node {
     }
 
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        let k = self.key(key);
-        self.bounded(async {
-            let c = self.client().await?;
+        renew_one(self, key, owner, ttl).await
+    }
+
+    /// Every lease in two round trips, whatever their number: one write of
+    /// all the `mg` reads, then one of all the `cas` writes (the same value
+    /// again, with the new expiry, over the version read). `mg … T` would
+    /// touch without looking at the CAS, and could shorten another owner's
+    /// lease.
+    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        let keys: Vec<String> = requests.iter().map(|r| self.key(&r.key)).collect();
+        let mut results: Vec<Option<Result<Renew>>> = requests.iter().map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..requests.len()).collect();
+        let run = async {
             for _ in 0..CAS_TRIES {
-                let Some((holder, cas, _)) = self.read(c, &k).await? else {
-                    return Ok(Renew::NotHeld);
-                };
-                if holder.owner != owner.as_str() {
-                    return Ok(Renew::NotHeld);
+                if pending.is_empty() {
+                    break;
                 }
-                // `mg … T` would touch without checking the CAS: store the
-                // same value again, compared.
-                let set = c
-                    .set(&k, value(owner, holder.holds))
-                    .compare_cas(cas)
-                    .ttl(store_ttl(ttl))
-                    .send()
-                    .await
-                    .map_err(map_err)?;
-                match set.status {
-                    MutationStatus::Applied => return Ok(Renew::Renewed),
-                    MutationStatus::NotFound => return Ok(Renew::NotHeld),
-                    _ => {}
+                let mut reads = Commands::default();
+                for &i in &pending {
+                    reads.get(&keys[i]);
+                }
+                let replies = match self.send(&reads).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        for &i in &pending {
+                            results[i] = Some(Err(e.clone()));
+                        }
+                        return;
+                    }
+                };
+                let mut writes = Commands::default();
+                let mut written = Vec::new();
+                for (&i, reply) in pending.iter().zip(replies) {
+                    let r = &requests[i];
+                    match self.item(&keys[i], reply) {
+                        Ok(Some(item)) if item.holder.owner == r.owner.as_str() => {
+                            writes.cas(
+                                &keys[i],
+                                &value(&r.owner, item.holder.holds),
+                                store_ttl(r.ttl),
+                                item.cas,
+                            );
+                            written.push(i);
+                        }
+                        Ok(_) => results[i] = Some(Ok(Renew::NotHeld)),
+                        Err(e) => results[i] = Some(Err(e)),
+                    }
+                }
+                pending.clear();
+                if written.is_empty() {
+                    break;
+                }
+                let replies = match self.send(&writes).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        for &i in &written {
+                            results[i] = Some(Err(e.clone()));
+                        }
+                        return;
+                    }
+                };
+                let mut full: Option<Error> = None;
+                for (i, reply) in written.into_iter().zip(replies) {
+                    results[i] = match reply {
+                        Reply::Stored => Some(Ok(Renew::Renewed)),
+                        Reply::NotFound => Some(Ok(Renew::NotHeld)),
+                        // Changed in between: read it again.
+                        Reply::Exists => {
+                            pending.push(i);
+                            None
+                        }
+                        Reply::OutOfMemory(m) => Some(Err(full
+                            .get_or_insert_with(|| self.out_of_memory(&m))
+                            .clone())),
+                        other => Some(Err(unexpected(&other))),
+                    };
                 }
             }
-            Err(Error::unavailable(format!(
-                "the lock {key} kept changing under {CAS_TRIES} attempts"
-            )))
-        })
-        .await
+        };
+        let bounded = self.bounded(async {
+            run.await;
+            Ok(())
+        });
+        if bounded.await.is_err() {
+            let e = Error::unavailable(format!(
+                "no answer from memcached at {} in time to renew",
+                self.server.addr()
+            ));
+            for r in results.iter_mut().filter(|r| r.is_none()) {
+                *r = Some(Err(e.clone()));
+            }
+        }
+        results
+            .into_iter()
+            .zip(requests)
+            .map(|(r, q)| {
+                r.unwrap_or_else(|| {
+                    Err(Error::unavailable(format!(
+                        "the lock {} kept changing under {CAS_TRIES} attempts",
+                        q.key
+                    )))
+                })
+            })
+            .collect()
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
         let k = self.key(key);
         self.bounded(async {
-            let c = self.client().await?;
-            Ok(match self.read(c, &k).await? {
+            Ok(match self.read(&k).await? {
                 None => LockStatus::free(),
-                Some((holder, _, left)) => {
+                Some(item) => {
                     // `t` seconds left means somewhere in (t − 1, t].
-                    let left = left
-                        .and_then(|s| u64::try_from(s).ok())
-                        .map(|s| Duration::from_secs(s.saturating_sub(1)));
-                    LockStatus::held(holder.holds)
+                    let left = item.left.map(|s| Duration::from_secs(s.saturating_sub(1)));
+                    LockStatus::held(item.holder.holds)
                         .with_remaining(left)
-                        .with_owner(OwnerToken::from_string(holder.owner).ok())
+                        .with_owner(OwnerToken::from_string(item.holder.owner).ok())
                 }
             })
         })
         .await
+    }
+
+    fn alarm(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.alarm.subscribe())
     }
 }
 
@@ -372,8 +482,14 @@ mod tests {
     }
 
     #[test]
-    fn ttls_round_up_and_add_a_tick() {
-        assert_eq!(store_ttl(Duration::from_millis(2000)), Ttl::secs(3));
-        assert_eq!(store_ttl(Duration::from_millis(2001)), Ttl::secs(4));
+    fn ttls_add_a_tick() {
+        assert_eq!(
+            store_ttl(Duration::from_millis(2000)),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            store_ttl(Duration::from_millis(2001)),
+            Duration::from_millis(3001)
+        );
     }
 }

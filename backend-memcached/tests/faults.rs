@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{item_keys, quorum_servers, server, unique_prefix};
+use common::{free_port, item_keys, quorum_servers, server, unique_prefix, OwnServer};
 use locksmith_conformance::quorum::acquire_succeeds_iff_a_majority_is_free;
 use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
 use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
@@ -232,79 +232,12 @@ async fn racing_clients_see_grants_or_contention_never_errors() {
     assert!(total > 0, "nobody got the lock");
 }
 
-/// A memcached server of this test's own, restartable at will.
-struct OwnServer {
-    port: u16,
-    child: std::process::Child,
-}
-
-impl OwnServer {
-    fn start(port: u16) -> OwnServer {
-        let user = if Command::new("id")
-            .arg("memcache")
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            "memcache"
-        } else {
-            "nobody"
-        };
-        let child = Command::new("memcached")
-            .args([
-                "-l",
-                "127.0.0.1",
-                "-U",
-                "0",
-                "-M",
-                "-m",
-                "16",
-                "-u",
-                user,
-                "-p",
-            ])
-            .arg(port.to_string())
-            .spawn()
-            .expect("memcached runs (scripts/test installs it)");
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "memcached on {port} did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        OwnServer { port, child }
-    }
-
-    /// Kills it and starts it again, empty, as a restart leaves it.
-    fn restart(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        *self = OwnServer::start(self.port);
-    }
-}
-
-impl Drop for OwnServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Servers restarted one at a time, never two down at once: the holder's
 /// renewals put its vote back on a restarted (empty) server, so a second
 /// restart does not leave a majority free for another owner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_of_the_quorum_keeps_the_lock() {
-    let mut servers: Vec<OwnServer> = (0..3).map(|_| OwnServer::start(free_port())).collect();
+    let mut servers: Vec<OwnServer> = (0..3).map(|_| OwnServer::start(free_port(), 16)).collect();
     let url = format!(
         "memcache://{}?prefix={}&timeout=250ms",
         servers

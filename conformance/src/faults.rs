@@ -114,6 +114,9 @@ impl<O: Observer> LockBackend for Observed<O> {
         self.observer.gate().await?;
         self.inner.abandon(key, owner, ticket).await
     }
+    fn alarm(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner.alarm()
+    }
 }
 
 /// The switch of a [`Partition`].

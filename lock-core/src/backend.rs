@@ -408,6 +408,16 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
         let _ = (key, owner, ticket);
         Ok(())
     }
+
+    /// A counter the backend bumps whenever an answer showed that the
+    /// store may have dropped locks without telling their holders (a
+    /// memcached server out of memory). The `Locker` then renews every
+    /// lease it holds at once, instead of at its next period, so a lost
+    /// lock is noticed in a round trip. `None` (the default): the store
+    /// never drops a lock silently, or cannot tell.
+    fn alarm(&self) -> Option<watch::Receiver<u64>> {
+        None
+    }
 }
 
 /// Forwards every method, so a wrapper never silently falls back to a default.
@@ -460,6 +470,9 @@ macro_rules! forward_backend {
                 ticket: &OwnerToken,
             ) -> Result<()> {
                 (**self).abandon(key, owner, ticket).await
+            }
+            fn alarm(&self) -> Option<watch::Receiver<u64>> {
+                (**self).alarm()
             }
         }
     )*};

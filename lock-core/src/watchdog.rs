@@ -246,9 +246,28 @@ impl Watchdog {
         }
     }
 
+    /// Makes every lease not already being renewed due now, its backoff
+    /// forgotten: the store said it may have dropped locks.
+    fn renew_all_now(&self) {
+        let now = Instant::now();
+        let mut st = self.lock();
+        tracing::warn!(
+            leases = st.entries.len(),
+            "the store may have dropped locks; renewing every lease now"
+        );
+        for e in st.entries.values_mut().filter(|e| e.renew_every.is_some()) {
+            e.next_renew = now;
+            e.failures = 0;
+        }
+    }
+
     async fn run(this: Weak<Self>, wake: Arc<Notify>) {
         let mut in_flight: FuturesUnordered<futures::future::BoxFuture<'static, Batch>> =
             FuturesUnordered::new();
+        let mut alarm = this.upgrade().and_then(|w| w.backend.alarm());
+        if let Some(a) = alarm.as_mut() {
+            a.mark_unchanged();
+        }
         loop {
             let Some(strong) = this.upgrade() else { return };
             let now = Instant::now();
@@ -349,6 +368,7 @@ impl Watchdog {
                 }
                 _ = tokio::time::sleep_until(sleep_until.into()) => {}
                 _ = wake.notified() => {}
+                Some(()) = alarmed(&mut alarm) => strong.renew_all_now(),
             }
         }
     }
@@ -359,4 +379,14 @@ fn jitter(d: Duration) -> Duration {
     let mut b = [0u8; 2];
     let r = getrandom::fill(&mut b).map_or(u16::MAX, |()| u16::from_le_bytes(b));
     d / 2 + (d / 2).mul_f64(f64::from(r) / f64::from(u16::MAX))
+}
+
+/// The next alarm from the backend; never, if it raises none (or is gone).
+async fn alarmed(alarm: &mut Option<watch::Receiver<u64>>) -> Option<()> {
+    if let Some(a) = alarm {
+        if a.changed().await.is_ok() {
+            return Some(());
+        }
+    }
+    std::future::pending().await
 }

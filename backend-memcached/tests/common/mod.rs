@@ -146,3 +146,128 @@ impl Harness for McHarness {
         Ok(most)
     }
 }
+
+/// A memcached server of a test's own (`-M`, `megabytes` of memory),
+/// restartable at will, killed when dropped.
+pub struct OwnServer {
+    pub port: u16,
+    megabytes: u32,
+    child: std::process::Child,
+}
+
+impl OwnServer {
+    pub fn start(port: u16, megabytes: u32) -> OwnServer {
+        use std::process::Command;
+        let user = if Command::new("id")
+            .arg("memcache")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            "memcache"
+        } else {
+            "nobody"
+        };
+        let child = Command::new("memcached")
+            .args(["-l", "127.0.0.1", "-U", "0", "-M", "-u", user, "-m"])
+            .arg(megabytes.to_string())
+            .arg("-p")
+            .arg(port.to_string())
+            .spawn()
+            .expect("memcached runs (scripts/test installs it)");
+        let start = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "memcached on {port} did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        OwnServer {
+            port,
+            megabytes,
+            child,
+        }
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Kills it and starts it again, empty, as a restart leaves it.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        *self = OwnServer::start(self.port, self.megabytes);
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One raw command and its first reply line (and the value line after a
+/// `VA`), on a connection of its own.
+pub async fn raw(server: &str, command: &[u8]) -> anyhow::Result<String> {
+    let mut s = BufReader::new(TcpStream::connect(server).await?);
+    s.get_mut().write_all(command).await?;
+    let mut line = String::new();
+    s.read_line(&mut line).await?;
+    if line.starts_with("VA ") {
+        s.read_line(&mut line).await?;
+    }
+    Ok(line)
+}
+
+/// Fills `server` with never-expiring items of the size of a lock item
+/// (keys of `key_len` bytes, values of `value_len`), in the lock's slab
+/// class, until a fresh `add` of that size is refused for want of memory.
+/// Returns how many items it stored.
+pub async fn fill_until_full(
+    server: &str,
+    key_len: usize,
+    value_len: usize,
+) -> anyhow::Result<usize> {
+    let mut s = BufReader::new(TcpStream::connect(server).await?);
+    let value = "f".repeat(value_len);
+    let key = |i: usize| {
+        let n = format!("{i}");
+        format!("fill{}{n}", "-".repeat(key_len.saturating_sub(4 + n.len())))
+    };
+    // Each call its own keys: a second fill must not overwrite the first.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let base = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) * 100_000_000;
+    let mut stored = 0;
+    while stored < 5_000_000 {
+        let mut batch = String::new();
+        for i in base + stored..base + stored + 1000 {
+            batch.push_str(&format!(
+                "set {} 0 0 {value_len} noreply\r\n{value}\r\n",
+                key(i)
+            ));
+        }
+        stored += 1000;
+        let probe = key(base + stored + 10_000_000);
+        batch.push_str(&format!("add {probe} 0 0 {value_len}\r\n{value}\r\n"));
+        s.get_mut().write_all(batch.as_bytes()).await?;
+        let mut line = String::new();
+        s.read_line(&mut line).await?;
+        if line.contains("out of memory") {
+            return Ok(stored);
+        }
+        anyhow::ensure!(line == "STORED\r\n", "filling {server}: {line:?}");
+    }
+    anyhow::bail!("{server} took 5 million items without filling up: is it running with -M?")
+}

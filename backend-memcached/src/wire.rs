@@ -1,0 +1,331 @@
+//! The memcached text protocol, as this backend speaks it: a bounded set of
+//! connections to one server, each carrying one exchange at a time, and
+//! exchanges that send many commands in one write (pipelined).
+//!
+//! Only the commands whose failure cannot remove a live lock are sent
+//! (see the crate docs, "A full server"): `add` and `cas` (classic
+//! commands, which leave the item alone when they cannot allocate; the meta
+//! `ms` unlinks it), `mg` and `md` (which allocate nothing) and `mn`.
+
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use locksmith_core::{Error, Result};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::{Mutex, MutexGuard};
+
+/// memcached takes an expiry above 30 days as a Unix time, not seconds.
+const RELATIVE_LIMIT: u64 = 30 * 24 * 3600;
+/// The longest reply line read: a line never holds a value.
+const MAX_LINE: u64 = 8 * 1024;
+/// The largest value read back (memcached's default item limit).
+const MAX_VALUE: usize = 1024 * 1024;
+
+/// One command's answer.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// `VA`: the item, its CAS, and whole seconds left (`None`: no expiry).
+    Value {
+        data: Vec<u8>,
+        cas: u64,
+        ttl: Option<u64>,
+    },
+    /// `EN`: no such item.
+    Miss,
+    /// `STORED`, or `HD` from `md`.
+    Stored,
+    /// `NOT_STORED`: `add` found the key taken.
+    NotStored,
+    /// `EXISTS`/`EX`: the CAS did not match.
+    Exists,
+    /// `NOT_FOUND`/`NF`.
+    NotFound,
+    /// `MN`.
+    Noop,
+    /// `SERVER_ERROR out of memory …`: a write refused for want of memory.
+    OutOfMemory(String),
+    /// Any other error line the server sent for this command.
+    Refused(String),
+}
+
+/// Commands to send in one write.
+#[derive(Debug, Default)]
+pub(crate) struct Commands {
+    buf: Vec<u8>,
+    count: usize,
+}
+
+impl Commands {
+    /// How many commands, and so replies.
+    pub(crate) fn len(&self) -> usize {
+        self.count
+    }
+
+    /// `mg <key> v c t`: the value, its CAS and seconds left.
+    pub(crate) fn get(&mut self, key: &str) -> &mut Self {
+        self.line(format_args!("mg {key} v c t"))
+    }
+
+    /// `add <key> 0 <exptime> <len>`: store only if absent.
+    pub(crate) fn add(&mut self, key: &str, value: &[u8], ttl: Duration) -> &mut Self {
+        self.line(format_args!("add {key} 0 {} {}", exptime(ttl), value.len()));
+        self.data(value)
+    }
+
+    /// `cas <key> 0 <exptime> <len> <cas>`: store only over that version.
+    pub(crate) fn cas(&mut self, key: &str, value: &[u8], ttl: Duration, cas: u64) -> &mut Self {
+        self.line(format_args!(
+            "cas {key} 0 {} {} {cas}",
+            exptime(ttl),
+            value.len()
+        ));
+        self.data(value)
+    }
+
+    /// `md <key> C<cas>`: delete only that version.
+    pub(crate) fn delete(&mut self, key: &str, cas: u64) -> &mut Self {
+        self.line(format_args!("md {key} C{cas}"))
+    }
+
+    /// `mn`: a no-op, answered `MN`.
+    pub(crate) fn noop(&mut self) -> &mut Self {
+        self.line(format_args!("mn"))
+    }
+
+    fn line(&mut self, text: std::fmt::Arguments<'_>) -> &mut Self {
+        use std::io::Write;
+        let _ = write!(self.buf, "{text}\r\n");
+        self.count += 1;
+        self
+    }
+
+    fn data(&mut self, value: &[u8]) -> &mut Self {
+        self.buf.extend_from_slice(value);
+        self.buf.extend_from_slice(b"\r\n");
+        self
+    }
+}
+
+/// The expiry field for `ttl`: whole seconds rounded up, and as a Unix
+/// time past 30 days, as memcached requires.
+fn exptime(ttl: Duration) -> u64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    if secs <= RELATIVE_LIMIT {
+        return secs.max(1);
+    }
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    now.saturating_add(secs)
+}
+
+/// One open connection.
+struct Conn {
+    stream: BufReader<TcpStream>,
+}
+
+impl Conn {
+    /// Whether a pooled connection can carry another exchange: nothing
+    /// unread, and the server has not closed it (a restart, an idle
+    /// timeout). No round trip: a non-blocking read.
+    fn reusable(&self) -> bool {
+        if !self.stream.buffer().is_empty() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        matches!(self.stream.get_ref().try_read(&mut probe),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    async fn exchange(&mut self, commands: &Commands) -> io::Result<Vec<Reply>> {
+        self.stream.get_mut().write_all(&commands.buf).await?;
+        let mut replies = Vec::with_capacity(commands.count);
+        for _ in 0..commands.count {
+            replies.push(self.reply().await?);
+        }
+        Ok(replies)
+    }
+
+    async fn reply(&mut self) -> io::Result<Reply> {
+        let mut line = Vec::new();
+        (&mut self.stream)
+            .take(MAX_LINE)
+            .read_until(b'\n', &mut line)
+            .await?;
+        let Some(line) = line.strip_suffix(b"\r\n") else {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the connection ended inside a reply",
+            ));
+        };
+        let text = std::str::from_utf8(line).map_err(|_| bad("a reply that is not text"))?;
+        let (word, rest) = text.split_once(' ').unwrap_or((text, ""));
+        Ok(match word {
+            "VA" => {
+                let mut fields = rest.split(' ');
+                let size: usize = fields
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .filter(|&s| s <= MAX_VALUE)
+                    .ok_or_else(|| bad("a VA reply without a size"))?;
+                let (mut cas, mut ttl) = (None, None);
+                for f in fields {
+                    if let Some(c) = f.strip_prefix('c') {
+                        cas = c.parse().ok();
+                    } else if let Some(t) = f.strip_prefix('t') {
+                        ttl = t.parse::<i64>().ok();
+                    }
+                }
+                let mut data = vec![0; size + 2];
+                self.stream.read_exact(&mut data).await?;
+                if !data.ends_with(b"\r\n") {
+                    return Err(bad("a value not ended by CRLF"));
+                }
+                data.truncate(size);
+                Reply::Value {
+                    data,
+                    cas: cas.ok_or_else(|| bad("a VA reply without its CAS"))?,
+                    ttl: ttl.and_then(|t| u64::try_from(t).ok()),
+                }
+            }
+            "EN" => Reply::Miss,
+            "STORED" | "HD" => Reply::Stored,
+            "NOT_STORED" | "NS" => Reply::NotStored,
+            "EXISTS" | "EX" => Reply::Exists,
+            "NOT_FOUND" | "NF" => Reply::NotFound,
+            "MN" => Reply::Noop,
+            "SERVER_ERROR" if rest.contains("out of memory") => Reply::OutOfMemory(rest.to_owned()),
+            "SERVER_ERROR" | "CLIENT_ERROR" | "ERROR" => Reply::Refused(text.to_owned()),
+            _ => return Err(bad("a reply memcached does not send")),
+        })
+    }
+}
+
+fn bad(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("memcached sent {what}"))
+}
+
+/// At most `connections` connections to one server, opened as needed and
+/// kept; an exchange waits for a free one rather than opening more.
+pub(crate) struct Server {
+    addr: String,
+    timeout: Duration,
+    connect_timeout: Duration,
+    slots: Vec<Mutex<Option<Conn>>>,
+    next: AtomicUsize,
+}
+
+impl Server {
+    pub(crate) fn new(
+        addr: &str,
+        timeout: Duration,
+        connect_timeout: Duration,
+        connections: usize,
+    ) -> Self {
+        Server {
+            addr: addr.to_owned(),
+            timeout,
+            connect_timeout,
+            slots: (0..connections.max(1)).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// `host:port`.
+    pub(crate) fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// A free connection slot, or the next one in turn to wait for (the
+    /// lock is fair: waiters are served in order).
+    async fn slot(&self) -> MutexGuard<'_, Option<Conn>> {
+        for s in &self.slots {
+            if let Ok(g) = s.try_lock() {
+                return g;
+            }
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        self.slots[i].lock().await
+    }
+
+    async fn dial(&self) -> Result<Conn> {
+        let connect = TcpStream::connect(self.addr.as_str());
+        let stream = match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                return Err(
+                    Error::unavailable(format!("cannot reach memcached at {}", self.addr))
+                        .with_source(e),
+                )
+            }
+            Err(_) => {
+                return Err(Error::unavailable(format!(
+                    "no connection to memcached at {} within {:?}",
+                    self.addr, self.connect_timeout
+                )))
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        Ok(Conn {
+            stream: BufReader::new(stream),
+        })
+    }
+
+    /// Sends `commands` in one write and reads one reply each, in order.
+    /// The connection is kept only after a whole exchange: one that failed,
+    /// timed out or was cancelled midway may hold half a reply, and is
+    /// closed.
+    pub(crate) async fn exchange(&self, commands: &Commands) -> Result<Vec<Reply>> {
+        let mut slot = self.slot().await;
+        let mut conn = match slot.take() {
+            Some(c) if c.reusable() => c,
+            _ => self.dial().await?,
+        };
+        match tokio::time::timeout(self.timeout, conn.exchange(commands)).await {
+            Ok(Ok(replies)) => {
+                *slot = Some(conn);
+                Ok(replies)
+            }
+            Ok(Err(e)) => Err(Error::unavailable(format!(
+                "the connection to memcached at {} failed",
+                self.addr
+            ))
+            .with_source(e)),
+            Err(_) => Err(Error::unavailable(format!(
+                "no answer from memcached at {} within {:?}",
+                self.addr, self.timeout
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiries_round_up_and_switch_to_unix_time_past_30_days() {
+        assert_eq!(exptime(Duration::from_millis(2000)), 2);
+        assert_eq!(exptime(Duration::from_millis(2001)), 3);
+        assert_eq!(exptime(Duration::from_millis(1)), 1);
+        assert_eq!(exptime(Duration::from_secs(RELATIVE_LIMIT)), RELATIVE_LIMIT);
+        let far = exptime(Duration::from_secs(RELATIVE_LIMIT + 1));
+        assert!(far > 1_700_000_000, "{far}");
+    }
+
+    #[test]
+    fn commands_are_framed_as_the_protocol_says() {
+        let mut c = Commands::default();
+        c.get("k").add("k", b"o 1", Duration::from_secs(3));
+        c.cas("k", b"o 2", Duration::from_secs(3), 7)
+            .delete("k", 7)
+            .noop();
+        assert_eq!(c.len(), 5);
+        assert_eq!(
+            String::from_utf8(c.buf).unwrap(),
+            "mg k v c t\r\nadd k 0 3 3\r\no 1\r\ncas k 0 3 3 7\r\no 2\r\nmd k C7\r\nmn\r\n"
+        );
+    }
+}
