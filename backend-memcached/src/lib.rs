@@ -4,33 +4,47 @@
 //! # The scheme
 //!
 //! A lock is one item whose value is `<owner token> <holds>`.
-//! - **Acquire** is `ms <key> ME T<ttl>` ("add" mode): the first writer
-//!   wins. A lock already held is read with `mg v c t`; another owner's is
-//!   `Contended` (with its seconds left as the latest time to look again),
-//!   and our own gets one more hold, stored with `C<cas>`.
-//! - **Release** reads the item (`mg v c`), checks the owner, then deletes
-//!   it with `md <key> C<cas>` (or stores one hold fewer with `C<cas>`).
+//! - **Acquire** is `add <key> 0 <ttl>`: the first writer wins. A lock
+//!   already held is read with `mg v c t`; another owner's is `Contended`
+//!   (with its seconds left as the latest time to look again), and our own
+//!   gets one more hold, stored with `cas`.
+//! - **Release** reads the item (`mg v c t`), checks the owner, then deletes
+//!   it with `md <key> C<cas>` (or stores one hold fewer with `cas`).
 //! - **Renew** reads the item, checks the owner, and stores the same value
-//!   again with `C<cas> T<ttl>`.
+//!   again with `cas` and the new expiry.
 //!
 //! The CAS makes each write conditional on nothing having changed since
 //! the read, so a holder whose lease ran out and was taken over reads the
 //! new owner's token and gets `NotHeld` without writing anything: never a
-//! plain `delete`, never a `touch` (`mg … T` touches without looking at
-//! the CAS). The CAS is read again every time, never cached: memcached
-//! restarts its CAS counter at 1, so a cached one could match another
-//! owner's item after a restart. (A restart *between* our read and our
-//! write, with the new counter reaching the value we read within that one
-//! round trip, is the window left.)
+//! plain `delete`, never a `touch` (which looks at no CAS, and could
+//! shorten another owner's lease). The CAS is read again every time, never
+//! cached: memcached restarts its CAS counter at 1, so a cached one could
+//! match another owner's item after a restart. (A restart *between* our
+//! read and our write, with the new counter reaching the value we read
+//! within that one round trip, is the window left.)
+//!
+//! # A full server
+//!
+//! memcached's meta `ms` (in every mode, "add" included) and classic `set`
+//! unlink the existing item when they cannot allocate the new one; `add`
+//! and `cas` leave it alone, and `mg` and `md` allocate nothing (its
+//! `proto_text.c`, 1.6.18 to today). So this backend sends only those:
+//! on a full server started with `-M`, a held lock stays held, contenders
+//! are told `Contended`, and new locks and renewals are refused with
+//! `Unavailable` ("out of memory"). Any out-of-memory answer also raises
+//! the backend's [`alarm`](locksmith_core::backend::LockBackend::alarm):
+//! other writers to a full server (an older client using `ms`) may have
+//! unlinked locks, and the `Locker` checks each of its own at once.
 //!
 //! # Client
 //!
-//! The `memcache` crate's async meta-protocol client
-//! (`memcache::exp::AsyncMetaClient`, on tokio): its classic client blocks
-//! a thread per call and checks each pooled connection with an extra
-//! round trip. One client per server: the crate's own multi-server mode
-//! hashes keys across servers, which moves a lock to a server that knows
-//! nothing of it when one fails.
+//! The text protocol, spoken here (`wire.rs`): at most `connections`
+//! connections per server (default 4), each carrying one exchange at a
+//! time; renewals of a batch go as one write of `mg` reads and one of
+//! `cas` writes. The `memcache` crate's meta client sends `ms`, and opened
+//! a connection per concurrent request. One client per server: a client's
+//! multi-server mode hashes keys across servers, which moves a lock to a
+//! server that knows nothing of it when one fails.
 //!
 //! # Time
 //!
@@ -42,8 +56,9 @@
 //! # No fencing tokens
 //!
 //! memcached keeps no durable counter: an item can be evicted under memory
-//! pressure (run the server with `-M` to refuse writes instead) and a
-//! restart forgets everything, the CAS counter included. A lock whose item
+//! pressure (run the server with `-M` to refuse writes instead: see "A
+//! full server") and a restart forgets everything, the CAS counter
+//! included. A lock whose item
 //! vanished early is noticed at its next renewal, which finds it gone:
 //! the lost signal fires.
 //!
@@ -63,10 +78,10 @@
 //!   leave a majority free for another owner. Stagger restarts by more
 //!   than a renewal period (Redlock's own rule, keeping a restarted node
 //!   out for one TTL, is the safe one, and memcached cannot enforce it).
-//! - **An undo can overtake the request it undoes.** The client sends them
-//!   on different pooled connections, so an acquire that timed out after
-//!   it was sent may still land after the undo looked: that vote then stays
-//!   until its TTL.
+//! - **An undo can overtake the request it undoes.** The client may send
+//!   them on different pooled connections, so an acquire that timed out
+//!   after it was sent may still land after the undo looked: that vote then
+//!   stays until its TTL.
 //!
 //! # Keys
 //!

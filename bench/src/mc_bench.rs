@@ -1,15 +1,16 @@
 //! `locksmith-bench memcached`: our memcached locks beside Python sherlock's
 //! `MCLock` and pymemcache's bare `add`/`delete` (run as subprocesses,
-//! `bench/mc_sherlock.py`), and the floor: the same meta commands our
-//! backend sends (`ms ME` to take, `mg v c` then `md C` to give back),
-//! sent raw through the same client.
+//! `bench/mc_sherlock.py`), and the floor: the same commands our backend
+//! sends (`add` to take, `mg v c` then `md C` to give back), written raw on
+//! one socket.
 
 use std::time::Duration;
 
 use locksmith::backend::LockBackend;
 use locksmith::memcached::MemcachedBackend;
 use locksmith::{LockKey, Locker, OwnerToken};
-use memcache::exp::{AsyncMetaClient, Meta, Ttl};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
 
 use crate::baseline::{contention, python, uncontended_table};
 use crate::redis_bench::{backend_pairs, locker_pairs, pairs_per_sec};
@@ -25,33 +26,34 @@ fn sherlock(args: &[&str]) -> Result<serde_json::Value, String> {
     )
 }
 
-async fn raw_pairs(client: &AsyncMetaClient, key: &str, iterations: u32) {
+/// One command, its reply line, and the value line after a `VA`.
+async fn ask(conn: &mut BufReader<TcpStream>, command: &str) -> String {
+    conn.get_mut()
+        .write_all(command.as_bytes())
+        .await
+        .expect("write");
+    let mut reply = String::new();
+    conn.read_line(&mut reply).await.expect("read");
+    if reply.starts_with("VA ") {
+        conn.read_line(&mut reply).await.expect("read");
+    }
+    reply
+}
+
+async fn raw_pairs(conn: &mut BufReader<TcpStream>, key: &str, iterations: u32) {
     let owner = OwnerToken::generate();
     let value = format!("{} 1", owner.as_str());
+    let add = format!("add {key} 0 31 {}\r\n{value}\r\n", value.len());
+    let get = format!("mg {key} v c\r\n");
     for _ in 0..iterations {
-        let added = client
-            .set(key, &value)
-            .add()
-            .ttl(Ttl::secs(31))
-            .send()
-            .await
-            .expect("add");
-        assert!(added.applied(), "uncontended");
-        let got = client
-            .get(key)
-            .meta(Meta::NONE.cas())
-            .send()
-            .await
-            .expect("mg");
-        let cas = got.item.cas.expect("cas");
-        assert_eq!(got.value.as_deref(), Some(value.as_bytes()));
-        let gone = client
-            .delete(key)
-            .compare_cas(cas)
-            .send()
-            .await
-            .expect("md");
-        assert!(gone.applied());
+        assert_eq!(ask(conn, &add).await, "STORED\r\n", "uncontended");
+        let got = ask(conn, &get).await;
+        assert!(got.ends_with(&format!("{value}\r\n")), "{got:?}");
+        let cas = got
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix('c'))
+            .expect("cas");
+        assert_eq!(ask(conn, &format!("md {key} C{cas}\r\n")).await, "HD\r\n");
     }
 }
 
@@ -64,9 +66,11 @@ pub(crate) async fn run(
 ) -> Result<(), String> {
     let tag = OwnerToken::generate().as_str()[..8].to_owned();
     let url = format!("memcache://{server}?prefix=bench-{tag}:");
-    let raw = AsyncMetaClient::connect(server)
-        .await
-        .map_err(|e| format!("cannot reach memcached at {server}: {e}"))?;
+    let mut raw = BufReader::new(
+        TcpStream::connect(server)
+            .await
+            .map_err(|e| format!("cannot reach memcached at {server}: {e}"))?,
+    );
     let backend = MemcachedBackend::connect(&url).map_err(|e| e.to_string())?;
     backend.verify().await.map_err(|e| e.chain())?;
     let locker = Locker::new(MemcachedBackend::connect(&url).map_err(|e| e.to_string())?);
@@ -80,7 +84,7 @@ pub(crate) async fn run(
             let r = match path {
                 0 => {
                     let key = format!("bench-{tag}:raw");
-                    pairs_per_sec(iterations, || raw_pairs(&raw, &key, iterations)).await
+                    pairs_per_sec(iterations, || raw_pairs(&mut raw, &key, iterations)).await
                 }
                 1 | 2 => {
                     let mode = if path == 1 { "uncontended" } else { "raw" };
@@ -117,7 +121,7 @@ pub(crate) async fn run(
     uncontended_table(
         "sherlock",
         &[
-            "raw ms ME; mg v c + md C (floor)",
+            "raw add; mg v c + md C (floor)",
             "sherlock MCLock",
             "pymemcache add/delete (unsafe)",
             "MemcachedBackend",

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use locksmith::backend::{Binding, RedactedUrl};
+use locksmith::backend::{store_of, Binding, RedactedUrl, Store};
 use locksmith::{Error, LockKey, OwnerToken, Result};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -24,6 +24,7 @@ use super::CheckArgs;
 
 mod harness;
 pub(crate) mod history;
+mod memory;
 mod resource;
 pub(crate) mod worker;
 
@@ -219,6 +220,18 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
                 e.servers.len(),
                 silent.join(", ")
             );
+        }
+    }
+    // A memcached lock server that evicts, or is nearly full, loses or
+    // refuses locks whatever the client does: say so before the run.
+    if let (Some(e), Ok(Store::Memcached)) = (endpoints.as_ref(), store_of(&url)) {
+        let addrs = e.resolve(&url).await.unwrap_or_default();
+        for (name, addr) in e.servers.iter().zip(addrs) {
+            if let Some(m) = memory::Memory::read(addr).await {
+                for w in m.warnings(name) {
+                    eprintln!("locksmith check: warning: {w}");
+                }
+            }
         }
     }
     let conformance = if args.no_conformance {
