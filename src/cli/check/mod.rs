@@ -17,6 +17,7 @@ use serde::Serialize;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use super::endpoints::{closed_port, Endpoints};
 use super::proxy::{self, Control};
@@ -487,6 +488,29 @@ async fn fault_run(
     let counts: Arc<std::sync::Mutex<BTreeMap<&'static str, u64>>> = Arc::default();
     let total = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
+    // Fixed now, not when the nemesis loop next looks at the clock: no
+    // section may begin past the duration asked for.
+    let end = started + args.duration;
+    resource.cut_off(history::mono_ns().saturating_add(args.duration.as_nanos() as u64));
+    // Ctrl-C or SIGTERM cuts the run off the moment it comes, whatever the
+    // nemesis is doing; what the run saw until then is still judged.
+    let stop = CancellationToken::new();
+    let interrupted: Arc<std::sync::Mutex<Option<(Signal, Instant)>>> = Arc::default();
+    let signals = {
+        let mut sigint = signal(SignalKind::interrupt()).ok();
+        let mut sigterm = signal(SignalKind::terminate()).ok();
+        let (resource, stop, interrupted) = (resource.clone(), stop.clone(), interrupted.clone());
+        tokio::spawn(async move {
+            let sig = tokio::select! {
+                Some(()) = recv(&mut sigint) => Signal::SIGINT,
+                Some(()) = recv(&mut sigterm) => Signal::SIGTERM,
+                else => return,
+            };
+            resource.cut_off(history::mono_ns());
+            *interrupted.lock().unwrap_or_else(|e| e.into_inner()) = Some((sig, Instant::now()));
+            stop.cancel();
+        })
+    };
     let progress = {
         let (resource, total, duration) = (resource.clone(), total.clone(), args.duration);
         let tty = std::io::stderr().is_terminal();
@@ -515,18 +539,18 @@ async fn fault_run(
     // The nemesis: a new fault every 50-250 ms while fewer than half the
     // workers are under one, so the rest keep taking the lock.
     let max_busy = (args.workers as usize / 2).max(1);
-    let mut tasks = Vec::new();
+    let mut tasks: Vec<tokio::task::JoinHandle<()>> = Vec::new();
     let mut exited = 0u64;
-    // Ctrl-C or SIGTERM ends the run early; what it saw is still judged.
-    let mut interrupted = None;
-    let mut sigint = signal(SignalKind::interrupt()).ok();
-    let mut sigterm = signal(SignalKind::terminate()).ok();
-    while started.elapsed() < args.duration {
+    while Instant::now() < end && !stop.is_cancelled() {
         let tick = Duration::from_millis(50 + worker::rand_below(200));
         tokio::select! {
             () = tokio::time::sleep(tick) => {}
-            Some(()) = recv(&mut sigint) => { interrupted = Some(Signal::SIGINT); break; }
-            Some(()) = recv(&mut sigterm) => { interrupted = Some(Signal::SIGTERM); break; }
+            () = tokio::time::sleep_until(end.into()) => break,
+            () = stop.cancelled() => break,
+        }
+        // A worker refused a section at the cut-off has ended: not replaced.
+        if Instant::now() >= end {
+            break;
         }
         // A worker that ended by itself (it could not connect, say) is
         // counted and replaced, so contention does not quietly drop.
@@ -563,6 +587,9 @@ async fn fault_run(
             let mut holding: Vec<&Arc<Slot>> = Vec::new();
             if matches!(fault, Fault::Kill | Fault::Pause) {
                 for _ in 0..100 {
+                    if stop.is_cancelled() {
+                        break;
+                    }
                     let holders = resource.holders();
                     holding = free
                         .iter()
@@ -599,23 +626,33 @@ async fn fault_run(
             tasks.retain(|t| !t.is_finished());
         }
     }
-    for t in tasks {
-        let _ = t.await;
-    }
     progress.abort();
+    signals.abort();
     if text && std::io::stderr().is_terminal() {
         eprintln!();
     }
-    if let Some(sig) = interrupted {
+    let interrupted = *interrupted.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((sig, at)) = interrupted {
         eprintln!(
-            "locksmith check: {sig} after {}s; stopping the fault run and judging what it saw",
-            started.elapsed().as_secs()
+            "locksmith check: {sig} at {:.1}s; no section begins after it; stopping the fault \
+             run and judging what it saw",
+            at.saturating_duration_since(started).as_secs_f64()
         );
         // Then end by that signal, as a shell expects of an interrupted command.
         super::die_by_signal_on_exit(sig);
     }
 
-    // Stop: every worker sees its stdin close, releases and exits.
+    // Stop now, not when the faults would have ended (a pause or partition
+    // outlasts the lease): the faults are lifted below, so a frozen or
+    // cut-off holder finishes the section it began in time, and is judged.
+    for t in &tasks {
+        t.abort();
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    // Every worker is thawed, reconnected, and sees its stdin close; it
+    // releases and exits.
     for slot in &slots {
         slot.ctl.heal();
         slot.ctl.set_latency(Duration::ZERO);
