@@ -377,3 +377,30 @@ fn the_shortest_ttl_accepted_is_one_renewal_keeps() {
         }
     }
 }
+
+/// `-v` on ZooKeeper: a renewal is trusted for the session timeout, not the
+/// TTL, and the log says which lease it trusts.
+#[cfg(feature = "zookeeper")]
+#[test]
+fn verbose_renewals_on_zookeeper_name_the_session_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let zk =
+        std::env::var("LOCKSMITH_TEST_ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into());
+    let url = format!("{zk}/locksmith-cli?session_timeout=2s");
+    let key = format!("verbose-lease-{}", std::process::id());
+    // Renewals every third of the 2 s session: a few in 2 s.
+    let o = output(locksmith(
+        dir.path(),
+        &[
+            "-v", "run", "--url", &url, "--key", &key, "--ttl", "30s", "--", "sleep", "2",
+        ],
+    ));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(code(&o), 0, "{err}");
+    let renewed: Vec<&str> = err.lines().filter(|l| l.contains("lock renewed")).collect();
+    assert!(!renewed.is_empty(), "no renewal logged:\n{err}");
+    for line in renewed {
+        assert!(line.contains(" lease=2s"), "{line}");
+        assert!(!line.contains(" ttl=30s"), "the TTL, unlabelled: {line}");
+    }
+}
