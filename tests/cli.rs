@@ -217,7 +217,14 @@ fn a_lost_lock_terminates_the_command_and_exits_70() {
     );
     let mut err = String::new();
     std::io::Read::read_to_string(holder.stderr.as_mut().unwrap(), &mut err).unwrap();
-    assert!(err.contains("lock lost"), "{err}");
+    // Said last: lost, why, and what became of the command.
+    let last = err.trim_end().lines().last().unwrap_or_default();
+    assert_eq!(
+        last,
+        "locksmith: lock lost: the store says it is no longer held; the command was terminated \
+         (SIGKILL); exit 70",
+        "{err}"
+    );
 }
 
 #[test]
