@@ -411,3 +411,24 @@ fn verbose_renewals_on_zookeeper_name_the_session_lease() {
         assert!(!line.contains(" ttl=30s"), "the TTL, unlabelled: {line}");
     }
 }
+
+/// In a log or a pipe, the demo's progress is not redrawn with `\r`.
+#[test]
+fn the_demo_writes_no_carriage_return_when_not_on_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let u = url(dir.path());
+    let o = output(locksmith(
+        dir.path(),
+        &["demo", "--url", &u, "--workers", "4", "--rounds", "100"],
+    ));
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(code(&o), 0, "{out}\n{err}");
+    assert!(out.contains("mutual exclusion   held"), "{out}");
+    assert!(
+        !out.contains('\r') && !err.contains('\r'),
+        "stdout {out:?}\nstderr {err:?}"
+    );
+}
