@@ -675,7 +675,13 @@ async fn fault_run(
             }
         }
     }
-    let seconds = started.elapsed().as_secs_f64();
+    // The run judged ends at the cut-off, not when the workers were done.
+    let seconds = interrupted
+        .map_or(args.duration, |(_, at)| {
+            at.saturating_duration_since(started)
+        })
+        .min(started.elapsed())
+        .as_secs_f64();
 
     let (history, errors) = resource.snapshot();
     let verdict = history::check(&history);
