@@ -239,6 +239,10 @@ fn bench_prints_every_figure() {
         "3s",
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        !out.contains('\r') && !err.contains('\r'),
+        "{out:?}\n{err:?}"
+    );
     for figure in [
         "uncontended, 1 client",
         "uncontended, 8 clients",
@@ -306,6 +310,11 @@ fn a_fault_run_begins_no_section_after_its_duration() {
     let args = paused_run(&url, "4s", &history);
     let (code, out, err) = locksmith(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(code, 0, "{out}\n{err}");
+    // Not on a terminal: progress in plain lines, never redrawn with \r.
+    assert!(
+        !out.contains('\r') && !err.contains('\r'),
+        "{out:?}\n{err:?}"
+    );
     let starts = section_starts(&history);
     let [.., acquisitions, _, _, _] = summary(&out);
     assert_eq!(acquisitions, starts.len() as u64, "{out}");
