@@ -376,7 +376,7 @@ fn an_interrupt_is_reported_at_its_time_and_no_section_begins_after_it() {
         "sections began this many ms after SIGINT: {late:?}\n{err}"
     );
     // The fault run's clock starts after the process's (opening the store,
-    // starting the workers), so it names a time a little before `sent`.
+    // starting its proxies), so it names a time a little before `sent`.
     let at: f64 = err
         .split_once("SIGINT at ")
         .and_then(|(_, rest)| rest.split_once('s'))

@@ -434,6 +434,12 @@ async fn fault_run(
         port,
         next_id: AtomicU32::new(1),
     });
+    // The run starts before its first worker, which may take the lock at
+    // once. The end is fixed now, not when the nemesis loop next looks at
+    // the clock: no section may begin past the duration asked for.
+    let started = Instant::now();
+    let end = started + args.duration;
+    resource.cut_off(history::mono_ns().saturating_add(args.duration.as_nanos() as u64));
     let mut slots = Vec::new();
     for _ in 0..args.workers {
         let ctl = Control::new();
@@ -487,11 +493,6 @@ async fn fault_run(
 
     let counts: Arc<std::sync::Mutex<BTreeMap<&'static str, u64>>> = Arc::default();
     let total = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    // Fixed now, not when the nemesis loop next looks at the clock: no
-    // section may begin past the duration asked for.
-    let end = started + args.duration;
-    resource.cut_off(history::mono_ns().saturating_add(args.duration.as_nanos() as u64));
     // Ctrl-C or SIGTERM cuts the run off the moment it comes, whatever the
     // nemesis is doing; what the run saw until then is still judged.
     let stop = CancellationToken::new();
