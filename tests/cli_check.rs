@@ -375,8 +375,8 @@ fn an_interrupt_is_reported_at_its_time_and_no_section_begins_after_it() {
         late.is_empty(),
         "sections began this many ms after SIGINT: {late:?}\n{err}"
     );
-    // The fault run's clock starts after the process's (opening the store,
-    // starting its proxies), so it names a time a little before `sent`.
+    // The fault run's clock starts after the process's (connecting to and
+    // checking the store), so it names a time a little before `sent`.
     let at: f64 = err
         .split_once("SIGINT at ")
         .and_then(|(_, rest)| rest.split_once('s'))
