@@ -388,3 +388,53 @@ fn an_interrupt_is_reported_at_its_time_and_no_section_begins_after_it() {
         "SIGINT sent {sent:.1}s after start, reported at {at}s:\n{err}"
     );
 }
+
+/// A signal after the fault run, while `check` waits for killed holders'
+/// leases to run out, ends that wait too: the lock is reported held, and
+/// `check` ends by the signal.
+#[test]
+fn an_interrupt_after_the_run_ends_the_wait_for_the_lock_to_free() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/check.db", dir.path().display());
+    // Killed holders' 10 s leases outlast the 2 s run by far.
+    let child = Command::new(BIN)
+        .current_dir(std::env::temp_dir())
+        .env_remove("LOCKSMITH_URL")
+        .args([
+            "check",
+            "--url",
+            &url,
+            "--no-conformance",
+            "--duration",
+            "2s",
+            "--workers",
+            "2",
+            "--faults",
+            "kill",
+            "--ttl",
+            "10s",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let sent = std::time::Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.signal(), Some(2), "{:?}\n{out}\n{err}", o.status);
+    assert!(err.contains("SIGINT after the fault run"), "{err}");
+    assert!(out.contains("lock left held                yes"), "{out}");
+    // Only a hang guard: the leases would free about 10 s after the kills.
+    assert!(sent.elapsed() < std::time::Duration::from_secs(4), "{out}");
+}

@@ -496,20 +496,37 @@ async fn fault_run(
     // Ctrl-C or SIGTERM cuts the run off the moment it comes, whatever the
     // nemesis is doing; what the run saw until then is still judged.
     let stop = CancellationToken::new();
+    // A signal once the run is over, or a second one, also cuts short the
+    // wait for the lock to free after it.
+    let hurry = CancellationToken::new();
+    let judging = Arc::new(AtomicBool::new(false));
     let interrupted: Arc<std::sync::Mutex<Option<(Signal, Instant)>>> = Arc::default();
     let signals = {
         let mut sigint = signal(SignalKind::interrupt()).ok();
         let mut sigterm = signal(SignalKind::terminate()).ok();
-        let (resource, stop, interrupted) = (resource.clone(), stop.clone(), interrupted.clone());
+        let (resource, stop, hurry, judging, interrupted) = (
+            resource.clone(),
+            stop.clone(),
+            hurry.clone(),
+            judging.clone(),
+            interrupted.clone(),
+        );
         tokio::spawn(async move {
-            let sig = tokio::select! {
-                Some(()) = recv(&mut sigint) => Signal::SIGINT,
-                Some(()) = recv(&mut sigterm) => Signal::SIGTERM,
-                else => return,
-            };
-            resource.cut_off(history::mono_ns());
-            *interrupted.lock().unwrap_or_else(|e| e.into_inner()) = Some((sig, Instant::now()));
-            stop.cancel();
+            loop {
+                let sig = tokio::select! {
+                    Some(()) = recv(&mut sigint) => Signal::SIGINT,
+                    Some(()) = recv(&mut sigterm) => Signal::SIGTERM,
+                    else => return,
+                };
+                resource.cut_off(history::mono_ns());
+                let mut first = interrupted.lock().unwrap_or_else(|e| e.into_inner());
+                if first.is_some() || judging.load(Ordering::SeqCst) {
+                    hurry.cancel();
+                }
+                first.get_or_insert((sig, Instant::now()));
+                drop(first);
+                stop.cancel();
+            }
         })
     };
     let progress = {
@@ -627,11 +644,12 @@ async fn fault_run(
             tasks.retain(|t| !t.is_finished());
         }
     }
+    judging.store(true, Ordering::SeqCst);
     progress.abort();
-    signals.abort();
     if text && std::io::stderr().is_terminal() {
         eprintln!();
     }
+    let late_signal = interrupted.clone();
     let interrupted = *interrupted.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((sig, at)) = interrupted {
         eprintln!(
@@ -707,7 +725,21 @@ async fn fault_run(
         *acquire_errors.entry(kind.to_owned()).or_default() += 1;
     }
     // Killed holders' leases run out, and their sessions end, on their own.
-    let left_held = still_held(url, &key, outlast * 2 + Duration::from_secs(2)).await;
+    // Cut short, the wait leaves the lock counted as held.
+    let left_held = tokio::select! {
+        held = still_held(url, &key, outlast * 2 + Duration::from_secs(2)) => held,
+        () = hurry.cancelled() => true,
+    };
+    signals.abort();
+    if interrupted.is_none() {
+        let late = *late_signal.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((sig, _)) = late {
+            eprintln!(
+                "locksmith check: {sig} after the fault run; not waiting for the lock to free"
+            );
+            super::die_by_signal_on_exit(sig);
+        }
+    }
     let faults_total = total.load(Ordering::Relaxed);
     let counts = counts.lock().unwrap_or_else(|e| e.into_inner()).clone();
     if text {
