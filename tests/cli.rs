@@ -217,7 +217,14 @@ fn a_lost_lock_terminates_the_command_and_exits_70() {
     );
     let mut err = String::new();
     std::io::Read::read_to_string(holder.stderr.as_mut().unwrap(), &mut err).unwrap();
-    assert!(err.contains("lock lost"), "{err}");
+    // Said last: lost, why, and what became of the command.
+    let last = err.trim_end().lines().last().unwrap_or_default();
+    assert_eq!(
+        last,
+        "locksmith: lock lost: the store says it is no longer held; the command was terminated \
+         (SIGKILL); exit 70",
+        "{err}"
+    );
 }
 
 #[test]
@@ -376,4 +383,52 @@ fn the_shortest_ttl_accepted_is_one_renewal_keeps() {
             );
         }
     }
+}
+
+/// `-v` on ZooKeeper: a renewal is trusted for the session timeout, not the
+/// TTL, and the log says which lease it trusts.
+#[cfg(feature = "zookeeper")]
+#[test]
+fn verbose_renewals_on_zookeeper_name_the_session_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let zk =
+        std::env::var("LOCKSMITH_TEST_ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into());
+    let url = format!("{zk}/locksmith-cli?session_timeout=2s");
+    let key = format!("verbose-lease-{}", std::process::id());
+    // Renewals every third of the 2 s session: a few in 2 s.
+    let o = output(locksmith(
+        dir.path(),
+        &[
+            "-v", "run", "--url", &url, "--key", &key, "--ttl", "30s", "--", "sleep", "2",
+        ],
+    ));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(code(&o), 0, "{err}");
+    let renewed: Vec<&str> = err.lines().filter(|l| l.contains("lock renewed")).collect();
+    assert!(!renewed.is_empty(), "no renewal logged:\n{err}");
+    for line in renewed {
+        assert!(line.contains(" lease=2s"), "{line}");
+        assert!(!line.contains(" ttl=30s"), "the TTL, unlabelled: {line}");
+    }
+}
+
+/// In a log or a pipe, the demo's progress is not redrawn with `\r`.
+#[test]
+fn the_demo_writes_no_carriage_return_when_not_on_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let u = url(dir.path());
+    let o = output(locksmith(
+        dir.path(),
+        &["demo", "--url", &u, "--workers", "4", "--rounds", "100"],
+    ));
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(code(&o), 0, "{out}\n{err}");
+    assert!(out.contains("mutual exclusion   held"), "{out}");
+    assert!(
+        !out.contains('\r') && !err.contains('\r'),
+        "stdout {out:?}\nstderr {err:?}"
+    );
 }

@@ -239,6 +239,10 @@ fn bench_prints_every_figure() {
         "3s",
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        !out.contains('\r') && !err.contains('\r'),
+        "{out:?}\n{err:?}"
+    );
     for figure in [
         "uncontended, 1 client",
         "uncontended, 8 clients",
@@ -255,4 +259,182 @@ fn bench_prints_every_figure() {
         .find(|l| l.contains("locks lost while held"))
         .unwrap();
     assert!(lost.trim_end().ends_with(" 0"), "{lost}");
+}
+
+/// Nanoseconds of `CLOCK_MONOTONIC`, the clock `--history` times are on.
+fn mono_ns() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
+    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+}
+
+/// When each section in a `--history` file began.
+fn section_starts(history: &std::path::Path) -> Vec<u64> {
+    let h: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(history).unwrap()).expect("--history is JSON");
+    h["sections"]
+        .as_array()
+        .expect("sections")
+        .iter()
+        .map(|s| s["start"].as_u64().expect("a start"))
+        .collect()
+}
+
+/// The arguments of a fault run on SQLite under pauses, which outlast the
+/// lease: at its end some holder is nearly always frozen.
+fn paused_run(url: &str, duration: &str, history: &std::path::Path) -> Vec<String> {
+    [
+        "check",
+        "--url",
+        url,
+        "--no-conformance",
+        "--duration",
+        duration,
+        "--workers",
+        "8",
+        "--faults",
+        "pause",
+        "--history",
+        history.to_str().unwrap(),
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// Every section began after the run started, so one that began past its
+/// duration makes the history span longer than the duration.
+#[test]
+fn a_fault_run_begins_no_section_after_its_duration() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/check.db", dir.path().display());
+    let history = dir.path().join("history.json");
+    let args = paused_run(&url, "4s", &history);
+    let (code, out, err) = locksmith(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 0, "{out}\n{err}");
+    // Not on a terminal: progress in plain lines, never redrawn with \r.
+    assert!(
+        !out.contains('\r') && !err.contains('\r'),
+        "{out:?}\n{err:?}"
+    );
+    let starts = section_starts(&history);
+    let [.., acquisitions, _, _, _] = summary(&out);
+    assert_eq!(acquisitions, starts.len() as u64, "{out}");
+    let span = starts.iter().max().unwrap() - starts.iter().min().unwrap();
+    assert!(
+        span < 4_000_000_000,
+        "sections began over {} ms of a 4 s run:\n{out}",
+        span / 1_000_000
+    );
+}
+
+/// SIGINT: the message names when it came, no section began after it, and
+/// the run ends by that signal.
+#[test]
+fn an_interrupt_is_reported_at_its_time_and_no_section_begins_after_it() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/check.db", dir.path().display());
+    let history = dir.path().join("history.json");
+    let spawned = std::time::Instant::now();
+    let child = Command::new(BIN)
+        .current_dir(std::env::temp_dir())
+        .env_remove("LOCKSMITH_URL")
+        .args(paused_run(&url, "60s", &history))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let (sent, sent_ns) = (spawned.elapsed(), mono_ns());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let stopping = spawned.elapsed() - sent;
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.signal(), Some(2), "{:?}\n{out}\n{err}", o.status);
+    // Only a hang guard: stopping takes well under a second.
+    assert!(
+        stopping < std::time::Duration::from_secs(10),
+        "{stopping:?} to stop after SIGINT\n{err}"
+    );
+    let starts = section_starts(&history);
+    assert!(!starts.is_empty(), "{out}\n{err}");
+    // Far more than delivering a signal takes, far less than a pause.
+    let late: Vec<u64> = starts
+        .iter()
+        .filter(|&&s| s > sent_ns + 500_000_000)
+        .map(|s| (s - sent_ns) / 1_000_000)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "sections began this many ms after SIGINT: {late:?}\n{err}"
+    );
+    // The fault run's clock starts after the process's (connecting to and
+    // checking the store), so it names a time a little before `sent`.
+    let at: f64 = err
+        .split_once("SIGINT at ")
+        .and_then(|(_, rest)| rest.split_once('s'))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("no \"SIGINT at Ns\" in:\n{err}"));
+    let sent = sent.as_secs_f64();
+    assert!(
+        at <= sent + 0.1 && at > sent - 3.0,
+        "SIGINT sent {sent:.1}s after start, reported at {at}s:\n{err}"
+    );
+}
+
+/// A signal after the fault run, while `check` waits for killed holders'
+/// leases to run out, ends that wait too: the lock is reported held, and
+/// `check` ends by the signal.
+#[test]
+fn an_interrupt_after_the_run_ends_the_wait_for_the_lock_to_free() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/check.db", dir.path().display());
+    // Killed holders' 10 s leases outlast the 2 s run by far.
+    let child = Command::new(BIN)
+        .current_dir(std::env::temp_dir())
+        .env_remove("LOCKSMITH_URL")
+        .args([
+            "check",
+            "--url",
+            &url,
+            "--no-conformance",
+            "--duration",
+            "2s",
+            "--workers",
+            "2",
+            "--faults",
+            "kill",
+            "--ttl",
+            "10s",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let sent = std::time::Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.signal(), Some(2), "{:?}\n{out}\n{err}", o.status);
+    assert!(err.contains("SIGINT after the fault run"), "{err}");
+    assert!(out.contains("lock left held                yes"), "{out}");
+    // Only a hang guard: the leases would free about 10 s after the kills.
+    assert!(sent.elapsed() < std::time::Duration::from_secs(4), "{out}");
 }

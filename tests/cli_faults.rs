@@ -80,6 +80,26 @@ fn stderr_of(child: &mut Child) -> String {
     err
 }
 
+/// What a `run` that lost its lock says last: that it was lost, why (one
+/// of `why`), and that the command was terminated, exit 70.
+fn assert_ends_lost(err: &str, why: &[&str]) {
+    let last = err.trim_end().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("locksmith: lock lost: ")
+            && last.contains("; the command was terminated (")
+            && last.ends_with("; exit 70"),
+        "last line {last:?} of:\n{err}"
+    );
+    assert!(
+        why.iter().any(|w| last.contains(w)),
+        "{last:?} gives none of the reasons {why:?}"
+    );
+}
+
+/// Why a lease ran out, or the store said it was gone.
+const EXPIRED: &str = "not renewed before its deadline";
+const NOT_HELD: &str = "the store says it is no longer held";
+
 fn output(mut c: Command) -> Output {
     c.output().expect("locksmith runs")
 }
@@ -214,12 +234,10 @@ fn a_stopped_locksmith_still_stops_the_command_before_its_lease_ends() {
         after < Duration::from_secs(4),
         "the command was stopped {after:?} after it started, past its 4 s lease"
     );
-    assert_eq!(
-        wait_exit(&mut ls, Duration::from_secs(10)),
-        70,
-        "{}",
-        stderr_of(&mut ls)
-    );
+    let code = wait_exit(&mut ls, Duration::from_secs(10));
+    let err = stderr_of(&mut ls);
+    assert_eq!(code, 70, "{err}");
+    assert_ends_lost(&err, &[EXPIRED, NOT_HELD]);
 }
 
 #[test]
@@ -275,7 +293,9 @@ fn a_lost_lock_stops_the_whole_command_tree() {
             .unwrap();
     });
     let code = wait_exit(&mut ls, Duration::from_secs(10));
-    assert_eq!(code, 70, "{}", stderr_of(&mut ls));
+    let err = stderr_of(&mut ls);
+    assert_eq!(code, 70, "{err}");
+    assert_ends_lost(&err, &[NOT_HELD]);
     assert!(
         !running(grandchild),
         "the grandchild outlived the lost lock"
@@ -481,6 +501,7 @@ mod on_redis {
         let a_code = wait_exit(&mut a, Duration::from_secs(10));
         let a_err = stderr_of(&mut a);
         assert_eq!(a_code, 70, "A: {a_err}");
+        assert_ends_lost(&a_err, &[EXPIRED]);
         let text = std::fs::read_to_string(&log).unwrap();
         let (a_lines, b_start) = (timestamps(&text, "A "), timestamps(&text, "B ")[0]);
         let last_a = *a_lines.iter().max().unwrap();
@@ -490,6 +511,37 @@ mod on_redis {
             (last_a - b_start) / 1_000_000,
             a_lines.iter().filter(|&&t| t > b_start).count()
         );
+    }
+
+    /// The report: cut off, a command that stops at SIGTERM ends
+    /// the run before the lease does; what `run` says last is that the
+    /// lock was lost and why, not only that the command was terminated.
+    #[test]
+    fn a_holder_cut_off_says_last_that_it_lost_the_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let key = unique("partition-said");
+        let proxy = Proxy::start(redis_port());
+        let via_proxy = format!("redis://127.0.0.1:{}", proxy.port);
+        let ready = d.join("ready");
+        let script = format!("touch {}; sleep 30", ready.display());
+        let mut a = spawn(locksmith(
+            d,
+            &[
+                "run", "--url", &via_proxy, "--key", &key, "--ttl", "3s", "--", "sh", "-c", &script,
+            ],
+        ));
+        let start = Instant::now();
+        while !ready.exists() {
+            assert!(start.elapsed() < Duration::from_secs(10), "never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        proxy.cut();
+        let code = wait_exit(&mut a, Duration::from_secs(15));
+        let err = stderr_of(&mut a);
+        assert_eq!(code, 70, "{err}");
+        assert_ends_lost(&err, &[EXPIRED]);
+        assert!(err.trim_end().ends_with("(SIGTERM); exit 70"), "{err}");
     }
 
     /// One Redis command over a plain socket (RESP), answered as text.
@@ -835,7 +887,9 @@ mod zookeeper {
         kill(a_pid, Signal::SIGCONT).unwrap();
         let code = wait_exit(&mut a, Duration::from_secs(15));
         thaw.1 = true;
-        assert_eq!(code, 70, "{}", stderr_of(&mut a));
+        let err = stderr_of(&mut a);
+        assert_eq!(code, 70, "{err}");
+        assert_ends_lost(&err, &[EXPIRED, NOT_HELD]);
         let shown = output(locksmith(
             d,
             &["status", "--url", &url, "--key", &key, "--json"],

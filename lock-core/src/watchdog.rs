@@ -217,7 +217,10 @@ impl Watchdog {
                 if let Some(every) = e.renew_every {
                     e.next_renew = sent + every;
                 }
-                tracing::debug!(key = %e.request.key, ttl = ?e.request.ttl, "lock renewed");
+                // The lease trusted, not the TTL asked for: on a session store the
+                // session timeout bounds it, and may be far shorter.
+                tracing::debug!(key = %e.request.key, lease = ?e.trusted,
+                    requested_ttl = ?e.request.ttl, "lock renewed");
                 e.tx.send_replace(LeaseState::Held {
                     deadline: e.deadline,
                 });

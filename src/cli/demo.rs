@@ -1,6 +1,6 @@
 //! `locksmith demo`: contention on one lock, with figures.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,16 +40,28 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<i32> {
     let stop_progress = Arc::new(AtomicBool::new(false));
     let progress = {
         let (done, stop) = (done.clone(), stop_progress.clone());
+        // Redrawn in place only on a terminal: in a log or a pipe, `\r`
+        // leaves a run of overwritten lines, so a plain line every 10 s.
+        let tty = std::io::stderr().is_terminal();
         tokio::spawn(async move {
             let start = Instant::now();
+            let mut last_line = Instant::now();
             while !stop.load(Ordering::Relaxed) {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 let n = done.load(Ordering::Relaxed);
                 let rate = n as f64 / start.elapsed().as_secs_f64();
-                eprint!("\r  {n:>7}/{total} locks  {rate:>8.0} locks/s");
-                let _ = std::io::stderr().flush();
+                let line = format!("  {n:>7}/{total} locks  {rate:>8.0} locks/s");
+                if tty {
+                    eprint!("\r{line}");
+                    let _ = std::io::stderr().flush();
+                } else if last_line.elapsed() >= Duration::from_secs(10) {
+                    eprintln!("{line}");
+                    last_line = Instant::now();
+                }
             }
-            eprint!("\r{:60}\r", "");
+            if tty {
+                eprint!("\r{:60}\r", "");
+            }
         })
     };
 

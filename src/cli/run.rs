@@ -119,12 +119,55 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32> {
             return Err(e);
         }
     }
-    let code = hold(&args, guard, lease, timeline, &mut signals).await;
+    let ended = hold(&args, guard, lease, timeline, &mut signals).await;
     // The guard is released by now; close() also waits out any clean-up.
     if let Err(e) = locker.close().await {
         eprintln!("locksmith: warning: {}", e.chain());
     }
-    code
+    let ended = ended?;
+    // Last, so that a lost lock is what the user reads at the end.
+    if let Some(word) = ended.last_word {
+        eprintln!("locksmith: {word}");
+    }
+    Ok(ended.code)
+}
+
+/// How `hold` ended: the exit code, and a line to print after everything
+/// else.
+struct Ended {
+    code: i32,
+    last_word: Option<String>,
+}
+
+impl Ended {
+    fn code(code: i32) -> Ended {
+        Ended {
+            code,
+            last_word: None,
+        }
+    }
+
+    /// The lock was lost, or could not be kept, and the command was
+    /// stopped by `by`: exit 70, saying why.
+    fn lost(reason: LostReason, by: Signal) -> Ended {
+        Ended {
+            code: EX_SOFTWARE,
+            last_word: Some(format!(
+                "lock lost: {}; the command was terminated ({by}); exit {EX_SOFTWARE}",
+                describe(reason)
+            )),
+        }
+    }
+}
+
+/// Why the lock is gone: what the guard says, or, while it still counts
+/// down to a deadline no renewal reached, that.
+fn reason_of(guard: &LockGuard) -> LostReason {
+    match guard.state() {
+        locksmith::LeaseState::Lost(r) => r,
+        // Released is not seen here: this is asked before the release.
+        locksmith::LeaseState::Held { .. } | locksmith::LeaseState::Released => LostReason::Expired,
+    }
 }
 
 /// Runs the command while the lock is held; its exit code, or ours.
@@ -134,7 +177,7 @@ async fn hold(
     lease: Duration,
     timeline: Timeline,
     signals: &mut Signals,
-) -> Result<i32> {
+) -> Result<Ended> {
     let mut watcher = match Watcher::start() {
         Ok(w) => w,
         Err(e) => {
@@ -160,11 +203,11 @@ async fn hold(
             let _ = guard.release().await;
             eprintln!("locksmith: cannot run {:?}: {e}", args.command[0]);
             // The shells' convention: 127 not found, 126 found but not runnable.
-            return Ok(if e.kind() == std::io::ErrorKind::NotFound {
+            return Ok(Ended::code(if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
                 126
-            });
+            }));
         }
     };
     let Some(group) = child.id().map(|id| Pid::from_raw(id as i32)) else {
@@ -187,7 +230,6 @@ async fn hold(
     let mut terminated_at: Option<Instant> = None;
     let outcome: std::result::Result<ExitStatus, &'static str> = loop {
         let Some(deadline) = guard.deadline() else {
-            eprintln!("locksmith: the lease ran out before it was renewed; killing the command");
             break Err("lost");
         };
         let kill_at = deadline.checked_sub(timeline.margin).unwrap_or(deadline);
@@ -200,10 +242,7 @@ async fn hold(
                 Ok(s) => break Ok(s),
                 Err(_) => break Err("wait failed"),
             },
-            reason = &mut lost => {
-                eprintln!("locksmith: lock lost ({}); killing the command", describe(reason));
-                break Err("lost");
-            }
+            _ = &mut lost => break Err("lost"),
             sig = signals.recv() => {
                 // The command's group is not ours, so this is the one copy it
                 // gets; except a hang-up of its terminal, which the kernel
@@ -217,7 +256,7 @@ async fn hold(
                 if told != Some(kill_at) {
                     // A watcher gone is the end of the protection: stop now.
                     if watcher.arm(kill_at.saturating_duration_since(Instant::now())).is_err() {
-                        break Err("killed");
+                        break Err("watcher gone");
                     }
                     told = Some(kill_at);
                 }
@@ -227,12 +266,7 @@ async fn hold(
                 // A renewal may have moved the deadline while we slept.
                 let current = guard.deadline().map(|d| d.checked_sub(timeline.margin).unwrap_or(d));
                 match (terminated_at, current) {
-                    (_, None) => {
-                        eprintln!(
-                            "locksmith: the lease ran out before it was renewed; killing the command"
-                        );
-                        break Err("lost");
-                    }
+                    (_, None) => break Err("lost"),
                     (None, Some(k)) if now + timeline.grace >= k => {
                         eprintln!(
                             "locksmith: the lease could not be renewed; terminating the command \
@@ -276,17 +310,23 @@ async fn hold(
                 eprintln!("locksmith: the command was killed at the lease's kill time");
             }
             if terminated_at.is_some() || by_watcher {
-                let _ = guard.release().await;
-                return Ok(EX_SOFTWARE);
+                let reason = reason_of(&guard);
+                let _ = tokio::time::timeout(Duration::from_secs(1), guard.release()).await;
+                let by = if by_watcher {
+                    Signal::SIGKILL
+                } else {
+                    Signal::SIGTERM
+                };
+                return Ok(Ended::lost(reason, by));
             }
             match guard.release().await {
-                Ok(()) => Ok(status_code(status)),
+                Ok(()) => Ok(Ended::code(status_code(status))),
                 Err(e) if e.kind() == ErrorKind::Lost => {
                     eprintln!(
                         "locksmith: {}; the command may not have run exclusively",
                         e.chain()
                     );
-                    Ok(EX_SOFTWARE)
+                    Ok(Ended::code(EX_SOFTWARE))
                 }
                 Err(e) => {
                     // The command ran under the lock; the store just missed the release.
@@ -294,7 +334,7 @@ async fn hold(
                         "locksmith: warning: {}; the lock frees when its TTL runs out",
                         e.chain()
                     );
-                    Ok(status_code(status))
+                    Ok(Ended::code(status_code(status)))
                 }
             }
         }
@@ -307,10 +347,20 @@ async fn hold(
                 let _ = guard.release().await;
                 return Err(Error::backend("waiting for the command failed"));
             }
+            let reason = reason_of(&guard);
             // Owner-checked: frees the lock if the store still has it as ours
             // (renewals failed but the store is back), else changes nothing.
             let _ = tokio::time::timeout(Duration::from_secs(1), guard.release()).await;
-            Ok(EX_SOFTWARE)
+            if why == "watcher gone" {
+                return Ok(Ended {
+                    code: EX_SOFTWARE,
+                    last_word: Some(format!(
+                        "the process that guards the command is gone; the command was killed \
+                         (SIGKILL); exit {EX_SOFTWARE}"
+                    )),
+                });
+            }
+            Ok(Ended::lost(reason, Signal::SIGKILL))
         }
     }
 }

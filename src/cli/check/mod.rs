@@ -17,6 +17,7 @@ use serde::Serialize;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use super::endpoints::{closed_port, Endpoints};
 use super::proxy::{self, Control};
@@ -446,6 +447,12 @@ async fn fault_run(
         port,
         next_id: AtomicU32::new(1),
     });
+    // The run starts before its first worker, which may take the lock at
+    // once. The end is fixed now, not when the nemesis loop next looks at
+    // the clock: no section may begin past the duration asked for.
+    let started = Instant::now();
+    let end = started + args.duration;
+    resource.cut_off(history::mono_ns().saturating_add(args.duration.as_nanos() as u64));
     let mut slots = Vec::new();
     for _ in 0..args.workers {
         let ctl = Control::new();
@@ -499,7 +506,42 @@ async fn fault_run(
 
     let counts: Arc<std::sync::Mutex<BTreeMap<&'static str, u64>>> = Arc::default();
     let total = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
+    // Ctrl-C or SIGTERM cuts the run off the moment it comes, whatever the
+    // nemesis is doing; what the run saw until then is still judged.
+    let stop = CancellationToken::new();
+    // A signal once the run is over, or a second one, also cuts short the
+    // wait for the lock to free after it.
+    let hurry = CancellationToken::new();
+    let judging = Arc::new(AtomicBool::new(false));
+    let interrupted: Arc<std::sync::Mutex<Option<(Signal, Instant)>>> = Arc::default();
+    let signals = {
+        let mut sigint = signal(SignalKind::interrupt()).ok();
+        let mut sigterm = signal(SignalKind::terminate()).ok();
+        let (resource, stop, hurry, judging, interrupted) = (
+            resource.clone(),
+            stop.clone(),
+            hurry.clone(),
+            judging.clone(),
+            interrupted.clone(),
+        );
+        tokio::spawn(async move {
+            loop {
+                let sig = tokio::select! {
+                    Some(()) = recv(&mut sigint) => Signal::SIGINT,
+                    Some(()) = recv(&mut sigterm) => Signal::SIGTERM,
+                    else => return,
+                };
+                resource.cut_off(history::mono_ns());
+                let mut first = interrupted.lock().unwrap_or_else(|e| e.into_inner());
+                if first.is_some() || judging.load(Ordering::SeqCst) {
+                    hurry.cancel();
+                }
+                first.get_or_insert((sig, Instant::now()));
+                drop(first);
+                stop.cancel();
+            }
+        })
+    };
     let progress = {
         let (resource, total, duration) = (resource.clone(), total.clone(), args.duration);
         let tty = std::io::stderr().is_terminal();
@@ -528,18 +570,18 @@ async fn fault_run(
     // The nemesis: a new fault every 50-250 ms while fewer than half the
     // workers are under one, so the rest keep taking the lock.
     let max_busy = (args.workers as usize / 2).max(1);
-    let mut tasks = Vec::new();
+    let mut tasks: Vec<tokio::task::JoinHandle<()>> = Vec::new();
     let mut exited = 0u64;
-    // Ctrl-C or SIGTERM ends the run early; what it saw is still judged.
-    let mut interrupted = None;
-    let mut sigint = signal(SignalKind::interrupt()).ok();
-    let mut sigterm = signal(SignalKind::terminate()).ok();
-    while started.elapsed() < args.duration {
+    while Instant::now() < end && !stop.is_cancelled() {
         let tick = Duration::from_millis(50 + worker::rand_below(200));
         tokio::select! {
             () = tokio::time::sleep(tick) => {}
-            Some(()) = recv(&mut sigint) => { interrupted = Some(Signal::SIGINT); break; }
-            Some(()) = recv(&mut sigterm) => { interrupted = Some(Signal::SIGTERM); break; }
+            () = tokio::time::sleep_until(end.into()) => break,
+            () = stop.cancelled() => break,
+        }
+        // A worker refused a section at the cut-off has ended: not replaced.
+        if Instant::now() >= end {
+            break;
         }
         // A worker that ended by itself (it could not connect, say) is
         // counted and replaced, so contention does not quietly drop.
@@ -576,6 +618,9 @@ async fn fault_run(
             let mut holding: Vec<&Arc<Slot>> = Vec::new();
             if matches!(fault, Fault::Kill | Fault::Pause) {
                 for _ in 0..100 {
+                    if stop.is_cancelled() {
+                        break;
+                    }
                     let holders = resource.holders();
                     holding = free
                         .iter()
@@ -612,23 +657,34 @@ async fn fault_run(
             tasks.retain(|t| !t.is_finished());
         }
     }
-    for t in tasks {
-        let _ = t.await;
-    }
+    judging.store(true, Ordering::SeqCst);
     progress.abort();
     if text && std::io::stderr().is_terminal() {
         eprintln!();
     }
-    if let Some(sig) = interrupted {
+    let late_signal = interrupted.clone();
+    let interrupted = *interrupted.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((sig, at)) = interrupted {
         eprintln!(
-            "locksmith check: {sig} after {}s; stopping the fault run and judging what it saw",
-            started.elapsed().as_secs()
+            "locksmith check: {sig} at {:.1}s; no section begins after it; stopping the fault \
+             run and judging what it saw",
+            at.saturating_duration_since(started).as_secs_f64()
         );
         // Then end by that signal, as a shell expects of an interrupted command.
         super::die_by_signal_on_exit(sig);
     }
 
-    // Stop: every worker sees its stdin close, releases and exits.
+    // Stop now, not when the faults would have ended (a pause or partition
+    // outlasts the lease): the faults are lifted below, so a frozen or
+    // cut-off holder finishes the section it began in time, and is judged.
+    for t in &tasks {
+        t.abort();
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    // Every worker is thawed, reconnected, and sees its stdin close; it
+    // releases and exits.
     for slot in &slots {
         slot.ctl.heal();
         slot.ctl.set_latency(Duration::ZERO);
@@ -651,7 +707,13 @@ async fn fault_run(
             }
         }
     }
-    let seconds = started.elapsed().as_secs_f64();
+    // The run judged ends at the cut-off, not when the workers were done.
+    let seconds = interrupted
+        .map_or(args.duration, |(_, at)| {
+            at.saturating_duration_since(started)
+        })
+        .min(started.elapsed())
+        .as_secs_f64();
 
     let (history, errors) = resource.snapshot();
     let verdict = history::check(&history);
@@ -676,7 +738,21 @@ async fn fault_run(
         *acquire_errors.entry(kind.to_owned()).or_default() += 1;
     }
     // Killed holders' leases run out, and their sessions end, on their own.
-    let left_held = still_held(url, &key, outlast * 2 + Duration::from_secs(2)).await;
+    // Cut short, the wait leaves the lock counted as held.
+    let left_held = tokio::select! {
+        held = still_held(url, &key, outlast * 2 + Duration::from_secs(2)) => held,
+        () = hurry.cancelled() => true,
+    };
+    signals.abort();
+    if interrupted.is_none() {
+        let late = *late_signal.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((sig, _)) = late {
+            eprintln!(
+                "locksmith check: {sig} after the fault run; not waiting for the lock to free"
+            );
+            super::die_by_signal_on_exit(sig);
+        }
+    }
     let faults_total = total.load(Ordering::Relaxed);
     let counts = counts.lock().unwrap_or_else(|e| e.into_inner()).clone();
     if text {

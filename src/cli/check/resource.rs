@@ -93,6 +93,9 @@ struct State {
     /// Killed workers, and when.
     dead: std::collections::HashMap<u32, u64>,
     errors: Vec<String>,
+    /// No section may begin at or after this (ns): the end of the run, or
+    /// the signal that ended it early.
+    cutoff: Option<u64>,
 }
 
 /// The counter and its records.
@@ -123,6 +126,15 @@ impl Resource {
                 start,
                 deadline,
             } => {
+                // Past the end of the run: refused and left out of the
+                // history, so the verdict judges only the run asked for. The
+                // worker releases and stops.
+                if st.cutoff.is_some_and(|c| start >= c) {
+                    return Reply {
+                        ok: false,
+                        value: 0,
+                    };
+                }
                 // A Begin sent just before its worker was killed, and read
                 // after: the section ended with the worker.
                 let died = st.dead.get(&w).copied();
@@ -174,7 +186,10 @@ impl Resource {
                 ok
             }
             Request::Error { w, what } => {
-                st.errors.push(format!("worker {w}: {what}"));
+                // Errors of workers being stopped are not the run's.
+                if !st.cutoff.is_some_and(|c| mono_ns() >= c) {
+                    st.errors.push(format!("worker {w}: {what}"));
+                }
                 ok
             }
         }
@@ -190,6 +205,13 @@ impl Resource {
             let sec = &mut st.history.sections[i];
             sec.end = Some(sec.end.unwrap_or(t).min(t));
         }
+    }
+
+    /// No section may begin at or after `t`; an earlier cut-off stands.
+    /// Sections already begun run to their end and are judged as usual.
+    pub(crate) fn cut_off(&self, t: u64) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.cutoff = Some(st.cutoff.map_or(t, |c| c.min(t)));
     }
 
     /// The workers holding the lock now, by their own account.

@@ -123,3 +123,52 @@ async fn a_repeating_fence_is_caught() {
     let v = caught(Defect::RepeatingFence).await;
     assert!(v.data_violations > 0, "{v:?}");
 }
+
+/// At the cut-off, workers stop of themselves: a section begun after it is
+/// refused and not recorded, while one begun before it and still running
+/// runs to its end and is judged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_section_begins_after_the_cut_off_and_one_begun_before_ends_and_is_judged() {
+    use super::history::mono_ns;
+    let h = MemoryHarness::new();
+    let key = LockKey::new(format!(
+        "check-cutoff/{}",
+        &OwnerToken::generate().as_str()[..8]
+    ))
+    .unwrap();
+    let resource = Resource::default();
+    let cutoff = mono_ns() + 1_000_000_000;
+    resource.cut_off(cutoff);
+    // Each section lasts long enough that one is running at the cut-off.
+    let inside = |_: u32| tokio::time::sleep(Duration::from_millis(150)).boxed();
+    let stop = CancellationToken::new();
+    let mut tasks = Vec::new();
+    for id in 0..3u32 {
+        let locker = Locker::from_arc(h.client().await);
+        let (key, stop) = (key.clone(), stop.clone());
+        let mut ch = resource.clone();
+        tasks.push(tokio::spawn(async move {
+            work(&locker, &key, TTL, id, &mut ch, &stop, Some(&inside))
+                .await
+                .unwrap();
+        }));
+    }
+    // Never cancelled: the cut-off alone ends the workers.
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(30), t)
+            .await
+            .expect("the workers stopped at the cut-off")
+            .unwrap();
+    }
+    let history = resource.snapshot().0;
+    assert!(history.sections.len() > 2, "{history:?}");
+    assert!(history.sections.iter().all(|s| s.start < cutoff));
+    let last = history.sections.iter().max_by_key(|s| s.start).unwrap();
+    assert!(
+        last.end.is_some_and(|e| e > cutoff),
+        "no section ran across the cut-off: {last:?}"
+    );
+    let v = check(&history);
+    assert_eq!(v.accepted_writes, v.acquisitions, "{v:?}");
+    assert_eq!((v.exclusion_violations, v.data_violations), (0, 0), "{v:?}");
+}

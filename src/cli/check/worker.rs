@@ -21,7 +21,8 @@ fn deadline(guard: &LockGuard, last: u64) -> u64 {
 /// (tests use it to stall a holder).
 pub(crate) type Inside<'a> = &'a (dyn Fn(u32) -> futures::future::BoxFuture<'static, ()> + Sync);
 
-/// Runs until `stop`, or until the resource is gone.
+/// Runs until `stop`, until the resource refuses a new section (the run
+/// is over), or until the resource is gone.
 ///
 /// # Errors
 /// The resource could not be reached.
@@ -58,14 +59,20 @@ pub(crate) async fn work(
         let start = mono_ns();
         let fence = guard.fence().map(|f| f.0);
         let mut dl = deadline(&guard, 0);
-        ch.call(Request::Begin {
-            w: id,
-            s: seq,
-            fence,
-            start,
-            deadline: dl,
-        })
-        .await?;
+        let begun = ch
+            .call(Request::Begin {
+                w: id,
+                s: seq,
+                fence,
+                start,
+                deadline: dl,
+            })
+            .await?;
+        if !begun.ok {
+            // The run is over: a section begun now would not be judged.
+            let _ = guard.release().await;
+            break;
+        }
         dl = deadline(&guard, dl);
         let read = ch
             .call(Request::Read {
