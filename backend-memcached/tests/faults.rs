@@ -11,8 +11,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{free_port, item_keys, quorum_servers, server, unique_prefix, OwnServer};
-use locksmith_conformance::quorum::acquire_succeeds_iff_a_majority_is_free;
-use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
+use locksmith_conformance::quorum::{
+    acquire_succeeds_iff_a_majority_is_free, late_answers_do_not_count,
+};
+use locksmith_core::backend::{Acquire, LockBackend, Quorum, Release, Renew};
 use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
 use locksmith_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -131,6 +133,33 @@ async fn quorum_acquire_succeeds_iff_a_majority_is_free() {
             .collect();
         assert!(left.is_empty(), "{s} kept {left:?}");
     }
+}
+
+/// The shared late-answer test over the 3 servers, each a one-server
+/// client (which is the node the memcached quorum is made of) behind a
+/// gate that holds one request back past the TTL: such a grant or renewal
+/// does not count, and the late grants are undone on every server.
+/// `MemcachedBackend` takes no nodes from outside, so the quorum is the
+/// same generic `Quorum` it builds, built here (its TTL floor, which this
+/// test never reaches, aside).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_grants_and_renewals_that_come_back_after_the_ttl_do_not_count() {
+    let prefix = unique_prefix();
+    let nodes: Vec<std::sync::Arc<dyn LockBackend>> = quorum_servers()
+        .iter()
+        .map(|s| -> std::sync::Arc<dyn LockBackend> {
+            std::sync::Arc::new(
+                MemcachedBackend::connect(&format!("memcache://{s}?prefix={prefix}")).unwrap(),
+            )
+        })
+        .collect();
+    late_answers_do_not_count(
+        nodes,
+        |nodes| Quorum::new("memcached", nodes, Duration::from_millis(400)).unwrap(),
+        "late",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// `scripts/fault-server mc_fault start|stop`.

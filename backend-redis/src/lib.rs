@@ -111,7 +111,10 @@ mod scripts;
 /// layout.
 #[cfg(feature = "internals")]
 pub mod internals {
-    use locksmith_core::LockKey;
+    use std::sync::Arc;
+
+    use locksmith_core::backend::{LockBackend, Quorum};
+    use locksmith_core::{LockKey, Result};
     use redis::Script;
 
     /// The Redis keys of `key` under `prefix`: lock, queue, waiters, in the
@@ -130,6 +133,33 @@ pub mod internals {
     /// holds left, or a negative number when the owner did not hold it.
     pub fn release_script(fenced: bool) -> &'static Script {
         crate::scripts::release(fenced)
+    }
+
+    /// Redlock's nodes for a `redis+redlock://` URL, one lease backend per
+    /// master, for fault tests that wrap each node before building the
+    /// quorum with [`redlock_over`].
+    ///
+    /// # Errors
+    /// `Config` for a bad URL.
+    pub fn redlock_nodes(url: &str) -> Result<Vec<Arc<dyn LockBackend>>> {
+        let config = crate::RedisConfig::from_url(url)?;
+        Ok(crate::redlock::RedlockBackend::nodes(&config)?
+            .into_iter()
+            .map(|n| Arc::new(n) as Arc<dyn LockBackend>)
+            .collect())
+    }
+
+    /// Redlock's quorum, as [`RedlockBackend::connect`](crate::RedlockBackend::connect)
+    /// builds it for `url`, over `nodes` (from [`redlock_nodes`], wrapped).
+    ///
+    /// # Errors
+    /// `Config` for a bad URL or no nodes.
+    pub fn redlock_over(
+        url: &str,
+        nodes: Vec<Arc<dyn LockBackend>>,
+    ) -> Result<Quorum<Arc<dyn LockBackend>>> {
+        let config = crate::RedisConfig::from_url(url)?;
+        crate::redlock::RedlockBackend::quorum_over(&config, nodes)
     }
 }
 

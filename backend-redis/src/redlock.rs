@@ -34,7 +34,7 @@ struct Inner {
 /// One Redlock master as a lease backend: the single-node scripts without
 /// fences, queue or notification, each request within the per-node timeout.
 #[derive(Debug)]
-struct QuorumNode {
+pub(crate) struct QuorumNode {
     node: Node,
     prefix: String,
 }
@@ -97,10 +97,18 @@ impl RedlockBackend {
     /// `Config` for a bad URL or fewer than 3 nodes.
     pub fn connect(url: &str) -> Result<Self> {
         let config = RedisConfig::from_url(url)?;
+        let quorum = Self::quorum_over(&config, Self::nodes(&config)?)?;
+        Ok(RedlockBackend {
+            inner: Arc::new(Inner { config, quorum }),
+        })
+    }
+
+    /// One node per master of a `redis+redlock://` configuration.
+    pub(crate) fn nodes(config: &RedisConfig) -> Result<Vec<QuorumNode>> {
         if !config.redlock {
             return Err(Error::config("RedlockBackend needs a redis+redlock:// URL"));
         }
-        let nodes = config
+        config
             .nodes
             .iter()
             .map(|u| {
@@ -115,13 +123,17 @@ impl RedlockBackend {
                     prefix: config.prefix.clone(),
                 })
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect()
+    }
+
+    /// Redlock's quorum over `nodes`, with the TTL floor `config` sets.
+    pub(crate) fn quorum_over<B: LockBackend>(
+        config: &RedisConfig,
+        nodes: Vec<B>,
+    ) -> Result<Quorum<B>> {
         // A TTL must leave room for a slow round of requests and the drift.
         let min_ttl = (config.timeout * 4).max(Duration::from_millis(100));
-        let quorum = Quorum::new("Redlock", nodes, min_ttl)?;
-        Ok(RedlockBackend {
-            inner: Arc::new(Inner { config, quorum }),
-        })
+        Quorum::new("Redlock", nodes, min_ttl)
     }
 
     /// The configuration in use (its URLs print without secrets).

@@ -5,11 +5,15 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use locksmith_core::backend::{Acquire, LockBackend, Notice, Release};
-use locksmith_core::{LockKey, LockOptions, Locker, OwnerToken};
+use locksmith_core::backend::{
+    async_trait, Acquire, Capabilities, LockBackend, Notice, Release, Renew, RenewRequest, Watch,
+};
+use locksmith_core::{LockKey, LockOptions, LockStatus, Locker, OwnerToken, Result};
 use locksmith_redis::RedisBackend;
+use tokio::sync::{mpsc, watch};
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -383,4 +387,186 @@ async fn a_stale_grant_delivered_after_a_later_attempt_is_not_trusted() {
             .expect("the waiter gets the lock once it is free");
         assert_eq!(got.as_ref(), Some(&k));
     }
+}
+
+/// How long a waiter over [`Ordered`] pauses after its first queued
+/// attempt: far longer than the hand-off lease (four 100 ms refresh
+/// periods) and the next waiter's take-over after it.
+const PAUSE: Duration = Duration::from_secs(2);
+
+/// A Redis client whose waiter the test puts in a fixed order: a grant
+/// notice is held back until the waiter's second queued attempt has come
+/// back, and the first queued attempt tells the waiter to come back only
+/// after [`PAUSE`]. So the hand-off lapses unseen, another waiter takes the
+/// lock, the waiter attempts again (finding it held) and only then reads
+/// the old grant: the order `locksmith check` found, without a frozen
+/// runtime and its luck.
+#[derive(Debug)]
+struct Ordered {
+    inner: RedisBackend,
+    /// Queued attempts begun so far.
+    attempts: watch::Sender<usize>,
+    /// Queued attempts answered so far.
+    answered: watch::Sender<usize>,
+    /// When the second queued attempt began.
+    second: Mutex<Option<Instant>>,
+    /// A grant notice arrived (and is held back).
+    arrived: watch::Sender<bool>,
+    /// Held grant notices may be delivered.
+    deliver: watch::Sender<bool>,
+}
+
+impl Ordered {
+    fn new(inner: RedisBackend) -> Arc<Self> {
+        Arc::new(Ordered {
+            inner,
+            attempts: watch::channel(0).0,
+            answered: watch::channel(0).0,
+            second: Mutex::new(None),
+            arrived: watch::channel(false).0,
+            deliver: watch::channel(false).0,
+        })
+    }
+}
+
+/// Stops a forwarding task with the watch that owns it.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[async_trait]
+impl LockBackend for Ordered {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
+        self.inner.try_acquire(k, o, ttl).await
+    }
+    async fn release(&self, k: &LockKey, o: &OwnerToken) -> Result<Release> {
+        self.inner.release(k, o).await
+    }
+    async fn renew(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Renew> {
+        self.inner.renew(k, o, ttl).await
+    }
+    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        self.inner.renew_many(requests).await
+    }
+    async fn inspect(&self, k: &LockKey) -> Result<LockStatus> {
+        self.inner.inspect(k).await
+    }
+    async fn watch(&self, k: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
+        let mut inner = self.inner.watch(k, ticket).await?.expect("Redis notifies");
+        let (tx, rx) = mpsc::unbounded_channel();
+        let arrived = self.arrived.clone();
+        let mut deliver = self.deliver.subscribe();
+        let task = tokio::spawn(async move {
+            loop {
+                if let Notice::Granted(g) = inner.changed().await {
+                    arrived.send_replace(true);
+                    let _ = deliver.wait_for(|d| *d).await;
+                    if tx.send(g).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Some(Watch::grants(
+            rx,
+            Some(Box::new(AbortOnDrop(task.abort_handle()))),
+        )))
+    }
+    async fn try_acquire_waiting(
+        &self,
+        k: &LockKey,
+        o: &OwnerToken,
+        ttl: Duration,
+        ticket: &OwnerToken,
+    ) -> Result<Acquire> {
+        let mut n = 0;
+        self.attempts.send_modify(|a| {
+            *a += 1;
+            n = *a;
+        });
+        if n == 2 {
+            *self.second.lock().unwrap() = Some(Instant::now());
+        }
+        let outcome = self.inner.try_acquire_waiting(k, o, ttl, ticket).await?;
+        self.answered.send_modify(|a| *a += 1);
+        Ok(match (n, outcome) {
+            (1, Acquire::Contended { .. }) => Acquire::Contended {
+                retry_after: Some(PAUSE),
+            },
+            (2, outcome) => {
+                // Read after this answer: the waiter's select sees it only
+                // once it has dealt with the answer.
+                self.deliver.send_replace(true);
+                outcome
+            }
+            (_, outcome) => outcome,
+        })
+    }
+    async fn abandon(&self, k: &LockKey, o: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
+        self.inner.abandon(k, o, ticket).await
+    }
+}
+
+/// The stale grant's failure sequence, every time: the waiter queues; the
+/// holder releases and the lock is handed to the waiter, whose notice is
+/// held back; the hand-off lapses and the next waiter takes the lock; the
+/// waiter attempts again and finds it held; then the old grant arrives. It
+/// was made before that later attempt, so it must not be trusted from it:
+/// the waiter attempts again instead of taking a lock another holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_grant_read_after_a_later_attempt_is_refused_every_time() {
+    let k = key("ordered-stale-grant");
+    let opts = LockOptions::new()
+        .ttl(TTL)
+        .wait_for(Duration::from_secs(30));
+    let holder = Locker::new(backend("100ms"));
+    let next = Locker::new(backend("100ms"));
+    let ordered = Ordered::new(backend("100ms"));
+    let waiter = Locker::from_arc(ordered.clone());
+    let g = holder.lock_with(&k, &opts).await.unwrap();
+    let mut attempts = ordered.attempts.subscribe();
+    let mut answered = ordered.answered.subscribe();
+    let mut task = tokio::spawn({
+        let (k, opts) = (k.clone(), opts.clone());
+        async move { waiter.lock_with(&k, &opts).await.map(drop) }
+    });
+    // The first queued attempt came back: the waiter is queued.
+    let mut arrived = ordered.arrived.subscribe();
+    answered.wait_for(|a| *a >= 1).await.unwrap();
+    assert!(!task.is_finished(), "setup: the waiter got a held lock");
+    g.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), arrived.wait_for(|a| *a))
+        .await
+        .expect("the hand-off's notice arrives")
+        .unwrap();
+    // The waiter is silent until PAUSE is up: its hand-off lapses, and the
+    // next waiter gets the lock.
+    let taken = next.lock_with(&k, &opts).await.unwrap();
+    let taken_at = Instant::now();
+    attempts.wait_for(|a| *a >= 2).await.unwrap();
+    let second = ordered.second.lock().unwrap().expect("the second attempt");
+    assert!(
+        taken_at < second,
+        "setup: the next waiter took the lock only after the waiter's second attempt"
+    );
+    // The stale grant is read after the second attempt found the lock held.
+    tokio::select! {
+        r = &mut task => panic!(
+            "the waiter trusted a stale grant while another holds the lock: {r:?}"
+        ),
+        r = attempts.wait_for(|a| *a >= 3) => { r.unwrap(); }
+    }
+    taken.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the waiter gets the lock once it is free")
+        .unwrap()
+        .unwrap();
 }

@@ -1,16 +1,19 @@
 //! Redlock over 5 masters: for every subset of nodes that is down, or held
 //! by another owner, acquire succeeds exactly when a quorum (3) is free, and
 //! a failed acquire leaves nothing of ours on any node: no key of any
-//! kind, fencing counters included.
+//! kind, fencing counters included. Grants and renewals that come back
+//! after their TTL do not count.
 
 mod common;
 
 use std::time::Duration;
 
-use locksmith_conformance::quorum::acquire_succeeds_iff_a_majority_is_free;
+use locksmith_conformance::quorum::{
+    acquire_succeeds_iff_a_majority_is_free, late_answers_do_not_count,
+};
 use locksmith_core::backend::{Acquire, LockBackend};
 use locksmith_core::{ErrorKind, LockKey, OwnerToken};
-use locksmith_redis::{RedisBackend, RedlockBackend};
+use locksmith_redis::{internals, RedisBackend, RedlockBackend};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -45,6 +48,23 @@ async fn acquire_succeeds_iff_a_quorum_is_free() {
             assert!(left.is_empty(), "{key:?}: node {i} kept {left:?}");
         }
     }
+}
+
+/// The shared late-answer test over Redlock's own nodes (the masters'
+/// quorum scripts), each behind a gate that holds one request back past
+/// the TTL: such a grant or renewal does not count, and the late grants are
+/// undone on every master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_and_renewals_that_come_back_after_the_ttl_do_not_count() {
+    let url = common::redlock_url(&common::redlock_ports());
+    let run = OwnerToken::generate();
+    late_answers_do_not_count(
+        internals::redlock_nodes(&url).unwrap(),
+        |nodes| internals::redlock_over(&url, nodes).unwrap(),
+        &format!("redlock-late/{}", &run.as_str()[..8]),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// Redlock's status counts a quorum per owner, and says `Unavailable` when

@@ -87,6 +87,10 @@ struct Waiter {
     /// The lock was handed to this waiter.
     granted: Option<Grant>,
     task: Option<tokio::task::AbortHandle>,
+    /// The node whose change the waiter waits for, for tests that check it
+    /// is the predecessor.
+    #[cfg(feature = "internals")]
+    watching: Option<String>,
 }
 
 /// The answers to a create and the listing sent with it.
@@ -145,6 +149,15 @@ impl ZkBackend {
     /// The configuration in use (its URL prints without secrets).
     pub fn config(&self) -> &ZkConfig {
         self.inner.sessions.config()
+    }
+
+    /// The nodes this backend's queued waiters watch, for tests.
+    #[cfg(feature = "internals")]
+    pub(crate) fn watched(&self) -> Vec<String> {
+        lock(&self.inner.waiters)
+            .values()
+            .filter_map(|w| w.watching.clone())
+            .collect()
     }
 
     /// The current session's credentials, for tests that end it from outside.
@@ -714,6 +727,12 @@ async fn wait_turn(
             break true;
         }
         let before = format!("{dir}/{}", children[i - 1]);
+        #[cfg(feature = "internals")]
+        if let Some(inner) = inner.upgrade() {
+            if let Some(w) = lock(&inner.waiters).get_mut(&ticket) {
+                w.watching = Some(before.clone());
+            }
+        }
         match session.client.get_and_watch_data(&before).await {
             Ok((_, _, watcher)) => {
                 watcher.changed().await;

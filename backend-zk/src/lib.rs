@@ -118,6 +118,12 @@ pub mod internals {
         backend.session_info()
     }
 
+    /// The full paths of the nodes `backend`'s queued waiters last set their
+    /// watch on: each should be the node just before the waiter's own.
+    pub fn watched(backend: &crate::ZkBackend) -> Vec<String> {
+        backend.watched()
+    }
+
     /// The directory name of `key` (at the top of the tree when `at_top`).
     pub fn dir_name(key: &str, at_top: bool) -> String {
         crate::layout::dir_name(key, at_top)

@@ -1,14 +1,19 @@
 //! Deliberately broken backends. Each wraps a correct one and breaks one
 //! promise of the contract; the suite must fail every one of them (this
-//! crate's `tests/broken.rs` proves it does).
+//! crate's `tests/broken.rs` proves it does). [`UntimedQuorum`] breaks a
+//! quorum rule instead, which the shared quorum tests must catch (this
+//! crate's `tests/quorum.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use locksmith_core::backend::{Acquire, Capabilities, Grant, LockBackend, Release, Renew, Watch};
-use locksmith_core::{ErrorKind, FencingToken, LockKey, OwnerToken, Result};
+use futures::future::join_all;
+use locksmith_core::backend::{
+    Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest, Watch,
+};
+use locksmith_core::{Error, ErrorKind, FencingToken, LockKey, OwnerToken, Result};
 
 use crate::Harness;
 
@@ -256,5 +261,116 @@ impl<H: Harness> Harness for BrokenHarness<H> {
             .filter(|k| k.as_str().starts_with(prefix))
             .count();
         Ok(inner + leaked as u64)
+    }
+}
+
+/// A quorum that keeps every rule of
+/// [`Quorum`](locksmith_core::backend::Quorum) but one: it counts a grant
+/// or a renewal however late it came back, even after the TTL it was for
+/// has run out. Only
+/// [`late_answers_do_not_count`](crate::quorum::late_answers_do_not_count)
+/// catches it.
+#[derive(Debug)]
+pub struct UntimedQuorum {
+    nodes: Vec<Arc<dyn LockBackend>>,
+}
+
+impl UntimedQuorum {
+    /// A quorum over `nodes`.
+    pub fn new(nodes: Vec<Arc<dyn LockBackend>>) -> Self {
+        UntimedQuorum { nodes }
+    }
+
+    fn quorum(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    fn unreachable(&self, errors: usize) -> Option<Error> {
+        (errors > self.nodes.len() - self.quorum()).then(|| {
+            Error::unavailable(format!("only {} nodes answered", self.nodes.len() - errors))
+        })
+    }
+}
+
+#[async_trait]
+impl LockBackend for UntimedQuorum {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        let answers = join_all(self.nodes.iter().map(|n| n.try_acquire(key, owner, ttl))).await;
+        let granted = answers
+            .iter()
+            .filter(|a| matches!(a, Ok(Acquire::Acquired(_))))
+            .count();
+        // The defect: no check of how long the answers took.
+        if granted >= self.quorum() {
+            return Ok(Acquire::Acquired(Grant {
+                fence: None,
+                holds: 1,
+                lease: None,
+            }));
+        }
+        let undo = self
+            .nodes
+            .iter()
+            .zip(&answers)
+            .filter(|(_, a)| !matches!(a, Ok(Acquire::Contended { .. })));
+        join_all(undo.map(|(n, _)| n.release(key, owner))).await;
+        let errors = answers.iter().filter(|a| a.is_err()).count();
+        match self.unreachable(errors) {
+            Some(e) => Err(e),
+            None => Ok(Acquire::Contended { retry_after: None }),
+        }
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+        let answers = join_all(self.nodes.iter().map(|n| n.release(key, owner))).await;
+        let held = answers
+            .iter()
+            .filter(|a| matches!(a, Ok(Release::Freed | Release::StillHeld(_))))
+            .count();
+        if held >= self.quorum() {
+            return Ok(Release::Freed);
+        }
+        let errors = answers.iter().filter(|a| a.is_err()).count();
+        match self.unreachable(errors) {
+            Some(e) if held + errors >= self.quorum() => Err(e),
+            _ => Ok(Release::NotHeld),
+        }
+    }
+
+    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
+        locksmith_core::backend::renew_one(self, key, owner, ttl).await
+    }
+
+    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        let per_node = join_all(self.nodes.iter().map(|n| n.renew_many(requests))).await;
+        (0..requests.len())
+            .map(|i| {
+                let renewed = per_node
+                    .iter()
+                    .filter(|a| matches!(a.get(i), Some(Ok(Renew::Renewed))))
+                    .count();
+                let errors = per_node
+                    .iter()
+                    .filter(|a| !matches!(a.get(i), Some(Ok(_))))
+                    .count();
+                // The defect again: no check of how long the answers took.
+                if renewed >= self.quorum() {
+                    Ok(Renew::Renewed)
+                } else if renewed + errors >= self.quorum() {
+                    Err(Error::unavailable("too few nodes answered the renewal"))
+                } else {
+                    Ok(Renew::NotHeld)
+                }
+            })
+            .collect()
     }
 }

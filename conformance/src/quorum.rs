@@ -1,13 +1,19 @@
-//! The quorum test every quorum backend runs (Redlock over Redis masters,
+//! The quorum tests every quorum backend runs (Redlock over Redis masters,
 //! memcached servers): for every subset of its servers that is down, or
 //! held by another owner, an acquire succeeds exactly when a majority is
-//! free, and nothing of ours stays on any server.
+//! free, and nothing of ours stays on any server; and a grant or renewal
+//! that comes back after its TTL has run out does not count.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Result};
-use locksmith_core::backend::{Acquire, LockBackend, Release};
+use async_trait::async_trait;
+use locksmith_core::backend::{Acquire, LockBackend, Release, Renew, RenewRequest};
 use locksmith_core::{ErrorKind, LockKey, OwnerToken};
+
+use crate::faults::{Observed, Observer};
 
 /// What is wrong with the servers of a subset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,4 +101,109 @@ where
         }
     }
     Ok(keys)
+}
+
+/// The TTL of the late-answer case: long enough that a late grant's lease,
+/// started when the request finally reached the server, is still live
+/// when the undo lands, whatever the store's TTL resolution.
+const LATE_TTL: Duration = Duration::from_secs(2);
+/// How long a slowed request waits before it reaches its server: past
+/// `LATE_TTL`, so its answer comes back after the lease may have ended.
+const LATE: Duration = Duration::from_millis(2300);
+
+/// Holds the next request back for [`LATE`] once armed (one request per
+/// arming): later ones, the undo among them, go through at once.
+#[derive(Debug, Default)]
+struct LateOnce(AtomicBool);
+
+#[async_trait]
+impl Observer for LateOnce {
+    async fn gate(&self) -> locksmith_core::Result<()> {
+        if self.0.swap(false, Ordering::SeqCst) {
+            tokio::time::sleep(LATE).await;
+        }
+        Ok(())
+    }
+}
+
+/// A grant or renewal that comes back after its TTL has run out does not
+/// count: by then the lease may have ended on every node, and another
+/// owner may hold the lock. `nodes` are the quorum's nodes, one per real
+/// server; `quorum_over` builds the backend's quorum over the given nodes
+/// (here each behind a gate that holds one request back past the TTL).
+///
+/// - Every node grants, late: the acquire is not granted, and every late
+///   grant is undone while its lease is still live on its server.
+/// - Every node renews, late: the renewal is not `Renewed`.
+///
+/// # Errors
+/// The first of these that the quorum gets wrong, or a node that kept our
+/// hold.
+pub async fn late_answers_do_not_count<Q: LockBackend>(
+    nodes: Vec<Arc<dyn LockBackend>>,
+    quorum_over: impl Fn(Vec<Arc<dyn LockBackend>>) -> Q,
+    prefix: &str,
+) -> Result<()> {
+    let gated: Vec<Arc<Observed<LateOnce>>> = nodes
+        .iter()
+        .map(|n| Observed::wrap(n.clone(), LateOnce::default()))
+        .collect();
+    let q = quorum_over(
+        gated
+            .iter()
+            .map(|g| g.clone() as Arc<dyn LockBackend>)
+            .collect(),
+    );
+    let arm = || {
+        for g in &gated {
+            g.observer.0.store(true, Ordering::SeqCst);
+        }
+    };
+    let ours_left = |key: LockKey, me: OwnerToken| {
+        let nodes = nodes.clone();
+        async move {
+            // The late leases started at most LATE ago and last LATE_TTL:
+            // a hold we left would still be there to release.
+            for (i, node) in nodes.iter().enumerate() {
+                ensure!(
+                    node.release(&key, &me).await? == Release::NotHeld,
+                    "our late hold was left on server {i}"
+                );
+            }
+            Ok(())
+        }
+    };
+
+    let key = LockKey::new(format!("{prefix}/late-grant"))?;
+    let me = OwnerToken::generate();
+    arm();
+    let outcome = q.try_acquire(&key, &me, LATE_TTL).await;
+    ensure!(
+        matches!(outcome, Ok(Acquire::Contended { .. })),
+        "every grant came back {LATE:?} after the request, past the {LATE_TTL:?} TTL, \
+         and the acquire answered {outcome:?}"
+    );
+    ours_left(key, me).await?;
+
+    let key = LockKey::new(format!("{prefix}/late-renewal"))?;
+    let me = OwnerToken::generate();
+    let got = q.try_acquire(&key, &me, Duration::from_secs(30)).await?;
+    ensure!(matches!(got, Acquire::Acquired(_)), "setup: {got:?}");
+    arm();
+    let request = RenewRequest {
+        key: key.clone(),
+        owner: me.clone(),
+        ttl: LATE_TTL,
+    };
+    let renewed = q.renew_many(std::slice::from_ref(&request)).await;
+    ensure!(
+        !matches!(renewed.as_slice(), [Ok(Renew::Renewed)]),
+        "every renewal came back {LATE:?} after the request, past its {LATE_TTL:?} TTL, \
+         and counted as renewed"
+    );
+    ensure!(
+        q.release(&key, &me).await? == Release::Freed,
+        "release after the late renewal did not free"
+    );
+    ours_left(key, me).await
 }

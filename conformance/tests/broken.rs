@@ -1,8 +1,15 @@
 //! The suite can fail: each deliberately broken backend is caught by the
 //! cases that guard the promise it breaks.
 
-use locksmith_conformance::broken::{BrokenHarness, Defect};
+use std::sync::Arc;
+use std::time::Duration;
+
+use locksmith_conformance::broken::{BrokenHarness, Defect, UntimedQuorum};
+use locksmith_conformance::quorum::{
+    acquire_succeeds_iff_a_majority_is_free, late_answers_do_not_count,
+};
 use locksmith_conformance::{failing_cases, MemoryHarness};
+use locksmith_core::backend::{LockBackend, MemoryBackend, Quorum};
 
 async fn check(defect: Defect, must_fail: &[&str]) {
     let harness = BrokenHarness::new(MemoryHarness::new(), defect);
@@ -81,4 +88,67 @@ async fn a_fence_forgotten_on_collection_is_caught() {
 async fn the_correct_backend_fails_nothing() {
     let failed = failing_cases(&MemoryHarness::new()).await;
     assert!(failed.is_empty(), "reference backend failed: {failed:#?}");
+}
+
+/// Three in-memory servers for the shared quorum tests: the servers
+/// themselves, and nodes over them with the ones in `down` switched off.
+fn quorum_nodes(servers: &[MemoryBackend], down: &[usize]) -> Vec<Arc<dyn LockBackend>> {
+    servers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| -> Arc<dyn LockBackend> {
+            if down.contains(&i) {
+                let off = MemoryBackend::new();
+                off.set_available(false);
+                Arc::new(off)
+            } else {
+                Arc::new(s.clone())
+            }
+        })
+        .collect()
+}
+
+fn quorum(nodes: Vec<Arc<dyn LockBackend>>) -> Quorum<Arc<dyn LockBackend>> {
+    Quorum::new("in-memory quorum", nodes, Duration::from_millis(10)).expect("three nodes")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_correct_quorum_passes_the_shared_quorum_tests() {
+    let servers = vec![
+        MemoryBackend::new(),
+        MemoryBackend::new(),
+        MemoryBackend::new(),
+    ];
+    acquire_succeeds_iff_a_majority_is_free(
+        &servers,
+        |down| quorum(quorum_nodes(&servers, down)),
+        "q",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    late_answers_do_not_count(quorum_nodes(&servers, &[]), quorum, "q")
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// The quorum that counts late answers passes the subset test and fails
+/// the late-answer one: that case alone catches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_untimed_quorum_is_caught_by_the_late_answer_case_alone() {
+    let servers = vec![
+        MemoryBackend::new(),
+        MemoryBackend::new(),
+        MemoryBackend::new(),
+    ];
+    acquire_succeeds_iff_a_majority_is_free(
+        &servers,
+        |down| UntimedQuorum::new(quorum_nodes(&servers, down)),
+        "q",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the subset test should pass: {e:#}"));
+    let e = late_answers_do_not_count(quorum_nodes(&servers, &[]), UntimedQuorum::new, "q")
+        .await
+        .expect_err("the late-answer case should catch the untimed quorum");
+    assert!(format!("{e:#}").contains("past the"), "{e:#}");
 }

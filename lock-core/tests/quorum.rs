@@ -1,9 +1,12 @@
-//! The quorum's undo of a failed acquire, with nodes that fail on cue.
+//! The quorum's undo of a failed acquire, with nodes that fail on cue, and
+//! its refusal of grants and renewals that come back after their TTL.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use locksmith_core::backend::{Acquire, LockBackend, MemoryBackend, Quorum, Release, Renew};
+use locksmith_core::backend::{
+    Acquire, LockBackend, MemoryBackend, Quorum, Release, Renew, RenewRequest,
+};
 use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
 /// An in-memory node whose next acquire fails without reaching the store
@@ -68,4 +71,113 @@ async fn a_failed_reentry_leaves_the_earlier_hold_alone() {
         );
     }
     assert_eq!(q.release(&key, &me).await.unwrap(), Release::Freed);
+}
+
+/// An in-memory node whose requests, once `slow` is set, reach the store
+/// only after `LATE`: a grant that comes back after its TTL has run out.
+/// Releases are never delayed, so an undo lands while the late grant's
+/// lease is still live in the store.
+#[derive(Debug, Default)]
+struct Slow {
+    store: MemoryBackend,
+    slow: AtomicBool,
+}
+
+/// Longer than the TTL the slow cases ask for.
+const LATE: Duration = Duration::from_millis(1200);
+/// The TTL of the slow cases: the node's lease outlives the undo by far.
+const SLOW_TTL: Duration = Duration::from_millis(1000);
+
+impl Slow {
+    async fn lag(&self) {
+        if self.slow.load(Ordering::SeqCst) {
+            tokio::time::sleep(LATE).await;
+        }
+    }
+}
+
+#[locksmith_core::backend::async_trait]
+impl LockBackend for Slow {
+    fn capabilities(&self) -> locksmith_core::backend::Capabilities {
+        self.store.capabilities()
+    }
+    async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
+        self.lag().await;
+        self.store.try_acquire(k, o, ttl).await
+    }
+    async fn release(&self, k: &LockKey, o: &OwnerToken) -> Result<Release> {
+        self.store.release(k, o).await
+    }
+    async fn renew(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Renew> {
+        self.lag().await;
+        self.store.renew(k, o, ttl).await
+    }
+    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        self.lag().await;
+        self.store.renew_many(requests).await
+    }
+    async fn inspect(&self, k: &LockKey) -> Result<LockStatus> {
+        self.store.inspect(k).await
+    }
+}
+
+fn slow_quorum() -> Quorum<Slow> {
+    Quorum::new(
+        "test",
+        vec![Slow::default(), Slow::default(), Slow::default()],
+        Duration::from_millis(10),
+    )
+    .unwrap()
+}
+
+/// Every node grants, but the grants come back after the TTL has run out:
+/// the lock may already be someone else's, so the acquire is not granted,
+/// and what the nodes granted is undone (their leases, started late, are
+/// still live in the store when the undo lands).
+#[tokio::test]
+async fn grants_that_arrive_after_the_ttl_do_not_count_and_are_undone() {
+    let q = slow_quorum();
+    for n in q.nodes() {
+        n.slow.store(true, Ordering::SeqCst);
+    }
+    let (key, me) = (LockKey::new("k").unwrap(), OwnerToken::generate());
+    let got = q.try_acquire(&key, &me, SLOW_TTL).await.unwrap();
+    assert!(
+        matches!(got, Acquire::Contended { .. }),
+        "grants that came back after the TTL counted: {got:?}"
+    );
+    for (i, node) in q.nodes().iter().enumerate() {
+        let s = node.inspect(&key).await.unwrap();
+        assert!(!s.held, "node {i} still holds the late grant: {s:?}");
+    }
+}
+
+/// A quorum renews, but its answers come back after the renewal's TTL has
+/// run out: that renewal proves nothing and must not count as `Renewed`.
+#[tokio::test]
+async fn renewals_that_arrive_after_the_ttl_do_not_count() {
+    let q = slow_quorum();
+    let (key, me) = (LockKey::new("k").unwrap(), OwnerToken::generate());
+    let got = q
+        .try_acquire(&key, &me, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(matches!(got, Acquire::Acquired(_)), "{got:?}");
+    for n in q.nodes() {
+        n.slow.store(true, Ordering::SeqCst);
+    }
+    let request = RenewRequest {
+        key: key.clone(),
+        owner: me.clone(),
+        ttl: SLOW_TTL,
+    };
+    let renewed = q.renew_many(std::slice::from_ref(&request)).await;
+    assert!(
+        !matches!(renewed.as_slice(), [Ok(Renew::Renewed)]),
+        "a renewal that came back after its TTL counted: {renewed:?}"
+    );
+    for n in q.nodes() {
+        n.slow.store(false, Ordering::SeqCst);
+    }
+    let _ = q.release(&key, &me).await;
 }

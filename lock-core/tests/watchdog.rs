@@ -150,3 +150,88 @@ async fn failing_renewals_back_off_without_starving_other_tasks() {
         "other tasks were starved: {ticks} ticks of about {expected_ticks} in {elapsed:?}"
     );
 }
+
+/// A memory store whose first `renew_many` is applied at once but answered
+/// `delay` late, recording when the call came in; every later renewal
+/// never answers (the watchdog times it out, which moves no deadline).
+#[derive(Debug)]
+struct LateReply {
+    inner: MemoryBackend,
+    delay: Duration,
+    entered: Mutex<Option<Instant>>,
+}
+
+#[async_trait]
+impl LockBackend for LateReply {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
+        self.inner.try_acquire(k, o, ttl).await
+    }
+    async fn release(&self, k: &LockKey, o: &OwnerToken) -> Result<Release> {
+        self.inner.release(k, o).await
+    }
+    async fn renew(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Renew> {
+        self.inner.renew(k, o, ttl).await
+    }
+    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        let first = {
+            let mut entered = self.entered.lock().unwrap();
+            let first = entered.is_none();
+            if first {
+                *entered = Some(Instant::now());
+            }
+            first
+        };
+        if !first {
+            return std::future::pending().await;
+        }
+        let results = self.inner.renew_many(requests).await;
+        tokio::time::sleep(self.delay).await;
+        results
+    }
+}
+
+/// A renewal's lease counts from when the request left, not from when the
+/// reply came back: the store may have applied it at once, so the lease
+/// there ends `ttl` after the send. A reply delayed by far more than the
+/// drift allowance (yet within the watchdog's `ttl / 2` call timeout)
+/// must not push the guard's deadline past call-entry + TTL.
+#[tokio::test]
+async fn a_renewed_deadline_counts_from_the_send_not_the_reply() {
+    let ttl = Duration::from_secs(2);
+    let delay = Duration::from_millis(600);
+    assert!(delay > 10 * locksmith_core::backend::clock_drift(ttl) && delay < ttl / 2);
+    let backend = Arc::new(LateReply {
+        inner: MemoryBackend::new(),
+        delay,
+        entered: Mutex::new(None),
+    });
+    let locker = Locker::from_arc(backend.clone());
+    let guard = locker
+        .lock_with("k", &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    let first = guard.deadline().expect("held");
+    // The one renewal that answers moves the deadline once; later ones
+    // never answer, so the next change can only be the loss.
+    let renewed = tokio::time::timeout(ttl, async {
+        loop {
+            match guard.deadline() {
+                Some(d) if d != first => return d,
+                Some(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                None => panic!("lost before the renewal: {:?}", guard.state()),
+            }
+        }
+    })
+    .await
+    .expect("the renewal never moved the deadline");
+    let entered = backend.entered.lock().unwrap().expect("a renewal was sent");
+    assert!(
+        renewed <= entered + ttl,
+        "the renewed deadline is {:?} past call entry + TTL: counted from the reply",
+        renewed - (entered + ttl)
+    );
+    guard.release().await.unwrap();
+}

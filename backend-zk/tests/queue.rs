@@ -1,0 +1,174 @@
+//! The queue's own rules, checked against the real server: a node is ours
+//! only while the session that made it owns it, whatever its path; and a
+//! waiter watches the node just before its own, not the holder's.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{hosts_of, raw_client, server_url};
+use locksmith_core::backend::{Acquire, LockBackend};
+use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, LostReason, OwnerToken};
+use locksmith_zk::internals::{self, zookeeper_client as zk};
+use locksmith_zk::ZkBackend;
+
+fn root(name: &str) -> String {
+    format!("/locksmith-queue-{name}-{}", std::process::id())
+}
+
+fn backend(hosts: &str, root: &str) -> Arc<ZkBackend> {
+    Arc::new(ZkBackend::connect(&format!("zk://{hosts}{root}?session_timeout=6s")).unwrap())
+}
+
+/// The queue of `key`'s directory, in queue order (by the sequence after
+/// the last `lock-`, as Curator sorts it), as full paths.
+async fn queue(raw: &zk::Client, root: &str, key: &str) -> Vec<String> {
+    let dir = format!("{root}/{}", internals::dir_name(key, false));
+    let mut children = match raw.list_children(&dir).await {
+        Ok(c) => c,
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(e) => panic!("list {dir}: {e}"),
+    };
+    let seq = |c: &String| {
+        c.rsplit_once("lock-")
+            .map_or(c.clone(), |(_, s)| s.to_owned())
+    };
+    children.sort_by_key(seq);
+    children.into_iter().map(|c| format!("{dir}/{c}")).collect()
+}
+
+/// Polls `queue` until it is `len` long.
+async fn queue_of(raw: &zk::Client, root: &str, key: &str, len: usize) -> Vec<String> {
+    let start = Instant::now();
+    loop {
+        let q = queue(raw, root, key).await;
+        if q.len() == len {
+            return q;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the queue of {key} is {q:?}, not {len} nodes long"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Deletes our node and, in `other`'s session, makes a node at the very
+/// same path: what a holder sees after its session ended and a process
+/// with that node name took it (CURATOR-604), or an operator's mistake.
+async fn take_over(other: &zk::Client, path: &str) {
+    other.delete(path, None).await.unwrap();
+    other
+        .create(
+            path,
+            b"someone else",
+            &zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+}
+
+/// A node at our path that another session made is not ours: the
+/// renewal answers NotHeld and the lost signal fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_remade_at_our_path_by_another_session_is_not_renewed() {
+    let hosts = hosts_of(&server_url());
+    let root = root("remade-renewed");
+    let locker = Locker::from_arc(backend(&hosts, &root));
+    let other = raw_client(&hosts).await;
+    // Renewed only by hand: the answer below is this renewal's.
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .auto_renew(false);
+    let guard = locker.lock_with("k", &opts).await.unwrap();
+    let ours = queue_of(&other, &root, "k", 1).await.remove(0);
+    take_over(&other, &ours).await;
+    let e = guard
+        .renew()
+        .await
+        .expect_err("renewed a node another session made");
+    assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
+    let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("the lost signal did not fire");
+    assert_eq!(reason, LostReason::NotHeld);
+}
+
+/// A node at our path that another session made is not ours: a re-entry
+/// does not join it, but queues behind it (and so is refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_remade_at_our_path_by_another_session_is_not_reentered() {
+    let hosts = hosts_of(&server_url());
+    let root = root("remade-reentered");
+    let store = backend(&hosts, &root);
+    let other = raw_client(&hosts).await;
+    let (key, owner) = (LockKey::new("k").unwrap(), OwnerToken::generate());
+    let ttl = Duration::from_secs(30);
+    let got = store.try_acquire(&key, &owner, ttl).await.unwrap();
+    assert!(matches!(got, Acquire::Acquired(_)), "{got:?}");
+    let ours = queue_of(&other, &root, "k", 1).await.remove(0);
+    take_over(&other, &ours).await;
+    let again = store.try_acquire(&key, &owner, ttl).await.unwrap();
+    assert!(
+        matches!(again, Acquire::Contended { .. }),
+        "re-entered a node another session made: {again:?}"
+    );
+}
+
+/// Holder H, then waiters W1 and W2, each its own client and session:
+/// each waiter watches the node just before its own (W1 watches H's node,
+/// W2 watches W1's), so a release wakes one waiter, not all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiter_watches_the_node_just_before_its_own() {
+    let hosts = hosts_of(&server_url());
+    let root = root("predecessor");
+    let raw = raw_client(&hosts).await;
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait_for(Duration::from_secs(60));
+    let holder = Locker::from_arc(backend(&hosts, &root));
+    let h = holder.lock_with("k", &opts).await.unwrap();
+
+    let mut waiters = Vec::new();
+    let mut tasks = Vec::new();
+    for n in 1..=2 {
+        let store = backend(&hosts, &root);
+        let locker = Locker::from_arc(store.clone());
+        let opts = opts.clone();
+        tasks.push(tokio::spawn(async move {
+            locker.lock_with("k", &opts).await.map(drop)
+        }));
+        // Each queues after the one before is in the queue.
+        queue_of(&raw, &root, "k", n + 1).await;
+        waiters.push(store);
+    }
+    let q = queue(&raw, &root, "k").await;
+    assert_eq!(q.len(), 3, "{q:?}");
+    for (n, store) in waiters.iter().enumerate() {
+        let start = Instant::now();
+        let watched = loop {
+            let w = internals::watched(store);
+            if !w.is_empty() {
+                break w;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "waiter {} set no watch",
+                n + 1
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(
+            watched,
+            vec![q[n].clone()],
+            "waiter {} (node {}) watches the wrong node; the queue is {q:?}",
+            n + 1,
+            q[n + 1]
+        );
+    }
+    h.release().await.unwrap();
+    for t in tasks {
+        t.abort();
+    }
+}
