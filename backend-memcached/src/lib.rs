@@ -32,9 +32,15 @@
 //! on a full server started with `-M`, a held lock stays held, contenders
 //! are told `Contended`, and new locks and renewals are refused with
 //! `Unavailable` ("out of memory"). Any out-of-memory answer also raises
-//! the backend's [`alarm`](locksmith_core::backend::LockBackend::alarm):
-//! other writers to a full server (an older client using `ms`) may have
-//! unlinked locks, and the `Locker` checks each of its own at once.
+//! the backend's [`alarm`](locksmith_core::backend::LockBackend::alarm)
+//! (but a renewal's, which read its lock just before): other writers to a
+//! full server (an older client using `ms`) may have unlinked locks, and
+//! the `Locker` renews each lease it keeps renewed at once. A refusal for
+//! want of memory changed nothing, and says so
+//! ([`Error::is_unapplied`](locksmith_core::Error::is_unapplied)), so a
+//! quorum does not undo it: the undo of a failed re-entry would release
+//! the owner's earlier hold. memcached's slab page mover can still drop
+//! items it cannot move (`-o no_slab_reassign` stops it).
 //!
 //! # Client
 //!

@@ -13,7 +13,7 @@ use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
-use crate::wire::{Commands, Reply, Server};
+use crate::wire::{self, Commands, Reply, Server};
 
 /// The shortest TTL: memcached counts whole seconds, and an item stored
 /// for N seconds may expire after N − 1 of them.
@@ -25,6 +25,8 @@ const MAX_KEY: usize = 250;
 /// How often a read-then-compare-and-write is tried again when the item
 /// changed in between (a re-entry or renewal racing another of ours).
 const CAS_TRIES: usize = 4;
+/// The most renewals sent in one write.
+const MAX_PIPELINE: usize = 256;
 
 /// One memcached server.
 pub(crate) struct Node {
@@ -156,19 +158,39 @@ impl Node {
             .ok_or_else(|| Error::backend("memcached sent no reply"))
     }
 
-    /// A full server refused a write. Nothing of ours was removed (`add`
-    /// and `cas` leave the item alone), but a full server is one where
-    /// other writers' failed stores (a meta `ms`, a `set`) unlink what
-    /// they meant to replace: the holders here are told to check their
-    /// locks now.
-    fn out_of_memory(&self, message: &str) -> Error {
-        self.alarm.send_modify(|n| *n += 1);
+    /// A full server refused a write: nothing of it took effect (`add` and
+    /// `cas` leave the item alone), which the error says, so that a quorum
+    /// does not undo it.
+    fn full(&self, message: &str) -> Error {
         tracing::warn!(server = %self.server.addr(), "memcached is out of memory: {message}");
         Error::unavailable(format!(
             "memcached at {} is out of memory ({message}): it refuses new locks and renewals \
              until items expire; give it more memory (-m) or fewer other items",
             self.server.addr()
         ))
+        .unapplied()
+    }
+
+    /// [`full`](Self::full), and the alarm: a full server is one where
+    /// other writers' failed stores (a meta `ms`, a `set`) unlink what they
+    /// meant to replace, so the holders here check their locks now. Not
+    /// for a renewal's refusal: it read its lock just before, and the
+    /// renewals raising alarms for each other would never rest.
+    fn full_alarm(&self, message: &str) -> Error {
+        self.alarm.send_modify(|n| *n += 1);
+        self.full(message)
+    }
+
+    /// `ttl` as memcached can store it: past 30 days an expiry is a Unix
+    /// time, which the server reads into 32 bits.
+    fn check_ttl(ttl: Duration) -> Result<()> {
+        if wire::fits(store_ttl(ttl)) {
+            Ok(())
+        } else {
+            Err(Error::invalid_options(format!(
+                "memcached cannot keep an item for {ttl:?}: its expiry would pass 2038"
+            )))
+        }
     }
 
     /// An item from a `mg … v c t` reply; `None` on a miss.
@@ -225,6 +247,7 @@ impl LockBackend for Node {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Acquire> {
+        Self::check_ttl(ttl)?;
         let k = self.key(key);
         self.bounded(async {
             for _ in 0..CAS_TRIES {
@@ -245,7 +268,7 @@ impl LockBackend for Node {
                 };
                 let Some(item) = self.read(&k).await? else {
                     if let Some(m) = full {
-                        return Err(self.out_of_memory(&m));
+                        return Err(self.full_alarm(&m));
                     }
                     // Released (or expired) since our add found it held:
                     // under contention it is taken again at once, so this
@@ -254,7 +277,7 @@ impl LockBackend for Node {
                 };
                 if item.holder.owner != owner.as_str() {
                     if let Some(m) = full {
-                        self.out_of_memory(&m);
+                        self.full_alarm(&m);
                     }
                     let retry_after = item.left.map(Duration::from_secs);
                     return Ok(Acquire::Contended { retry_after });
@@ -278,7 +301,7 @@ impl LockBackend for Node {
                         }))
                     }
                     Reply::Exists | Reply::NotFound => {}
-                    Reply::OutOfMemory(m) => return Err(self.out_of_memory(&m)),
+                    Reply::OutOfMemory(m) => return Err(self.full_alarm(&m)),
                     other => return Err(unexpected(&other)),
                 }
             }
@@ -318,7 +341,7 @@ impl LockBackend for Node {
                     Reply::Stored => return Ok(Release::StillHeld(item.holder.holds - 1)),
                     Reply::NotFound => return Ok(Release::NotHeld),
                     Reply::Exists => {} // changed in between: look again
-                    Reply::OutOfMemory(m) => return Err(self.out_of_memory(&m)),
+                    Reply::OutOfMemory(m) => return Err(self.full_alarm(&m)),
                     other => return Err(unexpected(&other)),
                 }
             }
@@ -339,9 +362,23 @@ impl LockBackend for Node {
     /// touch without looking at the CAS, and could shorten another owner's
     /// lease.
     async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        if requests.len() > MAX_PIPELINE {
+            // Every command is written before any reply is read: a huge
+            // batch would fill both sides' socket buffers and stall.
+            let mut out = Vec::with_capacity(requests.len());
+            for chunk in requests.chunks(MAX_PIPELINE) {
+                out.extend(self.renew_many(chunk).await);
+            }
+            return out;
+        }
         let keys: Vec<String> = requests.iter().map(|r| self.key(&r.key)).collect();
-        let mut results: Vec<Option<Result<Renew>>> = requests.iter().map(|_| None).collect();
-        let mut pending: Vec<usize> = (0..requests.len()).collect();
+        let mut results: Vec<Option<Result<Renew>>> = requests
+            .iter()
+            .map(|r| Self::check_ttl(r.ttl).err().map(Err))
+            .collect();
+        let mut pending: Vec<usize> = (0..requests.len())
+            .filter(|&i| results[i].is_none())
+            .collect();
         let run = async {
             for _ in 0..CAS_TRIES {
                 if pending.is_empty() {
@@ -401,9 +438,9 @@ impl LockBackend for Node {
                             pending.push(i);
                             None
                         }
-                        Reply::OutOfMemory(m) => Some(Err(full
-                            .get_or_insert_with(|| self.out_of_memory(&m))
-                            .clone())),
+                        Reply::OutOfMemory(m) => {
+                            Some(Err(full.get_or_insert_with(|| self.full(&m)).clone()))
+                        }
                         other => Some(Err(unexpected(&other))),
                     };
                 }

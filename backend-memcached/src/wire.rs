@@ -8,13 +8,12 @@
 //! `ms` unlinks it), `mg` and `md` (which allocate nothing) and `mn`.
 
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use locksmith_core::{Error, Result};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::sync::{Mutex, MutexGuard};
+use tokio::sync::Semaphore;
 
 /// memcached takes an expiry above 30 days as a Unix time, not seconds.
 const RELATIVE_LIMIT: u64 = 30 * 24 * 3600;
@@ -121,6 +120,12 @@ fn exptime(ttl: Duration) -> u64 {
     now.saturating_add(secs)
 }
 
+/// Whether memcached can store an expiry of `ttl`: it reads the field
+/// into 32 bits, and past 30 days it is a Unix time.
+pub(crate) fn fits(ttl: Duration) -> bool {
+    exptime(ttl) <= i32::MAX as u64
+}
+
 /// One open connection.
 struct Conn {
     stream: BufReader<TcpStream>,
@@ -197,7 +202,19 @@ impl Conn {
             "NOT_FOUND" | "NF" => Reply::NotFound,
             "MN" => Reply::Noop,
             "SERVER_ERROR" if rest.contains("out of memory") => Reply::OutOfMemory(rest.to_owned()),
-            "SERVER_ERROR" | "CLIENT_ERROR" | "ERROR" => Reply::Refused(text.to_owned()),
+            // Storage commands' data is skipped by the server on these, so
+            // the stream stays in step.
+            "SERVER_ERROR" => Reply::Refused(text.to_owned()),
+            // Not so for these: the server may read a value line as a
+            // command and answer it, and every reply after this one could
+            // belong to another command. The exchange ends here, and the
+            // connection is closed.
+            "CLIENT_ERROR" | "ERROR" => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("memcached refused a command ({text}); the connection is closed"),
+                ))
+            }
             _ => return Err(bad("a reply memcached does not send")),
         })
     }
@@ -208,13 +225,14 @@ fn bad(what: &str) -> io::Error {
 }
 
 /// At most `connections` connections to one server, opened as needed and
-/// kept; an exchange waits for a free one rather than opening more.
+/// kept; an exchange waits for a free one rather than opening more, in one
+/// queue served in order.
 pub(crate) struct Server {
     addr: String,
     timeout: Duration,
     connect_timeout: Duration,
-    slots: Vec<Mutex<Option<Conn>>>,
-    next: AtomicUsize,
+    permits: Semaphore,
+    idle: std::sync::Mutex<Vec<Conn>>,
 }
 
 impl Server {
@@ -228,26 +246,14 @@ impl Server {
             addr: addr.to_owned(),
             timeout,
             connect_timeout,
-            slots: (0..connections.max(1)).map(|_| Mutex::new(None)).collect(),
-            next: AtomicUsize::new(0),
+            permits: Semaphore::new(connections.max(1)),
+            idle: std::sync::Mutex::new(Vec::new()),
         }
     }
 
     /// `host:port`.
     pub(crate) fn addr(&self) -> &str {
         &self.addr
-    }
-
-    /// A free connection slot, or the next one in turn to wait for (the
-    /// lock is fair: waiters are served in order).
-    async fn slot(&self) -> MutexGuard<'_, Option<Conn>> {
-        for s in &self.slots {
-            if let Ok(g) = s.try_lock() {
-                return g;
-            }
-        }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
-        self.slots[i].lock().await
     }
 
     async fn dial(&self) -> Result<Conn> {
@@ -273,19 +279,37 @@ impl Server {
         })
     }
 
+    /// An idle connection still fit for use, if any.
+    fn idle(&self) -> Option<Conn> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(c) = idle.pop() {
+            if c.reusable() {
+                return Some(c);
+            }
+        }
+        None
+    }
+
     /// Sends `commands` in one write and reads one reply each, in order.
     /// The connection is kept only after a whole exchange: one that failed,
     /// timed out or was cancelled midway may hold half a reply, and is
     /// closed.
     pub(crate) async fn exchange(&self, commands: &Commands) -> Result<Vec<Reply>> {
-        let mut slot = self.slot().await;
-        let mut conn = match slot.take() {
-            Some(c) if c.reusable() => c,
-            _ => self.dial().await?,
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| Error::backend("the connection pool was closed"))?;
+        let mut conn = match self.idle() {
+            Some(c) => c,
+            None => self.dial().await?,
         };
         match tokio::time::timeout(self.timeout, conn.exchange(commands)).await {
             Ok(Ok(replies)) => {
-                *slot = Some(conn);
+                self.idle
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(conn);
                 Ok(replies)
             }
             Ok(Err(e)) => Err(Error::unavailable(format!(

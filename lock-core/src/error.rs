@@ -108,6 +108,8 @@ pub struct Error {
     kind: ErrorKind,
     message: String,
     source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
+    /// The store refused the request outright: none of it took effect.
+    unapplied: bool,
 }
 
 impl fmt::Display for Error {
@@ -142,7 +144,27 @@ impl Error {
             kind,
             message: message.into(),
             source: None,
+            unapplied: false,
         }
+    }
+
+    /// Marks the error as a refusal that changed nothing in the store (a
+    /// full memcached refusing a write), as opposed to a request whose
+    /// answer was lost and may have been applied. A [`Quorum`] does not
+    /// undo a node that answered so: its undo would remove what the owner
+    /// held before.
+    ///
+    /// [`Quorum`]: crate::backend::Quorum
+    #[must_use]
+    pub fn unapplied(mut self) -> Self {
+        self.unapplied = true;
+        self
+    }
+
+    /// True when the store said the request changed nothing (see
+    /// [`unapplied`](Self::unapplied)).
+    pub fn is_unapplied(&self) -> bool {
+        self.unapplied
     }
 
     /// Attaches the underlying cause.

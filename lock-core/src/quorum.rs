@@ -286,7 +286,11 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
                         refused.get_or_insert(e);
                     }
                     errors += 1;
-                    undo.push((node, false));
+                    // A node that refused outright holds nothing new of
+                    // ours, and may hold an earlier hold of the owner's.
+                    if !e.is_unapplied() {
+                        undo.push((node, false));
+                    }
                 }
             }
         }

@@ -24,6 +24,11 @@ const MIN_RETRY: Duration = Duration::from_millis(10);
 /// How long the task waits with nothing to watch before it exits. It keeps
 /// only a weak handle meanwhile, so a dropped Locker still frees the backend.
 const IDLE_EXIT: Duration = Duration::from_secs(30);
+/// The shortest time between two alarm sweeps (see
+/// [`LockBackend::alarm`]); also never less than a quarter of the shortest
+/// renewal period, so that a store raising alarms without end costs at most
+/// a few times the usual renewals.
+const ALARM_GAP: Duration = Duration::from_millis(250);
 
 struct Entry {
     request: RenewRequest,
@@ -36,6 +41,9 @@ struct Entry {
     /// up to it (a short first interval after a hand-off has a short one).
     window: Duration,
     deadline: Instant,
+    /// When the store last vouched for the lease: the send time of its last
+    /// confirmed renewal, or its registration.
+    confirmed: Instant,
     in_flight: bool,
     /// Renewals failed in a row; while non-zero the entry waits out its
     /// backoff instead of joining an early batch.
@@ -121,6 +129,7 @@ impl Watchdog {
                     / COALESCE_DIVISOR,
                 renew_every,
                 deadline,
+                confirmed: Instant::now(),
                 in_flight: false,
                 failures: 0,
                 tx,
@@ -213,6 +222,7 @@ impl Watchdog {
             Ok(Renew::Renewed) => {
                 e.failures = 0;
                 e.deadline = local_deadline(sent, e.trusted);
+                e.confirmed = sent;
                 e.window = e.renew_every.unwrap_or_default() / COALESCE_DIVISOR;
                 if let Some(every) = e.renew_every {
                     e.next_renew = sent + every;
@@ -249,19 +259,38 @@ impl Watchdog {
         }
     }
 
-    /// Makes every lease not already being renewed due now, its backoff
-    /// forgotten: the store said it may have dropped locks.
-    fn renew_all_now(&self) {
+    /// After an alarm seen at `seen`: every lease the store last vouched
+    /// for before then is renewed now, at most once per gap (returned as
+    /// `Err(when)` while too soon after the `last` sweep). A lease whose
+    /// renewals are failing keeps its backoff (its next attempt will tell),
+    /// and one in flight is being checked already.
+    fn sweep(&self, seen: Instant, last: Option<Instant>) -> std::result::Result<(), Instant> {
         let now = Instant::now();
         let mut st = self.lock();
-        tracing::warn!(
-            leases = st.entries.len(),
-            "the store may have dropped locks; renewing every lease now"
-        );
-        for e in st.entries.values_mut().filter(|e| e.renew_every.is_some()) {
-            e.next_renew = now;
-            e.failures = 0;
+        let shortest = st
+            .entries
+            .values()
+            .filter_map(|e| e.renew_every)
+            .min()
+            .unwrap_or_default();
+        let gap = ALARM_GAP.max(shortest / 4);
+        if let Some(at) = last.map(|l| l + gap).filter(|&at| at > now) {
+            return Err(at);
         }
+        let mut due = 0;
+        for e in st.entries.values_mut() {
+            if e.renew_every.is_some() && !e.in_flight && e.failures == 0 && e.confirmed < seen {
+                e.next_renew = now;
+                due += 1;
+            }
+        }
+        if due > 0 {
+            tracing::warn!(
+                leases = due,
+                "the store may have dropped locks; renewing every lease now"
+            );
+        }
+        Ok(())
     }
 
     async fn run(this: Weak<Self>, wake: Arc<Notify>) {
@@ -271,8 +300,21 @@ impl Watchdog {
         if let Some(a) = alarm.as_mut() {
             a.mark_unchanged();
         }
+        // An alarm seen and not yet swept, and the last sweep.
+        let mut alarmed_at: Option<Instant> = None;
+        let mut swept_at: Option<Instant> = None;
         loop {
             let Some(strong) = this.upgrade() else { return };
+            let mut sweep_at = None;
+            if let Some(seen) = alarmed_at {
+                match strong.sweep(seen, swept_at) {
+                    Ok(()) => {
+                        alarmed_at = None;
+                        swept_at = Some(Instant::now());
+                    }
+                    Err(at) => sweep_at = Some(at),
+                }
+            }
             let now = Instant::now();
             let mut due = Vec::new();
             let mut next_wake: Option<Instant> = None;
@@ -354,7 +396,11 @@ impl Watchdog {
                 }));
                 continue;
             }
-            let sleep_until = next_wake.unwrap_or(now + Duration::from_secs(3600));
+            let sleep_until = next_wake
+                .into_iter()
+                .chain(sweep_at)
+                .min()
+                .unwrap_or(now + Duration::from_secs(3600));
             tokio::select! {
                 Some((ids, sent, results)) = in_flight.next(), if !in_flight.is_empty() => {
                     let mut st = strong.lock();
@@ -371,7 +417,9 @@ impl Watchdog {
                 }
                 _ = tokio::time::sleep_until(sleep_until.into()) => {}
                 _ = wake.notified() => {}
-                Some(()) = alarmed(&mut alarm) => strong.renew_all_now(),
+                Some(()) = alarmed(&mut alarm) => {
+                    alarmed_at = Some(Instant::now());
+                }
             }
         }
     }

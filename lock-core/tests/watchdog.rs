@@ -235,3 +235,126 @@ async fn a_renewed_deadline_counts_from_the_send_not_the_reply() {
     );
     guard.release().await.unwrap();
 }
+
+/// A memory store that raises its alarm on cue, or on every renewal batch
+/// (as a store might whose renewals keep meeting a full server), and may
+/// fail every renewal.
+#[derive(Debug)]
+struct Alarming {
+    inner: MemoryBackend,
+    alarm: tokio::sync::watch::Sender<u64>,
+    batches: Mutex<Vec<Instant>>,
+    alarm_on_renew: AtomicBool,
+    fail_renewals: AtomicBool,
+}
+
+impl Alarming {
+    fn new() -> Arc<Self> {
+        Arc::new(Alarming {
+            inner: MemoryBackend::new(),
+            alarm: tokio::sync::watch::channel(0).0,
+            batches: Mutex::default(),
+            alarm_on_renew: AtomicBool::new(false),
+            fail_renewals: AtomicBool::new(false),
+        })
+    }
+
+    fn raise(&self) {
+        self.alarm.send_modify(|n| *n += 1);
+    }
+
+    fn batches(&self) -> usize {
+        self.batches.lock().unwrap().len()
+    }
+}
+
+#[async_trait]
+impl LockBackend for Alarming {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
+        self.inner.try_acquire(k, o, ttl).await
+    }
+    async fn release(&self, k: &LockKey, o: &OwnerToken) -> Result<Release> {
+        self.inner.release(k, o).await
+    }
+    async fn renew(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Renew> {
+        self.inner.renew(k, o, ttl).await
+    }
+    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        self.batches.lock().unwrap().push(Instant::now());
+        if self.alarm_on_renew.load(Ordering::SeqCst) {
+            self.raise();
+        }
+        if self.fail_renewals.load(Ordering::SeqCst) {
+            return requests
+                .iter()
+                .map(|_| Err(Error::unavailable("out of memory")))
+                .collect();
+        }
+        self.inner.renew_many(requests).await
+    }
+    fn alarm(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.alarm.subscribe())
+    }
+}
+
+/// An alarm makes every held lease renewed at once, and a lease the store
+/// no longer holds is reported lost then, not at its next period.
+#[tokio::test]
+async fn an_alarm_renews_every_lease_at_once() {
+    let backend = Alarming::new();
+    let locker = Locker::from_arc(backend.clone());
+    // Renewed every 20 s on their own.
+    let opts = LockOptions::new().ttl(Duration::from_secs(60));
+    let kept = locker.lock_with("kept", &opts).await.unwrap();
+    let dropped = locker.lock_with("dropped", &opts).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(backend.batches(), 0);
+    // The store lost one lock without telling anyone.
+    backend
+        .inner
+        .release(dropped.key(), dropped.owner())
+        .await
+        .unwrap();
+    backend.raise();
+    let reason = tokio::time::timeout(Duration::from_secs(5), dropped.lost())
+        .await
+        .expect("the alarm made the watchdog look at once");
+    assert_eq!(reason, LostReason::NotHeld);
+    assert!(!kept.is_lost());
+    assert!(backend.batches() >= 1);
+}
+
+/// A store that raises its alarm on every renewal batch does not make the
+/// watchdog renew in a loop: alarms are swept at most once per gap.
+#[tokio::test]
+async fn alarms_raised_by_renewals_do_not_make_a_loop() {
+    let backend = Alarming::new();
+    backend.alarm_on_renew.store(true, Ordering::SeqCst);
+    let locker = Locker::from_arc(backend.clone());
+    // Renewed every 200 ms on their own: about 7 batches in 1.5 s.
+    let opts = LockOptions::new().ttl(Duration::from_millis(600));
+    let guards: Vec<_> = futures::future::join_all((0..5).map(|i| {
+        let (locker, opts) = (&locker, &opts);
+        async move { locker.lock_with(format!("k{i}"), opts).await.unwrap() }
+    }))
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let calls = backend.batches();
+    // Periodic renewals plus a sweep every 250 ms at most.
+    assert!(calls <= 40, "{calls} renewal calls in 1.5 s");
+    assert!(guards.iter().all(|g| !g.is_lost()));
+
+    // Failing renewals that raise alarms keep their backoff.
+    backend.fail_renewals.store(true, Ordering::SeqCst);
+    let before = backend.batches();
+    let reasons = futures::future::join_all(guards.iter().map(|g| g.lost()));
+    let reasons = tokio::time::timeout(Duration::from_secs(3), reasons)
+        .await
+        .expect("every lease runs out");
+    assert!(reasons.iter().all(|r| *r == LostReason::Expired));
+    let calls = backend.batches() - before;
+    assert!(calls <= 100, "{calls} failing renewal calls in one TTL");
+}

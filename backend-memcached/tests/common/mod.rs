@@ -174,7 +174,14 @@ impl OwnServer {
             .arg(port.to_string())
             .spawn()
             .expect("memcached runs (scripts/test installs it)");
+        let mut server = OwnServer {
+            port,
+            megabytes,
+            child,
+        };
         let start = std::time::Instant::now();
+        // Ours answers once it listens; if it died (the port was taken
+        // meanwhile), whatever answers there is not ours.
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
                 start.elapsed() < Duration::from_secs(5),
@@ -182,11 +189,12 @@ impl OwnServer {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        OwnServer {
-            port,
-            megabytes,
-            child,
-        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            matches!(server.child.try_wait(), Ok(None)),
+            "memcached on {port} exited (the port was taken?)"
+        );
+        server
     }
 
     /// `127.0.0.1:<port>`.

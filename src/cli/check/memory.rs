@@ -1,6 +1,7 @@
 //! What `check` reads of a memcached lock server's memory before it runs:
-//! a server that evicts (no `-M`) drops held locks silently when full, and
-//! one that is full refuses new locks and renewals.
+//! a server that evicts (no `-M`) drops held locks silently when full, its
+//! slab page mover can drop items too, and a full one refuses new locks and
+//! renewals.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -11,33 +12,44 @@ use tokio::net::TcpStream;
 /// Above this share of `limit_maxbytes` in use, `check` warns.
 const NEARLY_FULL: f64 = 0.8;
 
-/// One server's memory, from `stats` and `stats settings`.
+/// One server's memory, from `stats`, `stats settings`, `stats slabs` and
+/// `stats items`.
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct Memory {
-    /// Bytes the items take (`bytes`).
-    pub(crate) bytes: u64,
+    /// Memory handed out to slab classes, a 1 MB page at a time
+    /// (`total_malloced`): once it reaches the limit, a class with no free
+    /// chunk refuses writes, whatever `bytes` says.
+    pub(crate) malloced: u64,
     /// The server's memory limit (`limit_maxbytes`, its `-m`).
     pub(crate) limit: u64,
-    /// Items evicted since the server started (`evictions`).
-    pub(crate) evicted: u64,
+    /// Live items dropped since the server started: evicted, or lost by
+    /// the slab page mover for want of room (`evictions`,
+    /// `slab_reassign_evictions_nomem`).
+    pub(crate) dropped: u64,
+    /// Writes refused for want of memory since it started (the slab
+    /// classes' `outofmemory`).
+    pub(crate) refused: u64,
     /// Whether the server evicts when full (`evictions on`: run without `-M`).
     pub(crate) evicts: bool,
 }
 
+/// The four `END`-terminated answers asked for.
+const ANSWERS: usize = 4;
+
 impl Memory {
-    /// Reads `stats` and `stats settings` from `addr`; `None` if the server
-    /// does not answer them within a second.
+    /// Reads the server's statistics from `addr`; `None` if it does not
+    /// answer them within a second.
     pub(crate) async fn read(addr: SocketAddr) -> Option<Memory> {
         let ask = async {
             let mut s = BufReader::new(TcpStream::connect(addr).await.ok()?);
             s.get_mut()
-                .write_all(b"stats\r\nstats settings\r\n")
+                .write_all(b"stats\r\nstats settings\r\nstats slabs\r\nstats items\r\n")
                 .await
                 .ok()?;
             let mut m = Memory::default();
             let mut ends = 0;
             let mut line = String::new();
-            while ends < 2 {
+            while ends < ANSWERS {
                 line.clear();
                 if s.read_line(&mut line).await.ok()? == 0 {
                     return None;
@@ -61,11 +73,15 @@ impl Memory {
         else {
             return;
         };
+        let n = || value.parse::<u64>().unwrap_or(0);
         match name {
-            "bytes" => self.bytes = value.parse().unwrap_or(0),
-            "limit_maxbytes" => self.limit = value.parse().unwrap_or(0),
+            "total_malloced" => self.malloced = n(),
+            "limit_maxbytes" => self.limit = n(),
             "evictions" if value == "on" || value == "off" => self.evicts = value == "on",
-            "evictions" => self.evicted = value.parse().unwrap_or(0),
+            "evictions" | "slab_reassign_evictions_nomem" => self.dropped += n(),
+            _ if name.starts_with("items:") && name.ends_with(":outofmemory") => {
+                self.refused += n();
+            }
             _ => {}
         }
     }
@@ -79,19 +95,27 @@ impl Memory {
                  vanish silently; run the lock server with -M"
             ));
         }
-        if self.evicted > 0 {
+        if self.dropped > 0 {
             out.push(format!(
-                "memcached {name} has evicted {} items since it started",
-                self.evicted
+                "memcached {name} has dropped {} live items since it started (evicted, or lost \
+                 moving slab pages): a held lock can be among them",
+                self.dropped
             ));
         }
-        let used = self.bytes as f64 / self.limit.max(1) as f64;
+        if self.refused > 0 {
+            out.push(format!(
+                "memcached {name} has refused {} writes for want of memory since it started",
+                self.refused
+            ));
+        }
+        let used = self.malloced as f64 / self.limit.max(1) as f64;
         if used >= NEARLY_FULL {
             out.push(format!(
-                "memcached {name} is {:.0}% full ({} of {} bytes): when full it refuses new \
-                 locks and renewals; give it more memory (-m)",
+                "memcached {name} has handed out {:.0}% of its memory ({} of {} bytes): when \
+                 a lock's slab class has no free chunk left, it refuses new locks and renewals; \
+                 give it more memory (-m)",
                 used * 100.0,
-                self.bytes,
+                self.malloced,
                 self.limit
             ));
         }
@@ -112,35 +136,41 @@ mod tests {
     }
 
     #[test]
-    fn stats_and_settings_read_apart() {
+    fn every_answer_is_read() {
         let m = of(&[
-            "STAT bytes 900",
+            "STAT bytes 10",
             "STAT limit_maxbytes 1000",
             "STAT evictions 3",
+            "STAT slab_reassign_evictions_nomem 2",
             "END",
             "STAT evictions on",
+            "END",
+            "STAT 1:chunk_size 96",
+            "STAT total_malloced 900",
+            "END",
+            "STAT items:1:outofmemory 4",
+            "STAT items:5:outofmemory 1",
             "END",
         ]);
         assert_eq!(
             m,
             Memory {
-                bytes: 900,
+                malloced: 900,
                 limit: 1000,
-                evicted: 3,
+                dropped: 5,
+                refused: 5,
                 evicts: true
             }
         );
         let w = m.warnings("h:1");
-        assert_eq!(w.len(), 3, "{w:?}");
-        assert!(
-            w[0].contains("without -M") && w[2].contains("90% full"),
-            "{w:?}"
-        );
+        assert_eq!(w.len(), 4, "{w:?}");
+        assert!(w[0].contains("without -M") && w[3].contains("90%"), "{w:?}");
         let quiet = of(&[
-            "STAT bytes 10",
             "STAT limit_maxbytes 1000",
             "STAT evictions 0",
             "STAT evictions off",
+            "STAT total_malloced 100",
+            "STAT items:1:outofmemory 0",
         ]);
         assert!(quiet.warnings("h:1").is_empty());
     }
