@@ -557,12 +557,19 @@ async fn a_stale_grant_read_after_a_later_attempt_is_refused_every_time() {
         "setup: the next waiter took the lock only after the waiter's second attempt"
     );
     // The stale grant is read after the second attempt found the lock held.
-    tokio::select! {
-        r = &mut task => panic!(
-            "the waiter trusted a stale grant while another holds the lock: {r:?}"
-        ),
-        r = attempts.wait_for(|a| *a >= 3) => { r.unwrap(); }
-    }
+    let outcome = tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::select! {
+            r = &mut task => panic!(
+                "the waiter trusted a stale grant while another holds the lock: {r:?}"
+            ),
+            r = attempts.wait_for(|a| *a >= 3) => { r.unwrap(); }
+        }
+    })
+    .await;
+    assert!(
+        outcome.is_ok(),
+        "the waiter neither took the stale grant nor tried again within 30 s"
+    );
     taken.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), task)
         .await

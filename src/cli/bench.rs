@@ -397,6 +397,11 @@ async fn held(url: &str, args: &BenchArgs, caps: &locksmith::backend::Capabiliti
             "  round trips / lock / minute",
             round_trips as f64 / n as f64 / (args.hold_for.as_secs_f64() / 60.0)
         );
+        println!(
+            "  {:<34} {:>8}  (most open at once, to all servers, while taking, holding and releasing)",
+            "  connections to the store",
+            ctl.most_open()
+        );
     } else {
         println!(
             "  {:<34} {:>8}  (the store is not reached over TCP, so there is no proxy to count at)",

@@ -1,6 +1,7 @@
 //! A local TCP proxy between a client and one store server: `check` cuts it
 //! (a partition: connections go silent, then are reset when it heals) and
-//! slows it (latency); `bench` counts the round trips through it.
+//! slows it (latency); `bench` counts the round trips and connections
+//! through it.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,6 +19,9 @@ pub(crate) struct Control {
     cut: watch::Sender<bool>,
     latency_us: AtomicU64,
     round_trips: AtomicU64,
+    /// Connections open to the server now, and the most at once.
+    open: AtomicU64,
+    most_open: AtomicU64,
 }
 
 impl Control {
@@ -27,6 +31,8 @@ impl Control {
             cut: watch::channel(false).0,
             latency_us: AtomicU64::new(0),
             round_trips: AtomicU64::new(0),
+            open: AtomicU64::new(0),
+            most_open: AtomicU64::new(0),
         })
     }
 
@@ -52,6 +58,12 @@ impl Control {
     /// pipeline carries.
     pub(crate) fn round_trips(&self) -> u64 {
         self.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// The most connections the client had open to the server at once
+    /// (through this control's proxies).
+    pub(crate) fn most_open(&self) -> u64 {
+        self.most_open.load(Ordering::Relaxed)
     }
 
     fn latency(&self) -> Duration {
@@ -90,6 +102,8 @@ async fn connection(client: TcpStream, upstream: SocketAddr, ctl: Arc<Control>) 
     let Ok(server) = TcpStream::connect(upstream).await else {
         return;
     };
+    let open = ctl.open.fetch_add(1, Ordering::Relaxed) + 1;
+    ctl.most_open.fetch_max(open, Ordering::Relaxed);
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     let (mut cr, mut cw) = client.into_split();
@@ -107,6 +121,7 @@ async fn connection(client: TcpStream, upstream: SocketAddr, ctl: Arc<Control>) 
     // Dropping the halves closes both connections.
     let _ = sw.shutdown().await;
     let _ = cw.shutdown().await;
+    ctl.open.fetch_sub(1, Ordering::Relaxed);
 }
 
 /// Copies one direction: `up` from the client. Data from the client after

@@ -149,24 +149,31 @@ impl Ended {
 
     /// The lock was lost, or could not be kept, and the command was
     /// stopped by `by`: exit 70, saying why.
-    fn lost(reason: LostReason, by: Signal) -> Ended {
+    fn lost(reason: Option<LostReason>, by: Signal) -> Ended {
+        let what = match reason {
+            Some(r) => format!("lock lost: {}", describe(r)),
+            // Stopped before the deadline, which no renewal had reached
+            // in time: the lock may still be ours, but is not confirmed.
+            None => "lock not confirmed in time (renewals did not get through before the \
+                     command had to stop)"
+                .to_owned(),
+        };
         Ended {
             code: EX_SOFTWARE,
             last_word: Some(format!(
-                "lock lost: {}; the command was terminated ({by}); exit {EX_SOFTWARE}",
-                describe(reason)
+                "{what}; the command was terminated ({by}); exit {EX_SOFTWARE}"
             )),
         }
     }
 }
 
-/// Why the lock is gone: what the guard says, or, while it still counts
-/// down to a deadline no renewal reached, that.
-fn reason_of(guard: &LockGuard) -> LostReason {
+/// Why the lock is gone, as the guard says; `None` while it still counts
+/// down to a deadline no renewal reached.
+fn reason_of(guard: &LockGuard) -> Option<LostReason> {
     match guard.state() {
-        locksmith::LeaseState::Lost(r) => r,
+        locksmith::LeaseState::Lost(r) => Some(r),
         // Released is not seen here: this is asked before the release.
-        locksmith::LeaseState::Held { .. } | locksmith::LeaseState::Released => LostReason::Expired,
+        locksmith::LeaseState::Held { .. } | locksmith::LeaseState::Released => None,
     }
 }
 

@@ -400,6 +400,10 @@ impl Spawner {
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
             .stderr(stderr)
+            // A group of its own: a Ctrl-C at the terminal goes to `check`,
+            // which lets the sections begun finish, not to every worker at
+            // once (they still die with `check`: PR_SET_PDEATHSIG).
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
     }
@@ -447,6 +451,45 @@ async fn fault_run(
         port,
         next_id: AtomicU32::new(1),
     });
+    let counts: Arc<std::sync::Mutex<BTreeMap<&'static str, u64>>> = Arc::default();
+    let total = Arc::new(AtomicU64::new(0));
+    // Ctrl-C or SIGTERM cuts the run off the moment it comes, whatever the
+    // nemesis is doing (or while the workers start); what the run saw until
+    // then is still judged.
+    let stop = CancellationToken::new();
+    // A signal once the run is over, or a second one, also cuts short the
+    // wait for the lock to free after it.
+    let hurry = CancellationToken::new();
+    let judging = Arc::new(AtomicBool::new(false));
+    let interrupted: Arc<std::sync::Mutex<Option<(Signal, Instant)>>> = Arc::default();
+    let signals = {
+        let mut sigint = signal(SignalKind::interrupt()).ok();
+        let mut sigterm = signal(SignalKind::terminate()).ok();
+        let (resource, stop, hurry, judging, interrupted) = (
+            resource.clone(),
+            stop.clone(),
+            hurry.clone(),
+            judging.clone(),
+            interrupted.clone(),
+        );
+        tokio::spawn(async move {
+            loop {
+                let sig = tokio::select! {
+                    Some(()) = recv(&mut sigint) => Signal::SIGINT,
+                    Some(()) = recv(&mut sigterm) => Signal::SIGTERM,
+                    else => return,
+                };
+                resource.cut_off(history::mono_ns());
+                let mut first = interrupted.lock().unwrap_or_else(|e| e.into_inner());
+                if first.is_some() || judging.load(Ordering::SeqCst) {
+                    hurry.cancel();
+                }
+                first.get_or_insert((sig, Instant::now()));
+                drop(first);
+                stop.cancel();
+            }
+        })
+    };
     // The run starts before its first worker, which may take the lock at
     // once. The end is fixed now, not when the nemesis loop next looks at
     // the clock: no section may begin past the duration asked for.
@@ -504,44 +547,6 @@ async fn fault_run(
         );
     }
 
-    let counts: Arc<std::sync::Mutex<BTreeMap<&'static str, u64>>> = Arc::default();
-    let total = Arc::new(AtomicU64::new(0));
-    // Ctrl-C or SIGTERM cuts the run off the moment it comes, whatever the
-    // nemesis is doing; what the run saw until then is still judged.
-    let stop = CancellationToken::new();
-    // A signal once the run is over, or a second one, also cuts short the
-    // wait for the lock to free after it.
-    let hurry = CancellationToken::new();
-    let judging = Arc::new(AtomicBool::new(false));
-    let interrupted: Arc<std::sync::Mutex<Option<(Signal, Instant)>>> = Arc::default();
-    let signals = {
-        let mut sigint = signal(SignalKind::interrupt()).ok();
-        let mut sigterm = signal(SignalKind::terminate()).ok();
-        let (resource, stop, hurry, judging, interrupted) = (
-            resource.clone(),
-            stop.clone(),
-            hurry.clone(),
-            judging.clone(),
-            interrupted.clone(),
-        );
-        tokio::spawn(async move {
-            loop {
-                let sig = tokio::select! {
-                    Some(()) = recv(&mut sigint) => Signal::SIGINT,
-                    Some(()) = recv(&mut sigterm) => Signal::SIGTERM,
-                    else => return,
-                };
-                resource.cut_off(history::mono_ns());
-                let mut first = interrupted.lock().unwrap_or_else(|e| e.into_inner());
-                if first.is_some() || judging.load(Ordering::SeqCst) {
-                    hurry.cancel();
-                }
-                first.get_or_insert((sig, Instant::now()));
-                drop(first);
-                stop.cancel();
-            }
-        })
-    };
     let progress = {
         let (resource, total, duration) = (resource.clone(), total.clone(), args.duration);
         let tty = std::io::stderr().is_terminal();
@@ -633,6 +638,11 @@ async fn fault_run(
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
             }
+            // The wait for a holder may have outlasted the run: no fault
+            // starts after the cut-off.
+            if stop.is_cancelled() || Instant::now() >= end {
+                break;
+            }
             let pool = if matches!(fault, Fault::Kill | Fault::Pause) && !holding.is_empty() {
                 holding
             } else {
@@ -702,9 +712,12 @@ async fn fault_run(
                 .is_err()
                 && child.start_kill().is_ok()
             {
-                resource.died(slot.id.load(Ordering::Relaxed), history::mono_ns());
                 let _ = child.wait().await;
             }
+            // A worker that ended inside a section (killed, or killed by
+            // something else) ends it now at the latest; one that ended
+            // its sections itself has none open, and this changes nothing.
+            resource.died(slot.id.load(Ordering::Relaxed), history::mono_ns());
         }
     }
     // The run judged ends at the cut-off, not when the workers were done.

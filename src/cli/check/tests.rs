@@ -137,15 +137,28 @@ async fn no_section_begins_after_the_cut_off_and_one_begun_before_ends_and_is_ju
     ))
     .unwrap();
     let resource = Resource::default();
-    let cutoff = mono_ns() + 1_000_000_000;
-    resource.cut_off(cutoff);
-    // Each section lasts long enough that one is running at the cut-off.
-    let inside = |_: u32| tokio::time::sleep(Duration::from_millis(150)).boxed();
+    // The cut-off comes inside the third section, so one section is
+    // certainly running across it, however slow the machine.
+    let (sections, cut_at) = (
+        std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0)),
+        std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
+    );
+    let inside = {
+        let (resource, sections, cut_at) = (resource.clone(), sections.clone(), cut_at.clone());
+        move |_: u32| {
+            if sections.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 2 {
+                let t = mono_ns();
+                cut_at.store(t, std::sync::atomic::Ordering::SeqCst);
+                resource.cut_off(t);
+            }
+            tokio::time::sleep(Duration::from_millis(150)).boxed()
+        }
+    };
     let stop = CancellationToken::new();
     let mut tasks = Vec::new();
     for id in 0..3u32 {
         let locker = Locker::from_arc(h.client().await);
-        let (key, stop) = (key.clone(), stop.clone());
+        let (key, stop, inside) = (key.clone(), stop.clone(), inside.clone());
         let mut ch = resource.clone();
         tasks.push(tokio::spawn(async move {
             work(&locker, &key, TTL, id, &mut ch, &stop, Some(&inside))
@@ -160,6 +173,7 @@ async fn no_section_begins_after_the_cut_off_and_one_begun_before_ends_and_is_ju
             .expect("the workers stopped at the cut-off")
             .unwrap();
     }
+    let cutoff = cut_at.load(std::sync::atomic::Ordering::SeqCst);
     let history = resource.snapshot().0;
     assert!(history.sections.len() > 2, "{history:?}");
     assert!(history.sections.iter().all(|s| s.start < cutoff));
