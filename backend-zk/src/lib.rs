@@ -118,8 +118,9 @@ pub mod internals {
         backend.session_info()
     }
 
-    /// The full paths of the nodes `backend`'s queued waiters last set their
-    /// watch on: each should be the node just before the waiter's own.
+    /// The full paths of the nodes `backend`'s waiters last set their watch
+    /// on (a waiter handed the lock since keeps its last): each should be
+    /// the node just before the waiter's own.
     pub fn watched(backend: &crate::ZkBackend) -> Vec<String> {
         backend.watched()
     }

@@ -1,8 +1,8 @@
 //! Deliberately broken backends. Each wraps a correct one and breaks one
 //! promise of the contract; the suite must fail every one of them (this
 //! crate's `tests/broken.rs` proves it does). [`UntimedQuorum`] breaks a
-//! quorum rule instead, which the shared quorum tests must catch (this
-//! crate's `tests/quorum.rs`).
+//! quorum rule instead, which the shared quorum tests must catch (also in
+//! `tests/broken.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -267,7 +267,7 @@ impl<H: Harness> Harness for BrokenHarness<H> {
 /// A quorum that keeps every rule of
 /// [`Quorum`](locksmith_core::backend::Quorum) but one: it counts a grant
 /// or a renewal however late it came back, even after the TTL it was for
-/// has run out. Only
+/// has run out. Of the shared quorum tests, only
 /// [`late_answers_do_not_count`](crate::quorum::late_answers_do_not_count)
 /// catches it.
 #[derive(Debug)]

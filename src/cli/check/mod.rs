@@ -494,8 +494,13 @@ async fn fault_run(
     // once. The end is fixed now, not when the nemesis loop next looks at
     // the clock: no section may begin past the duration asked for.
     let started = Instant::now();
-    let end = started + args.duration;
-    resource.cut_off(history::mono_ns().saturating_add(args.duration.as_nanos() as u64));
+    let end = started
+        .checked_add(args.duration)
+        .unwrap_or(started + Duration::from_secs(100 * 365 * 24 * 3600));
+    resource.cut_off(
+        history::mono_ns()
+            .saturating_add(u64::try_from(args.duration.as_nanos()).unwrap_or(u64::MAX)),
+    );
     let mut slots = Vec::new();
     for _ in 0..args.workers {
         let ctl = Control::new();

@@ -77,7 +77,7 @@ pub(crate) enum Request {
 /// The resource's answer.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub(crate) struct Reply {
-    /// False if refused by fence.
+    /// False if refused: by the fence, or (a `Begin`) past the cut-off.
     pub(crate) ok: bool,
     /// The counter, for a read.
     pub(crate) value: u64,
