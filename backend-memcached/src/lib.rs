@@ -54,10 +54,13 @@
 //!
 //! # Time
 //!
-//! memcached counts whole seconds, and an item stored for N seconds may
-//! expire after N − 1 of them (its clock ticks once a second). TTLs are
-//! sent rounded up *plus one second*, so a lease lasts at least its TTL and
-//! at most two seconds more; the shortest TTL is 2 s.
+//! memcached counts whole seconds: its clock is the monotonic clock's
+//! whole seconds, refreshed by a timer re-armed a second after each tick
+//! (`clock_handler` in its `memcached.c`). Each tick comes a little late,
+//! and when the lateness carries it across a second the clock jumps by
+//! two, so an item stored for N seconds may expire after N − 2 of them. TTLs are sent rounded up *plus two seconds*, so a lease lasts
+//! at least its TTL and at most three seconds more; the shortest TTL is
+//! 2 s.
 //!
 //! # No fencing tokens
 //!

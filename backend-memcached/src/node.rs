@@ -15,11 +15,14 @@ use tokio::sync::watch;
 
 use crate::wire::{self, Commands, Reply, Server};
 
-/// The shortest TTL: memcached counts whole seconds, and an item stored
-/// for N seconds may expire after N − 1 of them.
+/// The shortest TTL: memcached counts whole seconds.
 pub(crate) const MIN_TTL: Duration = Duration::from_secs(2);
-/// memcached's clock ticks once a second.
-pub(crate) const RESOLUTION: Duration = Duration::from_secs(1);
+/// How much of an item's time memcached's clock may skip: it is the
+/// monotonic clock's whole seconds, refreshed by a timer re-armed a second
+/// after each tick, so it jumps by two when a late tick crosses a second,
+/// and an item stored for N seconds may expire after N − 2 of them
+/// (`clock_handler` in its `memcached.c`).
+const CLOCK_LAG: Duration = Duration::from_secs(2);
 /// memcached's longest key.
 const MAX_KEY: usize = 250;
 /// How often a read-then-compare-and-write is tried again when the item
@@ -75,12 +78,11 @@ fn value(owner: &OwnerToken, holds: u32) -> Vec<u8> {
     format!("{} {holds}", owner.as_str()).into_bytes()
 }
 
-/// The TTL sent: one second more than asked, because the server may
-/// expire an item stored for N seconds after N − 1 (its clock ticks once a
-/// second); the wire rounds it up to whole seconds. The lease then lasts at
-/// least the TTL asked for and at most two seconds more.
+/// The TTL sent: [`CLOCK_LAG`] more than asked, and the wire rounds it up
+/// to whole seconds. The lease then lasts at least the TTL asked for and
+/// at most three seconds more.
 fn store_ttl(ttl: Duration) -> Duration {
-    ttl.saturating_add(RESOLUTION)
+    ttl.saturating_add(CLOCK_LAG)
 }
 
 fn unexpected(reply: &Reply) -> Error {
@@ -224,7 +226,8 @@ impl LockBackend for Node {
         // with the server (see the crate docs).
         Capabilities::default()
             .with_min_ttl(MIN_TTL)
-            .with_ttl_resolution(RESOLUTION)
+            // Whole seconds, on a clock that may skip one.
+            .with_ttl_resolution(CLOCK_LAG)
     }
 
     async fn verify(&self) -> Result<()> {
@@ -479,8 +482,8 @@ impl LockBackend for Node {
             Ok(match self.read(&k).await? {
                 None => LockStatus::free(),
                 Some(item) => {
-                    // `t` seconds left means somewhere in (t − 1, t].
-                    let left = item.left.map(|s| Duration::from_secs(s.saturating_sub(1)));
+                    // `t` seconds left means somewhere in (t − 2, t].
+                    let left = item.left.map(|s| Duration::from_secs(s.saturating_sub(2)));
                     LockStatus::held(item.holder.holds)
                         .with_remaining(left)
                         .with_owner(OwnerToken::from_string(item.holder.owner).ok())
@@ -519,14 +522,14 @@ mod tests {
     }
 
     #[test]
-    fn ttls_add_a_tick() {
+    fn ttls_add_the_clock_lag() {
         assert_eq!(
             store_ttl(Duration::from_millis(2000)),
-            Duration::from_secs(3)
+            Duration::from_secs(4)
         );
         assert_eq!(
             store_ttl(Duration::from_millis(2001)),
-            Duration::from_millis(3001)
+            Duration::from_millis(4001)
         );
     }
 }
