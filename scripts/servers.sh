@@ -335,7 +335,9 @@ mc_port_ready() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1 && printf 'mn
 mc_start_port() {
     local user=nobody
     id memcache >/dev/null 2>&1 && user=memcache
-    memcached -d -u "$user" -l 127.0.0.1 -p "$1" -U 0 -M -m 64
+    # -M: refuse writes rather than evict; no_slab_reassign: no page mover
+    # dropping items it cannot move (what the README asks of a lock server).
+    memcached -d -u "$user" -l 127.0.0.1 -p "$1" -U 0 -M -m 64 -o no_slab_reassign
 }
 memcached_ready() { command -v memcached >/dev/null 2>&1 && mc_port_ready "$MC_PORT"; }
 memcached_install() { apt_install memcached; }

@@ -164,10 +164,11 @@ impl Node {
     /// `cas` leave the item alone), which the error says, so that a quorum
     /// does not undo it.
     fn full(&self, message: &str) -> Error {
-        tracing::warn!(server = %self.server.addr(), "memcached is out of memory: {message}");
+        tracing::debug!(server = %self.server.addr(), "memcached refused a write: {message}");
         Error::unavailable(format!(
-            "memcached at {} is out of memory ({message}): it refuses new locks and renewals \
-             until items expire; give it more memory (-m) or fewer other items",
+            "memcached at {} is full (it answered \"{message}\"): it refuses new locks and \
+             renewals until memory frees; give it more memory (-m), or keep other items off \
+             the lock server",
             self.server.addr()
         ))
         .unapplied()

@@ -168,7 +168,18 @@ impl OwnServer {
             "nobody"
         };
         let child = Command::new("memcached")
-            .args(["-l", "127.0.0.1", "-U", "0", "-M", "-u", user, "-m"])
+            .args([
+                "-l",
+                "127.0.0.1",
+                "-U",
+                "0",
+                "-M",
+                "-o",
+                "no_slab_reassign",
+                "-u",
+                user,
+                "-m",
+            ])
             .arg(megabytes.to_string())
             .arg("-p")
             .arg(port.to_string())

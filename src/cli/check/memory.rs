@@ -31,6 +31,8 @@ pub(crate) struct Memory {
     pub(crate) refused: u64,
     /// Whether the server evicts when full (`evictions on`: run without `-M`).
     pub(crate) evicts: bool,
+    /// Whether the slab page mover runs (`slab_reassign yes`).
+    pub(crate) moves_pages: bool,
 }
 
 /// The four `END`-terminated answers asked for.
@@ -78,6 +80,7 @@ impl Memory {
             "total_malloced" => self.malloced = n(),
             "limit_maxbytes" => self.limit = n(),
             "evictions" if value == "on" || value == "off" => self.evicts = value == "on",
+            "slab_reassign" => self.moves_pages = value == "yes",
             "evictions" | "slab_reassign_evictions_nomem" => self.dropped += n(),
             _ if name.starts_with("items:") && name.ends_with(":outofmemory") => {
                 self.refused += n();
@@ -102,14 +105,29 @@ impl Memory {
                 self.dropped
             ));
         }
+        if self.moves_pages {
+            out.push(format!(
+                "memcached {name} moves slab pages between size classes (slab_reassign), which \
+                 drops items it cannot relocate even under -M; run the lock server with \
+                 -o no_slab_reassign"
+            ));
+        }
         if self.refused > 0 {
             out.push(format!(
-                "memcached {name} has refused {} writes for want of memory since it started",
+                "memcached {name} has refused {} writes for want of memory since it started; \
+                 give it more memory (-m)",
                 self.refused
             ));
         }
         let used = self.malloced as f64 / self.limit.max(1) as f64;
-        if used >= NEARLY_FULL {
+        if used >= 1.0 {
+            out.push(format!(
+                "memcached {name} has handed out all its memory to slab classes (limit {} \
+                 bytes): a lock's class with no free chunk refuses new locks and renewals; \
+                 give it more memory (-m)",
+                self.limit
+            ));
+        } else if used >= NEARLY_FULL {
             out.push(format!(
                 "memcached {name} has handed out {:.0}% of its memory ({} of {} bytes): when \
                  a lock's slab class has no free chunk left, it refuses new locks and renewals; \
@@ -144,6 +162,7 @@ mod tests {
             "STAT slab_reassign_evictions_nomem 2",
             "END",
             "STAT evictions on",
+            "STAT slab_reassign yes",
             "END",
             "STAT 1:chunk_size 96",
             "STAT total_malloced 900",
@@ -159,16 +178,24 @@ mod tests {
                 limit: 1000,
                 dropped: 5,
                 refused: 5,
-                evicts: true
+                evicts: true,
+                moves_pages: true,
             }
         );
         let w = m.warnings("h:1");
-        assert_eq!(w.len(), 4, "{w:?}");
-        assert!(w[0].contains("without -M") && w[3].contains("90%"), "{w:?}");
+        assert_eq!(w.len(), 5, "{w:?}");
+        assert!(
+            w[0].contains("without -M") && w[2].contains("no_slab_reassign"),
+            "{w:?}"
+        );
+        assert!(w[4].contains("90%"), "{w:?}");
+        let full = of(&["STAT limit_maxbytes 1000", "STAT total_malloced 1120"]);
+        assert!(full.warnings("h:1")[0].contains("all its memory"));
         let quiet = of(&[
             "STAT limit_maxbytes 1000",
             "STAT evictions 0",
             "STAT evictions off",
+            "STAT slab_reassign no",
             "STAT total_malloced 100",
             "STAT items:1:outofmemory 0",
         ]);
