@@ -412,8 +412,9 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     /// A counter the backend bumps whenever an answer showed that the
     /// store may have dropped locks without telling their holders (a
     /// memcached server out of memory). The `Locker` then renews every
-    /// lease it holds at once, instead of at its next period, so a lost
-    /// lock is noticed in a round trip. `None` (the default): the store
+    /// lease it keeps renewed at once (at most every 250 ms, or a quarter
+    /// of the shortest renewal period), instead of at its next period, so a
+    /// lost lock is noticed in a round trip. `None` (the default): the store
     /// never drops a lock silently, or cannot tell.
     fn alarm(&self) -> Option<watch::Receiver<u64>> {
         None
