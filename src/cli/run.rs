@@ -244,7 +244,11 @@ async fn hold(
             None => kill_at.checked_sub(timeline.grace).unwrap_or(kill_at),
             Some(t) => kill_at.min(t + timeline.grace),
         };
+        // Biased: after a freeze, several branches are ready at once, and
+        // the command's end (killed by the watcher at its kill time) is the
+        // one that says what happened.
         tokio::select! {
+            biased;
             status = child.wait() => match status {
                 Ok(s) => break Ok(s),
                 Err(_) => break Err("wait failed"),
@@ -262,7 +266,13 @@ async fn hold(
             _ = tell.tick() => {
                 if told != Some(kill_at) {
                     // A watcher gone is the end of the protection: stop now.
+                    // Unless the kill time it was told has passed: then it
+                    // killed the command and left, as it should (we were
+                    // frozen), and the command's end says so next.
                     if watcher.arm(kill_at.saturating_duration_since(Instant::now())).is_err() {
+                        if told.is_some_and(|k| Instant::now() >= k) {
+                            continue;
+                        }
                         break Err("watcher gone");
                     }
                     told = Some(kill_at);
