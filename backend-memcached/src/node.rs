@@ -392,15 +392,7 @@ impl LockBackend for Node {
                 for &i in &pending {
                     reads.get(&keys[i]);
                 }
-                let replies = match self.send(&reads).await {
-                    Ok(r) => r,
-                    Err(e) => {
-                        for &i in &pending {
-                            results[i] = Some(Err(e.clone()));
-                        }
-                        return;
-                    }
-                };
+                let replies = self.send(&reads).await?;
                 let mut writes = Commands::default();
                 let mut written = Vec::new();
                 for (&i, reply) in pending.iter().zip(replies) {
@@ -423,15 +415,7 @@ impl LockBackend for Node {
                 if written.is_empty() {
                     break;
                 }
-                let replies = match self.send(&writes).await {
-                    Ok(r) => r,
-                    Err(e) => {
-                        for &i in &written {
-                            results[i] = Some(Err(e.clone()));
-                        }
-                        return;
-                    }
-                };
+                let replies = self.send(&writes).await?;
                 let mut full: Option<Error> = None;
                 for (i, reply) in written.into_iter().zip(replies) {
                     results[i] = match reply {
@@ -449,16 +433,11 @@ impl LockBackend for Node {
                     };
                 }
             }
-        };
-        let bounded = self.bounded(async {
-            run.await;
             Ok(())
-        });
-        if bounded.await.is_err() {
-            let e = Error::unavailable(format!(
-                "no answer from memcached at {} in time to renew",
-                self.server.addr()
-            ));
+        };
+        // A failed exchange, or no answer in time: every renewal not yet
+        // answered gets that error.
+        if let Err(e) = self.bounded(run).await {
             for r in results.iter_mut().filter(|r| r.is_none()) {
                 *r = Some(Err(e.clone()));
             }

@@ -13,11 +13,38 @@ use locksmith_core::{Error, LockKey, LockOptions, Locker, LostReason, OwnerToken
 
 /// Records the size of every `renew_many` call made to a memory store; with
 /// `fail_renewals` set, every renewal fails at once as from a dead store.
-#[derive(Debug, Default)]
+/// Its alarm is raised on cue, or on every renewal batch with
+/// `alarm_on_renew` (as a store might whose renewals keep meeting a full
+/// server).
+#[derive(Debug)]
 struct Recording {
     inner: MemoryBackend,
     batches: Mutex<Vec<usize>>,
     fail_renewals: AtomicBool,
+    alarm: tokio::sync::watch::Sender<u64>,
+    alarm_on_renew: AtomicBool,
+}
+
+impl Default for Recording {
+    fn default() -> Self {
+        Recording {
+            inner: MemoryBackend::new(),
+            batches: Mutex::default(),
+            fail_renewals: AtomicBool::new(false),
+            alarm: tokio::sync::watch::channel(0).0,
+            alarm_on_renew: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Recording {
+    fn raise(&self) {
+        self.alarm.send_modify(|n| *n += 1);
+    }
+
+    fn batches(&self) -> usize {
+        self.batches.lock().unwrap().len()
+    }
 }
 
 #[async_trait]
@@ -36,6 +63,9 @@ impl LockBackend for Recording {
     }
     async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
         self.batches.lock().unwrap().push(requests.len());
+        if self.alarm_on_renew.load(Ordering::SeqCst) {
+            self.raise();
+        }
         if self.fail_renewals.load(Ordering::SeqCst) {
             return requests
                 .iter()
@@ -46,6 +76,9 @@ impl LockBackend for Recording {
     }
     async fn watch(&self, k: &LockKey, t: &OwnerToken) -> Result<Option<Watch>> {
         self.inner.watch(k, t).await
+    }
+    fn alarm(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.alarm.subscribe())
     }
 }
 
@@ -238,75 +271,11 @@ async fn a_renewed_deadline_counts_from_the_send_not_the_reply() {
     guard.release().await.unwrap();
 }
 
-/// A memory store that raises its alarm on cue, or on every renewal batch
-/// (as a store might whose renewals keep meeting a full server), and may
-/// fail every renewal.
-#[derive(Debug)]
-struct Alarming {
-    inner: MemoryBackend,
-    alarm: tokio::sync::watch::Sender<u64>,
-    batches: Mutex<Vec<Instant>>,
-    alarm_on_renew: AtomicBool,
-    fail_renewals: AtomicBool,
-}
-
-impl Alarming {
-    fn new() -> Arc<Self> {
-        Arc::new(Alarming {
-            inner: MemoryBackend::new(),
-            alarm: tokio::sync::watch::channel(0).0,
-            batches: Mutex::default(),
-            alarm_on_renew: AtomicBool::new(false),
-            fail_renewals: AtomicBool::new(false),
-        })
-    }
-
-    fn raise(&self) {
-        self.alarm.send_modify(|n| *n += 1);
-    }
-
-    fn batches(&self) -> usize {
-        self.batches.lock().unwrap().len()
-    }
-}
-
-#[async_trait]
-impl LockBackend for Alarming {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
-        self.inner.try_acquire(k, o, ttl).await
-    }
-    async fn release(&self, k: &LockKey, o: &OwnerToken) -> Result<Release> {
-        self.inner.release(k, o).await
-    }
-    async fn renew(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.inner.renew(k, o, ttl).await
-    }
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        self.batches.lock().unwrap().push(Instant::now());
-        if self.alarm_on_renew.load(Ordering::SeqCst) {
-            self.raise();
-        }
-        if self.fail_renewals.load(Ordering::SeqCst) {
-            return requests
-                .iter()
-                .map(|_| Err(Error::unavailable("out of memory")))
-                .collect();
-        }
-        self.inner.renew_many(requests).await
-    }
-    fn alarm(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        Some(self.alarm.subscribe())
-    }
-}
-
 /// An alarm makes every held lease renewed at once, and a lease the store
 /// no longer holds is reported lost then, not at its next period.
 #[tokio::test]
 async fn an_alarm_renews_every_lease_at_once() {
-    let backend = Alarming::new();
+    let backend = Arc::new(Recording::default());
     let locker = Locker::from_arc(backend.clone());
     // Renewed every 20 s on their own.
     let opts = LockOptions::new().ttl(Duration::from_secs(60));
@@ -333,7 +302,7 @@ async fn an_alarm_renews_every_lease_at_once() {
 /// watchdog renew in a loop: alarms are swept at most once per gap.
 #[tokio::test]
 async fn alarms_raised_by_renewals_do_not_make_a_loop() {
-    let backend = Alarming::new();
+    let backend = Arc::new(Recording::default());
     backend.alarm_on_renew.store(true, Ordering::SeqCst);
     let locker = Locker::from_arc(backend.clone());
     // Renewed every 200 ms on their own: about 7 batches in 1.5 s.
