@@ -53,60 +53,168 @@ pub use locksmith_core::{
 };
 
 /// For backend authors and tools: the [`LockBackend`](backend::LockBackend) contract, the
-/// helpers backends share, and [`open`](backend::open), which dispatches a
-/// URL to a bare backend without a [`Locker`] on top.
+/// helpers backends share, and the registry: [`open`](backend::open), which
+/// dispatches a URL to a bare backend without a [`Locker`] on top, and
+/// [`scheme`](backend::scheme), what a URL's scheme names.
 pub mod backend {
     use std::sync::Arc;
 
     pub use locksmith_core::backend::*;
 
-    #[cfg(feature = "redis")]
-    use crate::redis;
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    use crate::sql;
     use crate::{Error, Result};
+
+    /// Opens one backend crate's backend for a URL it answers to.
+    type Opener = fn(&str) -> Result<Arc<dyn LockBackend>>;
+
+    /// A backend crate built into this binary: the schemes it declares and
+    /// its `open`.
+    #[derive(Clone, Copy)]
+    struct Built {
+        schemes: &'static [Scheme],
+        open: Opener,
+    }
+
+    /// One store the facade knows, built in or not: the registry is the one
+    /// place that maps a scheme to a backend crate and to the cargo feature
+    /// that builds it in.
+    struct Entry {
+        store: &'static str,
+        schemes: &'static [&'static str],
+        /// The cargo feature of this crate (empty: always there).
+        feature: &'static str,
+        built: Option<Built>,
+    }
+
+    const MEMORY: Built = Built {
+        schemes: &[Scheme {
+            name: "memory",
+            store: "in-process memory",
+            default_port: None,
+        }],
+        open: |_| Ok(Arc::new(MemoryBackend::new())),
+    };
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    const SQL: Option<Built> = Some(Built {
+        schemes: locksmith_sql::SCHEMES,
+        open: locksmith_sql::open,
+    });
+    #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+    const SQL: Option<Built> = None;
+    // The SQL crate is built when any dialect is; each dialect only with its own feature.
+    const SQLITE: Option<Built> = if cfg!(feature = "sqlite") { SQL } else { None };
+    const POSTGRES: Option<Built> = if cfg!(feature = "postgres") {
+        SQL
+    } else {
+        None
+    };
+    const MYSQL: Option<Built> = if cfg!(feature = "mysql") { SQL } else { None };
+    #[cfg(feature = "redis")]
+    const REDIS: Option<Built> = Some(Built {
+        schemes: locksmith_redis::SCHEMES,
+        open: locksmith_redis::open,
+    });
+    #[cfg(not(feature = "redis"))]
+    const REDIS: Option<Built> = None;
+    #[cfg(feature = "memcached")]
+    const MEMCACHED: Option<Built> = Some(Built {
+        schemes: locksmith_memcached::SCHEMES,
+        open: locksmith_memcached::open,
+    });
+    #[cfg(not(feature = "memcached"))]
+    const MEMCACHED: Option<Built> = None;
+    #[cfg(feature = "zookeeper")]
+    const ZOOKEEPER: Option<Built> = Some(Built {
+        schemes: locksmith_zk::SCHEMES,
+        open: locksmith_zk::open,
+    });
+    #[cfg(not(feature = "zookeeper"))]
+    const ZOOKEEPER: Option<Built> = None;
+
+    #[rustfmt::skip]
+    const REGISTRY: &[Entry] = &[
+        Entry { store: "in-process memory", schemes: &["memory"], feature: "", built: Some(MEMORY) },
+        Entry { store: "SQLite", schemes: &["sqlite"], feature: "sqlite", built: SQLITE },
+        Entry { store: "PostgreSQL", schemes: &["postgres", "postgresql"], feature: "postgres", built: POSTGRES },
+        Entry { store: "MySQL/MariaDB", schemes: &["mysql", "mariadb"], feature: "mysql", built: MYSQL },
+        Entry { store: "Redis", schemes: &["redis", "rediss", "redis+unix", "unix"], feature: "redis", built: REDIS },
+        Entry { store: "Redlock", schemes: &["redis+redlock"], feature: "redis", built: REDIS },
+        Entry { store: "memcached", schemes: &["memcache", "memcached"], feature: "memcached", built: MEMCACHED },
+        Entry { store: "ZooKeeper", schemes: &["zk", "zookeeper"], feature: "zookeeper", built: ZOOKEEPER },
+    ];
+
+    /// The registry entry and, when its backend is built in, the scheme as
+    /// the backend declares it.
+    fn lookup(url: &str) -> Result<(Scheme, Opener)> {
+        let name = scheme_of(url)?;
+        let shown = RedactedUrl::new(url);
+        let Some(entry) = REGISTRY.iter().find(|e| e.schemes.contains(&name.as_str())) else {
+            let known: Vec<&str> = REGISTRY.iter().flat_map(|e| e.schemes).copied().collect();
+            return Err(Error::config(format!(
+                "{shown}: unknown scheme {name:?}; known: {}",
+                known.join(", ")
+            )));
+        };
+        entry
+            .built
+            .and_then(|b| Some((*b.schemes.iter().find(|s| s.name == name)?, b.open)))
+            .ok_or_else(|| {
+                Error::config(format!(
+                    "{shown}: {} support is not compiled in; enable cargo feature `{}`",
+                    entry.store, entry.feature
+                ))
+            })
+    }
+
+    /// What a URL's scheme names: the store, and the port of a server
+    /// written without one.
+    ///
+    /// ```
+    /// let s = locksmith::backend::scheme("memory://").unwrap();
+    /// assert_eq!((s.store, s.default_port), ("in-process memory", None));
+    /// assert!(locksmith::backend::scheme("ftp://h").is_err());
+    /// ```
+    ///
+    /// # Errors
+    /// `Config` for text that is not a URL, an unknown scheme, or a backend
+    /// whose cargo feature is off (the message names the feature).
+    pub fn scheme(url: &str) -> Result<Scheme> {
+        lookup(url).map(|(scheme, _)| scheme)
+    }
 
     /// Opens the backend a URL names, without a [`Locker`](crate::Locker) on top.
     ///
     /// # Errors
-    /// `Config` for a malformed URL, an unknown scheme, or a backend whose cargo
-    /// feature is off (the message names the feature); `InvalidOptions` for bad
-    /// parameters. Nothing is sent to the store yet: call
+    /// As [`scheme`], then `Config`/`InvalidOptions` for what the backend
+    /// refuses in the URL. Nothing is sent to the store yet: call
     /// [`LockBackend::verify`] to check it now.
     pub async fn open(url: &str) -> Result<Arc<dyn LockBackend>> {
-        let store = store_of(url)?;
-        let shown = RedactedUrl::new(url);
-        // One arm per cargo feature: with every feature on, each is `true`.
-        #[allow(clippy::match_like_matches_macro)]
-        let built = match store {
-            Store::Memory => true,
-            Store::Sqlite => cfg!(feature = "sqlite"),
-            Store::Postgres => cfg!(feature = "postgres"),
-            Store::MySql => cfg!(feature = "mysql"),
-            Store::Redis | Store::Redlock => cfg!(feature = "redis"),
-            Store::ZooKeeper => cfg!(feature = "zookeeper"),
-            Store::Memcached => cfg!(feature = "memcached"),
-            _ => false,
-        };
-        if !built {
-            return Err(Error::config(format!(
-                "{shown}: {store} support is not compiled in; enable cargo feature `{}`",
-                store.feature()
-            )));
-        }
-        match store {
-            Store::Memory => Ok(Arc::new(MemoryBackend::new())),
-            #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-            Store::Sqlite | Store::Postgres | Store::MySql => sql::open(url),
-            #[cfg(feature = "redis")]
-            Store::Redis => Ok(Arc::new(redis::RedisBackend::connect(url)?)),
-            #[cfg(feature = "redis")]
-            Store::Redlock => Ok(Arc::new(redis::RedlockBackend::connect(url)?)),
-            #[cfg(feature = "zookeeper")]
-            Store::ZooKeeper => crate::zookeeper::open(url),
-            #[cfg(feature = "memcached")]
-            Store::Memcached => crate::memcached::open(url),
-            _ => Err(Error::config(format!("{shown}: no backend for {store}"))),
+        let (_, open) = lookup(url)?;
+        open(url)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// The registry's scheme names are the ones each built-in crate
+        /// declares, no more and no fewer.
+        #[test]
+        fn the_registry_matches_what_each_backend_declares() {
+            for entry in REGISTRY {
+                let Some(built) = entry.built else { continue };
+                let declared: Vec<&str> = built
+                    .schemes
+                    .iter()
+                    .filter(|s| s.store == entry.store)
+                    .map(|s| s.name)
+                    .collect();
+                assert_eq!(declared, entry.schemes, "{}", entry.store);
+            }
+            let mut all: Vec<&str> = REGISTRY.iter().flat_map(|e| e.schemes).copied().collect();
+            let n = all.len();
+            all.sort_unstable();
+            all.dedup();
+            assert_eq!(all.len(), n, "a scheme is registered twice");
         }
     }
 }

@@ -2,13 +2,13 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{
-    distinct_servers, server_list, store_of, RedactedUrl, Store, UrlParams,
-};
+use locksmith_core::backend::{quorum_servers, RedactedUrl, Scheme, ServerUrl};
 use locksmith_core::{Error, Result};
 
+use crate::SCHEMES;
+
 /// The port a host without one is reached on.
-const DEFAULT_PORT: u16 = 11211;
+pub(crate) const DEFAULT_PORT: u16 = 11211;
 /// The longest key prefix: a hashed key (`<prefix>#` and 64 hex digits)
 /// must stay within memcached's 250 bytes.
 const MAX_PREFIX: usize = 100;
@@ -57,16 +57,10 @@ impl MemcachedConfig {
     /// server named twice; `InvalidOptions` for an unknown parameter or a
     /// bad value.
     pub fn from_url(url: &str) -> Result<Self> {
-        let shown = RedactedUrl::new(url);
-        match store_of(url)? {
-            Store::Memcached => {}
-            other => {
-                return Err(Error::config(format!(
-                    "{shown}: a {other} URL, not a memcached one"
-                )))
-            }
-        }
-        let mut p = UrlParams::new(url);
+        Scheme::find(SCHEMES, url)?;
+        let mut u = ServerUrl::parse(url, DEFAULT_PORT)?;
+        let shown = u.shown().clone();
+        let p = u.params();
         let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));
         let prefix = p.text("prefix")?.unwrap_or_else(|| "locksmith:".to_owned());
         let timeout = p.duration("timeout", ms..=hour)?;
@@ -74,29 +68,25 @@ impl MemcachedConfig {
             .duration("connect_timeout", ms..=hour)?
             .unwrap_or(Duration::from_secs(1));
         let connections = p.integer("connections", 1..=MAX_CONNECTIONS)?;
-        let base = p.finish(&[])?;
-        let rest = base.split_once("://").map_or("", |(_, r)| r);
-        let hosts = rest.strip_suffix('/').unwrap_or(rest);
-        if hosts.contains('@') {
+        u.finish(&[])?;
+        if u.has_userinfo() {
             return Err(Error::config(format!(
                 "{shown}: memcached's text protocol has no authentication; remove the user and password"
             )));
         }
-        if hosts.contains('/') {
+        if !matches!(u.path(), "" | "/") {
             return Err(Error::config(format!(
                 "{shown}: a memcached URL has no path; expected memcache://host:11211"
             )));
         }
-        let servers = server_list(&shown, hosts, DEFAULT_PORT)?;
+        let servers: Vec<String> = u
+            .servers("memcache://host:11211")?
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         if servers.len() > 1 {
             // One server under two names would make a fake quorum.
-            distinct_servers(&shown, "memcached", hosts, DEFAULT_PORT)?;
-        }
-        if servers.len() == 2 {
-            return Err(Error::config(format!(
-                "{shown}: a quorum needs at least 3 servers (of 2, both must answer: no better \
-                 than one, and twice as likely to be down)"
-            )));
+            quorum_servers(&u, "memcached")?;
         }
         if prefix.len() > MAX_PREFIX || !prefix.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
             return Err(p_invalid(&shown, "prefix"));

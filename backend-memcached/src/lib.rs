@@ -106,6 +106,22 @@ mod wire;
 pub use backend::MemcachedBackend;
 pub use config::MemcachedConfig;
 
+use locksmith_core::backend::Scheme;
+
+/// The URL schemes this crate answers to.
+pub const SCHEMES: &[Scheme] = &[
+    Scheme {
+        name: "memcache",
+        store: "memcached",
+        default_port: Some(config::DEFAULT_PORT),
+    },
+    Scheme {
+        name: "memcached",
+        store: "memcached",
+        default_port: Some(config::DEFAULT_PORT),
+    },
+];
+
 /// Opens the memcached backend for a `memcache://` URL; no connection is
 /// made until the first request.
 ///

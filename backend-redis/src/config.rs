@@ -3,10 +3,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use locksmith_core::backend::{
-    check_userinfo, distinct_servers, store_of, RedactedUrl, Store, UrlParams,
-};
+use locksmith_core::backend::{quorum_servers, RedactedUrl, Scheme, ServerUrl, UrlParams};
 use locksmith_core::{Error, Result};
+
+use crate::SCHEMES;
+
+/// The port a host without one is reached on.
+pub(crate) const DEFAULT_PORT: u16 = 6379;
 
 /// The parameters the redis driver reads from a URL's query: `db`, `user`
 /// and `pass` only on a unix socket (over TCP they go in the URL's path and
@@ -81,22 +84,45 @@ impl RedisConfig {
     /// fewer than 3 nodes or the same node twice; `InvalidOptions` for an
     /// unknown parameter or a bad value.
     pub fn from_url(url: &str) -> Result<Self> {
-        let shown = RedactedUrl::new(url);
-        let scheme = shown.scheme();
-        let redlock = match store_of(url)? {
-            Store::Redis => false,
-            Store::Redlock => true,
-            other => {
-                return Err(Error::config(format!(
-                    "{shown}: a {other} URL, not a Redis one"
-                )))
-            }
-        };
-        if !matches!(scheme.as_str(), "redis+unix" | "unix") {
-            check_userinfo(url)?;
+        let scheme = Scheme::find(SCHEMES, url)?.name;
+        let redlock = scheme == "redis+redlock";
+        if matches!(scheme, "redis+unix" | "unix") {
+            // A socket path, not a host list: nothing for `ServerUrl`.
+            let mut p = UrlParams::new(url);
+            let mut config = Self::read_params(&mut p, redlock)?;
+            config.check_tls(p.shown(), scheme)?;
+            let driver_url = p.finish(DRIVER_PARAMS_UNIX)?;
+            config.nodes.push(RedactedUrl::new(driver_url));
+            return Ok(config);
         }
+        let mut u = ServerUrl::parse(url, DEFAULT_PORT)?;
+        let mut config = Self::read_params(u.params(), redlock)?;
+        u.finish(DRIVER_PARAMS_TCP)?;
+        config.check_tls(u.shown(), scheme)?;
+        let hosts = u.servers("redis://host:6379")?;
+        if !redlock {
+            if hosts.len() > 1 {
+                return Err(Error::config(format!(
+                    "{}: a {scheme}:// URL names one server; for a quorum over several \
+                     independent masters use redis+redlock://h1,h2,h3",
+                    u.shown()
+                )));
+            }
+            config.nodes.push(u.url());
+            return Ok(config);
+        }
+        quorum_servers(&u, "Redlock")?;
+        config.redlock = true;
+        config.nodes = hosts
+            .iter()
+            .map(|h| u.url_with("redis", std::slice::from_ref(h)))
+            .collect();
+        Ok(config)
+    }
+
+    /// Our own parameters, removed from the URL before the driver sees it.
+    fn read_params(p: &mut UrlParams, redlock: bool) -> Result<Self> {
         let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));
-        let mut p = UrlParams::new(url);
         // The per-node default follows the scheme alone: Redlock's is its
         // quorum budget, whatever other parameters the URL has.
         let default_timeout = if redlock {
@@ -104,7 +130,7 @@ impl RedisConfig {
         } else {
             DEFAULT_TIMEOUT
         };
-        let mut config = RedisConfig {
+        Ok(RedisConfig {
             nodes: Vec::new(),
             redlock: false,
             prefix: p.text("prefix")?.unwrap_or_else(|| "locksmith:".to_owned()),
@@ -120,57 +146,21 @@ impl RedisConfig {
                 cert: p.text("tls_cert")?.map(PathBuf::from),
                 key: p.text("tls_key")?.map(PathBuf::from),
             },
-        };
-        let driver_params = match scheme.as_str() {
-            "redis+unix" | "unix" => DRIVER_PARAMS_UNIX,
-            _ => DRIVER_PARAMS_TCP,
-        };
-        let driver_url = p.finish(driver_params)?;
-        if !config.tls.is_empty() && scheme != "rediss" {
+        })
+    }
+
+    fn check_tls(&self, shown: &RedactedUrl, scheme: &str) -> Result<()> {
+        if !self.tls.is_empty() && scheme != "rediss" {
             return Err(Error::config(format!(
                 "{shown}: tls_ca, tls_cert and tls_key need a rediss:// URL"
             )));
         }
-        if config.tls.cert.is_some() != config.tls.key.is_some() {
+        if self.tls.cert.is_some() != self.tls.key.is_some() {
             return Err(Error::config(format!(
                 "{shown}: tls_cert and tls_key go together"
             )));
         }
-        let (base, query) = driver_url.split_once('?').unwrap_or((&driver_url, ""));
-        let suffix = if query.is_empty() {
-            String::new()
-        } else {
-            format!("?{query}")
-        };
-        if !redlock {
-            config
-                .nodes
-                .push(RedactedUrl::new(format!("{base}{suffix}")));
-            return Ok(config);
-        }
-        config.redlock = true;
-        let rest = &base["redis+redlock://".len().min(base.len())..];
-        let (auth, hosts_and_db) = match rest.rsplit_once('@') {
-            Some((a, h)) => (format!("{a}@"), h),
-            None => (String::new(), rest),
-        };
-        let (hosts, db) = match hosts_and_db.split_once('/') {
-            Some((h, d)) => (h, format!("/{d}")),
-            None => (hosts_and_db, String::new()),
-        };
-        for host in hosts.split(',').filter(|h| !h.is_empty()) {
-            config.nodes.push(RedactedUrl::new(format!(
-                "redis://{auth}{host}{db}{suffix}"
-            )));
-        }
-        distinct_servers(&shown, "Redlock", hosts, 6379)?;
-        if config.nodes.len() < 3 {
-            return Err(Error::config(format!(
-                "{shown}: Redlock needs at least 3 independent nodes, got {}",
-                config.nodes.len()
-            )));
-        }
-        Ok(config)
+        Ok(())
     }
 }
 

@@ -166,3 +166,38 @@ pub mod internals {
 pub use backend::RedisBackend;
 pub use config::{RedisConfig, TlsFiles};
 pub use redlock::RedlockBackend;
+
+use std::sync::Arc;
+
+use locksmith_core::backend::{LockBackend, Scheme};
+
+const fn scheme(name: &'static str, store: &'static str, default_port: Option<u16>) -> Scheme {
+    Scheme {
+        name,
+        store,
+        default_port,
+    }
+}
+
+/// The URL schemes this crate answers to.
+pub const SCHEMES: &[Scheme] = &[
+    scheme("redis", "Redis", Some(config::DEFAULT_PORT)),
+    scheme("rediss", "Redis", Some(config::DEFAULT_PORT)),
+    scheme("redis+unix", "Redis", None),
+    scheme("unix", "Redis", None),
+    scheme("redis+redlock", "Redlock", Some(config::DEFAULT_PORT)),
+];
+
+/// Opens the backend a Redis URL names: [`RedlockBackend`] for
+/// `redis+redlock://`, [`RedisBackend`] for the others. No connection is
+/// made until the first request.
+///
+/// # Errors
+/// As [`RedisConfig::from_url`].
+pub fn open(url: &str) -> locksmith_core::Result<Arc<dyn LockBackend>> {
+    Ok(if Scheme::find(SCHEMES, url)?.name == "redis+redlock" {
+        Arc::new(RedlockBackend::connect(url)?)
+    } else {
+        Arc::new(RedisBackend::connect(url)?)
+    })
+}

@@ -2,8 +2,10 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{check_userinfo, store_of, RedactedUrl, Store, UrlParams};
+use locksmith_core::backend::{RedactedUrl, Scheme, ServerUrl, UrlParams};
 use locksmith_core::{Error, Result};
+
+use crate::SCHEMES;
 
 /// How long a free lease row is kept by default (see [`SqlConfig::retention`]).
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(60);
@@ -128,22 +130,24 @@ impl SqlConfig {
     /// a table name that is not a plain identifier.
     pub fn from_url(url: &str) -> Result<Self> {
         let redacted = RedactedUrl::new(url);
-        let dialect = match store_of(url)? {
-            Store::Sqlite => Dialect::Sqlite,
-            Store::Postgres => Dialect::Postgres,
-            Store::MySql => Dialect::MySql,
-            other => {
-                return Err(Error::config(format!(
-                    "{redacted}: a {other} URL, not a SQL database"
-                )))
-            }
+        let scheme = Scheme::find(SCHEMES, url)?;
+        let dialect = match scheme.store {
+            "PostgreSQL" => Dialect::Postgres,
+            "MySQL/MariaDB" => Dialect::MySql,
+            _ => Dialect::Sqlite,
         };
-        if dialect != Dialect::Sqlite {
-            check_userinfo(url)?;
-        }
+        // SQLite names a file, not servers: only its query is ours to read.
+        let mut server = match scheme.default_port {
+            Some(port) => Some(ServerUrl::parse(url, port)?),
+            None => None,
+        };
+        let mut file = UrlParams::new(url);
+        let p = match &mut server {
+            Some(u) => u.params(),
+            None => &mut file,
+        };
         let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));
         let modes = [("lease", Mode::Lease), ("session", Mode::Session)];
-        let mut p = UrlParams::new(url);
         // SQLite's driver has a `mode` of its own (rwc, ro, memory).
         let mut mode = p.choice("lock_mode", &modes)?;
         if dialect != Dialect::Sqlite {
@@ -175,30 +179,33 @@ impl SqlConfig {
                 )?
                 .unwrap_or(DEFAULT_RETENTION),
         };
-        let driver_url = p.finish(driver_params(dialect))?;
-        // sqlx knows MariaDB by the MySQL scheme.
-        let driver_url = match driver_url.split_once("://") {
-            Some((s, rest)) if s.eq_ignore_ascii_case("mariadb") => format!("mysql://{rest}"),
-            _ => driver_url,
+        let driver_url = match &mut server {
+            Some(u) => {
+                u.finish(driver_params(dialect))?;
+                // sqlx knows MariaDB by the MySQL scheme.
+                if u.scheme() == "mariadb" {
+                    u.url_as("mysql")
+                } else {
+                    u.url()
+                }
+            }
+            None => {
+                let path = file.location().to_owned();
+                let query = file.leftover_query(driver_params(dialect))?;
+                if path.is_empty() || path.contains(":memory:") || query.contains("mode=memory") {
+                    return Err(Error::config(format!(
+                        "{redacted}: an in-memory SQLite database is private to one connection; \
+                         use a file (sqlite://locks.db) or memory:// for in-process locks"
+                    )));
+                }
+                RedactedUrl::new(file.finish(driver_params(dialect))?)
+            }
         };
-        let (base, query) = driver_url.split_once('?').unwrap_or((&driver_url, ""));
-        config.url = RedactedUrl::new(driver_url.as_str());
+        config.url = driver_url.clone();
         if dialect == Dialect::Sqlite && config.mode == Mode::Session {
             return Err(Error::config(format!(
                 "{redacted}: SQLite has no session locks; use the default lease mode"
             )));
-        }
-        if dialect == Dialect::Sqlite {
-            let path = base
-                .split_once(':')
-                .map(|(_, p)| p.trim_start_matches("//"))
-                .unwrap_or("");
-            if path.is_empty() || path.contains(":memory:") || query.contains("mode=memory") {
-                return Err(Error::config(format!(
-                    "{redacted}: an in-memory SQLite database is private to one connection; \
-                     use a file (sqlite://locks.db) or memory:// for in-process locks"
-                )));
-            }
         }
         Ok(config)
     }

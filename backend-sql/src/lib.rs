@@ -99,12 +99,30 @@ mod session_locks;
 
 use std::sync::Arc;
 
-use locksmith_core::backend::LockBackend;
+use locksmith_core::backend::{LockBackend, Scheme};
 use locksmith_core::Result;
 
 pub use backend::{LeaseStatements, SqlBackend};
 pub use config::{validate_table_name, Dialect, Mode, SqlConfig, DEFAULT_RETENTION, DEFAULT_TABLE};
 pub use session::SqlSessionBackend;
+
+const fn scheme(name: &'static str, store: &'static str, default_port: Option<u16>) -> Scheme {
+    Scheme {
+        name,
+        store,
+        default_port,
+    }
+}
+
+/// The URL schemes this crate answers to (each dialect is built in by its
+/// own cargo feature; a URL for one that is not says which to enable).
+pub const SCHEMES: &[Scheme] = &[
+    scheme("sqlite", "SQLite", None),
+    scheme("postgres", "PostgreSQL", Some(5432)),
+    scheme("postgresql", "PostgreSQL", Some(5432)),
+    scheme("mysql", "MySQL/MariaDB", Some(3306)),
+    scheme("mariadb", "MySQL/MariaDB", Some(3306)),
+];
 
 /// Opens the backend a SQL URL names: [`SqlBackend`] for lease rows (the
 /// default), [`SqlSessionBackend`] for `?mode=session`.

@@ -2,15 +2,13 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{
-    check_userinfo, percent_decode, server_list, store_of, RedactedUrl, Store, UrlParams,
-};
+use locksmith_core::backend::{percent_decode, RedactedUrl, Scheme, ServerUrl};
 use locksmith_core::{Error, Result};
 
-use crate::layout;
+use crate::{layout, SCHEMES};
 
 /// The port a host without one is reached on.
-const DEFAULT_PORT: u16 = 2181;
+pub(crate) const DEFAULT_PORT: u16 = 2181;
 /// Where the lock directories go when the URL names no path.
 const DEFAULT_ROOT: &str = "/locksmith";
 
@@ -63,17 +61,10 @@ impl ZkConfig {
     /// bad credentials; `InvalidOptions` for an unknown parameter or a bad
     /// value.
     pub fn from_url(url: &str) -> Result<Self> {
-        let shown = RedactedUrl::new(url);
-        match store_of(url)? {
-            Store::ZooKeeper => {}
-            other => {
-                return Err(Error::config(format!(
-                    "{shown}: a {other} URL, not a ZooKeeper one"
-                )))
-            }
-        }
-        check_userinfo(url)?;
-        let mut p = UrlParams::new(url);
+        Scheme::find(SCHEMES, url)?;
+        let mut u = ServerUrl::parse(url, DEFAULT_PORT)?;
+        let shown = u.shown().clone();
+        let p = u.params();
         let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));
         let session_timeout = p
             .duration("session_timeout", Duration::from_secs(1)..=hour)?
@@ -90,20 +81,16 @@ impl ZkConfig {
                 Duration::from_secs(1)..=Duration::from_secs(24 * 3600),
             )?
             .unwrap_or(Duration::from_secs(60));
-        let base = p.finish(&[])?;
-        let rest = base.split_once("://").map_or("", |(_, r)| r);
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
-        let auth = userinfo.map(|u| credentials(&shown, u)).transpose()?;
+        u.finish(&[])?;
+        let auth = credentials(&u)?;
+        let hosts: Vec<String> = u
+            .servers("zk://host:2181")?
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         Ok(ZkConfig {
-            hosts: server_list(&shown, hosts, DEFAULT_PORT)?.join(","),
-            root: root_path(&shown, path)?,
+            hosts: hosts.join(","),
+            root: root_path(&shown, u.path())?,
             auth,
             session_timeout,
             connect_timeout,
@@ -114,20 +101,16 @@ impl ZkConfig {
     }
 }
 
-fn credentials(shown: &RedactedUrl, userinfo: &str) -> Result<(String, String)> {
-    let decode = |s: &str| {
-        percent_decode(s).ok_or_else(|| {
-            Error::config(format!(
-                "{shown}: the user name or password has a bad %-escape or is not UTF-8"
-            ))
-        })
+fn credentials(u: &ServerUrl) -> Result<Option<(String, String)>> {
+    let shown = u.shown();
+    let Some(user) = u.user()? else {
+        return Ok(None);
     };
-    let (user, password) = userinfo.split_once(':').ok_or_else(|| {
+    let password = u.password()?.ok_or_else(|| {
         Error::config(format!(
             "{shown}: digest authentication needs user:password, not only a user name"
         ))
     })?;
-    let (user, password) = (decode(user)?, decode(password)?);
     // The digest identity is `user:password`: a ':' in the user would make
     // another identity, and an empty one matches nobody's ACL.
     if user.is_empty() || user.contains(':') {
@@ -135,7 +118,7 @@ fn credentials(shown: &RedactedUrl, userinfo: &str) -> Result<(String, String)> 
             "{shown}: the user name must be non-empty and hold no ':'"
         )));
     }
-    Ok((user, password))
+    Ok(Some((user, password)))
 }
 
 fn root_path(shown: &RedactedUrl, path: &str) -> Result<String> {

@@ -95,6 +95,22 @@ mod session;
 pub use backend::ZkBackend;
 pub use config::ZkConfig;
 
+use locksmith_core::backend::Scheme;
+
+/// The URL schemes this crate answers to.
+pub const SCHEMES: &[Scheme] = &[
+    Scheme {
+        name: "zk",
+        store: "ZooKeeper",
+        default_port: Some(config::DEFAULT_PORT),
+    },
+    Scheme {
+        name: "zookeeper",
+        store: "ZooKeeper",
+        default_port: Some(config::DEFAULT_PORT),
+    },
+];
+
 /// Opens the ZooKeeper backend for a `zk://` URL; no connection is made
 /// until the first request.
 ///

@@ -6,9 +6,9 @@
 pub use crate::lease::{clock_drift, local_deadline};
 pub use crate::memory::MemoryBackend;
 pub use crate::options::validate_ttl;
-pub use crate::params::{percent_decode, server_list, store_of, Store, UrlParams, SCHEMES};
-pub use crate::quorum::{distinct_servers, Quorum};
-pub use crate::url::{check_userinfo, RedactedUrl};
+pub use crate::params::{percent_decode, UrlParams};
+pub use crate::quorum::{quorum_servers, Quorum};
+pub use crate::url::{scheme_of, HostPort, RedactedUrl, Scheme, ServerUrl};
 /// Re-exported so backends implement [`LockBackend`] with the same macro version.
 pub use async_trait::async_trait;
 

@@ -1,5 +1,4 @@
-//! Connection URLs read the same way by every backend: one table of
-//! schemes, and query parameters read by type.
+//! A URL's query parameters, read by type the same way by every backend.
 
 use std::fmt;
 use std::ops::RangeInclusive;
@@ -8,116 +7,6 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::url::{RedactedUrl, SECRET_PARAMS};
-
-/// A kind of store, as a URL's scheme names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Store {
-    /// In this process only (`memory://`).
-    Memory,
-    /// An SQLite file.
-    Sqlite,
-    /// PostgreSQL.
-    Postgres,
-    /// MySQL or MariaDB.
-    MySql,
-    /// One Redis server.
-    Redis,
-    /// Redlock over independent Redis masters.
-    Redlock,
-    /// memcached.
-    Memcached,
-    /// ZooKeeper.
-    ZooKeeper,
-}
-
-impl Store {
-    /// The store's name, for messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            Store::Memory => "in-process memory",
-            Store::Sqlite => "SQLite",
-            Store::Postgres => "PostgreSQL",
-            Store::MySql => "MySQL/MariaDB",
-            Store::Redis => "Redis",
-            Store::Redlock => "Redlock",
-            Store::Memcached => "memcached",
-            Store::ZooKeeper => "ZooKeeper",
-        }
-    }
-
-    /// The cargo feature of the `locksmith` crate that builds it in (empty
-    /// for `memory://`, which is always there).
-    pub fn feature(self) -> &'static str {
-        match self {
-            Store::Memory => "",
-            Store::Sqlite => "sqlite",
-            Store::Postgres => "postgres",
-            Store::MySql => "mysql",
-            Store::Redis | Store::Redlock => "redis",
-            Store::Memcached => "memcached",
-            Store::ZooKeeper => "zookeeper",
-        }
-    }
-}
-
-impl fmt::Display for Store {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// Every URL scheme locksmith knows, and the store it names: the one table
-/// the facade's dispatch and every backend's configuration read.
-pub const SCHEMES: &[(&str, Store)] = &[
-    ("memory", Store::Memory),
-    ("sqlite", Store::Sqlite),
-    ("postgres", Store::Postgres),
-    ("postgresql", Store::Postgres),
-    ("mysql", Store::MySql),
-    ("mariadb", Store::MySql),
-    ("redis", Store::Redis),
-    ("rediss", Store::Redis),
-    ("redis+unix", Store::Redis),
-    ("unix", Store::Redis),
-    ("redis+redlock", Store::Redlock),
-    ("memcache", Store::Memcached),
-    ("memcached", Store::Memcached),
-    ("zk", Store::ZooKeeper),
-    ("zookeeper", Store::ZooKeeper),
-];
-
-/// The store a URL's scheme names.
-///
-/// ```
-/// use locksmith_core::backend::{store_of, Store};
-/// assert_eq!(store_of("postgresql://h/db").unwrap(), Store::Postgres);
-/// assert!(store_of("ftp://h").is_err());
-/// ```
-///
-/// # Errors
-/// `Config` for text that is not a URL or a scheme not in [`SCHEMES`],
-/// showing the URL without secrets and the known schemes.
-pub fn store_of(url: &str) -> Result<Store> {
-    let shown = RedactedUrl::new(url);
-    let scheme = shown.scheme();
-    if scheme.is_empty() || !url.contains(':') {
-        return Err(Error::config(format!(
-            "{shown}: not a URL; expected e.g. sqlite://locksmith.db or memory://"
-        )));
-    }
-    SCHEMES
-        .iter()
-        .find(|(s, _)| *s == scheme)
-        .map(|&(_, store)| store)
-        .ok_or_else(|| {
-            let known: Vec<&str> = SCHEMES.iter().map(|(s, _)| *s).collect();
-            Error::config(format!(
-                "{shown}: unknown scheme {scheme:?}; known: {}",
-                known.join(", ")
-            ))
-        })
-}
 
 /// A URL's query parameters, read by type. A backend asks for each of its
 /// own parameters by name; [`finish`](Self::finish) then refuses any
@@ -172,6 +61,23 @@ impl UrlParams {
             pairs,
             asked: Vec::new(),
         }
+    }
+
+    /// What the URL names before its query, after `scheme:` and any `//`:
+    /// a file or socket path (`sqlite://data/locks.db` → `data/locks.db`).
+    pub fn location(&self) -> &str {
+        self.base
+            .split_once(':')
+            .map_or("", |(_, rest)| rest.trim_start_matches("//"))
+    }
+
+    /// The query [`finish`](Self::finish) would hand on, joined with `&`,
+    /// without consuming the parameters.
+    ///
+    /// # Errors
+    /// As [`finish`](Self::finish).
+    pub fn leftover_query(&self, driver: &[&str]) -> Result<String> {
+        Ok(self.leftover(driver)?.join("&"))
     }
 
     /// The URL without secrets, for messages.
@@ -337,6 +243,17 @@ impl UrlParams {
     /// ones. After a password parameter the name is not shown: a password
     /// may hold an unescaped `&`, and what follows could be a piece of it.
     pub fn finish(self, driver: &[&str]) -> Result<String> {
+        let rest = self.leftover(driver)?;
+        Ok(if rest.is_empty() {
+            self.base
+        } else {
+            format!("{}?{}", self.base, rest.join("&"))
+        })
+    }
+
+    /// The `key=value` pairs left for the driver, after refusing every
+    /// parameter not read and not in `driver` (see [`finish`](Self::finish)).
+    pub(crate) fn leftover(&self, driver: &[&str]) -> Result<Vec<String>> {
         let mut after_secret = false;
         let mut rest = Vec::new();
         for (k, v, taken) in &self.pairs {
@@ -368,52 +285,8 @@ impl UrlParams {
                 format!("{k}={v}")
             });
         }
-        Ok(if rest.is_empty() {
-            self.base
-        } else {
-            format!("{}?{}", self.base, rest.join("&"))
-        })
+        Ok(rest)
     }
-}
-
-/// The servers of a URL's comma-separated `host[:port]` list, each as
-/// `host:port` (lowercased; `default_port` where none is given; `[v6]`
-/// literals kept in brackets).
-///
-/// ```
-/// use locksmith_core::backend::{server_list, RedactedUrl};
-/// let url = RedactedUrl::new("zk://h1,H2:2182");
-/// assert_eq!(server_list(&url, "h1,H2:2182", 2181).unwrap(), ["h1:2181", "h2:2182"]);
-/// assert!(server_list(&url, "h1,,h2", 2181).is_err());
-/// ```
-///
-/// # Errors
-/// `Config` for an empty host or a port that is not 1..=65535, showing the
-/// URL without secrets.
-pub fn server_list(shown: &RedactedUrl, hosts: &str, default_port: u16) -> Result<Vec<String>> {
-    let mut out = Vec::new();
-    for host in hosts.split(',') {
-        // `[::1]:2181`, `[::1]`, `h:2181`, `h`.
-        let (name, port) = match host.rsplit_once(':') {
-            Some((n, p)) if !p.contains(']') => (n, Some(p)),
-            _ => (host, None),
-        };
-        if name.is_empty() {
-            return Err(Error::config(format!(
-                "{shown}: an empty host in the server list; expected host1:{default_port},host2:{default_port}"
-            )));
-        }
-        let port = match port {
-            None => default_port,
-            Some(p) => p
-                .parse::<u16>()
-                .ok()
-                .filter(|&p| p > 0)
-                .ok_or_else(|| Error::config(format!("{shown}: {p:?} is not a port number")))?,
-        };
-        out.push(format!("{}:{port}", name.to_ascii_lowercase()));
-    }
-    Ok(out)
 }
 
 /// Decodes `%XX` escapes (and nothing else: a `+` stays a `+`); `None` for
@@ -438,18 +311,6 @@ pub fn percent_decode(s: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_scheme_names_one_store_and_unknown_ones_are_refused() {
-        for (scheme, store) in SCHEMES {
-            assert_eq!(store_of(&format!("{scheme}://h")).unwrap(), *store);
-        }
-        assert_eq!(store_of("Redis://h").unwrap(), Store::Redis);
-        for bad in ["ftp://h", "locks.db", "", "://h"] {
-            let e = store_of(bad).unwrap_err();
-            assert_eq!(e.kind(), crate::ErrorKind::Config, "{bad}");
-        }
-    }
 
     #[test]
     fn typed_reads_name_the_parameter_and_never_the_password() {

@@ -14,7 +14,7 @@ use crate::backend::{
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{LockKey, OwnerToken};
 use crate::lease::{clock_drift, LockStatus};
-use crate::url::RedactedUrl;
+use crate::url::ServerUrl;
 
 /// A lock over N independent nodes, each a lease backend of its own: held
 /// when a quorum (N/2 + 1) granted it within `ttl − elapsed − drift`.
@@ -66,32 +66,29 @@ impl<B> fmt::Debug for Quorum<B> {
     }
 }
 
-/// Refuses a quorum whose servers are not independent: one server named
-/// twice, or under two names, would make a fake majority. `hosts` is the
-/// URL's comma-separated `host[:port]` list (a host without a port gets
-/// `default_port`); hosts are compared by name and port, and by every
-/// address they resolve to (an IPv4-mapped IPv6 address counts as the IPv4
-/// one). `kind` names the nodes in the message ("Redlock").
+/// Refuses a quorum's server list that cannot make an honest majority:
+/// fewer than 3 servers (of 2, both must answer: no better than one, and
+/// twice as likely to be down), or one server named twice or under two
+/// names. Hosts are compared by name and port, and by every address they
+/// resolve to (an IPv4-mapped IPv6 address counts as the IPv4 one). `kind`
+/// names the servers in messages ("Redlock").
 ///
 /// # Errors
-/// `Config` naming the two entries that are one server.
-pub fn distinct_servers(
-    shown: &RedactedUrl,
-    kind: &str,
-    hosts: &str,
-    default_port: u16,
-) -> Result<()> {
+/// `Config` giving the count, or naming the two entries that are one server.
+pub fn quorum_servers(url: &ServerUrl, kind: &str) -> Result<()> {
     use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+    let shown = url.shown();
+    let hosts = url.hosts();
+    if hosts.len() < 3 {
+        return Err(Error::config(format!(
+            "{shown}: a {kind} quorum needs at least 3 independent servers, got {} (of 2, both \
+             must answer: no better than one, and twice as likely to be down)",
+            hosts.len()
+        )));
+    }
     let mut seen: Vec<(String, Vec<SocketAddr>)> = Vec::new();
-    for host in hosts.split(',').filter(|h| !h.is_empty()) {
-        let named = if host
-            .rsplit_once(':')
-            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-        {
-            host.to_ascii_lowercase()
-        } else {
-            format!("{}:{default_port}", host.to_ascii_lowercase())
-        };
+    for host in hosts {
+        let named = host.to_string();
         let addrs: Vec<SocketAddr> = named
             .to_socket_addrs()
             .map(|a| {

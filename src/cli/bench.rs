@@ -280,8 +280,8 @@ async fn held(url: &str, args: &BenchArgs, caps: &locksmith::backend::Capabiliti
     // one session).
     let per_connection = caps.binding == locksmith::backend::Binding::Session
         && matches!(
-            locksmith::backend::store_of(url)?,
-            locksmith::backend::Store::Postgres | locksmith::backend::Store::MySql
+            locksmith::backend::scheme(url)?.store,
+            "PostgreSQL" | "MySQL/MariaDB"
         );
     if per_connection && n > SESSION_HELD {
         println!(

@@ -4,29 +4,16 @@
 
 use std::net::SocketAddr;
 
-use locksmith::backend::{store_of, RedactedUrl, Store};
+use locksmith::backend::{scheme, HostPort, RedactedUrl, ServerUrl};
 use locksmith::{Error, Result};
 
-/// A URL split around its host list: `scheme://[userinfo@]h1:p1,h2:p2[/rest]`.
-#[derive(Debug, Clone)]
+/// A store URL and the TCP servers it names, parsed once by the core.
+#[derive(Debug)]
 pub(crate) struct Endpoints {
-    head: String,
-    tail: String,
-    /// Each server as written (`host:port`, `[v6]:port`; the store's default
-    /// port filled in).
+    url: ServerUrl,
+    /// Each server (`host:port`, `[v6]:port`; the store's default port
+    /// filled in).
     pub(crate) servers: Vec<String>,
-}
-
-/// The default port of a store's servers.
-fn default_port(store: Store) -> Option<u16> {
-    match store {
-        Store::Postgres => Some(5432),
-        Store::MySql => Some(3306),
-        Store::Redis | Store::Redlock => Some(6379),
-        Store::Memcached => Some(11211),
-        Store::ZooKeeper => Some(2181),
-        _ => None,
-    }
 }
 
 impl Endpoints {
@@ -35,61 +22,36 @@ impl Endpoints {
     /// or over TLS that verifies the server's name.
     ///
     /// # Errors
-    /// `Config` for a URL whose scheme is unknown.
+    /// `Config` for a URL whose scheme is unknown or that does not parse.
     pub(crate) fn of(url: &str) -> Result<Option<Endpoints>> {
-        let store = store_of(url)?;
-        let Some(port) = default_port(store) else {
+        let Some(port) = scheme(url)?.default_port else {
             return Ok(None);
         };
-        let Some((scheme, rest)) = url.split_once("://") else {
-            return Ok(None);
-        };
-        if scheme == "redis+unix" || scheme == "unix" {
-            return Ok(None);
-        }
+        let url = ServerUrl::parse(url, port)?;
         // TLS checks the server's name, which a local proxy would replace.
-        let lower = url.to_ascii_lowercase();
-        if scheme == "rediss"
+        let lower = url.url().expose().to_ascii_lowercase();
+        if url.scheme() == "rediss"
             || lower.contains("sslmode=verify")
             || lower.contains("ssl-mode=verify")
             || lower.contains("ssl_mode=verify")
+            || url.hosts().is_empty()
         {
             return Ok(None);
         }
-        let end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let (authority, tail) = rest.split_at(end);
-        let (userinfo, hosts) = match authority.rfind('@') {
-            Some(i) => (&authority[..=i], &authority[i + 1..]),
-            None => ("", authority),
-        };
-        if hosts.is_empty() {
-            return Ok(None);
-        }
-        let servers = hosts
-            .split(',')
-            .map(|h| {
-                let has_port = match h.rfind(']') {
-                    Some(close) => h[close..].contains(':'),
-                    None => h.contains(':'),
-                };
-                if has_port {
-                    h.to_owned()
-                } else {
-                    format!("{h}:{port}")
-                }
-            })
-            .collect();
-        Ok(Some(Endpoints {
-            head: format!("{scheme}://{userinfo}"),
-            tail: tail.to_owned(),
-            servers,
-        }))
+        let servers = url.hosts().iter().map(HostPort::to_string).collect();
+        Ok(Some(Endpoints { url, servers }))
     }
 
     /// The URL with the servers replaced, in order, by `127.0.0.1:<port>`.
     pub(crate) fn with_local_ports(&self, ports: &[u16]) -> String {
-        let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        format!("{}{}{}", self.head, hosts.join(","), self.tail)
+        let hosts: Vec<HostPort> = ports
+            .iter()
+            .map(|&p| HostPort::new("127.0.0.1", p))
+            .collect();
+        self.url
+            .url_with(self.url.scheme(), &hosts)
+            .expose()
+            .to_owned()
     }
 
     /// Every server's address, resolved now.

@@ -91,7 +91,7 @@ struct StoreArgs {
 impl StoreArgs {
     /// The URL, refused if it names a store no other process can share.
     fn shared_url(&self) -> Result<&str, Error> {
-        if locksmith::backend::store_of(&self.url)? == locksmith::backend::Store::Memory {
+        if locksmith::backend::scheme(&self.url)?.name == "memory" {
             return Err(Error::config(
                 "memory:// locks live inside one process, so no other `locksmith` can see \
                  them; use a shared store (sqlite://file.db, redis://…, postgres://…)",

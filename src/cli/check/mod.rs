@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use locksmith::backend::{store_of, Binding, RedactedUrl, Store};
+use locksmith::backend::{Binding, RedactedUrl};
 use locksmith::{Error, LockKey, OwnerToken, Result};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -179,7 +179,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
             args.ttl, caps.min_ttl
         )));
     }
-    let store = locksmith::backend::store_of(&url)?;
+    let store = locksmith::backend::scheme(&url)?.store;
     let endpoints = Endpoints::of(&url)?;
     let text = !args.json;
     if text {
@@ -225,7 +225,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
     }
     // A memcached lock server that evicts, or is nearly full, loses or
     // refuses locks whatever the client does: say so before the run.
-    if let (Some(e), Ok(Store::Memcached)) = (endpoints.as_ref(), store_of(&url)) {
+    if let Some(e) = endpoints.as_ref().filter(|_| store == "memcached") {
         let addrs = e.resolve(&url).await.unwrap_or_default();
         for (name, addr) in e.servers.iter().zip(addrs) {
             if let Some(m) = memory::Memory::read(addr).await {
