@@ -86,11 +86,7 @@ pub mod backend {
     }
 
     const MEMORY: Built = Built {
-        schemes: &[Scheme {
-            name: "memory",
-            store: "in-process memory",
-            default_port: None,
-        }],
+        schemes: &[Scheme::new("memory", "in-process memory", None)],
         open: |_| Ok(Arc::new(MemoryBackend::new())),
     };
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]

@@ -185,6 +185,16 @@ pub struct Scheme {
 }
 
 impl Scheme {
+    /// A scheme named `name` for `store`, with the port of a server
+    /// written without one (`None`: not reached through a host list).
+    pub const fn new(name: &'static str, store: &'static str, default_port: Option<u16>) -> Self {
+        Scheme {
+            name,
+            store,
+            default_port,
+        }
+    }
+
     /// The entry of `schemes` that `url`'s scheme names.
     ///
     /// ```
@@ -352,6 +362,24 @@ impl ServerUrl {
             path: path.to_owned(),
             query: query.to_owned(),
         })
+    }
+
+    /// Parses `url` for a backend that answers to `schemes`, with the
+    /// default port of the scheme it names.
+    ///
+    /// # Errors
+    /// As [`Scheme::find`] and [`parse`](Self::parse); `Config` for a
+    /// scheme of `schemes` not reached through a host list.
+    pub fn parse_for(schemes: &[Scheme], url: &str) -> crate::Result<Self> {
+        let scheme = Scheme::find(schemes, url)?;
+        let port = scheme.default_port.ok_or_else(|| {
+            crate::Error::config(format!(
+                "{}: a {}:// URL names no servers",
+                RedactedUrl::new(url),
+                scheme.name
+            ))
+        })?;
+        Self::parse(url, port)
     }
 
     /// The scheme, lowercased.
