@@ -10,8 +10,8 @@ use locksmith_core::backend::{
 use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::config::RedisConfig;
+use crate::layout::Keys;
 use crate::node::{Node, Role, Waiter};
-use crate::scripts::Keys;
 
 /// A waiter's place is kept this many refresh periods without a refresh, so
 /// one late or lost refresh does not cost it.

@@ -101,6 +101,7 @@ mod backend;
 mod config;
 mod error;
 mod hub;
+mod layout;
 mod node;
 mod redlock;
 mod scripts;
@@ -120,7 +121,7 @@ pub mod internals {
     /// The Redis keys of `key` under `prefix`: lock, queue, waiters, in the
     /// order the scripts take them.
     pub fn key_names(prefix: &str, key: &LockKey) -> [String; 3] {
-        crate::scripts::Keys::new(prefix, key).names().clone()
+        crate::layout::Keys::new(prefix, key).names().clone()
     }
 
     /// The acquire script (KEYS: [`key_names`]; ARGV: owner, TTL in ms);

@@ -11,7 +11,8 @@ use tokio::sync::OnceCell;
 use crate::config::TlsFiles;
 use crate::error::map_err;
 use crate::hub::Hub;
-use crate::scripts::{self, Keys};
+use crate::layout::Keys;
+use crate::scripts;
 
 /// A waiter's place in a key's queue: its ticket, how long the place is
 /// kept without a refresh, and where its grant is to be published.
