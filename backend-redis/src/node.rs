@@ -9,7 +9,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
 use crate::config::TlsFiles;
-use crate::error::map_err;
+use crate::error::{bad_url, map_err};
 use crate::hub::Hub;
 use crate::layout::Keys;
 use crate::scripts;
@@ -63,9 +63,7 @@ impl Node {
             Role::Single => (false, true),
             Role::Quorum => (true, false),
         };
-        let bad = |e: redis::RedisError| {
-            Error::config(format!("{url}: the driver cannot use this URL")).with_source(e)
-        };
+        let bad = |e| bad_url(url, e);
         let client = if tls.is_empty() {
             redis::Client::open(url.expose()).map_err(bad)?
         } else {
