@@ -7,8 +7,7 @@
 //!     owner token, then for a fenced lock the server's `TIME` at the grant,
 //!     `<owner> <s> <µs>`. One `SET NX PX` takes it and one `DEL` frees it.
 //!   - **anything else** is a hash whose one owner field is the owner token
-//!     and whose value is the hold count (the re-entrant scheme of the design
-//!     notes). Fields starting with `~`, which no owner token can, carry the
+//!     and whose value is the hold count (the re-entrant form). Fields starting with `~`, which no owner token can, carry the
 //!     rest: `~f` the grant's fencing token, `~q` "someone may be queued",
 //!     `~grant` the ticket of a hand-off.
 //! - **queue**, the waiters in arrival order: a sorted set of tickets, scored

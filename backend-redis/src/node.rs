@@ -14,8 +14,8 @@ use crate::hub::Hub;
 use crate::layout::Keys;
 use crate::scripts;
 
-/// A waiter's place in a key's queue: its ticket, how long the place is
-/// kept without a refresh, and where its grant is to be published.
+/// A waiter's place in a key's queue: its ticket, and how long the place is
+/// kept without a refresh. Its grant is published on the node's hub.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Waiter<'a> {
     pub(crate) ticket: &'a OwnerToken,
