@@ -12,10 +12,10 @@ use crate::config::{Dialect, Mode, SqlConfig, MIN_TTL};
 #[cfg(feature = "mysql")]
 use crate::error::is_mysql_conflict;
 use crate::error::{is_missing_table, map_err};
-use crate::notify::LocalReleases;
 #[cfg(feature = "sqlite")]
-use crate::pool::use_wal;
-use crate::pool::{create, open_pool, probe, Pool};
+use crate::node::use_wal;
+use crate::node::{create, open_pool, probe, Pool};
+use crate::notify::LocalReleases;
 use crate::queries::{key_hash, ttl_ms, Queries, SWEEP_BATCH};
 
 /// The statements of lease mode. Parameters: acquire (key hash, key, owner,

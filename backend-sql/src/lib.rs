@@ -84,7 +84,7 @@
 //! ```
 
 #[macro_use]
-mod pool;
+mod node;
 mod backend;
 mod config;
 mod error;

@@ -1,4 +1,11 @@
-//! The connection pool of each dialect, and the DDL run on it.
+//! The database as lease mode reaches it: one connection pool per
+//! dialect, and what runs on the pool outside any lock operation (the
+//! switch to WAL, the DDL, the probe that says why a database cannot be
+//! reached).
+//!
+//! Session mode does not use it: a session lock lives exactly as long as
+//! its connection, so each held lock takes a connection of its own, out
+//! of any pool, in `session_locks`.
 
 #[cfg(feature = "sqlite")]
 use std::time::Duration;
