@@ -13,6 +13,8 @@ use std::time::Duration;
 use locksmith_core::{Error, Result};
 
 use crate::config::{Dialect, SqlConfig};
+#[cfg(feature = "sqlite")]
+use crate::error::is_sqlite_busy;
 use crate::error::{bad_url, map_err};
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
@@ -136,9 +138,7 @@ pub(crate) async fn use_wal(pool: &sqlx::SqlitePool, within: Duration) -> Result
                 }
                 return Ok(());
             }
-            Err(sqlx::Error::Database(db))
-                if db.code().as_deref() == Some("5") && start.elapsed() < within =>
-            {
+            Err(e) if is_sqlite_busy(&e) && start.elapsed() < within => {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             Err(e) => return Err(map_err(e)),
