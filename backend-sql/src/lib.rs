@@ -90,7 +90,7 @@ mod config;
 mod error;
 mod notify;
 mod queries;
-mod session;
+mod session_backend;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod session_locks;
 #[cfg(not(any(feature = "postgres", feature = "mysql")))]
@@ -104,7 +104,7 @@ use locksmith_core::Result;
 
 pub use backend::{LeaseStatements, SqlBackend};
 pub use config::{validate_table_name, Dialect, Mode, SqlConfig, DEFAULT_RETENTION, DEFAULT_TABLE};
-pub use session::SqlSessionBackend;
+pub use session_backend::SqlSessionBackend;
 
 const fn scheme(name: &'static str, store: &'static str, default_port: Option<u16>) -> Scheme {
     Scheme {
