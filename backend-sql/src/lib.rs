@@ -88,6 +88,7 @@ mod node;
 mod backend;
 mod config;
 mod error;
+mod layout;
 mod notify;
 mod queries;
 mod session_backend;
@@ -148,7 +149,7 @@ pub mod internals {
 
     /// The lease row's `key_hash`: lowercase hex SHA-256 of the key.
     pub fn key_hash(key: &LockKey) -> String {
-        crate::queries::key_hash(key)
+        crate::layout::key_hash(key)
     }
 
     /// Server-side ids (PostgreSQL backend pid, MySQL connection id) of the
