@@ -4,8 +4,8 @@
 //! # Lease mode (default)
 //!
 //! Each lock is a row under a unique key holding the owner token, a hold
-//! count for re-entrancy, a fencing column and an expiry. The design notes'
-//! naive scheme (insert to lock, delete to unlock) has three known flaws, and
+//! count for re-entrancy, a fencing column and an expiry. The naive scheme
+//! (insert a row to lock, delete it to unlock) has three known flaws, and
 //! this one has none of them:
 //!
 //! * *A crashed holder leaves the row forever*: rows expire; the next

@@ -116,10 +116,10 @@ pub(crate) fn open_pool(config: &SqlConfig) -> Result<(Pool, String)> {
 /// Puts an SQLite file in WAL mode (readers never wait for the writer),
 /// once. WAL is a property of the file, so this is done here and not on
 /// every new connection: switching a new file needs it to itself, and
-/// SQLite refuses at once, without waiting out the busy timeout, while other
-/// connections are opening it (the "database is locked" the suite saw about
-/// one run in fifteen with eight clients on a fresh file). So the switch
-/// waits for a quiet moment, up to the busy timeout.
+/// SQLite refuses at once ("database is locked"), without waiting out the
+/// busy timeout, while other connections are opening it, as several
+/// clients starting on a fresh file do. So the switch waits for a quiet
+/// moment, up to the busy timeout.
 #[cfg(feature = "sqlite")]
 pub(crate) async fn use_wal(pool: &sqlx::SqlitePool, within: Duration) -> Result<()> {
     let start = std::time::Instant::now();
@@ -162,7 +162,7 @@ pub(crate) async fn create(pool: &Pool, stmt: &str) -> Result<()> {
             tx.commit().await.map_err(map_err)?;
         }
         // A DDL statement starts as a read of the schema and then writes. In
-        // WAL mode, when another connection wrote in between (8 clients
+        // WAL mode, when another connection wrote in between (several clients
         // creating the table of a new file at once), SQLite answers BUSY at
         // once without waiting the busy timeout, as waiting cannot refresh
         // a stale snapshot. BEGIN IMMEDIATE takes the write lock first, and
