@@ -10,8 +10,8 @@ use locksmith_core::backend::{
 use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::config::RedisConfig;
+use crate::layout::Keys;
 use crate::node::{Node, Role, Waiter};
-use crate::scripts::Keys;
 
 /// A waiter's place is kept this many refresh periods without a refresh, so
 /// one late or lost refresh does not cost it.
@@ -76,8 +76,8 @@ impl LockBackend for RedisBackend {
             .with_fencing(true)
             // Renewed every third of it, a lease must outlast a round trip
             // and a scheduling delay on a loaded host, not just Redis's 1 ms
-            // clock: 100 ms lost a `locksmith run` 1 run in 5 of the whole
-            // suite on the 2-core CI host, as 10 ms did on SQL.
+            // clock: a floor of a few hundred milliseconds, as on SQL, leaves
+            // a late renewal room for both.
             .with_min_ttl(Duration::from_millis(250))
             .with_notify(true)
             .with_fair(true)

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use locksmith_core::backend::RedactedUrl;
 use locksmith_core::Error;
 use redis::RedisError;
 
@@ -45,4 +46,9 @@ pub(crate) fn map_err(e: RedisError) -> Error {
     } else {
         Error::backend("redis answered with an error").with_source(e)
     }
+}
+
+/// A URL the driver cannot use: `Config`, the driver's reason as the source.
+pub(crate) fn bad_url(url: &RedactedUrl, e: RedisError) -> Error {
+    Error::config(format!("{url}: the driver cannot use this URL")).with_source(e)
 }

@@ -17,10 +17,10 @@ use crate::error::map_err;
 type Tickets = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Grant>>>>;
 
 /// The shared pub/sub connection of one backend. It listens on a channel of
-/// its own, on which the scripts publish `<ticket> <fence>` when they hand a
-/// lock to one of this backend's waiters; each message wakes that waiter
-/// only. A message sent while the connection was down is lost; the waiter
-/// finds its grant on its next refresh.
+/// its own, on which the scripts publish `<ticket> <fence> <lease ms>` when
+/// they hand a lock to one of this backend's waiters; each message wakes
+/// that waiter only. A message sent while the connection was down is lost;
+/// the waiter finds its grant on its next refresh.
 #[derive(Debug)]
 pub(crate) struct Hub {
     client: redis::Client,

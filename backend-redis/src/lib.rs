@@ -7,8 +7,8 @@
 //! (128 random bits) and the grant's fencing token, taken with `SET NX PX`
 //! and freed with `DEL` inside the scripts. Held more than once or with
 //! waiters queued, it is a Redis hash whose owner field is the owner token
-//! and whose value is the hold count: the re-entrant scheme of the design
-//! notes. The scripts turn the first form into the second when they need
+//! and whose value is the hold count, so that one owner can hold it
+//! again. The scripts turn the first form into the second when they need
 //! to; Redis charges for each call a script makes, and the plain string
 //! takes one call where the hash takes two. Acquire, release and
 //! renew are each one Lua script, so each is atomic and owner-checked: a
@@ -72,7 +72,7 @@
 //! unseen (SIGKILL, a stalled host) between its last refresh and the grant
 //! holds the next waiter up for at most that window plus one refresh
 //! period, not a whole TTL.
-
+//!
 //! # Schemes not shipped, and why
 //!
 //! * **`SETNX` then `EXPIRE`**: two commands, so a client that dies between
@@ -101,6 +101,7 @@ mod backend;
 mod config;
 mod error;
 mod hub;
+mod layout;
 mod node;
 mod redlock;
 mod scripts;
@@ -120,7 +121,7 @@ pub mod internals {
     /// The Redis keys of `key` under `prefix`: lock, queue, waiters, in the
     /// order the scripts take them.
     pub fn key_names(prefix: &str, key: &LockKey) -> [String; 3] {
-        crate::scripts::Keys::new(prefix, key).names().clone()
+        crate::layout::Keys::new(prefix, key).names().clone()
     }
 
     /// The acquire script (KEYS: [`key_names`]; ARGV: owner, TTL in ms);

@@ -9,12 +9,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
 use crate::config::TlsFiles;
-use crate::error::map_err;
+use crate::error::{bad_url, map_err};
 use crate::hub::Hub;
-use crate::scripts::{self, Keys};
+use crate::layout::Keys;
+use crate::scripts;
 
-/// A waiter's place in a key's queue: its ticket, how long the place is
-/// kept without a refresh, and where its grant is to be published.
+/// A waiter's place in a key's queue: its ticket, and how long the place is
+/// kept without a refresh. Its grant is published on the node's hub.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Waiter<'a> {
     pub(crate) ticket: &'a OwnerToken,
@@ -62,9 +63,7 @@ impl Node {
             Role::Single => (false, true),
             Role::Quorum => (true, false),
         };
-        let bad = |e: redis::RedisError| {
-            Error::config(format!("{url}: the driver cannot use this URL")).with_source(e)
-        };
+        let bad = |e| bad_url(url, e);
         let client = if tls.is_empty() {
             redis::Client::open(url.expose()).map_err(bad)?
         } else {

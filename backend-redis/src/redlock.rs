@@ -11,8 +11,8 @@ use locksmith_core::backend::{
 use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::config::RedisConfig;
+use crate::layout::Keys;
 use crate::node::{Node, Role};
-use crate::scripts::Keys;
 
 /// Redlock: the lock is held when a quorum (N/2+1) of independent masters
 /// granted it within `ttl − elapsed − drift`. A minority of nodes down or

@@ -1,20 +1,9 @@
-//! The key layout and the Lua scripts: each operation is one script, so
-//! each is atomic in Redis.
-//!
-//! A lock at `KEYS[1]` has a millisecond expiry and one of two forms:
-//! - **one hold, nobody queued** (the common case) is a plain string: the
-//!   owner token, then for a fenced lock the server's `TIME` at the grant,
-//!   `<owner> <s> <µs>`. One `SET NX PX` takes it and one `DEL` frees it.
-//! - **anything else** is a hash whose one owner field is the owner token
-//!   and whose value is the hold count (the re-entrant scheme of the design
-//!   notes). Fields starting with `~`, which no owner token can, carry the
-//!   rest: `~f` the grant's fencing token, `~q` "someone may be queued",
-//!   `~grant` the ticket of a hand-off.
+//! The Lua scripts: each operation is one script, so each is atomic in
+//! Redis. The keys they take and what those hold are in [`layout`](crate::layout).
 //!
 //! A script that has to record more than the string form holds (a second
 //! hold, a queued waiter) turns it into the hash form first, keeping its
-//! expiry. Everything of a lock goes with its key, on release or at expiry:
-//! nothing is kept per name once the lock is free.
+//! expiry.
 //!
 //! The fencing token is the server's clock in µs when the grant was made,
 //! or one above the token it follows when the lock is handed over within a
@@ -24,21 +13,19 @@
 //! back (see the crate docs). Redlock asks for no token, and its scripts
 //! then write none: each script comes in a fenced and an unfenced variant.
 //!
-//! Waiters queue in arrival order: a sorted set of tickets (`queue`, scored
-//! by arrival time) and a hash `waiters` from ticket to its entry,
-//! `<live-until µs> <ttl ms> <liveness ms> <hub channel> <owner>`. A ticket
-//! not refreshed by its waiter within its liveness window is dropped when it
-//! reaches the head. When the lock falls free with waiters queued, the
-//! script that freed it takes it for the longest live waiter at once and
-//! publishes `<ticket> <fence> <lease ms>` on that waiter's hub channel: the
-//! waiter holds the lock as the message arrives, with no round trip of its
-//! own, and no newcomer can barge in between. The hand-off lease is the
-//! shorter of the TTL and the waiter's liveness window, so a waiter that died
-//! unseen since its last refresh holds the next one up for that window, not
-//! a whole TTL; the new holder extends it to the TTL halfway through it.
-//! The lock hash then also records the ticket it was handed to (`~grant`),
-//! so a waiter whose message was lost finds its grant on its next refresh,
-//! and one that gave up can hand it on; the record goes with the lock.
+//! A ticket not refreshed by its waiter within its liveness window is
+//! dropped when it reaches the head of the queue. When the lock falls free
+//! with waiters queued, the script that freed it takes it for the longest
+//! live waiter at once and publishes `<ticket> <fence> <lease ms>` on that
+//! waiter's hub channel: the waiter holds the lock as the message arrives,
+//! with no round trip of its own, and no newcomer can barge in between. The
+//! hand-off lease is the shorter of the TTL and the waiter's liveness
+//! window, so a waiter that died unseen since its last refresh holds the
+//! next one up for that window, not a whole TTL; the new holder extends it
+//! to the TTL halfway through it. The lock hash then also records the
+//! ticket it was handed to (`~grant`), so a waiter whose message was lost
+//! finds its grant on its next refresh, and one that gave up can hand it
+//! on; the record goes with the lock.
 //!
 //! The common case is cheap, because Redis charges for every call a script
 //! makes and every key and argument it is given (measured with callgrind on
@@ -51,7 +38,6 @@
 
 use std::sync::OnceLock;
 
-use locksmith_core::LockKey;
 use redis::Script;
 
 /// Shared by the scripts that can free or take a lock, after their fast
@@ -418,47 +404,4 @@ pub(crate) fn renew() -> &'static Script {
 
 pub(crate) fn inspect() -> &'static Script {
     INSPECT_SCRIPT.get(false)
-}
-
-/// The Redis keys of one lock, in the order the scripts take them. The lock
-/// name sits inside `{…}`, so the lock and its wait queue share a hash tag
-/// and stay in one cluster slot. The mapping is injective: fixed prefix and
-/// suffixes around the name itself. Every one of them expires: the lock
-/// with its lease, the queue when nobody waits.
-#[derive(Debug, Clone)]
-pub(crate) struct Keys {
-    all: [String; 3],
-}
-
-impl Keys {
-    pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
-        let base = format!("{prefix}{{{}}}", key.as_str());
-        Keys {
-            all: [
-                Self::lock(prefix, key),
-                format!("{base}:queue"),
-                format!("{base}:waiters"),
-            ],
-        }
-    }
-
-    /// Lock, queue and waiters, in the order the scripts take them.
-    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
-    pub(crate) fn names(&self) -> &[String; 3] {
-        &self.all
-    }
-
-    /// The lock's own key, all a renewal touches.
-    pub(crate) fn lock(prefix: &str, key: &LockKey) -> String {
-        format!("{prefix}{{{}}}:lock", key.as_str())
-    }
-
-    /// A call of `script` on all three keys.
-    pub(crate) fn call(&self, script: &'static redis::Script) -> redis::ScriptInvocation<'static> {
-        let mut call = script.prepare_invoke();
-        for k in &self.all {
-            call.key(k);
-        }
-        call
-    }
 }

@@ -12,11 +12,12 @@ use crate::config::{Dialect, Mode, SqlConfig, MIN_TTL};
 #[cfg(feature = "mysql")]
 use crate::error::is_mysql_conflict;
 use crate::error::{is_missing_table, map_err};
-use crate::notify::LocalReleases;
+use crate::layout::key_hash;
 #[cfg(feature = "sqlite")]
-use crate::pool::use_wal;
-use crate::pool::{create, open_pool, probe, Pool};
-use crate::queries::{key_hash, ttl_ms, Queries, SWEEP_BATCH};
+use crate::node::use_wal;
+use crate::node::{create, open_pool, probe, Pool};
+use crate::notify::LocalReleases;
+use crate::queries::{ttl_ms, Queries, SWEEP_BATCH};
 
 /// The statements of lease mode. Parameters: acquire (key hash, key, owner,
 /// TTL in ms); release (key hash, owner); renew (key hash, owner, TTL in ms;

@@ -56,8 +56,8 @@ fn driver_params(dialect: Dialect) -> &'static [&'static str] {
 
 /// The shortest TTL accepted, in both modes: renewed every third of it, a
 /// lease must outlast a commit, a busy wait behind other writers and a
-/// scheduling delay on a loaded host (10 ms did not: SQLite lost it 5 runs
-/// in 5).
+/// scheduling delay on a loaded host, which together can take tens of
+/// milliseconds.
 pub(crate) const MIN_TTL: Duration = Duration::from_millis(250);
 
 /// Default name of the lease table.

@@ -89,6 +89,13 @@ pub(crate) fn is_mysql_conflict(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| c == "1213" || c == "40001"))
 }
 
+/// SQLite's BUSY (primary result code 5): another connection holds the
+/// lock the statement needs, and SQLite did not wait for it.
+#[cfg(feature = "sqlite")]
+pub(crate) fn is_sqlite_busy(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("5"))
+}
+
 /// The lease table does not exist (yet): PostgreSQL 42P01, MySQL 42S02,
 /// SQLite "no such table".
 pub(crate) fn is_missing_table(e: &sqlx::Error) -> bool {

@@ -4,8 +4,8 @@
 //! # Lease mode (default)
 //!
 //! Each lock is a row under a unique key holding the owner token, a hold
-//! count for re-entrancy, a fencing column and an expiry. The design notes'
-//! naive scheme (insert to lock, delete to unlock) has three known flaws, and
+//! count for re-entrancy, a fencing column and an expiry. The naive scheme
+//! (insert a row to lock, delete it to unlock) has three known flaws, and
 //! this one has none of them:
 //!
 //! * *A crashed holder leaves the row forever*: rows expire; the next
@@ -84,13 +84,14 @@
 //! ```
 
 #[macro_use]
-mod pool;
+mod node;
 mod backend;
 mod config;
 mod error;
+mod layout;
 mod notify;
 mod queries;
-mod session;
+mod session_backend;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod session_locks;
 #[cfg(not(any(feature = "postgres", feature = "mysql")))]
@@ -104,7 +105,7 @@ use locksmith_core::Result;
 
 pub use backend::{LeaseStatements, SqlBackend};
 pub use config::{validate_table_name, Dialect, Mode, SqlConfig, DEFAULT_RETENTION, DEFAULT_TABLE};
-pub use session::SqlSessionBackend;
+pub use session_backend::SqlSessionBackend;
 
 const fn scheme(name: &'static str, store: &'static str, default_port: Option<u16>) -> Scheme {
     Scheme {
@@ -148,7 +149,7 @@ pub mod internals {
 
     /// The lease row's `key_hash`: lowercase hex SHA-256 of the key.
     pub fn key_hash(key: &LockKey) -> String {
-        crate::queries::key_hash(key)
+        crate::layout::key_hash(key)
     }
 
     /// Server-side ids (PostgreSQL backend pid, MySQL connection id) of the

@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use locksmith_core::LockKey;
-use sha2::{Digest, Sha256};
-
 use crate::config::Dialect;
+use crate::layout::create_table;
 
 /// Added to the fence reported through MySQL's `LAST_INSERT_ID(expr)` when
 /// the grant re-entered an existing hold, so one statement can say both
@@ -46,19 +44,6 @@ impl Queries {
 /// (a table from an earlier version) never holds locks for long.
 pub(crate) const SWEEP_BATCH: u64 = 1000;
 
-// Every dialect keeps the same columns. key_hash: SHA-256 of the key, so any
-// key up to 1024 bytes fits a fixed-width unique key and none is truncated;
-// lock_key keeps the key itself for people reading the table.
-//
-// A row lives while its lock does, and for the retention after: release sets
-// expires_at to the time of release, and the sweep deletes rows whose
-// expires_at lies more than the retention in the past (released or expired
-// alike). The fence is the database clock in µs at the grant, or one above
-// the row's previous fence if that is higher: it rises across takeovers
-// through the row, and across a row's deletion through the clock. Fences of
-// earlier versions counted 1, 2, 3… per row, far below the clock, so rows
-// from them keep rising too.
-
 /// Milliseconds since the Unix epoch on the database's clock. SQLite keeps
 /// `'now'` fixed for the whole statement, so every use agrees.
 const SQLITE_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
@@ -71,16 +56,7 @@ fn sqlite(t: &str) -> Queries {
     let us = SQLITE_NOW_US;
     let batch = SWEEP_BATCH;
     Queries {
-        create: vec![format!(
-            "CREATE TABLE IF NOT EXISTS {t} (
-                key_hash   TEXT    NOT NULL PRIMARY KEY,
-                lock_key   TEXT    NOT NULL,
-                owner      TEXT,
-                holds      INTEGER NOT NULL DEFAULT 0,
-                fence      INTEGER NOT NULL DEFAULT 0,
-                expires_at INTEGER NOT NULL DEFAULT 0
-            )"
-        )],
+        create: vec![create_table(Dialect::Sqlite, t)],
         // Insert a new row, or take over a free/expired one (fence + 1), or
         // re-enter our own live hold (holds + 1, same fence). A live row of
         // another owner fails the WHERE and returns nothing: contended.
@@ -130,16 +106,7 @@ fn postgres(t: &str) -> Queries {
     let batch = SWEEP_BATCH;
     let stale = "now() - $1::bigint * interval '1 millisecond'";
     Queries {
-        create: vec![format!(
-            "CREATE TABLE IF NOT EXISTS {t} (
-                key_hash   TEXT        NOT NULL PRIMARY KEY,
-                lock_key   TEXT        NOT NULL,
-                owner      TEXT,
-                holds      BIGINT      NOT NULL DEFAULT 0,
-                fence      BIGINT      NOT NULL DEFAULT 0,
-                expires_at TIMESTAMPTZ NOT NULL DEFAULT '-infinity'
-            )"
-        )],
+        create: vec![create_table(Dialect::Postgres, t)],
         acquire: format!(
             "INSERT INTO {t} AS l (key_hash, lock_key, owner, holds, fence, expires_at)
              VALUES ($1, $2, $3, 1, {us}, now() + $4::bigint * interval '1 millisecond')
@@ -195,16 +162,7 @@ fn mysql(t: &str) -> Queries {
     let mine = format!("(owner = VALUES(owner) AND expires_at > {now})");
     let free = format!("(owner IS NULL OR expires_at <= {now})");
     Queries {
-        create: vec![format!(
-            "CREATE TABLE IF NOT EXISTS {t} (
-                key_hash   CHAR(64)     NOT NULL PRIMARY KEY,
-                lock_key   TEXT         NOT NULL,
-                owner      VARCHAR(128) NULL,
-                holds      BIGINT       NOT NULL DEFAULT 0,
-                fence      BIGINT       NOT NULL DEFAULT 0,
-                expires_at BIGINT       NOT NULL DEFAULT 0
-            ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
-        )],
+        create: vec![create_table(Dialect::MySql, t)],
         // MySQL has no RETURNING here, and evaluates these assignments left to
         // right, each seeing the columns already assigned. So owner and
         // expires_at go last, and expires_at tests the *new* owner. The
@@ -243,11 +201,6 @@ fn mysql(t: &str) -> Queries {
         ),
         holds: format!("SELECT holds FROM {t} WHERE key_hash = ? AND owner = ?"),
     }
-}
-
-/// The key's fixed-width identity in the table.
-pub(crate) fn key_hash(key: &LockKey) -> String {
-    hex::encode(Sha256::digest(key.as_str().as_bytes()))
 }
 
 /// A TTL in whole milliseconds, as the statements take it.

@@ -3,17 +3,16 @@
 //! is held.
 
 use std::collections::HashMap;
+use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use locksmith_core::backend::{Acquire, Grant, Release, Renew};
 use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
-use sha2::{Digest, Sha256};
-
-use crate::error::{bad_url, map_err};
-use std::str::FromStr;
 
 use crate::config::{Dialect, SqlConfig};
+use crate::error::{bad_url, map_err};
+use crate::layout;
 
 /// Idle connections kept for the next attempt; more are closed.
 const MAX_IDLE: usize = 4;
@@ -170,25 +169,14 @@ impl SessionLocks {
         }
     }
 
-    /// The advisory lock id: 64 bits of SHA-256 over namespace and key.
     #[cfg(feature = "postgres")]
     fn pg_id(&self, key: &LockKey) -> i64 {
-        let d = self.digest(key);
-        i64::from_be_bytes(d[..8].try_into().expect("SHA-256 is 32 bytes"))
+        layout::pg_lock_id(&self.namespace, key)
     }
 
-    /// The GET_LOCK name: MySQL allows 64 characters, so 240 bits of SHA-256 in hex.
     #[cfg(feature = "mysql")]
     fn my_name(&self, key: &LockKey) -> String {
-        format!("lsm:{}", &hex::encode(self.digest(key))[..60])
-    }
-
-    fn digest(&self, key: &LockKey) -> [u8; 32] {
-        let mut h = Sha256::new();
-        h.update(self.namespace.as_bytes());
-        h.update([0]);
-        h.update(key.as_str().as_bytes());
-        h.finalize().into()
+        layout::mysql_lock_name(&self.namespace, key)
     }
 
     async fn lock_once(

@@ -1,4 +1,11 @@
-//! The connection pool of each dialect, and the DDL run on it.
+//! The database as lease mode reaches it: one connection pool per
+//! dialect, and what runs on the pool outside any lock operation (the
+//! switch to WAL, the DDL, the probe that says why a database cannot be
+//! reached).
+//!
+//! Session mode does not use it: a session lock lives exactly as long as
+//! its connection, so each held lock takes a connection of its own, out
+//! of any pool, in `session_locks`.
 
 #[cfg(feature = "sqlite")]
 use std::time::Duration;
@@ -6,6 +13,8 @@ use std::time::Duration;
 use locksmith_core::{Error, Result};
 
 use crate::config::{Dialect, SqlConfig};
+#[cfg(feature = "sqlite")]
+use crate::error::is_sqlite_busy;
 use crate::error::{bad_url, map_err};
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
@@ -107,10 +116,10 @@ pub(crate) fn open_pool(config: &SqlConfig) -> Result<(Pool, String)> {
 /// Puts an SQLite file in WAL mode (readers never wait for the writer),
 /// once. WAL is a property of the file, so this is done here and not on
 /// every new connection: switching a new file needs it to itself, and
-/// SQLite refuses at once, without waiting out the busy timeout, while other
-/// connections are opening it (the "database is locked" the suite saw about
-/// one run in fifteen with eight clients on a fresh file). So the switch
-/// waits for a quiet moment, up to the busy timeout.
+/// SQLite refuses at once ("database is locked"), without waiting out the
+/// busy timeout, while other connections are opening it, as several
+/// clients starting on a fresh file do. So the switch waits for a quiet
+/// moment, up to the busy timeout.
 #[cfg(feature = "sqlite")]
 pub(crate) async fn use_wal(pool: &sqlx::SqlitePool, within: Duration) -> Result<()> {
     let start = std::time::Instant::now();
@@ -129,9 +138,7 @@ pub(crate) async fn use_wal(pool: &sqlx::SqlitePool, within: Duration) -> Result
                 }
                 return Ok(());
             }
-            Err(sqlx::Error::Database(db))
-                if db.code().as_deref() == Some("5") && start.elapsed() < within =>
-            {
+            Err(e) if is_sqlite_busy(&e) && start.elapsed() < within => {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             Err(e) => return Err(map_err(e)),
@@ -155,7 +162,7 @@ pub(crate) async fn create(pool: &Pool, stmt: &str) -> Result<()> {
             tx.commit().await.map_err(map_err)?;
         }
         // A DDL statement starts as a read of the schema and then writes. In
-        // WAL mode, when another connection wrote in between (8 clients
+        // WAL mode, when another connection wrote in between (several clients
         // creating the table of a new file at once), SQLite answers BUSY at
         // once without waiting the busy timeout, as waiting cannot refresh
         // a stale snapshot. BEGIN IMMEDIATE takes the write lock first, and

@@ -1,0 +1,92 @@
+//! Where a lock lives in the database: the lease table's columns in each
+//! dialect, and a key's name as a lease row and as a session lock.
+//!
+//! Every dialect keeps the same columns. `key_hash` is the SHA-256 of the
+//! key, so any key up to 1024 bytes fits a fixed-width unique key and none
+//! is truncated; `lock_key` keeps the key itself for people reading the
+//! table. `owner` is the holder's token, `NULL` once released; `holds`
+//! counts its re-entrant holds; `fence` is the last grant's fencing token;
+//! `expires_at` is the end of the lease on the database's clock.
+//!
+//! A row lives while its lock does, and for the retention after: release
+//! sets `expires_at` to the time of release, and the sweep deletes rows
+//! whose `expires_at` lies more than the retention in the past (released
+//! or expired alike). The fence is the database clock in µs at the grant,
+//! or one above the row's previous fence if that is higher: it rises across
+//! takeovers through the row, and across a row's deletion through the
+//! clock. Fences of earlier versions counted 1, 2, 3… per row, far below
+//! the clock, so rows from them keep rising too.
+//!
+//! A session lock has no row: its name on the server is a hash of the
+//! table name (so that locks of different tables never meet) and the key.
+
+use locksmith_core::LockKey;
+use sha2::{Digest, Sha256};
+
+use crate::config::Dialect;
+
+/// The DDL creating the lease table `t`, a validated plain identifier.
+pub(crate) fn create_table(dialect: Dialect, t: &str) -> String {
+    match dialect {
+        Dialect::Sqlite => format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+                key_hash   TEXT    NOT NULL PRIMARY KEY,
+                lock_key   TEXT    NOT NULL,
+                owner      TEXT,
+                holds      INTEGER NOT NULL DEFAULT 0,
+                fence      INTEGER NOT NULL DEFAULT 0,
+                expires_at INTEGER NOT NULL DEFAULT 0
+            )"
+        ),
+        Dialect::Postgres => format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+                key_hash   TEXT        NOT NULL PRIMARY KEY,
+                lock_key   TEXT        NOT NULL,
+                owner      TEXT,
+                holds      BIGINT      NOT NULL DEFAULT 0,
+                fence      BIGINT      NOT NULL DEFAULT 0,
+                expires_at TIMESTAMPTZ NOT NULL DEFAULT '-infinity'
+            )"
+        ),
+        Dialect::MySql => format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+                key_hash   CHAR(64)     NOT NULL PRIMARY KEY,
+                lock_key   TEXT         NOT NULL,
+                owner      VARCHAR(128) NULL,
+                holds      BIGINT       NOT NULL DEFAULT 0,
+                fence      BIGINT       NOT NULL DEFAULT 0,
+                expires_at BIGINT       NOT NULL DEFAULT 0
+            ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+        ),
+    }
+}
+
+/// The key's fixed-width identity in the lease table.
+pub(crate) fn key_hash(key: &LockKey) -> String {
+    hex::encode(Sha256::digest(key.as_str().as_bytes()))
+}
+
+/// SHA-256 over the namespace (the table name) and the key: a session
+/// lock's identity.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn session_digest(namespace: &str, key: &LockKey) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(namespace.as_bytes());
+    h.update([0]);
+    h.update(key.as_str().as_bytes());
+    h.finalize().into()
+}
+
+/// The PostgreSQL advisory lock id: 64 bits of [`session_digest`].
+#[cfg(feature = "postgres")]
+pub(crate) fn pg_lock_id(namespace: &str, key: &LockKey) -> i64 {
+    let d = session_digest(namespace, key);
+    i64::from_be_bytes(d[..8].try_into().expect("SHA-256 is 32 bytes"))
+}
+
+/// The MySQL `GET_LOCK` name: MySQL allows 64 characters, so 240 bits of
+/// [`session_digest`] in hex.
+#[cfg(feature = "mysql")]
+pub(crate) fn mysql_lock_name(namespace: &str, key: &LockKey) -> String {
+    format!("lsm:{}", &hex::encode(session_digest(namespace, key))[..60])
+}
