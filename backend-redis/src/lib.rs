@@ -172,21 +172,13 @@ use std::sync::Arc;
 
 use locksmith_core::backend::{LockBackend, Scheme};
 
-const fn scheme(name: &'static str, store: &'static str, default_port: Option<u16>) -> Scheme {
-    Scheme {
-        name,
-        store,
-        default_port,
-    }
-}
-
 /// The URL schemes this crate answers to.
 pub const SCHEMES: &[Scheme] = &[
-    scheme("redis", "Redis", Some(config::DEFAULT_PORT)),
-    scheme("rediss", "Redis", Some(config::DEFAULT_PORT)),
-    scheme("redis+unix", "Redis", None),
-    scheme("unix", "Redis", None),
-    scheme("redis+redlock", "Redlock", Some(config::DEFAULT_PORT)),
+    Scheme::new("redis", "Redis", Some(config::DEFAULT_PORT)),
+    Scheme::new("rediss", "Redis", Some(config::DEFAULT_PORT)),
+    Scheme::new("redis+unix", "Redis", None),
+    Scheme::new("unix", "Redis", None),
+    Scheme::new("redis+redlock", "Redlock", Some(config::DEFAULT_PORT)),
 ];
 
 /// Opens the backend a Redis URL names: [`RedlockBackend`] for

@@ -190,9 +190,11 @@ impl SqlConfig {
                 }
             }
             None => {
-                let path = file.location().to_owned();
-                let query = file.leftover_query(driver_params(dialect))?;
-                if path.is_empty() || path.contains(":memory:") || query.contains("mode=memory") {
+                let path = file.location();
+                if path.is_empty()
+                    || path.contains(":memory:")
+                    || file.peek("mode") == Some("memory")
+                {
                     return Err(Error::config(format!(
                         "{redacted}: an in-memory SQLite database is private to one connection; \
                          use a file (sqlite://locks.db) or memory:// for in-process locks"

@@ -107,22 +107,14 @@ pub use backend::{LeaseStatements, SqlBackend};
 pub use config::{validate_table_name, Dialect, Mode, SqlConfig, DEFAULT_RETENTION, DEFAULT_TABLE};
 pub use session_backend::SqlSessionBackend;
 
-const fn scheme(name: &'static str, store: &'static str, default_port: Option<u16>) -> Scheme {
-    Scheme {
-        name,
-        store,
-        default_port,
-    }
-}
-
 /// The URL schemes this crate answers to (each dialect is built in by its
 /// own cargo feature; a URL for one that is not says which to enable).
 pub const SCHEMES: &[Scheme] = &[
-    scheme("sqlite", "SQLite", None),
-    scheme("postgres", "PostgreSQL", Some(5432)),
-    scheme("postgresql", "PostgreSQL", Some(5432)),
-    scheme("mysql", "MySQL/MariaDB", Some(3306)),
-    scheme("mariadb", "MySQL/MariaDB", Some(3306)),
+    Scheme::new("sqlite", "SQLite", None),
+    Scheme::new("postgres", "PostgreSQL", Some(5432)),
+    Scheme::new("postgresql", "PostgreSQL", Some(5432)),
+    Scheme::new("mysql", "MySQL/MariaDB", Some(3306)),
+    Scheme::new("mariadb", "MySQL/MariaDB", Some(3306)),
 ];
 
 /// Opens the backend a SQL URL names: [`SqlBackend`] for lease rows (the

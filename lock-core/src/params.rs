@@ -71,13 +71,13 @@ impl UrlParams {
             .map_or("", |(_, rest)| rest.trim_start_matches("//"))
     }
 
-    /// The query [`finish`](Self::finish) would hand on, joined with `&`,
-    /// without consuming the parameters.
-    ///
-    /// # Errors
-    /// As [`finish`](Self::finish).
-    pub fn leftover_query(&self, driver: &[&str]) -> Result<String> {
-        Ok(self.leftover(driver)?.join("&"))
+    /// The value of `name` as written, without taking it: for a check on a
+    /// parameter that stays the driver's.
+    pub fn peek(&self, name: &str) -> Option<&str> {
+        self.pairs
+            .iter()
+            .find(|(k, _, _)| k == name)
+            .map(|(_, v, _)| v.as_str())
     }
 
     /// The URL without secrets, for messages.
