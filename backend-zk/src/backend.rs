@@ -15,7 +15,7 @@ use zookeeper_client::{CreateMode, Error as ZkError};
 use crate::config::ZkConfig;
 use crate::error::{is_session_over, is_transient, map_err};
 use crate::layout;
-use crate::session::{Session, Sessions};
+use crate::node::{Session, Sessions};
 
 /// The shortest TTL accepted: the TTL only paces renewals here (the
 /// session, not the TTL, keeps a lock), and checks faster than this

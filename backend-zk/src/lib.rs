@@ -90,7 +90,7 @@ mod backend;
 mod config;
 mod error;
 mod layout;
-mod session;
+mod node;
 
 pub use backend::ZkBackend;
 pub use config::ZkConfig;
