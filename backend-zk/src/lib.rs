@@ -87,10 +87,13 @@
 //! Connection URLs are read by [`ZkConfig::from_url`].
 
 mod backend;
+mod cleanup;
 mod config;
 mod error;
 mod layout;
 mod node;
+mod queue;
+mod state;
 
 pub use backend::ZkBackend;
 pub use config::ZkConfig;

@@ -1,16 +1,21 @@
-//! One ZooKeeper session at a time: made when first needed, replaced (never
-//! in a loop) only once the server has ended it, and never mistaken for the
-//! one before it.
+//! Our connection to the ensemble: one ZooKeeper session at a time, made
+//! when first needed, replaced (never in a loop) only once the server has
+//! ended it, and never mistaken for the one before it; and our contender
+//! nodes, each tied to the session that created it.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use locksmith_core::{Error, Result};
-use zookeeper_client::{Acl, Acls, AuthId, Client, Error as ZkError, Permission, SessionState};
+use locksmith_core::backend::Grant;
+use locksmith_core::{Error, FencingToken, Result};
+use zookeeper_client::{
+    Acl, Acls, AuthId, Client, CreateSequence, Error as ZkError, Permission, SessionState, Stat,
+};
 
 use crate::config::ZkConfig;
-use crate::error::map_err;
+use crate::error::{is_session_over, map_err};
 
 /// A live session and the client that carries it. Every node a hold or a
 /// waiter created remembers its session, so that a node of an ended
@@ -199,3 +204,65 @@ impl Sessions {
         })
     }
 }
+
+/// One contender node of ours, and the session that created it.
+#[derive(Debug, Clone)]
+pub(crate) struct Contender {
+    pub(crate) session: Arc<Session>,
+    pub(crate) path: String,
+    pub(crate) czxid: i64,
+}
+
+impl Contender {
+    pub(crate) fn grant(&self, holds: u32) -> Grant {
+        Grant {
+            fence: Some(fence_of(self.czxid)),
+            holds,
+            lease: None,
+        }
+    }
+
+    /// Still ours: the node exists and belongs to the session that made it,
+    /// which is live. Never taken from a listing: a node left by an ended
+    /// session is not ours, whatever its name (CURATOR-604).
+    pub(crate) async fn confirm(&self) -> Result<bool> {
+        if self.session.is_over() {
+            return Ok(false);
+        }
+        // A server cut off from the leader may still answer reads from its
+        // stale copy while the leader expires the session: `sync` first, so
+        // the answer is at least as new as the leader's state when it was
+        // sent (the server answers a session's requests in order).
+        let client = &self.session.client;
+        let (synced, stat) = self
+            .session
+            .call(async {
+                let pair =
+                    futures::future::join(client.sync(&self.path), client.check_stat(&self.path));
+                Ok(pair.await)
+            })
+            .await
+            .unwrap_or_else(|e| (Err(e.clone()), Err(e)));
+        match synced.and(stat) {
+            Ok(Some(stat)) => Ok(stat.ephemeral_owner == self.session.id),
+            Ok(None) | Err(ZkError::NoNode) => Ok(false),
+            Err(e) if is_session_over(&e) => Ok(false),
+            Err(e) => Err(map_err(e)),
+        }
+    }
+}
+
+/// A node's creation zxid as a fencing token (a zxid is positive: epoch
+/// << 32 | counter).
+pub(crate) fn fence_of(czxid: i64) -> FencingToken {
+    FencingToken(u64::try_from(czxid).unwrap_or(0))
+}
+
+/// The answers to a create and the listing sent with it.
+pub(crate) type CreateAndList = (
+    std::result::Result<(Stat, CreateSequence), ZkError>,
+    std::result::Result<Vec<String>, ZkError>,
+);
+
+/// A create and the listing sent with it, as one owned future.
+pub(crate) type Exchange = Pin<Box<dyn Future<Output = CreateAndList> + Send>>;
