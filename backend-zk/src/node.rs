@@ -2,6 +2,18 @@
 //! when first needed, replaced (never in a loop) only once the server has
 //! ended it, and never mistaken for the one before it; and our contender
 //! nodes, each tied to the session that created it.
+//!
+//! What the `zookeeper-client` crate does that shapes this file:
+//! - A session that ended (`Expired`, `AuthFailed`, `Closed`) is final for
+//!   its `Client`, whose every later request fails: a new session is a new
+//!   `Client`, made by the next request that needs one.
+//! - While disconnected, requests in flight fail with `ConnectionLoss` and
+//!   new ones wait for the client to reconnect, which it does on its own,
+//!   with backoff. Such a wait could last until the session ends, so each
+//!   request is bounded by the request timeout ([`Session::call`]).
+//! - A create answers with the node's `Stat` (ZooKeeper's `Create2`), so
+//!   its `czxid`, the fence, and its `ephemeralOwner` cost no extra round
+//!   trip.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -101,7 +113,9 @@ impl Sessions {
 
     /// The ACL of lock directories and contender nodes: the authenticated
     /// identity's alone (nobody else can create in, or delete from, our
-    /// locks), or open to all without credentials.
+    /// locks), or open to all without credentials. ZooKeeper checks the
+    /// rights to create and to delete a node on its parent, so the
+    /// directory needs this ACL as much as the nodes do.
     pub(crate) fn acls(&self) -> Acls<'static> {
         if self.config.auth.is_some() {
             Acls::creator_all()
@@ -161,6 +175,8 @@ impl Sessions {
 
     async fn connect(&self) -> Result<Session> {
         let c = &self.config;
+        // Eagerly: `NoHosts` once every host was tried, where the client
+        // would otherwise keep trying for up to a session timeout.
         let mut connector = Client::connector()
             .with_session_timeout(c.session_timeout)
             .with_connection_timeout(c.connect_timeout)

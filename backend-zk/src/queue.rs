@@ -55,7 +55,10 @@ impl Inner {
                 owner.as_str().as_bytes().to_vec(),
             );
             // Polled here; owned, so that if its answer is late it can be
-            // handed to a clean-up task and still be awaited there.
+            // handed to a clean-up task and still be awaited there. Two
+            // requests, not a multi: a multi's create reports a bad `Stat`
+            // on servers before 3.8.2 (ZOOKEEPER-4026), and the fence is
+            // read from it.
             let mut exchange: Exchange = Box::pin(async move {
                 let options = CreateMode::EphemeralSequential.with_acls(acls);
                 let create = client.create(&path, &data, &options);
