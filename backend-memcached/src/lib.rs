@@ -100,6 +100,7 @@
 
 mod backend;
 mod config;
+mod error;
 mod layout;
 mod node;
 mod wire;

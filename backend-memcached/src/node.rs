@@ -12,6 +12,7 @@ use locksmith_core::backend::{
 use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 use tokio::sync::watch;
 
+use crate::error::{self, unexpected};
 use crate::layout::{item_key, store_ttl, value, Holder, CLOCK_LAG};
 use crate::wire::{self, Commands, Reply, Server};
 
@@ -49,13 +50,6 @@ struct Item {
     left: Option<u64>,
 }
 
-fn unexpected(reply: &Reply) -> Error {
-    match reply {
-        Reply::Refused(line) => Error::backend(format!("memcached refused a command: {line}")),
-        other => Error::backend(format!("memcached answered {other:?}")),
-    }
-}
-
 impl Node {
     pub(crate) fn new(
         server: &str,
@@ -84,16 +78,17 @@ impl Node {
         let budget = self.timeout + self.connect_timeout;
         match tokio::time::timeout(budget, fut).await {
             Ok(r) => r,
-            Err(_) => Err(Error::unavailable(format!(
-                "no answer from memcached at {} within {budget:?}",
-                self.server.addr()
-            ))),
+            Err(_) => Err(error::no_answer(self.server.addr(), budget)),
         }
     }
 
     /// The commands' replies, one each.
     async fn send(&self, commands: &Commands) -> Result<Vec<Reply>> {
-        let replies = self.server.exchange(commands).await?;
+        let replies = self
+            .server
+            .exchange(commands)
+            .await
+            .map_err(|f| error::wire(self.server.addr(), f))?;
         if replies.len() != commands.len() {
             return Err(Error::backend("memcached sent too few replies"));
         }
@@ -108,18 +103,9 @@ impl Node {
             .ok_or_else(|| Error::backend("memcached sent no reply"))
     }
 
-    /// A full server refused a write: nothing of it took effect (`add` and
-    /// `cas` leave the item alone), which the error says, so that a quorum
-    /// does not undo it.
+    /// A full server refused a write ([`error::full`]).
     fn full(&self, message: &str) -> Error {
-        tracing::debug!(server = %self.server.addr(), "memcached refused a write: {message}");
-        Error::unavailable(format!(
-            "memcached at {} is full (it answered \"{message}\"): it refuses new locks and \
-             renewals until memory frees; give it more memory (-m), or keep other items off \
-             the lock server",
-            self.server.addr()
-        ))
-        .unapplied()
+        error::full(self.server.addr(), message)
     }
 
     /// [`full`](Self::full), and the alarm: a full server is one where
