@@ -1,5 +1,11 @@
 //! [`Node`]: locks on one memcached server, as a lease backend (alone, or
 //! one vote of a quorum).
+//!
+//! As a quorum's vote, a node must answer within a bound of its own (the
+//! quorum waits for its slowest node, and a pool may have to wait for a
+//! connection and redial before it can send), and its `inspect` names the
+//! holder's owner token: the quorum counts statuses per owner, and
+//! statuses without one would merge different holders into one.
 
 use std::fmt;
 use std::sync::Arc;

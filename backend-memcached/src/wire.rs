@@ -124,7 +124,9 @@ impl Commands {
 }
 
 /// The expiry field for `ttl`: whole seconds rounded up, and as a Unix
-/// time past 30 days, as memcached requires.
+/// time past 30 days, as memcached requires (exactly 30 days is still
+/// relative). The Unix time is by this host's clock, whose error is
+/// nothing beside 30 days.
 fn exptime(ttl: Duration) -> u64 {
     let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
     if secs <= RELATIVE_LIMIT {
