@@ -16,12 +16,15 @@
 //! The CAS makes each write conditional on nothing having changed since
 //! the read, so a holder whose lease ran out and was taken over reads the
 //! new owner's token and gets `NotHeld` without writing anything: never a
-//! plain `delete`, never a `touch` (which looks at no CAS, and could
-//! shorten another owner's lease). The CAS is read again every time, never
-//! cached: memcached restarts its CAS counter at 1, so a cached one could
-//! match another owner's item after a restart. (A restart *between* our
-//! read and our write, with the new counter reaching the value we read
-//! within that one round trip, is the window left.)
+//! plain `delete`, never a `touch` or `mg … T` (both extend an item without
+//! looking at its CAS, and could shorten another owner's lease). The CAS
+//! is read again every time, never cached: memcached restarts its CAS
+//! counter at 1, so a cached one could match another owner's item after a
+//! restart. (A restart *between* our read and our write, with the new
+//! counter reaching the value we read within that one round trip, is the
+//! window left.) Nor can the client choose the CAS itself to make it
+//! unique: memcached 1.6.18 (Debian 12's) refuses the meta commands' `E`
+//! flag with `CLIENT_ERROR invalid flag`.
 //!
 //! # A full server
 //!
@@ -44,13 +47,18 @@
 //!
 //! # Client
 //!
-//! The text protocol, spoken here (`wire.rs`): at most `connections`
-//! connections per server (default 4), each carrying one exchange at a
-//! time; renewals of a batch go as one write of `mg` reads and one of
-//! `cas` writes. The `memcache` crate's meta client sends `ms`, and opened
-//! a connection per concurrent request. One client per server: a client's
-//! multi-server mode hashes keys across servers, which moves a lock to a
-//! server that knows nothing of it when one fails.
+//! The backend speaks the text protocol itself (`wire.rs`), sending only
+//! `add`, `cas`, `mg`, `md` and `mn`: the five commands whose failure on a
+//! full server leaves a held lock alone. The `memcache` crate would not
+//! do: its async meta client writes with `ms` and opens a connection for
+//! every concurrent request, and its classic client blocks a thread per
+//! call and checks out each pooled connection with an extra `version`
+//! round trip. Here each server gets at most `connections` connections
+//! (default 4), each carrying one exchange at a time, and the renewals of
+//! a batch go as one write of `mg` reads and one of `cas` writes. Each
+//! server is a client of its own: a multi-server client hashes keys across
+//! servers, which moves a lock to a server that knows nothing of it when
+//! one fails.
 //!
 //! # Time
 //!
@@ -58,9 +66,13 @@
 //! whole seconds, refreshed by a timer re-armed a second after each tick
 //! (`clock_handler` in its `memcached.c`). Each tick comes a little late,
 //! and when the lateness carries it across a second the clock jumps by
-//! two, so an item stored for N seconds may expire after N − 2 of them. TTLs are sent rounded up *plus two seconds*, so a lease lasts
-//! at least its TTL and at most three seconds more; the shortest TTL is
-//! 2 s.
+//! two, so an item stored for N seconds may expire after N − 2 of them.
+//! TTLs are sent rounded up *plus two seconds*, so a lease lasts at least
+//! its TTL and at most three seconds more; the shortest TTL is 2 s.
+//! Rounding up alone would not do: a quorum's grant is valid for its TTL
+//! only if every server that granted it keeps it at least that long. For
+//! the same reason, the seconds left that `mg` reports (`t`) are read as
+//! anywhere in (t − 2, t].
 //!
 //! # No fencing tokens
 //!
@@ -100,6 +112,8 @@
 
 mod backend;
 mod config;
+mod error;
+mod layout;
 mod node;
 mod wire;
 

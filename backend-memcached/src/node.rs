@@ -1,5 +1,11 @@
 //! [`Node`]: locks on one memcached server, as a lease backend (alone, or
 //! one vote of a quorum).
+//!
+//! As a quorum's vote, a node must answer within a bound of its own (the
+//! quorum waits for its slowest node, and a pool may have to wait for a
+//! connection and redial before it can send), and its `inspect` names the
+//! holder's owner token: the quorum counts statuses per owner, and
+//! statuses without one would merge different holders into one.
 
 use std::fmt;
 use std::sync::Arc;
@@ -10,21 +16,14 @@ use locksmith_core::backend::{
     renew_one, Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
 };
 use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
-use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
+use crate::error::{self, unexpected};
+use crate::layout::{item_key, store_ttl, value, Holder, CLOCK_LAG};
 use crate::wire::{self, Commands, Reply, Server};
 
 /// The shortest TTL: memcached counts whole seconds.
 pub(crate) const MIN_TTL: Duration = Duration::from_secs(2);
-/// How much of an item's time memcached's clock may skip: it is the
-/// monotonic clock's whole seconds, refreshed by a timer re-armed a second
-/// after each tick, so it jumps by two when a late tick crosses a second,
-/// and an item stored for N seconds may expire after N − 2 of them
-/// (`clock_handler` in its `memcached.c`).
-const CLOCK_LAG: Duration = Duration::from_secs(2);
-/// memcached's longest key.
-const MAX_KEY: usize = 250;
 /// How often a read-then-compare-and-write is tried again when the item
 /// changed in between (a re-entry or renewal racing another of ours).
 const CAS_TRIES: usize = 4;
@@ -50,46 +49,11 @@ impl fmt::Debug for Node {
     }
 }
 
-/// The item's value: whose lock it is, and how many holds.
-struct Holder {
-    owner: String,
-    holds: u32,
-}
-
-impl Holder {
-    fn parse(value: &[u8]) -> Option<Holder> {
-        let text = std::str::from_utf8(value).ok()?;
-        let (owner, holds) = text.rsplit_once(' ')?;
-        Some(Holder {
-            owner: owner.to_owned(),
-            holds: holds.parse().ok()?,
-        })
-    }
-}
-
 /// A lock item as read: its holder, CAS and whole seconds left.
 struct Item {
     holder: Holder,
     cas: u64,
     left: Option<u64>,
-}
-
-fn value(owner: &OwnerToken, holds: u32) -> Vec<u8> {
-    format!("{} {holds}", owner.as_str()).into_bytes()
-}
-
-/// The TTL sent: [`CLOCK_LAG`] more than asked, and the wire rounds it up
-/// to whole seconds. The lease then lasts at least the TTL asked for and
-/// at most three seconds more.
-fn store_ttl(ttl: Duration) -> Duration {
-    ttl.saturating_add(CLOCK_LAG)
-}
-
-fn unexpected(reply: &Reply) -> Error {
-    match reply {
-        Reply::Refused(line) => Error::backend(format!("memcached refused a command: {line}")),
-        other => Error::backend(format!("memcached answered {other:?}")),
-    }
 }
 
 impl Node {
@@ -110,24 +74,8 @@ impl Node {
         }
     }
 
-    /// The memcached key of a lock: `<prefix><key>` when the key is
-    /// printable ASCII without spaces, does not start with `#` and fits in
-    /// 250 bytes; otherwise `<prefix>#` and the SHA-256 of the key in hex.
-    /// A plain key never starts with `#`, so no two keys share an item.
-    pub(crate) fn item_key(prefix: &str, key: &LockKey) -> String {
-        let k = key.as_str();
-        let plain = !k.starts_with('#')
-            && prefix.len() + k.len() <= MAX_KEY
-            && k.bytes().all(|b| (0x21..=0x7e).contains(&b));
-        if plain {
-            format!("{prefix}{k}")
-        } else {
-            format!("{prefix}#{}", hex::encode(Sha256::digest(k.as_bytes())))
-        }
-    }
-
     fn key(&self, key: &LockKey) -> String {
-        Self::item_key(&self.prefix, key)
+        item_key(&self.prefix, key)
     }
 
     /// `fut` within the per-request budget: waiting for a connection, a
@@ -136,16 +84,17 @@ impl Node {
         let budget = self.timeout + self.connect_timeout;
         match tokio::time::timeout(budget, fut).await {
             Ok(r) => r,
-            Err(_) => Err(Error::unavailable(format!(
-                "no answer from memcached at {} within {budget:?}",
-                self.server.addr()
-            ))),
+            Err(_) => Err(error::no_answer(self.server.addr(), budget)),
         }
     }
 
     /// The commands' replies, one each.
     async fn send(&self, commands: &Commands) -> Result<Vec<Reply>> {
-        let replies = self.server.exchange(commands).await?;
+        let replies = self
+            .server
+            .exchange(commands)
+            .await
+            .map_err(|f| error::wire(self.server.addr(), f))?;
         if replies.len() != commands.len() {
             return Err(Error::backend("memcached sent too few replies"));
         }
@@ -160,18 +109,9 @@ impl Node {
             .ok_or_else(|| Error::backend("memcached sent no reply"))
     }
 
-    /// A full server refused a write: nothing of it took effect (`add` and
-    /// `cas` leave the item alone), which the error says, so that a quorum
-    /// does not undo it.
+    /// A full server refused a write ([`error::full`]).
     fn full(&self, message: &str) -> Error {
-        tracing::debug!(server = %self.server.addr(), "memcached refused a write: {message}");
-        Error::unavailable(format!(
-            "memcached at {} is full (it answered \"{message}\"): it refuses new locks and \
-             renewals until memory frees; give it more memory (-m), or keep other items off \
-             the lock server",
-            self.server.addr()
-        ))
-        .unapplied()
+        error::full(self.server.addr(), message)
     }
 
     /// [`full`](Self::full), and the alarm: a full server is one where
@@ -475,41 +415,5 @@ impl LockBackend for Node {
 
     fn alarm(&self) -> Option<watch::Receiver<u64>> {
         Some(self.alarm.subscribe())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_map_injectively_within_250_bytes() {
-        let k = |s: &str| Node::item_key("ls:", &LockKey::new(s).unwrap());
-        assert_eq!(k("orders/42"), "ls:orders/42");
-        let hashed = [
-            k("a b"),
-            k("#x"),
-            k("ключ"),
-            k(&"x".repeat(248)),
-            k("tab\t"),
-        ];
-        for h in &hashed {
-            assert!(h.starts_with("ls:#") && h.len() == 3 + 1 + 64, "{h}");
-        }
-        let distinct: std::collections::HashSet<_> = hashed.iter().collect();
-        assert_eq!(distinct.len(), hashed.len());
-        assert_eq!(k(&"x".repeat(247)).len(), 250);
-    }
-
-    #[test]
-    fn ttls_add_the_clock_lag() {
-        assert_eq!(
-            store_ttl(Duration::from_millis(2000)),
-            Duration::from_secs(4)
-        );
-        assert_eq!(
-            store_ttl(Duration::from_millis(2001)),
-            Duration::from_millis(4001)
-        );
     }
 }

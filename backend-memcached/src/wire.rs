@@ -10,7 +10,6 @@
 use std::io;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use locksmith_core::{Error, Result};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
@@ -47,6 +46,23 @@ pub(crate) enum Reply {
     OutOfMemory(String),
     /// Any other error line the server sent for this command.
     Refused(String),
+}
+
+/// Why an exchange with a server failed (`error::wire` says what it
+/// means for a lock).
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The connection could not be opened.
+    Dial(io::Error),
+    /// No connection within the connect timeout.
+    DialTimeout(Duration),
+    /// The exchange failed midway: the connection broke, or the server
+    /// sent what the protocol does not allow (a `CLIENT_ERROR` included).
+    Broken(io::Error),
+    /// No whole answer within the timeout.
+    Timeout(Duration),
+    /// The pool was closed.
+    Closed,
 }
 
 /// Commands to send in one write.
@@ -108,7 +124,9 @@ impl Commands {
 }
 
 /// The expiry field for `ttl`: whole seconds rounded up, and as a Unix
-/// time past 30 days, as memcached requires.
+/// time past 30 days, as memcached requires (exactly 30 days is still
+/// relative). The Unix time is by this host's clock, whose error is
+/// nothing beside 30 days.
 fn exptime(ttl: Duration) -> u64 {
     let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
     if secs <= RELATIVE_LIMIT {
@@ -256,22 +274,12 @@ impl Server {
         &self.addr
     }
 
-    async fn dial(&self) -> Result<Conn> {
+    async fn dial(&self) -> std::result::Result<Conn, Failure> {
         let connect = TcpStream::connect(self.addr.as_str());
         let stream = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                return Err(
-                    Error::unavailable(format!("cannot reach memcached at {}", self.addr))
-                        .with_source(e),
-                )
-            }
-            Err(_) => {
-                return Err(Error::unavailable(format!(
-                    "no connection to memcached at {} within {:?}",
-                    self.addr, self.connect_timeout
-                )))
-            }
+            Ok(Err(e)) => return Err(Failure::Dial(e)),
+            Err(_) => return Err(Failure::DialTimeout(self.connect_timeout)),
         };
         let _ = stream.set_nodelay(true);
         Ok(Conn {
@@ -294,12 +302,11 @@ impl Server {
     /// The connection is kept only after a whole exchange: one that failed,
     /// timed out or was cancelled midway may hold half a reply, and is
     /// closed.
-    pub(crate) async fn exchange(&self, commands: &Commands) -> Result<Vec<Reply>> {
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| Error::backend("the connection pool was closed"))?;
+    pub(crate) async fn exchange(
+        &self,
+        commands: &Commands,
+    ) -> std::result::Result<Vec<Reply>, Failure> {
+        let _permit = self.permits.acquire().await.map_err(|_| Failure::Closed)?;
         let mut conn = match self.idle() {
             Some(c) => c,
             None => self.dial().await?,
@@ -312,15 +319,8 @@ impl Server {
                     .push(conn);
                 Ok(replies)
             }
-            Ok(Err(e)) => Err(Error::unavailable(format!(
-                "the connection to memcached at {} failed",
-                self.addr
-            ))
-            .with_source(e)),
-            Err(_) => Err(Error::unavailable(format!(
-                "no answer from memcached at {} within {:?}",
-                self.addr, self.timeout
-            ))),
+            Ok(Err(e)) => Err(Failure::Broken(e)),
+            Err(_) => Err(Failure::Timeout(self.timeout)),
         }
     }
 }

@@ -121,6 +121,9 @@ fn credentials(u: &ServerUrl) -> Result<Option<(String, String)>> {
     Ok(Some((user, password)))
 }
 
+/// The root, from the URL's path. It is prefixed to every path we send,
+/// not given to the client as a chroot: a chroot must exist before the
+/// client connects, while the root's missing levels are made on first use.
 fn root_path(shown: &RedactedUrl, path: &str) -> Result<String> {
     // `zk://h` takes the default root; `zk://h/` is the top of the tree.
     match path {

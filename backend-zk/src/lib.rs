@@ -25,6 +25,26 @@
 //! - Re-entry is counted in this process: a second acquire by the same
 //!   owner checks the node and adds a hold.
 //!
+//! # What Curator does, which this backend must match
+//!
+//! Curator's `InterProcessMutex` creates `<path>/_c_<uuid>-lock-<sequence>`:
+//! its lock name `lock-` behind the prefix of its *protected mode*, which
+//! lets a client find its own node after a create whose answer was lost.
+//! It makes missing parents as containers. It orders a directory's
+//! children by the text after their last `lock-`, the zero-padded
+//! sequence compared as text, so the UUID plays no part and a child
+//! without `lock-` sorts by its whole name (ties, which Curator leaves to
+//! the listing's order, sort here by whole name). The first child holds
+//! the lock, and every other watches the one just before it. A release
+//! deletes the node with no version or owner check: its unique path is its
+//! identity. Mutual exclusion with Java clients rests on every one of these
+//! rules (names, order, containers), and breaks silently if one drifts:
+//! `tests/curator.rs` runs Curator itself against this backend.
+//!
+//! Python's kazoo names its nodes `<uuid>__lock__<sequence>`, and sees
+//! Curator's, and so ours, only when its lock is given
+//! `extra_lock_patterns=["-lock-"]`.
+//!
 //! # Keys
 //!
 //! A key that is a plain ZooKeeper node name (no `/`, not `.` or `..`, no
@@ -41,15 +61,21 @@
 //! returns (no extra round trip). Zxids are totally ordered across the
 //! ensemble, leader changes included (the epoch is the high 32 bits), and
 //! grants follow creation order, so tokens strictly increase across
-//! release, session expiry and the reaping of the directory.
+//! release, session expiry and the reaping of the directory. The node's
+//! sequence number would not do: a directory that was reaped and made
+//! again numbers its nodes from zero.
 //!
 //! # Sessions: what "suspect" means
 //!
 //! The lock lives as long as the session that created the node. A holder
 //! cut off from the ensemble cannot know whether its session still lives,
 //! so its lock is *suspect* from its last confirmed contact: the server
-//! ends the session one session timeout after it last heard from the
-//! client, and may then grant the lock to someone else. The backend
+//! ends the session between one session timeout and one tick more after
+//! it last heard from the client, which is no earlier than the moment the
+//! client sent any request the server answered, and may then grant the
+//! lock to someone else. The client crate itself declares a session
+//! expired only after 1.4 session timeouts out of touch, too late to warn
+//! a holder, so the warning is the `Locker`'s. The backend
 //! reports the session timeout as [`Capabilities::max_lease`](locksmith_core::backend::Capabilities::max_lease): the
 //! `Locker` confirms each hold at least every third of it, and a hold not
 //! confirmed within one session timeout (minus clock drift) of the last
@@ -58,10 +84,13 @@
 //! session timeout loses the lock the same way: pick a session timeout
 //! longer than your pauses, and use the fencing token for writes.
 //!
-//! An ended session is never reused: the next request opens a new one,
-//! and a node is only ever taken as ours if its `ephemeralOwner` is the
-//! live session that created it (the two-holders bug of CURATOR-604 cannot
-//! happen). A create whose answer was lost is followed up in the
+//! An ended session is never reused: the next request opens a new one.
+//! A node is only ever taken as ours if its `ephemeralOwner` is the live
+//! session that created it, never because a listing shows our name: after
+//! a reconnect under a new session, the old session's node can still be
+//! listed while the server expires it, and a client that took it for its
+//! own would hold the lock alongside the next holder (Curator's
+//! CURATOR-604). A create whose answer was lost is followed up in the
 //! background: the node is found by its UUID and our session, and deleted.
 //! While disconnected, the client reconnects with backoff (never a busy
 //! loop) and requests wait at most `timeout` before they are `Unavailable`.
@@ -82,15 +111,20 @@
 //! create's `Stat` (the fence would cost a round trip), retries a lost
 //! connection until the session dies (never `Unavailable`), and its clean-up
 //! of a Curator-named node on drop passes a bare name to `delete`, which
-//! fails and leaves the node in the queue.
+//! fails and leaves the node in the queue. What else of the client shapes
+//! this crate is told where it matters: sessions in `node.rs`, requests
+//! that outlive their future in `cleanup.rs`.
 //!
 //! Connection URLs are read by [`ZkConfig::from_url`].
 
 mod backend;
+mod cleanup;
 mod config;
 mod error;
 mod layout;
-mod session;
+mod node;
+mod queue;
+mod state;
 
 pub use backend::ZkBackend;
 pub use config::ZkConfig;

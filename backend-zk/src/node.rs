@@ -1,16 +1,33 @@
-//! One ZooKeeper session at a time: made when first needed, replaced (never
-//! in a loop) only once the server has ended it, and never mistaken for the
-//! one before it.
+//! Our connection to the ensemble: one ZooKeeper session at a time, made
+//! when first needed, replaced (never in a loop) only once the server has
+//! ended it, and never mistaken for the one before it; and our contender
+//! nodes, each tied to the session that created it.
+//!
+//! What the `zookeeper-client` crate does that shapes this file:
+//! - A session that ended (`Expired`, `AuthFailed`, `Closed`) is final for
+//!   its `Client`, whose every later request fails: a new session is a new
+//!   `Client`, made by the next request that needs one.
+//! - While disconnected, requests in flight fail with `ConnectionLoss` and
+//!   new ones wait for the client to reconnect, which it does on its own,
+//!   with backoff. Such a wait could last until the session ends, so each
+//!   request is bounded by the request timeout ([`Session::call`]).
+//! - A create answers with the node's `Stat` (ZooKeeper's `Create2`), so
+//!   its `czxid`, the fence, and its `ephemeralOwner` cost no extra round
+//!   trip.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use locksmith_core::{Error, Result};
-use zookeeper_client::{Acl, Acls, AuthId, Client, Error as ZkError, Permission, SessionState};
+use locksmith_core::backend::Grant;
+use locksmith_core::{Error, FencingToken, Result};
+use zookeeper_client::{
+    Acl, Acls, AuthId, Client, CreateSequence, Error as ZkError, Permission, SessionState, Stat,
+};
 
 use crate::config::ZkConfig;
-use crate::error::map_err;
+use crate::error::{is_session_over, map_err};
 
 /// A live session and the client that carries it. Every node a hold or a
 /// waiter created remembers its session, so that a node of an ended
@@ -96,7 +113,9 @@ impl Sessions {
 
     /// The ACL of lock directories and contender nodes: the authenticated
     /// identity's alone (nobody else can create in, or delete from, our
-    /// locks), or open to all without credentials.
+    /// locks), or open to all without credentials. ZooKeeper checks the
+    /// rights to create and to delete a node on its parent, so the
+    /// directory needs this ACL as much as the nodes do.
     pub(crate) fn acls(&self) -> Acls<'static> {
         if self.config.auth.is_some() {
             Acls::creator_all()
@@ -156,6 +175,8 @@ impl Sessions {
 
     async fn connect(&self) -> Result<Session> {
         let c = &self.config;
+        // Eagerly: `NoHosts` once every host was tried, where the client
+        // would otherwise keep trying for up to a session timeout.
         let mut connector = Client::connector()
             .with_session_timeout(c.session_timeout)
             .with_connection_timeout(c.connect_timeout)
@@ -199,3 +220,65 @@ impl Sessions {
         })
     }
 }
+
+/// One contender node of ours, and the session that created it.
+#[derive(Debug, Clone)]
+pub(crate) struct Contender {
+    pub(crate) session: Arc<Session>,
+    pub(crate) path: String,
+    pub(crate) czxid: i64,
+}
+
+impl Contender {
+    pub(crate) fn grant(&self, holds: u32) -> Grant {
+        Grant {
+            fence: Some(fence_of(self.czxid)),
+            holds,
+            lease: None,
+        }
+    }
+
+    /// Still ours: the node exists and belongs to the session that made it,
+    /// which is live. Never taken from a listing: a node left by an ended
+    /// session is not ours, whatever its name (CURATOR-604).
+    pub(crate) async fn confirm(&self) -> Result<bool> {
+        if self.session.is_over() {
+            return Ok(false);
+        }
+        // A server cut off from the leader may still answer reads from its
+        // stale copy while the leader expires the session: `sync` first, so
+        // the answer is at least as new as the leader's state when it was
+        // sent (the server answers a session's requests in order).
+        let client = &self.session.client;
+        let (synced, stat) = self
+            .session
+            .call(async {
+                let pair =
+                    futures::future::join(client.sync(&self.path), client.check_stat(&self.path));
+                Ok(pair.await)
+            })
+            .await
+            .unwrap_or_else(|e| (Err(e.clone()), Err(e)));
+        match synced.and(stat) {
+            Ok(Some(stat)) => Ok(stat.ephemeral_owner == self.session.id),
+            Ok(None) | Err(ZkError::NoNode) => Ok(false),
+            Err(e) if is_session_over(&e) => Ok(false),
+            Err(e) => Err(map_err(e)),
+        }
+    }
+}
+
+/// A node's creation zxid as a fencing token (a zxid is positive: epoch
+/// << 32 | counter).
+pub(crate) fn fence_of(czxid: i64) -> FencingToken {
+    FencingToken(u64::try_from(czxid).unwrap_or(0))
+}
+
+/// The answers to a create and the listing sent with it.
+pub(crate) type CreateAndList = (
+    std::result::Result<(Stat, CreateSequence), ZkError>,
+    std::result::Result<Vec<String>, ZkError>,
+);
+
+/// A create and the listing sent with it, as one owned future.
+pub(crate) type Exchange = Pin<Box<dyn Future<Output = CreateAndList> + Send>>;

@@ -1,0 +1,317 @@
+//! The wait queue, Curator's: joining a lock's queue (our node, and the
+//! listing that says where it stands, in one round trip), and a queued
+//! waiter's turn, which comes when the node just before its own goes.
+//!
+//! Like Curator, a waiter watches its predecessor with a data watch
+//! (`getData`), not an existence watch: an existence watch on a node that
+//! is already gone would stay on the server, waiting for a node of that
+//! name to be made, while `getData` answers `NoNode`, leaves no watch, and
+//! so says at once to list again. Only the predecessor is watched, so a
+//! release wakes one waiter, not the whole queue.
+
+use std::sync::{Arc, Weak};
+
+use locksmith_core::backend::Acquire;
+use locksmith_core::{Error, LockKey, OwnerToken, Result};
+use zookeeper_client::{CreateMode, Error as ZkError};
+
+use crate::cleanup::{delete_surely, find_and_delete, undo_create, RETRY_PAUSE};
+use crate::error::{is_transient, map_err};
+use crate::layout;
+use crate::node::{Contender, Exchange, Session};
+use crate::state::{lock, Inner};
+
+/// What one attempt found: our new node, and the queue it joined.
+pub(crate) struct Entered {
+    pub(crate) node: Contender,
+    name: String,
+    dir: String,
+    pub(crate) first: bool,
+}
+
+impl Inner {
+    /// Creates our contender node in `key`'s directory and lists the queue
+    /// in the same round trip: the client sends both at once, and the
+    /// server answers a session's requests in order, so the listing holds
+    /// the node. A create whose answer is lost is cleaned up in the
+    /// background: the node is found by its UUID and our session, and
+    /// deleted, so no orphan blocks the queue.
+    pub(crate) async fn enter(
+        &self,
+        session: &Arc<Session>,
+        key: &LockKey,
+        owner: &OwnerToken,
+    ) -> Result<Entered> {
+        let dir = self.dir(key);
+        let prefix = layout::contender_prefix(&uuid::Uuid::new_v4());
+        let acls = self.sessions.acls();
+        // The server may reap an empty directory between our mkdir and our
+        // create: make it again, a few times.
+        let mut dirs_made = 0;
+        loop {
+            let (client, list_dir) = (session.client.clone(), dir.clone());
+            let (path, data) = (
+                format!("{dir}/{prefix}"),
+                owner.as_str().as_bytes().to_vec(),
+            );
+            // Polled here; owned, so that if its answer is late it can be
+            // handed to a clean-up task and still be awaited there. Two
+            // requests, not a multi: a multi's create reports a bad `Stat`
+            // on servers before 3.8.2 (ZOOKEEPER-4026), and the fence is
+            // read from it.
+            let mut exchange: Exchange = Box::pin(async move {
+                let options = CreateMode::EphemeralSequential.with_acls(acls);
+                let create = client.create(&path, &data, &options);
+                let list = client.list_children(&list_dir);
+                futures::future::join(create, list).await
+            });
+            let answered = session
+                .call(async { Ok::<_, ZkError>((&mut exchange).await) })
+                .await;
+            let (created, listed) = match answered {
+                Ok(both) => both,
+                Err(e) => {
+                    tokio::spawn(undo_create(session.clone(), exchange, dir, prefix));
+                    return Err(map_err(e));
+                }
+            };
+            let (stat, sequence) = match created {
+                Ok(c) => c,
+                Err(ZkError::NoNode) if dirs_made < 3 => {
+                    dirs_made += 1;
+                    self.make_dir(session, &dir).await?;
+                    continue;
+                }
+                Err(e) => {
+                    if is_transient(&e) {
+                        tokio::spawn(find_and_delete(session.clone(), dir, prefix));
+                    }
+                    return Err(map_err(e));
+                }
+            };
+            let name = format!("{prefix}{sequence}");
+            let node = Contender {
+                session: session.clone(),
+                path: format!("{dir}/{name}"),
+                czxid: stat.czxid,
+            };
+            let first = match listed {
+                Ok(mut children) => {
+                    layout::sort_queue(&mut children);
+                    match children.iter().position(|c| *c == name) {
+                        Some(i) => i == 0,
+                        None => {
+                            tokio::spawn(delete_surely(node.session.clone(), node.path));
+                            return Err(Error::backend(format!(
+                                "ZooKeeper did not list the node {name} just created in {dir}"
+                            )));
+                        }
+                    }
+                }
+                Err(e) => {
+                    tokio::spawn(delete_surely(node.session.clone(), node.path));
+                    return Err(map_err(e));
+                }
+            };
+            return Ok(Entered {
+                node,
+                name,
+                dir,
+                first,
+            });
+        }
+    }
+
+    /// Makes the lock directory `dir` with our ACL, and the root's missing
+    /// levels with the shared one; all are containers, reaped once empty.
+    async fn make_dir(&self, session: &Session, dir: &str) -> Result<()> {
+        let lock_dir = CreateMode::Container.with_acls(self.sessions.acls());
+        match session
+            .call(session.client.create(dir, &[], &lock_dir))
+            .await
+        {
+            Ok(_) | Err(ZkError::NodeExists) => return Ok(()),
+            Err(ZkError::NoNode) => {}
+            Err(e) => return Err(map_err(e)),
+        }
+        let root = &self.sessions.config().root;
+        if !root.is_empty() {
+            let parents = CreateMode::Container.with_acls(self.sessions.parent_acls());
+            session
+                .call(session.client.mkdir(root, &parents))
+                .await
+                .map_err(map_err)?;
+        }
+        match session
+            .call(session.client.create(dir, &[], &lock_dir))
+            .await
+        {
+            Ok(_) | Err(ZkError::NodeExists) => Ok(()),
+            Err(e) => Err(map_err(e)),
+        }
+    }
+
+    /// The answer for a waiter in the queue. Its node keeps its place and
+    /// the grant comes by notice, so it needs no refreshing; it is looked
+    /// at again every third of the session timeout, as a hold is confirmed.
+    pub(crate) fn queued(&self) -> Acquire {
+        Acquire::Contended {
+            retry_after: Some(self.sessions.config().session_timeout / 3),
+        }
+    }
+
+    /// A ticket already queued: its node is confirmed with the server (so
+    /// the caller's send time is a moment the session was known alive,
+    /// which a later grant's lease counts from), then the grant it was
+    /// handed, or "still queued". `None` if the ticket has no live node and
+    /// must queue afresh (anything of it left behind is cleared).
+    pub(crate) async fn requeued(
+        &self,
+        key: &LockKey,
+        ticket: &OwnerToken,
+    ) -> Result<Option<Acquire>> {
+        let (node, granted) = match lock(&self.waiters).get(ticket) {
+            Some(w) => match &w.node {
+                Some(n) => (n.clone(), w.granted),
+                None => return Ok(None),
+            },
+            None => return Ok(None),
+        };
+        let alive = node.confirm().await?;
+        let mut waiters = lock(&self.waiters);
+        let Some(w) = waiters
+            .get_mut(ticket)
+            .filter(|w| w.node.as_ref().is_some_and(|n| n.path == node.path))
+        else {
+            return Ok(None);
+        };
+        if alive {
+            return Ok(Some(match granted {
+                Some(g) => {
+                    waiters.remove(ticket);
+                    Acquire::Acquired(g)
+                }
+                None => self.queued(),
+            }));
+        }
+        // The node is gone (its session ended): forget it, and any hold it
+        // was handed, and queue again.
+        if let Some(t) = w.task.take() {
+            t.abort();
+        }
+        w.node = None;
+        w.granted = None;
+        let mut held = lock(&self.held);
+        if held.get(key).is_some_and(|h| h.node.path == node.path) {
+            held.remove(key);
+        }
+        Ok(None)
+    }
+}
+
+/// Dropped with a waiter's [`Watch`](locksmith_core::backend::Watch): a waiter that never got the lock
+/// leaves the queue, so a caller that drops its watch leaves no node behind.
+pub(crate) struct WaiterGuard {
+    pub(crate) inner: Weak<Inner>,
+    pub(crate) ticket: OwnerToken,
+}
+
+impl Drop for WaiterGuard {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.upgrade() else {
+            return;
+        };
+        let Some(w) = lock(&inner.waiters).remove(&self.ticket) else {
+            return;
+        };
+        if w.granted.is_some() {
+            return;
+        }
+        if let Some(t) = &w.task {
+            t.abort();
+        }
+        if let (Some(node), Ok(rt)) = (w.node, tokio::runtime::Handle::try_current()) {
+            rt.spawn(delete_surely(node.session, node.path));
+        }
+    }
+}
+
+/// A queued waiter's turn: watch the node just before ours until ours is
+/// first, then hand the lock to the waiter. If our node is gone (the
+/// session ended), the waiter is marked unqueued and its next attempt
+/// queues afresh.
+pub(crate) async fn wait_turn(
+    inner: Weak<Inner>,
+    key: LockKey,
+    owner: OwnerToken,
+    ticket: OwnerToken,
+    entered: Entered,
+) {
+    let Entered {
+        node, name, dir, ..
+    } = entered;
+    let session = node.session.clone();
+    let first = loop {
+        let mut children = match session.client.list_children(&dir).await {
+            Ok(c) => c,
+            Err(e) if is_transient(&e) && session.connected().await => {
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            }
+            Err(_) => break false,
+        };
+        layout::sort_queue(&mut children);
+        let Some(i) = children.iter().position(|c| *c == name) else {
+            break false;
+        };
+        if i == 0 {
+            break true;
+        }
+        let before = format!("{dir}/{}", children[i - 1]);
+        #[cfg(feature = "internals")]
+        if let Some(inner) = inner.upgrade() {
+            if let Some(w) = lock(&inner.waiters).get_mut(&ticket) {
+                w.watching = Some(before.clone());
+            }
+        }
+        match session.client.get_and_watch_data(&before).await {
+            Ok((_, _, watcher)) => {
+                watcher.changed().await;
+            }
+            Err(ZkError::NoNode) => {}
+            Err(e) if is_transient(&e) && session.connected().await => {
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Err(_) => break false,
+        }
+    };
+    let Some(inner) = inner.upgrade() else {
+        return;
+    };
+    let mut waiters = lock(&inner.waiters);
+    let current = waiters
+        .get_mut(&ticket)
+        .filter(|w| w.node.as_ref().is_some_and(|n| n.path == node.path));
+    let Some(w) = current else {
+        // Abandoned meanwhile: the abandon deleted (or deletes) the node.
+        return;
+    };
+    w.task = None;
+    // A listing that found us first says nothing of a session that has
+    // ended since.
+    let first = first && !session.is_over();
+    if !first {
+        w.node = None;
+        drop(waiters);
+        if !session.is_over() {
+            tokio::spawn(delete_surely(session, node.path));
+        }
+        return;
+    }
+    let grant = node.grant(1);
+    inner.hold(&key, &owner, node, Some(ticket));
+    w.granted = Some(grant);
+    if let Some(tx) = &w.grants {
+        let _ = tx.send(grant);
+    }
+}

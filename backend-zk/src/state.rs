@@ -1,0 +1,97 @@
+//! What a backend shares with its waiters' background tasks: the session,
+//! this process's holds and its queued waiters. The tasks keep it weakly,
+//! so that dropping the last clone of the backend ends them.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+use locksmith_core::backend::Grant;
+use locksmith_core::{LockKey, OwnerToken};
+use tokio::sync::mpsc;
+
+use crate::config::ZkConfig;
+use crate::layout;
+use crate::node::{Contender, Sessions};
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) sessions: Sessions,
+    /// This process's holds, by key: the node that holds it and for whom.
+    pub(crate) held: Mutex<HashMap<LockKey, Held>>,
+    /// Queued waiters, by ticket.
+    pub(crate) waiters: Mutex<HashMap<OwnerToken, Waiter>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Held {
+    pub(crate) owner: OwnerToken,
+    pub(crate) holds: u32,
+    pub(crate) node: Contender,
+    /// The waiter ticket the lock was handed to, if it came that way.
+    pub(crate) ticket: Option<OwnerToken>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Waiter {
+    /// Where grants are delivered, once the waiter watches.
+    pub(crate) grants: Option<mpsc::UnboundedSender<Grant>>,
+    /// The waiter's node in the queue, once it queued.
+    pub(crate) node: Option<Contender>,
+    /// The lock was handed to this waiter.
+    pub(crate) granted: Option<Grant>,
+    pub(crate) task: Option<tokio::task::AbortHandle>,
+    /// The node whose change the waiter waits for, for tests that check it
+    /// is the predecessor.
+    #[cfg(feature = "internals")]
+    pub(crate) watching: Option<String>,
+}
+
+/// Locks a table, poisoned or not: a panic in one caller must not fail
+/// every later request of the backend.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for w in lock(&self.waiters).values() {
+            if let Some(t) = &w.task {
+                t.abort();
+            }
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn new(config: ZkConfig) -> Self {
+        Inner {
+            sessions: Sessions::new(config),
+            held: Mutex::new(HashMap::new()),
+            waiters: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The full path of `key`'s lock directory.
+    pub(crate) fn dir(&self, key: &LockKey) -> String {
+        let root = &self.sessions.config().root;
+        format!("{root}/{}", layout::dir_name(key.as_str(), root.is_empty()))
+    }
+
+    pub(crate) fn hold(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        node: Contender,
+        ticket: Option<OwnerToken>,
+    ) {
+        lock(&self.held).insert(
+            key.clone(),
+            Held {
+                owner: owner.clone(),
+                holds: 1,
+                node,
+                ticket,
+            },
+        );
+    }
+}
