@@ -2,13 +2,11 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{quorum_servers, RedactedUrl, Scheme, ServerUrl};
+use locksmith_core::backend::{quorum_servers, RedactedUrl, ServerUrl};
 use locksmith_core::{Error, Result};
 
 use crate::SCHEMES;
 
-/// The port a host without one is reached on.
-pub(crate) const DEFAULT_PORT: u16 = 11211;
 /// The longest key prefix: a hashed key (`<prefix>#` and 64 hex digits)
 /// must stay within memcached's 250 bytes.
 const MAX_PREFIX: usize = 100;
@@ -57,8 +55,7 @@ impl MemcachedConfig {
     /// server named twice; `InvalidOptions` for an unknown parameter or a
     /// bad value.
     pub fn from_url(url: &str) -> Result<Self> {
-        Scheme::find(SCHEMES, url)?;
-        let mut u = ServerUrl::parse(url, DEFAULT_PORT)?;
+        let mut u = ServerUrl::parse_for(SCHEMES, url)?;
         let shown = u.shown().clone();
         let p = u.params();
         let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));

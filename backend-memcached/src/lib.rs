@@ -124,16 +124,8 @@ use locksmith_core::backend::Scheme;
 
 /// The URL schemes this crate answers to.
 pub const SCHEMES: &[Scheme] = &[
-    Scheme {
-        name: "memcache",
-        store: "memcached",
-        default_port: Some(config::DEFAULT_PORT),
-    },
-    Scheme {
-        name: "memcached",
-        store: "memcached",
-        default_port: Some(config::DEFAULT_PORT),
-    },
+    Scheme::new("memcache", "memcached", Some(11211)),
+    Scheme::new("memcached", "memcached", Some(11211)),
 ];
 
 /// Opens the memcached backend for a `memcache://` URL; no connection is

@@ -8,9 +8,6 @@ use locksmith_core::{Error, Result};
 
 use crate::SCHEMES;
 
-/// The port a host without one is reached on.
-pub(crate) const DEFAULT_PORT: u16 = 6379;
-
 /// The parameters the redis driver reads from a URL's query: `db`, `user`
 /// and `pass` only on a unix socket (over TCP they go in the URL's path and
 /// userinfo, and the driver ignores them in the query).
@@ -95,7 +92,7 @@ impl RedisConfig {
             config.nodes.push(RedactedUrl::new(driver_url));
             return Ok(config);
         }
-        let mut u = ServerUrl::parse(url, DEFAULT_PORT)?;
+        let mut u = ServerUrl::parse_for(SCHEMES, url)?;
         let mut config = Self::read_params(u.params(), redlock)?;
         u.finish(DRIVER_PARAMS_TCP)?;
         config.check_tls(u.shown(), scheme)?;

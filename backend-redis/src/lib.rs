@@ -174,11 +174,11 @@ use locksmith_core::backend::{LockBackend, Scheme};
 
 /// The URL schemes this crate answers to.
 pub const SCHEMES: &[Scheme] = &[
-    Scheme::new("redis", "Redis", Some(config::DEFAULT_PORT)),
-    Scheme::new("rediss", "Redis", Some(config::DEFAULT_PORT)),
+    Scheme::new("redis", "Redis", Some(6379)),
+    Scheme::new("rediss", "Redis", Some(6379)),
     Scheme::new("redis+unix", "Redis", None),
     Scheme::new("unix", "Redis", None),
-    Scheme::new("redis+redlock", "Redlock", Some(config::DEFAULT_PORT)),
+    Scheme::new("redis+redlock", "Redlock", Some(6379)),
 ];
 
 /// Opens the backend a Redis URL names: [`RedlockBackend`] for

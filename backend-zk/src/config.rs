@@ -2,13 +2,11 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{percent_decode, RedactedUrl, Scheme, ServerUrl};
+use locksmith_core::backend::{percent_decode, RedactedUrl, ServerUrl};
 use locksmith_core::{Error, Result};
 
 use crate::{layout, SCHEMES};
 
-/// The port a host without one is reached on.
-pub(crate) const DEFAULT_PORT: u16 = 2181;
 /// Where the lock directories go when the URL names no path.
 const DEFAULT_ROOT: &str = "/locksmith";
 
@@ -61,8 +59,7 @@ impl ZkConfig {
     /// bad credentials; `InvalidOptions` for an unknown parameter or a bad
     /// value.
     pub fn from_url(url: &str) -> Result<Self> {
-        Scheme::find(SCHEMES, url)?;
-        let mut u = ServerUrl::parse(url, DEFAULT_PORT)?;
+        let mut u = ServerUrl::parse_for(SCHEMES, url)?;
         let shown = u.shown().clone();
         let p = u.params();
         let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));

@@ -133,16 +133,8 @@ use locksmith_core::backend::Scheme;
 
 /// The URL schemes this crate answers to.
 pub const SCHEMES: &[Scheme] = &[
-    Scheme {
-        name: "zk",
-        store: "ZooKeeper",
-        default_port: Some(config::DEFAULT_PORT),
-    },
-    Scheme {
-        name: "zookeeper",
-        store: "ZooKeeper",
-        default_port: Some(config::DEFAULT_PORT),
-    },
+    Scheme::new("zk", "ZooKeeper", Some(2181)),
+    Scheme::new("zookeeper", "ZooKeeper", Some(2181)),
 ];
 
 /// Opens the ZooKeeper backend for a `zk://` URL; no connection is made
