@@ -21,7 +21,7 @@ mod baseline;
 mod mc_bench;
 mod redis_bench;
 /// The hand-off timing `locksmith demo` uses, compiled here from its source.
-#[path = "../../src/cli/timing.rs"]
+#[path = "../../cli/src/timing.rs"]
 mod timing;
 mod zk_bench;
 use locksmith::backend::LockBackend;

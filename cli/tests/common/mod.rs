@@ -1,4 +1,4 @@
-//! Helpers shared by the binary's test files.
+//! Helpers shared by the command's test files (`cli/tests/*.rs`).
 
 #![allow(dead_code, unreachable_pub)]
 
