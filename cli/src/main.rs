@@ -20,7 +20,6 @@ mod group;
 mod proxy;
 mod run;
 mod status;
-mod timing;
 
 /// Configuration that retrying will not fix: bad usage, URL, option,
 /// credentials, database, table.
