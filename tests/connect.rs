@@ -4,7 +4,69 @@
 
 use locksmith::ErrorKind;
 
-mod common;
+/// What these tests need of the test servers (the command's tests have
+/// their own helpers in `cli/tests/common`).
+mod common {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::process::{Child, Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    /// The PostgreSQL test database: from the environment `scripts/test` sets,
+    /// else the default it provisions.
+    pub(crate) fn postgres_url() -> String {
+        std::env::var("LOCKSMITH_TEST_POSTGRES_URL").unwrap_or_else(|_| {
+            "postgres://locksmith:locksmith@127.0.0.1:5432/locksmith_test".to_owned()
+        })
+    }
+
+    /// A private redis-server on a free loopback port, killed when dropped.
+    pub(crate) struct PrivateRedis {
+        child: Child,
+        pub(crate) port: u16,
+    }
+
+    impl PrivateRedis {
+        /// Starts one with `extra` arguments (e.g. `--requirepass x`).
+        pub(crate) fn start(extra: &[&str]) -> PrivateRedis {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .args(extra)
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("redis-server is installed (scripts/test installs it)");
+            let server = PrivateRedis { child, port };
+            let start = Instant::now();
+            loop {
+                if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+                    let _ = s.write_all(b"PING\r\n");
+                    let mut buf = [0u8; 64];
+                    if s.read(&mut buf).is_ok_and(|n| n > 0) {
+                        return server;
+                    }
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "private redis-server did not start"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    impl Drop for PrivateRedis {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
 
 use common::postgres_url as pg_url;
 

@@ -20,9 +20,6 @@ use clap::Parser;
 mod baseline;
 mod mc_bench;
 mod redis_bench;
-/// The hand-off timing `locksmith demo` uses, compiled here from its source.
-#[path = "../../src/cli/timing.rs"]
-mod timing;
 mod zk_bench;
 use locksmith::backend::LockBackend;
 use locksmith::sql::{internals, LeaseStatements, SqlBackend, SqlSessionBackend};

@@ -10,7 +10,7 @@ use locksmith::redis::{internals, RedisBackend};
 use locksmith::{LockKey, LockOptions, Locker, OwnerToken};
 use redis::AsyncCommands;
 
-use crate::timing::{percentile, HandOffs};
+use locksmith_cli::timing::{percentile, HandOffs};
 
 const TTL: Duration = Duration::from_secs(10);
 

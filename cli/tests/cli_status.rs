@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use locksmith::{LockOptions, OwnerToken};
 
-const BIN: &str = env!("CARGO_BIN_EXE_locksmith");
+use common::BIN;
 
 /// Every store shipped, each URL once.
 fn stores(sqlite: &str) -> Vec<String> {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use locksmith::{Error, ErrorKind, LockGuard, LockOptions, LostReason, Result};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal as Stream, SignalKind};
 
 use super::group::{self, Watcher};
@@ -194,16 +194,8 @@ async fn hold(
             )));
         }
     };
-    let mut cmd = Command::new(&args.command[0]);
-    cmd.args(&args.command[1..])
-        .env("LOCKSMITH_KEY", &args.key)
-        .kill_on_drop(true);
-    if let Some(fence) = guard.fence() {
-        cmd.env("LOCKSMITH_FENCE", fence.to_string());
-    }
     let foreground = group::foreground_terminal();
-    group::own_group(&mut cmd, foreground);
-    let mut child = match cmd.spawn() {
+    let child = match command(args, &guard, foreground).spawn() {
         Ok(child) => child,
         Err(e) => {
             watcher.done();
@@ -225,6 +217,87 @@ async fn hold(
         let _ = guard.release().await;
         return Err(Error::backend(format!("cannot reach the watcher: {e}")));
     }
+    let mut running = Running {
+        child,
+        group,
+        foreground,
+        watcher,
+    };
+    let ran = supervise(&guard, &mut running, lease, timeline, signals).await;
+    match ran.end {
+        End::Exited(status) => Ok(exited(guard, running, status, &ran, timeline.grace).await),
+        End::Stopped(why) => stopped(guard, running, why).await,
+    }
+}
+
+/// The command, to run as the leader of a process group of its own, with
+/// the key and the fence in its environment.
+fn command(args: &RunArgs, guard: &LockGuard, foreground: bool) -> Command {
+    let mut cmd = Command::new(&args.command[0]);
+    cmd.args(&args.command[1..])
+        .env("LOCKSMITH_KEY", &args.key)
+        .kill_on_drop(true);
+    if let Some(fence) = guard.fence() {
+        cmd.env("LOCKSMITH_FENCE", fence.to_string());
+    }
+    group::own_group(&mut cmd, foreground);
+    cmd
+}
+
+/// The command while it runs under the lock, and what guards it.
+struct Running {
+    child: Child,
+    /// The command's process group (the command leads it).
+    group: Pid,
+    /// Whether the command was given the terminal.
+    foreground: bool,
+    /// The process that kills the group if `locksmith` cannot.
+    watcher: Watcher,
+}
+
+/// Why supervising the command ended.
+#[derive(Debug)]
+enum End {
+    /// The command ended: by itself, by a signal, or killed by the watcher
+    /// at its kill time.
+    Exited(ExitStatus),
+    /// The hold ended first, and the command must be killed.
+    Stopped(Stop),
+}
+
+/// Why the hold ended while the command still ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Waiting for the command failed.
+    WaitFailed,
+    /// The lock is lost (the guard says so, or has no deadline left).
+    Lost,
+    /// The watcher is gone before the kill time it was last told.
+    WatcherGone,
+    /// The command did not stop within its grace after SIGTERM.
+    Killed,
+}
+
+/// How supervising ended, and what it did on the way.
+struct Supervised {
+    end: End,
+    /// The kill time the watcher was last told.
+    told: Option<Instant>,
+    /// When the command got SIGTERM because the lease was about to run out.
+    terminated_at: Option<Instant>,
+}
+
+/// Watches the command until it ends, or the hold ends before it: passes
+/// signals on to its group, keeps the watcher's kill time current, and
+/// stops the command on the lease's timeline when renewals fail.
+async fn supervise(
+    guard: &LockGuard,
+    running: &mut Running,
+    lease: Duration,
+    timeline: Timeline,
+    signals: &mut Signals,
+) -> Supervised {
+    let (group, foreground) = (running.group, running.foreground);
     // The watcher also kills the group by the lease's kill time unless told
     // a later one, so a stopped or stalled locksmith cannot leave the
     // command running past the lease. Told again a few times per renewal.
@@ -235,9 +308,9 @@ async fn hold(
     let lost = guard.lost();
     tokio::pin!(lost);
     let mut terminated_at: Option<Instant> = None;
-    let outcome: std::result::Result<ExitStatus, &'static str> = loop {
+    let end = loop {
         let Some(deadline) = guard.deadline() else {
-            break Err("lost");
+            break End::Stopped(Stop::Lost);
         };
         let kill_at = deadline.checked_sub(timeline.margin).unwrap_or(deadline);
         let wake = match terminated_at {
@@ -249,137 +322,201 @@ async fn hold(
         // one that says what happened.
         tokio::select! {
             biased;
-            status = child.wait() => match status {
-                Ok(s) => break Ok(s),
-                Err(_) => break Err("wait failed"),
+            status = running.child.wait() => match status {
+                Ok(s) => break End::Exited(s),
+                Err(_) => break End::Stopped(Stop::WaitFailed),
             },
-            _ = &mut lost => break Err("lost"),
-            sig = signals.recv() => {
-                // The command's group is not ours, so this is the one copy it
-                // gets; except a hang-up of its terminal, which the kernel
-                // already sent to the terminal's foreground group, the command's.
-                let hung_up = sig == Signal::SIGHUP && foreground && !group::terminal_alive();
-                if !hung_up {
-                    group::signal_group(group, sig);
-                }
-            }
+            _ = &mut lost => break End::Stopped(Stop::Lost),
+            sig = signals.recv() => pass_on(sig, group, foreground),
             _ = tell.tick() => {
-                if told != Some(kill_at) {
-                    // A watcher gone is the end of the protection: stop now.
-                    // Unless the kill time it was told has passed: then it
-                    // killed the command and left, as it should (we were
-                    // frozen), and the command's end says so next.
-                    if watcher.arm(kill_at.saturating_duration_since(Instant::now())).is_err() {
-                        if told.is_some_and(|k| Instant::now() >= k) {
-                            continue;
-                        }
-                        break Err("watcher gone");
-                    }
-                    told = Some(kill_at);
+                if let Some(stop) = tell_watcher(&mut running.watcher, &mut told, kill_at) {
+                    break End::Stopped(stop);
                 }
             }
             _ = tokio::time::sleep_until(wake.into()) => {
-                let now = Instant::now();
-                // A renewal may have moved the deadline while we slept.
-                let current = guard.deadline().map(|d| d.checked_sub(timeline.margin).unwrap_or(d));
-                match (terminated_at, current) {
-                    (_, None) => break Err("lost"),
-                    (None, Some(k)) if now + timeline.grace >= k => {
-                        eprintln!(
-                            "locksmith: the lease could not be renewed; terminating the command \
-                             ({} before it must stop)",
-                            humantime::format_duration(Duration::from_millis(
-                                k.saturating_duration_since(now).as_millis() as u64
-                            ))
-                        );
-                        group::signal_group(group, Signal::SIGTERM);
-                        terminated_at = Some(now);
-                    }
-                    (Some(t), Some(k)) if now >= k || now >= t + timeline.grace => {
-                        eprintln!("locksmith: the command did not stop in time; killing it");
-                        break Err("killed");
-                    }
-                    _ => {}
+                if let Some(stop) = on_timeline(guard, timeline, group, &mut terminated_at) {
+                    break End::Stopped(stop);
                 }
             }
         }
     };
+    Supervised {
+        end,
+        told,
+        terminated_at,
+    }
+}
 
-    match outcome {
-        Ok(status) => {
-            // Whatever the command left running in its group stops too, before
-            // the lock is released.
-            if group::group_alive(group) {
-                group::signal_group(group, Signal::SIGTERM);
-                if !group::wait_group_gone(group, timeline.grace).await {
-                    group::signal_group(group, Signal::SIGKILL);
-                    group::wait_group_gone(group, Duration::from_secs(5)).await;
-                }
-            }
-            finish(foreground, watcher);
-            // Killed by the watcher at the kill time it was last told: the
-            // lease was not confirmed in time (locksmith stopped or stalled),
-            // even if a renewal got through after.
-            let by_watcher = std::os::unix::process::ExitStatusExt::signal(&status)
-                == Some(Signal::SIGKILL as i32)
-                && told.is_some_and(|k| Instant::now() >= k);
-            if by_watcher {
-                eprintln!("locksmith: the command was killed at the lease's kill time");
-            }
-            if terminated_at.is_some() || by_watcher {
-                let reason = reason_of(&guard);
-                let _ = tokio::time::timeout(Duration::from_secs(1), guard.release()).await;
-                let by = if by_watcher {
-                    Signal::SIGKILL
-                } else {
-                    Signal::SIGTERM
-                };
-                return Ok(Ended::lost(reason, by));
-            }
-            match guard.release().await {
-                Ok(()) => Ok(Ended::code(status_code(status))),
-                Err(e) if e.kind() == ErrorKind::Lost => {
-                    eprintln!(
-                        "locksmith: {}; the command may not have run exclusively",
-                        e.chain()
-                    );
-                    Ok(Ended::code(EX_SOFTWARE))
-                }
-                Err(e) => {
-                    // The command ran under the lock; the store just missed the release.
-                    eprintln!(
-                        "locksmith: warning: {}; the lock frees when its TTL runs out",
-                        e.chain()
-                    );
-                    Ok(Ended::code(status_code(status)))
-                }
-            }
+/// Passes a signal `locksmith` got on to the command's group.
+fn pass_on(sig: Signal, group: Pid, foreground: bool) {
+    // The command's group is not ours, so this is the one copy it gets;
+    // except a hang-up of its terminal, which the kernel already sent to
+    // the terminal's foreground group, the command's.
+    let hung_up = sig == Signal::SIGHUP && foreground && !group::terminal_alive();
+    if !hung_up {
+        group::signal_group(group, sig);
+    }
+}
+
+/// Tells the watcher the current kill time if it has changed; `Some` if
+/// the watcher is gone and the hold must end.
+fn tell_watcher(
+    watcher: &mut Watcher,
+    told: &mut Option<Instant>,
+    kill_at: Instant,
+) -> Option<Stop> {
+    if *told == Some(kill_at) {
+        return None;
+    }
+    // A watcher gone is the end of the protection: stop now. Unless the
+    // kill time it was told has passed: then it killed the command and
+    // left, as it should (we were frozen), and the command's end says so
+    // next.
+    if watcher
+        .arm(kill_at.saturating_duration_since(Instant::now()))
+        .is_err()
+    {
+        if told.is_some_and(|k| Instant::now() >= k) {
+            return None;
         }
-        Err(why) => {
+        return Some(Stop::WatcherGone);
+    }
+    *told = Some(kill_at);
+    None
+}
+
+/// A wake-up on the lease's timeline: SIGTERM to the command when no
+/// renewal has moved its kill time out of the grace, and the end of the
+/// hold when the grace is over (or the lock is gone).
+fn on_timeline(
+    guard: &LockGuard,
+    timeline: Timeline,
+    group: Pid,
+    terminated_at: &mut Option<Instant>,
+) -> Option<Stop> {
+    let now = Instant::now();
+    // A renewal may have moved the deadline while we slept.
+    let current = guard
+        .deadline()
+        .map(|d| d.checked_sub(timeline.margin).unwrap_or(d));
+    match (*terminated_at, current) {
+        (_, None) => return Some(Stop::Lost),
+        (None, Some(k)) if now + timeline.grace >= k => {
+            eprintln!(
+                "locksmith: the lease could not be renewed; terminating the command \
+                 ({} before it must stop)",
+                humantime::format_duration(Duration::from_millis(
+                    k.saturating_duration_since(now).as_millis() as u64
+                ))
+            );
+            group::signal_group(group, Signal::SIGTERM);
+            *terminated_at = Some(now);
+        }
+        (Some(t), Some(k)) if now >= k || now >= t + timeline.grace => {
+            eprintln!("locksmith: the command did not stop in time; killing it");
+            return Some(Stop::Killed);
+        }
+        _ => {}
+    }
+    None
+}
+
+/// The command ended: whatever it left in its group is stopped, then the
+/// lock is released. Its exit code; or 70 when it was stopped for the
+/// lease, or the release found the lock lost.
+async fn exited(
+    guard: LockGuard,
+    running: Running,
+    status: ExitStatus,
+    ran: &Supervised,
+    grace: Duration,
+) -> Ended {
+    let Running {
+        group,
+        foreground,
+        watcher,
+        ..
+    } = running;
+    // Whatever the command left running in its group stops too, before
+    // the lock is released.
+    if group::group_alive(group) {
+        group::signal_group(group, Signal::SIGTERM);
+        if !group::wait_group_gone(group, grace).await {
             group::signal_group(group, Signal::SIGKILL);
-            let _ = child.wait().await;
             group::wait_group_gone(group, Duration::from_secs(5)).await;
-            finish(foreground, watcher);
-            if why == "wait failed" {
-                let _ = guard.release().await;
-                return Err(Error::backend("waiting for the command failed"));
-            }
-            let reason = reason_of(&guard);
-            // Owner-checked: frees the lock if the store still has it as ours
-            // (renewals failed but the store is back), else changes nothing.
-            let _ = tokio::time::timeout(Duration::from_secs(1), guard.release()).await;
-            if why == "watcher gone" {
-                return Ok(Ended {
-                    code: EX_SOFTWARE,
-                    last_word: Some(format!(
-                        "the process that guards the command is gone; the command was killed \
-                         (SIGKILL); exit {EX_SOFTWARE}"
-                    )),
-                });
-            }
-            Ok(Ended::lost(reason, Signal::SIGKILL))
         }
     }
+    finish(foreground, watcher);
+    // Killed by the watcher at the kill time it was last told: the
+    // lease was not confirmed in time (locksmith stopped or stalled),
+    // even if a renewal got through after.
+    let by_watcher = std::os::unix::process::ExitStatusExt::signal(&status)
+        == Some(Signal::SIGKILL as i32)
+        && ran.told.is_some_and(|k| Instant::now() >= k);
+    if by_watcher {
+        eprintln!("locksmith: the command was killed at the lease's kill time");
+    }
+    if ran.terminated_at.is_some() || by_watcher {
+        let reason = reason_of(&guard);
+        let _ = tokio::time::timeout(Duration::from_secs(1), guard.release()).await;
+        let by = if by_watcher {
+            Signal::SIGKILL
+        } else {
+            Signal::SIGTERM
+        };
+        return Ended::lost(reason, by);
+    }
+    match guard.release().await {
+        Ok(()) => Ended::code(status_code(status)),
+        Err(e) if e.kind() == ErrorKind::Lost => {
+            eprintln!(
+                "locksmith: {}; the command may not have run exclusively",
+                e.chain()
+            );
+            Ended::code(EX_SOFTWARE)
+        }
+        Err(e) => {
+            // The command ran under the lock; the store just missed the release.
+            eprintln!(
+                "locksmith: warning: {}; the lock frees when its TTL runs out",
+                e.chain()
+            );
+            Ended::code(status_code(status))
+        }
+    }
+}
+
+/// The hold ended before the command: its group is killed, then the lock
+/// released (if the store still has it as ours); exit 70, saying why.
+async fn stopped(guard: LockGuard, running: Running, why: Stop) -> Result<Ended> {
+    let Running {
+        mut child,
+        group,
+        foreground,
+        watcher,
+    } = running;
+    group::signal_group(group, Signal::SIGKILL);
+    let _ = child.wait().await;
+    group::wait_group_gone(group, Duration::from_secs(5)).await;
+    finish(foreground, watcher);
+    if why == Stop::WaitFailed {
+        let _ = guard.release().await;
+        return Err(Error::backend("waiting for the command failed"));
+    }
+    let reason = reason_of(&guard);
+    // Owner-checked: frees the lock if the store still has it as ours
+    // (renewals failed but the store is back), else changes nothing.
+    let _ = tokio::time::timeout(Duration::from_secs(1), guard.release()).await;
+    if why == Stop::WatcherGone {
+        return Ok(Ended {
+            code: EX_SOFTWARE,
+            last_word: Some(format!(
+                "the process that guards the command is gone; the command was killed \
+                 (SIGKILL); exit {EX_SOFTWARE}"
+            )),
+        });
+    }
+    Ok(Ended::lost(reason, Signal::SIGKILL))
 }
 
 fn finish(foreground: bool, watcher: Watcher) {

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use futures::stream::{self, StreamExt};
 use locksmith::backend::RedactedUrl;
 use locksmith::{Error, LockGuard, LockOptions, Locker, OwnerToken, Result};
+use locksmith_cli::timing::{percentile, HandOffs};
 
 use super::endpoints::Endpoints;
 use super::proxy::{self, Control};
-use super::timing::{percentile, HandOffs};
 use super::BenchArgs;
 use locksmith_conformance::faults::{Observed, Observer};
 

@@ -1,11 +1,31 @@
-//! Helpers shared by the binary's test files.
+//! Helpers shared by the command's test files (`cli/tests/*.rs`).
 
 #![allow(dead_code, unreachable_pub)]
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+/// The `locksmith` binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_locksmith");
+
+/// `locksmith ARGS` in `dir`, as a script runs it: no `$LOCKSMITH_URL`
+/// from the test's environment, stdin closed.
+pub fn locksmith(dir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.current_dir(dir)
+        .env_remove("LOCKSMITH_URL")
+        .args(args)
+        .stdin(Stdio::null());
+    c
+}
+
+/// Runs it to the end; what it printed and how it exited.
+pub fn output(mut c: Command) -> Output {
+    c.output().expect("locksmith runs")
+}
 
 /// The test servers' URLs: from the environment `scripts/test` sets, else
 /// the defaults it provisions.

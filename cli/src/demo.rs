@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use locksmith::backend::RedactedUrl;
 use locksmith::{LockOptions, OwnerToken, Result};
+use locksmith_cli::timing::{percentile, HandOffs};
 
-use super::timing::{percentile, HandOffs};
 use super::DemoArgs;
 
 pub(crate) async fn demo(args: DemoArgs) -> Result<i32> {

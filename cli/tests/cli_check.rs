@@ -16,17 +16,11 @@ mod common;
 
 use std::process::{Command, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_locksmith");
+use common::BIN;
 
 /// Runs the binary; its exit code, stdout and stderr.
 fn locksmith(args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(BIN)
-        .current_dir(std::env::temp_dir())
-        .env_remove("LOCKSMITH_URL")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("locksmith runs");
+    let o = common::output(common::locksmith(&std::env::temp_dir(), args));
     (
         o.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&o.stdout).into_owned(),

@@ -1,14 +1,14 @@
 //! Hand-off timing for contended runs: from one client's release to the
-//! next grant to a different client. `locksmith demo` and the benchmark
-//! both compile this file (the bench by path), so the figures they print
-//! mean the same thing without a public API for it.
+//! next grant to a different client. `locksmith demo`, `locksmith bench`
+//! and `locksmith-bench` all use this, so the figures they print mean the
+//! same thing.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The last release and every hand-off seen since.
 #[derive(Debug, Default)]
-pub(crate) struct HandOffs {
+pub struct HandOffs {
     last: Mutex<Option<(usize, Instant)>>,
     gaps: Mutex<Vec<Duration>>,
 }
@@ -16,7 +16,7 @@ pub(crate) struct HandOffs {
 impl HandOffs {
     /// Client `id` was just granted the lock: a hand-off if someone else
     /// released it last.
-    pub(crate) fn granted(&self, id: usize) {
+    pub fn granted(&self, id: usize) {
         let now = Instant::now();
         if let Some((who, at)) = *self.last.lock().unwrap_or_else(|e| e.into_inner()) {
             if who != id {
@@ -29,12 +29,12 @@ impl HandOffs {
     }
 
     /// Client `id` is about to release the lock.
-    pub(crate) fn releasing(&self, id: usize) {
+    pub fn releasing(&self, id: usize) {
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((id, Instant::now()));
     }
 
     /// The hand-offs so far, sorted.
-    pub(crate) fn take(&self) -> Vec<Duration> {
+    pub fn take(&self) -> Vec<Duration> {
         let mut gaps = std::mem::take(&mut *self.gaps.lock().unwrap_or_else(|e| e.into_inner()));
         gaps.sort();
         gaps
@@ -42,7 +42,7 @@ impl HandOffs {
 }
 
 /// The `p` quantile (0..=1) of sorted durations, in ms, or "n/a".
-pub(crate) fn percentile(sorted: &[Duration], p: f64) -> String {
+pub fn percentile(sorted: &[Duration], p: f64) -> String {
     if sorted.is_empty() {
         return "n/a".into();
     }

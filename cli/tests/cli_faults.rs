@@ -7,7 +7,7 @@
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, killpg, Signal};
@@ -15,7 +15,7 @@ use nix::unistd::Pid;
 
 mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_locksmith");
+use common::{locksmith, output};
 
 fn sqlite_url(dir: &Path) -> String {
     format!("sqlite://{}/locks.db", dir.display())
@@ -43,15 +43,6 @@ fn unique(name: &str) -> String {
         .unwrap()
         .as_nanos();
     format!("{name}-{}-{nanos}", std::process::id())
-}
-
-fn locksmith(dir: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.current_dir(dir)
-        .env_remove("LOCKSMITH_URL")
-        .args(args)
-        .stdin(Stdio::null());
-    c
 }
 
 /// Spawned in a process group of its own, as a shell starts a job, so a
@@ -105,10 +96,6 @@ fn assert_ends_lost(err: &str, why: &[&str]) {
 /// Why a lease ran out, or the store said it was gone.
 const EXPIRED: &str = "not renewed before its deadline";
 const NOT_HELD: &str = "the store says it is no longer held";
-
-fn output(mut c: Command) -> Output {
-    c.output().expect("locksmith runs")
-}
 
 /// Whether a process still runs (a zombie nobody reaped does not).
 fn running(pid: i32) -> bool {

@@ -1,24 +1,16 @@
 //! The `locksmith` binary end to end, as scripts use it: real processes on a
 //! shared SQLite file.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_locksmith");
+use common::{locksmith, output};
 
 fn url(dir: &Path) -> String {
     format!("sqlite://{}/locks.db", dir.display())
-}
-
-fn locksmith(dir: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.current_dir(dir).env_remove("LOCKSMITH_URL").args(args);
-    c
-}
-
-fn output(mut c: Command) -> Output {
-    c.stdin(Stdio::null()).output().expect("locksmith runs")
 }
 
 fn code(o: &Output) -> i32 {

@@ -15,7 +15,7 @@ mod common;
 
 use std::process::{Command, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_locksmith");
+use common::BIN;
 /// Part of every wrong password; no message may show it.
 const SECRET: &str = "PWxyz";
 

@@ -1,5 +1,10 @@
-//! Argument parsing and exit codes (sysexits.h values, so scripts can tell
-//! "busy" from "broken"; errors map by [`locksmith::ErrorKind::exit_code`]).
+//! The `locksmith` command: run a command under a distributed lock, say
+//! whether a key is held, demonstrate mutual exclusion, prove a deployment
+//! (`check`) and size one (`bench`).
+//!
+//! This file: argument parsing and exit codes (sysexits.h values, so scripts
+//! can tell "busy" from "broken"; errors map by
+//! [`locksmith::ErrorKind::exit_code`]).
 
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
@@ -15,7 +20,6 @@ mod group;
 mod proxy;
 mod run;
 mod status;
-mod timing;
 
 /// Configuration that retrying will not fix: bad usage, URL, option,
 /// credentials, database, table.
@@ -251,7 +255,12 @@ fn init_tracing(verbose: u8, quiet_warnings: bool) {
         .try_init();
 }
 
-pub(crate) fn main() -> i32 {
+fn main() {
+    std::process::exit(run_command());
+}
+
+/// Runs the command line this process was started with; its exit code.
+fn run_command() -> i32 {
     if std::env::args_os()
         .nth(1)
         .is_some_and(|a| a == group::WATCH_SUBCOMMAND)

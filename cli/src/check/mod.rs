@@ -1,0 +1,267 @@
+//! `locksmith check`: the conformance suite against the user's own store,
+//! then a fault run: worker processes contend for one lock through local
+//! proxies while a nemesis kills, freezes, cuts off and slows them, and a
+//! checker judges the history they leave.
+//!
+//! Here: the command itself and the conformance part. The fault run is
+//! `fault_run` (start to verdict), `workers` (the worker processes and
+//! the proxies in front of them), `nemesis` (the faults and their
+//! injection), `resource` (the counter the workers protect, and its
+//! records), `history` (the checker) and `report` (the JSON and the
+//! tables); `worker` is a worker process's own code.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use locksmith::backend::{Binding, RedactedUrl};
+use locksmith::{Error, Result};
+
+use super::endpoints::{closed_port, Endpoints};
+use super::CheckArgs;
+
+mod fault_run;
+mod harness;
+pub(crate) mod history;
+mod memory;
+mod nemesis;
+mod report;
+mod resource;
+pub(crate) mod worker;
+mod workers;
+
+#[cfg(test)]
+mod tests;
+
+use fault_run::fault_run;
+pub(crate) use nemesis::{parse_faults, Faults};
+use report::{CaseOutcome, CaseResult, Report};
+
+/// The exit status when a case failed or the fault run found a violation.
+const EX_FOUND: i32 = 1;
+
+/// The longest `--ttl`: faults outlast it, so a longer one makes a run of
+/// a few faults.
+const MAX_FAULT_TTL: Duration = Duration::from_secs(60);
+
+/// The hidden subcommand a fault-run worker runs as.
+pub(crate) const WORKER_SUBCOMMAND: &str = "__check-worker";
+
+/// Where a worker finds its store URL.
+pub(crate) const WORKER_URL_ENV: &str = "LOCKSMITH_CHECK_WORKER_URL";
+
+/// `locksmith check`: its exit status, or the error that ended it.
+pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
+    let url = args.store.shared_url()?.to_owned();
+    let shown = RedactedUrl::new(&url).to_string();
+    if args.no_conformance && args.duration.is_zero() {
+        return Err(Error::invalid_options(
+            "--no-conformance with --duration 0s leaves nothing to check",
+        ));
+    }
+    if args.ttl > MAX_FAULT_TTL {
+        return Err(Error::invalid_options(format!(
+            "--ttl {} is too long for a fault run: every pause and partition must outlast it; \
+             at most {}",
+            humantime::format_duration(args.ttl),
+            humantime::format_duration(MAX_FAULT_TTL)
+        )));
+    }
+    // Refused now, not after the run.
+    if let Some(path) = &args.history {
+        std::fs::File::create(path).map_err(|e| {
+            Error::invalid_options(format!("cannot write --history {}: {e}", path.display()))
+        })?;
+    }
+    let backend = locksmith::backend::open(&url).await?;
+    backend.verify().await?;
+    let caps = backend.capabilities();
+    if args.ttl < caps.min_ttl {
+        return Err(Error::invalid_options(format!(
+            "--ttl {:?} is below this store's shortest lease, {:?}",
+            args.ttl, caps.min_ttl
+        )));
+    }
+    let store = locksmith::backend::scheme(&url)?.store;
+    let endpoints = Endpoints::of(&url)?;
+    let text = !args.json;
+    if text {
+        println!(
+            "locksmith check: {shown} ({store}; {}, {}-bound)",
+            if caps.fencing {
+                "fencing tokens"
+            } else {
+                "no fencing tokens"
+            },
+            match caps.binding {
+                Binding::Lease => "lease",
+                Binding::Session => "session",
+            }
+        );
+    }
+
+    if let Some(e) = endpoints.as_ref().filter(|e| e.servers.len() > 1) {
+        let mut silent = Vec::new();
+        for (name, addr) in e
+            .servers
+            .iter()
+            .zip(e.resolve(&url).await.unwrap_or_default())
+        {
+            let probe = tokio::net::TcpStream::connect(addr);
+            if !matches!(
+                tokio::time::timeout(Duration::from_secs(1), probe).await,
+                Ok(Ok(_))
+            ) {
+                silent.push(name.as_str());
+            }
+        }
+        if !silent.is_empty() {
+            eprintln!(
+                "locksmith check: warning: {} of {} servers do not answer ({}); the store works \
+                 without them, but every request waits for them to time out, and cases that \
+                 count attempts may prove nothing",
+                silent.len(),
+                e.servers.len(),
+                silent.join(", ")
+            );
+        }
+    }
+    // A memcached lock server that evicts, or is nearly full, loses or
+    // refuses locks whatever the client does: say so before the run.
+    if let Some(e) = endpoints.as_ref().filter(|_| store == "memcached") {
+        let addrs = e.resolve(&url).await.unwrap_or_default();
+        for (name, addr) in e.servers.iter().zip(addrs) {
+            if let Some(m) = memory::Memory::read(addr).await {
+                for w in m.warnings(name) {
+                    eprintln!("locksmith check: warning: {w}");
+                }
+            }
+        }
+    }
+    let conformance = if args.no_conformance {
+        Vec::new()
+    } else {
+        conformance(&url, endpoints.as_ref(), text).await
+    };
+
+    let fault_run = if args.duration.is_zero() {
+        None
+    } else {
+        Some(fault_run(&args, &url, endpoints.as_ref(), &caps, text).await?)
+    };
+
+    let count = |outcome| conformance.iter().filter(|c| c.result == outcome).count();
+    let (passed, skipped, failed) = (
+        count(CaseOutcome::Pass),
+        count(CaseOutcome::Skip),
+        count(CaseOutcome::Fail),
+    );
+    let (a, k, x, d) = fault_run.as_ref().map_or((0, 0, 0, 0), |f| {
+        (
+            f.verdict.acquisitions,
+            f.faults_total,
+            f.verdict.exclusion_violations,
+            f.verdict.data_violations,
+        )
+    });
+    let summary = format!(
+        "check: {passed} cases passed, {skipped} skipped, {failed} failed; fault run: {a} \
+         acquisitions, {k} faults, {x} exclusion violations, {d} data violations"
+    );
+    // A fault run that never got the lock proved nothing.
+    let idle = fault_run
+        .as_ref()
+        .is_some_and(|f| f.verdict.acquisitions == 0);
+    let code = if failed == 0 && x == 0 && d == 0 && !idle {
+        0
+    } else {
+        EX_FOUND
+    };
+    if idle {
+        eprintln!("locksmith check: the fault run never acquired the lock");
+    }
+    if args.json {
+        let report = Report {
+            url: shown,
+            store: store.to_string(),
+            fencing: caps.fencing,
+            conformance,
+            fault_run,
+            summary: summary.clone(),
+            exit_code: code,
+        };
+        println!(
+            "{}",
+            serde_json::to_string(&report).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+        );
+        eprintln!("{summary}");
+    } else {
+        println!("{summary}");
+    }
+    Ok(code)
+}
+
+/// Runs every conformance case through the URL alone, printing a line
+/// each if `text`.
+async fn conformance(url: &str, endpoints: Option<&Endpoints>, text: bool) -> Vec<CaseResult> {
+    let down = endpoints.and_then(|e| {
+        let ports: Option<Vec<u16>> = e.servers.iter().map(|_| closed_port()).collect();
+        ports.map(|p| e.with_local_ports(&p))
+    });
+    let h = harness::UrlHarness::new(url, down);
+    let names = locksmith_conformance::CASE_NAMES;
+    if text {
+        println!(
+            "\nconformance: {} cases, keys under a random conformance-… prefix",
+            names.len()
+        );
+    }
+    let mut out = Vec::new();
+    for name in names {
+        let started = Instant::now();
+        let (result, reason) = if harness::NEEDS_STORE_ACCESS.contains(name) {
+            (CaseOutcome::Skip, Some(harness::STORE_ACCESS.to_owned()))
+        } else {
+            if text && std::io::stdout().is_terminal() {
+                print!("  {name:<52} …");
+                let _ = std::io::stdout().flush();
+            }
+            let r = locksmith_conformance::run_case(name, &h).await;
+            match (r, h.take_refusal()) {
+                (Ok(()), _) => (CaseOutcome::Pass, None),
+                (Err(_), Some(why)) => (CaseOutcome::Skip, Some(why.to_owned())),
+                (Err(e), None) => (CaseOutcome::Fail, Some(format!("{e:#}"))),
+            }
+        };
+        let seconds = started.elapsed().as_secs_f64();
+        if text {
+            if std::io::stdout().is_terminal() {
+                print!("\r");
+            }
+            println!(
+                "  {name:<52} {result:<4} {seconds:>5.1}s{}",
+                reason
+                    .as_deref()
+                    .map(|r| format!("  {r}"))
+                    .unwrap_or_default()
+            );
+        }
+        out.push(CaseResult {
+            case: name,
+            result,
+            seconds,
+            reason,
+        });
+    }
+    let held = h.clean_up().await;
+    if text {
+        println!(
+            "  clean-up: every lock a case was granted directly and left held was released{}",
+            if held == 0 {
+                String::new()
+            } else {
+                format!("; {held} keys still held (they expire with their leases)")
+            }
+        );
+    }
+    out
+}

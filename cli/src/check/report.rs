@@ -1,0 +1,176 @@
+//! What `check` reports: each conformance case's outcome, the fault run's
+//! figures and verdict, as the JSON object `--json` prints and as the
+//! tables printed otherwise.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::history::Verdict;
+use super::nemesis::Fault;
+
+/// How one conformance case came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum CaseOutcome {
+    /// It passed.
+    Pass,
+    /// It could not run here (it needs access to the store's machines, or
+    /// the store refused what it needs).
+    Skip,
+    /// It failed.
+    Fail,
+}
+
+impl CaseOutcome {
+    /// The word the table and the JSON use.
+    fn as_str(self) -> &'static str {
+        match self {
+            CaseOutcome::Pass => "pass",
+            CaseOutcome::Skip => "skip",
+            CaseOutcome::Fail => "fail",
+        }
+    }
+}
+
+impl std::fmt::Display for CaseOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // pad, not write: the table aligns the word with a width.
+        f.pad(self.as_str())
+    }
+}
+
+/// One conformance case's line of the report.
+#[derive(Debug, Serialize)]
+pub(crate) struct CaseResult {
+    pub(crate) case: &'static str,
+    pub(crate) result: CaseOutcome,
+    pub(crate) seconds: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) reason: Option<String>,
+}
+
+/// The fault run's part of the report.
+#[derive(Debug, Serialize)]
+pub(crate) struct FaultRun {
+    pub(crate) seconds: f64,
+    pub(crate) workers: u32,
+    pub(crate) ttl_ms: u64,
+    pub(crate) faults: BTreeMap<&'static str, u64>,
+    pub(crate) faults_total: u64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) faults_not_possible: Vec<&'static str>,
+    pub(crate) verdict: Verdict,
+    pub(crate) counter: u64,
+    pub(crate) acquire_errors: BTreeMap<String, u64>,
+    /// Workers that ended without being killed (and were replaced).
+    pub(crate) workers_exited: u64,
+    pub(crate) left_held: bool,
+}
+
+/// The whole report, as `--json` prints it.
+#[derive(Debug, Serialize)]
+pub(crate) struct Report {
+    pub(crate) url: String,
+    pub(crate) store: String,
+    pub(crate) fencing: bool,
+    pub(crate) conformance: Vec<CaseResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) fault_run: Option<FaultRun>,
+    pub(crate) summary: String,
+    pub(crate) exit_code: i32,
+}
+
+/// The line the fault run's table starts with.
+pub(crate) fn print_fault_run_header(
+    workers: u32,
+    ttl: Duration,
+    faults: &[Fault],
+    duration: Duration,
+    not_possible: &[&str],
+) {
+    let list: Vec<&str> = faults.iter().map(|f| f.name()).collect();
+    println!(
+        "\nfault run: {} workers on one key, TTL {}, faults {} for {}{}",
+        workers,
+        humantime::format_duration(ttl),
+        if list.is_empty() {
+            "none".to_owned()
+        } else {
+            list.join(",")
+        },
+        humantime::format_duration(duration),
+        if not_possible.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " ({} not possible: the store is not reached over TCP)",
+                not_possible.join(",")
+            )
+        }
+    );
+}
+
+/// The fault run's table.
+pub(crate) fn print_fault_table(run: &FaultRun, fencing: bool) {
+    let v = &run.verdict;
+    let list = |m: &mut dyn Iterator<Item = String>| m.collect::<Vec<_>>().join(", ");
+    let kinds = list(&mut run.faults.iter().map(|(k, n)| format!("{k} {n}")));
+    println!("  {:<24} {:>8}", "acquisitions", v.acquisitions);
+    println!(
+        "  {:<24} {:>8}  {kinds}",
+        "faults injected", run.faults_total
+    );
+    println!(
+        "  {:<24} {:>8}  sections still running past their holder's lease (frozen or cut off \
+         mid-section)",
+        "stale holders", v.late_sections
+    );
+    println!(
+        "  {:<24} {:>8}",
+        "exclusion violations", v.exclusion_violations
+    );
+    println!("  {:<24} {:>8}", "data violations", v.data_violations);
+    println!(
+        "  {:<24} {:>8}  {}",
+        "fenced-out writes",
+        v.fenced_out,
+        if fencing {
+            "stale holders the fence stopped: the fences working"
+        } else {
+            "(this store gives no fencing tokens)"
+        }
+    );
+    let overlaps = format!("  {:<24} {:>8}", "unfenced overlaps", v.unfenced_overlaps);
+    if v.unfenced_overlaps > 0 {
+        println!(
+            "{overlaps}  stale holders' late writes were accepted, losing {} increment(s): \
+             expected without fences, and why they matter",
+            v.increments_lost
+        );
+    } else {
+        println!("{overlaps}");
+    }
+    println!(
+        "  {:<24} {:>8}  counter {}",
+        "accepted writes", v.accepted_writes, run.counter
+    );
+    let errors = &run.acquire_errors;
+    if !errors.is_empty() {
+        let e = list(&mut errors.iter().map(|(k, n)| format!("{k} {n}")));
+        println!(
+            "  {:<24} {:>8}  {e}",
+            "acquire errors",
+            errors.values().sum::<u64>()
+        );
+    }
+    println!(
+        "  {:<24} {:>8}",
+        "lock left held",
+        if run.left_held { "yes" } else { "no" }
+    );
+    for e in &v.examples {
+        println!("  ! {e}");
+    }
+}

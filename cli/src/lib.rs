@@ -1,0 +1,5 @@
+//! The parts of the `locksmith` command that other workspace tools share
+//! with it, so they mean the same thing. Not a stable API: the command is
+//! the product; this library exists for `locksmith-bench`.
+
+pub mod timing;
