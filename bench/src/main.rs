@@ -57,55 +57,42 @@ enum Cli {
         /// Redis URL.
         #[arg(long, default_value = "redis://127.0.0.1:6379")]
         url: String,
-        /// Uncontended pairs per round.
-        #[arg(long, default_value_t = 5000)]
-        iterations: u32,
-        /// Interleaved rounds; the median is reported.
-        #[arg(long, default_value_t = 5)]
-        rounds: u32,
-        /// Clients contending on one key.
-        #[arg(long, default_value_t = 8)]
-        contenders: usize,
-        /// Seconds of contention per library.
-        #[arg(long, default_value_t = 5)]
-        seconds: u64,
+        #[command(flatten)]
+        load: Load,
     },
     /// memcached: our backend and Locker beside Python sherlock and the raw commands.
     Memcached {
         /// The server's host:port.
         #[arg(long, default_value = "127.0.0.1:11211")]
         server: String,
-        /// Uncontended pairs per round.
-        #[arg(long, default_value_t = 3000)]
-        iterations: u32,
-        /// Interleaved rounds; the median is reported.
-        #[arg(long, default_value_t = 3)]
-        rounds: u32,
-        /// Clients contending on one key.
-        #[arg(long, default_value_t = 8)]
-        contenders: usize,
-        /// Seconds of contention per library.
-        #[arg(long, default_value_t = 5)]
-        seconds: u64,
+        #[command(flatten)]
+        load: Load,
     },
     /// ZooKeeper: our backend and Locker beside Python kazoo and the raw requests.
     Zookeeper {
         /// The ensemble's host:port list.
         #[arg(long, default_value = "127.0.0.1:2181")]
         hosts: String,
-        /// Uncontended pairs per round.
-        #[arg(long, default_value_t = 2000)]
-        iterations: u32,
-        /// Interleaved rounds; the median is reported.
-        #[arg(long, default_value_t = 3)]
-        rounds: u32,
-        /// Clients contending on one key.
-        #[arg(long, default_value_t = 8)]
-        contenders: usize,
-        /// Seconds of contention per library.
-        #[arg(long, default_value_t = 5)]
-        seconds: u64,
+        #[command(flatten)]
+        load: Load,
     },
+}
+
+/// How long and how hard a store's comparison runs.
+#[derive(clap::Args, Debug)]
+struct Load {
+    /// Uncontended pairs per round [default: Redis 5000, memcached 3000, ZooKeeper 2000].
+    #[arg(long)]
+    iterations: Option<u32>,
+    /// Interleaved rounds; the median is reported [default: Redis 5, others 3].
+    #[arg(long)]
+    rounds: Option<u32>,
+    /// Clients contending on one key.
+    #[arg(long, default_value_t = 8)]
+    contenders: usize,
+    /// Seconds of contention per library.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
 }
 
 const TTL_MS: i64 = 30_000;
@@ -124,48 +111,32 @@ async fn main() {
                 if url.is_empty() {
                     continue;
                 }
-                if let Err(e) = sql(name, &url, iterations, clients, rounds).await {
-                    eprintln!("{name}: {e}");
-                    std::process::exit(1);
-                }
+                exit_on_error(name, sql(name, &url, iterations, clients, rounds).await);
             }
         }
-        Cli::Redis {
-            url,
-            iterations,
-            rounds,
-            contenders,
-            seconds,
-        } => {
-            if let Err(e) = redis_bench::run(&url, iterations, rounds, contenders, seconds).await {
-                eprintln!("Redis: {e}");
-                std::process::exit(1);
-            }
+        Cli::Redis { url, load } => {
+            let (i, r) = (load.iterations.unwrap_or(5000), load.rounds.unwrap_or(5));
+            let run = redis_bench::run(&url, i, r, load.contenders, load.seconds);
+            exit_on_error("Redis", run.await);
         }
-        Cli::Memcached {
-            server,
-            iterations,
-            rounds,
-            contenders,
-            seconds,
-        } => {
-            if let Err(e) = mc_bench::run(&server, iterations, rounds, contenders, seconds).await {
-                eprintln!("memcached: {e}");
-                std::process::exit(1);
-            }
+        Cli::Memcached { server, load } => {
+            let (i, r) = (load.iterations.unwrap_or(3000), load.rounds.unwrap_or(3));
+            let run = mc_bench::run(&server, i, r, load.contenders, load.seconds);
+            exit_on_error("memcached", run.await);
         }
-        Cli::Zookeeper {
-            hosts,
-            iterations,
-            rounds,
-            contenders,
-            seconds,
-        } => {
-            if let Err(e) = zk_bench::run(&hosts, iterations, rounds, contenders, seconds).await {
-                eprintln!("ZooKeeper: {e}");
-                std::process::exit(1);
-            }
+        Cli::Zookeeper { hosts, load } => {
+            let (i, r) = (load.iterations.unwrap_or(2000), load.rounds.unwrap_or(3));
+            let run = zk_bench::run(&hosts, i, r, load.contenders, load.seconds);
+            exit_on_error("ZooKeeper", run.await);
         }
+    }
+}
+
+/// Ends the process with status 1 after a comparison that could not run.
+fn exit_on_error(store: &str, result: Result<(), String>) {
+    if let Err(e) = result {
+        eprintln!("{store}: {e}");
+        std::process::exit(1);
     }
 }
 

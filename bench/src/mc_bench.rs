@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use locksmith::backend::LockBackend;
 use locksmith::memcached::MemcachedBackend;
-use locksmith::{LockKey, Locker, OwnerToken};
+use locksmith::{Locker, OwnerToken};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use crate::baseline::{contention, python, uncontended_table};
-use crate::redis_bench::{backend_pairs, locker_pairs, pairs_per_sec};
+use crate::redis_bench::{our_pairs, pairs_per_sec};
 
 const TTL: Duration = Duration::from_secs(30);
 const SHERLOCK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/mc_sherlock.py");
@@ -98,19 +98,7 @@ pub(crate) async fn run(
                     }
                     v["pairs_per_s"].as_f64().ok_or("python: no pairs_per_s")?
                 }
-                3 => {
-                    let key = LockKey::new("uncontended-backend").expect("key");
-                    pairs_per_sec(iterations, || {
-                        backend_pairs(&backend, &key, iterations, TTL)
-                    })
-                    .await
-                }
-                _ => {
-                    pairs_per_sec(iterations, || {
-                        locker_pairs(&locker, "uncontended-locker", iterations)
-                    })
-                    .await
-                }
+                _ => our_pairs(&backend, &locker, iterations, TTL, path > 3).await,
             };
             figures[path].push(r);
         }

@@ -366,6 +366,27 @@ pub(crate) async fn backend_pairs(
     }
 }
 
+/// Pairs per second on our two rows of an uncontended table: the bare
+/// backend, or (`through_locker`) a `Locker` over another backend of the
+/// same store.
+pub(crate) async fn our_pairs(
+    backend: &dyn LockBackend,
+    locker: &Locker,
+    iterations: u32,
+    ttl: Duration,
+    through_locker: bool,
+) -> f64 {
+    if through_locker {
+        pairs_per_sec(iterations, || {
+            locker_pairs(locker, "uncontended-locker", iterations)
+        })
+        .await
+    } else {
+        let key = LockKey::new("uncontended-backend").expect("key");
+        pairs_per_sec(iterations, || backend_pairs(backend, &key, iterations, ttl)).await
+    }
+}
+
 /// `iterations` uncontended `try_lock` + release pairs through a `Locker`.
 pub(crate) async fn locker_pairs(locker: &Locker, key: &str, iterations: u32) {
     for _ in 0..iterations {

@@ -8,10 +8,10 @@ use std::time::Duration;
 use locksmith::backend::LockBackend;
 use locksmith::zookeeper::internals::zookeeper_client as zk;
 use locksmith::zookeeper::ZkBackend;
-use locksmith::{LockKey, Locker, OwnerToken};
+use locksmith::{Locker, OwnerToken};
 
 use crate::baseline::{contention, python, uncontended_table};
-use crate::redis_bench::{backend_pairs, locker_pairs, pairs_per_sec};
+use crate::redis_bench::{our_pairs, pairs_per_sec};
 
 const TTL: Duration = Duration::from_secs(30);
 const KAZOO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/zk_kazoo.py");
@@ -95,19 +95,7 @@ pub(crate) async fn run(
                     }
                     v["pairs_per_s"].as_f64().ok_or("kazoo: no pairs_per_s")?
                 }
-                2 => {
-                    let key = LockKey::new("uncontended-backend").expect("key");
-                    pairs_per_sec(iterations, || {
-                        backend_pairs(&backend, &key, iterations, TTL)
-                    })
-                    .await
-                }
-                _ => {
-                    pairs_per_sec(iterations, || {
-                        locker_pairs(&locker, "uncontended-locker", iterations)
-                    })
-                    .await
-                }
+                _ => our_pairs(&backend, &locker, iterations, TTL, path > 2).await,
             };
             figures[path].push(r);
         }
