@@ -156,7 +156,7 @@ fn wait_exit(child: &mut Child, within: Duration) -> i32 {
 }
 
 /// A command that starts a grandchild in the background, records its pid,
-/// and waits; the grandchild is what used to outlive the lock.
+/// and waits: the grandchild must not outlive the lock.
 fn tree_script(pidfile: &Path) -> String {
     format!(
         "sleep 33 & echo $! > {p}.tmp && mv {p}.tmp {p}; wait",
