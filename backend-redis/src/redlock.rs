@@ -147,38 +147,10 @@ impl RedlockBackend {
     }
 }
 
-#[async_trait]
-impl LockBackend for RedlockBackend {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.quorum.capabilities()
-    }
-
-    async fn verify(&self) -> Result<()> {
-        self.inner.quorum.verify().await
-    }
-
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
-        self.inner.quorum.try_acquire(key, owner, ttl).await
-    }
-
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        self.inner.quorum.release(key, owner).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
-        self.inner.quorum.inspect(key).await
-    }
-
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.inner.quorum.renew(key, owner, ttl).await
-    }
-
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        self.inner.quorum.renew_many(requests).await
-    }
+// Every method is the quorum's, the waiting hooks and the alarm too:
+// `Quorum` answers those itself (no notification, queue or alarm across
+// independent masters) and says why.
+locksmith_core::forward_backend! {
+    (self) => self.inner.quorum;
+    impl LockBackend for RedlockBackend {}
 }
