@@ -8,10 +8,8 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use locksmith_core::backend::{
-    async_trait, Acquire, Capabilities, LockBackend, Notice, Release, Renew, RenewRequest, Watch,
-};
-use locksmith_core::{LockKey, LockOptions, LockStatus, Locker, OwnerToken, Result};
+use locksmith_core::backend::{Acquire, LockBackend, Notice, Release, Watch};
+use locksmith_core::{LockKey, LockOptions, Locker, OwnerToken, Result};
 use locksmith_redis::RedisBackend;
 use tokio::sync::{mpsc, watch};
 
@@ -438,79 +436,62 @@ impl Drop for AbortOnDrop {
     }
 }
 
-#[async_trait]
-impl LockBackend for Ordered {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
-        self.inner.try_acquire(k, o, ttl).await
-    }
-    async fn release(&self, k: &LockKey, o: &OwnerToken) -> Result<Release> {
-        self.inner.release(k, o).await
-    }
-    async fn renew(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.inner.renew(k, o, ttl).await
-    }
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        self.inner.renew_many(requests).await
-    }
-    async fn inspect(&self, k: &LockKey) -> Result<LockStatus> {
-        self.inner.inspect(k).await
-    }
-    async fn watch(&self, k: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
-        let mut inner = self.inner.watch(k, ticket).await?.expect("Redis notifies");
-        let (tx, rx) = mpsc::unbounded_channel();
-        let arrived = self.arrived.clone();
-        let mut deliver = self.deliver.subscribe();
-        let task = tokio::spawn(async move {
-            loop {
-                if let Notice::Granted(g) = inner.changed().await {
-                    arrived.send_replace(true);
-                    let _ = deliver.wait_for(|d| *d).await;
-                    if tx.send(g).is_err() {
-                        return;
+// Only the queued attempts and their notices are ordered; the rest is
+// Redis's own.
+locksmith_core::forward_backend! {
+    (self) => self.inner;
+    impl LockBackend for Ordered {
+        async fn watch(&self, k: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
+            let mut inner = self.inner.watch(k, ticket).await?.expect("Redis notifies");
+            let (tx, rx) = mpsc::unbounded_channel();
+            let arrived = self.arrived.clone();
+            let mut deliver = self.deliver.subscribe();
+            let task = tokio::spawn(async move {
+                loop {
+                    if let Notice::Granted(g) = inner.changed().await {
+                        arrived.send_replace(true);
+                        let _ = deliver.wait_for(|d| *d).await;
+                        if tx.send(g).is_err() {
+                            return;
+                        }
                     }
                 }
-            }
-        });
-        Ok(Some(Watch::grants(
-            rx,
-            Some(Box::new(AbortOnDrop(task.abort_handle()))),
-        )))
-    }
-    async fn try_acquire_waiting(
-        &self,
-        k: &LockKey,
-        o: &OwnerToken,
-        ttl: Duration,
-        ticket: &OwnerToken,
-    ) -> Result<Acquire> {
-        let mut n = 0;
-        self.attempts.send_modify(|a| {
-            *a += 1;
-            n = *a;
-        });
-        if n == 2 {
-            *self.second.lock().unwrap() = Some(Instant::now());
+            });
+            Ok(Some(Watch::grants(
+                rx,
+                Some(Box::new(AbortOnDrop(task.abort_handle()))),
+            )))
         }
-        let outcome = self.inner.try_acquire_waiting(k, o, ttl, ticket).await?;
-        self.answered.send_modify(|a| *a += 1);
-        Ok(match (n, outcome) {
-            (1, Acquire::Contended { .. }) => Acquire::Contended {
-                retry_after: Some(PAUSE),
-            },
-            (2, outcome) => {
-                // Read after this answer: the waiter's select sees it only
-                // once it has dealt with the answer.
-                self.deliver.send_replace(true);
-                outcome
+        async fn try_acquire_waiting(
+            &self,
+            k: &LockKey,
+            o: &OwnerToken,
+            ttl: Duration,
+            ticket: &OwnerToken,
+        ) -> Result<Acquire> {
+            let mut n = 0;
+            self.attempts.send_modify(|a| {
+                *a += 1;
+                n = *a;
+            });
+            if n == 2 {
+                *self.second.lock().unwrap() = Some(Instant::now());
             }
-            (_, outcome) => outcome,
-        })
-    }
-    async fn abandon(&self, k: &LockKey, o: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
-        self.inner.abandon(k, o, ticket).await
+            let outcome = self.inner.try_acquire_waiting(k, o, ttl, ticket).await?;
+            self.answered.send_modify(|a| *a += 1);
+            Ok(match (n, outcome) {
+                (1, Acquire::Contended { .. }) => Acquire::Contended {
+                    retry_after: Some(PAUSE),
+                },
+                (2, outcome) => {
+                    // Read after this answer: the waiter's select sees it only
+                    // once it has dealt with the answer.
+                    self.deliver.send_replace(true);
+                    outcome
+                }
+                (_, outcome) => outcome,
+            })
+        }
     }
 }
 
