@@ -15,10 +15,16 @@
 //! adapt expectations (fencing or not, TTL resolution), never to skip a
 //! safety property. The suite itself is tested: [`broken`] holds
 //! deliberately broken backends, and this crate's tests prove each one fails.
+//!
+//! With the `kit` feature, `kit` holds what backends' tests share beside
+//! the suite: where the test servers are, the outage tests' private
+//! servers, and the check that a wrapper forwards every method.
 
 pub mod broken;
 pub mod cases;
 pub mod faults;
+#[cfg(feature = "kit")]
+pub mod kit;
 mod memory;
 pub mod quorum;
 
