@@ -82,3 +82,33 @@ locksmith_core::forward_backend! {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use locksmith_conformance::kit::forwarding::{check, Expect, Method, Recorder};
+
+    use super::*;
+
+    /// Every call reaches the node or quorum behind the backend, but the
+    /// alarm, which the backend answers from its nodes' shared sender.
+    #[tokio::test]
+    async fn every_call_but_the_alarm_reaches_the_store() {
+        let store = Recorder::new();
+        let mut backend = MemcachedBackend::connect("memcache://127.0.0.1:1").unwrap();
+        backend.store = store.clone();
+        let expect = |m| match m {
+            Method::Alarm => Expect::Answered,
+            Method::Capabilities
+            | Method::Verify
+            | Method::TryAcquire
+            | Method::Release
+            | Method::Renew
+            | Method::RenewMany
+            | Method::Inspect
+            | Method::Watch
+            | Method::TryAcquireWaiting
+            | Method::Abandon => Expect::Forwarded,
+        };
+        check(&backend, &[&store], expect).await.unwrap();
+    }
+}

@@ -437,6 +437,11 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
 /// adds it); the methods in it are written as in any `LockBackend` impl.
 /// A name that is not a method of the trait is refused.
 ///
+/// The conformance crate's `kit::forwarding` checks a wrapper: it calls
+/// every method through it and sees where each arrives. This crate's
+/// `tests/forwarding.rs` fails when the trait gains a method that check
+/// does not know.
+///
 /// ```
 /// use std::sync::atomic::{AtomicBool, Ordering};
 /// use std::time::Duration;
