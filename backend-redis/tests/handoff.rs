@@ -8,6 +8,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use locksmith_conformance::kit::servers::redis_url;
 use locksmith_core::backend::{Acquire, LockBackend, Notice, Release, Watch};
 use locksmith_core::{LockKey, LockOptions, Locker, OwnerToken, Result};
 use locksmith_redis::RedisBackend;
@@ -16,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 const TTL: Duration = Duration::from_secs(60);
 
 fn backend(refresh: &str) -> RedisBackend {
-    RedisBackend::connect(&format!("{}?waiter_refresh={refresh}", common::redis_url())).unwrap()
+    RedisBackend::connect(&format!("{}?waiter_refresh={refresh}", redis_url())).unwrap()
 }
 
 fn key(name: &str) -> LockKey {
@@ -210,7 +211,7 @@ async fn a_short_hand_off_lease_is_extended_to_the_ttl() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     g.release().await.unwrap();
     let handed = task.await.unwrap();
-    let client = redis::Client::open(common::redis_url()).unwrap();
+    let client = redis::Client::open(redis_url()).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
     let lock = format!("locksmith:{{{}}}:lock", k.as_str());
     let pttl = |c: &mut redis::aio::MultiplexedConnection| {
@@ -249,7 +250,7 @@ async fn a_short_hand_off_lease_is_extended_to_the_ttl() {
 #[tokio::test]
 async fn a_lock_turned_into_a_hash_at_its_last_millisecond_still_expires() {
     let b = backend("500ms");
-    let client = redis::Client::open(common::redis_url()).unwrap();
+    let client = redis::Client::open(redis_url()).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
     let mut converted_late = 0;
     for round in 0..200 {
