@@ -39,6 +39,10 @@ pub(crate) struct QuorumNode {
     prefix: String,
 }
 
+// A node, not a wrapper: `watch`, `try_acquire_waiting`, `abandon` and
+// `alarm` keep the trait's defaults (no notification, no queue, no alarm),
+// which is all a node has to say; the quorum answers those itself and
+// never asks its nodes.
 #[async_trait]
 impl LockBackend for QuorumNode {
     fn capabilities(&self) -> Capabilities {
