@@ -7,43 +7,28 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The test servers' URLs: from the environment `scripts/test` sets, else
-/// the defaults it provisions.
-fn env_or(var: &str, fallback: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| fallback.to_owned())
-}
+// The test servers, by the kit's one rule (see
+// `locksmith_conformance::kit::servers`).
+use locksmith_conformance::kit::servers;
 
 /// The PostgreSQL test database.
 pub fn postgres_url() -> String {
-    env_or(
-        "LOCKSMITH_TEST_POSTGRES_URL",
-        "postgres://locksmith:locksmith@127.0.0.1:5432/locksmith_test",
-    )
+    servers::postgres_url()
 }
 
 /// The MySQL/MariaDB test database.
 pub fn mysql_url() -> String {
-    env_or(
-        "LOCKSMITH_TEST_MYSQL_URL",
-        "mysql://locksmith:locksmith@127.0.0.1:3306/locksmith_test",
-    )
+    servers::mysql_url()
 }
 
 /// The single Redis test server.
 pub fn redis_url() -> String {
-    env_or("LOCKSMITH_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+    servers::redis_url()
 }
 
 /// A Redlock URL over the test masters, with `tail` after the host list.
 pub fn redlock_url(tail: &str) -> String {
-    let ports = env_or(
-        "LOCKSMITH_TEST_REDLOCK_PORTS",
-        "16380 16381 16382 16383 16384",
-    );
-    let hosts: Vec<String> = ports
-        .split_whitespace()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect();
+    let hosts = servers::loopback(&servers::redlock_ports());
     format!("redis+redlock://{}{tail}", hosts.join(","))
 }
 
@@ -101,21 +86,17 @@ impl Drop for PrivateRedis {
 
 /// The standalone ZooKeeper test server.
 pub fn zk_url() -> String {
-    env_or("LOCKSMITH_TEST_ZK_URL", "zk://127.0.0.1:2181")
+    servers::zk_url()
 }
 
 /// The single memcached test server.
 pub fn memcached_url() -> String {
-    env_or("LOCKSMITH_TEST_MEMCACHED_URL", "memcache://127.0.0.1:11211")
+    servers::memcached_url()
 }
 
 /// The three memcached test servers, as a quorum.
 pub fn memcached_quorum_url() -> String {
-    let ports = env_or("LOCKSMITH_TEST_MEMCACHED_QUORUM_PORTS", "11212 11213 11214");
-    let hosts: Vec<String> = ports
-        .split_whitespace()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect();
+    let hosts = servers::loopback(&servers::memcached_quorum_ports());
     format!("memcache://{}", hosts.join(","))
 }
 
