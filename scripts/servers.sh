@@ -53,6 +53,11 @@ ensure() {
     log "$name: ready"
 }
 
+# The ports: defaults from scripts/ports.env (which the Rust tests read
+# too), each overridable with LOCKSMITH_<NAME>.
+# shellcheck source=scripts/ports.env
+source "$(dirname "${BASH_SOURCE[0]}")/ports.env"
+
 # Where servers we start keep their data and logs.
 STATE_DIR=${LOCKSMITH_STATE_DIR:-${TMPDIR:-/tmp}/locksmith-test-servers}
 mkdir -p "$STATE_DIR"
@@ -69,7 +74,7 @@ build_tools_start() { :; }
 
 # --- PostgreSQL (the shared server on 5432) ------------------------------
 
-PG_PORT=${LOCKSMITH_PG_PORT:-5432}
+PG_PORT=${LOCKSMITH_PG_PORT:-$PG_PORT}
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
 as_postgres() { if [ "$(id -un)" = postgres ]; then "$@"; else runuser -u postgres -- "$@"; fi; }
 
@@ -101,7 +106,7 @@ postgres_provision() { pg_create_test_db -p "$PG_PORT"; }
 
 # --- MariaDB (the shared server on 3306) ---------------------------------
 
-MY_PORT=${LOCKSMITH_MY_PORT:-3306}
+MY_PORT=${LOCKSMITH_MY_PORT:-$MY_PORT}
 mariadb_ready() {
     command -v mariadb-admin >/dev/null 2>&1 &&
         mariadb-admin --protocol=tcp -h 127.0.0.1 -P "$MY_PORT" -u locksmith -plocksmith ping >/dev/null 2>&1 ||
@@ -135,7 +140,7 @@ mariadb_provision() { my_create_test_db; }
 # They run on their own ports and data directories, so stopping them never
 # disturbs the shared servers other tests use.
 
-PG_FAULT_PORT=${LOCKSMITH_PG_FAULT_PORT:-55432}
+PG_FAULT_PORT=${LOCKSMITH_PG_FAULT_PORT:-$PG_FAULT_PORT}
 PG_FAULT_DIR="$STATE_DIR/pg-fault"
 pg_fault_ready() { pg_isready -q -h 127.0.0.1 -p "$PG_FAULT_PORT" 2>/dev/null; }
 pg_fault_install() { postgres_install; }
@@ -155,7 +160,7 @@ pg_fault_stop() {
     as_postgres "$(pg_bin)/pg_ctl" -D "$PG_FAULT_DIR/data" -m immediate -w stop >/dev/null
 }
 
-MY_FAULT_PORT=${LOCKSMITH_MY_FAULT_PORT:-33306}
+MY_FAULT_PORT=${LOCKSMITH_MY_FAULT_PORT:-$MY_FAULT_PORT}
 MY_FAULT_DIR="$STATE_DIR/my-fault"
 my_fault_ready() {
     mariadb-admin --protocol=tcp -h 127.0.0.1 -P "$MY_FAULT_PORT" -u locksmith -plocksmith ping >/dev/null 2>&1
@@ -192,8 +197,8 @@ my_fault_stop() {
 
 # --- Redis: the shared server, and five independent Redlock masters -------
 
-REDIS_PORT=${LOCKSMITH_REDIS_PORT:-6379}
-REDLOCK_PORTS=${LOCKSMITH_REDLOCK_PORTS:-"16380 16381 16382 16383 16384"}
+REDIS_PORT=${LOCKSMITH_REDIS_PORT:-$REDIS_PORT}
+REDLOCK_PORTS=${LOCKSMITH_REDLOCK_PORTS:-$REDLOCK_PORTS}
 
 redis_port_ready() { redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null | grep -q PONG; }
 redis_start_port() {
@@ -228,8 +233,8 @@ redlock_start() {
 # for the interop test, which runs a Java source file (it needs javac's
 # module, so a JDK).
 
-ZK_PORT=${LOCKSMITH_ZK_PORT:-2181}
-ZK_ENSEMBLE_PORTS="22181 22182 22183"
+ZK_PORT=${LOCKSMITH_ZK_PORT:-$ZK_PORT}
+ZK_ENSEMBLE_PORTS=${LOCKSMITH_ZK_ENSEMBLE_PORTS:-$ZK_ENSEMBLE_PORTS}
 ZK_CP=/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar
 
 # The server's mode as its `srvr` command tells it: standalone, leader or follower.
@@ -291,8 +296,10 @@ zookeeper_start() {
     zk_run "$STATE_DIR/zk" "tickTime=100" "minSessionTimeout=200" "clientPort=$ZK_PORT"
 }
 
-# Ensemble node N (1, 2 or 3): client port 2218N, peer ports 2288N and 2388N.
+# Ensemble node N (1, 2 or 3): the Nth client port of ZK_ENSEMBLE_PORTS,
+# peer ports 2288N and 2388N.
 zk_node_dir() { echo "$STATE_DIR/zk-ensemble/$1"; }
+zk_node_port() { set -- "$1" $ZK_ENSEMBLE_PORTS; shift "$1"; echo "$1"; }
 zk_node_start() {
     local dir
     dir=$(zk_node_dir "$1")
@@ -300,14 +307,14 @@ zk_node_start() {
     mkdir -p "$dir/data"
     echo "$1" >"$dir/data/myid"
     zk_run "$dir" "tickTime=200" "minSessionTimeout=400" "initLimit=20" "syncLimit=10" \
-        "clientPort=2218$1" "server.1=127.0.0.1:22881:23881" \
+        "clientPort=$(zk_node_port "$1")" "server.1=127.0.0.1:22881:23881" \
         "server.2=127.0.0.1:22882:23882" "server.3=127.0.0.1:22883:23883"
 }
 zk_node_stop() { zk_kill "$(zk_node_dir "$1")"; }
 # A node alone is "ready" once it runs and answers; it serves only in a
 # quorum, which zk_ensemble_ready waits for.
 for n in 1 2 3; do
-    eval "zk$n""_ready() { zk_alive 2218$n; }"
+    eval "zk$n""_ready() { zk_alive \"\$(zk_node_port $n)\"; }"
     eval "zk$n""_install() { zk_install; }"
     eval "zk$n""_start() { zk_node_start $n; }"
     eval "zk$n""_stop() { zk_node_stop $n; }"
@@ -328,8 +335,8 @@ zk_ensemble_start() {
 # Debian's `memcached`, run by hand (its packaged service is not used), with
 # -M so that a full server refuses writes instead of evicting held locks.
 
-MC_PORT=${LOCKSMITH_MC_PORT:-11211}
-MC_QUORUM_PORTS="11212 11213 11214"
+MC_PORT=${LOCKSMITH_MC_PORT:-$MC_PORT}
+MC_QUORUM_PORTS=${LOCKSMITH_MC_QUORUM_PORTS:-$MC_QUORUM_PORTS}
 
 mc_port_ready() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1 && printf 'mn\r\n' >&3 && head -c 2 <&3" 2>/dev/null | grep -q MN; }
 mc_start_port() {
@@ -353,7 +360,7 @@ mc_quorum_start() {
 }
 
 # A private server the outage test stops and restarts.
-MC_FAULT_PORT=${LOCKSMITH_MC_FAULT_PORT:-11215}
+MC_FAULT_PORT=${LOCKSMITH_MC_FAULT_PORT:-$MC_FAULT_PORT}
 mc_fault_ready() { command -v memcached >/dev/null 2>&1 && mc_port_ready "$MC_FAULT_PORT"; }
 mc_fault_install() { memcached_install; }
 mc_fault_start() { mc_start_port "$MC_FAULT_PORT"; }

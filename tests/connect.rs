@@ -4,80 +4,16 @@
 
 use locksmith::ErrorKind;
 
-/// What these tests need of the test servers (the command's tests have
-/// their own helpers in `cli/tests/common`).
-mod common {
-    use std::io::{Read, Write};
-    use std::net::TcpStream;
-    use std::process::{Child, Command, Stdio};
-    use std::time::{Duration, Instant};
-
-    /// The PostgreSQL test database: from the environment `scripts/test` sets,
-    /// else the default it provisions.
-    pub(crate) fn postgres_url() -> String {
-        std::env::var("LOCKSMITH_TEST_POSTGRES_URL").unwrap_or_else(|_| {
-            "postgres://locksmith:locksmith@127.0.0.1:5432/locksmith_test".to_owned()
-        })
-    }
-
-    /// A private redis-server on a free loopback port, killed when dropped.
-    pub(crate) struct PrivateRedis {
-        child: Child,
-        pub(crate) port: u16,
-    }
-
-    impl PrivateRedis {
-        /// Starts one with `extra` arguments (e.g. `--requirepass x`).
-        pub(crate) fn start(extra: &[&str]) -> PrivateRedis {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .args(extra)
-                .stdout(Stdio::null())
-                .spawn()
-                .expect("redis-server is installed (scripts/test installs it)");
-            let server = PrivateRedis { child, port };
-            let start = Instant::now();
-            loop {
-                if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
-                    let _ = s.write_all(b"PING\r\n");
-                    let mut buf = [0u8; 64];
-                    if s.read(&mut buf).is_ok_and(|n| n > 0) {
-                        return server;
-                    }
-                }
-                assert!(
-                    start.elapsed() < Duration::from_secs(10),
-                    "private redis-server did not start"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
-
-    impl Drop for PrivateRedis {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-use common::postgres_url as pg_url;
+use locksmith_conformance::kit::{process::redis_server, servers::postgres_url as pg_url};
 
 #[tokio::test]
 async fn refused_credentials_fail_connect_not_the_first_lock() {
-    let redis = common::PrivateRedis::start(&["--requirepass", "right-password"]);
-    let right = format!("redis://:right-password@127.0.0.1:{}", redis.port);
+    let (_redis, port) = redis_server(&["--requirepass", "right-password"]);
+    let right = format!("redis://:right-password@127.0.0.1:{port}");
     let ok = locksmith::connect(&right).await;
     assert!(ok.is_ok(), "{:?}", ok.err().map(|e| e.chain()));
 
-    let wrong = format!("redis://:not-the-password@127.0.0.1:{}", redis.port);
+    let wrong = format!("redis://:not-the-password@127.0.0.1:{port}");
     let e = locksmith::connect(&wrong).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Config, "{}", e.chain());
     assert!(!e.chain().contains("not-the-password"), "{}", e.chain());

@@ -3,11 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use locksmith_core::backend::{
-    Acquire, Capabilities, LockBackend, Quorum, Release, Renew, RenewRequest,
-};
-use locksmith_core::{LockKey, LockStatus, OwnerToken, Result};
+use locksmith_core::backend::{LockBackend, Quorum};
+use locksmith_core::Result;
 use tokio::sync::watch;
 
 use crate::config::MemcachedConfig;
@@ -74,42 +71,44 @@ impl MemcachedBackend {
     }
 }
 
-#[async_trait]
-impl LockBackend for MemcachedBackend {
-    fn capabilities(&self) -> Capabilities {
-        self.store.capabilities()
+// Everything is the store's (one node, or the quorum over them), but the
+// alarm: every node shares one sender, and a quorum merges no alarms, so
+// the backend hands out that sender's receiver itself.
+locksmith_core::forward_backend! {
+    (self) => self.store;
+    impl LockBackend for MemcachedBackend {
+        fn alarm(&self) -> Option<watch::Receiver<u64>> {
+            Some(self.alarm.subscribe())
+        }
     }
+}
 
-    async fn verify(&self) -> Result<()> {
-        self.store.verify().await
-    }
+#[cfg(test)]
+mod tests {
+    use locksmith_conformance::kit::forwarding::{check, Expect, Method, Recorder};
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
-        self.store.try_acquire(key, owner, ttl).await
-    }
+    use super::*;
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        self.store.release(key, owner).await
-    }
-
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.store.renew(key, owner, ttl).await
-    }
-
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        self.store.renew_many(requests).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
-        self.store.inspect(key).await
-    }
-
-    fn alarm(&self) -> Option<watch::Receiver<u64>> {
-        Some(self.alarm.subscribe())
+    /// Every call reaches the node or quorum behind the backend, but the
+    /// alarm, which the backend answers from its nodes' shared sender.
+    #[tokio::test]
+    async fn every_call_but_the_alarm_reaches_the_store() {
+        let store = Recorder::new();
+        let mut backend = MemcachedBackend::connect("memcache://127.0.0.1:1").unwrap();
+        backend.store = store.clone();
+        let expect = |m| match m {
+            Method::Alarm => Expect::Answered,
+            Method::Capabilities
+            | Method::Verify
+            | Method::TryAcquire
+            | Method::Release
+            | Method::Renew
+            | Method::RenewMany
+            | Method::Inspect
+            | Method::Watch
+            | Method::TryAcquireWaiting
+            | Method::Abandon => Expect::Forwarded,
+        };
+        check(&backend, &[&store], expect).await.unwrap();
     }
 }

@@ -160,6 +160,9 @@ impl Node {
     }
 }
 
+// memcached has no notification and no queue: `watch`,
+// `try_acquire_waiting` and `abandon` keep the trait's defaults (waiters
+// poll; an attempt is an attempt), alone or as a quorum's node.
 #[async_trait]
 impl LockBackend for Node {
     fn capabilities(&self) -> Capabilities {

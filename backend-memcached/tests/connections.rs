@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{free_port, unique_prefix, OwnServer};
+use common::OwnServer;
 use futures::stream::{self, StreamExt};
+use locksmith_conformance::kit::{free_port, unique_prefix};
 use locksmith_core::{LockOptions, Locker};
 use locksmith_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};

@@ -6,11 +6,11 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{free_port, item_keys, quorum_servers, server, unique_prefix, OwnServer};
+use common::{item_keys, quorum_servers, server, OwnServer};
+use locksmith_conformance::kit::servers::memcached_fault_port;
+use locksmith_conformance::kit::{fault_server, free_port, unique_prefix};
 use locksmith_conformance::quorum::{
     acquire_succeeds_iff_a_majority_is_free, late_answers_do_not_count,
 };
@@ -162,37 +162,14 @@ async fn quorum_grants_and_renewals_that_come_back_after_the_ttl_do_not_count() 
     .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
-/// `scripts/fault-server mc_fault start|stop`.
-fn fault_server(action: &str) {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/fault-server");
-    let status = Command::new(script)
-        .args(["mc_fault", action])
-        .status()
-        .expect("scripts/fault-server runs");
-    assert!(
-        status.success(),
-        "scripts/fault-server mc_fault {action} failed"
-    );
-}
-
-/// Restarts the private server even if the test fails midway.
-struct Restart;
-
-impl Drop for Restart {
-    fn drop(&mut self) {
-        fault_server("start");
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_server_is_unavailable_and_a_restarted_one_serves_again() {
-    let port =
-        std::env::var("LOCKSMITH_TEST_MEMCACHED_FAULT_PORT").unwrap_or_else(|_| "11215".into());
     let url = format!(
-        "memcache://127.0.0.1:{port}?prefix={}&timeout=300ms&connect_timeout=300ms",
+        "memcache://127.0.0.1:{}?prefix={}&timeout=300ms&connect_timeout=300ms",
+        memcached_fault_port(),
         unique_prefix()
     );
-    fault_server("start");
+    fault_server::start("mc_fault");
     let holder = Locker::new(MemcachedBackend::connect(&url).unwrap());
     let other = Locker::new(MemcachedBackend::connect(&url).unwrap());
     let ttl = Duration::from_secs(3);
@@ -200,8 +177,8 @@ async fn a_stopped_server_is_unavailable_and_a_restarted_one_serves_again() {
         .lock_with("outage", &LockOptions::new().ttl(ttl))
         .await
         .expect("lock");
-    let _restart = Restart;
-    fault_server("stop");
+    let mut down = fault_server::Stopped::new();
+    down.stop("mc_fault");
     let stopped = Instant::now();
     let e = other
         .try_lock("outage")
@@ -218,7 +195,7 @@ async fn a_stopped_server_is_unavailable_and_a_restarted_one_serves_again() {
     );
     assert!(stopped.elapsed() <= ttl + Duration::from_millis(250));
     // memcached restarts empty: the lock is free, and new locks work.
-    fault_server("start");
+    down.start("mc_fault");
     let g = other
         .try_lock("outage")
         .await

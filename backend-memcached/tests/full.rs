@@ -10,7 +10,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{fill_until_full, free_port, raw, unique_prefix, OwnServer};
+use common::{fill_until_full, raw, OwnServer};
+use locksmith_conformance::kit::{free_port, unique_prefix};
 use locksmith_core::backend::LockBackend;
 use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, LostReason, OwnerToken};
 use locksmith_memcached::MemcachedBackend;

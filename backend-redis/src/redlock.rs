@@ -39,6 +39,10 @@ pub(crate) struct QuorumNode {
     prefix: String,
 }
 
+// A node, not a wrapper: `watch`, `try_acquire_waiting`, `abandon` and
+// `alarm` keep the trait's defaults (no notification, no queue, no alarm),
+// which is all a node has to say; the quorum answers those itself and
+// never asks its nodes.
 #[async_trait]
 impl LockBackend for QuorumNode {
     fn capabilities(&self) -> Capabilities {
@@ -147,38 +151,10 @@ impl RedlockBackend {
     }
 }
 
-#[async_trait]
-impl LockBackend for RedlockBackend {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.quorum.capabilities()
-    }
-
-    async fn verify(&self) -> Result<()> {
-        self.inner.quorum.verify().await
-    }
-
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
-        self.inner.quorum.try_acquire(key, owner, ttl).await
-    }
-
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        self.inner.quorum.release(key, owner).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
-        self.inner.quorum.inspect(key).await
-    }
-
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.inner.quorum.renew(key, owner, ttl).await
-    }
-
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        self.inner.quorum.renew_many(requests).await
-    }
+// Every method is the quorum's, the waiting hooks and the alarm too:
+// `Quorum` answers those itself (no notification, queue or alarm across
+// independent masters) and says why.
+locksmith_core::forward_backend! {
+    (self) => self.inner.quorum;
+    impl LockBackend for RedlockBackend {}
 }

@@ -8,17 +8,16 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use locksmith_core::backend::{
-    async_trait, Acquire, Capabilities, LockBackend, Notice, Release, Renew, RenewRequest, Watch,
-};
-use locksmith_core::{LockKey, LockOptions, LockStatus, Locker, OwnerToken, Result};
+use locksmith_conformance::kit::servers::redis_url;
+use locksmith_core::backend::{Acquire, LockBackend, Notice, Release, Watch};
+use locksmith_core::{LockKey, LockOptions, Locker, OwnerToken, Result};
 use locksmith_redis::RedisBackend;
 use tokio::sync::{mpsc, watch};
 
 const TTL: Duration = Duration::from_secs(60);
 
 fn backend(refresh: &str) -> RedisBackend {
-    RedisBackend::connect(&format!("{}?waiter_refresh={refresh}", common::redis_url())).unwrap()
+    RedisBackend::connect(&format!("{}?waiter_refresh={refresh}", redis_url())).unwrap()
 }
 
 fn key(name: &str) -> LockKey {
@@ -212,7 +211,7 @@ async fn a_short_hand_off_lease_is_extended_to_the_ttl() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     g.release().await.unwrap();
     let handed = task.await.unwrap();
-    let client = redis::Client::open(common::redis_url()).unwrap();
+    let client = redis::Client::open(redis_url()).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
     let lock = format!("locksmith:{{{}}}:lock", k.as_str());
     let pttl = |c: &mut redis::aio::MultiplexedConnection| {
@@ -251,7 +250,7 @@ async fn a_short_hand_off_lease_is_extended_to_the_ttl() {
 #[tokio::test]
 async fn a_lock_turned_into_a_hash_at_its_last_millisecond_still_expires() {
     let b = backend("500ms");
-    let client = redis::Client::open(common::redis_url()).unwrap();
+    let client = redis::Client::open(redis_url()).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
     let mut converted_late = 0;
     for round in 0..200 {
@@ -438,79 +437,62 @@ impl Drop for AbortOnDrop {
     }
 }
 
-#[async_trait]
-impl LockBackend for Ordered {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
-        self.inner.try_acquire(k, o, ttl).await
-    }
-    async fn release(&self, k: &LockKey, o: &OwnerToken) -> Result<Release> {
-        self.inner.release(k, o).await
-    }
-    async fn renew(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.inner.renew(k, o, ttl).await
-    }
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        self.inner.renew_many(requests).await
-    }
-    async fn inspect(&self, k: &LockKey) -> Result<LockStatus> {
-        self.inner.inspect(k).await
-    }
-    async fn watch(&self, k: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
-        let mut inner = self.inner.watch(k, ticket).await?.expect("Redis notifies");
-        let (tx, rx) = mpsc::unbounded_channel();
-        let arrived = self.arrived.clone();
-        let mut deliver = self.deliver.subscribe();
-        let task = tokio::spawn(async move {
-            loop {
-                if let Notice::Granted(g) = inner.changed().await {
-                    arrived.send_replace(true);
-                    let _ = deliver.wait_for(|d| *d).await;
-                    if tx.send(g).is_err() {
-                        return;
+// Only the queued attempts and their notices are ordered; the rest is
+// Redis's own.
+locksmith_core::forward_backend! {
+    (self) => self.inner;
+    impl LockBackend for Ordered {
+        async fn watch(&self, k: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
+            let mut inner = self.inner.watch(k, ticket).await?.expect("Redis notifies");
+            let (tx, rx) = mpsc::unbounded_channel();
+            let arrived = self.arrived.clone();
+            let mut deliver = self.deliver.subscribe();
+            let task = tokio::spawn(async move {
+                loop {
+                    if let Notice::Granted(g) = inner.changed().await {
+                        arrived.send_replace(true);
+                        let _ = deliver.wait_for(|d| *d).await;
+                        if tx.send(g).is_err() {
+                            return;
+                        }
                     }
                 }
-            }
-        });
-        Ok(Some(Watch::grants(
-            rx,
-            Some(Box::new(AbortOnDrop(task.abort_handle()))),
-        )))
-    }
-    async fn try_acquire_waiting(
-        &self,
-        k: &LockKey,
-        o: &OwnerToken,
-        ttl: Duration,
-        ticket: &OwnerToken,
-    ) -> Result<Acquire> {
-        let mut n = 0;
-        self.attempts.send_modify(|a| {
-            *a += 1;
-            n = *a;
-        });
-        if n == 2 {
-            *self.second.lock().unwrap() = Some(Instant::now());
+            });
+            Ok(Some(Watch::grants(
+                rx,
+                Some(Box::new(AbortOnDrop(task.abort_handle()))),
+            )))
         }
-        let outcome = self.inner.try_acquire_waiting(k, o, ttl, ticket).await?;
-        self.answered.send_modify(|a| *a += 1);
-        Ok(match (n, outcome) {
-            (1, Acquire::Contended { .. }) => Acquire::Contended {
-                retry_after: Some(PAUSE),
-            },
-            (2, outcome) => {
-                // Read after this answer: the waiter's select sees it only
-                // once it has dealt with the answer.
-                self.deliver.send_replace(true);
-                outcome
+        async fn try_acquire_waiting(
+            &self,
+            k: &LockKey,
+            o: &OwnerToken,
+            ttl: Duration,
+            ticket: &OwnerToken,
+        ) -> Result<Acquire> {
+            let mut n = 0;
+            self.attempts.send_modify(|a| {
+                *a += 1;
+                n = *a;
+            });
+            if n == 2 {
+                *self.second.lock().unwrap() = Some(Instant::now());
             }
-            (_, outcome) => outcome,
-        })
-    }
-    async fn abandon(&self, k: &LockKey, o: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
-        self.inner.abandon(k, o, ticket).await
+            let outcome = self.inner.try_acquire_waiting(k, o, ttl, ticket).await?;
+            self.answered.send_modify(|a| *a += 1);
+            Ok(match (n, outcome) {
+                (1, Acquire::Contended { .. }) => Acquire::Contended {
+                    retry_after: Some(PAUSE),
+                },
+                (2, outcome) => {
+                    // Read after this answer: the waiter's select sees it only
+                    // once it has dealt with the answer.
+                    self.deliver.send_replace(true);
+                    outcome
+                }
+                (_, outcome) => outcome,
+            })
+        }
     }
 }
 

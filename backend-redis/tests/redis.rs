@@ -5,6 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use locksmith_conformance::kit::servers::{redis_url, redlock_ports};
 use locksmith_conformance::Harness;
 use locksmith_core::backend::LockBackend;
 use locksmith_redis::{RedisBackend, RedlockBackend};
@@ -14,13 +15,13 @@ struct Single;
 #[async_trait]
 impl Harness for Single {
     async fn client(&self) -> Arc<dyn LockBackend> {
-        Arc::new(RedisBackend::connect(&common::redis_url()).unwrap())
+        Arc::new(RedisBackend::connect(&redis_url()).unwrap())
     }
     async fn unreachable_client(&self) -> Arc<dyn LockBackend> {
         Arc::new(RedisBackend::connect("redis://127.0.0.1:1").unwrap())
     }
     async fn stored_names(&self, prefix: &str) -> anyhow::Result<u64> {
-        let keys = common::scan(&common::redis_url(), &common::names_pattern(prefix)).await;
+        let keys = common::scan(&redis_url(), &common::names_pattern(prefix)).await;
         Ok(keys.len() as u64)
     }
 }
@@ -35,10 +36,7 @@ impl Harness for Redlock {
         // 2-core CI host all five nodes once missed 100 ms together. The
         // cases adapt to the larger minimum TTL this gives; the quorum
         // tests keep the default.
-        let url = format!(
-            "{}?timeout=250ms",
-            common::redlock_url(&common::redlock_ports())
-        );
+        let url = format!("{}?timeout=250ms", common::redlock_url(&redlock_ports()));
         Arc::new(RedlockBackend::connect(&url).unwrap())
     }
     async fn unreachable_client(&self) -> Arc<dyn LockBackend> {
@@ -46,7 +44,7 @@ impl Harness for Redlock {
     }
     async fn stored_names(&self, prefix: &str) -> anyhow::Result<u64> {
         let mut most = 0;
-        for port in common::redlock_ports() {
+        for port in redlock_ports() {
             let url = format!("redis://127.0.0.1:{port}");
             let keys = common::scan(&url, &common::names_pattern(prefix)).await;
             most = most.max(keys.len() as u64);

@@ -8,6 +8,7 @@ mod common;
 
 use std::time::Duration;
 
+use locksmith_conformance::kit::servers::redlock_ports;
 use locksmith_conformance::quorum::{
     acquire_succeeds_iff_a_majority_is_free, late_answers_do_not_count,
 };
@@ -19,7 +20,7 @@ const TTL: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_succeeds_iff_a_quorum_is_free() {
-    let ports = common::redlock_ports();
+    let ports = redlock_ports();
     assert_eq!(ports.len(), 5, "the test wants five Redlock nodes");
     let direct: Vec<RedisBackend> = ports
         .iter()
@@ -56,7 +57,7 @@ async fn acquire_succeeds_iff_a_quorum_is_free() {
 /// undone on every master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_and_renewals_that_come_back_after_the_ttl_do_not_count() {
-    let url = common::redlock_url(&common::redlock_ports());
+    let url = common::redlock_url(&redlock_ports());
     let run = OwnerToken::generate();
     late_answers_do_not_count(
         internals::redlock_nodes(&url).unwrap(),
@@ -71,7 +72,7 @@ async fn grants_and_renewals_that_come_back_after_the_ttl_do_not_count() {
 /// the nodes that did not answer could make or break it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_needs_a_quorum_of_one_owner() {
-    let ports = common::redlock_ports();
+    let ports = redlock_ports();
     let direct: Vec<RedisBackend> = ports
         .iter()
         .map(|p| RedisBackend::connect(&format!("redis://127.0.0.1:{p}")).unwrap())

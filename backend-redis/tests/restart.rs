@@ -3,33 +3,20 @@
 //! its deadline, work resumes, and fencing tokens keep rising. And a
 //! server that drops every pub/sub connection while waiters are queued.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use locksmith_conformance::kit::free_port;
+use locksmith_conformance::kit::process::ServerProcess;
 use locksmith_core::backend::{Acquire, LockBackend};
 use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
 use locksmith_redis::RedisBackend;
 
-const PORT: u16 = 16399;
-
-/// The server process, killed when dropped (also when the test panics), so
-/// no stray server keeps the port.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start() -> Server {
-    start_on(PORT)
-}
-
-fn start_on(port: u16) -> Server {
-    let child = Command::new("redis-server")
-        .args([
+/// A server of the test's own on `port`, without persistence: what a
+/// crash takes, a restart does not bring back.
+fn start_on(port: u16) -> ServerProcess {
+    ServerProcess::start(
+        Command::new("redis-server").args([
             "--port",
             &port.to_string(),
             "--bind",
@@ -38,25 +25,16 @@ fn start_on(port: u16) -> Server {
             "",
             "--appendonly",
             "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server is installed (scripts/test installs it)");
-    let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "redis-server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Server(child)
+        ]),
+        port,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_server_loses_nothing_that_matters() {
-    let url = format!("redis://127.0.0.1:{PORT}?timeout=300ms&connect_timeout=300ms");
-    let server = start();
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}?timeout=300ms&connect_timeout=300ms");
+    let server = start_on(port);
     let key = LockKey::new("restart/k").unwrap();
     let a = Locker::new(RedisBackend::connect(&url).unwrap());
     let b = RedisBackend::connect(&url).unwrap();
@@ -88,7 +66,7 @@ async fn a_restarted_server_loses_nothing_that_matters() {
         fired - deadline
     );
 
-    let _server = start();
+    let _server = start_on(port);
     // The server came back empty; clients reconnect by themselves.
     let start = Instant::now();
     let grant = loop {
@@ -115,9 +93,9 @@ async fn a_restarted_server_loses_nothing_that_matters() {
 /// lock on its next refresh, its hub reconnects, and the second follows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_waiters_survive_a_killed_hub() {
-    const HUB_PORT: u16 = 16398;
-    let url = format!("redis://127.0.0.1:{HUB_PORT}?waiter_refresh=100ms");
-    let _server = start_on(HUB_PORT);
+    let hub_port = free_port();
+    let url = format!("redis://127.0.0.1:{hub_port}?waiter_refresh=100ms");
+    let _server = start_on(hub_port);
     let key = LockKey::new("restart/hub").unwrap();
     let ttl = Duration::from_secs(60);
     let a = Locker::new(RedisBackend::connect(&url).unwrap());
@@ -142,7 +120,7 @@ async fn queued_waiters_survive_a_killed_hub() {
         }));
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let admin = redis::Client::open(format!("redis://127.0.0.1:{HUB_PORT}")).unwrap();
+    let admin = redis::Client::open(format!("redis://127.0.0.1:{hub_port}")).unwrap();
     let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
     let killed: i64 = redis::cmd("CLIENT")
         .arg("KILL")
@@ -169,9 +147,9 @@ async fn queued_waiters_survive_a_killed_hub() {
 /// A backend that is dropped takes its pub/sub connection with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_backend_closes_its_hub() {
-    const HUB_PORT: u16 = 16397;
-    let url = format!("redis://127.0.0.1:{HUB_PORT}");
-    let _server = start_on(HUB_PORT);
+    let hub_port = free_port();
+    let url = format!("redis://127.0.0.1:{hub_port}");
+    let _server = start_on(hub_port);
     let admin = redis::Client::open(url.as_str()).unwrap();
     let admin = admin.get_multiplexed_async_connection().await.unwrap();
     let hubs = || {

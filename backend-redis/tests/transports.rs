@@ -5,47 +5,28 @@
 //! that wrong credentials are an error, never "held by someone else".
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
+use locksmith_conformance::kit::free_port;
+use locksmith_conformance::kit::process::ServerProcess;
 use locksmith_core::{ErrorKind, LockOptions, Locker};
 use locksmith_redis::RedisBackend;
-
-const TLS_PORT: u16 = 16401;
 
 /// The default user off; only `alice` with password `s3cret` may connect.
 const ACL: &[&str] = &[
     "--user", "default", "off", "--user", "alice", "on", ">s3cret", "~*", "&*", "+@all",
 ];
 
-/// A private server with [`ACL`], killed when dropped (also when the test panics).
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start(args: &[&str], ready: impl Fn() -> bool) -> Server {
-    let child = Command::new("redis-server")
-        .args(["--save", "", "--appendonly", "no"])
-        .args(ACL)
-        .args(args)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server is installed (scripts/test installs it)");
-    let server = Server(child);
-    let start = Instant::now();
-    while !ready() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "private redis-server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    server
+/// A private server with [`ACL`] and `args`, serving once `ready` says so.
+fn start(args: &[&str], ready: impl Fn() -> bool) -> ServerProcess {
+    ServerProcess::start_until(
+        Command::new("redis-server")
+            .args(["--save", "", "--appendonly", "no"])
+            .args(ACL)
+            .args(args),
+        ready,
+    )
 }
 
 /// A lock handed from one locker to a waiting one, over `url`.
@@ -180,7 +161,8 @@ async fn tls_with_private_ca_and_client_certificate() {
     let dir = tempfile::tempdir().unwrap();
     certificates(dir.path());
     let file = |f: &str| dir.path().join(f).to_str().unwrap().to_owned();
-    let port = TLS_PORT.to_string();
+    let tls_port = free_port();
+    let port = tls_port.to_string();
     let _server = start(
         &[
             "--port",
@@ -198,9 +180,9 @@ async fn tls_with_private_ca_and_client_certificate() {
             "--tls-auth-clients",
             "yes",
         ],
-        || std::net::TcpStream::connect(("127.0.0.1", TLS_PORT)).is_ok(),
+        || std::net::TcpStream::connect(("127.0.0.1", tls_port)).is_ok(),
     );
-    let base = format!("rediss://alice:s3cret@127.0.0.1:{TLS_PORT}");
+    let base = format!("rediss://alice:s3cret@127.0.0.1:{tls_port}");
     let client = format!(
         "tls_cert={}&tls_key={}",
         file("client.pem"),
@@ -212,7 +194,7 @@ async fn tls_with_private_ca_and_client_certificate() {
         format!("{base}?{client}"),
         format!("{base}?tls_ca={}", file("ca.pem")),
         format!(
-            "rediss://alice:wrong@127.0.0.1:{TLS_PORT}?tls_ca={}&{client}",
+            "rediss://alice:wrong@127.0.0.1:{tls_port}?tls_ca={}&{client}",
             file("ca.pem")
         ),
     ] {

@@ -7,13 +7,14 @@ mod common;
 
 use std::time::Duration;
 
+use locksmith_conformance::kit::servers::redis_url;
 use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
 use locksmith_core::{LockKey, OwnerToken};
 use locksmith_redis::RedisBackend;
 
 #[tokio::test]
 async fn a_lock_of_the_previous_version_is_respected_and_fences_go_on_above_it() {
-    let url = common::redis_url();
+    let url = redis_url();
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let run = OwnerToken::generate();

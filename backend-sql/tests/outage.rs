@@ -3,27 +3,15 @@
 //! disturbs the other tests.
 #![cfg(all(feature = "postgres", feature = "mysql"))]
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use locksmith_conformance::kit::fault_server::{self, Stopped};
+use locksmith_conformance::kit::servers::{mysql_fault_url, postgres_fault_url};
 use locksmith_core::{ErrorKind, LockOptions, Locker};
 
-fn fault_server(name: &str, action: &str) {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/fault-server");
-    let status = Command::new("bash")
-        .arg(&script)
-        .args([name, action])
-        .status()
-        .expect("scripts/fault-server runs");
-    assert!(
-        status.success(),
-        "scripts/fault-server {name} {action} failed"
-    );
-}
-
 async fn outage(server: &str, base_url: &str) {
-    fault_server(server, "start");
+    fault_server::start(server);
+    let mut down = Stopped::new();
     for mode in ["lease", "session"] {
         let url = format!("{base_url}?mode={mode}&connect_timeout=1s");
         let a = Locker::from_arc(locksmith_sql::open(&url).unwrap());
@@ -40,7 +28,7 @@ async fn outage(server: &str, base_url: &str) {
         let lost = guard.lost();
         let lost_at = tokio::spawn(async move { (lost.await, Instant::now()) });
         let deadline = guard.deadline().expect("held before the stop");
-        fault_server(server, "stop");
+        down.stop(server);
         let stopped = Instant::now();
 
         // Down is an error, never "held by someone else", and waiting does not hide it.
@@ -80,7 +68,7 @@ async fn outage(server: &str, base_url: &str) {
             fired - stopped
         );
 
-        fault_server(server, "start");
+        down.start(server);
         // Work resumes: the lease expires on the server's clock (or the
         // session died with the server), and the other client gets the key.
         let got = b
@@ -99,26 +87,12 @@ async fn outage(server: &str, base_url: &str) {
     }
 }
 
-fn fault_url(scheme: &str, port: &str, var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| {
-        format!("{scheme}://locksmith:locksmith@127.0.0.1:{port}/locksmith_test")
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_stopped_while_held() {
-    outage(
-        "pg_fault",
-        &fault_url("postgres", "55432", "LOCKSMITH_TEST_PG_FAULT_URL"),
-    )
-    .await;
+    outage("pg_fault", &postgres_fault_url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_stopped_while_held() {
-    outage(
-        "my_fault",
-        &fault_url("mysql", "33306", "LOCKSMITH_TEST_MY_FAULT_URL"),
-    )
-    .await;
+    outage("my_fault", &mysql_fault_url()).await;
 }

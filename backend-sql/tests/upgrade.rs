@@ -8,6 +8,7 @@ mod common;
 
 use std::time::Duration;
 
+use locksmith_conformance::kit::with_params;
 use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
 use locksmith_core::{LockKey, OwnerToken};
 use locksmith_sql::{Dialect, SqlBackend};
@@ -127,7 +128,7 @@ async fn upgrade(dialect: Dialect, base_url: &str, driver_url: &str) {
     let token = OwnerToken::generate();
     let run = &token.as_str()[..10];
     let table = format!("upgrade_{run}");
-    let url = common::with_params(base_url, &format!("table={table}&retention=1s"));
+    let url = with_params(base_url, &format!("table={table}&retention=1s"));
     let b = SqlBackend::connect(&url).unwrap();
     // The table's layout is the previous version's: same DDL.
     b.migrate().await.unwrap();

@@ -10,7 +10,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{hosts_of, raw_client, server_url};
+use common::{raw_client, server_hosts};
+use locksmith_conformance::kit::unique_id;
 use locksmith_core::{ErrorKind, LockOptions, Locker};
 use locksmith_zk::internals::zookeeper_client as zk;
 use locksmith_zk::ZkBackend;
@@ -104,15 +105,7 @@ impl WaitOrKill for Child {
 }
 
 fn unique(name: &str) -> String {
-    format!("{name}-{}", uuid_ish())
-}
-
-fn uuid_ish() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{}-{nanos}", std::process::id())
+    format!("{name}-{}", unique_id())
 }
 
 fn locker(hosts: &str, credentials: &str, root: &str) -> Locker {
@@ -122,7 +115,7 @@ fn locker(hosts: &str, credentials: &str, root: &str) -> Locker {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn curator_and_locksmith_exclude_each_other_both_ways() {
-    let hosts = hosts_of(&server_url());
+    let hosts = server_hosts();
     let root = format!("/{}", unique("interop"));
     let path = format!("{root}/k");
     let ours = locker(&hosts, "", &root);
@@ -182,7 +175,7 @@ async fn curator_and_locksmith_exclude_each_other_both_ways() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_credentials_only_that_identity_can_touch_the_locks() {
-    let hosts = hosts_of(&server_url());
+    let hosts = server_hosts();
     let root = format!("/{}", unique("interop-auth"));
     let path = format!("{root}/k");
     let ours = locker(&hosts, "alice:s%3Acret@", &root);

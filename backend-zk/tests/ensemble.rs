@@ -1,28 +1,26 @@
-//! Faults on a 3-node ensemble (`scripts/test` starts it on ports
-//! 22181-22183): the leader killed while locks are held, then a majority
-//! down. One test, because both steps stop and start the same servers.
+//! Faults on a 3-node ensemble (`scripts/test` starts it, on the kit's
+//! `zk_ensemble_ports`): the leader killed while locks are held, then a
+//! majority down. One test, because both steps stop and start the same
+//! servers.
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{ensemble_hosts, ENSEMBLE_PORTS};
+use common::ensemble_hosts;
+use locksmith_conformance::kit::fault_server::{self, Stopped};
+use locksmith_conformance::kit::servers::zk_ensemble_ports;
 use locksmith_core::{ErrorKind, LockOptions, Locker};
 use locksmith_zk::ZkBackend;
 
-/// `scripts/fault-server zkN start|stop`.
-fn node(n: usize, action: &str) {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/fault-server");
-    let status = Command::new(script)
-        .args([format!("zk{n}").as_str(), action])
-        .status()
-        .expect("scripts/fault-server runs");
-    assert!(
-        status.success(),
-        "scripts/fault-server zk{n} {action} failed"
-    );
+/// Node `n`'s name for `scripts/fault-server` (`zk1` …).
+fn zk(n: usize) -> String {
+    format!("zk{n}")
+}
+
+/// Node `n`'s client port (1-based, as the nodes are named).
+fn port(n: usize) -> u16 {
+    zk_ensemble_ports()[n - 1]
 }
 
 /// What the node on `port` says it is (`leader`, `follower`, `standalone`),
@@ -39,41 +37,14 @@ fn mode(port: u16) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Restarts the nodes a test stopped, even if it fails midway, so that the
-/// next run finds the ensemble whole.
-struct Stopped(Vec<usize>);
-
-impl Stopped {
-    fn stop(&mut self, n: usize) {
-        node(n, "stop");
-        self.0.push(n);
-    }
-
-    fn start(&mut self, n: usize) {
-        node(n, "start");
-        self.0.retain(|&m| m != n);
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        for &n in &self.0 {
-            node(n, "start");
-        }
-    }
-}
-
 fn leader() -> Option<usize> {
-    (1..=3).find(|&n| mode(ENSEMBLE_PORTS[n - 1]).as_deref() == Some("leader"))
+    (1..=3).find(|&n| mode(port(n)).as_deref() == Some("leader"))
 }
 
 /// Waits until every node is up and one leads.
 async fn ensemble_serving(within: Duration) {
     let start = Instant::now();
-    while !(ENSEMBLE_PORTS
-        .iter()
-        .all(|&p| matches!(mode(p).as_deref(), Some("leader" | "follower"))))
-    {
+    while !(1..=3).all(|n| matches!(mode(port(n)).as_deref(), Some("leader" | "follower"))) {
         assert!(
             start.elapsed() < within,
             "the ensemble did not come back within {within:?}"
@@ -93,8 +64,8 @@ fn locker() -> Locker {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leader_loss_keeps_locks_and_a_lost_majority_is_unavailable_until_it_returns() {
     for n in 1..=3 {
-        if mode(ENSEMBLE_PORTS[n - 1]).is_none() {
-            node(n, "start");
+        if mode(port(n)).is_none() {
+            fault_server::start(&zk(n));
         }
     }
     ensemble_serving(Duration::from_secs(60)).await;
@@ -119,9 +90,9 @@ async fn leader_loss_keeps_locks_and_a_lost_majority_is_unavailable_until_it_ret
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut stopped = Stopped(Vec::new());
+    let mut stopped = Stopped::new();
     let old = leader().expect("the ensemble has a leader");
-    stopped.stop(old);
+    stopped.stop(&zk(old));
     let start = Instant::now();
     while leader().is_none() {
         assert!(
@@ -153,7 +124,7 @@ async fn leader_loss_keeps_locks_and_a_lost_majority_is_unavailable_until_it_ret
         "fences {first:?} then {second:?} across a leader change"
     );
     next.release().await.expect("release");
-    stopped.start(old);
+    stopped.start(&zk(old));
     ensemble_serving(Duration::from_secs(60)).await;
 
     // 2. A majority goes down while a lock is held.
@@ -161,7 +132,7 @@ async fn leader_loss_keeps_locks_and_a_lost_majority_is_unavailable_until_it_ret
     let holder = a.lock_with("m", &opts).await.expect("lock");
     let down: Vec<usize> = (1..=3).filter(|&n| Some(n) != leader()).take(2).collect();
     for &n in &down {
-        stopped.stop(n);
+        stopped.stop(&zk(n));
     }
     let cut_at = Instant::now();
     let attempt = tokio::time::timeout(Duration::from_secs(15), c.try_lock("m"))
@@ -189,7 +160,7 @@ async fn leader_loss_keeps_locks_and_a_lost_majority_is_unavailable_until_it_ret
     // can be (or goes with the session).
     drop(holder);
     for &n in &down {
-        stopped.start(n);
+        stopped.start(&zk(n));
     }
     ensemble_serving(Duration::from_secs(60)).await;
     let start = Instant::now();

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{hosts_of, raw_client, server_url};
+use common::{raw_client, server_hosts};
 use locksmith_core::{ErrorKind, LockOptions, Locker};
 use locksmith_zk::internals::zookeeper_client as zk;
 use locksmith_zk::ZkBackend;
@@ -103,7 +103,7 @@ fn root(name: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cut_off_holder_is_lost_before_anyone_else_can_take_the_lock() {
-    let hosts = hosts_of(&server_url());
+    let hosts = server_hosts();
     let proxy = Proxy::start(hosts.clone()).await;
     let root = root("cut");
     let session = Duration::from_secs(2);
@@ -201,7 +201,7 @@ async fn a_create_answered_into_silence_leaves_no_node_behind() {
 }
 
 async fn orphan_case(name: &str, silence: bool) {
-    let hosts = hosts_of(&server_url());
+    let hosts = server_hosts();
     let proxy = Proxy::start(hosts.clone()).await;
     let root = root(name);
     let client = locker(

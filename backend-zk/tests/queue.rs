@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{hosts_of, raw_client, server_url};
+use common::{raw_client, server_hosts};
 use locksmith_core::backend::{Acquire, LockBackend};
 use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, LostReason, OwnerToken};
 use locksmith_zk::internals::{self, zookeeper_client as zk};
@@ -73,7 +73,7 @@ async fn take_over(other: &zk::Client, path: &str) {
 /// renewal answers NotHeld and the lost signal fires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_remade_at_our_path_by_another_session_is_not_renewed() {
-    let hosts = hosts_of(&server_url());
+    let hosts = server_hosts();
     let root = root("remade-renewed");
     let locker = Locker::from_arc(backend(&hosts, &root));
     let other = raw_client(&hosts).await;
@@ -99,7 +99,7 @@ async fn a_node_remade_at_our_path_by_another_session_is_not_renewed() {
 /// does not join it, but queues behind it (and so is refused).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_remade_at_our_path_by_another_session_is_not_reentered() {
-    let hosts = hosts_of(&server_url());
+    let hosts = server_hosts();
     let root = root("remade-reentered");
     let store = backend(&hosts, &root);
     let other = raw_client(&hosts).await;
@@ -121,7 +121,7 @@ async fn a_node_remade_at_our_path_by_another_session_is_not_reentered() {
 /// W2 watches W1's), so a release wakes one waiter, not all of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_waiter_watches_the_node_just_before_its_own() {
-    let hosts = hosts_of(&server_url());
+    let hosts = server_hosts();
     let root = root("predecessor");
     let raw = raw_client(&hosts).await;
     let opts = LockOptions::new()

@@ -301,8 +301,7 @@ fn steal(db: &Path, key: &str) {
 #[test]
 fn run_works_unchanged_on_redis() {
     let dir = tempfile::tempdir().unwrap();
-    let url = std::env::var("LOCKSMITH_TEST_REDIS_URL")
-        .unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = locksmith_conformance::kit::servers::redis_url();
     let key = format!("cli-redis-{}", std::process::id());
     let o = output(locksmith(
         dir.path(),
@@ -347,8 +346,7 @@ fn the_shortest_ttl_accepted_is_one_renewal_keeps() {
     let d = dir.path();
     let mut stores = vec![(url(d), "250ms")];
     if cfg!(feature = "redis") {
-        let redis = std::env::var("LOCKSMITH_TEST_REDIS_URL")
-            .unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        let redis = locksmith_conformance::kit::servers::redis_url();
         stores.push((redis, "250ms"));
     }
     for (u, min) in stores {
@@ -383,8 +381,7 @@ fn the_shortest_ttl_accepted_is_one_renewal_keeps() {
 #[test]
 fn verbose_renewals_on_zookeeper_name_the_session_lease() {
     let dir = tempfile::tempdir().unwrap();
-    let zk =
-        std::env::var("LOCKSMITH_TEST_ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into());
+    let zk = locksmith_conformance::kit::servers::zk_url();
     let url = format!("{zk}/locksmith-cli?session_timeout=2s");
     let key = format!("verbose-lease-{}", std::process::id());
     // Renewals every third of the 2 s session: a few in 2 s.

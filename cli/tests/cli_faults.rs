@@ -23,7 +23,7 @@ fn sqlite_url(dir: &Path) -> String {
 
 #[cfg(feature = "redis")]
 fn redis_url() -> String {
-    std::env::var("LOCKSMITH_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    common::redis_url()
 }
 
 #[cfg(feature = "redis")]

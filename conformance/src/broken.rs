@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::join_all;
 use locksmith_core::backend::{
-    Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest, Watch,
+    Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
 };
 use locksmith_core::{Error, ErrorKind, FencingToken, LockKey, OwnerToken, Result};
 
@@ -89,118 +89,150 @@ impl Broken {
     }
 }
 
-#[async_trait]
-impl LockBackend for Broken {
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = self.inner.capabilities();
-        if self.defect == Defect::RepeatingFence {
-            caps.fencing = true;
-        }
-        if self.defect == Defect::ClaimsFairness {
-            caps.fair = true;
-        }
-        caps
-    }
-
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
-        let ttl = match self.defect {
-            Defect::NoExpiry => ttl.max(Duration::from_secs(3600)),
-            _ => ttl,
-        };
-        let mut outcome = self.inner.try_acquire(key, owner, ttl).await;
-        if self.defect == Defect::EarlyTakeover
-            && matches!(outcome, Ok(Acquire::Contended { .. }))
-            && self.nearly_expired(key)
-        {
-            let holder = self.holders.lock().unwrap().get(key).cloned();
-            if let Some(holder) = holder {
-                self.inner.release(key, &holder).await?;
-                outcome = self.inner.try_acquire(key, owner, ttl).await;
-            }
-        }
-        let outcome = match outcome {
-            Err(e)
-                if self.defect == Defect::ContendedWhenDown
-                    && e.kind() == ErrorKind::Unavailable =>
-            {
-                return Ok(Acquire::Contended { retry_after: None })
-            }
-            other => other?,
-        };
-        if let Acquire::Acquired(grant) = outcome {
-            self.holders
-                .lock()
-                .unwrap()
-                .insert(key.clone(), owner.clone());
-            self.leases
-                .lock()
-                .unwrap()
-                .insert(key.clone(), (Instant::now(), ttl));
+// The defects live in `try_acquire`, `release` and `renew`; the two
+// methods that would reach the store around them (`renew_many`,
+// `try_acquire_waiting`) go through them instead, so that a defect shows on
+// every path. Everything else is the correct backend's.
+locksmith_core::forward_backend! {
+    (self) => self.inner;
+    impl LockBackend for Broken {
+        fn capabilities(&self) -> Capabilities {
+            let mut caps = self.inner.capabilities();
             if self.defect == Defect::RepeatingFence {
-                return Ok(Acquire::Acquired(Grant {
-                    fence: Some(FencingToken(1)),
-                    ..grant
-                }));
+                caps.fencing = true;
             }
-            if self.defect == Defect::LeaksState {
-                self.extra.leaked.lock().unwrap().insert(key.clone());
+            if self.defect == Defect::ClaimsFairness {
+                caps.fair = true;
             }
-            if self.defect == Defect::FenceForgottenOnCollection {
-                let mut fences = self.extra.fences.lock().unwrap();
-                let count = fences.entry(key.clone()).or_insert(0);
-                if grant.holds == 1 {
-                    *count += 1;
+            caps
+        }
+
+        async fn try_acquire(
+            &self,
+            key: &LockKey,
+            owner: &OwnerToken,
+            ttl: Duration,
+        ) -> Result<Acquire> {
+            let ttl = match self.defect {
+                Defect::NoExpiry => ttl.max(Duration::from_secs(3600)),
+                _ => ttl,
+            };
+            let mut outcome = self.inner.try_acquire(key, owner, ttl).await;
+            if self.defect == Defect::EarlyTakeover
+                && matches!(outcome, Ok(Acquire::Contended { .. }))
+                && self.nearly_expired(key)
+            {
+                let holder = self.holders.lock().unwrap().get(key).cloned();
+                if let Some(holder) = holder {
+                    self.inner.release(key, &holder).await?;
+                    outcome = self.inner.try_acquire(key, owner, ttl).await;
                 }
-                return Ok(Acquire::Acquired(Grant {
-                    fence: Some(FencingToken(*count)),
-                    ..grant
-                }));
             }
-        }
-        Ok(outcome)
-    }
-
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        if self.defect == Defect::ReleaseWithoutOwnerCheck {
-            let holder = self.holders.lock().unwrap().get(key).cloned();
-            if let Some(holder) = holder {
-                return self.inner.release(key, &holder).await;
-            }
-        }
-        self.inner.release(key, owner).await
-    }
-
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        match self.defect {
-            Defect::RenewReleases => {
-                self.inner.release(key, owner).await?;
-                Ok(Renew::Renewed)
-            }
-            Defect::NoExpiry => {
-                self.inner
-                    .renew(key, owner, ttl.max(Duration::from_secs(3600)))
-                    .await
-            }
-            _ => {
-                let renewed = self.inner.renew(key, owner, ttl).await?;
-                if renewed == Renew::Renewed {
-                    self.leases
-                        .lock()
-                        .unwrap()
-                        .insert(key.clone(), (Instant::now(), ttl));
+            let outcome = match outcome {
+                Err(e)
+                    if self.defect == Defect::ContendedWhenDown
+                        && e.kind() == ErrorKind::Unavailable =>
+                {
+                    return Ok(Acquire::Contended { retry_after: None })
                 }
-                Ok(renewed)
+                other => other?,
+            };
+            if let Acquire::Acquired(grant) = outcome {
+                self.holders
+                    .lock()
+                    .unwrap()
+                    .insert(key.clone(), owner.clone());
+                self.leases
+                    .lock()
+                    .unwrap()
+                    .insert(key.clone(), (Instant::now(), ttl));
+                if self.defect == Defect::RepeatingFence {
+                    return Ok(Acquire::Acquired(Grant {
+                        fence: Some(FencingToken(1)),
+                        ..grant
+                    }));
+                }
+                if self.defect == Defect::LeaksState {
+                    self.extra.leaked.lock().unwrap().insert(key.clone());
+                }
+                if self.defect == Defect::FenceForgottenOnCollection {
+                    let mut fences = self.extra.fences.lock().unwrap();
+                    let count = fences.entry(key.clone()).or_insert(0);
+                    if grant.holds == 1 {
+                        *count += 1;
+                    }
+                    return Ok(Acquire::Acquired(Grant {
+                        fence: Some(FencingToken(*count)),
+                        ..grant
+                    }));
+                }
+            }
+            Ok(outcome)
+        }
+
+        async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+            if self.defect == Defect::ReleaseWithoutOwnerCheck {
+                let holder = self.holders.lock().unwrap().get(key).cloned();
+                if let Some(holder) = holder {
+                    return self.inner.release(key, &holder).await;
+                }
+            }
+            self.inner.release(key, owner).await
+        }
+
+        async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
+            match self.defect {
+                Defect::RenewReleases => {
+                    self.inner.release(key, owner).await?;
+                    Ok(Renew::Renewed)
+                }
+                Defect::NoExpiry => {
+                    self.inner
+                        .renew(key, owner, ttl.max(Duration::from_secs(3600)))
+                        .await
+                }
+                _ => {
+                    let renewed = self.inner.renew(key, owner, ttl).await?;
+                    if renewed == Renew::Renewed {
+                        self.leases
+                            .lock()
+                            .unwrap()
+                            .insert(key.clone(), (Instant::now(), ttl));
+                    }
+                    Ok(renewed)
+                }
             }
         }
-    }
 
-    async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
-        self.inner.watch(key, ticket).await
+        /// Each lease through `renew` above, defects and all: the watchdog
+        /// renews in batches.
+        async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+            join_all(requests.iter().map(|r| self.renew(&r.key, &r.owner, r.ttl))).await
+        }
+
+        /// A plain attempt through `try_acquire` above, defects and all:
+        /// nothing is queued (a `ClaimsFairness` store only claims to).
+        async fn try_acquire_waiting(
+            &self,
+            key: &LockKey,
+            owner: &OwnerToken,
+            ttl: Duration,
+            ticket: &OwnerToken,
+        ) -> Result<Acquire> {
+            let _ = ticket;
+            self.try_acquire(key, owner, ttl).await
+        }
+
+        /// Nothing was queued (see `try_acquire_waiting`).
+        async fn abandon(
+            &self,
+            key: &LockKey,
+            owner: &OwnerToken,
+            ticket: &OwnerToken,
+        ) -> Result<()> {
+            let _ = (key, owner, ticket);
+            Ok(())
+        }
     }
 }
 
@@ -292,6 +324,10 @@ impl UntimedQuorum {
     }
 }
 
+// Not a wrapper but a combinator, like `Quorum`: `verify`, `inspect`, the
+// waiting hooks and `alarm` are the trait's defaults (nothing to check, no
+// status, no notification or queue, no alarm), which is all a quorum under
+// test needs; only acquire, release and renewal count.
 #[async_trait]
 impl LockBackend for UntimedQuorum {
     fn capabilities(&self) -> Capabilities {

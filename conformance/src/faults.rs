@@ -8,9 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::backend::{
-    Acquire, Capabilities, LockBackend, Release, Renew, RenewRequest, Watch,
-};
+use locksmith_core::backend::{Acquire, LockBackend, Release, Renew, RenewRequest, Watch};
 use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
 /// What an [`Observed`] client reports to, or waits on.
@@ -51,71 +49,74 @@ impl<O: Observer> Observed<O> {
     }
 }
 
-#[async_trait]
-impl<O: Observer> LockBackend for Observed<O> {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn verify(&self) -> Result<()> {
-        self.observer.gate().await?;
-        self.inner.verify().await
-    }
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
-        self.observer.gate().await?;
-        let outcome = self.inner.try_acquire(key, owner, ttl).await;
-        self.note(key, owner, &outcome);
-        outcome
-    }
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        self.observer.gate().await?;
-        self.inner.release(key, owner).await
-    }
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.observer.gate().await?;
-        self.observer.renewing(1);
-        self.inner.renew(key, owner, ttl).await
-    }
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        if let Err(e) = self.observer.gate().await {
-            return requests.iter().map(|_| Err(e.clone())).collect();
+// Every call that reaches the store passes the gate; `capabilities` and
+// `alarm` ask the client, not the store, and are forwarded as they are.
+locksmith_core::forward_backend! {
+    (self) => self.inner;
+    impl<O: Observer> LockBackend for Observed<O> {
+        async fn verify(&self) -> Result<()> {
+            self.observer.gate().await?;
+            self.inner.verify().await
         }
-        self.observer.renewing(requests.len());
-        self.inner.renew_many(requests).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
-        self.observer.gate().await?;
-        self.inner.inspect(key).await
-    }
-    async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
-        self.observer.gate().await?;
-        self.inner.watch(key, ticket).await
-    }
-    async fn try_acquire_waiting(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-        ticket: &OwnerToken,
-    ) -> Result<Acquire> {
-        self.observer.gate().await?;
-        let outcome = self
-            .inner
-            .try_acquire_waiting(key, owner, ttl, ticket)
-            .await;
-        self.note(key, owner, &outcome);
-        outcome
-    }
-    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
-        self.observer.gate().await?;
-        self.inner.abandon(key, owner, ticket).await
-    }
-    fn alarm(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        self.inner.alarm()
+        async fn try_acquire(
+            &self,
+            key: &LockKey,
+            owner: &OwnerToken,
+            ttl: Duration,
+        ) -> Result<Acquire> {
+            self.observer.gate().await?;
+            let outcome = self.inner.try_acquire(key, owner, ttl).await;
+            self.note(key, owner, &outcome);
+            outcome
+        }
+        async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+            self.observer.gate().await?;
+            self.inner.release(key, owner).await
+        }
+        async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
+            self.observer.gate().await?;
+            self.observer.renewing(1);
+            self.inner.renew(key, owner, ttl).await
+        }
+        async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+            if let Err(e) = self.observer.gate().await {
+                return requests.iter().map(|_| Err(e.clone())).collect();
+            }
+            self.observer.renewing(requests.len());
+            self.inner.renew_many(requests).await
+        }
+        async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+            self.observer.gate().await?;
+            self.inner.inspect(key).await
+        }
+        async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
+            self.observer.gate().await?;
+            self.inner.watch(key, ticket).await
+        }
+        async fn try_acquire_waiting(
+            &self,
+            key: &LockKey,
+            owner: &OwnerToken,
+            ttl: Duration,
+            ticket: &OwnerToken,
+        ) -> Result<Acquire> {
+            self.observer.gate().await?;
+            let outcome = self
+                .inner
+                .try_acquire_waiting(key, owner, ttl, ticket)
+                .await;
+            self.note(key, owner, &outcome);
+            outcome
+        }
+        async fn abandon(
+            &self,
+            key: &LockKey,
+            owner: &OwnerToken,
+            ticket: &OwnerToken,
+        ) -> Result<()> {
+            self.observer.gate().await?;
+            self.inner.abandon(key, owner, ticket).await
+        }
     }
 }
 
@@ -197,43 +198,32 @@ impl Stall {
     }
 }
 
-#[async_trait]
-impl LockBackend for Stall {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
-        let outcome = self.inner.try_acquire(key, owner, ttl).await;
-        self.hold(outcome).await
-    }
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        self.inner.release(key, owner).await
-    }
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.inner.renew(key, owner, ttl).await
-    }
-    async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
-        self.inner.watch(key, ticket).await
-    }
-    async fn try_acquire_waiting(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-        ticket: &OwnerToken,
-    ) -> Result<Acquire> {
-        let outcome = self
-            .inner
-            .try_acquire_waiting(key, owner, ttl, ticket)
-            .await;
-        self.hold(outcome).await
-    }
-    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
-        self.inner.abandon(key, owner, ticket).await
+// Only the two ways an acquire is granted are held back; everything else
+// is the client's own.
+locksmith_core::forward_backend! {
+    (self) => self.inner;
+    impl LockBackend for Stall {
+        async fn try_acquire(
+            &self,
+            key: &LockKey,
+            owner: &OwnerToken,
+            ttl: Duration,
+        ) -> Result<Acquire> {
+            let outcome = self.inner.try_acquire(key, owner, ttl).await;
+            self.hold(outcome).await
+        }
+        async fn try_acquire_waiting(
+            &self,
+            key: &LockKey,
+            owner: &OwnerToken,
+            ttl: Duration,
+            ticket: &OwnerToken,
+        ) -> Result<Acquire> {
+            let outcome = self
+                .inner
+                .try_acquire_waiting(key, owner, ttl, ticket)
+                .await;
+            self.hold(outcome).await
+        }
     }
 }

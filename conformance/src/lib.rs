@@ -11,14 +11,23 @@
 //! }
 //! ```
 //!
+//! [`CASES`] lists every case by the contract rule it proves; a rule's
+//! cases live in its module under [`cases`], whose docs state the rule.
+//!
 //! Cases read the backend's [`Capabilities`](locksmith_core::backend::Capabilities) to
 //! adapt expectations (fencing or not, TTL resolution), never to skip a
 //! safety property. The suite itself is tested: [`broken`] holds
 //! deliberately broken backends, and this crate's tests prove each one fails.
+//!
+//! With the `kit` feature, `kit` holds what backends' tests share beside
+//! the suite: where the test servers are, the outage tests' private
+//! servers, and the check that a wrapper forwards every method.
 
 pub mod broken;
 pub mod cases;
 pub mod faults;
+#[cfg(feature = "kit")]
+pub mod kit;
 mod memory;
 pub mod quorum;
 
@@ -26,9 +35,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::FutureExt;
+use futures::future::BoxFuture;
 use locksmith_core::backend::LockBackend;
 
+pub use cases::Rule;
 pub use memory::{MemoryHarness, QuorumHarness};
 
 /// How long one case may run before it counts as failed (a broken backend
@@ -66,42 +76,72 @@ pub trait Harness: Send + Sync {
     }
 }
 
-/// The one list of cases. `__expand_cases!` turns it into the runner below and
-/// into one `#[tokio::test]` per case for [`conformance_tests!`].
+/// The one list of cases, by the contract rule each proves (a rule's
+/// cases live in `cases/<rule>.rs`). `__expand_cases!` turns it into
+/// [`CASES`] and into one `#[tokio::test]` per case for
+/// [`conformance_tests!`].
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __case_list {
     ($($mode:tt)*) => {
         $crate::__expand_cases! { [$($mode)*]
-            exclusion_between_clients,
-            exclusion_shared_counter,
-            try_lock_never_waits,
-            wait_acquires_after_release,
-            wait_times_out_near_deadline,
-            waiter_is_woken_by_release,
-            cancelled_acquire_leaves_nothing_held,
-            cancelled_acquire_with_a_grant_in_flight_is_undone,
-            fair_waiters_served_in_order,
-            expired_lease_can_be_taken,
-            still_exclusive_near_expiry,
-            abandoned_lock_frees_at_ttl,
-            renew_extends_lease,
-            renewal_watchdog_keeps_lock,
-            stale_owner_cannot_renew_or_release,
-            release_checks_owner,
-            dropped_guard_releases_in_background,
-            lost_signal_fires_before_takeover,
-            unavailable_is_an_error_not_contention,
-            keys_are_case_sensitive,
-            tricky_keys_are_distinct,
-            invalid_input_is_typed,
-            reentrant_same_owner,
-            status_reads_without_changing,
-            fencing_strictly_increases,
-            store_state_is_bounded,
-            fencing_rises_after_state_is_collected,
-            multi_lock_all_or_nothing,
-            multi_lock_opposite_orders_do_not_deadlock,
+            Exclusion exclusion {
+                exclusion_between_clients,
+                exclusion_shared_counter,
+            }
+            Waiting waiting {
+                try_lock_never_waits,
+                wait_acquires_after_release,
+                wait_times_out_near_deadline,
+                waiter_is_woken_by_release,
+                cancelled_acquire_leaves_nothing_held,
+                cancelled_acquire_with_a_grant_in_flight_is_undone,
+                fair_waiters_served_in_order,
+            }
+            Expiry expiry {
+                expired_lease_can_be_taken,
+                still_exclusive_near_expiry,
+            }
+            Renewal renewal {
+                renew_extends_lease,
+                renewal_watchdog_keeps_lock,
+            }
+            Ownership ownership {
+                stale_owner_cannot_renew_or_release,
+                release_checks_owner,
+            }
+            Loss loss {
+                abandoned_lock_frees_at_ttl,
+                dropped_guard_releases_in_background,
+                lost_signal_fires_before_takeover,
+            }
+            Outage outage {
+                unavailable_is_an_error_not_contention,
+            }
+            Names names {
+                keys_are_case_sensitive,
+                tricky_keys_are_distinct,
+            }
+            Input input {
+                invalid_input_is_typed,
+            }
+            Reentrancy reentrancy {
+                reentrant_same_owner,
+            }
+            Status status {
+                status_reads_without_changing,
+            }
+            Fencing fencing {
+                fencing_strictly_increases,
+                fencing_rises_after_state_is_collected,
+            }
+            StoreState store_state {
+                store_state_is_bounded,
+            }
+            MultiLock multi_lock {
+                multi_lock_all_or_nothing,
+                multi_lock_opposite_orders_do_not_deadlock,
+            }
         }
     };
 }
@@ -109,27 +149,38 @@ macro_rules! __case_list {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __expand_cases {
-    ([runner] $($name:ident),* $(,)?) => {
-        /// Every case's name, in suite order.
-        pub const CASE_NAMES: &[&str] = &[$(stringify!($name)),*];
-
-        /// Runs one case by name under [`CASE_TIMEOUT`].
+    ([runner] $($rule:ident $module:ident { $($name:ident),* $(,)? })*) => {
+        /// Every case of the suite, by the contract rule it proves, in the
+        /// order [`failing_cases`] runs them:
         ///
-        /// # Errors
-        /// The case's failure, a timeout, or an unknown name.
-        pub async fn run_case(name: &str, harness: &dyn Harness) -> anyhow::Result<()> {
-            let case = match name {
-                $(stringify!($name) => $crate::cases::$name(harness).boxed(),)*
-                other => anyhow::bail!("no conformance case named {other:?}"),
-            };
-            match tokio::time::timeout(CASE_TIMEOUT, case).await {
-                Ok(result) => result,
-                Err(_) => anyhow::bail!("case {name} did not finish within {CASE_TIMEOUT:?}"),
-            }
-        }
-    };
-    ([tests $harness:expr] $($name:ident),* $(,)?) => {
         $(
+            #[doc = concat!(
+                "- [", stringify!($module), "](crate::cases::", stringify!($module), "):"
+            )]
+            $(
+                #[doc = concat!(
+                    "  - [`", stringify!($name), "`](crate::cases::",
+                    stringify!($module), "::", stringify!($name), ")"
+                )]
+            )*
+        )*
+        pub static CASES: &[Case] = &[
+            $($(
+                Case {
+                    name: stringify!($name),
+                    rule: $crate::cases::Rule::$rule,
+                    start: |h| Box::pin($crate::cases::$module::$name(h)),
+                    module: stringify!($module),
+                    source: include_str!(concat!("cases/", stringify!($module), ".rs")),
+                },
+            )*)*
+        ];
+
+        /// Every case's name, in suite order (the names of [`CASES`]).
+        pub const CASE_NAMES: &[&str] = &[$($(stringify!($name),)*)*];
+    };
+    ([tests $harness:expr] $($rule:ident $module:ident { $($name:ident),* $(,)? })*) => {
+        $($(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $name() {
                 let harness = $harness;
@@ -137,11 +188,69 @@ macro_rules! __expand_cases {
                     panic!("conformance case {} failed: {e:#}", stringify!($name));
                 }
             }
-        )*
+        )*)*
     };
 }
 
+/// One conformance case: a check of one contract rule against a store.
+#[derive(Clone, Copy)]
+pub struct Case {
+    /// Its name, which is also the name of its test and its function.
+    pub name: &'static str,
+    /// The contract rule it proves.
+    pub rule: Rule,
+    start: for<'a> fn(&'a dyn Harness) -> BoxFuture<'a, anyhow::Result<()>>,
+    /// The module it lives in, `cases/<module>.rs`.
+    module: &'static str,
+    /// That module's source, where its doc comment is read from.
+    source: &'static str,
+}
+
+impl std::fmt::Debug for Case {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Case")
+            .field("name", &self.name)
+            .field("rule", &self.rule)
+            .field("module", &self.module)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Case {
+    /// What it checks: its function's doc comment, one line per line.
+    pub fn doc(&self) -> String {
+        cases::doc_comment(self.source, self.name).unwrap_or_default()
+    }
+
+    /// Runs it against `harness`, failing it after [`CASE_TIMEOUT`].
+    ///
+    /// # Errors
+    /// The promise it found broken, or the timeout.
+    pub async fn run(&self, harness: &dyn Harness) -> anyhow::Result<()> {
+        match tokio::time::timeout(CASE_TIMEOUT, (self.start)(harness)).await {
+            Ok(result) => result,
+            Err(_) => anyhow::bail!("case {} did not finish within {CASE_TIMEOUT:?}", self.name),
+        }
+    }
+}
+
 __case_list!(runner);
+
+/// The case named `name`.
+pub fn case(name: &str) -> Option<&'static Case> {
+    CASES.iter().find(|c| c.name == name)
+}
+
+/// Runs one case by name under [`CASE_TIMEOUT`].
+///
+/// # Errors
+/// The case's failure, a timeout, or an unknown name.
+pub async fn run_case(name: &str, harness: &dyn Harness) -> anyhow::Result<()> {
+    match case(name) {
+        Some(c) => c.run(harness).await,
+        None => anyhow::bail!("no conformance case named {name:?}"),
+    }
+}
 
 /// Generates one `#[tokio::test]` per conformance case. The argument is an
 /// expression (it may `.await`) evaluated in each test to build the harness.
@@ -157,9 +266,9 @@ macro_rules! conformance_tests {
 /// Runs every case and returns the names of those that failed, with why.
 pub async fn failing_cases(harness: &dyn Harness) -> Vec<(&'static str, String)> {
     let mut failed = Vec::new();
-    for name in CASE_NAMES {
-        if let Err(e) = run_case(name, harness).await {
-            failed.push((*name, format!("{e:#}")));
+    for case in CASES {
+        if let Err(e) = case.run(harness).await {
+            failed.push((case.name, format!("{e:#}")));
         }
     }
     failed

@@ -421,62 +421,214 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     }
 }
 
-/// Forwards every method, so a wrapper never silently falls back to a default.
+/// Writes a wrapper's [`LockBackend`] impl: every method of the trait
+/// forwards to an inner backend, except the ones the wrapper writes out.
+///
+/// This is the one way to write a wrapper. An impl written by hand would
+/// inherit the trait's defaults for the methods it forgot (no notification,
+/// no queue, "cannot inspect") and hide what the store behind it can do.
+/// Here a method left out is forwarded; a method the wrapper answers
+/// itself is written out, with a comment saying why. `Arc<T>` and `Box<T>`
+/// are written with it too.
+///
+/// The first line names the inner backend: `(self) => <expression>;`, where
+/// the expression is the backend itself, not a reference to it (`self.inner`,
+/// `**self`). Then comes the impl, with `#[async_trait]` left out (the macro
+/// adds it); the methods in it are written as in any `LockBackend` impl.
+/// A name that is not a method of the trait is refused.
+///
+/// The conformance crate's `kit::forwarding` checks a wrapper: it calls
+/// every method through it and sees where each arrives. This crate's
+/// `tests/forwarding.rs` fails when the trait gains a method that check
+/// does not know.
+///
+/// ```
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use std::time::Duration;
+/// use locksmith_core::backend::{Acquire, LockBackend, MemoryBackend};
+/// use locksmith_core::{Error, LockKey, OwnerToken, Result};
+///
+/// /// A store that refuses new grants while `closed` is set; everything
+/// /// else is the memory store's.
+/// #[derive(Debug, Default)]
+/// struct Closable {
+///     store: MemoryBackend,
+///     closed: AtomicBool,
+/// }
+///
+/// locksmith_core::forward_backend! {
+///     (self) => self.store;
+///     impl LockBackend for Closable {
+///         async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Acquire> {
+///             if self.closed.load(Ordering::SeqCst) {
+///                 return Err(Error::unavailable("closed"));
+///             }
+///             self.store.try_acquire(key, owner, ttl).await
+///         }
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<()> {
+/// let c = Closable::default();
+/// let key = LockKey::new("k")?;
+/// c.try_acquire(&key, &OwnerToken::generate(), Duration::from_secs(5)).await?;
+/// assert!(c.inspect(&key).await?.held, "inspect is the memory store's");
+/// # Ok(())
+/// # }
+/// ```
+#[macro_export]
 macro_rules! forward_backend {
-    ($($ptr:ident),*) => {$(
-        #[async_trait]
-        impl<T: LockBackend + ?Sized> LockBackend for $ptr<T> {
-            fn capabilities(&self) -> Capabilities {
-                (**self).capabilities()
-            }
-            async fn verify(&self) -> Result<()> {
-                (**self).verify().await
-            }
-            async fn try_acquire(
-                &self,
-                key: &LockKey,
-                owner: &OwnerToken,
-                ttl: Duration,
-            ) -> Result<Acquire> {
-                (**self).try_acquire(key, owner, ttl).await
-            }
-            async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-                (**self).release(key, owner).await
-            }
-            async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-                (**self).renew(key, owner, ttl).await
-            }
-            async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-                (**self).renew_many(requests).await
-            }
-            async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
-                (**self).watch(key, ticket).await
-            }
-            async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
-                (**self).inspect(key).await
-            }
-            async fn try_acquire_waiting(
-                &self,
-                key: &LockKey,
-                owner: &OwnerToken,
-                ttl: Duration,
-                ticket: &OwnerToken,
-            ) -> Result<Acquire> {
-                (**self).try_acquire_waiting(key, owner, ttl, ticket).await
-            }
-            async fn abandon(
-                &self,
-                key: &LockKey,
-                owner: &OwnerToken,
-                ticket: &OwnerToken,
-            ) -> Result<()> {
-                (**self).abandon(key, owner, ticket).await
-            }
-            fn alarm(&self) -> Option<watch::Receiver<u64>> {
-                (**self).alarm()
-            }
+    // Blanks the slot of a method the wrapper wrote, then looks at the
+    // next one. One rule per method of the trait, in the slots' order.
+    (@drop capabilities $ctx:tt $more:tt [$_a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [[] $b $c $d $e $f $g $h $i $j $k]);
+    };
+    (@drop verify $ctx:tt $more:tt [$a:tt $_b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a [] $c $d $e $f $g $h $i $j $k]);
+    };
+    (@drop try_acquire $ctx:tt $more:tt [$a:tt $b:tt $_c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b [] $d $e $f $g $h $i $j $k]);
+    };
+    (@drop release $ctx:tt $more:tt [$a:tt $b:tt $c:tt $_d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c [] $e $f $g $h $i $j $k]);
+    };
+    (@drop renew $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $_e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d [] $f $g $h $i $j $k]);
+    };
+    (@drop renew_many $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $_f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e [] $g $h $i $j $k]);
+    };
+    (@drop inspect $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $_g:tt $h:tt $i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f [] $h $i $j $k]);
+    };
+    (@drop watch $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $_h:tt $i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g [] $i $j $k]);
+    };
+    (@drop try_acquire_waiting $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $_i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h [] $j $k]);
+    };
+    (@drop abandon $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $_j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i [] $k]);
+    };
+    (@drop alarm $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $_k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j []]);
+    };
+    (@drop $other:ident $($_rest:tt)*) => {
+        ::core::compile_error!(::core::concat!(
+            "forward_backend!: `", ::core::stringify!($other), "` is not a method of LockBackend"
+        ));
+    };
+
+    // Every method written out has been seen: the impl is the wrapper's
+    // methods and the forwarding ones left in the slots.
+    (@names [[$($head:tt)*] [$($body:tt)*]] [] [$([$($forward:tt)*])*]) => {
+        #[$crate::backend::async_trait]
+        $($head)* {
+            $($body)*
+            $($($forward)*)*
         }
-    )*};
+    };
+    // The next method the wrapper wrote.
+    (@names $ctx:tt [
+        $(#[$_attr:meta])* $(async)? fn $name:ident $_args:tt -> $_ret:ty $_block:block
+        $($more:tt)*
+    ] $slots:tt) => {
+        $crate::forward_backend!(@drop $name $ctx [$($more)*] $slots);
+    };
+
+    // The impl's header runs up to its body, the last brace group. The
+    // slots start with every method forwarding.
+    (@split $s:ident $target:tt [$($head:tt)*] { $($body:tt)* }) => {
+        $crate::forward_backend!(@names [[$($head)*] [$($body)*]] [$($body)*] [
+            [fn capabilities(&$s) -> $crate::backend::Capabilities {
+                $crate::backend::LockBackend::capabilities(&$target)
+            }]
+            [async fn verify(&$s) -> $crate::Result<()> {
+                $crate::backend::LockBackend::verify(&$target).await
+            }]
+            [async fn try_acquire(
+                &$s,
+                key: &$crate::LockKey,
+                owner: &$crate::OwnerToken,
+                ttl: ::core::time::Duration,
+            ) -> $crate::Result<$crate::backend::Acquire> {
+                $crate::backend::LockBackend::try_acquire(&$target, key, owner, ttl).await
+            }]
+            [async fn release(
+                &$s,
+                key: &$crate::LockKey,
+                owner: &$crate::OwnerToken,
+            ) -> $crate::Result<$crate::backend::Release> {
+                $crate::backend::LockBackend::release(&$target, key, owner).await
+            }]
+            [async fn renew(
+                &$s,
+                key: &$crate::LockKey,
+                owner: &$crate::OwnerToken,
+                ttl: ::core::time::Duration,
+            ) -> $crate::Result<$crate::backend::Renew> {
+                $crate::backend::LockBackend::renew(&$target, key, owner, ttl).await
+            }]
+            [async fn renew_many(
+                &$s,
+                requests: &[$crate::backend::RenewRequest],
+            ) -> ::std::vec::Vec<$crate::Result<$crate::backend::Renew>> {
+                $crate::backend::LockBackend::renew_many(&$target, requests).await
+            }]
+            [async fn inspect(&$s, key: &$crate::LockKey) -> $crate::Result<$crate::LockStatus> {
+                $crate::backend::LockBackend::inspect(&$target, key).await
+            }]
+            [async fn watch(
+                &$s,
+                key: &$crate::LockKey,
+                ticket: &$crate::OwnerToken,
+            ) -> $crate::Result<::core::option::Option<$crate::backend::Watch>> {
+                $crate::backend::LockBackend::watch(&$target, key, ticket).await
+            }]
+            [async fn try_acquire_waiting(
+                &$s,
+                key: &$crate::LockKey,
+                owner: &$crate::OwnerToken,
+                ttl: ::core::time::Duration,
+                ticket: &$crate::OwnerToken,
+            ) -> $crate::Result<$crate::backend::Acquire> {
+                $crate::backend::LockBackend::try_acquire_waiting(&$target, key, owner, ttl, ticket)
+                    .await
+            }]
+            [async fn abandon(
+                &$s,
+                key: &$crate::LockKey,
+                owner: &$crate::OwnerToken,
+                ticket: &$crate::OwnerToken,
+            ) -> $crate::Result<()> {
+                $crate::backend::LockBackend::abandon(&$target, key, owner, ticket).await
+            }]
+            [fn alarm(&$s) -> ::core::option::Option<$crate::backend::__watch::Receiver<u64>> {
+                $crate::backend::LockBackend::alarm(&$target)
+            }]
+        ]);
+    };
+    (@split $s:ident $target:tt [$($head:tt)*] $next:tt $($rest:tt)+) => {
+        $crate::forward_backend!(@split $s $target [$($head)* $next] $($rest)+);
+    };
+
+    // `(self) => <inner backend>;` then the impl.
+    (($s:ident) => $target:expr; impl $($rest:tt)+) => {
+        $crate::forward_backend!(@split $s ($target) [impl] $($rest)+);
+    };
 }
 
-forward_backend!(Arc, Box);
+/// For [`forward_backend!`]: the alarm's channel, whatever the caller imports.
+#[doc(hidden)]
+pub use tokio::sync::watch as __watch;
+
+forward_backend! {
+    (self) => **self;
+    impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {}
+}
+
+forward_backend! {
+    (self) => **self;
+    impl<T: LockBackend + ?Sized> LockBackend for Box<T> {}
+}

@@ -397,6 +397,11 @@ impl ServerUrl {
         &self.hosts
     }
 
+    /// The host list as written (`h1:2181,H2`), for messages and tests.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
     /// The servers, at least one.
     ///
     /// # Errors

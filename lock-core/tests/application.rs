@@ -163,35 +163,14 @@ async fn close_stops_acquires_still_waiting() {
 #[derive(Debug, Default)]
 struct ShortSessions(MemoryBackend);
 
-#[locksmith_core::backend::async_trait]
-impl locksmith_core::backend::LockBackend for ShortSessions {
-    fn capabilities(&self) -> locksmith_core::backend::Capabilities {
-        self.0
-            .capabilities()
-            .with_max_lease(Some(Duration::from_millis(300)))
-    }
-    async fn try_acquire(
-        &self,
-        k: &locksmith_core::LockKey,
-        o: &locksmith_core::OwnerToken,
-        ttl: Duration,
-    ) -> locksmith_core::Result<locksmith_core::backend::Acquire> {
-        self.0.try_acquire(k, o, ttl).await
-    }
-    async fn release(
-        &self,
-        k: &locksmith_core::LockKey,
-        o: &locksmith_core::OwnerToken,
-    ) -> locksmith_core::Result<locksmith_core::backend::Release> {
-        self.0.release(k, o).await
-    }
-    async fn renew(
-        &self,
-        k: &locksmith_core::LockKey,
-        o: &locksmith_core::OwnerToken,
-        ttl: Duration,
-    ) -> locksmith_core::Result<locksmith_core::backend::Renew> {
-        self.0.renew(k, o, ttl).await
+locksmith_core::forward_backend! {
+    (self) => self.0;
+    impl locksmith_core::backend::LockBackend for ShortSessions {
+        fn capabilities(&self) -> locksmith_core::backend::Capabilities {
+            self.0
+                .capabilities()
+                .with_max_lease(Some(Duration::from_millis(300)))
+        }
     }
 }
 
@@ -235,78 +214,76 @@ struct ShortSessionHandOff {
     attempts: std::sync::atomic::AtomicUsize,
 }
 
-#[locksmith_core::backend::async_trait]
-impl locksmith_core::backend::LockBackend for ShortSessionHandOff {
-    fn capabilities(&self) -> locksmith_core::backend::Capabilities {
-        self.store
-            .capabilities()
-            .with_fair(true)
-            .with_notify(true)
-            .with_max_lease(Some(Duration::from_millis(300)))
-    }
-    async fn try_acquire(
-        &self,
-        k: &locksmith_core::LockKey,
-        o: &locksmith_core::OwnerToken,
-        ttl: Duration,
-    ) -> locksmith_core::Result<locksmith_core::backend::Acquire> {
-        self.store.try_acquire(k, o, ttl).await
-    }
-    async fn try_acquire_waiting(
-        &self,
-        k: &locksmith_core::LockKey,
-        o: &locksmith_core::OwnerToken,
-        ttl: Duration,
-        _ticket: &locksmith_core::OwnerToken,
-    ) -> locksmith_core::Result<locksmith_core::backend::Acquire> {
-        *self.queued.lock().unwrap() = Some(o.clone());
-        self.attempts
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        // The lock already handed to this waiter: the grant, not a second hold.
-        let status = self.store.inspect(k).await?;
-        if status.held && status.owner.as_ref() == Some(o) {
-            return Ok(locksmith_core::backend::Acquire::Acquired(
-                locksmith_core::backend::Grant {
-                    fence: status.fence,
-                    holds: status.holds,
-                    lease: None,
-                },
-            ));
+locksmith_core::forward_backend! {
+    (self) => self.store;
+    impl locksmith_core::backend::LockBackend for ShortSessionHandOff {
+        fn capabilities(&self) -> locksmith_core::backend::Capabilities {
+            self.store
+                .capabilities()
+                .with_fair(true)
+                .with_notify(true)
+                .with_max_lease(Some(Duration::from_millis(300)))
         }
-        match self.store.try_acquire(k, o, ttl).await? {
-            locksmith_core::backend::Acquire::Contended { .. } => {
-                Ok(locksmith_core::backend::Acquire::Contended {
-                    retry_after: Some(Duration::from_secs(10)),
-                })
+        async fn try_acquire_waiting(
+            &self,
+            k: &locksmith_core::LockKey,
+            o: &locksmith_core::OwnerToken,
+            ttl: Duration,
+            _ticket: &locksmith_core::OwnerToken,
+        ) -> locksmith_core::Result<locksmith_core::backend::Acquire> {
+            *self.queued.lock().unwrap() = Some(o.clone());
+            self.attempts
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            // The lock already handed to this waiter: the grant, not a second hold.
+            let status = self.store.inspect(k).await?;
+            if status.held && status.owner.as_ref() == Some(o) {
+                return Ok(locksmith_core::backend::Acquire::Acquired(
+                    locksmith_core::backend::Grant {
+                        fence: status.fence,
+                        holds: status.holds,
+                        lease: None,
+                    },
+                ));
             }
-            got => Ok(got),
+            match self.store.try_acquire(k, o, ttl).await? {
+                locksmith_core::backend::Acquire::Contended { .. } => {
+                    Ok(locksmith_core::backend::Acquire::Contended {
+                        retry_after: Some(Duration::from_secs(10)),
+                    })
+                }
+                got => Ok(got),
+            }
         }
-    }
-    async fn watch(
-        &self,
-        _k: &locksmith_core::LockKey,
-        ticket: &locksmith_core::OwnerToken,
-    ) -> locksmith_core::Result<Option<locksmith_core::backend::Watch>> {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        *self.waiter.lock().unwrap() = Some((ticket.clone(), tx));
-        Ok(Some(locksmith_core::backend::Watch::grants(rx, None)))
-    }
-    async fn release(
-        &self,
-        k: &locksmith_core::LockKey,
-        o: &locksmith_core::OwnerToken,
-    ) -> locksmith_core::Result<locksmith_core::backend::Release> {
-        self.store.release(k, o).await
-    }
-    async fn renew(
-        &self,
-        k: &locksmith_core::LockKey,
-        o: &locksmith_core::OwnerToken,
-        ttl: Duration,
-    ) -> locksmith_core::Result<locksmith_core::backend::Renew> {
-        self.renewals
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.store.renew(k, o, ttl).await
+        async fn watch(
+            &self,
+            _k: &locksmith_core::LockKey,
+            ticket: &locksmith_core::OwnerToken,
+        ) -> locksmith_core::Result<Option<locksmith_core::backend::Watch>> {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            *self.waiter.lock().unwrap() = Some((ticket.clone(), tx));
+            Ok(Some(locksmith_core::backend::Watch::grants(rx, None)))
+        }
+        async fn renew(
+            &self,
+            k: &locksmith_core::LockKey,
+            o: &locksmith_core::OwnerToken,
+            ttl: Duration,
+        ) -> locksmith_core::Result<locksmith_core::backend::Renew> {
+            self.renewals
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.store.renew(k, o, ttl).await
+        }
+        /// Each lease through `renew` above, so that every renewal is counted.
+        async fn renew_many(
+            &self,
+            requests: &[locksmith_core::backend::RenewRequest],
+        ) -> Vec<locksmith_core::Result<locksmith_core::backend::Renew>> {
+            let mut out = Vec::with_capacity(requests.len());
+            for r in requests {
+                out.push(self.renew(&r.key, &r.owner, r.ttl).await);
+            }
+            out
+        }
     }
 }
 

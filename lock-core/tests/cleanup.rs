@@ -5,9 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use locksmith_core::backend::{
-    async_trait, Acquire, Capabilities, LockBackend, MemoryBackend, Release, Renew,
-};
+use locksmith_core::backend::{Acquire, LockBackend, MemoryBackend};
 use locksmith_core::{Error, ErrorKind, LockKey, Locker, OwnerToken, Result};
 
 /// A store whose acquire is applied but whose reply is lost: the caller sees
@@ -18,23 +16,16 @@ struct LostReply {
     lose_replies: AtomicBool,
 }
 
-#[async_trait]
-impl LockBackend for LostReply {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
-        let outcome = self.inner.try_acquire(k, o, ttl).await;
-        if self.lose_replies.load(Ordering::SeqCst) {
-            return Err(Error::unavailable("no reply within the timeout"));
+locksmith_core::forward_backend! {
+    (self) => self.inner;
+    impl LockBackend for LostReply {
+        async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
+            let outcome = self.inner.try_acquire(k, o, ttl).await;
+            if self.lose_replies.load(Ordering::SeqCst) {
+                return Err(Error::unavailable("no reply within the timeout"));
+            }
+            outcome
         }
-        outcome
-    }
-    async fn release(&self, k: &LockKey, o: &OwnerToken) -> Result<Release> {
-        self.inner.release(k, o).await
-    }
-    async fn renew(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.inner.renew(k, o, ttl).await
     }
 }
 

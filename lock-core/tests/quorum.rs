@@ -7,7 +7,7 @@ use std::time::Duration;
 use locksmith_core::backend::{
     Acquire, LockBackend, MemoryBackend, Quorum, Release, Renew, RenewRequest,
 };
-use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
+use locksmith_core::{Error, LockKey, OwnerToken, Result};
 
 /// An in-memory node whose next acquire fails without reaching the store
 /// (a refused connection), when told to.
@@ -17,25 +17,15 @@ struct Flaky {
     fail_next_acquire: AtomicBool,
 }
 
-#[locksmith_core::backend::async_trait]
-impl LockBackend for Flaky {
-    fn capabilities(&self) -> locksmith_core::backend::Capabilities {
-        self.store.capabilities()
-    }
-    async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
-        if self.fail_next_acquire.swap(false, Ordering::SeqCst) {
-            return Err(Error::unavailable("refused (on cue)"));
+locksmith_core::forward_backend! {
+    (self) => self.store;
+    impl LockBackend for Flaky {
+        async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
+            if self.fail_next_acquire.swap(false, Ordering::SeqCst) {
+                return Err(Error::unavailable("refused (on cue)"));
+            }
+            self.store.try_acquire(k, o, ttl).await
         }
-        self.store.try_acquire(k, o, ttl).await
-    }
-    async fn release(&self, k: &LockKey, o: &OwnerToken) -> Result<Release> {
-        self.store.release(k, o).await
-    }
-    async fn renew(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.store.renew(k, o, ttl).await
-    }
-    async fn inspect(&self, k: &LockKey) -> Result<LockStatus> {
-        self.store.inspect(k).await
     }
 }
 
@@ -96,28 +86,22 @@ impl Slow {
     }
 }
 
-#[locksmith_core::backend::async_trait]
-impl LockBackend for Slow {
-    fn capabilities(&self) -> locksmith_core::backend::Capabilities {
-        self.store.capabilities()
-    }
-    async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
-        self.lag().await;
-        self.store.try_acquire(k, o, ttl).await
-    }
-    async fn release(&self, k: &LockKey, o: &OwnerToken) -> Result<Release> {
-        self.store.release(k, o).await
-    }
-    async fn renew(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.lag().await;
-        self.store.renew(k, o, ttl).await
-    }
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        self.lag().await;
-        self.store.renew_many(requests).await
-    }
-    async fn inspect(&self, k: &LockKey) -> Result<LockStatus> {
-        self.store.inspect(k).await
+// Releases and reads are never delayed (see above).
+locksmith_core::forward_backend! {
+    (self) => self.store;
+    impl LockBackend for Slow {
+        async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
+            self.lag().await;
+            self.store.try_acquire(k, o, ttl).await
+        }
+        async fn renew(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Renew> {
+            self.lag().await;
+            self.store.renew(k, o, ttl).await
+        }
+        async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+            self.lag().await;
+            self.store.renew_many(requests).await
+        }
     }
 }
 

@@ -5,11 +5,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use locksmith_core::backend::{
-    async_trait, Acquire, Capabilities, LockBackend, MemoryBackend, Release, Renew, RenewRequest,
-    Watch,
-};
-use locksmith_core::{Error, LockKey, LockOptions, Locker, LostReason, OwnerToken, Result};
+use locksmith_core::backend::{LockBackend, MemoryBackend, Renew, RenewRequest};
+use locksmith_core::{Error, LockOptions, Locker, LostReason, Result};
 
 /// Records the size of every `renew_many` call made to a memory store; with
 /// `fail_renewals` set, every renewal fails at once as from a dead store.
@@ -47,38 +44,25 @@ impl Recording {
     }
 }
 
-#[async_trait]
-impl LockBackend for Recording {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
-        self.inner.try_acquire(k, o, ttl).await
-    }
-    async fn release(&self, k: &LockKey, o: &OwnerToken) -> Result<Release> {
-        self.inner.release(k, o).await
-    }
-    async fn renew(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.inner.renew(k, o, ttl).await
-    }
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        self.batches.lock().unwrap().push(requests.len());
-        if self.alarm_on_renew.load(Ordering::SeqCst) {
-            self.raise();
+locksmith_core::forward_backend! {
+    (self) => self.inner;
+    impl LockBackend for Recording {
+        async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+            self.batches.lock().unwrap().push(requests.len());
+            if self.alarm_on_renew.load(Ordering::SeqCst) {
+                self.raise();
+            }
+            if self.fail_renewals.load(Ordering::SeqCst) {
+                return requests
+                    .iter()
+                    .map(|_| Err(Error::unavailable("store down")))
+                    .collect();
+            }
+            self.inner.renew_many(requests).await
         }
-        if self.fail_renewals.load(Ordering::SeqCst) {
-            return requests
-                .iter()
-                .map(|_| Err(Error::unavailable("store down")))
-                .collect();
+        fn alarm(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+            Some(self.alarm.subscribe())
         }
-        self.inner.renew_many(requests).await
-    }
-    async fn watch(&self, k: &LockKey, t: &OwnerToken) -> Result<Option<Watch>> {
-        self.inner.watch(k, t).await
-    }
-    fn alarm(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        Some(self.alarm.subscribe())
     }
 }
 
@@ -194,35 +178,26 @@ struct LateReply {
     entered: Mutex<Option<Instant>>,
 }
 
-#[async_trait]
-impl LockBackend for LateReply {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
-        self.inner.try_acquire(k, o, ttl).await
-    }
-    async fn release(&self, k: &LockKey, o: &OwnerToken) -> Result<Release> {
-        self.inner.release(k, o).await
-    }
-    async fn renew(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.inner.renew(k, o, ttl).await
-    }
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        let first = {
-            let mut entered = self.entered.lock().unwrap();
-            let first = entered.is_none();
-            if first {
-                *entered = Some(Instant::now());
+// Only the batch is late: a renewal sent alone answers at once.
+locksmith_core::forward_backend! {
+    (self) => self.inner;
+    impl LockBackend for LateReply {
+        async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+            let first = {
+                let mut entered = self.entered.lock().unwrap();
+                let first = entered.is_none();
+                if first {
+                    *entered = Some(Instant::now());
+                }
+                first
+            };
+            if !first {
+                return std::future::pending().await;
             }
-            first
-        };
-        if !first {
-            return std::future::pending().await;
+            let results = self.inner.renew_many(requests).await;
+            tokio::time::sleep(self.delay).await;
+            results
         }
-        let results = self.inner.renew_many(requests).await;
-        tokio::time::sleep(self.delay).await;
-        results
     }
 }
 

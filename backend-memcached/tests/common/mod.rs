@@ -4,40 +4,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use locksmith_conformance::kit::process::ServerProcess;
+use locksmith_conformance::kit::servers::{loopback, memcached_quorum_ports, memcached_url};
+use locksmith_conformance::kit::{hosts_of, unique_prefix};
 use locksmith_conformance::Harness;
 use locksmith_core::backend::{percent_decode, LockBackend};
 use locksmith_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-/// The shared server (`scripts/test` starts it). Missing: the test fails.
+/// The shared server's `host:port`.
 pub fn server() -> String {
-    let url = std::env::var("LOCKSMITH_TEST_MEMCACHED_URL").expect(
-        "LOCKSMITH_TEST_MEMCACHED_URL is not set: run scripts/test, which starts memcached \
-         on 127.0.0.1:11211 and sets it",
-    );
-    url.trim_start_matches("memcache://").to_owned()
+    hosts_of(&memcached_url())
 }
 
 /// The three private servers of the quorum tests.
 pub fn quorum_servers() -> Vec<String> {
-    let ports = std::env::var("LOCKSMITH_TEST_MEMCACHED_QUORUM_PORTS").expect(
-        "LOCKSMITH_TEST_MEMCACHED_QUORUM_PORTS is not set: run scripts/test, which starts \
-         three memcached servers for the quorum tests",
-    );
-    ports
-        .split_whitespace()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect()
-}
-
-/// A prefix no other test run shares.
-pub fn unique_prefix() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("lst-{}-{nanos}:", std::process::id())
+    loopback(&memcached_quorum_ports())
 }
 
 /// Every live item key on `server`, from `lru_crawler metadump all`. The
@@ -152,7 +135,7 @@ impl Harness for McHarness {
 pub struct OwnServer {
     pub port: u16,
     megabytes: u32,
-    child: std::process::Child,
+    process: ServerProcess,
 }
 
 impl OwnServer {
@@ -167,45 +150,30 @@ impl OwnServer {
         } else {
             "nobody"
         };
-        let child = Command::new("memcached")
-            .args([
-                "-l",
-                "127.0.0.1",
-                "-U",
-                "0",
-                "-M",
-                "-o",
-                "no_slab_reassign",
-                "-u",
-                user,
-                "-m",
-            ])
-            .arg(megabytes.to_string())
-            .arg("-p")
-            .arg(port.to_string())
-            .spawn()
-            .expect("memcached runs (scripts/test installs it)");
-        let mut server = OwnServer {
+        let process = ServerProcess::start(
+            Command::new("memcached")
+                .args([
+                    "-l",
+                    "127.0.0.1",
+                    "-U",
+                    "0",
+                    "-M",
+                    "-o",
+                    "no_slab_reassign",
+                    "-u",
+                    user,
+                    "-m",
+                ])
+                .arg(megabytes.to_string())
+                .arg("-p")
+                .arg(port.to_string()),
+            port,
+        );
+        OwnServer {
             port,
             megabytes,
-            child,
-        };
-        let start = std::time::Instant::now();
-        // Ours answers once it listens; if it died (the port was taken
-        // meanwhile), whatever answers there is not ours.
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "memcached on {port} did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
+            process,
         }
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(
-            matches!(server.child.try_wait(), Ok(None)),
-            "memcached on {port} exited (the port was taken?)"
-        );
-        server
     }
 
     /// `127.0.0.1:<port>`.
@@ -215,26 +183,9 @@ impl OwnServer {
 
     /// Kills it and starts it again, empty, as a restart leaves it.
     pub fn restart(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.kill();
         *self = OwnServer::start(self.port, self.megabytes);
     }
-}
-
-impl Drop for OwnServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A port nothing listens on now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// One raw command and its first reply line (and the value line after a

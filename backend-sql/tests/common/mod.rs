@@ -3,43 +3,31 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use locksmith_conformance::kit::clients::Clients;
+use locksmith_conformance::kit::servers::{mysql_url, postgres_url};
+use locksmith_conformance::kit::with_params;
 use locksmith_conformance::Harness;
 use locksmith_core::backend::LockBackend;
 use locksmith_sql::{Dialect, Mode, SqlBackend, SqlConfig, SqlSessionBackend};
 
-/// The test server's URL: from the environment `scripts/test` sets, else the
-/// role and database `scripts/test` creates on the default port.
+/// The shared test server of `dialect` (see the kit's `servers`).
 pub fn server_url(dialect: Dialect) -> String {
-    let (var, default) = match dialect {
-        Dialect::Postgres => (
-            "LOCKSMITH_TEST_POSTGRES_URL",
-            "postgres://locksmith:locksmith@127.0.0.1:5432/locksmith_test",
-        ),
-        Dialect::MySql => (
-            "LOCKSMITH_TEST_MYSQL_URL",
-            "mysql://locksmith:locksmith@127.0.0.1:3306/locksmith_test",
-        ),
+    match dialect {
+        Dialect::Postgres => postgres_url(),
+        Dialect::MySql => mysql_url(),
         _ => unreachable!("server dialects only"),
-    };
-    std::env::var(var).unwrap_or_else(|_| default.to_owned())
-}
-
-/// Appends query parameters to a URL that may already have some.
-pub fn with_params(url: &str, params: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}{params}")
+    }
 }
 
 pub struct ServerHarness {
     pub url: String,
     dialect: Dialect,
-    // Weak: a client whose last user is gone must be dropped, closing its sessions.
     /// The session-mode clients, whose sessions `end_sessions` kills.
-    clients: Mutex<Vec<Weak<SqlSessionBackend>>>,
+    clients: Clients<SqlSessionBackend>,
 }
 
 impl ServerHarness {
@@ -56,18 +44,8 @@ impl ServerHarness {
         ServerHarness {
             url,
             dialect,
-            clients: Mutex::new(Vec::new()),
+            clients: Clients::new(),
         }
-    }
-
-    fn find(&self, client: &Arc<dyn LockBackend>) -> Option<Arc<SqlSessionBackend>> {
-        let want = Arc::as_ptr(client) as *const u8;
-        self.clients
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(Weak::upgrade)
-            .find(|c| Arc::as_ptr(c) as *const u8 == want)
     }
 }
 
@@ -77,9 +55,8 @@ impl Harness for ServerHarness {
         let config = SqlConfig::from_url(&self.url).expect("valid test URL");
         match config.mode {
             Mode::Session => {
-                let c = Arc::new(SqlSessionBackend::with_config(config).expect("valid test URL"));
-                self.clients.lock().unwrap().push(Arc::downgrade(&c));
-                c
+                let c = SqlSessionBackend::with_config(config).expect("valid test URL");
+                self.clients.add(Arc::new(c))
             }
             _ => Arc::new(SqlBackend::with_config(config).expect("valid test URL")),
         }
@@ -103,6 +80,7 @@ impl Harness for ServerHarness {
 
     async fn end_sessions(&self, client: &Arc<dyn LockBackend>) -> anyhow::Result<()> {
         let typed = self
+            .clients
             .find(client)
             .ok_or_else(|| anyhow::anyhow!("not a client of this harness"))?;
         let ids = locksmith_sql::internals::session_ids(&typed);

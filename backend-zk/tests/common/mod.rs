@@ -1,34 +1,25 @@
 //! The ZooKeeper test servers and a conformance harness over them.
 #![allow(dead_code, unreachable_pub)]
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
+use locksmith_conformance::kit::clients::Clients;
+use locksmith_conformance::kit::hosts_of;
+use locksmith_conformance::kit::servers::{loopback, zk_ensemble_ports, zk_url};
 use locksmith_conformance::Harness;
 use locksmith_core::backend::LockBackend;
 use locksmith_zk::internals::{self, zookeeper_client as zk};
 use locksmith_zk::ZkBackend;
 
-/// The standalone server (`scripts/test` starts it). Missing: the test fails.
-pub fn server_url() -> String {
-    std::env::var("LOCKSMITH_TEST_ZK_URL").expect(
-        "LOCKSMITH_TEST_ZK_URL is not set: run scripts/test, which starts ZooKeeper \
-         on 127.0.0.1:2181 and sets it",
-    )
+/// The standalone server's `host:port` list.
+pub fn server_hosts() -> String {
+    hosts_of(&zk_url())
 }
 
-/// `host:port` list of a `zk://` URL.
-pub fn hosts_of(url: &str) -> String {
-    let rest = url.split_once("://").expect("a zk:// URL").1;
-    rest.split(['/', '?']).next().unwrap_or_default().to_owned()
-}
-
-/// The private 3-node ensemble's client ports (`scripts/test` starts it).
-pub const ENSEMBLE_PORTS: [u16; 3] = [22181, 22182, 22183];
-
-/// Its connection string.
+/// The private 3-node ensemble's connection string.
 pub fn ensemble_hosts() -> String {
-    ENSEMBLE_PORTS.map(|p| format!("127.0.0.1:{p}")).join(",")
+    loopback(&zk_ensemble_ports()).join(",")
 }
 
 /// A raw client of `hosts`, for reading the tree and making foreign nodes.
@@ -77,39 +68,27 @@ pub struct ZkHarness {
     pub url: String,
     hosts: String,
     root: String,
-    clients: Mutex<Vec<Weak<ZkBackend>>>,
+    clients: Clients<ZkBackend>,
 }
 
 impl ZkHarness {
     /// Clients on `root` of the standalone server, with a 2 s session and
     /// the server's 1 s container reaping.
     pub fn new(root: &str) -> Self {
-        let base = server_url();
-        let hosts = hosts_of(&base);
+        let hosts = server_hosts();
         ZkHarness {
             url: format!(
                 "zk://{hosts}{root}?session_timeout=2s&retention=2s&connect_timeout=1s&timeout=1s"
             ),
             hosts,
             root: root.to_owned(),
-            clients: Mutex::new(Vec::new()),
+            clients: Clients::new(),
         }
     }
 
     pub fn typed(&self) -> Arc<ZkBackend> {
-        let c = Arc::new(ZkBackend::connect(&self.url).expect("valid URL"));
-        self.clients.lock().unwrap().push(Arc::downgrade(&c));
-        c
-    }
-
-    fn find(&self, client: &Arc<dyn LockBackend>) -> Option<Arc<ZkBackend>> {
-        let want = Arc::as_ptr(client) as *const u8;
         self.clients
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(Weak::upgrade)
-            .find(|c| Arc::as_ptr(c) as *const u8 == want)
+            .add(Arc::new(ZkBackend::connect(&self.url).expect("valid URL")))
     }
 }
 
@@ -128,6 +107,7 @@ impl Harness for ZkHarness {
 
     async fn end_sessions(&self, client: &Arc<dyn LockBackend>) -> anyhow::Result<()> {
         let typed = self
+            .clients
             .find(client)
             .ok_or_else(|| anyhow::anyhow!("not a client of this harness"))?;
         let info = internals::session(&typed)

@@ -208,24 +208,25 @@ async fn conformance(url: &str, endpoints: Option<&Endpoints>, text: bool) -> Ve
         ports.map(|p| e.with_local_ports(&p))
     });
     let h = harness::UrlHarness::new(url, down);
-    let names = locksmith_conformance::CASE_NAMES;
+    let cases = locksmith_conformance::CASES;
     if text {
         println!(
             "\nconformance: {} cases, keys under a random conformance-… prefix",
-            names.len()
+            cases.len()
         );
     }
     let mut out = Vec::new();
-    for name in names {
+    for case in cases {
+        let name = case.name;
         let started = Instant::now();
-        let (result, reason) = if harness::NEEDS_STORE_ACCESS.contains(name) {
+        let (result, reason) = if harness::NEEDS_STORE_ACCESS.contains(&name) {
             (CaseOutcome::Skip, Some(harness::STORE_ACCESS.to_owned()))
         } else {
             if text && std::io::stdout().is_terminal() {
                 print!("  {name:<52} …");
                 let _ = std::io::stdout().flush();
             }
-            let r = locksmith_conformance::run_case(name, &h).await;
+            let r = case.run(&h).await;
             match (r, h.take_refusal()) {
                 (Ok(()), _) => (CaseOutcome::Pass, None),
                 (Err(_), Some(why)) => (CaseOutcome::Skip, Some(why.to_owned())),

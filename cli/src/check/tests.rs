@@ -186,3 +186,15 @@ async fn no_section_begins_after_the_cut_off_and_one_begun_before_ends_and_is_ju
     assert_eq!(v.accepted_writes, v.acquisitions, "{v:?}");
     assert_eq!((v.exclusion_violations, v.data_violations), (0, 0), "{v:?}");
 }
+
+/// The cases `check` skips for want of store access are cases of the
+/// suite: a renamed case must not start running (and failing) unskipped.
+#[test]
+fn the_skipped_cases_are_cases_of_the_suite() {
+    for name in super::harness::NEEDS_STORE_ACCESS {
+        assert!(
+            locksmith_conformance::case(name).is_some(),
+            "{name} is not a conformance case"
+        );
+    }
+}

@@ -1,0 +1,55 @@
+//! Outage: a store that cannot be reached is an `Unavailable` error, never
+//! "held by someone else" and never a timeout.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Result};
+use locksmith_core::backend::{Binding, LockBackend, Release, Renew};
+use locksmith_core::{ErrorKind, Locker, OwnerToken};
+
+use super::{key, long, LONG_TTL};
+use crate::Harness;
+
+/// A store that cannot be reached is an `Unavailable` error on every path,
+/// never "held by someone else" and never a timeout.
+pub async fn unavailable_is_an_error_not_contention(h: &dyn Harness) -> Result<()> {
+    let k = key("unavailable_is_an_error_not_contention", "k");
+    let down = h.unreachable_client().await;
+    let owner = OwnerToken::generate();
+    let kind = |r: std::result::Result<(), locksmith_core::Error>| r.err().map(|e| e.kind());
+    let want = Some(ErrorKind::Unavailable);
+    ensure!(
+        kind(down.try_acquire(&k, &owner, LONG_TTL).await.map(|_| ())) == want,
+        "try_acquire on a down store"
+    );
+    // A session-bound client knows without asking that it holds nothing, so
+    // it may say NotHeld; nobody may claim a release or renewal succeeded.
+    let session = down.capabilities().binding == Binding::Session;
+    let r = down.release(&k, &owner).await;
+    ensure!(
+        r.as_ref().err().map(|e| e.kind()) == want
+            || (session && matches!(r, Ok(Release::NotHeld))),
+        "release on a down store: {r:?}"
+    );
+    let r = down.renew(&k, &owner, LONG_TTL).await;
+    ensure!(
+        r.as_ref().err().map(|e| e.kind()) == want || (session && matches!(r, Ok(Renew::NotHeld))),
+        "renew on a down store: {r:?}"
+    );
+    let l = Locker::from_arc(down);
+    ensure!(
+        kind(l.try_lock(&k).await.map(|_| ())) == want,
+        "try_lock on a down store"
+    );
+    let start = Instant::now();
+    let waited = l
+        .lock_with(&k, &long().wait_for(Duration::from_secs(20)))
+        .await
+        .map(|_| ());
+    ensure!(kind(waited) == want, "lock with a wait on a down store");
+    ensure!(
+        start.elapsed() < Duration::from_secs(15),
+        "lock on a down store waited instead of failing"
+    );
+    Ok(())
+}
