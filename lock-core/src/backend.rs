@@ -435,7 +435,10 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
 /// the expression is the backend itself, not a reference to it (`self.inner`,
 /// `**self`). Then comes the impl, with `#[async_trait]` left out (the macro
 /// adds it); the methods in it are written as in any `LockBackend` impl.
-/// A name that is not a method of the trait is refused.
+/// A name that is not a method of the trait is refused, and so is a
+/// wrapper that writes `try_acquire` without `try_acquire_waiting`, or
+/// `renew` without `renew_many`: the twin left forwarded would reach the
+/// store around the wrapper.
 ///
 /// The conformance crate's `kit::forwarding` checks a wrapper: it calls
 /// every method through it and sees where each arrives. This crate's
@@ -464,6 +467,12 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
 ///                 return Err(Error::unavailable("closed"));
 ///             }
 ///             self.store.try_acquire(key, owner, ttl).await
+///         }
+///         // A waiting acquire is refused the same way.
+///         async fn try_acquire_waiting(
+///             &self, key: &LockKey, owner: &OwnerToken, ttl: Duration, _ticket: &OwnerToken,
+///         ) -> Result<Acquire> {
+///             LockBackend::try_acquire(self, key, owner, ttl).await
 ///         }
 ///     }
 /// }
@@ -520,6 +529,21 @@ macro_rules! forward_backend {
         ));
     };
 
+    // A wrapper that changes one path into the store must change its twin:
+    // a forwarded `try_acquire_waiting` (or `renew_many`) would reach the
+    // inner store without the wrapper's own `try_acquire` (or `renew`).
+    (@names $ctx:tt [] [$a:tt $b:tt [] $d:tt $e:tt $f:tt $g:tt $h:tt [$($i:tt)+] $j:tt $k:tt]) => {
+        ::core::compile_error!(
+            "forward_backend!: a wrapper that writes `try_acquire` writes `try_acquire_waiting` \
+             too (call its own `try_acquire` there, or forward with a comment saying why)"
+        );
+    };
+    (@names $ctx:tt [] [$a:tt $b:tt $c:tt $d:tt [] [$($f:tt)+] $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
+        ::core::compile_error!(
+            "forward_backend!: a wrapper that writes `renew` writes `renew_many` too (renew \
+             each through its own `renew`, or forward with a comment saying why)"
+        );
+    };
     // Every method written out has been seen: the impl is the wrapper's
     // methods and the forwarding ones left in the slots.
     (@names [[$($head:tt)*] [$($body:tt)*]] [] [$([$($forward:tt)*])*]) => {

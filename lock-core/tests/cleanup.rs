@@ -26,6 +26,16 @@ locksmith_core::forward_backend! {
             }
             outcome
         }
+        // A waiting acquire loses its reply the same way.
+        async fn try_acquire_waiting(
+            &self,
+            k: &LockKey,
+            o: &OwnerToken,
+            ttl: Duration,
+            _ticket: &OwnerToken,
+        ) -> Result<Acquire> {
+            LockBackend::try_acquire(self, k, o, ttl).await
+        }
     }
 }
 

@@ -26,6 +26,16 @@ locksmith_core::forward_backend! {
             }
             self.store.try_acquire(k, o, ttl).await
         }
+        // A quorum never queues on its nodes; were it to, the same rule holds.
+        async fn try_acquire_waiting(
+            &self,
+            k: &LockKey,
+            o: &OwnerToken,
+            ttl: Duration,
+            _ticket: &OwnerToken,
+        ) -> Result<Acquire> {
+            LockBackend::try_acquire(self, k, o, ttl).await
+        }
     }
 }
 
@@ -93,6 +103,16 @@ locksmith_core::forward_backend! {
         async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
             self.lag().await;
             self.store.try_acquire(k, o, ttl).await
+        }
+        // A quorum never queues on its nodes; were it to, the same rule holds.
+        async fn try_acquire_waiting(
+            &self,
+            k: &LockKey,
+            o: &OwnerToken,
+            ttl: Duration,
+            _ticket: &OwnerToken,
+        ) -> Result<Acquire> {
+            LockBackend::try_acquire(self, k, o, ttl).await
         }
         async fn renew(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Renew> {
             self.lag().await;
