@@ -131,9 +131,9 @@ impl SqlConfig {
     pub fn from_url(url: &str) -> Result<Self> {
         let redacted = RedactedUrl::new(url);
         let scheme = Scheme::find(SCHEMES, url)?;
-        let dialect = match scheme.store {
-            "PostgreSQL" => Dialect::Postgres,
-            "MySQL/MariaDB" => Dialect::MySql,
+        let dialect = match scheme.name {
+            "postgres" | "postgresql" => Dialect::Postgres,
+            "mysql" | "mariadb" => Dialect::MySql,
             _ => Dialect::Sqlite,
         };
         // SQLite names a file, not servers: only its query is ours to read.

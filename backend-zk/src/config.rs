@@ -30,7 +30,7 @@ const DEFAULT_ROOT: &str = "/locksmith";
 /// before the server reaps it: the server's
 /// `znode.container.checkIntervalMs`, default 60s). Any other parameter is
 /// refused, so that a misspelt one cannot silently change behaviour.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ZkConfig {
     /// The URL as given, printing without its password.
     pub url: RedactedUrl,
@@ -49,6 +49,22 @@ pub struct ZkConfig {
     pub timeout: Duration,
     /// How long an empty lock directory may stay before it is reaped.
     pub retention: Duration,
+}
+
+impl std::fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The digest password is the identity's secret: only the user shows.
+        f.debug_struct("ZkConfig")
+            .field("url", &self.url)
+            .field("hosts", &self.hosts)
+            .field("root", &self.root)
+            .field("user", &self.auth.as_ref().map(|(user, _)| user))
+            .field("session_timeout", &self.session_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("timeout", &self.timeout)
+            .field("retention", &self.retention)
+            .finish()
+    }
 }
 
 impl ZkConfig {
@@ -166,6 +182,7 @@ mod tests {
         assert_eq!(c.session_timeout, Duration::from_secs(6));
         assert_eq!(c.connect_timeout, Duration::from_secs(3));
         assert!(!c.url.to_string().contains("p%40ss"));
+        assert!(!format!("{c:?}").contains("p@ss"), "{c:?}");
     }
 
     #[test]

@@ -33,7 +33,6 @@ use crate::url::{RedactedUrl, SECRET_PARAMS};
 /// assert!(e.to_string().contains("timeout"));
 /// # Ok::<(), locksmith_core::Error>(())
 /// ```
-#[derive(Debug)]
 pub struct UrlParams {
     shown: RedactedUrl,
     base: String,
@@ -41,6 +40,16 @@ pub struct UrlParams {
     pairs: Vec<(String, String, bool)>,
     /// Every name the backend asked for, present or not, for messages.
     asked: Vec<String>,
+}
+
+impl fmt::Debug for UrlParams {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URL as shown, never the raw values (a password parameter).
+        f.debug_struct("UrlParams")
+            .field("url", &self.shown)
+            .field("asked", &self.asked)
+            .finish_non_exhaustive()
+    }
 }
 
 impl UrlParams {

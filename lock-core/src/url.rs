@@ -306,7 +306,6 @@ impl fmt::Display for HostPort {
 /// assert!(!u.shown().to_string().contains("p%40ss"));
 /// # Ok::<(), locksmith_core::Error>(())
 /// ```
-#[derive(Debug)]
 pub struct ServerUrl {
     shown: RedactedUrl,
     scheme: String,
@@ -334,22 +333,33 @@ impl ServerUrl {
     /// 1..=65535. Nothing of a password is shown.
     pub fn parse(url: &str, default_port: u16) -> crate::Result<Self> {
         let scheme = scheme_of(url)?;
-        check_userinfo(url)?;
+        // An '@' in the query (`?prefix=team@eu`) is a value, not the end
+        // of user information.
+        let before_query = url.split('?').next().unwrap_or(url);
+        check_userinfo(before_query)?;
         let shown = RedactedUrl::new(url);
         let rest = url.split_once("://").map_or("", |(_, r)| r);
-        let (userinfo, rest) = match rest.rfind('@') {
+        let (userinfo, rest) = match rest.split('?').next().unwrap_or(rest).rfind('@') {
             Some(at) => (Some(rest[..at].to_owned()), &rest[at + 1..]),
             None => (None, rest),
         };
         let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
         let (authority, tail) = rest.split_at(end);
         let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+        if path.contains('#') {
+            return Err(crate::Error::config(format!(
+                "{shown}: a '#' outside the query means nothing to a store; percent-encode it as %23"
+            )));
+        }
+        // A password holding an unescaped '?' ends up in the host list: then
+        // messages must not quote the entries.
+        let quote = !url.contains('@');
         let hosts = if authority.is_empty() {
             Vec::new()
         } else {
             authority
                 .split(',')
-                .map(|h| host_port(&shown, h, default_port))
+                .map(|h| host_port(&shown, h, default_port, quote))
                 .collect::<crate::Result<_>>()?
         };
         Ok(ServerUrl {
@@ -509,25 +519,52 @@ impl ServerUrl {
     }
 }
 
-/// One `host[:port]` entry of a host list.
-fn host_port(shown: &RedactedUrl, entry: &str, default_port: u16) -> crate::Result<HostPort> {
+impl fmt::Debug for ServerUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URL as shown, never the raw user information or query.
+        f.debug_struct("ServerUrl")
+            .field("url", &self.shown)
+            .field("hosts", &self.hosts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One `host[:port]` entry of a host list; `quote`: messages may show it.
+fn host_port(
+    shown: &RedactedUrl,
+    entry: &str,
+    default_port: u16,
+    quote: bool,
+) -> crate::Result<HostPort> {
     let bad = |why: String| crate::Error::config(format!("{shown}: {why}"));
+    let entry_shown = if quote {
+        format!("{entry:?}")
+    } else {
+        "a server".to_owned()
+    };
+    let port_shown = |p: &str| {
+        if quote {
+            format!("{p:?}")
+        } else {
+            "a port".to_owned()
+        }
+    };
     let (host, port) = if let Some(v6) = entry.strip_prefix('[') {
         let (addr, after) = v6
             .split_once(']')
-            .ok_or_else(|| bad(format!("{entry:?} opens an IPv6 '[' it does not close")))?;
+            .ok_or_else(|| bad(format!("{entry_shown} opens an IPv6 '[' it does not close")))?;
         match after {
             "" => (addr, None),
             _ => match after.strip_prefix(':') {
                 Some(p) => (addr, Some(p)),
-                None => return Err(bad(format!("{entry:?} is not host:port"))),
+                None => return Err(bad(format!("{entry_shown} is not host:port"))),
             },
         }
     } else {
         match entry.split_once(':') {
             Some((_, p)) if p.contains(':') => {
                 return Err(bad(format!(
-                    "{entry:?}: write an IPv6 address in brackets, as [::1]:{default_port}"
+                    "{entry_shown}: write an IPv6 address in brackets, as [::1]:{default_port}"
                 )))
             }
             Some((h, p)) => (h, Some(p)),
@@ -545,7 +582,7 @@ fn host_port(shown: &RedactedUrl, entry: &str, default_port: u16) -> crate::Resu
             .parse::<u16>()
             .ok()
             .filter(|&p| p > 0)
-            .ok_or_else(|| bad(format!("{p:?} is not a port number")))?,
+            .ok_or_else(|| bad(format!("{} is not a port number", port_shown(p))))?,
     };
     Ok(HostPort::new(host, port))
 }
@@ -625,6 +662,18 @@ mod tests {
         }
         let e = ServerUrl::parse("zk://u:hunter2@h:x", 1).unwrap_err();
         assert!(!e.to_string().contains("hunter2"), "{e}");
+        // A password with an unescaped '?' lands in the host list: not quoted.
+        let e = ServerUrl::parse("redis://user:hun?ter2@h", 1).unwrap_err();
+        assert!(!e.to_string().contains("hun"), "{e}");
+        assert!(ServerUrl::parse("zk://h/x#y", 1).is_err());
+        // An '@' in a query value is a value.
+        let u = ServerUrl::parse("memcache://h:1?prefix=team@eu:", 1).unwrap();
+        assert_eq!(
+            (u.has_userinfo(), u.hosts()[0].to_string()),
+            (false, "h:1".to_owned())
+        );
+        let u = ServerUrl::parse("zk://u:hunter2@h?x=1", 1).unwrap();
+        assert!(!format!("{u:?}").contains("hunter2"), "{u:?}");
     }
 
     /// Passwords drawn from every reserved URL character (and letters), in
