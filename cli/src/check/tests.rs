@@ -88,10 +88,20 @@ async fn fault_run(h: &dyn Harness, run_for: Duration) -> Verdict {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_correct_store_passes_and_its_fence_stops_the_stale_writers() {
-    let v = fault_run(&MemoryHarness::new(), Duration::from_secs(4)).await;
-    assert!(v.acquisitions > 20, "{v:?}");
-    assert_eq!((v.exclusion_violations, v.data_violations), (0, 0), "{v:?}");
-    assert!(v.fenced_out > 0, "no frozen holder was fenced out: {v:?}");
+    // Enough history to mean something, however loaded the host: runs of
+    // 4 s until it has it (a speed is never asserted), each judged clean.
+    let (mut acquisitions, mut fenced_out) = (0, 0);
+    for _ in 0..8 {
+        let v = fault_run(&MemoryHarness::new(), Duration::from_secs(4)).await;
+        assert_eq!((v.exclusion_violations, v.data_violations), (0, 0), "{v:?}");
+        acquisitions += v.acquisitions;
+        fenced_out += v.fenced_out;
+        if acquisitions > 20 && fenced_out > 0 {
+            break;
+        }
+    }
+    assert!(acquisitions > 20, "{acquisitions} acquisitions in 8 runs");
+    assert!(fenced_out > 0, "no frozen holder was fenced out in 8 runs");
 }
 
 /// Runs a broken lock until the checker catches it (a few seconds at most).
