@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{locksmith, output};
+use common::{locksmith, output, run_script};
 
 fn url(dir: &Path) -> String {
     format!("sqlite://{}/locks.db", dir.display())
@@ -66,19 +66,11 @@ fn exit_codes_follow_sysexits_and_the_command() {
     let d = dir.path();
     let u = url(d);
     // The command's own status, and the environment it gets.
-    let o = output(locksmith(
+    let o = output(run_script(
         d,
-        &[
-            "run",
-            "--url",
-            &u,
-            "--key",
-            "k",
-            "--",
-            "sh",
-            "-c",
-            "test \"$LOCKSMITH_KEY\" = k && test -n \"$LOCKSMITH_FENCE\" && exit 7",
-        ],
+        &u,
+        "k",
+        "test \"$LOCKSMITH_KEY\" = k && test -n \"$LOCKSMITH_FENCE\" && exit 7",
     ));
     assert_eq!(code(&o), 7, "{}", String::from_utf8_lossy(&o.stderr));
 

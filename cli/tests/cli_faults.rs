@@ -15,7 +15,7 @@ use nix::unistd::Pid;
 
 mod common;
 
-use common::{locksmith, output};
+use common::{locksmith, output, run_script};
 
 fn sqlite_url(dir: &Path) -> String {
     format!("sqlite://{}/locks.db", dir.display())
@@ -304,20 +304,7 @@ fn an_interrupt_ends_locksmith_by_the_signal_so_shell_loops_stop() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let u = sqlite_url(d);
-    let o = output(locksmith(
-        d,
-        &[
-            "run",
-            "--url",
-            &u,
-            "--key",
-            "k",
-            "--",
-            "sh",
-            "-c",
-            "kill -INT $$",
-        ],
-    ));
+    let o = output(run_script(d, &u, "k", "kill -INT $$"));
     assert_eq!(
         o.status.signal(),
         Some(2),
@@ -355,10 +342,7 @@ fn a_signal_to_the_foreground_group_reaches_the_command_once() {
         s = seen.display(),
         r = ready.display()
     );
-    let mut ls = spawn(locksmith(
-        d,
-        &["run", "--url", &u, "--key", "k", "--", "sh", "-c", &script],
-    ));
+    let mut ls = spawn(run_script(d, &u, "k", &script));
     let command_group: i32 = wait_for_file(&ready, Duration::from_secs(10))
         .trim()
         .parse()

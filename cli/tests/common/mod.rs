@@ -19,6 +19,15 @@ pub fn locksmith(dir: &Path, args: &[&str]) -> Command {
     c
 }
 
+/// `locksmith run --url URL --key KEY -- sh -c SCRIPT` in `dir`.
+#[allow(dead_code)] // not every test file runs a script
+pub fn run_script(dir: &Path, url: &str, key: &str, script: &str) -> Command {
+    locksmith(
+        dir,
+        &["run", "--url", url, "--key", key, "--", "sh", "-c", script],
+    )
+}
+
 /// Runs it to the end; what it printed and how it exited.
 pub fn output(mut c: Command) -> Output {
     c.output().expect("locksmith runs")
