@@ -7,11 +7,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::future::join_all;
-use tokio::sync::watch;
 
 use crate::backend::{
     renew_one, Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
-    Watch,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{LockKey, OwnerToken};
@@ -464,40 +462,15 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         results
     }
 
-    // The waiting hooks and the alarm are answered here, not forwarded:
-    // they make sense on one store, not across independent ones.
-
-    /// No notification: a subscription per node would wake a waiter on
-    /// every node's release, most of which free no quorum, and a node that
-    /// is down would leave it waiting on nothing. Waiters poll with backoff.
-    async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
-        let _ = (key, ticket);
-        Ok(None)
-    }
-
-    /// A plain attempt: the nodes' queues would each order the waiters
-    /// their own way, so no queue spans the quorum (it is never fair).
-    async fn try_acquire_waiting(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-        ticket: &OwnerToken,
-    ) -> Result<Acquire> {
-        let _ = ticket;
-        self.try_acquire(key, owner, ttl).await
-    }
-
-    /// Nothing to do: no ticket was queued anywhere (see `try_acquire_waiting`).
-    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
-        let _ = (key, owner, ticket);
-        Ok(())
-    }
-
-    /// None: merging the nodes' alarms would need a task of its own. A
-    /// backend whose nodes raise alarms gives them one sender and answers
-    /// `alarm` above its quorum, as memcached's does.
-    fn alarm(&self) -> Option<watch::Receiver<u64>> {
-        None
-    }
+    // The waiting hooks and the alarm keep the trait's defaults on
+    // purpose: they make sense on one store, not across independent ones.
+    // - `watch`: no notification. A subscription per node would wake a
+    //   waiter on every node's release, most of which free no quorum, and a
+    //   node that is down would leave it waiting on nothing; waiters poll.
+    // - `try_acquire_waiting`: a plain attempt. The nodes' queues would each
+    //   order the waiters their own way, so no queue spans the quorum.
+    // - `abandon`: nothing to do, no ticket was queued anywhere.
+    // - `alarm`: none. Merging the nodes' alarms would need a task of its
+    //   own; a backend whose nodes raise alarms gives them one sender and
+    //   answers `alarm` above its quorum, as memcached's does.
 }
