@@ -47,9 +47,9 @@
 //! | `memory://` | this process only (tests) | always |
 
 pub use locksmith_core::{
-    Error, ErrorKind, FencingToken, IntoLockKey, Lease, LeaseState, LockGuard, LockKey,
-    LockOptions, LockStatus, Locker, LostReason, MultiGuard, OwnerToken, Result, WaitPolicy,
-    MAX_KEY_LEN, MAX_TTL,
+    Election, Error, ErrorKind, FencingToken, IntoLockKey, Leader, Leadership, Lease, LeaseState,
+    LockGuard, LockKey, LockOptions, LockStatus, Locker, LostReason, MultiGuard, OwnerToken,
+    Result, WaitPolicy, MAX_KEY_LEN, MAX_TTL, MAX_VALUE_LEN, OBSERVE_EVERY,
 };
 
 /// For backend authors and tools: the [`LockBackend`](backend::LockBackend) contract, the

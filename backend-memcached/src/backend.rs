@@ -105,6 +105,7 @@ mod tests {
             | Method::Renew
             | Method::RenewMany
             | Method::Inspect
+            | Method::Proclaim
             | Method::Watch
             | Method::TryAcquireWaiting
             | Method::Abandon => Expect::Forwarded,

@@ -22,6 +22,7 @@ fn all_forwarded(m: Method) -> Expect {
         | Method::Renew
         | Method::RenewMany
         | Method::Inspect
+        | Method::Proclaim
         | Method::Watch
         | Method::TryAcquireWaiting
         | Method::Abandon
@@ -75,6 +76,7 @@ fn broken(defect: Defect, m: Method) -> Expect {
         | Method::TryAcquire
         | Method::Release
         | Method::Inspect
+        | Method::Proclaim
         | Method::Watch
         | Method::Alarm => Expect::Forwarded,
         // The defect itself: a renewal that releases.

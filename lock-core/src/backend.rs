@@ -72,6 +72,9 @@ pub struct Capabilities {
     /// renewal period within it, so the lost signal fires before the
     /// session could have expired. `None`: the TTL alone decides.
     pub max_lease: Option<Duration>,
+    /// The store keeps a value with each lock ([`LockBackend::proclaim`],
+    /// [`LockStatus::value`]), so leader election works on it.
+    pub values: bool,
 }
 
 impl Default for Capabilities {
@@ -85,6 +88,7 @@ impl Default for Capabilities {
             fair: false,
             retention: Duration::ZERO,
             max_lease: None,
+            values: false,
         }
     }
 }
@@ -143,6 +147,13 @@ impl Capabilities {
     /// renewal: the TTL, or [`max_lease`](Self::max_lease) when shorter.
     pub fn trusted_lease(&self, ttl: Duration) -> Duration {
         self.max_lease.map_or(ttl, |m| m.min(ttl))
+    }
+
+    /// Sets [`values`](Self::values): the store keeps a value with each lock.
+    #[must_use]
+    pub fn with_values(mut self, values: bool) -> Self {
+        self.values = values;
+        self
     }
 
     /// Sets [`max_lease`](Self::max_lease): how long a hold can be trusted without renewal.
@@ -377,6 +388,22 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
         ))
     }
 
+    /// Sets the value `owner` advertises with its hold of `key` (a leader's
+    /// value), if `owner` holds it: checked and written in one step, so a
+    /// former holder can never change what the current one advertises. The
+    /// value goes with the lock. A store with
+    /// [`values`](Capabilities::values) also writes the value an
+    /// [`OwnerToken`] carries ([`OwnerToken::value`]) with each first grant
+    /// to it, and [`inspect`](Self::inspect) reports it. The default says
+    /// the store keeps no values.
+    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+        let _ = (key, owner, value);
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "this store keeps no value with a lock, so it cannot hold an election",
+        ))
+    }
+
     /// Subscribes to release notifications for `key`, if the store has them,
     /// for the waiter that will queue as `ticket`. `Ok(None)` (the default)
     /// means waiters fall back to jittered backoff.
@@ -490,38 +517,41 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
 macro_rules! forward_backend {
     // Blanks the slot of a method the wrapper wrote, then looks at the
     // next one. One rule per method of the trait, in the slots' order.
-    (@drop capabilities $ctx:tt $more:tt [$_a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [[] $b $c $d $e $f $g $h $i $j $k]);
+    (@drop capabilities $ctx:tt $more:tt [$_a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [[] $b $c $d $e $f $g $h $i $j $k $l]);
     };
-    (@drop verify $ctx:tt $more:tt [$a:tt $_b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a [] $c $d $e $f $g $h $i $j $k]);
+    (@drop verify $ctx:tt $more:tt [$a:tt $_b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a [] $c $d $e $f $g $h $i $j $k $l]);
     };
-    (@drop try_acquire $ctx:tt $more:tt [$a:tt $b:tt $_c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b [] $d $e $f $g $h $i $j $k]);
+    (@drop try_acquire $ctx:tt $more:tt [$a:tt $b:tt $_c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b [] $d $e $f $g $h $i $j $k $l]);
     };
-    (@drop release $ctx:tt $more:tt [$a:tt $b:tt $c:tt $_d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c [] $e $f $g $h $i $j $k]);
+    (@drop release $ctx:tt $more:tt [$a:tt $b:tt $c:tt $_d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c [] $e $f $g $h $i $j $k $l]);
     };
-    (@drop renew $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $_e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d [] $f $g $h $i $j $k]);
+    (@drop renew $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $_e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d [] $f $g $h $i $j $k $l]);
     };
-    (@drop renew_many $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $_f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e [] $g $h $i $j $k]);
+    (@drop renew_many $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $_f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e [] $g $h $i $j $k $l]);
     };
-    (@drop inspect $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $_g:tt $h:tt $i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f [] $h $i $j $k]);
+    (@drop inspect $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $_g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f [] $h $i $j $k $l]);
     };
-    (@drop watch $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $_h:tt $i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g [] $i $j $k]);
+    (@drop proclaim $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $_h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g [] $i $j $k $l]);
     };
-    (@drop try_acquire_waiting $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $_i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h [] $j $k]);
+    (@drop watch $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $_i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h [] $j $k $l]);
     };
-    (@drop abandon $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $_j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i [] $k]);
+    (@drop try_acquire_waiting $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $_j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i [] $k $l]);
     };
-    (@drop alarm $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $_k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j []]);
+    (@drop abandon $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $_k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j [] $l]);
+    };
+    (@drop alarm $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $_l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j $k []]);
     };
     (@drop $other:ident $($_rest:tt)*) => {
         ::core::compile_error!(::core::concat!(
@@ -532,13 +562,13 @@ macro_rules! forward_backend {
     // A wrapper that changes one path into the store must change its twin:
     // a forwarded `try_acquire_waiting` (or `renew_many`) would reach the
     // inner store without the wrapper's own `try_acquire` (or `renew`).
-    (@names $ctx:tt [] [$a:tt $b:tt [] $d:tt $e:tt $f:tt $g:tt $h:tt [$($i:tt)+] $j:tt $k:tt]) => {
+    (@names $ctx:tt [] [$a:tt $b:tt [] $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt [$($j:tt)+] $k:tt $l:tt]) => {
         ::core::compile_error!(
             "forward_backend!: a wrapper that writes `try_acquire` writes `try_acquire_waiting` \
              too (call its own `try_acquire` there, or forward with a comment saying why)"
         );
     };
-    (@names $ctx:tt [] [$a:tt $b:tt $c:tt $d:tt [] [$($f:tt)+] $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
+    (@names $ctx:tt [] [$a:tt $b:tt $c:tt $d:tt [] [$($f:tt)+] $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
         ::core::compile_error!(
             "forward_backend!: a wrapper that writes `renew` writes `renew_many` too (renew \
              each through its own `renew`, or forward with a comment saying why)"
@@ -602,6 +632,14 @@ macro_rules! forward_backend {
             }]
             [async fn inspect(&$s, key: &$crate::LockKey) -> $crate::Result<$crate::LockStatus> {
                 $crate::backend::LockBackend::inspect(&$target, key).await
+            }]
+            [async fn proclaim(
+                &$s,
+                key: &$crate::LockKey,
+                owner: &$crate::OwnerToken,
+                value: &[u8],
+            ) -> $crate::Result<$crate::backend::Renew> {
+                $crate::backend::LockBackend::proclaim(&$target, key, owner, value).await
             }]
             [async fn watch(
                 &$s,

@@ -62,6 +62,10 @@ impl LockGuard {
         }
     }
 
+    pub(crate) fn backend(&self) -> &Arc<dyn LockBackend> {
+        &self.backend
+    }
+
     /// The key held.
     pub fn key(&self) -> &LockKey {
         &self.lease.key

@@ -2,6 +2,7 @@
 //! the fencing tokens a grant carries.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
@@ -112,8 +113,30 @@ impl IntoLockKey for &String {
 /// own (to re-enter a lock it already holds). Stores compare it atomically on
 /// release and renew, so a stale holder can never free or extend a lock that
 /// someone else now holds.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct OwnerToken(String);
+///
+/// A token may also carry the value a leader advertises
+/// ([`with_value`](Self::with_value)): a store that keeps values writes it
+/// with the grant, so the lock is never seen held without it. The value
+/// plays no part in comparing tokens.
+#[derive(Clone)]
+pub struct OwnerToken(String, Option<Arc<[u8]>>);
+
+impl PartialEq for OwnerToken {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for OwnerToken {}
+
+impl std::hash::Hash for OwnerToken {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
+
+/// The longest value a leader can advertise, in bytes.
+pub const MAX_VALUE_LEN: usize = 1024;
 
 impl OwnerToken {
     /// Draws a new token from the OS RNG.
@@ -124,7 +147,7 @@ impl OwnerToken {
     pub fn generate() -> Self {
         let mut bytes = [0u8; 16];
         getrandom::fill(&mut bytes).expect("the OS random number generator failed");
-        OwnerToken(hex::encode(bytes))
+        OwnerToken(hex::encode(bytes), None)
     }
 
     /// Wraps a token read back from a store or handed over by another process.
@@ -139,7 +162,7 @@ impl OwnerToken {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         if ok_len && ok_chars {
-            Ok(OwnerToken(token))
+            Ok(OwnerToken(token, None))
         } else {
             Err(Error::invalid_options(
                 "owner token must be 32..=128 characters of [A-Za-z0-9_-]",
@@ -151,6 +174,36 @@ impl OwnerToken {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The same token, carrying `value` for the store to write with the
+    /// grants it makes to it (an election's advertised value).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidOptions`](crate::ErrorKind::InvalidOptions) for a
+    /// value over [`MAX_VALUE_LEN`] bytes.
+    pub fn with_value(mut self, value: impl Into<Vec<u8>>) -> Result<Self> {
+        self.1 = Some(Arc::from(check_value(value.into())?));
+        Ok(self)
+    }
+
+    /// The value this token carries, if any ([`with_value`](Self::with_value)).
+    pub fn value(&self) -> Option<&[u8]> {
+        self.1.as_deref()
+    }
+}
+
+/// Checks an advertised value's size.
+///
+/// # Errors
+/// [`ErrorKind::InvalidOptions`](crate::ErrorKind::InvalidOptions) over [`MAX_VALUE_LEN`] bytes.
+pub(crate) fn check_value(value: Vec<u8>) -> Result<Vec<u8>> {
+    if value.len() > MAX_VALUE_LEN {
+        return Err(Error::invalid_options(format!(
+            "a leader's value is at most {MAX_VALUE_LEN} bytes, not {}",
+            value.len()
+        )));
+    }
+    Ok(value)
 }
 
 impl fmt::Debug for OwnerToken {

@@ -75,6 +75,9 @@ pub struct LockStatus {
     /// owner. Never show it: whoever has it can release the lock
     /// ([`Locker::status`](crate::Locker::status) clears it).
     pub owner: Option<OwnerToken>,
+    /// The value the holder advertises (an election's leader value), where
+    /// the store keeps one and the holder set it.
+    pub value: Option<Vec<u8>>,
 }
 
 impl LockStatus {
@@ -87,6 +90,7 @@ impl LockStatus {
             remaining: None,
             waiters: None,
             owner: None,
+            value: None,
         }
     }
 
@@ -117,6 +121,13 @@ impl LockStatus {
     #[must_use]
     pub fn with_waiters(mut self, waiters: Option<u32>) -> Self {
         self.waiters = waiters;
+        self
+    }
+
+    /// Sets the value the holder advertises.
+    #[must_use]
+    pub fn with_value(mut self, value: Option<Vec<u8>>) -> Self {
+        self.value = value;
         self
     }
 

@@ -16,6 +16,7 @@
 
 pub mod backend;
 mod background;
+mod election;
 mod error;
 mod guard;
 mod key;
@@ -28,9 +29,10 @@ mod quorum;
 mod url;
 mod watchdog;
 
+pub use election::{Election, Leader, Leadership, OBSERVE_EVERY};
 pub use error::{Error, ErrorKind, Result};
 pub use guard::{LockGuard, MultiGuard};
-pub use key::{FencingToken, IntoLockKey, LockKey, OwnerToken, MAX_KEY_LEN};
+pub use key::{FencingToken, IntoLockKey, LockKey, OwnerToken, MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use lease::{Lease, LeaseState, LockStatus, LostReason};
 pub use locker::Locker;
 pub use options::{LockOptions, WaitPolicy, MAX_TTL};

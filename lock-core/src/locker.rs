@@ -12,6 +12,7 @@ use futures::future::BoxFuture;
 
 use crate::backend::{Acquire, Capabilities, Grant, LockBackend, Notice, Watch};
 use crate::background::Background;
+use crate::election::Election;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::{LockGuard, MultiGuard};
 use crate::key::{IntoLockKey, LockKey, OwnerToken};
@@ -274,6 +275,28 @@ impl Locker {
             .ok_or_else(|| timeout_error(&key, opts.wait))
     }
 
+    /// The election named `name`: its leader is whoever holds that key
+    /// (see [`Election`]).
+    ///
+    /// # Errors
+    /// `InvalidKey` for a bad name; `Unsupported` when the store keeps no
+    /// value with a lock ([`Capabilities::values`]).
+    pub fn election(&self, name: impl IntoLockKey) -> Result<Election> {
+        Election::new(self.clone(), name.into_lock_key()?)
+    }
+
+    /// Acquires for `owner`, a token just drawn that holds nothing (a
+    /// campaign's): an attempt abandoned mid-flight is undone, as for
+    /// [`lock_with`](Self::lock_with). A wait that runs out is `Ok(None)`.
+    pub(crate) async fn acquire_fresh(
+        &self,
+        key: LockKey,
+        owner: OwnerToken,
+        opts: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        self.acquire_owned(key, owner, true, opts).await
+    }
+
     /// Acquires several keys all-or-nothing, in one global (sorted) order so
     /// two callers locking overlapping sets cannot deadlock. Duplicate keys
     /// count once. If any key cannot be had within the wait, every key taken
@@ -330,10 +353,23 @@ impl Locker {
         owner: Option<OwnerToken>,
         opts: &LockOptions,
     ) -> Result<Option<LockGuard>> {
-        self.refuse_if_closed()?;
-        opts.validate(&self.caps)?;
         let fresh_owner = owner.is_none();
         let owner = owner.unwrap_or_else(OwnerToken::generate);
+        self.acquire_owned(key, owner, fresh_owner, opts).await
+    }
+
+    /// The loop itself. `fresh_owner`: the owner holds nothing yet (it was
+    /// just drawn), so whatever an abandoned attempt may have been granted
+    /// is released, where a caller's own owner may hold holds to keep.
+    async fn acquire_owned(
+        &self,
+        key: LockKey,
+        owner: OwnerToken,
+        fresh_owner: bool,
+        opts: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        self.refuse_if_closed()?;
+        opts.validate(&self.caps)?;
         let start = Instant::now();
         let give_up = match opts.wait {
             WaitPolicy::NoWait => Some(start),

@@ -19,6 +19,7 @@ struct Slot {
     holds: u32,
     expires: Instant,
     fence: u64,
+    value: Option<Vec<u8>>,
     released: watch::Sender<u64>,
 }
 
@@ -29,6 +30,7 @@ impl Slot {
             holds: 0,
             expires: now,
             fence: 0,
+            value: None,
             released: watch::channel(0).0,
         }
     }
@@ -134,6 +136,7 @@ impl LockBackend for MemoryBackend {
             // Released keys go at once; expired ones with the next sweep.
             retention: SWEEP_EVERY,
             max_lease: None,
+            values: true,
         }
     }
 
@@ -161,6 +164,7 @@ impl LockBackend for MemoryBackend {
             *fence += 1;
             slot.fence = *fence;
             slot.expires = now + ttl;
+            slot.value = owner.value().map(<[u8]>::to_vec);
         }
         Ok(Acquire::Acquired(Grant {
             fence: Some(FencingToken(slot.fence)),
@@ -207,10 +211,23 @@ impl LockBackend for MemoryBackend {
                 Some(slot) => LockStatus::held(slot.holds)
                     .with_fence(Some(FencingToken(slot.fence)))
                     .with_remaining(Some(slot.expires.saturating_duration_since(now)))
-                    .with_owner(slot.owner.clone()),
+                    .with_owner(slot.owner.clone())
+                    .with_value(slot.value.clone()),
                 None => LockStatus::free(),
             },
         )
+    }
+
+    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+        let mut store = self.store()?;
+        let now = Instant::now();
+        match store.slots.get_mut(key).filter(|s| s.held_by(owner, now)) {
+            Some(slot) => {
+                slot.value = Some(value.to_vec());
+                Ok(Renew::Renewed)
+            }
+            None => Ok(Renew::NotHeld),
+        }
     }
 
     async fn watch(&self, key: &LockKey, _ticket: &OwnerToken) -> Result<Option<Watch>> {

@@ -235,6 +235,7 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
             .with_min_ttl(self.min_ttl.max(node_min))
             .with_ttl_resolution(resolution)
             .with_retention(retention)
+            .with_values(self.nodes.iter().all(|n| n.capabilities().values))
     }
 
     /// A quorum of nodes must answer; a node that refuses our credentials
@@ -353,6 +354,25 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         Ok(Release::NotHeld)
     }
 
+    /// Sets the value on every node; done when a quorum of them had the
+    /// owner's hold, `NotHeld` when too few did for the rest to matter.
+    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+        let t = tally(
+            &self.name,
+            join_all(self.nodes.iter().map(|n| n.proclaim(key, owner, value))).await,
+        );
+        let set = t.ok.iter().filter(|r| **r == Renew::Renewed).count();
+        if set >= self.quorum {
+            return Ok(Renew::Renewed);
+        }
+        if set + t.errors >= self.quorum {
+            if let Some(e) = self.unreachable(t.errors, t.refused.as_ref()) {
+                return Err(e);
+            }
+        }
+        Ok(Renew::NotHeld)
+    }
+
     /// Held when a quorum of nodes holds the key for one owner; the lease
     /// left is what the quorum-th longest of that owner's leases has left
     /// (the lock holds while a quorum does). `Unavailable` when the nodes
@@ -395,7 +415,21 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         let mut left: Vec<Duration> = best.iter().filter_map(|s| s.remaining).collect();
         left.sort_unstable_by(|a, b| b.cmp(a));
         let holds = best.iter().map(|s| s.holds).max().unwrap_or(1);
-        Ok(LockStatus::held(holds).with_remaining(left.get(self.quorum - 1).copied()))
+        // The value a quorum of the holder's nodes agree on: a proclaim
+        // that reached only some of them is not the leader's value yet
+        // (nor refused yet), so the older one stands until it is.
+        let mut values: HashMap<Option<&[u8]>, usize> = HashMap::new();
+        for status in &best {
+            *values.entry(status.value.as_deref()).or_default() += 1;
+        }
+        let value = values
+            .into_iter()
+            .find(|(_, n)| *n >= self.quorum)
+            .and_then(|(v, _)| v.map(<[u8]>::to_vec));
+        Ok(LockStatus::held(holds)
+            .with_remaining(left.get(self.quorum - 1).copied())
+            .with_owner(best.first().and_then(|s| s.owner.clone()))
+            .with_value(value))
     }
 
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {

@@ -53,7 +53,8 @@ fn quorum(m: Method) -> Expect {
         | Method::TryAcquire
         | Method::Release
         | Method::RenewMany
-        | Method::Inspect => Expect::Forwarded,
+        | Method::Inspect
+        | Method::Proclaim => Expect::Forwarded,
         Method::Renew => Expect::As(Method::RenewMany),
         Method::TryAcquireWaiting => Expect::As(Method::TryAcquire),
         Method::Watch | Method::Abandon | Method::Alarm => Expect::Answered,

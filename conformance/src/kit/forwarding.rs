@@ -37,6 +37,8 @@ pub enum Method {
     RenewMany,
     /// [`LockBackend::inspect`].
     Inspect,
+    /// [`LockBackend::proclaim`].
+    Proclaim,
     /// [`LockBackend::watch`].
     Watch,
     /// [`LockBackend::try_acquire_waiting`].
@@ -49,7 +51,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in the trait's order.
-    pub const ALL: [Method; 11] = [
+    pub const ALL: [Method; 12] = [
         Method::Capabilities,
         Method::Verify,
         Method::TryAcquire,
@@ -57,6 +59,7 @@ impl Method {
         Method::Renew,
         Method::RenewMany,
         Method::Inspect,
+        Method::Proclaim,
         Method::Watch,
         Method::TryAcquireWaiting,
         Method::Abandon,
@@ -73,6 +76,7 @@ impl Method {
             Method::Renew => "renew",
             Method::RenewMany => "renew_many",
             Method::Inspect => "inspect",
+            Method::Proclaim => "proclaim",
             Method::Watch => "watch",
             Method::TryAcquireWaiting => "try_acquire_waiting",
             Method::Abandon => "abandon",
@@ -158,6 +162,10 @@ impl LockBackend for Recorder {
         self.note(Method::Inspect);
         self.store.inspect(key).await
     }
+    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+        self.note(Method::Proclaim);
+        self.store.proclaim(key, owner, value).await
+    }
     async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
         self.note(Method::Watch);
         self.store.watch(key, ticket).await
@@ -213,6 +221,9 @@ pub async fn call(backend: &dyn LockBackend, method: Method) {
         }
         Method::Inspect => {
             let _ = backend.inspect(&key).await;
+        }
+        Method::Proclaim => {
+            let _ = backend.proclaim(&key, &owner, b"value").await;
         }
         Method::Watch => {
             let _ = backend.watch(&key, &ticket).await;

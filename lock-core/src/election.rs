@@ -1,0 +1,390 @@
+//! Leader election on any store that keeps a value with a lock: campaign,
+//! proclaim, resign, and read or observe who leads.
+//!
+//! An election is a lock whose holder advertises a value. The leader is
+//! whoever holds the election's key; its **term** is the grant's fencing
+//! token, which a resource can check like any fence. So an election has
+//! exactly the lock's guarantees (one holder with a valid lease, renewal,
+//! the lost signal, release on drop) and a store needs only to keep the
+//! value with the lock ([`Capabilities::values`](crate::backend::Capabilities::values))
+//! to offer it.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use futures::Stream;
+
+use crate::backend::Renew;
+use crate::error::{Error, ErrorKind, Result};
+use crate::guard::LockGuard;
+use crate::key::{check_value, FencingToken, LockKey, OwnerToken};
+use crate::lease::{LeaseState, LockStatus, LostReason};
+use crate::locker::Locker;
+use crate::options::LockOptions;
+
+/// How often [`Election::observe`] reads the leader when nothing sooner is
+/// due. A reign whose lease runs out is read again when it does, so an
+/// ended lease is reported within a round trip of its end, not a poll late.
+pub const OBSERVE_EVERY: Duration = Duration::from_millis(100);
+
+/// How many ended reigns an observer remembers, to refuse a late read of
+/// one of them as a new reign.
+const REMEMBERED_REIGNS: usize = 64;
+
+/// One election: the leader is whoever holds the lock named `name`.
+/// Made by [`Locker::election`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> locksmith_core::Result<()> {
+/// use locksmith_core::{backend::MemoryBackend, LockOptions, Locker};
+///
+/// let locker = Locker::new(MemoryBackend::new());
+/// let election = locker.election("nightly-job")?;
+/// let leadership = election.campaign("node-a", &LockOptions::new()).await?;
+/// let leader = election.leader().await?.expect("someone leads");
+/// assert_eq!(leader.value, b"node-a");
+/// assert_eq!(leader.term, leadership.term());
+/// leadership.resign().await?;
+/// assert!(election.leader().await?.is_none());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Election {
+    locker: Locker,
+    key: LockKey,
+}
+
+impl fmt::Debug for Election {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Election").field("name", &self.key).finish()
+    }
+}
+
+/// Who leads an election, as the store says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Leader {
+    /// The value the leader advertises; empty when it advertises none (a
+    /// plain lock holder on the same name).
+    pub value: Vec<u8>,
+    /// The leader's term: the fencing token of its grant, where the store
+    /// gives them.
+    pub term: Option<FencingToken>,
+    /// How long its lease has left on the store's clock, where the store has
+    /// leases (ZooKeeper's leader lasts as long as its session).
+    pub lease_left: Option<Duration>,
+}
+
+impl Leader {
+    /// The value as text, if it is UTF-8.
+    pub fn value_str(&self) -> Option<&str> {
+        std::str::from_utf8(&self.value).ok()
+    }
+}
+
+impl Election {
+    pub(crate) fn new(locker: Locker, key: LockKey) -> Result<Self> {
+        if !locker.capabilities().values {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "this store keeps no value with a lock, so it cannot hold an election",
+            ));
+        }
+        Ok(Election { locker, key })
+    }
+
+    /// The election's name (the key of its lock).
+    pub fn name(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// Waits, as `opts` says, until this caller leads, advertising `value`.
+    /// The returned [`Leadership`] renews itself and signals its loss like a
+    /// lock guard; dropping it resigns in the background.
+    ///
+    /// A campaign whose future is dropped leaves nothing held, as with a lock.
+    ///
+    /// # Errors
+    /// `InvalidOptions` for a value over
+    /// [`MAX_VALUE_LEN`](crate::MAX_VALUE_LEN) bytes; `Timeout` when the
+    /// wait runs out; otherwise as [`Locker::lock_with`].
+    pub async fn campaign(
+        &self,
+        value: impl Into<Vec<u8>>,
+        opts: &LockOptions,
+    ) -> Result<Leadership> {
+        let value = value.into();
+        self.try_campaign(value, opts).await?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Timeout,
+                format!("{:?}: someone else still leads", self.key),
+            )
+        })
+    }
+
+    /// As [`campaign`](Self::campaign), but a wait that runs out while
+    /// someone else leads is `Ok(None)`.
+    ///
+    /// # Errors
+    /// As [`campaign`](Self::campaign), without `Timeout`.
+    pub async fn try_campaign(
+        &self,
+        value: impl Into<Vec<u8>>,
+        opts: &LockOptions,
+    ) -> Result<Option<Leadership>> {
+        let value = check_value(value.into())?;
+        let owner = OwnerToken::generate().with_value(value.clone())?;
+        let Some(guard) = self
+            .locker
+            .acquire_fresh(self.key.clone(), owner.clone(), opts)
+            .await?
+        else {
+            return Ok(None);
+        };
+        // A store writes the token's value with a first grant, but a grant
+        // handed over by the releaser (a fair queue) may not carry it: set
+        // it now, owner-checked, before anyone is told they lead.
+        let leadership = Leadership { guard, value };
+        let value = leadership.value.clone();
+        leadership.set(&value).await?;
+        Ok(Some(leadership))
+    }
+
+    /// Who leads now, read from the store without changing anything; `None`
+    /// when nobody holds a valid lease. A snapshot: act on a resource only
+    /// as the leader, with its term as the fence.
+    ///
+    /// # Errors
+    /// `Unavailable` when the store cannot be read: never reported as "nobody leads".
+    pub async fn leader(&self) -> Result<Option<Leader>> {
+        Ok(self.read().await?.1)
+    }
+
+    async fn read(&self) -> Result<(LockStatus, Option<Leader>)> {
+        let status = self.locker.backend().inspect(&self.key).await?;
+        let leader = status.held.then(|| Leader {
+            value: status.value.clone().unwrap_or_default(),
+            term: status.fence,
+            lease_left: status.remaining,
+        });
+        Ok((status, leader))
+    }
+
+    /// A stream of leader changes, starting with who leads now: `Some` for
+    /// each new leader or value, `None` when nobody leads. It reads the
+    /// store every [`OBSERVE_EVERY`], and again when the current leader's
+    /// lease runs out, so a reign ends in the stream at the end of its
+    /// lease. It never shows an older reign after a newer one. A store that
+    /// cannot be read yields one `Err` per outage, then keeps trying; it
+    /// never yields "nobody leads" for a store it could not read.
+    pub fn observe(&self) -> impl Stream<Item = Result<Option<Leader>>> + Send + 'static {
+        self.observe_every(OBSERVE_EVERY)
+    }
+
+    /// As [`observe`](Self::observe), reading every `every` (at least 1 ms).
+    pub fn observe_every(
+        &self,
+        every: Duration,
+    ) -> impl Stream<Item = Result<Option<Leader>>> + Send + 'static {
+        let observer = Observer {
+            election: self.clone(),
+            every: every.max(Duration::from_millis(1)),
+            shown: None,
+            ended: VecDeque::new(),
+            last_term: None,
+            failing: false,
+            next_read: None,
+        };
+        futures::stream::unfold(observer, |mut o| async move {
+            let item = o.next_change().await;
+            Some((item, o))
+        })
+    }
+}
+
+/// Tells one reign from another: by the holder's owner token where the
+/// store reports it, else by term, else by value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Reign {
+    Owner(OwnerToken),
+    Term(FencingToken),
+    Value(Vec<u8>),
+}
+
+struct Observer {
+    election: Election,
+    every: Duration,
+    /// The reign and value last yielded (`None` inside: nobody led).
+    shown: Option<Option<(Reign, Vec<u8>)>>,
+    ended: VecDeque<Reign>,
+    last_term: Option<FencingToken>,
+    failing: bool,
+    next_read: Option<Instant>,
+}
+
+impl Observer {
+    async fn next_change(&mut self) -> Result<Option<Leader>> {
+        loop {
+            if let Some(at) = self.next_read.take() {
+                tokio::time::sleep_until(at.into()).await;
+            }
+            let read_at = Instant::now();
+            let read = self.election.read().await;
+            let mut next = read_at + self.every;
+            let (status, leader) = match read {
+                Ok(r) => r,
+                Err(e) => {
+                    self.next_read = Some(next);
+                    if self.failing {
+                        continue;
+                    }
+                    self.failing = true;
+                    // After an outage, whatever the store says is news.
+                    self.shown = None;
+                    return Err(e);
+                }
+            };
+            self.failing = false;
+            if let Some(left) = leader.as_ref().and_then(|l| l.lease_left) {
+                // Read again just after the lease would end unrenewed.
+                next = next.min(read_at + left + Duration::from_millis(1));
+            }
+            self.next_read = Some(next);
+            let now = leader.as_ref().map(|l| {
+                let reign = match (&status.owner, l.term) {
+                    (Some(o), _) => Reign::Owner(o.clone()),
+                    (None, Some(t)) => Reign::Term(t),
+                    (None, None) => Reign::Value(l.value.clone()),
+                };
+                (reign, l.value.clone())
+            });
+            if let Some((reign, _)) = &now {
+                let older =
+                    matches!((l_term(&leader), self.last_term), (Some(t), Some(last)) if t < last);
+                if older || self.ended.contains(reign) {
+                    // A late read of a reign already superseded.
+                    continue;
+                }
+            }
+            if self.shown.as_ref() == Some(&now) {
+                continue;
+            }
+            if let Some(Some((before, _))) = &self.shown {
+                if now.as_ref().map(|(r, _)| r) != Some(before) {
+                    self.ended.push_back(before.clone());
+                    if self.ended.len() > REMEMBERED_REIGNS {
+                        self.ended.pop_front();
+                    }
+                }
+            }
+            if let Some(t) = l_term(&leader) {
+                self.last_term = Some(t);
+            }
+            self.shown = Some(now);
+            return Ok(leader);
+        }
+    }
+}
+
+fn l_term(leader: &Option<Leader>) -> Option<FencingToken> {
+    leader.as_ref().and_then(|l| l.term)
+}
+
+/// This caller leads: a lock guard on the election's key that advertises a
+/// value. Renewed in the background while it lives; select on
+/// [`lost`](Self::lost) to stop acting as leader the moment that is no
+/// longer safe. Dropping it resigns in the background.
+#[must_use = "dropping a Leadership resigns at once"]
+pub struct Leadership {
+    guard: LockGuard,
+    value: Vec<u8>,
+}
+
+impl fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leadership")
+            .field("name", self.guard.key())
+            .field("term", &self.guard.fence())
+            .field("value", &String::from_utf8_lossy(&self.value))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Leadership {
+    /// The term: the fencing token of this grant, where the store gives
+    /// them. Pass it to the resources the leader acts on.
+    pub fn term(&self) -> Option<FencingToken> {
+        self.guard.fence()
+    }
+
+    /// The value this leader advertises.
+    pub fn value(&self) -> &[u8] {
+        &self.value
+    }
+
+    /// The lock guard underneath (key, lease, deadline).
+    pub fn guard(&self) -> &LockGuard {
+        &self.guard
+    }
+
+    /// The lease's live state.
+    pub fn state(&self) -> LeaseState {
+        self.guard.state()
+    }
+
+    /// Whether leadership is known to be lost.
+    pub fn is_lost(&self) -> bool {
+        self.guard.is_lost()
+    }
+
+    /// Resolves when leadership is lost (see [`LockGuard::lost`]).
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        self.guard.lost()
+    }
+
+    /// Changes the advertised value without giving up leadership. The store
+    /// checks that this caller still leads in the same step as the write.
+    ///
+    /// # Errors
+    /// `InvalidOptions` for a value over [`MAX_VALUE_LEN`](crate::MAX_VALUE_LEN)
+    /// bytes; `NotHeld` when this caller no longer leads (nothing is
+    /// written); `Unavailable` when the store cannot be reached.
+    pub async fn proclaim(&mut self, value: impl Into<Vec<u8>>) -> Result<()> {
+        let value = check_value(value.into())?;
+        self.set(&value).await?;
+        self.value = value;
+        Ok(())
+    }
+
+    async fn set(&self, value: &[u8]) -> Result<()> {
+        if self.guard.is_lost() {
+            return Err(Error::not_held(format!(
+                "{:?}: leadership was lost; the value was not changed",
+                self.guard.key()
+            )));
+        }
+        let backend = self.guard.backend();
+        match backend
+            .proclaim(self.guard.key(), self.guard.owner(), value)
+            .await?
+        {
+            Renew::Renewed => Ok(()),
+            Renew::NotHeld => Err(Error::not_held(format!(
+                "{:?}: this caller no longer leads; the value was not changed",
+                self.guard.key()
+            ))),
+        }
+    }
+
+    /// Gives up leadership now; the next candidate is woken as by a lock's release.
+    ///
+    /// # Errors
+    /// As [`LockGuard::release`].
+    pub async fn resign(self) -> Result<()> {
+        self.guard.release().await
+    }
+}
