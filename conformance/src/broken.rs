@@ -13,7 +13,7 @@ use futures::future::join_all;
 use locksmith_core::backend::{
     Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
 };
-use locksmith_core::{Error, ErrorKind, FencingToken, LockKey, OwnerToken, Result};
+use locksmith_core::{Error, ErrorKind, FencingToken, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::Harness;
 
@@ -40,11 +40,27 @@ pub enum Defect {
     /// Counts fences per name and forgets the count when the name's state is
     /// collected, so a name locked again after collection starts over.
     FenceForgottenOnCollection,
+    /// A candidate (an owner carrying a value) takes the key from a live holder.
+    CampaignIgnoresLeader,
+    /// Reports the first value ever advertised on a key, whoever leads now.
+    StaleLeaderValue,
+    /// Keeps reporting a leader whose lease ran out.
+    ExpiredLeaderShown,
+    /// A candidate's release says "freed" but leaves the lease to run out (in 8 s).
+    ResignKeepsLease,
+    /// Proclaims for the current holder, whoever asks.
+    ProclaimWithoutOwnerCheck,
+    /// A candidate's attempt reaches the store 50 ms late from a detached
+    /// task: when its caller gives up meanwhile, the undo overtakes it and
+    /// the grant lands after, for nobody.
+    CampaignGrantLandsLate,
+    /// Reads a store that cannot be reached as "nobody holds it".
+    NoLeaderWhenDown,
 }
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 9] = [
+    pub const ALL: [Defect; 16] = [
         Defect::ReleaseWithoutOwnerCheck,
         Defect::NoExpiry,
         Defect::RenewReleases,
@@ -54,6 +70,13 @@ impl Defect {
         Defect::EarlyTakeover,
         Defect::LeaksState,
         Defect::FenceForgottenOnCollection,
+        Defect::CampaignIgnoresLeader,
+        Defect::StaleLeaderValue,
+        Defect::ExpiredLeaderShown,
+        Defect::ResignKeepsLease,
+        Defect::ProclaimWithoutOwnerCheck,
+        Defect::CampaignGrantLandsLate,
+        Defect::NoLeaderWhenDown,
     ];
 }
 
@@ -76,6 +99,10 @@ pub struct Broken {
 struct Extra {
     leaked: Mutex<HashSet<LockKey>>,
     fences: Mutex<HashMap<LockKey, u64>>,
+    /// `StaleLeaderValue`: the first value advertised on each key.
+    first_values: Mutex<HashMap<LockKey, Vec<u8>>>,
+    /// `ExpiredLeaderShown`: the last held status read of each key.
+    last_held: Mutex<HashMap<LockKey, LockStatus>>,
 }
 
 impl Broken {
@@ -117,11 +144,29 @@ locksmith_core::forward_backend! {
                 Defect::NoExpiry => ttl.max(Duration::from_secs(3600)),
                 _ => ttl,
             };
+            let candidate = owner.value().is_some();
+            if self.defect == Defect::CampaignGrantLandsLate && candidate {
+                let (inner, key, owner) = (self.inner.clone(), key.clone(), owner.clone());
+                let late = tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    inner.try_acquire(&key, &owner, ttl).await
+                });
+                return late
+                    .await
+                    .unwrap_or_else(|e| Err(Error::backend(e.to_string())));
+            }
+            if let Some(v) = owner.value().filter(|_| self.defect == Defect::StaleLeaderValue) {
+                self.extra
+                    .first_values
+                    .lock()
+                    .unwrap()
+                    .entry(key.clone())
+                    .or_insert_with(|| v.to_vec());
+            }
             let mut outcome = self.inner.try_acquire(key, owner, ttl).await;
-            if self.defect == Defect::EarlyTakeover
-                && matches!(outcome, Ok(Acquire::Contended { .. }))
-                && self.nearly_expired(key)
-            {
+            let takes_over = (self.defect == Defect::EarlyTakeover && self.nearly_expired(key))
+                || (self.defect == Defect::CampaignIgnoresLeader && candidate);
+            if takes_over && matches!(outcome, Ok(Acquire::Contended { .. })) {
                 let holder = self.holders.lock().unwrap().get(key).cloned();
                 if let Some(holder) = holder {
                     self.inner.release(key, &holder).await?;
@@ -171,6 +216,12 @@ locksmith_core::forward_backend! {
         }
 
         async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+            if self.defect == Defect::ResignKeepsLease && owner.value().is_some() {
+                // Left to run out: 8 s, so the cases that wait for it do not.
+                self.inner.renew(key, owner, Duration::from_secs(8)).await?;
+                return Ok(Release::Freed);
+            }
+            self.extra.last_held.lock().unwrap().remove(key);
             if self.defect == Defect::ReleaseWithoutOwnerCheck {
                 let holder = self.holders.lock().unwrap().get(key).cloned();
                 if let Some(holder) = holder {
@@ -202,6 +253,47 @@ locksmith_core::forward_backend! {
                     Ok(renewed)
                 }
             }
+        }
+
+        async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+            if self.defect == Defect::ProclaimWithoutOwnerCheck {
+                let holder = self.holders.lock().unwrap().get(key).cloned();
+                if let Some(holder) = holder {
+                    return self.inner.proclaim(key, &holder, value).await;
+                }
+            }
+            self.inner.proclaim(key, owner, value).await
+        }
+
+        async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+            let status = match self.inner.inspect(key).await {
+                Err(e)
+                    if self.defect == Defect::NoLeaderWhenDown
+                        && e.kind() == ErrorKind::Unavailable =>
+                {
+                    return Ok(LockStatus::free())
+                }
+                other => other?,
+            };
+            if status.held {
+                if self.defect == Defect::StaleLeaderValue {
+                    if let Some(first) = self.extra.first_values.lock().unwrap().get(key) {
+                        return Ok(status.with_value(Some(first.clone())));
+                    }
+                }
+                if status.value.is_some() {
+                    self.extra
+                        .last_held
+                        .lock()
+                        .unwrap()
+                        .insert(key.clone(), status.clone());
+                }
+            } else if self.defect == Defect::ExpiredLeaderShown {
+                if let Some(last) = self.extra.last_held.lock().unwrap().get(key) {
+                    return Ok(last.clone());
+                }
+            }
+            Ok(status)
         }
 
         /// Each lease through `renew` above, defects and all: the watchdog

@@ -142,6 +142,15 @@ macro_rules! __case_list {
                 multi_lock_all_or_nothing,
                 multi_lock_opposite_orders_do_not_deadlock,
             }
+            Election election {
+                one_leader_at_a_time,
+                leader_agrees_with_the_holder,
+                observe_reports_each_reign_in_order,
+                resign_hands_over_at_once,
+                former_leader_cannot_proclaim,
+                cancelled_campaign_leaves_no_leader,
+                leader_of_a_down_store_is_unavailable,
+            }
         }
     };
 }

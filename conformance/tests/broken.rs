@@ -85,6 +85,57 @@ async fn a_fence_forgotten_on_collection_is_caught() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_campaign_that_ignores_the_leader_is_caught() {
+    check(Defect::CampaignIgnoresLeader, &["one_leader_at_a_time"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_leader_value_is_caught() {
+    check(Defect::StaleLeaderValue, &["leader_agrees_with_the_holder"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_leader_shown_is_caught() {
+    check(
+        Defect::ExpiredLeaderShown,
+        &["observe_reports_each_reign_in_order"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_resignation_that_keeps_the_lease_is_caught() {
+    check(Defect::ResignKeepsLease, &["resign_hands_over_at_once"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_proclaim_without_owner_check_is_caught() {
+    check(
+        Defect::ProclaimWithoutOwnerCheck,
+        &["former_leader_cannot_proclaim"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_campaign_grant_that_lands_late_is_caught() {
+    check(
+        Defect::CampaignGrantLandsLate,
+        &["cancelled_campaign_leaves_no_leader"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_leader_when_down_is_caught() {
+    check(
+        Defect::NoLeaderWhenDown,
+        &["leader_of_a_down_store_is_unavailable"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_correct_backend_fails_nothing() {
     let failed = failing_cases(&MemoryHarness::new()).await;
     assert!(failed.is_empty(), "reference backend failed: {failed:#?}");

@@ -12,6 +12,7 @@ use locksmith_core::{LockKey, LockOptions, Locker, OwnerToken};
 
 use crate::Harness;
 
+pub mod election;
 pub mod exclusion;
 pub mod expiry;
 pub mod fencing;
@@ -59,6 +60,8 @@ pub enum Rule {
     StoreState,
     /// [`multi_lock`]: several keys, all or nothing.
     MultiLock,
+    /// [`election`]: the leader is the holder, and everyone reads it right.
+    Election,
 }
 
 impl Rule {
@@ -79,6 +82,7 @@ impl Rule {
             Rule::Fencing => "fencing",
             Rule::StoreState => "store_state",
             Rule::MultiLock => "multi_lock",
+            Rule::Election => "election",
         }
     }
 }
@@ -263,6 +267,6 @@ mod tests {
                 seen.push(case.rule);
             }
         }
-        assert_eq!(seen.len(), 14);
+        assert_eq!(seen.len(), 15);
     }
 }
