@@ -81,6 +81,7 @@ impl LockBackend for RedisBackend {
             .with_min_ttl(Duration::from_millis(250))
             .with_notify(true)
             .with_fair(true)
+            .with_values(true)
     }
 
     async fn verify(&self) -> Result<()> {
@@ -88,7 +89,16 @@ impl LockBackend for RedisBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
-        Ok(self.inner.node.inspect(&self.keys(key)).await?.0)
+        self.inner.node.inspect(&self.keys(key)).await
+    }
+
+    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+        let set = self
+            .inner
+            .node
+            .proclaim(&self.keys(key), owner, value)
+            .await?;
+        Ok(if set { Renew::Renewed } else { Renew::NotHeld })
     }
 
     async fn try_acquire(

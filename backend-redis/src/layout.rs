@@ -7,13 +7,18 @@
 //!     owner token, then for a fenced lock the server's `TIME` at the grant,
 //!     `<owner> <s> <µs>`. One `SET NX PX` takes it and one `DEL` frees it.
 //!   - **anything else** is a hash whose one owner field is the owner token
-//!     and whose value is the hold count (the re-entrant form). Fields starting with `~`, which no owner token can, carry the
-//!     rest: `~f` the grant's fencing token, `~q` "someone may be queued",
-//!     `~grant` the ticket of a hand-off.
+//!     and whose value is the hold count (the re-entrant form). Fields
+//!     starting with `~`, which no owner token can, carry the rest: `~f`
+//!     the grant's fencing token, `~q` "someone may be queued", `~grant`
+//!     the ticket of a hand-off, `~v` the value the holder advertises (an
+//!     election's leader value, raw bytes). A lock with a value is always
+//!     in this form.
 //! - **queue**, the waiters in arrival order: a sorted set of tickets, scored
 //!   by arrival time;
 //! - **waiters**, a hash from ticket to its entry,
-//!   `<live-until µs> <ttl ms> <liveness ms> <hub channel> <owner>`.
+//!   `<live-until µs> <ttl ms> <liveness ms> <hub channel> <owner>`, then,
+//!   for an owner that advertises a value, a space and the value's raw
+//!   bytes to the end of the entry (so a hand-off writes it with the grant).
 //!
 //! Everything of a lock goes with its key, on release or at expiry, and
 //! the queue's keys expire once nobody refreshes them: nothing is kept per

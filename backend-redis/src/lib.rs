@@ -73,6 +73,18 @@
 //! holds the next waiter up for at most that window plus one refresh
 //! period, not a whole TTL.
 //!
+//! # Leader election
+//!
+//! Both backends keep a value with a lock, so `Locker::election` works on
+//! them. The value lives in the lock's own key: a field `~v` of the hash
+//! form (raw bytes, up to 1024), written in the same script as the grant,
+//! including a hand-off, for which a queued waiter's entry carries its
+//! value. A holder with a value is therefore always in the hash form; a
+//! plain lock keeps the string form and the scripts and arguments it had.
+//! `proclaim` is one owner-checked script, and the value goes with the key
+//! on release and at expiry. Under Redlock the value is set on every node
+//! and reported where a quorum of the holder's nodes agree on it.
+//!
 //! # Schemes not shipped, and why
 //!
 //! * **`SETNX` then `EXPIRE`**: two commands, so a client that dies between

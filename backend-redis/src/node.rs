@@ -170,7 +170,8 @@ impl Node {
     }
 
     /// One attempt; a `waiter` is queued (or its place refreshed) if the
-    /// key is held, and its grant published on this node's hub.
+    /// key is held, and its grant published on this node's hub. An owner
+    /// that carries a value has it written with its first grant.
     pub(crate) async fn acquire(
         &self,
         keys: &Keys,
@@ -179,12 +180,20 @@ impl Node {
         waiter: Option<Waiter<'_>>,
     ) -> Result<Acquire> {
         self.bounded(async {
-            let mut call = keys.call(scripts::acquire(self.fenced));
+            let value = owner.value();
+            let script = match value {
+                Some(_) => scripts::acquire_valued(self.fenced),
+                None => scripts::acquire(self.fenced),
+            };
+            let mut call = keys.call(script);
             call.arg(owner.as_str()).arg(ms(ttl));
             if let Some(w) = waiter {
                 // Listening before queueing, so the grant cannot be missed.
                 let channel = self.hub.listening().await?;
                 call.arg(w.ticket.as_str()).arg(ms(w.liveness)).arg(channel);
+            }
+            if let Some(v) = value {
+                call.arg(v);
             }
             let mut c = self.conn().await?;
             let reply: AcquireReply = call.invoke_async(&mut c).await.map_err(map_err)?;
@@ -227,6 +236,28 @@ impl Node {
                 0 => Release::Freed,
                 n => Release::StillHeld(u32::try_from(n).unwrap_or(u32::MAX)),
             })
+        })
+        .await
+    }
+
+    /// Sets the value `owner` advertises with its hold; `false` if it holds
+    /// none.
+    pub(crate) async fn proclaim(
+        &self,
+        keys: &Keys,
+        owner: &OwnerToken,
+        value: &[u8],
+    ) -> Result<bool> {
+        self.bounded(async {
+            let mut c = self.conn().await?;
+            let set: i64 = keys
+                .call(scripts::proclaim())
+                .arg(owner.as_str())
+                .arg(value)
+                .invoke_async(&mut c)
+                .await
+                .map_err(map_err)?;
+            Ok(set == 1)
         })
         .await
     }
@@ -278,25 +309,28 @@ impl Node {
         .await
     }
 
-    /// What the node holds for a lock, read without changing it, and the
-    /// holder's owner token (for Redlock's per-owner quorum; never shown).
-    pub(crate) async fn inspect(&self, keys: &Keys) -> Result<(LockStatus, Option<String>)> {
+    /// What the node holds for a lock, read without changing it: with the
+    /// holder's owner token (Redlock's quorum counts per owner, an election
+    /// tells reigns apart by it; `Locker::status` never shows it) and the
+    /// value it advertises.
+    pub(crate) async fn inspect(&self, keys: &Keys) -> Result<LockStatus> {
         self.bounded(async {
             let mut c = self.conn().await?;
-            let (holds, fence, pttl, queued, owner): (i64, i64, i64, i64, String) = keys
+            let (holds, fence, pttl, queued, owner, value): InspectReply = keys
                 .call(scripts::inspect())
                 .invoke_async(&mut c)
                 .await
                 .map_err(map_err)?;
             let queued = Some(u32::try_from(queued).unwrap_or(u32::MAX));
             if holds <= 0 {
-                return Ok((LockStatus::free().with_waiters(queued), None));
+                return Ok(LockStatus::free().with_waiters(queued));
             }
-            let status = LockStatus::held(u32::try_from(holds).unwrap_or(u32::MAX))
+            Ok(LockStatus::held(u32::try_from(holds).unwrap_or(u32::MAX))
                 .with_fence(u64::try_from(fence).ok().map(FencingToken))
                 .with_remaining(u64::try_from(pttl).ok().map(Duration::from_millis))
-                .with_waiters(queued);
-            Ok((status, Some(owner)))
+                .with_waiters(queued)
+                .with_owner(OwnerToken::from_string(owner).ok())
+                .with_value(value))
         })
         .await
     }
@@ -307,6 +341,9 @@ impl Node {
         Ok(self.hub.register(ticket))
     }
 }
+
+/// The inspect script's answer: holds, fence, pttl, queued, owner, value.
+type InspectReply = (i64, i64, i64, i64, String, Option<Vec<u8>>);
 
 /// The acquire script's answer: the bare fence of a first hold taken in the
 /// common case (one integer is the cheapest reply for the server to make),

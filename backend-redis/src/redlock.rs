@@ -46,8 +46,9 @@ pub(crate) struct QuorumNode {
 #[async_trait]
 impl LockBackend for QuorumNode {
     fn capabilities(&self) -> Capabilities {
-        // The quorum sets the limits; a node adds none of its own.
-        Capabilities::default()
+        // The quorum sets the limits; a node adds none of its own. It keeps
+        // values, so the quorum does (it keeps them when all nodes do).
+        Capabilities::default().with_values(true)
     }
 
     async fn verify(&self) -> Result<()> {
@@ -86,10 +87,18 @@ impl LockBackend for QuorumNode {
         }
     }
 
-    /// With the holder's owner token, which the quorum groups nodes by.
+    /// With the holder's owner token, which the quorum groups nodes by, and
+    /// its value, which the quorum reports where a quorum of them agree.
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
-        let (status, owner) = self.node.inspect(&Keys::new(&self.prefix, key)).await?;
-        Ok(status.with_owner(owner.and_then(|o| OwnerToken::from_string(o).ok())))
+        self.node.inspect(&Keys::new(&self.prefix, key)).await
+    }
+
+    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+        let set = self
+            .node
+            .proclaim(&Keys::new(&self.prefix, key), owner, value)
+            .await?;
+        Ok(if set { Renew::Renewed } else { Renew::NotHeld })
     }
 }
 

@@ -72,10 +72,11 @@ local function to_hash()
   redis.call('pexpire', KEYS[1], math.max(pttl, 1))
 end
 
--- Takes the free lock for `owner`, in the hash form. `after` is the token
--- of the grant this one follows within the same script (a hand-off), if
--- any. Returns the fence, 0 when none is asked for.
-local function take(owner, ttl, after, queued)
+-- Takes the free lock for `owner`, in the hash form, with the `value` it
+-- advertises, if any. `after` is the token of the grant this one follows
+-- within the same script (a hand-off), if any. Returns the fence, 0 when
+-- none is asked for.
+local function take(owner, ttl, after, queued, value)
   local fence = 0
   if fenced then
     fence = now_us()
@@ -88,6 +89,9 @@ local function take(owner, ttl, after, queued)
   end
   if queued then
     redis.call('hset', KEYS[1], '~q', 1)
+  end
+  if value then
+    redis.call('hset', KEYS[1], '~v', value)
   end
   redis.call('pexpire', KEYS[1], ttl)
   return fence
@@ -108,9 +112,14 @@ local function hand_off(me, after)
     end
     local v = redis.call('hget', KEYS[3], head)
     redis.call('hdel', KEYS[3], head)
-    local live, ttl, life, hub, owner
+    local live, ttl, life, hub, owner, value
     if v then
-      live, ttl, life, hub, owner = string.match(v, '^(%d+) (%d+) (%d+) (%S+) (%S+)$')
+      -- The owner's value, if any, is the rest of the entry, raw.
+      local _, e
+      _, e, live, ttl, life, hub, owner = string.find(v, '^(%d+) (%d+) (%d+) (%S+) (%S+)')
+      if e and e < #v then
+        value = string.sub(v, e + 2)
+      end
     end
     now = now or now_us()
     if live and tonumber(live) > now then
@@ -118,7 +127,7 @@ local function hand_off(me, after)
       -- liveness window, and extends the lease when the message reaches it.
       local lease = math.min(tonumber(ttl), tonumber(life))
       local queued = redis.call('exists', KEYS[2]) == 1
-      local fence = take(owner, lease, after, queued)
+      local fence = take(owner, lease, after, queued, value)
       redis.call('hset', KEYS[1], '~grant', head)
       redis.call('publish', hub, head .. ' ' .. string.format('%.0f', fence) .. ' ' .. lease)
       return head
@@ -160,9 +169,9 @@ end
 /// those closures cost more than the rest of an uncontended pair (measured).
 /// Nobody queued and the key free: `SET NX` takes it in the string form.
 /// The `TIME` call is wasted when the key is held, which only the contended
-/// path pays.
+/// path pays. (`value` is declared for [`ACQUIRE`]'s sake, and stays nil.)
 const ACQUIRE_FAST: &str = r"
-local owner, ttl, ticket = ARGV[1], ARGV[2], ARGV[3]
+local owner, ttl, ticket, value = ARGV[1], ARGV[2], ARGV[3]
 if redis.call('exists', KEYS[2]) == 0 then
   if fenced then
     local t = redis.call('time')
@@ -175,12 +184,25 @@ if redis.call('exists', KEYS[2]) == 0 then
 end
 ";
 
+/// What [`ACQUIRE_FAST`] sets, for an owner that advertises a value: the
+/// value is the last argument, after the waiter's if any. The string form
+/// has no room for it, so every grant takes the hash form in [`ACQUIRE`];
+/// a separate script keeps the plain path's arguments and calls as they are.
+const ACQUIRE_VALUED_FAST: &str = r"
+local owner, ttl, ticket, value = ARGV[1], ARGV[2], nil, ARGV[#ARGV]
+if #ARGV > 3 then
+  ticket = ARGV[3]
+end
+";
+
 /// KEYS: lock, queue, waiters.
-/// ARGV: owner, ttl ms; and for a waiter: ticket, liveness ms, hub channel.
+/// ARGV: owner, ttl ms; and for a waiter: ticket, liveness ms, hub channel;
+/// then, in the valued variant only, the owner's value.
 /// Returns the bare fence (0 when unfenced) for a first hold taken by
 /// [`ACQUIRE_FAST`], {1, fence, holds} for any other grant, {0, pttl} when
 /// held by another (a waiter is then queued, or its place refreshed).
-/// Follows [`ACQUIRE_FAST`], whose locals it uses.
+/// A first grant writes the value (`~v`); a re-entry leaves it alone.
+/// Follows [`ACQUIRE_FAST`] or [`ACQUIRE_VALUED_FAST`], whose locals it uses.
 const ACQUIRE: &str = r"
 local form = redis.call('type', KEYS[1])['ok']
 if form == 'string' then
@@ -196,7 +218,7 @@ if form == 'none' then
   local served = hand_off(ticket, nil)
   if served == nil or served == 'me' then
     local queued = redis.call('exists', KEYS[2]) == 1
-    return {1, take(owner, ttl, nil, queued), 1}
+    return {1, take(owner, ttl, nil, queued, value), 1}
   end
 elseif redis.call('hexists', KEYS[1], owner) == 1 then
   if ticket and redis.call('hget', KEYS[1], '~grant') == ticket then
@@ -218,8 +240,12 @@ if ticket then
   local life, hub = tonumber(ARGV[4]), ARGV[5]
   local now = now_us()
   redis.call('zadd', KEYS[2], 'NX', now, ticket)
-  redis.call('hset', KEYS[3], ticket, string.format('%.0f %s %d %s %s',
-    now + life * 1000, ttl, life, hub, owner))
+  local entry = string.format('%.0f %s %d %s %s', now + life * 1000, ttl, life, hub, owner)
+  if value then
+    -- Concatenated, not formatted: `%s` would stop at a NUL.
+    entry = entry .. ' ' .. value
+  end
+  redis.call('hset', KEYS[3], ticket, entry)
   -- The holder's release looks for waiters only when this flag is set.
   redis.call('hset', KEYS[1], '~q', 1)
   -- The queue's keys live while anyone waits, and go after.
@@ -288,6 +314,25 @@ end
 return 0
 ";
 
+/// KEYS: lock, queue, waiters. ARGV: owner, value.
+/// Sets the value `owner` advertises if it holds the lock (a live key is a
+/// live lease): 1, else 0 and nothing written. A string-form hold becomes
+/// the hash form, which has room for the value.
+const PROCLAIM: &str = r"
+local owner = ARGV[1]
+local form = redis.call('type', KEYS[1])['ok']
+if form == 'string' then
+  if parse(redis.call('get', KEYS[1])) ~= owner then
+    return 0
+  end
+  to_hash()
+elseif form ~= 'hash' or redis.call('hexists', KEYS[1], owner) == 0 then
+  return 0
+end
+redis.call('hset', KEYS[1], '~v', ARGV[2])
+return 1
+";
+
 /// KEYS: lock keys. ARGV: owner and ttl ms for each key, in turn.
 /// Returns one 1 (renewed) or 0 (not held) per key: the watchdog's batch.
 const RENEW: &str = r"
@@ -345,14 +390,14 @@ impl Variants {
 }
 
 /// Reads a lock without changing it. KEYS: lock, queue, waiters. Answers
-/// `{holds, fence or -1, pttl ms, queued, owner}`; a free lock has 0 holds
-/// and an empty owner. (The owner goes no further than the backend: Redlock
-/// counts a quorum per owner with it.)
+/// `{holds, fence or -1, pttl ms, queued, owner, value or false}`; a free
+/// lock has 0 holds and an empty owner. (`false`, since a nil would end the
+/// reply early.)
 const INSPECT: &str = r"
 local queued = redis.call('zcard', KEYS[2])
 local t = redis.call('type', KEYS[1]).ok
 if t == 'none' then
-  return {0, -1, -2, queued, ''}
+  return {0, -1, -2, queued, '', false}
 end
 local pttl = redis.call('pttl', KEYS[1])
 if t == 'string' then
@@ -364,21 +409,25 @@ if t == 'string' then
   else
     owner = v
   end
-  return {1, fence, pttl, queued, owner}
+  return {1, fence, pttl, queued, owner, false}
 end
-local holds, fence, owner = 0, -1, ''
+local holds, fence, owner, value = 0, -1, '', false
 local h = redis.call('hgetall', KEYS[1])
 for i = 1, #h, 2 do
   if h[i] == '~f' then
     fence = tonumber(h[i + 1])
+  elseif h[i] == '~v' then
+    value = h[i + 1]
   elseif string.sub(h[i], 1, 1) ~= '~' then
     holds, owner = tonumber(h[i + 1]), h[i]
   end
 end
-return {holds, fence, pttl, queued, owner}
+return {holds, fence, pttl, queued, owner, value}
 ";
 
 static ACQUIRE_SCRIPT: Variants = Variants::new(ACQUIRE_FAST, ACQUIRE, true);
+static ACQUIRE_VALUED_SCRIPT: Variants = Variants::new(ACQUIRE_VALUED_FAST, ACQUIRE, true);
+static PROCLAIM_SCRIPT: Variants = Variants::new("", PROCLAIM, true);
 static RELEASE_SCRIPT: Variants = Variants::new(RELEASE_FAST, RELEASE, true);
 static ABANDON_SCRIPT: Variants = Variants::new("", ABANDON, true);
 static RENEW_SCRIPT: Variants = Variants::new("", RENEW, false);
@@ -389,6 +438,12 @@ pub(crate) fn acquire(fenced: bool) -> &'static Script {
     ACQUIRE_SCRIPT.get(fenced)
 }
 
+/// The acquire script for an owner that advertises a value (ARGV as
+/// acquire, then the value).
+pub(crate) fn acquire_valued(fenced: bool) -> &'static Script {
+    ACQUIRE_VALUED_SCRIPT.get(fenced)
+}
+
 /// The release script (KEYS as acquire; ARGV: owner).
 pub(crate) fn release(fenced: bool) -> &'static Script {
     RELEASE_SCRIPT.get(fenced)
@@ -396,6 +451,12 @@ pub(crate) fn release(fenced: bool) -> &'static Script {
 
 pub(crate) fn abandon(fenced: bool) -> &'static Script {
     ABANDON_SCRIPT.get(fenced)
+}
+
+/// The proclaim script (KEYS as acquire; ARGV: owner, value). It writes
+/// no fence, so one variant serves both roles.
+pub(crate) fn proclaim() -> &'static Script {
+    PROCLAIM_SCRIPT.get(false)
 }
 
 pub(crate) fn renew() -> &'static Script {

@@ -1,0 +1,385 @@
+//! Leader-election values on Redis and Redlock: a value goes into the
+//! store with the grant (the plain path, a queued waiter's hand-off) and
+//! comes back from inspect byte for byte; proclaim is owner-checked; the
+//! value goes with the lock.
+
+mod common;
+
+use std::time::Duration;
+
+use locksmith_conformance::kit::servers::{redis_url, redlock_ports};
+use locksmith_core::backend::{Acquire, LockBackend, Notice, Release, Renew};
+use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken, MAX_VALUE_LEN};
+use locksmith_redis::{RedisBackend, RedlockBackend};
+
+const TTL: Duration = Duration::from_secs(30);
+/// Just above the backend's floor, to watch a lease run out.
+const SHORT: Duration = Duration::from_millis(300);
+
+fn backend() -> RedisBackend {
+    RedisBackend::connect(&format!("{}?waiter_refresh=500ms", redis_url())).unwrap()
+}
+
+fn name(what: &str) -> String {
+    format!("election:{what}:{}", OwnerToken::generate().as_str())
+}
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(name).unwrap()
+}
+
+/// Values a store could mangle: NUL, newline, spaces at either end, bytes
+/// that are not UTF-8, the empty value, and the largest one allowed.
+fn awkward_values() -> Vec<Vec<u8>> {
+    let mut big: Vec<u8> = (0..MAX_VALUE_LEN).map(|i| (i % 256) as u8).collect();
+    big[0] = b' ';
+    vec![
+        b"a\0b\nc d".to_vec(),
+        b" leading and trailing ".to_vec(),
+        vec![0xff, 0x00, 0xfe, b'\n', b'\r'],
+        Vec::new(),
+        big,
+    ]
+}
+
+async fn grant(b: &impl LockBackend, k: &LockKey, owner: &OwnerToken, ttl: Duration) -> u64 {
+    match b.try_acquire(k, owner, ttl).await.unwrap() {
+        Acquire::Acquired(g) => g.fence.map_or(0, |f| f.0),
+        other => panic!("expected to take {k:?}, got {other:?}"),
+    }
+}
+
+/// Every key the single server keeps for the lock name `name`.
+async fn stored(name: &str) -> Vec<String> {
+    common::scan(&redis_url(), &format!("*{{{name}}}*")).await
+}
+
+#[tokio::test]
+async fn a_value_round_trips_through_grant_and_inspect() {
+    let b = backend();
+    for value in awkward_values() {
+        let n = name("round-trip");
+        let k = key(&n);
+        let owner = OwnerToken::generate().with_value(value.clone()).unwrap();
+        let fence = grant(&b, &k, &owner, TTL).await;
+        let s = b.inspect(&k).await.unwrap();
+        assert!(s.held);
+        assert_eq!(s.value.as_deref(), Some(value.as_slice()), "{value:?}");
+        assert_eq!(s.owner.as_ref(), Some(&owner));
+        assert_eq!(s.fence.map(|f| f.0), Some(fence));
+        assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+        assert!(stored(&n).await.is_empty(), "{n}: keys left after release");
+    }
+}
+
+#[tokio::test]
+async fn a_plain_holder_has_no_value_and_a_re_entry_leaves_the_value_alone() {
+    let b = backend();
+    let k = key(&name("plain"));
+    let plain = OwnerToken::generate();
+    grant(&b, &k, &plain, TTL).await;
+    let s = b.inspect(&k).await.unwrap();
+    assert_eq!((s.held, s.value), (true, None));
+    assert_eq!(s.owner.as_ref(), Some(&plain));
+    assert_eq!(b.release(&k, &plain).await.unwrap(), Release::Freed);
+
+    let owner = OwnerToken::generate().with_value("first").unwrap();
+    let fence = grant(&b, &k, &owner, TTL).await;
+    assert_eq!(
+        b.proclaim(&k, &owner, b"second").await.unwrap(),
+        Renew::Renewed
+    );
+    // The token still carries "first": a re-entry is no new grant.
+    assert_eq!(grant(&b, &k, &owner, TTL).await, fence);
+    let s = b.inspect(&k).await.unwrap();
+    assert_eq!((s.holds, s.value.as_deref()), (2, Some(&b"second"[..])));
+    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::StillHeld(1));
+    assert_eq!(
+        b.inspect(&k).await.unwrap().value.as_deref(),
+        Some(&b"second"[..])
+    );
+    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+}
+
+#[tokio::test]
+async fn proclaim_by_the_owner_sets_the_value_on_either_form() {
+    let b = backend();
+    // The plain string form: proclaim moves it to the hash form, keeping
+    // its fence and lease.
+    let k = key(&name("proclaim"));
+    let owner = OwnerToken::generate();
+    let fence = grant(&b, &k, &owner, TTL).await;
+    for value in awkward_values() {
+        assert_eq!(
+            b.proclaim(&k, &owner, &value).await.unwrap(),
+            Renew::Renewed
+        );
+        let s = b.inspect(&k).await.unwrap();
+        assert_eq!(s.value.as_deref(), Some(value.as_slice()));
+        assert_eq!(s.fence.map(|f| f.0), Some(fence), "the fence is kept");
+        assert!(s.remaining.unwrap() > TTL - Duration::from_secs(5), "{s:?}");
+    }
+    assert_eq!(b.renew(&k, &owner, TTL).await.unwrap(), Renew::Renewed);
+    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+    let s = b.inspect(&k).await.unwrap();
+    assert_eq!((s.held, s.value), (false, None));
+
+    // The hash form, held with a value from the grant.
+    let owner = OwnerToken::generate().with_value("v1").unwrap();
+    grant(&b, &k, &owner, TTL).await;
+    assert_eq!(b.proclaim(&k, &owner, b"v2").await.unwrap(), Renew::Renewed);
+    assert_eq!(
+        b.inspect(&k).await.unwrap().value.as_deref(),
+        Some(&b"v2"[..])
+    );
+    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+}
+
+#[tokio::test]
+async fn proclaim_by_a_stranger_or_an_expired_owner_is_not_held_and_writes_nothing() {
+    let b = backend();
+    let n = name("stranger");
+    let k = key(&n);
+    // Free: nothing held, nothing written.
+    let nobody = OwnerToken::generate();
+    assert_eq!(b.proclaim(&k, &nobody, b"x").await.unwrap(), Renew::NotHeld);
+    assert!(stored(&n).await.is_empty());
+
+    // Held by someone else, in either form.
+    for owner in [
+        OwnerToken::generate(),
+        OwnerToken::generate().with_value("mine").unwrap(),
+    ] {
+        grant(&b, &k, &owner, TTL).await;
+        let before = b.inspect(&k).await.unwrap();
+        assert_eq!(b.proclaim(&k, &nobody, b"x").await.unwrap(), Renew::NotHeld);
+        let after = b.inspect(&k).await.unwrap();
+        assert_eq!(after.value, before.value);
+        assert_eq!(after.owner, before.owner);
+        assert_eq!(after.fence, before.fence);
+        assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+    }
+
+    // Expired, then nothing: proclaim does not bring it back.
+    let owner = OwnerToken::generate().with_value("old").unwrap();
+    grant(&b, &k, &owner, SHORT).await;
+    tokio::time::sleep(SHORT * 2).await;
+    assert_eq!(
+        b.proclaim(&k, &owner, b"new").await.unwrap(),
+        Renew::NotHeld
+    );
+    assert!(stored(&n).await.is_empty());
+
+    // Expired and taken over: the new holder's value stands.
+    let plain = OwnerToken::generate();
+    grant(&b, &k, &plain, SHORT).await;
+    tokio::time::sleep(SHORT * 2).await;
+    let next = OwnerToken::generate().with_value("next").unwrap();
+    grant(&b, &k, &next, TTL).await;
+    assert_eq!(
+        b.proclaim(&k, &plain, b"stale").await.unwrap(),
+        Renew::NotHeld
+    );
+    assert_eq!(
+        b.inspect(&k).await.unwrap().value.as_deref(),
+        Some(&b"next"[..])
+    );
+    assert_eq!(b.release(&k, &next).await.unwrap(), Release::Freed);
+}
+
+#[tokio::test]
+async fn the_value_goes_with_the_lock_on_release_and_expiry() {
+    let b = backend();
+    let n = name("gone");
+    let k = key(&n);
+    let owner = OwnerToken::generate().with_value("leader").unwrap();
+    grant(&b, &k, &owner, TTL).await;
+    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+    assert!(stored(&n).await.is_empty());
+    let plain = OwnerToken::generate();
+    grant(&b, &k, &plain, TTL).await;
+    assert_eq!(b.inspect(&k).await.unwrap().value, None);
+    assert_eq!(b.release(&k, &plain).await.unwrap(), Release::Freed);
+
+    let owner = OwnerToken::generate().with_value("leader").unwrap();
+    grant(&b, &k, &owner, SHORT).await;
+    tokio::time::sleep(SHORT * 2).await;
+    let s = b.inspect(&k).await.unwrap();
+    assert_eq!((s.held, s.value), (false, None));
+    assert!(stored(&n).await.is_empty());
+    grant(&b, &k, &plain, TTL).await;
+    assert_eq!(b.inspect(&k).await.unwrap().value, None);
+    assert_eq!(b.release(&k, &plain).await.unwrap(), Release::Freed);
+}
+
+/// The releaser's script hands the lock over and writes the waiter's value
+/// with it, before the waiter has said a word (no proclaim involved).
+#[tokio::test]
+async fn a_hand_off_writes_the_waiters_value_with_the_grant() {
+    let b = backend();
+    for value in awkward_values() {
+        let n = name("handoff");
+        let k = key(&n);
+        let holder = OwnerToken::generate().with_value("holder").unwrap();
+        grant(&b, &k, &holder, TTL).await;
+        let (w, ticket) = (
+            OwnerToken::generate().with_value(value.clone()).unwrap(),
+            OwnerToken::generate(),
+        );
+        let mut watch = b.watch(&k, &ticket).await.unwrap().expect("Redis notifies");
+        let queued = b.try_acquire_waiting(&k, &w, TTL, &ticket).await.unwrap();
+        assert!(matches!(queued, Acquire::Contended { .. }), "{queued:?}");
+        assert_eq!(b.release(&k, &holder).await.unwrap(), Release::Freed);
+        let notice = tokio::time::timeout(Duration::from_secs(5), watch.changed())
+            .await
+            .expect("the grant message arrives");
+        assert!(matches!(notice, Notice::Granted(_)), "{notice:?}");
+        let s = b.inspect(&k).await.unwrap();
+        assert_eq!(s.owner.as_ref(), Some(&w));
+        assert_eq!(s.value.as_deref(), Some(value.as_slice()));
+        // The waiter's refresh claims the grant; the value stays.
+        match b.try_acquire_waiting(&k, &w, TTL, &ticket).await.unwrap() {
+            Acquire::Acquired(g) => assert_eq!(g.holds, 1),
+            other => panic!("the refresh should find the grant, got {other:?}"),
+        }
+        assert_eq!(
+            b.inspect(&k).await.unwrap().value.as_deref(),
+            Some(value.as_slice())
+        );
+        assert_eq!(b.release(&k, &w).await.unwrap(), Release::Freed);
+        assert!(stored(&n).await.is_empty(), "{n}: keys left");
+    }
+}
+
+/// A plain waiter handed a lock whose last holder advertised a value gets
+/// none: the value is never reported for a later holder.
+#[tokio::test]
+async fn a_hand_off_to_a_plain_waiter_carries_no_value() {
+    let b = backend();
+    let k = key(&name("handoff-plain"));
+    let holder = OwnerToken::generate().with_value("holder").unwrap();
+    grant(&b, &k, &holder, TTL).await;
+    let (w, ticket) = (OwnerToken::generate(), OwnerToken::generate());
+    let mut watch = b.watch(&k, &ticket).await.unwrap().expect("Redis notifies");
+    b.try_acquire_waiting(&k, &w, TTL, &ticket).await.unwrap();
+    b.release(&k, &holder).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), watch.changed())
+        .await
+        .expect("the grant message arrives");
+    let s = b.inspect(&k).await.unwrap();
+    assert_eq!((s.owner.as_ref(), s.value), (Some(&w), None));
+    b.abandon(&k, &w, &ticket).await.unwrap();
+    assert!(!b.inspect(&k).await.unwrap().held);
+}
+
+#[tokio::test]
+async fn a_campaign_waiting_in_the_fair_queue_leads_with_its_value() {
+    let locker = Locker::new(backend());
+    let n = name("campaign");
+    let election = locker.election(n.as_str()).unwrap();
+    let opts = LockOptions::new().ttl(TTL);
+    let first = election.campaign("node-a", &opts).await.unwrap();
+    let term_a = first.term().expect("Redis gives terms");
+    let leader = election.leader().await.unwrap().expect("a leads");
+    assert_eq!(
+        (leader.value.as_slice(), leader.term),
+        (&b"node-a"[..], Some(term_a))
+    );
+
+    let waiting = election.clone();
+    let task = tokio::spawn(async move {
+        let opts = LockOptions::new()
+            .ttl(TTL)
+            .wait_for(Duration::from_secs(20));
+        waiting.campaign("node-b\0\n", &opts).await
+    });
+    // Until b is queued, a leads.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(waiters(&locker, &n).await, Some(1));
+    first.resign().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("b is handed the lead")
+        .unwrap()
+        .unwrap();
+    let leader = election.leader().await.unwrap().expect("b leads");
+    assert_eq!(leader.value, b"node-b\0\n");
+    assert_eq!(leader.term, second.term());
+    assert!(second.term().unwrap() > term_a);
+    second.resign().await.unwrap();
+    assert!(election.leader().await.unwrap().is_none());
+    assert!(stored(&n).await.is_empty(), "{n}: keys left");
+}
+
+async fn waiters(locker: &Locker, name: &str) -> Option<u32> {
+    locker.status(name).await.unwrap().waiters
+}
+
+#[tokio::test]
+async fn a_proclaim_by_a_leader_that_lost_its_lease_is_refused() {
+    let locker = Locker::new(backend());
+    let election = locker.election(name("lost").as_str()).unwrap();
+    let opts = LockOptions::new().ttl(SHORT).auto_renew(false);
+    let mut old = election.campaign("old", &opts).await.unwrap();
+    tokio::time::sleep(SHORT * 2).await;
+    let new = election
+        .campaign("new", &LockOptions::new().ttl(TTL))
+        .await
+        .unwrap();
+    let err = old.proclaim("stale").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    let leader = election.leader().await.unwrap().expect("new leads");
+    assert_eq!(leader.value, b"new");
+    new.resign().await.unwrap();
+    drop(old);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_campaign_leader_proclaim_and_resign() {
+    let ports = redlock_ports();
+    assert_eq!(ports.len(), 5, "the test wants five Redlock nodes");
+    let url = format!("{}?timeout=250ms", common::redlock_url(&ports));
+    let redlock = RedlockBackend::connect(&url).unwrap();
+    assert!(redlock.capabilities().values);
+    let locker = Locker::new(redlock);
+    let n = name("redlock");
+    let election = locker.election(n.as_str()).unwrap();
+    let opts = LockOptions::new().ttl(TTL);
+    let value = awkward_values().pop().unwrap();
+    let mut leading = election.campaign(value.clone(), &opts).await.unwrap();
+    let leader = election.leader().await.unwrap().expect("someone leads");
+    assert_eq!(leader.value, value);
+    assert_eq!(leader.term, None, "Redlock gives no terms");
+    assert!(leader.lease_left.unwrap() > TTL - Duration::from_secs(5));
+
+    // Another candidate cannot lead meanwhile.
+    let short = LockOptions::new()
+        .ttl(TTL)
+        .wait_for(Duration::from_millis(300));
+    assert!(election
+        .try_campaign("other", &short)
+        .await
+        .unwrap()
+        .is_none());
+
+    leading.proclaim("changed").await.unwrap();
+    let leader = election.leader().await.unwrap().expect("still leads");
+    assert_eq!(leader.value, b"changed");
+    // Every node has the new value.
+    for port in &ports {
+        let node = RedisBackend::connect(&format!("redis://127.0.0.1:{port}")).unwrap();
+        let s = node.inspect(&key(&n)).await.unwrap();
+        assert_eq!(s.value.as_deref(), Some(&b"changed"[..]), "node {port}");
+    }
+    leading.resign().await.unwrap();
+    assert!(election.leader().await.unwrap().is_none());
+
+    let next = election.campaign("next", &opts).await.unwrap();
+    assert_eq!(election.leader().await.unwrap().unwrap().value, b"next");
+    next.resign().await.unwrap();
+    for port in &ports {
+        let url = format!("redis://127.0.0.1:{port}");
+        let left = common::scan(&url, &format!("*{{{n}}}*")).await;
+        assert!(left.is_empty(), "node {port} kept {left:?}");
+    }
+}
