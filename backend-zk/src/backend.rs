@@ -134,6 +134,7 @@ impl LockBackend for ZkBackend {
             .with_fair(true)
             .with_retention(config.retention)
             .with_max_lease(Some(config.session_timeout))
+            .with_values(true)
     }
 
     /// A session is made and the root's parent can be read.
@@ -218,10 +219,10 @@ impl LockBackend for ZkBackend {
         layout::sort_queue(&mut children);
         for (i, first) in children.iter().enumerate() {
             let path = format!("{dir}/{first}");
-            let stat = match session.call(session.client.check_stat(&path)).await {
-                Ok(Some(stat)) => stat,
+            let (data, stat) = match session.call(session.client.get_data(&path)).await {
+                Ok(read) => read,
                 // Released while we looked: the next one holds it.
-                Ok(None) => continue,
+                Err(ZkError::NoNode) => continue,
                 Err(e) => return Err(map_err(e)),
             };
             let holds = match lock(&self.inner.held).get(key) {
@@ -229,11 +230,27 @@ impl LockBackend for ZkBackend {
                 _ => 1,
             };
             let waiters = u32::try_from(children.len() - i - 1).unwrap_or(u32::MAX);
+            // No owner token: only this process's holds have one to give,
+            // and the fence (the node's czxid) tells reigns apart as well.
             return Ok(LockStatus::held(holds)
                 .with_fence(Some(fence_of(stat.czxid)))
-                .with_waiters(Some(waiters)));
+                .with_waiters(Some(waiters))
+                .with_value(layout::value_of(first, data)));
         }
         Ok(LockStatus::free())
+    }
+
+    /// Sets the data of the owner's node, which holds the lock: only while
+    /// that node is still its live session's and first in the queue.
+    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+        let node = match lock(&self.inner.held).get(key) {
+            Some(h) if h.owner == *owner => h.node.clone(),
+            _ => return Ok(Renew::NotHeld),
+        };
+        if node.set_value(value).await? {
+            return Ok(Renew::Renewed);
+        }
+        Ok(Renew::NotHeld)
     }
 
     async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {

@@ -1,6 +1,7 @@
 //! Where a lock lives in the tree: key → directory name, and Curator's
 //! contender node names and their order.
 
+use locksmith_core::OwnerToken;
 use sha2::{Digest, Sha256};
 
 /// Curator's `InterProcessMutex` lock name: contender nodes are
@@ -74,10 +75,54 @@ pub(crate) fn key_of(dir: &str) -> Option<String> {
     }
 }
 
+/// Curator's protected-mode prefix, before a node's UUID.
+const PROTECTED: &str = "_c_";
+
 /// The prefix of one contender's node: Curator's protected-mode prefix
 /// with a fresh UUID, then the lock name. The server appends the sequence.
-pub(crate) fn contender_prefix(id: &uuid::Uuid) -> String {
-    format!("_c_{}-{LOCK_NAME}", id.hyphenated())
+/// The UUID is random but marked version 8 (RFC 9562's custom version),
+/// where Curator, and locksmith before it kept values, draw version 4:
+/// the mark says that the node's data is a value, never an owner token
+/// (see [`value_of`]). Curator takes any UUID (`UUID.fromString`).
+pub(crate) fn contender_prefix() -> String {
+    let id = uuid::Builder::from_custom_bytes(uuid::Uuid::new_v4().into_bytes()).into_uuid();
+    format!("{PROTECTED}{}-{LOCK_NAME}", id.hyphenated())
+}
+
+/// Whether `child` was named by [`contender_prefix`] (a version 8 UUID).
+fn is_marked(child: &str) -> bool {
+    child
+        .strip_prefix(PROTECTED)
+        .and_then(|rest| rest.get(..36))
+        .and_then(|id| uuid::Uuid::try_parse(id).ok())
+        .is_some_and(|id| id.get_version_num() == 8)
+}
+
+/// The data our contender node is created with: the value its owner
+/// advertises, which is what Curator's `LeaderSelector` writes (its
+/// participant id, UTF-8) and reads back as the leader's id; else nothing.
+/// Never the owner token, which nothing reads back (a lost create is found
+/// by its UUID and session, a hold by its path and session) and which
+/// would show as the leader's id to Curator.
+pub(crate) fn node_data(owner: &OwnerToken) -> &[u8] {
+    owner.value().unwrap_or_default()
+}
+
+/// The value a holder's node advertises: its data, as Curator's
+/// `getLeader()` reads a participant's id (a Curator mutex without an id
+/// writes its host's address there, which is what Curator shows too).
+/// ZooKeeper keeps no difference between empty and no data, so empty
+/// is none. A node not named by this version (Curator's, or locksmith's
+/// before values) whose data is 32 lowercase hex digits is taken for an
+/// older locksmith's generated owner token, and not shown: a token is not
+/// a value, and is not to be shown.
+pub(crate) fn value_of(child: &str, data: Vec<u8>) -> Option<Vec<u8>> {
+    let token_like =
+        || data.len() == 32 && data.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if data.is_empty() || (!is_marked(child) && token_like()) {
+        return None;
+    }
+    Some(data)
 }
 
 /// What Curator sorts a child by: the text after the last `lock-`, or the
@@ -160,7 +205,37 @@ mod tests {
             seqs,
             ["0000000001", "0000000002", "0000000003", "0000000010"]
         );
-        let p = contender_prefix(&uuid::Uuid::nil());
-        assert_eq!(p, "_c_00000000-0000-0000-0000-000000000000-lock-");
+        let p = contender_prefix();
+        assert!(p.starts_with("_c_") && p.ends_with("-lock-") && p.len() == 3 + 36 + 6);
+        assert_ne!(p, contender_prefix());
+    }
+
+    #[test]
+    fn values_are_read_back_and_tokens_never_are() {
+        let ours = format!("{}0000000007", contender_prefix());
+        let curators = "_c_0c8e2a36-5c4d-4d5e-9f1a-2b3c4d5e6f70-lock-0000000007";
+        let token = OwnerToken::generate();
+        let hex = token.as_str().as_bytes().to_vec();
+        assert_eq!(
+            value_of(&ours, b"java-1".to_vec()).as_deref(),
+            Some(&b"java-1"[..])
+        );
+        assert_eq!(
+            value_of(curators, b"java-1".to_vec()).as_deref(),
+            Some(&b"java-1"[..])
+        );
+        assert_eq!(
+            value_of(curators, vec![127, 0, 0, 1]),
+            Some(vec![127, 0, 0, 1])
+        );
+        assert_eq!(value_of(&ours, Vec::new()), None);
+        // An older locksmith's node holds its owner token: never shown.
+        assert_eq!(value_of(curators, hex.clone()), None);
+        assert_eq!(value_of("other-lock-0000000001", hex.clone()), None);
+        // Our own marked nodes hold only values, whatever they look like.
+        assert_eq!(value_of(&ours, hex.clone()), Some(hex));
+        assert_eq!(node_data(&token), b"");
+        let valued = token.with_value(b"a\0b\n".to_vec()).unwrap();
+        assert_eq!(node_data(&valued), b"a\0b\n");
     }
 }

@@ -6,7 +6,8 @@
 //! A lock is a directory, `<root>/<key>`, made as a *container* node (ZooKeeper
 //! 3.5+), which the server reaps once it is empty. A contender creates an
 //! ephemeral sequential node in it, named as Curator names its own:
-//! `_c_<uuid>-lock-<sequence>`, holding the owner token. The lowest
+//! `_c_<uuid>-lock-<sequence>`, holding its owner's advertised value, if
+//! any (see *Leader election*). The lowest
 //! sequence holds the lock. Every other waiter watches only the node just
 //! before its own (no thundering herd), so waiters are served in arrival
 //! order and a release wakes exactly one of them. Curator sorts by the same
@@ -44,6 +45,23 @@
 //! Python's kazoo names its nodes `<uuid>__lock__<sequence>`, and sees
 //! Curator's, and so ours, only when its lock is given
 //! `extra_lock_patterns=["-lock-"]`.
+//!
+//! # Leader election
+//!
+//! An election is the lock on its name, as Curator's `LeaderSelector` is
+//! an `InterProcessMutex` on its path: a campaign is a contender node whose
+//! data is the value it advertises, written by the create that queues it,
+//! so the node is never first without it. `LeaderSelector` writes its
+//! participant id (UTF-8) there in the same way, and its `getLeader()`
+//! reads the first node's data, so each side reads the other's leader: a
+//! Curator leader's id is our leader's value, and our value its id. A
+//! proclaim sets the data of the holder's own node, only while it is its
+//! live session's and first, and conditioned on the version just read;
+//! the value goes with the node. A plain lock's node holds no data (never
+//! its owner token: nothing reads the data back, and Curator would show
+//! it as an id), and empty data reads as no value. Our node's UUID is
+//! marked version 8, so that a node of locksmith before values, which
+//! held a generated owner token, is known and its token never shown.
 //!
 //! # Keys
 //!

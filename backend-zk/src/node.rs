@@ -28,6 +28,7 @@ use zookeeper_client::{
 
 use crate::config::ZkConfig;
 use crate::error::{is_session_over, map_err};
+use crate::layout;
 
 /// A live session and the client that carries it. Every node a hold or a
 /// waiter created remembers its session, so that a node of an ended
@@ -265,6 +266,69 @@ impl Contender {
             Err(e) if is_session_over(&e) => Ok(false),
             Err(e) => Err(map_err(e)),
         }
+    }
+
+    /// Writes `value` as this node's data if the node is still ours (our
+    /// live session's, created by this hold) and first in the queue:
+    /// `false`, with nothing written, otherwise. The queue only grows at
+    /// its tail, so a node granted the lock stays first until it goes; the
+    /// listing checks it anyway, in the same round trip as the node's
+    /// `Stat`. The write is conditioned on the version read with that
+    /// `Stat`, so it lands on the node just checked or not at all: a
+    /// holder can only ever write its own node, which is gone once its
+    /// lock is (released, or its session ended), never a later holder's.
+    pub(crate) async fn set_value(&self, value: &[u8]) -> Result<bool> {
+        let client = &self.session.client;
+        let (dir, name) = self.path.rsplit_once('/').unwrap_or(("", &self.path));
+        let dir = if dir.is_empty() { "/" } else { dir };
+        // A version moved by a concurrent proclaim of the same owner is
+        // read again; only a node written without end by others runs out.
+        for _ in 0..5 {
+            if self.session.is_over() {
+                return Ok(false);
+            }
+            let (stat, listed) = self
+                .session
+                .call(async {
+                    let pair = futures::future::join(
+                        client.check_stat(&self.path),
+                        client.list_children(dir),
+                    );
+                    Ok(pair.await)
+                })
+                .await
+                .unwrap_or_else(|e| (Err(e.clone()), Err(e)));
+            let version = match stat {
+                Ok(Some(s)) if s.ephemeral_owner == self.session.id && s.czxid == self.czxid => {
+                    s.version
+                }
+                Ok(_) | Err(ZkError::NoNode) => return Ok(false),
+                Err(e) if is_session_over(&e) => return Ok(false),
+                Err(e) => return Err(map_err(e)),
+            };
+            let mut children = match listed {
+                Ok(c) => c,
+                Err(ZkError::NoNode) => return Ok(false),
+                Err(e) if is_session_over(&e) => return Ok(false),
+                Err(e) => return Err(map_err(e)),
+            };
+            layout::sort_queue(&mut children);
+            if children.first().map(String::as_str) != Some(name) {
+                return Ok(false);
+            }
+            let written = client.set_data(&self.path, value, Some(version));
+            match self.session.call(written).await {
+                Ok(_) => return Ok(true),
+                Err(ZkError::BadVersion) => continue,
+                Err(ZkError::NoNode) => return Ok(false),
+                Err(e) if is_session_over(&e) => return Ok(false),
+                Err(e) => return Err(map_err(e)),
+            }
+        }
+        Err(Error::backend(format!(
+            "the data of {} kept changing under this holder's writes",
+            self.path
+        )))
     }
 }
 

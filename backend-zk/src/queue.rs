@@ -43,17 +43,14 @@ impl Inner {
         owner: &OwnerToken,
     ) -> Result<Entered> {
         let dir = self.dir(key);
-        let prefix = layout::contender_prefix(&uuid::Uuid::new_v4());
+        let prefix = layout::contender_prefix();
         let acls = self.sessions.acls();
         // The server may reap an empty directory between our mkdir and our
         // create: make it again, a few times.
         let mut dirs_made = 0;
         loop {
             let (client, list_dir) = (session.client.clone(), dir.clone());
-            let (path, data) = (
-                format!("{dir}/{prefix}"),
-                owner.as_str().as_bytes().to_vec(),
-            );
+            let (path, data) = (format!("{dir}/{prefix}"), layout::node_data(owner).to_vec());
             // Polled here; owned, so that if its answer is late it can be
             // handed to a clean-up task and still be awaited there. Two
             // requests, not a multi: a multi's create reports a bad `Stat`

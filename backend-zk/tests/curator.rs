@@ -2,6 +2,9 @@
 //! 5.4.0, driven through `tests/curator/CuratorLock.java`): on the same
 //! path, Curator and locksmith exclude each other both ways, each waits on
 //! the other's node, and with digest credentials nobody else can touch them.
+//! And with Curator's `LeaderSelector` (`tests/curator/CuratorLeader.java`):
+//! an election is one election, whichever side leads, and each reads the
+//! other's leader id.
 
 mod common;
 
@@ -18,7 +21,8 @@ use locksmith_zk::ZkBackend;
 
 const CLASSPATH: &str = "/usr/share/java/curator-recipes.jar:/usr/share/java/slf4j-nop.jar";
 
-/// One Curator client holding one `InterProcessMutex`, answering commands.
+/// One Curator client running one of the programs in `tests/curator`
+/// (an `InterProcessMutex` or a `LeaderSelector`), answering commands.
 struct Curator {
     child: Child,
     stdin: ChildStdin,
@@ -26,14 +30,19 @@ struct Curator {
 }
 
 impl Curator {
+    /// `CuratorLock.java` on `path`.
     fn start(hosts: &str, path: &str, credentials: Option<&str>) -> Curator {
-        let source = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/curator/CuratorLock.java"
-        );
+        let mut args = vec![hosts, path];
+        args.extend(credentials);
+        Curator::run("CuratorLock.java", &args)
+    }
+
+    /// `tests/curator/<program>` with `args`, once it says it is ready.
+    fn run(program: &str, args: &[&str]) -> Curator {
+        let source = format!("{}/tests/curator/{program}", env!("CARGO_MANIFEST_DIR"));
         let mut cmd = Command::new("java");
-        cmd.args(["-cp", CLASSPATH, source, hosts, path])
-            .args(credentials)
+        cmd.args(["-cp", CLASSPATH, &source])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
         let mut child = cmd
@@ -216,4 +225,76 @@ async fn with_credentials_only_that_identity_can_touch_the_locks() {
     guard.release().await.expect("release");
     assert_eq!(curator.ask("try"), "acquired");
     assert_eq!(curator.ask("release"), "released");
+}
+
+/// Java's `LeaderSelector` leads: our election sees its id as the value and
+/// cannot lead, then leads once Java gives up. We lead: Java reads our
+/// value (also after a proclaim) as the leader's id and waits, then leads
+/// once we resign. The election named `e` under the root is Curator's
+/// `<root>/e`, as a lock's key is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn curator_leader_selector_and_our_election_are_one_election() {
+    let hosts = server_hosts();
+    let root = format!("/{}", unique("interop-leader"));
+    let path = format!("{root}/e");
+    let election = locker(&hosts, "", &root).election("e").expect("election");
+    let mut java = Curator::run("CuratorLeader.java", &[&hosts, &path, "java-1"]);
+    let within = Duration::from_secs(20);
+
+    // Java leads.
+    assert_eq!(java.ask("start"), "started");
+    assert_eq!(java.next(within), "leading");
+    let leader = election
+        .leader()
+        .await
+        .expect("leader")
+        .expect("Java leads");
+    assert_eq!(leader.value_str(), Some("java-1"));
+    assert!(leader.term.is_some());
+    let no_wait = LockOptions::new().no_wait();
+    let tried = election
+        .try_campaign("rust-1", &no_wait)
+        .await
+        .expect("try_campaign");
+    assert!(tried.is_none(), "we led while Java's LeaderSelector led");
+    let campaign = {
+        let election = election.clone();
+        tokio::spawn(async move {
+            let opts = LockOptions::new().wait_for(Duration::from_secs(30));
+            election.campaign("rust-1", &opts).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !campaign.is_finished(),
+        "we led while Java's LeaderSelector led"
+    );
+    assert_eq!(java.ask("stop"), "stopped");
+    let mut ours = tokio::time::timeout(within, campaign)
+        .await
+        .expect("Java's giving up wakes our campaign")
+        .expect("task")
+        .expect("we lead");
+    let leader = election.leader().await.expect("leader").expect("we lead");
+    assert_eq!(leader.value_str(), Some("rust-1"));
+    assert_eq!(leader.term, ours.term());
+    assert!(leader.term > Some(locksmith_core::FencingToken(0)));
+
+    // We lead: Java reads our value as the leader's id, and waits.
+    assert_eq!(java.ask("start"), "started");
+    assert_eq!(java.ask("leader"), "leader rust-1");
+    ours.proclaim("rust-2").await.expect("proclaim");
+    assert_eq!(java.ask("leader"), "leader rust-2");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(java.ask("has"), "has false", "Java led while we did");
+    ours.resign().await.expect("resign");
+    assert_eq!(java.next(within), "leading");
+    assert_eq!(java.ask("has"), "has true");
+    let leader = election
+        .leader()
+        .await
+        .expect("leader")
+        .expect("Java leads");
+    assert_eq!(leader.value_str(), Some("java-1"));
+    assert_eq!(java.ask("stop"), "stopped");
 }
