@@ -134,6 +134,19 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
         contended(&lockers, d),
     )
     .await?;
+    let election = if caps.values {
+        let watcher = locksmith::connect(&url).await?;
+        let figures = timed(
+            "election, 2 candidates",
+            d,
+            super::bench_election::run(&lockers[..2], &watcher, &run_key("election"), d),
+        )
+        .await?;
+        let _ = watcher.close().await;
+        Some(figures)
+    } else {
+        None
+    };
     for l in &lockers {
         let _ = l.close().await;
     }
@@ -166,6 +179,24 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
         lo * 100.0,
         hi * 100.0
     );
+    match election {
+        Some(e) => println!(
+            "  {:<34} resign to next leader p50 {}  p99 {};  observed p50 {}  p99 {} ({} of {} \
+             reigns; polls every {} ms)",
+            "election, 2 candidates",
+            percentile(&e.handoffs, 0.50),
+            percentile(&e.handoffs, 0.99),
+            percentile(&e.observed, 0.50),
+            percentile(&e.observed, 0.99),
+            e.observed.len(),
+            e.observed.len() + e.missed,
+            locksmith::OBSERVE_EVERY.as_millis()
+        ),
+        None => println!(
+            "  {:<34} this store keeps no values: no elections",
+            "election"
+        ),
+    }
     if args.held > 0 {
         held(&url, &args, &caps).await?;
     }

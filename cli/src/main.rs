@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use locksmith::{Error, WaitPolicy};
 
 mod bench;
+mod bench_election;
 mod check;
 mod demo;
 mod endpoints;
