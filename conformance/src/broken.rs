@@ -50,13 +50,16 @@ pub enum Defect {
     ResignKeepsLease,
     /// Proclaims for the current holder, whoever asks.
     ProclaimWithoutOwnerCheck,
-    /// A candidate's attempt reaches the store 50 ms late from a detached
-    /// task: when its caller gives up meanwhile, the undo overtakes it and
-    /// the grant lands after, for nobody.
+    /// Answers a candidate's attempt on a held key "contended", yet keeps
+    /// the request and grants it once the key frees (for up to 2 s): a
+    /// campaign dropped while waiting then leads, for nobody, until its TTL.
     CampaignGrantLandsLate,
     /// Reads a store that cannot be reached as "nobody holds it".
     NoLeaderWhenDown,
 }
+
+/// How long `CampaignGrantLandsLate` keeps a contended request to grant.
+const LATE_GRANT_KEPT: Duration = Duration::from_secs(2);
 
 impl Defect {
     /// Every defect.
@@ -145,16 +148,6 @@ locksmith_core::forward_backend! {
                 _ => ttl,
             };
             let candidate = owner.value().is_some();
-            if self.defect == Defect::CampaignGrantLandsLate && candidate {
-                let (inner, key, owner) = (self.inner.clone(), key.clone(), owner.clone());
-                let late = tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    inner.try_acquire(&key, &owner, ttl).await
-                });
-                return late
-                    .await
-                    .unwrap_or_else(|e| Err(Error::backend(e.to_string())));
-            }
             if let Some(v) = owner.value().filter(|_| self.defect == Defect::StaleLeaderValue) {
                 self.extra
                     .first_values
@@ -172,6 +165,21 @@ locksmith_core::forward_backend! {
                     self.inner.release(key, &holder).await?;
                     outcome = self.inner.try_acquire(key, owner, ttl).await;
                 }
+            }
+            if self.defect == Defect::CampaignGrantLandsLate
+                && candidate
+                && matches!(outcome, Ok(Acquire::Contended { .. }))
+            {
+                let (inner, key, owner) = (self.inner.clone(), key.clone(), owner.clone());
+                tokio::spawn(async move {
+                    let until = Instant::now() + LATE_GRANT_KEPT;
+                    while Instant::now() < until {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        if let Ok(Acquire::Acquired(_)) = inner.try_acquire(&key, &owner, ttl).await {
+                            break;
+                        }
+                    }
+                });
             }
             let outcome = match outcome {
                 Err(e)
