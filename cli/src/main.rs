@@ -190,6 +190,13 @@ struct CheckArgs {
     /// Skip the conformance cases; only the fault run.
     #[arg(long)]
     no_conformance: bool,
+    /// Workers campaign in an election (advertising w<id>) instead of
+    /// locking, and two observers in this process watch the leader: the
+    /// run also checks that terms never go back, that each term names the
+    /// worker granted it, and that no read showed anyone but a holder whose
+    /// lease was valid throughout. Needs a store that keeps values.
+    #[arg(long)]
+    election: bool,
     /// Also write the fault run's whole history (every critical section
     /// and resource op, as JSON) to this file, to study a violation.
     #[arg(long)]

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::history::{self, Verdict};
 use super::nemesis::Nemesis;
+use super::observers::{self, Observers};
 use super::report::{print_fault_run_header, print_fault_table, FaultRun};
 use super::resource::Resource;
 use super::workers::{Spawner, Workers};
@@ -56,7 +57,15 @@ pub(crate) async fn fault_run(
         .await
         .map_err(|e| Error::new(locksmith::ErrorKind::Backend, format!("cannot listen: {e}")))?;
     let key = format!("locksmith-check/{}", &OwnerToken::generate().as_str()[..12]);
-    let spawner = Arc::new(Spawner::new(key.clone(), ttl, port)?);
+    let spawner = Arc::new(Spawner::new(key.clone(), ttl, port, args.election)?);
+    // Straight to the store, not through the proxies: the observers are
+    // not under the faults, so what they report is the store's own answer.
+    let observers = if args.election {
+        let locker = locksmith::connect(url).await?;
+        Some(Observers::start(locker.election(key.as_str())?))
+    } else {
+        None
+    };
     let nemesis = Nemesis::new(faults.clone(), args.workers, outlast);
     let interrupts = Interrupts::watch(&resource);
     // The run starts before its first worker, which may take the lock at
@@ -110,6 +119,18 @@ pub(crate) async fn fault_run(
         .min(started.elapsed())
         .as_secs_f64();
 
+    let election = match observers {
+        Some(o) => {
+            let (seen, errors) = o.stop().await;
+            Some(observers::judge(
+                &seen,
+                &resource.snapshot().0.sections,
+                ttl,
+                errors,
+            ))
+        }
+        None => None,
+    };
     let judged = judge(&resource, args.history.as_deref())?;
     // Killed holders' leases run out, and their sessions end, on their own.
     // Cut short, the wait leaves the lock counted as held.
@@ -138,6 +159,7 @@ pub(crate) async fn fault_run(
         acquire_errors: judged.acquire_errors,
         workers_exited: exited,
         left_held,
+        election,
     };
     if text {
         print_fault_table(&run, caps.fencing);

@@ -7,8 +7,9 @@
 //! `fault_run` (start to verdict), `workers` (the worker processes and
 //! the proxies in front of them), `nemesis` (the faults and their
 //! injection), `resource` (the counter the workers protect, and its
-//! records), `history` (the checker) and `report` (the JSON and the
-//! tables); `worker` is a worker process's own code.
+//! records), `history` (the checker), `observers` (`--election`'s leader
+//! watchers and their checker) and `report` (the JSON and the tables);
+//! `worker` is a worker process's own code.
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
@@ -24,6 +25,7 @@ mod harness;
 pub(crate) mod history;
 mod memory;
 mod nemesis;
+mod observers;
 mod report;
 mod resource;
 pub(crate) mod worker;
@@ -48,6 +50,9 @@ pub(crate) const WORKER_SUBCOMMAND: &str = "__check-worker";
 
 /// Where a worker finds its store URL.
 pub(crate) const WORKER_URL_ENV: &str = "LOCKSMITH_CHECK_WORKER_URL";
+
+/// Set for a worker that campaigns instead of locking (`--election`).
+pub(crate) const WORKER_ELECTION_ENV: &str = "LOCKSMITH_CHECK_WORKER_ELECTION";
 
 /// `locksmith check`: its exit status, or the error that ended it.
 pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
@@ -80,6 +85,12 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
             "--ttl {:?} is below this store's shortest lease, {:?}",
             args.ttl, caps.min_ttl
         )));
+    }
+    if args.election && !caps.values && !args.duration.is_zero() {
+        return Err(Error::new(
+            locksmith::ErrorKind::Unsupported,
+            "--election: this store keeps no value with a lock, so it cannot hold an election",
+        ));
     }
     let store = locksmith::backend::scheme(&url)?.store;
     let endpoints = Endpoints::of(&url)?;
@@ -163,15 +174,20 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
             f.verdict.data_violations,
         )
     });
+    let leaders = fault_run
+        .as_ref()
+        .and_then(|f| f.election.as_ref())
+        .map(|e| e.violations);
     let summary = format!(
         "check: {passed} cases passed, {skipped} skipped, {failed} failed; fault run: {a} \
-         acquisitions, {k} faults, {x} exclusion violations, {d} data violations"
+         acquisitions, {k} faults, {x} exclusion violations, {d} data violations{}",
+        leaders.map_or(String::new(), |l| format!(", {l} leader violations"))
     );
     // A fault run that never got the lock proved nothing.
     let idle = fault_run
         .as_ref()
         .is_some_and(|f| f.verdict.acquisitions == 0);
-    let code = if failed == 0 && x == 0 && d == 0 && !idle {
+    let code = if failed == 0 && x == 0 && d == 0 && leaders.unwrap_or(0) == 0 && !idle {
         0
     } else {
         EX_FOUND

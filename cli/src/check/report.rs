@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::history::Verdict;
 use super::nemesis::Fault;
+use super::observers::LeaderVerdict;
 
 /// How one conformance case came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -67,6 +68,9 @@ pub(crate) struct FaultRun {
     /// Workers that ended without being killed (and were replaced).
     pub(crate) workers_exited: u64,
     pub(crate) left_held: bool,
+    /// What the observers saw (`--election`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) election: Option<LeaderVerdict>,
 }
 
 /// The whole report, as `--json` prints it.
@@ -170,7 +174,25 @@ pub(crate) fn print_fault_table(run: &FaultRun, fencing: bool) {
         "lock left held",
         if run.left_held { "yes" } else { "no" }
     );
-    for e in &v.examples {
+    if let Some(e) = &run.election {
+        println!(
+            "  {:<24} {:>8}  {} reigns seen by 2 observers (a stream and timed reads){}",
+            "leader sightings",
+            e.sightings,
+            e.reigns_seen,
+            if e.observer_errors > 0 {
+                format!("; {} observer errors", e.observer_errors)
+            } else {
+                String::new()
+            }
+        );
+        println!("  {:<24} {:>8}", "leader violations", e.violations);
+    }
+    for e in v
+        .examples
+        .iter()
+        .chain(run.election.iter().flat_map(|e| &e.examples))
+    {
         println!("  ! {e}");
     }
 }

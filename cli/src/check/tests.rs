@@ -73,7 +73,7 @@ async fn fault_run(h: &dyn Harness, run_for: Duration) -> Verdict {
         let (key, stop, inside) = (key.clone(), stop.clone(), inside.clone());
         let mut ch = resource.clone();
         tasks.push(tokio::spawn(async move {
-            work(&locker, &key, TTL, id, &mut ch, &stop, Some(&inside))
+            work(&locker, &key, None, TTL, id, &mut ch, &stop, Some(&inside))
                 .await
                 .unwrap();
         }));
@@ -134,6 +134,79 @@ async fn a_repeating_fence_is_caught() {
     assert!(v.data_violations > 0, "{v:?}");
 }
 
+/// `--election` in this process: three candidates campaign on `h` for
+/// `run_for` while the two observers watch; then every candidate freezes
+/// (a paused process: the leader neither renews nor resigns) until its
+/// lease has long run out, while the observers go on watching. The observers' verdict.
+async fn election_run(h: &dyn Harness, run_for: Duration) -> super::observers::LeaderVerdict {
+    let key = LockKey::new(format!(
+        "check-election/{}",
+        &OwnerToken::generate().as_str()[..8]
+    ))
+    .unwrap();
+    let resource = Resource::default();
+    let stop = CancellationToken::new();
+    let watcher = Locker::from_arc(h.client().await);
+    let observers = super::observers::Observers::start(watcher.election(&key).unwrap());
+    let freeze = watch::channel(false).0;
+    let mut tasks = Vec::new();
+    for id in 0..3u32 {
+        let client: Arc<dyn LockBackend> = Observed::wrap(h.client().await, Frozen(freeze.clone()));
+        let locker = Locker::from_arc(client);
+        let election = locker.election(&key).unwrap();
+        let (key, stop) = (key.clone(), stop.clone());
+        let mut ch = resource.clone();
+        tasks.push(tokio::spawn(async move {
+            work(
+                &locker,
+                &key,
+                Some(&election),
+                TTL,
+                id,
+                &mut ch,
+                &stop,
+                None,
+            )
+            .await
+            .unwrap();
+        }));
+    }
+    tokio::time::sleep(run_for).await;
+    freeze.send_replace(true);
+    tokio::time::sleep(TTL * 5).await;
+    freeze.send_replace(false);
+    stop.cancel();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (seen, errors) = observers.stop().await;
+    let history = resource.snapshot().0;
+    let v = check(&history);
+    assert_eq!((v.exclusion_violations, v.data_violations), (0, 0), "{v:?}");
+    super::observers::judge(&seen, &history.sections, TTL, errors)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_correct_store_elects_one_leader_at_a_time_as_the_observers_see() {
+    let v = election_run(&MemoryHarness::new(), Duration::from_secs(3)).await;
+    assert_eq!(v.violations, 0, "{v:?}");
+    assert!(v.reigns_seen > 2, "{v:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_showing_a_stale_leader_value_is_caught_by_the_observers() {
+    let h = BrokenHarness::new(MemoryHarness::new(), Defect::StaleLeaderValue);
+    let v = election_run(&h, Duration::from_secs(3)).await;
+    assert!(v.violations > 0, "{v:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_showing_an_expired_leader_is_caught_by_the_observers() {
+    let h = BrokenHarness::new(MemoryHarness::new(), Defect::ExpiredLeaderShown);
+    let v = election_run(&h, Duration::from_secs(3)).await;
+    assert!(v.violations > 0, "{v:?}");
+}
+
 /// At the cut-off, workers stop of themselves: a section begun after it is
 /// refused and not recorded, while one begun before it and still running
 /// runs to its end and is judged.
@@ -171,7 +244,7 @@ async fn no_section_begins_after_the_cut_off_and_one_begun_before_ends_and_is_ju
         let (key, stop, inside) = (key.clone(), stop.clone(), inside.clone());
         let mut ch = resource.clone();
         tasks.push(tokio::spawn(async move {
-            work(&locker, &key, TTL, id, &mut ch, &stop, Some(&inside))
+            work(&locker, &key, None, TTL, id, &mut ch, &stop, Some(&inside))
                 .await
                 .unwrap();
         }));

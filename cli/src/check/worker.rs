@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use locksmith::{LockGuard, LockKey, LockOptions, Locker};
+use locksmith::{Election, LockGuard, LockKey, LockOptions, Locker, Result};
 use tokio_util::sync::CancellationToken;
 
 use super::history::{instant_ns, mono_ns};
@@ -17,18 +17,60 @@ fn deadline(guard: &LockGuard, last: u64) -> u64 {
     guard.deadline().map_or(last, |d| instant_ns(d).max(last))
 }
 
+/// How a worker takes the lock: a lock, or a leadership whose guard is the lock.
+enum Hold {
+    Lock(LockGuard),
+    Lead(locksmith::Leadership),
+}
+
+impl Hold {
+    fn guard(&self) -> &LockGuard {
+        match self {
+            Hold::Lock(g) => g,
+            Hold::Lead(l) => l.guard(),
+        }
+    }
+
+    async fn release(self) -> Result<()> {
+        match self {
+            Hold::Lock(g) => g.release().await,
+            Hold::Lead(l) => l.resign().await,
+        }
+    }
+}
+
+/// Takes the lock, or campaigns for it if `election` is given.
+async fn take(
+    locker: &Locker,
+    key: &LockKey,
+    election: Option<&Election>,
+    id: u32,
+    opts: &LockOptions,
+) -> Result<Hold> {
+    match election {
+        Some(e) => e
+            .campaign(super::observers::worker_value(id), opts)
+            .await
+            .map(Hold::Lead),
+        None => locker.lock_with(key, opts).await.map(Hold::Lock),
+    }
+}
+
 /// What a worker does inside each section, between its read and its write
 /// (tests use it to stall a holder).
 pub(crate) type Inside<'a> = &'a (dyn Fn(u32) -> futures::future::BoxFuture<'static, ()> + Sync);
 
 /// Runs until `stop`, until the resource refuses a new section (the run
-/// is over), or until the resource is gone.
+/// is over), or until the resource is gone; campaigning instead of locking
+/// when `election` is given (an election on `key`).
 ///
 /// # Errors
 /// The resource could not be reached.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn work(
     locker: &Locker,
     key: &LockKey,
+    election: Option<&Election>,
     ttl: Duration,
     id: u32,
     ch: &mut dyn Channel,
@@ -38,11 +80,11 @@ pub(crate) async fn work(
     let opts = LockOptions::new().ttl(ttl).wait_for(ttl * 5);
     let mut seq = 0u64;
     while !stop.is_cancelled() {
-        let guard = tokio::select! {
-            g = locker.lock_with(key, &opts) => g,
+        let held = tokio::select! {
+            g = take(locker, key, election, id, &opts) => g,
             () = stop.cancelled() => break,
         };
-        let guard = match guard {
+        let held = match held {
             Ok(g) => g,
             Err(e) if e.kind() == locksmith::ErrorKind::Timeout => continue,
             Err(e) => {
@@ -57,8 +99,9 @@ pub(crate) async fn work(
         };
         seq += 1;
         let start = mono_ns();
+        let guard = held.guard();
         let fence = guard.fence().map(|f| f.0);
-        let mut dl = deadline(&guard, 0);
+        let mut dl = deadline(guard, 0);
         let begun = ch
             .call(Request::Begin {
                 w: id,
@@ -70,10 +113,10 @@ pub(crate) async fn work(
             .await?;
         if !begun.ok {
             // The run is over: a section begun now would not be judged.
-            let _ = guard.release().await;
+            let _ = held.release().await;
             break;
         }
-        dl = deadline(&guard, dl);
+        dl = deadline(guard, dl);
         let read = ch
             .call(Request::Read {
                 w: id,
@@ -91,7 +134,7 @@ pub(crate) async fn work(
             if let Some(inside) = inside {
                 inside(id).await;
             }
-            dl = deadline(&guard, dl);
+            dl = deadline(guard, dl);
             ch.call(Request::Write {
                 w: id,
                 s: seq,
@@ -101,7 +144,7 @@ pub(crate) async fn work(
             })
             .await?;
         }
-        dl = deadline(&guard, dl);
+        dl = deadline(guard, dl);
         ch.call(Request::End {
             w: id,
             s: seq,
@@ -110,7 +153,7 @@ pub(crate) async fn work(
         })
         .await?;
         // A lost lock's release says so; the run has already recorded it.
-        let _ = guard.release().await;
+        let _ = held.release().await;
     }
     Ok(())
 }
@@ -179,7 +222,21 @@ async fn run(url: &str, key: &str, ttl: Duration, port: u16, id: u32) -> i32 {
             while matches!(stdin.read(&mut sink).await, Ok(n) if n > 0) {}
             eof.cancel();
         });
-        let outcome = work(&locker, &key, ttl, id, &mut ch, &stop, None).await;
+        let election = match std::env::var_os(super::WORKER_ELECTION_ENV) {
+            Some(_) => Some(locker.election(&key)?),
+            None => None,
+        };
+        let outcome = work(
+            &locker,
+            &key,
+            election.as_ref(),
+            ttl,
+            id,
+            &mut ch,
+            &stop,
+            None,
+        )
+        .await;
         let _ = tokio::time::timeout(Duration::from_secs(2), locker.close()).await;
         outcome.map_err(|e| locksmith::Error::unavailable(format!("the check's resource: {e}")))
     };

@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 
 use super::history;
 use super::resource::Resource;
-use super::{WORKER_SUBCOMMAND, WORKER_URL_ENV};
+use super::{WORKER_ELECTION_ENV, WORKER_SUBCOMMAND, WORKER_URL_ENV};
 use crate::endpoints::Endpoints;
 use crate::proxy::{self, Control};
 
@@ -39,12 +39,15 @@ pub(crate) struct Spawner {
     ttl: Duration,
     port: u16,
     next_id: AtomicU32,
+    /// The workers campaign instead of locking (`check --election`).
+    election: bool,
 }
 
 impl Spawner {
     /// Workers of this executable on `key` with leases of `ttl`, reporting
-    /// to the resource on `port`.
-    pub(crate) fn new(key: String, ttl: Duration, port: u16) -> Result<Spawner> {
+    /// to the resource on `port`; candidates in an election on `key` if
+    /// `election`.
+    pub(crate) fn new(key: String, ttl: Duration, port: u16, election: bool) -> Result<Spawner> {
         Ok(Spawner {
             exe: std::env::current_exe()
                 .map_err(|e| Error::new(locksmith::ErrorKind::Backend, format!("{e}")))?,
@@ -52,6 +55,7 @@ impl Spawner {
             ttl,
             port,
             next_id: AtomicU32::new(1),
+            election,
         })
     }
 
@@ -68,7 +72,11 @@ impl Spawner {
             }
             None => std::process::Stdio::null(),
         };
-        Command::new(&self.exe)
+        let mut command = Command::new(&self.exe);
+        if self.election {
+            command.env(WORKER_ELECTION_ENV, "1");
+        }
+        command
             .arg(WORKER_SUBCOMMAND)
             .arg(&self.key)
             .arg(humantime::format_duration(self.ttl).to_string())
