@@ -21,6 +21,7 @@ mod group;
 mod proxy;
 mod run;
 mod status;
+mod supervise;
 
 /// Configuration that retrying will not fix: bad usage, URL, option,
 /// credentials, database, table.
