@@ -1,6 +1,6 @@
-//! The `locksmith` command: run a command under a distributed lock, say
-//! whether a key is held, demonstrate mutual exclusion, prove a deployment
-//! (`check`) and size one (`bench`).
+//! The `locksmith` command: run a command under a distributed lock or while
+//! elected leader, say whether a key is held and who leads, demonstrate
+//! mutual exclusion, prove a deployment (`check`) and size one (`bench`).
 //!
 //! This file: argument parsing and exit codes (sysexits.h values, so scripts
 //! can tell "busy" from "broken"; errors map by
@@ -16,11 +16,13 @@ mod bench;
 mod bench_election;
 mod check;
 mod demo;
+mod elect;
 mod endpoints;
 mod group;
 mod proxy;
 mod run;
 mod status;
+mod supervise;
 
 /// Configuration that retrying will not fix: bad usage, URL, option,
 /// credentials, database, table.
@@ -61,6 +63,31 @@ enum Command {
     ///
     /// Exit status: 0 whether the key is held or free; otherwise as for run.
     Status(StatusArgs),
+    /// Campaigns to lead an election with a value, runs a command while
+    /// leading (as `run` runs one under a lock), resigns when it exits.
+    ///
+    /// A candidate waits to lead: forever unless --wait or --no-wait says
+    /// otherwise. The command gets LOCKSMITH_KEY, and where the store has
+    /// fences LOCKSMITH_TERM (the term, also as LOCKSMITH_FENCE). Leadership
+    /// is a lock whose holder advertises the value, so everything `run` does
+    /// holds: the command's own process group, signals passed on, the group
+    /// stopped before the lease ends when renewals fail.
+    ///
+    /// Exit status: as for run: the command's; 75 if not leading within the
+    /// wait, 69 if the store cannot be reached now, 64 for configuration
+    /// that retrying will not fix (a value over 1024 bytes, a store that
+    /// keeps no values such as SQL's ?mode=session), 70 if leadership was
+    /// lost or could not be renewed while the command ran, 76 for an
+    /// unexpected store error, 128+N when ended by signal N while waiting.
+    Elect(ElectArgs),
+    /// Says who leads an election: the leader's value, its term and the
+    /// lease left, or that nobody leads. Reads only.
+    ///
+    /// Exit status: 0 whether someone leads or not (--watch: 0 when ended
+    /// by SIGINT or SIGTERM); 69 if the store cannot be reached on the first
+    /// read, 64 for a bad URL or a store that keeps no values
+    /// (?mode=session).
+    Leader(LeaderArgs),
     /// Internal: kills a command's process group if `locksmith run` dies.
     #[command(name = "__watch-group", hide = true)]
     WatchGroup,
@@ -135,12 +162,72 @@ struct RunArgs {
 
 impl RunArgs {
     fn wait_policy(&self) -> WaitPolicy {
-        match (self.no_wait, self.wait) {
-            (true, _) => WaitPolicy::NoWait,
-            (false, Some(p)) => p,
-            (false, None) => WaitPolicy::Forever,
-        }
+        wait_policy(self.no_wait, self.wait)
     }
+}
+
+/// `--no-wait` and `--wait`, as `run` and `elect` read them: forever
+/// unless told otherwise.
+fn wait_policy(no_wait: bool, wait: Option<WaitPolicy>) -> WaitPolicy {
+    match (no_wait, wait) {
+        (true, _) => WaitPolicy::NoWait,
+        (false, Some(p)) => p,
+        (false, None) => WaitPolicy::Forever,
+    }
+}
+
+#[derive(Args, Debug)]
+struct ElectArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The election's name (the key of its lock).
+    #[arg(long)]
+    key: String,
+    /// What this candidate advertises while it leads, e.g. its address (at
+    /// most 1024 bytes); `locksmith leader` shows it.
+    #[arg(long, value_parser = clap::value_parser!(std::ffi::OsString))]
+    value: std::ffi::OsString,
+    /// Lease length; renewed every third of it while the command runs. A
+    /// leader that dies is replaced once it runs out (ZooKeeper: once its
+    /// session times out).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// How long to wait to lead: `forever` (the default: a candidate
+    /// stands until it leads), `none` (one attempt), or a duration such as
+    /// `5s`.
+    #[arg(long, value_parser = parse_wait, conflicts_with = "no_wait")]
+    wait: Option<WaitPolicy>,
+    /// Give up at once if someone else leads (the same as `--wait none`).
+    #[arg(long)]
+    no_wait: bool,
+    /// When renewal fails, how long the command gets between SIGTERM and
+    /// SIGKILL [default: a third of the TTL, at most 10s]. Capped so that the
+    /// SIGKILL lands before the lease ends.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    kill_after: Option<Duration>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct LeaderArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The election's name (the key of its lock).
+    #[arg(long)]
+    key: String,
+    /// One JSON object per line instead of text, for scripts:
+    /// {"key":…,"leader":"VALUE","encoding":"utf8","term":N,"lease_left_ms":N},
+    /// "encoding":"hex" with the value in hex when it is not UTF-8, or
+    /// {"key":…,"leader":null} when nobody leads.
+    #[arg(long)]
+    json: bool,
+    /// Follow the election: who leads now, then one line per change, until
+    /// SIGINT or SIGTERM (exit 0). A store outage is one line on stderr; the
+    /// watch goes on.
+    #[arg(long)]
+    watch: bool,
 }
 
 fn parse_wait(s: &str) -> Result<WaitPolicy, String> {
@@ -311,6 +398,8 @@ fn run_command() -> i32 {
             Command::Run(args) => run::run(args).await,
             Command::Demo(args) => demo::demo(args).await,
             Command::Status(args) => status::status(args).await,
+            Command::Elect(args) => elect::elect(args).await,
+            Command::Leader(args) => elect::leader(args).await,
             Command::WatchGroup => Ok(group::watcher_main()),
             Command::Check(args) => check::check(args).await,
             Command::Bench(args) => bench::bench(args).await,

@@ -41,7 +41,7 @@ fn line(key: &str, s: &LockStatus) -> String {
 }
 
 /// Milliseconds shown as such; a lease of seconds to the tenth.
-fn human(d: Duration) -> String {
+pub(crate) fn human(d: Duration) -> String {
     if d < Duration::from_secs(1) {
         format!("{}ms", d.as_millis())
     } else {
