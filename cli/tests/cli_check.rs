@@ -147,6 +147,53 @@ fn json_output_is_one_object_and_the_summary_ends_stderr() {
     );
 }
 
+/// `check --election` on `url`: workers campaign under kills and pauses
+/// while two observers watch; the run exits 0 having seen several reigns.
+fn election_passes(url: &str) {
+    let (code, out, err) = locksmith(&[
+        "check",
+        "--url",
+        url,
+        "--election",
+        "--no-conformance",
+        "--duration",
+        "10s",
+        "--workers",
+        "4",
+        "--faults",
+        "kill,pause",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "check --election on {url}:\n{out}\n{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    let e = &v["fault_run"]["election"];
+    assert_eq!(e["violations"].as_u64(), Some(0), "{v}");
+    assert!(e["reigns_seen"].as_u64().unwrap() > 1, "{v}");
+    assert!(
+        err.trim_end().ends_with("0 leader violations"),
+        "the summary counts leader violations: {err}"
+    );
+}
+
+#[test]
+fn election_redis() {
+    election_passes(&common::redis_url());
+}
+
+#[test]
+fn election_zookeeper() {
+    election_passes(&format!("{}?session_timeout=2s", common::zk_url()));
+}
+
+#[test]
+fn election_on_a_store_without_values_is_refused_before_the_run() {
+    let url = format!("{}?mode=session", common::postgres_url());
+    let (code, out, err) = locksmith(&["check", "--url", &url, "--election", "--no-conformance"]);
+    assert_eq!(code, 64, "{out}\n{err}");
+    assert!(err.contains("cannot hold an election"), "{err}");
+    assert!(!out.contains("fault run:"), "{out}");
+}
+
 #[test]
 fn both_commands_share_runs_exit_codes() {
     let dead = format!("redis://127.0.0.1:{}", common::closed_port());

@@ -82,7 +82,14 @@ pub(crate) async fn fault_run(
     let workers =
         Workers::start(args.workers, spawner, url, upstream.as_deref(), endpoints).await?;
     if text {
-        print_fault_run_header(args.workers, ttl, &faults, args.duration, &not_possible);
+        print_fault_run_header(
+            args.workers,
+            args.election,
+            ttl,
+            &faults,
+            args.duration,
+            &not_possible,
+        );
     }
 
     let progress = progress(&resource, nemesis.total(), args.duration, started);

@@ -89,6 +89,7 @@ pub(crate) struct Report {
 /// The line the fault run's table starts with.
 pub(crate) fn print_fault_run_header(
     workers: u32,
+    election: bool,
     ttl: Duration,
     faults: &[Fault],
     duration: Duration,
@@ -96,8 +97,13 @@ pub(crate) fn print_fault_run_header(
 ) {
     let list: Vec<&str> = faults.iter().map(|f| f.name()).collect();
     println!(
-        "\nfault run: {} workers on one key, TTL {}, faults {} for {}{}",
+        "\nfault run: {} workers {} one key, TTL {}, faults {} for {}{}",
         workers,
+        if election {
+            "campaigning in an election on"
+        } else {
+            "on"
+        },
         humantime::format_duration(ttl),
         if list.is_empty() {
             "none".to_owned()
