@@ -1,6 +1,16 @@
 //! What a lock is in memcached: one item, under a key made from the lock's
-//! key, whose value names the owner and its holds, stored for a little
-//! longer than the TTL asked for.
+//! key, whose value names the owner and its holds, and carries the value
+//! the holder advertises (a leader's), stored for a little longer than the
+//! TTL asked for.
+//!
+//! The item's value is `<owner token> <holds>`, then, if the holder
+//! advertises a value, `\n` and the value's raw bytes (any bytes, none
+//! included: memcached frames values by length). The first line is what
+//! earlier versions stored, so their items read as holds without a value.
+//! An owner token never holds a space or a newline, so the first newline
+//! ends it. Earlier versions reading an item with a value see a holder
+//! that is not theirs (the owner they parse runs into the value), or an
+//! item that is not a lock: never their own hold.
 
 use std::time::Duration;
 
@@ -33,28 +43,40 @@ pub(crate) fn item_key(prefix: &str, key: &LockKey) -> String {
     }
 }
 
-/// The item's value: whose lock it is, and how many holds.
+/// The item's value: whose lock it is, how many holds, and the value its
+/// holder advertises.
 pub(crate) struct Holder {
     pub(crate) owner: String,
     pub(crate) holds: u32,
+    pub(crate) value: Option<Vec<u8>>,
 }
 
 impl Holder {
-    /// The holder a value names; `None` for an item that is not a lock of
-    /// ours.
-    pub(crate) fn parse(value: &[u8]) -> Option<Holder> {
-        let text = std::str::from_utf8(value).ok()?;
+    /// The holder an item's data names; `None` for an item that is not a
+    /// lock of ours.
+    pub(crate) fn parse(data: &[u8]) -> Option<Holder> {
+        let (head, value) = match data.iter().position(|&b| b == b'\n') {
+            Some(i) => (&data[..i], Some(data[i + 1..].to_vec())),
+            None => (data, None),
+        };
+        let text = std::str::from_utf8(head).ok()?;
         let (owner, holds) = text.rsplit_once(' ')?;
         Some(Holder {
             owner: owner.to_owned(),
             holds: holds.parse().ok()?,
+            value,
         })
     }
 }
 
-/// The value stored for `holds` holds by `owner`: `<owner token> <holds>`.
-pub(crate) fn value(owner: &OwnerToken, holds: u32) -> Vec<u8> {
-    format!("{} {holds}", owner.as_str()).into_bytes()
+/// The data stored for `holds` holds by `owner`, advertising `value`.
+pub(crate) fn encode(owner: &OwnerToken, holds: u32, value: Option<&[u8]>) -> Vec<u8> {
+    let mut data = format!("{} {holds}", owner.as_str()).into_bytes();
+    if let Some(v) = value {
+        data.push(b'\n');
+        data.extend_from_slice(v);
+    }
+    data
 }
 
 /// The TTL sent: [`CLOCK_LAG`] more than asked, and the wire rounds it up
@@ -85,6 +107,26 @@ mod tests {
         let distinct: std::collections::HashSet<_> = hashed.iter().collect();
         assert_eq!(distinct.len(), hashed.len());
         assert_eq!(k(&"x".repeat(247)).len(), 250);
+    }
+
+    #[test]
+    fn items_carry_a_value_after_the_first_line_and_old_ones_parse() {
+        let owner = OwnerToken::generate();
+        let old = format!("{} 2", owner.as_str());
+        assert_eq!(encode(&owner, 2, None), old.as_bytes());
+        let h = Holder::parse(old.as_bytes()).unwrap();
+        assert_eq!(
+            (h.owner.as_str(), h.holds, h.value),
+            (owner.as_str(), 2, None)
+        );
+        let every: Vec<u8> = (0..=255).collect();
+        for value in [&b""[..], b"a b\n\nc 1", b"\r\n", &every] {
+            let h = Holder::parse(&encode(&owner, 3, Some(value))).unwrap();
+            assert_eq!(h.owner, owner.as_str());
+            assert_eq!((h.holds, h.value.as_deref()), (3, Some(value)));
+        }
+        assert!(Holder::parse(b"no-holds").is_none());
+        assert!(Holder::parse(b"owner x\n1").is_none());
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //!
 //! # The scheme
 //!
-//! A lock is one item whose value is `<owner token> <holds>`.
+//! A lock is one item whose value is `<owner token> <holds>`, then, when
+//! the holder advertises a value (a leader's), a newline and the value's
+//! bytes (the layout module has the details, and why items of earlier
+//! versions still read as holds).
 //! - **Acquire** is `add <key> 0 <ttl>`: the first writer wins. A lock
 //!   already held is read with `mg v c t`; another owner's is `Contended`
 //!   (with its seconds left as the latest time to look again), and our own
@@ -12,6 +15,12 @@
 //!   it with `md <key> C<cas>` (or stores one hold fewer with `cas`).
 //! - **Renew** reads the item, checks the owner, and stores the same value
 //!   again with `cas` and the new expiry.
+//! - **Proclaim** (a leader's new value) reads the item, checks the owner,
+//!   and stores the new value with `cas` and the expiry the item had: the
+//!   seconds left `mg` reported, which the server counts from the same
+//!   clock, so the lease ends when it would have. A first grant writes the
+//!   value the owner token carries with the `add`; re-entries, renewals
+//!   and releases of one hold keep the item's value.
 //!
 //! The CAS makes each write conditional on nothing having changed since
 //! the read, so a holder whose lease ran out and was taken over reads the

@@ -15,11 +15,11 @@ use async_trait::async_trait;
 use locksmith_core::backend::{
     renew_one, Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
 };
-use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
+use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result, MAX_VALUE_LEN};
 use tokio::sync::watch;
 
 use crate::error::{self, unexpected};
-use crate::layout::{item_key, store_ttl, value, Holder, CLOCK_LAG};
+use crate::layout::{encode, item_key, store_ttl, Holder, CLOCK_LAG};
 use crate::wire::{self, Commands, Reply, Server};
 
 /// The shortest TTL: memcached counts whole seconds.
@@ -169,6 +169,7 @@ impl LockBackend for Node {
         // No fences: items can be evicted and the CAS counter restarts
         // with the server (see the crate docs).
         Capabilities::default()
+            .with_values(true)
             .with_min_ttl(MIN_TTL)
             // Whole seconds, on a clock that may skip one.
             .with_ttl_resolution(CLOCK_LAG)
@@ -199,7 +200,11 @@ impl LockBackend for Node {
         self.bounded(async {
             for _ in 0..CAS_TRIES {
                 let full = match self
-                    .one(Commands::default().add(&k, &value(owner, 1), store_ttl(ttl)))
+                    .one(Commands::default().add(
+                        &k,
+                        &encode(owner, 1, owner.value()),
+                        store_ttl(ttl),
+                    ))
                     .await?
                 {
                     Reply::Stored => {
@@ -229,12 +234,13 @@ impl LockBackend for Node {
                     let retry_after = item.left.map(Duration::from_secs);
                     return Ok(Acquire::Contended { retry_after });
                 }
-                // Re-entry: one more hold, and the lease extended.
+                // Re-entry: one more hold, and the lease extended; the
+                // value stays (a re-entry is no new grant).
                 let holds = item.holder.holds.saturating_add(1);
                 match self
                     .one(Commands::default().cas(
                         &k,
-                        &value(owner, holds),
+                        &encode(owner, holds, item.holder.value.as_deref()),
                         store_ttl(ttl),
                         item.cas,
                     ))
@@ -278,7 +284,7 @@ impl LockBackend for Node {
                     let left = Duration::from_secs(item.left.unwrap_or(0));
                     c.cas(
                         &k,
-                        &value(owner, item.holder.holds - 1),
+                        &encode(owner, item.holder.holds - 1, item.holder.value.as_deref()),
                         store_ttl(left),
                         item.cas,
                     );
@@ -344,7 +350,7 @@ impl LockBackend for Node {
                         Ok(Some(item)) if item.holder.owner == r.owner.as_str() => {
                             writes.cas(
                                 &keys[i],
-                                &value(&r.owner, item.holder.holds),
+                                &encode(&r.owner, item.holder.holds, item.holder.value.as_deref()),
                                 store_ttl(r.ttl),
                                 item.cas,
                             );
@@ -410,8 +416,51 @@ impl LockBackend for Node {
                     LockStatus::held(item.holder.holds)
                         .with_remaining(left)
                         .with_owner(OwnerToken::from_string(item.holder.owner).ok())
+                        .with_value(item.holder.value)
                 }
             })
+        })
+        .await
+    }
+
+    /// The item read with its CAS, the owner checked, and the new value
+    /// stored over that version with the expiry it had (see
+    /// [`Commands::cas_keeping`]): the lease ends when it would have. A
+    /// renewal's `cas` landing in between makes ours `EXISTS`, and we read
+    /// again.
+    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+        if value.len() > MAX_VALUE_LEN {
+            return Err(Error::invalid_options(format!(
+                "a leader's value is at most {MAX_VALUE_LEN} bytes, not {}",
+                value.len()
+            )));
+        }
+        let k = self.key(key);
+        self.bounded(async {
+            for _ in 0..CAS_TRIES {
+                let Some(item) = self.read(&k).await? else {
+                    return Ok(Renew::NotHeld);
+                };
+                if item.holder.owner != owner.as_str() {
+                    return Ok(Renew::NotHeld);
+                }
+                let data = encode(owner, item.holder.holds, Some(value));
+                match self
+                    .one(Commands::default().cas_keeping(&k, &data, item.left, item.cas))
+                    .await?
+                {
+                    Reply::Stored => return Ok(Renew::Renewed),
+                    // Expired (or released) since the read.
+                    Reply::NotFound => return Ok(Renew::NotHeld),
+                    Reply::Exists => {} // changed in between: look again
+                    // Like a renewal's, it read its lock just before: no alarm.
+                    Reply::OutOfMemory(m) => return Err(self.full(&m)),
+                    other => return Err(unexpected(&other)),
+                }
+            }
+            Err(Error::unavailable(format!(
+                "the lock {key} kept changing under {CAS_TRIES} attempts"
+            )))
         })
         .await
     }

@@ -99,6 +99,22 @@ impl Commands {
         self.data(value)
     }
 
+    /// `cas` keeping the item's expiry as `mg … t` read it (`left`, in
+    /// seconds; `None`: it has none). The seconds left, counted from the
+    /// server's clock as the write arrives, end no sooner than the read
+    /// said: later only by the clock's ticks between read and write.
+    pub(crate) fn cas_keeping(
+        &mut self,
+        key: &str,
+        value: &[u8],
+        left: Option<u64>,
+        cas: u64,
+    ) -> &mut Self {
+        let exptime = left.map_or(0, |s| exptime(Duration::from_secs(s)));
+        self.line(format_args!("cas {key} 0 {exptime} {} {cas}", value.len()));
+        self.data(value)
+    }
+
     /// `md <key> C<cas>`: delete only that version.
     pub(crate) fn delete(&mut self, key: &str, cas: u64) -> &mut Self {
         self.line(format_args!("md {key} C{cas}"))
@@ -350,6 +366,13 @@ mod tests {
         assert_eq!(
             String::from_utf8(c.buf).unwrap(),
             "mg k v c t\r\nadd k 0 3 3\r\no 1\r\ncas k 0 3 3 7\r\no 2\r\nmd k C7\r\nmn\r\n"
+        );
+        let mut c = Commands::default();
+        c.cas_keeping("k", b"o 1\nv", Some(5), 8)
+            .cas_keeping("k", b"o 1", None, 9);
+        assert_eq!(
+            String::from_utf8(c.buf).unwrap(),
+            "cas k 0 5 5 8\r\no 1\nv\r\ncas k 0 0 3 9\r\no 1\r\n"
         );
     }
 }

@@ -5,27 +5,28 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use locksmith_core::backend::{Acquire, Capabilities, Grant, LockBackend, Release, Renew, Watch};
-use locksmith_core::{Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
+use locksmith_core::{Error, FencingToken, LockKey, LockStatus, OwnerToken, Result, MAX_VALUE_LEN};
 use tokio::sync::OnceCell;
 
 use crate::config::{Dialect, Mode, SqlConfig, MIN_TTL};
 #[cfg(feature = "mysql")]
 use crate::error::is_mysql_conflict;
-use crate::error::{is_missing_table, map_err};
+use crate::error::{is_missing_column, is_missing_table, map_err};
 use crate::layout::key_hash;
 #[cfg(feature = "sqlite")]
 use crate::node::use_wal;
-use crate::node::{create, open_pool, probe, Pool};
+use crate::node::{add_value_column, create, open_pool, probe, Pool};
 use crate::notify::LocalReleases;
 use crate::queries::{ttl_ms, Queries, SWEEP_BATCH};
 
 /// The statements of lease mode. Parameters: acquire (key hash, key, owner,
-/// TTL in ms); release (key hash, owner); renew (key hash, owner, TTL in ms;
-/// on MySQL the TTL comes first). The key hash is the lowercase hex SHA-256
-/// of the key.
+/// TTL in ms, the value a first grant writes or `NULL`); release (key hash,
+/// owner); renew (key hash, owner, TTL in ms; on MySQL the TTL comes
+/// first). The key hash is the lowercase hex SHA-256 of the key.
 #[derive(Debug, Clone)]
 pub struct LeaseStatements {
-    /// DDL creating the table.
+    /// DDL creating the table. A table of an earlier version lacks its
+    /// `value` column, which [`SqlBackend::migrate`] adds.
     pub create: Vec<String>,
     /// Takes a free, expired or own (re-entrant) key.
     pub acquire: String,
@@ -116,7 +117,10 @@ impl SqlBackend {
         }
     }
 
-    /// Creates the lease table if it does not exist. Every operation does this on first use; call it to fail fast at start-up.
+    /// Creates the lease table if it does not exist, and gives a table of
+    /// an earlier version the `value` column it lacks (locks held in it
+    /// stay held). Every operation does this on first use; call it to fail
+    /// fast at start-up.
     ///
     /// # Errors
     /// `Unavailable` if the database cannot be reached.
@@ -133,6 +137,7 @@ impl SqlBackend {
                 for stmt in &self.inner.queries.create {
                     create(&self.inner.pool, stmt).await?;
                 }
+                add_value_column(&self.inner.pool, &self.inner.config.table).await?;
                 Ok::<(), Error>(())
             })
             .await?;
@@ -217,6 +222,7 @@ impl SqlBackend {
                 .bind(key.as_str())
                 .bind(owner.as_str())
                 .bind(ttl_ms(ttl))
+                .bind(owner.value())
                 .fetch_optional(p)
                 .await
                 .map_err(map_err)?),
@@ -245,6 +251,7 @@ impl SqlBackend {
                 .bind(key.as_str())
                 .bind(owner.as_str())
                 .bind(ttl_ms(ttl))
+                .bind(owner.value())
                 .execute(p)
                 .await;
             match r {
@@ -335,7 +342,66 @@ impl SqlBackend {
             Renew::NotHeld
         })
     }
+
+    /// One owner-checked `UPDATE` of the value; the lease is left alone.
+    async fn lease_proclaim(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        value: &[u8],
+    ) -> Result<Renew> {
+        if value.len() > MAX_VALUE_LEN {
+            // MySQL's column would refuse it, PostgreSQL's and SQLite's not.
+            return Err(Error::invalid_options(format!(
+                "a leader's value is at most {MAX_VALUE_LEN} bytes, not {}",
+                value.len()
+            )));
+        }
+        self.migrate().await?;
+        let q = &self.inner.queries.proclaim;
+        let changed = match &self.inner.pool {
+            // Positional placeholders: the value comes first in MySQL's text.
+            #[cfg(feature = "mysql")]
+            Pool::MySql(p) => sqlx::query(q)
+                .bind(value)
+                .bind(key_hash(key))
+                .bind(owner.as_str())
+                .execute(p)
+                .await
+                .map_err(map_err)?
+                .rows_affected(),
+            #[allow(unreachable_patterns)]
+            other => on_pool!(other, p => sqlx::query(q)
+                .bind(key_hash(key))
+                .bind(owner.as_str())
+                .bind(value)
+                .execute(p)
+                .await
+                .map_err(map_err)?
+                .rows_affected()),
+        };
+        Ok(if changed == 1 {
+            Renew::Renewed
+        } else {
+            Renew::NotHeld
+        })
+    }
+
+    /// The live row of `key`: holds, fence, ms left, owner, value.
+    async fn read_row(
+        &self,
+        query: &str,
+        hash: &str,
+    ) -> std::result::Result<Option<Row>, sqlx::Error> {
+        on_pool!(&self.inner.pool, p => sqlx::query_as(query)
+            .bind(hash)
+            .fetch_optional(p)
+            .await)
+    }
 }
+
+/// A live lease row as `inspect` reads it.
+type Row = (i64, i64, i64, String, Option<Vec<u8>>);
 
 fn granted(fence: i64, holds: i64) -> Acquire {
     Acquire::Acquired(Grant {
@@ -352,6 +418,7 @@ impl LockBackend for SqlBackend {
         // once; other processes are found by polling: no `notify`.
         Capabilities::default()
             .with_fencing(true)
+            .with_values(true)
             .with_min_ttl(MIN_TTL)
             // Rows go a retention after the lock is free, swept by acquires.
             .with_retention(self.inner.config.retention + self.sweep_every())
@@ -371,23 +438,28 @@ impl LockBackend for SqlBackend {
             return Ok(LockStatus::free());
         }
         let hash = key_hash(key);
-        let q = &self.inner.queries.inspect;
-        let read: std::result::Result<Option<(i64, i64, i64)>, sqlx::Error> = on_pool!(&self.inner.pool, p => sqlx::query_as(q)
-                .bind(&hash)
-                .fetch_optional(p)
-                .await);
+        let q = &self.inner.queries;
+        let read = match self.read_row(&q.inspect, &hash).await {
+            // A table of an earlier version that no writer of this one has
+            // set up yet: it holds no values. Not altered here, as a
+            // reader may have no right to.
+            Err(e) if is_missing_column(&e) => self.read_row(&q.inspect_legacy, &hash).await,
+            other => other,
+        };
         let row = match read {
             Ok(row) => row,
             Err(e) if is_missing_table(&e) => None,
             Err(e) => return Err(map_err(e)),
         };
         Ok(match row {
-            Some((holds, fence, left_ms)) => {
+            Some((holds, fence, left_ms, owner, value)) => {
                 LockStatus::held(u32::try_from(holds).unwrap_or(u32::MAX))
                     .with_fence(u64::try_from(fence).ok().map(FencingToken))
                     .with_remaining(Some(Duration::from_millis(
                         u64::try_from(left_ms).unwrap_or(0),
                     )))
+                    .with_owner(OwnerToken::from_string(owner).ok())
+                    .with_value(value)
             }
             None => LockStatus::free(),
         })
@@ -413,6 +485,10 @@ impl LockBackend for SqlBackend {
 
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
         self.lease_renew(key, owner, ttl).await
+    }
+
+    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+        self.lease_proclaim(key, owner, value).await
     }
 
     async fn watch(&self, key: &LockKey, _ticket: &OwnerToken) -> Result<Option<Watch>> {

@@ -108,6 +108,32 @@ pub(crate) fn is_missing_table(e: &sqlx::Error) -> bool {
     }
 }
 
+/// The lease table has no `value` column (a table of an earlier version
+/// not yet set up by this one): PostgreSQL 42703, MySQL 42S22 (1054),
+/// SQLite "no such column".
+pub(crate) fn is_missing_column(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            matches!(db.code().as_deref(), Some("42703" | "42S22"))
+                || db.message().contains("no such column")
+        }
+        _ => false,
+    }
+}
+
+/// The column being added is there already (a twin added it first):
+/// PostgreSQL 42701, MySQL 42S21 (1060), SQLite "duplicate column name".
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn is_duplicate_column(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            matches!(db.code().as_deref(), Some("42701" | "42S21"))
+                || db.message().contains("duplicate column name")
+        }
+        _ => false,
+    }
+}
+
 /// A URL the driver cannot read: `Config`, the driver's reason as the source.
 pub(crate) fn bad_url(url: &RedactedUrl, e: sqlx::Error) -> Error {
     Error::config(format!("{url}: the driver cannot read this URL")).with_source(e)

@@ -6,7 +6,14 @@
 //! is truncated; `lock_key` keeps the key itself for people reading the
 //! table. `owner` is the holder's token, `NULL` once released; `holds`
 //! counts its re-entrant holds; `fence` is the last grant's fencing token;
-//! `expires_at` is the end of the lease on the database's clock.
+//! `expires_at` is the end of the lease on the database's clock; `value`
+//! is what the holder advertises (a leader's value, at most
+//! [`MAX_VALUE_LEN`](locksmith_core::MAX_VALUE_LEN) bytes), `NULL` for
+//! none. A first grant writes the value its owner token carries, a
+//! re-entry or renewal leaves it alone, `proclaim` sets it, and the last
+//! release clears it. Tables of earlier versions have no `value` column:
+//! the backend adds it when it sets the table up ([`add_value_column`]),
+//! an instant change of the catalog in every dialect that rewrites no row.
 //!
 //! A row lives while its lock does, and for the retention after: release
 //! sets `expires_at` to the time of release, and the sweep deletes rows
@@ -35,7 +42,8 @@ pub(crate) fn create_table(dialect: Dialect, t: &str) -> String {
                 owner      TEXT,
                 holds      INTEGER NOT NULL DEFAULT 0,
                 fence      INTEGER NOT NULL DEFAULT 0,
-                expires_at INTEGER NOT NULL DEFAULT 0
+                expires_at INTEGER NOT NULL DEFAULT 0,
+                value      BLOB
             )"
         ),
         Dialect::Postgres => format!(
@@ -45,7 +53,8 @@ pub(crate) fn create_table(dialect: Dialect, t: &str) -> String {
                 owner      TEXT,
                 holds      BIGINT      NOT NULL DEFAULT 0,
                 fence      BIGINT      NOT NULL DEFAULT 0,
-                expires_at TIMESTAMPTZ NOT NULL DEFAULT '-infinity'
+                expires_at TIMESTAMPTZ NOT NULL DEFAULT '-infinity',
+                value      BYTEA
             )"
         ),
         Dialect::MySql => format!(
@@ -55,9 +64,23 @@ pub(crate) fn create_table(dialect: Dialect, t: &str) -> String {
                 owner      VARCHAR(128) NULL,
                 holds      BIGINT       NOT NULL DEFAULT 0,
                 fence      BIGINT       NOT NULL DEFAULT 0,
-                expires_at BIGINT       NOT NULL DEFAULT 0
+                expires_at BIGINT       NOT NULL DEFAULT 0,
+                value      VARBINARY(1024) NULL
             ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
         ),
+    }
+}
+
+/// The DDL adding the `value` column to a lease table `t` of an earlier
+/// version. `IF NOT EXISTS` on PostgreSQL only: MySQL has no such clause
+/// on `ADD COLUMN` (MariaDB has), and SQLite none at all. The caller looks
+/// at the catalog first, and takes a "duplicate column" error from a
+/// concurrent twin as done.
+pub(crate) fn add_value_column(dialect: Dialect, t: &str) -> String {
+    match dialect {
+        Dialect::Sqlite => format!("ALTER TABLE {t} ADD COLUMN value BLOB"),
+        Dialect::Postgres => format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS value BYTEA"),
+        Dialect::MySql => format!("ALTER TABLE {t} ADD COLUMN value VARBINARY(1024) NULL"),
     }
 }
 

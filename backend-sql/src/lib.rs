@@ -4,7 +4,8 @@
 //! # Lease mode (default)
 //!
 //! Each lock is a row under a unique key holding the owner token, a hold
-//! count for re-entrancy, a fencing column and an expiry. The naive scheme
+//! count for re-entrancy, a fencing column, an expiry, and the value its
+//! holder advertises (an election's leader value). The naive scheme
 //! (insert a row to lock, delete it to unlock) has three known flaws, and
 //! this one has none of them:
 //!
@@ -46,6 +47,22 @@
 //! earlier versions (fences counted 1, 2, 3… per row, released rows kept
 //! for ever) keep working: their fences are far below the clock, and their
 //! old rows are swept like new ones.
+//!
+//! # Leader values
+//!
+//! Lease rows run elections (`Locker::election`): the row's `value`
+//! column (at most 1024 bytes) is written with the first grant, in the
+//! acquire's own statement, so a lock is never seen held without its
+//! value; re-entries and renewals leave it alone; `proclaim` is one
+//! `UPDATE` checking the owner and the lease, and leaves the lease alone;
+//! the last release clears it. Tables of earlier versions have no `value`
+//! column; the backend adds it when it sets the table up (its first
+//! operation, or [`SqlBackend::migrate`]), and locks held in them stay
+//! held. Until then, a reader sees their locks without values. Clients of
+//! earlier versions still running on the table neither write nor clear
+//! values: one that takes a lock over from an expired leader shows that
+//! leader's value until it releases, so upgrade every client before using
+//! elections on a table they share. Session mode keeps no values.
 //!
 //! # Session mode (`?mode=session`, PostgreSQL and MySQL): [`SqlSessionBackend`]
 //!

@@ -13,9 +13,12 @@ use std::time::Duration;
 use locksmith_core::{Error, Result};
 
 use crate::config::{Dialect, SqlConfig};
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+use crate::error::is_duplicate_column;
 #[cfg(feature = "sqlite")]
 use crate::error::is_sqlite_busy;
 use crate::error::{bad_url, map_err};
+use crate::layout::add_value_column as add_value_column_ddl;
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
 compile_error!("locksmith-sql needs at least one of the features sqlite, postgres, mysql");
@@ -153,41 +156,15 @@ pub(crate) async fn create(pool: &Pool, stmt: &str) -> Result<()> {
     match pool {
         #[cfg(feature = "postgres")]
         Pool::Postgres(p) => {
-            let mut tx = p.begin().await.map_err(map_err)?;
-            sqlx::query("SELECT pg_advisory_xact_lock(7418327730937188175)")
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
+            let mut tx = pg_ddl_begin(p).await?;
             sqlx::query(stmt).execute(&mut *tx).await.map_err(map_err)?;
             tx.commit().await.map_err(map_err)?;
         }
-        // A DDL statement starts as a read of the schema and then writes. In
-        // WAL mode, when another connection wrote in between (several clients
-        // creating the table of a new file at once), SQLite answers BUSY at
-        // once without waiting the busy timeout, as waiting cannot refresh
-        // a stale snapshot. BEGIN IMMEDIATE takes the write lock first, and
-        // that does wait.
         #[cfg(feature = "sqlite")]
         Pool::Sqlite(p) => {
-            use sqlx::Connection;
-            let mut conn = p.acquire().await.map_err(map_err)?;
-            sqlx::query("BEGIN IMMEDIATE")
-                .execute(&mut *conn)
-                .await
-                .map_err(map_err)?;
-            let created = sqlx::query(stmt).execute(&mut *conn).await;
-            let ended = match created {
-                Ok(_) => sqlx::query("COMMIT").execute(&mut *conn).await,
-                Err(e) => {
-                    let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-                    Err(e)
-                }
-            };
-            if ended.is_err() {
-                // Never hand back to the pool a connection in a transaction.
-                let _ = conn.detach().close().await;
-            }
-            ended.map_err(map_err)?;
+            let mut conn = sqlite_ddl_begin(p).await?;
+            let created = sqlx::query(stmt).execute(&mut *conn).await.map(|_| ());
+            sqlite_ddl_end(conn, created).await?;
         }
         #[allow(unreachable_patterns)]
         other => {
@@ -195,6 +172,130 @@ pub(crate) async fn create(pool: &Pool, stmt: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Gives a lease table of an earlier version its `value` column, and
+/// leaves one that has it alone. The catalog is read first, so a table
+/// that has the column (every start but the first after an upgrade) is
+/// never altered: an `ALTER TABLE` takes the table's strongest lock, even
+/// to do nothing. Many processes starting at once add it once: they take
+/// turns (PostgreSQL's advisory lock, SQLite's write lock), or the losers
+/// of the race are told "duplicate column" and take that as done (MySQL).
+pub(crate) async fn add_value_column(pool: &Pool, table: &str) -> Result<()> {
+    match pool {
+        #[cfg(feature = "postgres")]
+        Pool::Postgres(p) => {
+            let mut tx = pg_ddl_begin(p).await?;
+            // to_regclass reads the name as the statements do: unquoted,
+            // folded to lower case, found on the search path.
+            let there: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1)
+                                AND attname = 'value' AND NOT attisdropped)",
+            )
+            .bind(table)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            if !there {
+                let ddl = add_value_column_ddl(Dialect::Postgres, table);
+                sqlx::query(&ddl).execute(&mut *tx).await.map_err(map_err)?;
+            }
+            tx.commit().await.map_err(map_err)?;
+        }
+        #[cfg(feature = "mysql")]
+        Pool::MySql(p) => {
+            let there: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.COLUMNS
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = 'value'",
+            )
+            .bind(table)
+            .fetch_one(p)
+            .await
+            .map_err(map_err)?;
+            if there == 0 {
+                let ddl = add_value_column_ddl(Dialect::MySql, table);
+                match sqlx::query(&ddl).execute(p).await {
+                    Err(e) if !is_duplicate_column(&e) => return Err(map_err(e)),
+                    _ => {}
+                }
+            }
+        }
+        #[cfg(feature = "sqlite")]
+        Pool::Sqlite(p) => {
+            let mut conn = sqlite_ddl_begin(p).await?;
+            let added = async {
+                let there: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name = 'value'",
+                )
+                .bind(table)
+                .fetch_one(&mut *conn)
+                .await?;
+                if there == 0 {
+                    let ddl = add_value_column_ddl(Dialect::Sqlite, table);
+                    match sqlx::query(&ddl).execute(&mut *conn).await {
+                        Err(e) if !is_duplicate_column(&e) => return Err(e),
+                        _ => {}
+                    }
+                }
+                Ok(())
+            }
+            .await;
+            sqlite_ddl_end(conn, added).await?;
+        }
+    }
+    Ok(())
+}
+
+/// A transaction holding the advisory lock that PostgreSQL's DDL here runs
+/// under, so that processes setting the table up at once take turns.
+#[cfg(feature = "postgres")]
+async fn pg_ddl_begin(p: &sqlx::PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    let mut tx = p.begin().await.map_err(map_err)?;
+    sqlx::query("SELECT pg_advisory_xact_lock(7418327730937188175)")
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+    Ok(tx)
+}
+
+/// A connection in `BEGIN IMMEDIATE`, for DDL. A DDL statement starts as a
+/// read of the schema and then writes. In WAL mode, when another
+/// connection wrote in between (several clients creating the table of a
+/// new file at once), SQLite answers BUSY at once without waiting the busy
+/// timeout, as waiting cannot refresh a stale snapshot. BEGIN IMMEDIATE
+/// takes the write lock first, and that does wait.
+#[cfg(feature = "sqlite")]
+async fn sqlite_ddl_begin(
+    p: &sqlx::SqlitePool,
+) -> Result<sqlx::pool::PoolConnection<sqlx::Sqlite>> {
+    let mut conn = p.acquire().await.map_err(map_err)?;
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    Ok(conn)
+}
+
+/// Commits what [`sqlite_ddl_begin`] began if `done` is `Ok`, else rolls it
+/// back.
+#[cfg(feature = "sqlite")]
+async fn sqlite_ddl_end(
+    mut conn: sqlx::pool::PoolConnection<sqlx::Sqlite>,
+    done: std::result::Result<(), sqlx::Error>,
+) -> Result<()> {
+    use sqlx::Connection;
+    let ended = match done {
+        Ok(()) => sqlx::query("COMMIT").execute(&mut *conn).await.map(|_| ()),
+        Err(e) => {
+            let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+            Err(e)
+        }
+    };
+    if ended.is_err() {
+        // Never hand back to the pool a connection in a transaction.
+        let _ = conn.detach().close().await;
+    }
+    ended.map_err(map_err)
 }
 
 /// Opens and closes one connection outside the pool, so that a database

@@ -19,12 +19,18 @@ pub(crate) struct Queries {
     pub(crate) acquire: String,
     pub(crate) release: String,
     pub(crate) renew: String,
+    /// Sets the holder's value, owner-checked, leaving the lease alone
+    /// (parameters: key hash, owner, value; on MySQL the value first).
+    pub(crate) proclaim: String,
     /// Deletes up to [`SWEEP_BATCH`] rows free for longer than the retention
     /// (parameter: the retention in ms).
     pub(crate) sweep: String,
     /// Reads a live lease row without changing it (parameter: key hash):
-    /// holds, fence, ms of lease left.
+    /// holds, fence, ms of lease left, owner, value.
     pub(crate) inspect: String,
+    /// [`inspect`](Self::inspect) on a table of an earlier version, not
+    /// yet given its `value` column: the value reads as `NULL`.
+    pub(crate) inspect_legacy: String,
     /// MySQL only: reads the hold count after a re-entrant grant.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) holds: String,
@@ -61,13 +67,15 @@ fn sqlite(t: &str) -> Queries {
         // re-enter our own live hold (holds + 1, same fence). A live row of
         // another owner fails the WHERE and returns nothing: contended.
         acquire: format!(
-            "INSERT INTO {t} (key_hash, lock_key, owner, holds, fence, expires_at)
-             VALUES (?1, ?2, ?3, 1, {us}, {now} + ?4)
+            "INSERT INTO {t} (key_hash, lock_key, owner, holds, fence, expires_at, value)
+             VALUES (?1, ?2, ?3, 1, {us}, {now} + ?4, ?5)
              ON CONFLICT (key_hash) DO UPDATE SET
                 holds = CASE WHEN {t}.owner = excluded.owner AND {t}.expires_at > {now}
                              THEN {t}.holds + 1 ELSE 1 END,
                 fence = CASE WHEN {t}.owner = excluded.owner AND {t}.expires_at > {now}
                              THEN {t}.fence ELSE MAX({t}.fence + 1, {us}) END,
+                value = CASE WHEN {t}.owner = excluded.owner AND {t}.expires_at > {now}
+                             THEN {t}.value ELSE excluded.value END,
                 owner = excluded.owner,
                 expires_at = excluded.expires_at
              WHERE {t}.owner IS NULL OR {t}.expires_at <= {now} OR {t}.owner = excluded.owner
@@ -77,6 +85,7 @@ fn sqlite(t: &str) -> Queries {
             "UPDATE {t} SET
                 holds = holds - 1,
                 owner = CASE WHEN holds > 1 THEN owner ELSE NULL END,
+                value = CASE WHEN holds > 1 THEN value ELSE NULL END,
                 expires_at = CASE WHEN holds > 1 THEN expires_at ELSE {now} END
              WHERE key_hash = ?1 AND owner = ?2 AND expires_at > {now}
              RETURNING holds"
@@ -85,13 +94,21 @@ fn sqlite(t: &str) -> Queries {
             "UPDATE {t} SET expires_at = {now} + ?3
              WHERE key_hash = ?1 AND owner = ?2 AND expires_at > {now}"
         ),
+        proclaim: format!(
+            "UPDATE {t} SET value = ?3
+             WHERE key_hash = ?1 AND owner = ?2 AND expires_at > {now}"
+        ),
         sweep: format!(
             "DELETE FROM {t} WHERE key_hash IN
                 (SELECT key_hash FROM {t} WHERE expires_at < {now} - ?1 LIMIT {batch})
              AND expires_at < {now} - ?1"
         ),
         inspect: format!(
-            "SELECT holds, fence, expires_at - {now} FROM {t}
+            "SELECT holds, fence, expires_at - {now}, owner, value FROM {t}
+             WHERE key_hash = ?1 AND owner IS NOT NULL AND expires_at > {now}"
+        ),
+        inspect_legacy: format!(
+            "SELECT holds, fence, expires_at - {now}, owner, NULL FROM {t}
              WHERE key_hash = ?1 AND owner IS NOT NULL AND expires_at > {now}"
         ),
         holds: String::new(),
@@ -108,13 +125,15 @@ fn postgres(t: &str) -> Queries {
     Queries {
         create: vec![create_table(Dialect::Postgres, t)],
         acquire: format!(
-            "INSERT INTO {t} AS l (key_hash, lock_key, owner, holds, fence, expires_at)
-             VALUES ($1, $2, $3, 1, {us}, now() + $4::bigint * interval '1 millisecond')
+            "INSERT INTO {t} AS l (key_hash, lock_key, owner, holds, fence, expires_at, value)
+             VALUES ($1, $2, $3, 1, {us}, now() + $4::bigint * interval '1 millisecond', $5)
              ON CONFLICT (key_hash) DO UPDATE SET
                 holds = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > now()
                              THEN l.holds + 1 ELSE 1 END,
                 fence = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > now()
                              THEN l.fence ELSE GREATEST(l.fence + 1, {us}) END,
+                value = CASE WHEN l.owner = EXCLUDED.owner AND l.expires_at > now()
+                             THEN l.value ELSE EXCLUDED.value END,
                 owner = EXCLUDED.owner,
                 expires_at = EXCLUDED.expires_at
              WHERE l.owner IS NULL OR l.expires_at <= now() OR l.owner = EXCLUDED.owner
@@ -124,12 +143,17 @@ fn postgres(t: &str) -> Queries {
             "UPDATE {t} SET
                 holds = holds - 1,
                 owner = CASE WHEN holds > 1 THEN owner ELSE NULL END,
+                value = CASE WHEN holds > 1 THEN value ELSE NULL END,
                 expires_at = CASE WHEN holds > 1 THEN expires_at ELSE now() END
              WHERE key_hash = $1 AND owner = $2 AND expires_at > now()
              RETURNING holds"
         ),
         renew: format!(
             "UPDATE {t} SET expires_at = now() + $3::bigint * interval '1 millisecond'
+             WHERE key_hash = $1 AND owner = $2 AND expires_at > now()"
+        ),
+        proclaim: format!(
+            "UPDATE {t} SET value = $3
              WHERE key_hash = $1 AND owner = $2 AND expires_at > now()"
         ),
         // The outer condition is checked again on a row that changed while
@@ -141,7 +165,12 @@ fn postgres(t: &str) -> Queries {
         ),
         inspect: format!(
             "SELECT holds, fence,
-                    (extract(epoch from (expires_at - now())) * 1000)::bigint
+                    (extract(epoch from (expires_at - now())) * 1000)::bigint, owner, value
+             FROM {t} WHERE key_hash = $1 AND owner IS NOT NULL AND expires_at > now()"
+        ),
+        inspect_legacy: format!(
+            "SELECT holds, fence,
+                    (extract(epoch from (expires_at - now())) * 1000)::bigint, owner, NULL::bytea
              FROM {t} WHERE key_hash = $1 AND owner IS NOT NULL AND expires_at > now()"
         ),
         holds: String::new(),
@@ -164,20 +193,22 @@ fn mysql(t: &str) -> Queries {
     Queries {
         create: vec![create_table(Dialect::MySql, t)],
         // MySQL has no RETURNING here, and evaluates these assignments left to
-        // right, each seeing the columns already assigned. So owner and
-        // expires_at go last, and expires_at tests the *new* owner. The
+        // right, each seeing the columns already assigned. So value, owner
+        // and expires_at go last (value before owner, as it tests the old
+        // one), and expires_at tests the *new* owner. The
         // outcome comes back in the OK packet through LAST_INSERT_ID(expr):
         // the clock's µs from the VALUES list on a fresh insert (evaluated on duplicates
         // too, hence the explicit reset), the new fence on takeover, the fence
         // plus a flag on re-entry, and 0 when someone else holds the key.
         acquire: format!(
-            "INSERT INTO {t} (key_hash, lock_key, owner, holds, fence, expires_at)
-             VALUES (?, ?, ?, 1, LAST_INSERT_ID({us}), {now} + ?)
+            "INSERT INTO {t} (key_hash, lock_key, owner, holds, fence, expires_at, value)
+             VALUES (?, ?, ?, 1, LAST_INSERT_ID({us}), {now} + ?, ?)
              ON DUPLICATE KEY UPDATE
                 holds = IF({mine}, holds + 1, IF({free}, 1, holds)),
                 fence = IF({mine}, LAST_INSERT_ID(fence + {flag}) - {flag},
                         IF({free}, LAST_INSERT_ID(GREATEST(fence + 1, {us})),
                            fence + LAST_INSERT_ID(0))),
+                value = IF({mine}, value, IF({free}, VALUES(value), value)),
                 owner = IF({mine} OR {free}, VALUES(owner), owner),
                 expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at)"
         ),
@@ -187,6 +218,7 @@ fn mysql(t: &str) -> Queries {
             "UPDATE {t} SET
                 holds = LAST_INSERT_ID(holds - 1),
                 owner = IF(holds > 0, owner, NULL),
+                value = IF(holds > 0, value, NULL),
                 expires_at = IF(holds > 0, expires_at, {now})
              WHERE key_hash = ? AND owner = ? AND expires_at > {now}"
         ),
@@ -194,9 +226,19 @@ fn mysql(t: &str) -> Queries {
             "UPDATE {t} SET expires_at = {now} + ?
              WHERE key_hash = ? AND owner = ? AND expires_at > {now}"
         ),
+        // Matched rows: a value set again to what it was still counts.
+        proclaim: format!(
+            "UPDATE {t} SET value = ?
+             WHERE key_hash = ? AND owner = ? AND expires_at > {now}"
+        ),
         sweep: format!("DELETE FROM {t} WHERE expires_at < {now} - ? LIMIT {batch}"),
+        // The table's binary collation would make the owner read as bytes.
         inspect: format!(
-            "SELECT holds, fence, expires_at - {now} FROM {t}
+            "SELECT holds, fence, expires_at - {now}, CONVERT(owner USING utf8mb4), value FROM {t}
+             WHERE key_hash = ? AND owner IS NOT NULL AND expires_at > {now}"
+        ),
+        inspect_legacy: format!(
+            "SELECT holds, fence, expires_at - {now}, CONVERT(owner USING utf8mb4), NULL FROM {t}
              WHERE key_hash = ? AND owner IS NOT NULL AND expires_at > {now}"
         ),
         holds: format!("SELECT holds FROM {t} WHERE key_hash = ? AND owner = ?"),

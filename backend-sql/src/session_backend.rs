@@ -83,8 +83,10 @@ impl SqlSessionBackend {
 #[async_trait]
 impl LockBackend for SqlSessionBackend {
     fn capabilities(&self) -> Capabilities {
-        // No row to keep a counter in: no fences (see the crate docs), and
-        // nothing kept once a lock is free. Releases made by this process
+        // No row to keep a counter or a value in: no fences (see the crate
+        // docs), no leader values (`proclaim` keeps the trait's
+        // `Unsupported`, and elections are refused), and nothing kept once
+        // a lock is free. Releases made by this process
         // wake this process's waiters at once; others are found by polling.
         Capabilities::default()
             .with_min_ttl(MIN_TTL)

@@ -1,6 +1,6 @@
-//! A lease table written by the previous version (rows kept for ever, fences
-//! counted 1, 2, 3… per row, released rows marked with an expiry of 0 or
-//! `-infinity`) keeps working under this one: a lock held across the
+//! A lease table written by the previous versions (no `value` column, rows
+//! kept for ever, fences counted 1, 2, 3… per row, released rows marked
+//! with an expiry of 0 or `-infinity`) keeps working under this one: a lock held across the
 //! upgrade stays held and its holder can renew and release it, no fence
 //! goes below one already given, and the old rows are swept.
 
@@ -129,10 +129,12 @@ async fn upgrade(dialect: Dialect, base_url: &str, driver_url: &str) {
     let run = &token.as_str()[..10];
     let table = format!("upgrade_{run}");
     let url = with_params(base_url, &format!("table={table}&retention=1s"));
-    let b = SqlBackend::connect(&url).unwrap();
-    // The table's layout is the previous version's: same DDL.
-    b.migrate().await.unwrap();
+    // The table as the previous version made it (no `value` column: this
+    // one adds it on first use), and rows as earlier ones left them.
+    let ddl = common::legacy_create_table(dialect, &table);
+    common::execute(dialect, driver_url, &ddl).await.unwrap();
     insert_legacy(dialect, driver_url, &table, run).await;
+    let b = SqlBackend::connect(&url).unwrap();
     let rows = legacy_rows(run);
     let (held, released, expired) = (&rows[0], &rows[1], &rows[2]);
 

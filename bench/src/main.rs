@@ -164,6 +164,7 @@ async fn raw_pairs(pool: &RawPool, s: &LeaseStatements, key: &str, iterations: u
                     .bind(key)
                     .bind(&owner)
                     .bind(TTL_MS)
+                    .bind(None::<Vec<u8>>)
                     .fetch_optional(p)
                     .await
                     .expect("acquire");
@@ -182,6 +183,7 @@ async fn raw_pairs(pool: &RawPool, s: &LeaseStatements, key: &str, iterations: u
                     .bind(key)
                     .bind(&owner)
                     .bind(TTL_MS)
+                    .bind(None::<Vec<u8>>)
                     .execute(p)
                     .await
                     .expect("acquire");

@@ -195,3 +195,143 @@ pub async fn kill_session(dialect: Dialect, url: &str, id: i64) -> anyhow::Resul
     }
     anyhow::bail!("session {id} was still there 10 s after it was killed")
 }
+
+/// The lease table as the release before leader values created it: every
+/// column of today's but `value`.
+pub fn legacy_create_table(dialect: Dialect, t: &str) -> String {
+    match dialect {
+        Dialect::Sqlite => format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+                key_hash   TEXT    NOT NULL PRIMARY KEY,
+                lock_key   TEXT    NOT NULL,
+                owner      TEXT,
+                holds      INTEGER NOT NULL DEFAULT 0,
+                fence      INTEGER NOT NULL DEFAULT 0,
+                expires_at INTEGER NOT NULL DEFAULT 0
+            )"
+        ),
+        Dialect::Postgres => format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+                key_hash   TEXT        NOT NULL PRIMARY KEY,
+                lock_key   TEXT        NOT NULL,
+                owner      TEXT,
+                holds      BIGINT      NOT NULL DEFAULT 0,
+                fence      BIGINT      NOT NULL DEFAULT 0,
+                expires_at TIMESTAMPTZ NOT NULL DEFAULT '-infinity'
+            )"
+        ),
+        _ => format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+                key_hash   CHAR(64)     NOT NULL PRIMARY KEY,
+                lock_key   TEXT         NOT NULL,
+                owner      VARCHAR(128) NULL,
+                holds      BIGINT       NOT NULL DEFAULT 0,
+                fence      BIGINT       NOT NULL DEFAULT 0,
+                expires_at BIGINT       NOT NULL DEFAULT 0
+            ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+        ),
+    }
+}
+
+/// Runs one statement on the database at `url`, outside any backend (an
+/// SQLite file is created if missing).
+pub async fn execute(dialect: Dialect, url: &str, sql: &str) -> anyhow::Result<()> {
+    use sqlx::{ConnectOptions, Connection};
+    use std::str::FromStr;
+    match dialect {
+        Dialect::Postgres => {
+            let mut c = sqlx::PgConnection::connect(url).await?;
+            sqlx::query(sql).execute(&mut c).await?;
+        }
+        Dialect::MySql => {
+            let mut c = sqlx::MySqlConnection::connect(url).await?;
+            sqlx::query(sql).execute(&mut c).await?;
+        }
+        _ => {
+            let mut c = sqlx::sqlite::SqliteConnectOptions::from_str(url)?
+                .create_if_missing(true)
+                .connect()
+                .await?;
+            sqlx::query(sql).execute(&mut c).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The `value` column of `key_hash`'s row in `table`, read from the store
+/// itself: `None` when there is no row.
+pub async fn stored_value(
+    dialect: Dialect,
+    url: &str,
+    table: &str,
+    key_hash: &str,
+) -> anyhow::Result<Option<Option<Vec<u8>>>> {
+    use sqlx::Connection;
+    let sql = |p: &str| format!("SELECT value FROM {table} WHERE key_hash = {p}");
+    Ok(match dialect {
+        Dialect::Postgres => {
+            let mut c = sqlx::PgConnection::connect(url).await?;
+            sqlx::query_scalar(&sql("$1"))
+                .bind(key_hash)
+                .fetch_optional(&mut c)
+                .await?
+        }
+        Dialect::MySql => {
+            let mut c = sqlx::MySqlConnection::connect(url).await?;
+            sqlx::query_scalar(&sql("?"))
+                .bind(key_hash)
+                .fetch_optional(&mut c)
+                .await?
+        }
+        _ => {
+            let mut c = sqlx::SqliteConnection::connect(url).await?;
+            sqlx::query_scalar(&sql("?1"))
+                .bind(key_hash)
+                .fetch_optional(&mut c)
+                .await?
+        }
+    })
+}
+
+/// Whether `table` has a column `column`, read from the catalog.
+pub async fn has_column(
+    dialect: Dialect,
+    url: &str,
+    table: &str,
+    column: &str,
+) -> anyhow::Result<bool> {
+    use sqlx::Connection;
+    let n: i64 = match dialect {
+        Dialect::Postgres => {
+            let mut c = sqlx::PgConnection::connect(url).await?;
+            sqlx::query_scalar(
+                "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass($1)
+                 AND attname = $2 AND NOT attisdropped",
+            )
+            .bind(table)
+            .bind(column)
+            .fetch_one(&mut c)
+            .await?
+        }
+        Dialect::MySql => {
+            let mut c = sqlx::MySqlConnection::connect(url).await?;
+            sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.COLUMNS
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+            )
+            .bind(table)
+            .bind(column)
+            .fetch_one(&mut c)
+            .await?
+        }
+        _ => {
+            let mut c = sqlx::SqliteConnection::connect(url).await?;
+            sqlx::query_scalar("SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2")
+                .bind(table)
+                .bind(column)
+                .fetch_one(&mut c)
+                .await?
+        }
+    };
+    Ok(n > 0)
+}
