@@ -171,30 +171,40 @@ fn leads(value: &'static str) -> impl Fn(&Option<Leader>) -> bool {
     move |l| l.as_ref().is_some_and(|l| l.value == value.as_bytes())
 }
 
-/// A campaign, a proclaim, and a resignation followed by another leader,
-/// each seen within [`SOON`] by an observer that polls every [`NEVER`].
-async fn heard_by_notice(locker: &Locker, name: &str) -> [Duration; 3] {
+/// A campaign, a proclaim, a resignation, a new leader, and a hand-off
+/// to a waiting candidate as its leader resigns, each seen within
+/// [`SOON`] by an observer that polls every [`NEVER`]: how long after
+/// the proclaim, the resignation, the second campaign and the second
+/// resignation returned each showed.
+async fn heard_by_notice(locker: &Locker, name: &str, opts: &LockOptions) -> [Duration; 4] {
     let election = locker.election(name).unwrap();
     let mut changes = Box::pin(election.observe_every(NEVER));
     assert!(changes.next().await.unwrap().unwrap().is_none());
-    let opts = LockOptions::new();
-    let mut a = election.campaign("a", &opts).await.unwrap();
+    let mut a = election.campaign("a", opts).await.unwrap();
     until(&mut changes, SOON, "a leads", leads("a")).await;
     a.proclaim("a-2").await.unwrap();
     let proclaimed = until(&mut changes, SOON, "a proclaims", leads("a-2")).await;
     a.resign().await.unwrap();
     let resigned = until(&mut changes, SOON, "a resigns", Option::is_none).await;
-    let b = election.campaign("b", &opts).await.unwrap();
-    let next = until(&mut changes, SOON, "b leads", leads("b")).await;
+    let b = election.campaign("b", opts).await.unwrap();
+    let led = until(&mut changes, SOON, "b leads", leads("b")).await;
+    let waiting = election.clone();
+    let wait = opts.clone().wait_for(SOON * 2);
+    let c = tokio::spawn(async move { waiting.campaign("c", &wait).await });
+    // c is waiting (or about to): b still leads meanwhile.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     b.resign().await.unwrap();
-    [proclaimed, resigned, next]
+    // Straight to c, or through "nobody" first.
+    let handed = until(&mut changes, SOON, "c leads after b", leads("c")).await;
+    c.await.unwrap().unwrap().resign().await.unwrap();
+    [proclaimed, resigned, led, handed]
 }
 
 #[tokio::test]
 async fn an_observer_hears_each_change_long_before_its_poll() {
     let locker = Locker::new(MemoryBackend::new());
-    let delays = heard_by_notice(&locker, "e").await;
-    eprintln!("memory: proclaim, resign, next leader seen after {delays:?}");
+    let delays = heard_by_notice(&locker, "e", &LockOptions::new()).await;
+    eprintln!("memory: proclaim, resign, new leader, hand-off seen after {delays:?}");
 }
 
 /// The memory store with its notices hidden, as a store without them.
