@@ -39,8 +39,10 @@ use crate::options::LockOptions;
 /// a change shows at most this late.
 pub const OBSERVE_EVERY: Duration = Duration::from_millis(100);
 
-/// How soon an observer whose subscription to the store's notices ended
-/// reads and subscribes again, at the latest (sooner with a shorter poll).
+/// How often, at the least, an observer of a store that announces changes
+/// reads it and tries to subscribe again while it has no live subscription
+/// (before the first one, and after one failed or ended, or a read
+/// failed): its poll may be long only because notices come.
 const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
 
 /// How many ended reigns an observer remembers, to refuse a late read of
@@ -194,8 +196,9 @@ impl Election {
     /// (where it does: see [`OBSERVE_EVERY`]), and when the current
     /// leader's lease runs out, so a reign ends in the stream at the end of
     /// its lease. It subscribes to the store's notices when it starts, and
-    /// again after an error or a subscription that ended; the poll bounds
-    /// how late a lost notice's change shows. It never shows an older reign
+    /// again after an error or a subscription that ended, reading at least
+    /// every second meanwhile; the poll bounds how late a lost notice's
+    /// change shows. Like any stream, it does all this only while polled. It never shows an older reign
     /// after a newer one. A store that cannot be read yields one `Err` per
     /// outage, then keeps trying; it never yields "nobody leads" for a
     /// store it could not read.
@@ -286,15 +289,14 @@ impl Observer {
             }
             let read_at = Instant::now();
             let read = self.election.read().await;
-            let mut next = read_at + self.every;
             let (status, leader) = match read {
                 Ok(r) => r,
                 Err(e) => {
-                    self.next_read = Some(next);
                     // Its connection may be what failed: subscribe afresh.
                     if matches!(self.notices, Notices::Live(_)) {
                         self.notices = Notices::Wanted;
                     }
+                    self.next_read = Some(read_at + self.poll());
                     if self.failing {
                         continue;
                     }
@@ -305,6 +307,7 @@ impl Observer {
                 }
             };
             self.failing = false;
+            let mut next = read_at + self.poll();
             if let Some(left) = leader.as_ref().and_then(|l| l.lease_left) {
                 // Read again just after the lease would end unrenewed.
                 next = next.min(read_at + left + Duration::from_millis(1));
@@ -347,6 +350,17 @@ impl Observer {
 }
 
 impl Observer {
+    /// How long until the next read when nothing sooner is due: the poll,
+    /// long where the store's notices are relied on; without a live
+    /// subscription, at most [`RESUBSCRIBE_AFTER`], so the store is read
+    /// (and subscribed to again) sooner.
+    fn poll(&self) -> Duration {
+        match self.notices {
+            Notices::Live(_) | Notices::Unannounced => self.every,
+            Notices::Wanted | Notices::Coming(_) => self.every.min(RESUBSCRIBE_AFTER),
+        }
+    }
+
     /// Waits until `until`, or a notice, or a subscription that arrives:
     /// the store may have changed since the read before it was made.
     async fn wait(&mut self, until: Instant) {

@@ -281,6 +281,8 @@ struct Cuttable {
     store: MemoryBackend,
     feeds: Mutex<Vec<tokio::task::AbortHandle>>,
     subscribed: AtomicUsize,
+    /// How many subscriptions to refuse before making one.
+    refusals: AtomicUsize,
 }
 
 impl Cuttable {
@@ -297,6 +299,10 @@ locksmith_core::forward_backend! {
     impl LockBackend for Cuttable {
         // The store's notices, relayed by a task the test can end.
         async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+            let refuse = |n: usize| n.checked_sub(1);
+            if self.refusals.fetch_update(Ordering::SeqCst, Ordering::SeqCst, refuse).is_ok() {
+                return Err(Error::unavailable("cannot subscribe (injected fault)"));
+            }
             self.subscribed.fetch_add(1, Ordering::SeqCst);
             let Some(mut inner) = self.store.changes(key).await? else {
                 return Ok(None);
@@ -334,4 +340,31 @@ async fn an_ended_subscription_is_made_again() {
     until(&mut changes, SOON, "b leads", leads("b")).await;
     assert_eq!(store.subscribed.load(Ordering::SeqCst), 2);
     b.resign().await.unwrap();
+}
+
+/// A subscription that cannot be made is tried again; meanwhile the store
+/// is read every second, however long the poll, since the long poll relied
+/// on notices.
+#[tokio::test]
+async fn a_refused_subscription_is_tried_again_and_polled_meanwhile() {
+    let store = Arc::new(Cuttable::default());
+    store.refusals.store(2, Ordering::SeqCst);
+    let locker = Locker::from_arc(store.clone());
+    let election = locker.election("e").unwrap();
+    let mut changes = Box::pin(election.observe_every(NEVER));
+    assert!(changes.next().await.unwrap().unwrap().is_none());
+    let mut a = election.campaign("a", &LockOptions::new()).await.unwrap();
+    let polled = until(&mut changes, SOON, "a leads", leads("a")).await;
+    assert!(polled < Duration::from_secs(2), "a took {polled:?}");
+    // Refused twice, a second apart: subscribed by the third try.
+    let start = Instant::now();
+    while store.subscribed.load(Ordering::SeqCst) == 0 {
+        assert!(start.elapsed() < SOON, "never subscribed again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The stream works only while polled.
+        let _ = tokio::time::timeout(Duration::from_millis(1), changes.next()).await;
+    }
+    a.proclaim("a-2").await.unwrap();
+    until(&mut changes, SOON, "a proclaims", leads("a-2")).await;
+    a.resign().await.unwrap();
 }
