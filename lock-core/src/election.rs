@@ -347,9 +347,7 @@ impl Observer {
             return Ok(leader);
         }
     }
-}
 
-impl Observer {
     /// How long until the next read when nothing sooner is due: the poll,
     /// long where the store's notices are relied on; without a live
     /// subscription, at most [`RESUBSCRIBE_AFTER`], so the store is read
