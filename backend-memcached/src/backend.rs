@@ -106,6 +106,7 @@ mod tests {
             | Method::RenewMany
             | Method::Inspect
             | Method::Proclaim
+            | Method::Changes
             | Method::Watch
             | Method::TryAcquireWaiting
             | Method::Abandon => Expect::Forwarded,

@@ -183,6 +183,13 @@ impl LockBackend for RedisBackend {
         }
     }
 
+    /// The lock's channel, on which the scripts announce each change of a
+    /// lock that carries a value (a plain lock's go unannounced, and cost
+    /// nothing).
+    async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+        Ok(Some(self.inner.node.changes(&self.keys(key)).await?))
+    }
+
     async fn watch(&self, _key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
         Ok(Some(self.inner.node.watch(ticket).await?))
     }

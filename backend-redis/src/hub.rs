@@ -1,8 +1,9 @@
-//! The shared pub/sub connection on which one backend's waiters hear that
-//! a lock was handed to them.
+//! The shared pub/sub connection of one backend: its waiters hear on it
+//! that a lock was handed to them, and its election observers that a lock
+//! with a leader value changed.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -10,28 +11,47 @@ use futures::StreamExt;
 use locksmith_core::backend::{Grant, Watch};
 use locksmith_core::{Error, FencingToken, OwnerToken, Result};
 use redis::aio::PubSubSink;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::map_err;
 
-type Tickets = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Grant>>>>;
+type Tickets = Mutex<HashMap<String, mpsc::UnboundedSender<Grant>>>;
+
+/// Observers' subscriptions, by lock channel: the connection (by number)
+/// that subscribed it, and the counter its messages bump.
+type Changes = Mutex<HashMap<String, (u64, watch::Sender<u64>)>>;
 
 /// The shared pub/sub connection of one backend. It listens on a channel of
 /// its own, on which the scripts publish `<ticket> <fence> <lease ms>` when
 /// they hand a lock to one of this backend's waiters; each message wakes
-/// that waiter only. A message sent while the connection was down is lost;
-/// the waiter finds its grant on its next refresh.
+/// that waiter only. It also subscribes to the channels of the locks its
+/// election observers watch, on which the scripts announce each change of
+/// a lock that carries a value. A message sent while the connection was
+/// down is lost: a waiter finds its grant on its next refresh; an
+/// observer's subscription ends with the connection, and the observer
+/// reads the lock again and subscribes anew (on a new connection).
 #[derive(Debug)]
 pub(crate) struct Hub {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
     client: redis::Client,
     connect_timeout: Duration,
     channel: String,
+    /// Held while connecting and while subscribing to or leaving a lock's
+    /// channel, so those happen one at a time, in order.
     conn: tokio::sync::Mutex<Option<HubConn>>,
+    /// How many connections were made, which numbers each.
+    connections: AtomicU64,
     tickets: Tickets,
+    changes: Changes,
 }
 
 struct HubConn {
-    _sink: PubSubSink,
+    sink: PubSubSink,
+    number: u64,
     alive: Arc<AtomicBool>,
     /// Dropped with the hub: stops the reader, which closes the connection.
     _stop: oneshot::Sender<()>,
@@ -40,65 +60,163 @@ struct HubConn {
 impl std::fmt::Debug for HubConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HubConn")
+            .field("number", &self.number)
             .field("alive", &self.alive.load(Ordering::Relaxed))
             .finish()
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Unregisters a ticket when its watch is dropped.
 struct Registration {
     ticket: String,
-    tickets: Weak<Mutex<HashMap<String, mpsc::UnboundedSender<Grant>>>>,
+    shared: Weak<Shared>,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if let Some(t) = self.tickets.upgrade() {
-            t.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&self.ticket);
+        if let Some(s) = self.shared.upgrade() {
+            lock(&s.tickets).remove(&self.ticket);
         }
+    }
+}
+
+/// Leaves a lock's channel when its last observer's watch is dropped.
+struct Observing {
+    channel: String,
+    shared: Weak<Shared>,
+}
+
+impl Drop for Observing {
+    fn drop(&mut self) {
+        let (Some(shared), Ok(rt)) = (self.shared.upgrade(), tokio::runtime::Handle::try_current())
+        else {
+            // Outside a runtime the subscription stays until the
+            // connection goes; its messages wake nobody.
+            return;
+        };
+        let channel = std::mem::take(&mut self.channel);
+        rt.spawn(async move { shared.leave(&channel).await });
     }
 }
 
 impl Hub {
     pub(crate) fn new(client: redis::Client, connect_timeout: Duration) -> Self {
         Hub {
-            client,
-            connect_timeout,
-            channel: format!("locksmith:hub:{}", OwnerToken::generate().as_str()),
-            conn: tokio::sync::Mutex::new(None),
-            tickets: Arc::default(),
+            shared: Arc::new(Shared {
+                client,
+                connect_timeout,
+                channel: format!("locksmith:hub:{}", OwnerToken::generate().as_str()),
+                conn: tokio::sync::Mutex::new(None),
+                connections: AtomicU64::new(0),
+                tickets: Mutex::default(),
+                changes: Mutex::default(),
+            }),
         }
     }
 
     /// Subscribes (again, after a dropped connection) if need be; returns
     /// the channel once the server confirmed it.
     pub(crate) async fn listening(&self) -> Result<&str> {
-        let mut conn = self.conn.lock().await;
+        let mut conn = self.shared.conn.lock().await;
+        self.shared.live(&mut conn).await?;
+        Ok(&self.shared.channel)
+    }
+
+    pub(crate) fn register(&self, ticket: &OwnerToken) -> Watch {
+        let (tx, rx) = mpsc::unbounded_channel();
+        lock(&self.shared.tickets).insert(ticket.as_str().to_owned(), tx);
+        let registration = Registration {
+            ticket: ticket.as_str().to_owned(),
+            shared: Arc::downgrade(&self.shared),
+        };
+        Watch::grants(rx, Some(Box::new(registration)))
+    }
+
+    /// A watch on `channel`, a lock's change channel, once the server
+    /// confirmed the subscription. It ends with the connection.
+    pub(crate) async fn changes(&self, channel: String) -> Result<Watch> {
+        let shared = &self.shared;
+        let mut conn = shared.conn.lock().await;
+        let c = shared.live(&mut conn).await?;
+        let number = c.number;
+        let existing = lock(&shared.changes)
+            .get(&channel)
+            .filter(|(n, _)| *n == number)
+            .map(|(_, tx)| tx.subscribe());
+        let rx = match existing {
+            Some(rx) => rx,
+            None => {
+                let mut sink = c.sink.clone();
+                match tokio::time::timeout(shared.connect_timeout, sink.subscribe(&channel)).await {
+                    Ok(r) => r.map_err(map_err)?,
+                    Err(_) => return Err(Error::unavailable("pub/sub subscribe timed out")),
+                }
+                let (tx, rx) = watch::channel(0);
+                lock(&shared.changes).insert(channel.clone(), (number, tx));
+                // The reader clears a dead connection's channels after
+                // marking it dead: one inserted since is cleared here.
+                if !c.alive.load(Ordering::SeqCst) {
+                    shared.forget(number);
+                    return Err(Error::unavailable("pub/sub connection lost"));
+                }
+                rx
+            }
+        };
+        let observing = Observing {
+            channel,
+            shared: Arc::downgrade(shared),
+        };
+        Ok(Watch::new(rx, Some(Box::new(observing))))
+    }
+}
+
+impl Shared {
+    /// The live connection, made anew if there is none or it died.
+    async fn live<'a>(self: &Arc<Self>, conn: &'a mut Option<HubConn>) -> Result<&'a HubConn> {
         if !conn
             .as_ref()
             .is_some_and(|c| c.alive.load(Ordering::SeqCst))
         {
             *conn = Some(self.connect().await?);
         }
-        Ok(&self.channel)
+        conn.as_ref()
+            .ok_or_else(|| Error::backend("pub/sub connection missing"))
     }
 
-    pub(crate) fn register(&self, ticket: &OwnerToken) -> Watch {
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.tickets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(ticket.as_str().to_owned(), tx);
-        let registration = Registration {
-            ticket: ticket.as_str().to_owned(),
-            tickets: Arc::downgrade(&self.tickets),
+    /// Drops the lock channels subscribed on connection `number`, which
+    /// ends their observers' watches.
+    fn forget(&self, number: u64) {
+        lock(&self.changes).retain(|_, (n, _)| *n != number);
+    }
+
+    /// Leaves `channel` if nobody observes it any more.
+    async fn leave(&self, channel: &str) {
+        let conn = self.conn.lock().await;
+        let idle = {
+            let mut changes = lock(&self.changes);
+            let idle = changes
+                .get(channel)
+                .is_some_and(|(_, tx)| tx.receiver_count() == 0);
+            if idle {
+                changes.remove(channel);
+            }
+            idle
         };
-        Watch::grants(rx, Some(Box::new(registration)))
+        if let Some(c) = conn
+            .as_ref()
+            .filter(|c| idle && c.alive.load(Ordering::SeqCst))
+        {
+            let mut sink = c.sink.clone();
+            // Best effort: a channel left subscribed wakes nobody.
+            let _ = tokio::time::timeout(self.connect_timeout, sink.unsubscribe(channel)).await;
+        }
     }
 
-    async fn connect(&self) -> Result<HubConn> {
+    async fn connect(self: &Arc<Self>) -> Result<HubConn> {
         let connecting = async {
             let pubsub = self.client.get_async_pubsub().await.map_err(map_err)?;
             let (mut sink, stream) = pubsub.split();
@@ -110,9 +228,15 @@ impl Hub {
             Ok(r) => r?,
             Err(_) => return Err(Error::unavailable("pub/sub connect timed out")),
         };
+        let number = self.connections.fetch_add(1, Ordering::SeqCst);
+        // No lock channel of an earlier connection is subscribed on this
+        // one (and none is subscribed anew without the lock held here).
+        lock(&self.changes).clear();
         let alive = Arc::new(AtomicBool::new(true));
-        let (tickets, flag) = (Arc::downgrade(&self.tickets), alive.clone());
+        let flag = alive.clone();
         let (stop, mut stopped) = oneshot::channel::<()>();
+        let own = self.channel.clone();
+        let shared = Arc::downgrade(self);
         tokio::spawn(async move {
             loop {
                 let msg = tokio::select! {
@@ -122,38 +246,48 @@ impl Hub {
                 let Some(msg) = msg else {
                     break;
                 };
-                let Some(tickets) = tickets.upgrade() else {
+                let Some(shared) = shared.upgrade() else {
                     break;
                 };
-                let payload: String = msg.get_payload().unwrap_or_default();
-                let mut fields = payload.split(' ');
-                let (Some(ticket), Some(Ok(fence)), lease) = (
-                    fields.next(),
-                    fields.next().map(str::parse::<u64>),
-                    fields.next().and_then(|l| l.parse::<u64>().ok()),
-                ) else {
-                    continue;
-                };
-                let sender = tickets
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(ticket)
-                    .cloned();
-                if let Some(s) = sender {
-                    let _ = s.send(Grant {
-                        fence: Some(FencingToken(fence)),
-                        holds: 1,
-                        lease: lease.map(Duration::from_millis),
-                    });
+                if msg.get_channel_name() == own {
+                    shared.granted(&msg);
+                } else if let Some((_, tx)) = lock(&shared.changes).get(msg.get_channel_name()) {
+                    tx.send_modify(|v| *v = v.wrapping_add(1));
                 }
             }
-            // Waiters fall back to their refresh; the next attempt reconnects.
+            // Waiters fall back to their refresh, observers subscribe
+            // again; the next request reconnects.
             flag.store(false, Ordering::SeqCst);
+            if let Some(shared) = shared.upgrade() {
+                shared.forget(number);
+            }
         });
         Ok(HubConn {
-            _sink: sink,
+            sink,
+            number,
             alive,
             _stop: stop,
         })
+    }
+
+    /// Hands a grant message to the waiter it names.
+    fn granted(&self, msg: &redis::Msg) {
+        let payload: String = msg.get_payload().unwrap_or_default();
+        let mut fields = payload.split(' ');
+        let (Some(ticket), Some(Ok(fence)), lease) = (
+            fields.next(),
+            fields.next().map(str::parse::<u64>),
+            fields.next().and_then(|l| l.parse::<u64>().ok()),
+        ) else {
+            return;
+        };
+        let sender = lock(&self.tickets).get(ticket).cloned();
+        if let Some(s) = sender {
+            let _ = s.send(Grant {
+                fence: Some(FencingToken(fence)),
+                holds: 1,
+                lease: lease.map(Duration::from_millis),
+            });
+        }
     }
 }

@@ -20,6 +20,11 @@
 //!   for an owner that advertises a value, a space and the value's raw
 //!   bytes to the end of the entry (so a hand-off writes it with the grant).
 //!
+//! A lock that carries a value also has a pub/sub **channel**, the lock's
+//! key name and `:changes`, on which the scripts announce each grant,
+//! release, hand-off and proclaim of it (`granted`, `released`,
+//! `proclaimed`) for election observers. A channel keeps nothing.
+//!
 //! Everything of a lock goes with its key, on release or at expiry, and
 //! the queue's keys expire once nobody refreshes them: nothing is kept per
 //! name once the lock is free.
@@ -57,6 +62,13 @@ impl Keys {
     /// The lock's own key, all a renewal touches.
     pub(crate) fn lock(prefix: &str, key: &LockKey) -> String {
         format!("{prefix}{{{}}}:lock", key.as_str())
+    }
+
+    /// The channel on which the scripts announce the changes of a lock
+    /// that carries a value: the lock's key and `:changes`, as the scripts
+    /// name it (`KEYS[1] .. ':changes'`).
+    pub(crate) fn changes(&self) -> String {
+        format!("{}:changes", self.all[0])
     }
 
     /// A call of `script` on all three keys.

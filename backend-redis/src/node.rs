@@ -1,5 +1,6 @@
 //! One Redis server: the scripts run on a self-reconnecting connection, and
-//! grants to this backend's waiters arrive on its [`Hub`].
+//! grants to this backend's waiters, and changes of the locks its election
+//! observers watch, arrive on its [`Hub`].
 
 use std::time::Duration;
 
@@ -333,6 +334,14 @@ impl Node {
                 .with_value(value))
         })
         .await
+    }
+
+    /// A watch on the changes of the lock of `keys` that carries a value,
+    /// subscribed on the hub (see [`Hub`]). Bounded as [`ping`](Self::ping):
+    /// it may have to connect.
+    pub(crate) async fn changes(&self, keys: &Keys) -> Result<Watch> {
+        let limit = self.connect_timeout * 2 + self.timeout;
+        self.within(limit, self.hub.changes(keys.changes())).await
     }
 
     /// Where grants to `ticket` will arrive (see [`Hub`]).

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use locksmith_core::backend::{
-    renew_one, Acquire, Capabilities, LockBackend, Quorum, Release, Renew, RenewRequest,
+    renew_one, Acquire, Capabilities, LockBackend, Quorum, Release, Renew, RenewRequest, Watch,
 };
 use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
@@ -18,8 +18,10 @@ use crate::node::{Node, Role};
 /// granted it within `ttl − elapsed − drift`. A minority of nodes down or
 /// held by others changes nothing; a majority down is `Unavailable`, and a
 /// failed acquire is undone on every node. No fencing tokens (see the crate
-/// docs); waiters poll with backoff rather than subscribe on N nodes. The
-/// quorum rules are [`Quorum`]'s, shared with every quorum backend.
+/// docs); waiters poll with backoff rather than subscribe on N nodes. An
+/// election observer hears every node's announcements and reads the quorum
+/// on each. The quorum rules are [`Quorum`]'s, shared with every quorum
+/// backend.
 #[derive(Debug, Clone)]
 pub struct RedlockBackend {
     inner: Arc<Inner>,
@@ -42,7 +44,7 @@ pub(crate) struct QuorumNode {
 // A node, not a wrapper: `watch`, `try_acquire_waiting`, `abandon` and
 // `alarm` keep the trait's defaults (no notification, no queue, no alarm),
 // which is all a node has to say; the quorum answers those itself and
-// never asks its nodes.
+// never asks its nodes. `changes` is the node's own: Redlock merges them.
 #[async_trait]
 impl LockBackend for QuorumNode {
     fn capabilities(&self) -> Capabilities {
@@ -100,6 +102,67 @@ impl LockBackend for QuorumNode {
             .await?;
         Ok(if set { Renew::Renewed } else { Renew::NotHeld })
     }
+
+    async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+        let keys = Keys::new(&self.prefix, key);
+        Ok(Some(self.node.changes(&keys).await?))
+    }
+}
+
+/// Ends the task that merges the nodes' notices when its watch is dropped.
+struct Merging(tokio::task::AbortHandle);
+
+impl Drop for Merging {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// One watch that wakes on any node's notice: an observer reads the quorum
+/// again on each, so a node that announced a change the quorum does not
+/// have yet costs one read. A change is made on at least a quorum of
+/// nodes, so it is heard while the watch has `n − quorum + 1` nodes
+/// subscribed; it ends (and the observer subscribes again) when fewer are
+/// left, and fewer at the start is the first node's error.
+async fn merged<B: LockBackend>(quorum: &Quorum<B>, key: &LockKey) -> Result<Option<Watch>> {
+    let nodes = quorum.nodes();
+    let needed = nodes.len() - quorum.quorum() + 1;
+    let answers = futures::future::join_all(nodes.iter().map(|n| n.changes(key))).await;
+    let mut parts = Vec::new();
+    let mut error = None;
+    for answer in answers {
+        match answer {
+            Ok(Some(w)) => parts.push(w),
+            Ok(None) => {}
+            Err(e) => {
+                error.get_or_insert(e);
+            }
+        }
+    }
+    if parts.len() < needed {
+        return match error {
+            Some(e) => Err(e),
+            None => Ok(None),
+        };
+    }
+    let (tx, rx) = tokio::sync::watch::channel(0u64);
+    let task = tokio::spawn(async move {
+        while parts.len() >= needed {
+            let (notice, i) = {
+                let waits = parts.iter_mut().map(|w| Box::pin(w.notice()));
+                let (notice, i, _) = futures::future::select_all(waits).await;
+                (notice, i)
+            };
+            match notice {
+                Some(_) => tx.send_modify(|v| *v = v.wrapping_add(1)),
+                None => drop(parts.swap_remove(i)),
+            }
+        }
+    });
+    Ok(Some(Watch::new(
+        rx,
+        Some(Box::new(Merging(task.abort_handle()))),
+    )))
 }
 
 impl RedlockBackend {
@@ -162,8 +225,13 @@ impl RedlockBackend {
 
 // Every method is the quorum's, the waiting hooks and the alarm too:
 // `Quorum` answers those itself (no notification, queue or alarm across
-// independent masters) and says why.
+// independent masters) and says why. But `changes`, which `Quorum` leaves
+// unannounced: Redlock knows its nodes announce, and merges them.
 locksmith_core::forward_backend! {
     (self) => self.inner.quorum;
-    impl LockBackend for RedlockBackend {}
+    impl LockBackend for RedlockBackend {
+        async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+            merged(&self.inner.quorum, key).await
+        }
+    }
 }

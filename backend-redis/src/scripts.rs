@@ -27,6 +27,13 @@
 //! finds its grant on its next refresh, and one that gave up can hand it
 //! on; the record goes with the lock.
 //!
+//! A lock that carries a value (an election's) is announced on its
+//! channel (see [`layout`](crate::layout)) by the script that grants it
+//! (a hand-off included), frees it or proclaims on it, in the same atomic
+//! step, so an observer woken by the message reads the change. A plain
+//! lock is never announced: the one thing it pays is one more field in
+//! the `HMGET` of a release in the hash form.
+//!
 //! The common case is cheap, because Redis charges for every call a script
 //! makes and every key and argument it is given (measured with callgrind on
 //! the server): a free key with nobody queued is taken with one `EXISTS`,
@@ -72,10 +79,15 @@ local function to_hash()
   redis.call('pexpire', KEYS[1], math.max(pttl, 1))
 end
 
+-- Tells election observers that the lock, which carries a value, changed.
+local function announce(what)
+  redis.call('publish', KEYS[1] .. ':changes', what)
+end
+
 -- Takes the free lock for `owner`, in the hash form, with the `value` it
--- advertises, if any. `after` is the token of the grant this one follows
--- within the same script (a hand-off), if any. Returns the fence, 0 when
--- none is asked for.
+-- advertises, if any (and then announces the grant). `after` is the token
+-- of the grant this one follows within the same script (a hand-off), if
+-- any. Returns the fence, 0 when none is asked for.
 local function take(owner, ttl, after, queued, value)
   local fence = 0
   if fenced then
@@ -90,10 +102,11 @@ local function take(owner, ttl, after, queued, value)
   if queued then
     redis.call('hset', KEYS[1], '~q', 1)
   end
+  redis.call('pexpire', KEYS[1], ttl)
   if value then
     redis.call('hset', KEYS[1], '~v', value)
+    announce('granted')
   end
-  redis.call('pexpire', KEYS[1], ttl)
   return fence
 end
 
@@ -136,13 +149,16 @@ local function hand_off(me, after)
 end
 
 -- Drops one of the `holds` (read just now) of `owner` on a hash-form lock;
--- frees at zero, and hands off if the lock says someone may be queued.
--- Returns the holds left.
-local function drop_hold(owner, holds, queued, fence)
+-- frees at zero (announced if the lock carried a value), and hands off if
+-- the lock says someone may be queued. Returns the holds left.
+local function drop_hold(owner, holds, queued, fence, valued)
   if holds > 1 then
     return redis.call('hincrby', KEYS[1], owner, -1)
   end
   redis.call('del', KEYS[1])
+  if valued then
+    announce('released')
+  end
   if queued and redis.call('exists', KEYS[2]) == 1 then
     hand_off(nil, fence)
   end
@@ -275,7 +291,7 @@ if form == 'string' then
 elseif form ~= 'hash' then
   return -1
 end
-local v = redis.call('hmget', KEYS[1], owner, '~q', '~f')
+local v = redis.call('hmget', KEYS[1], owner, '~q', '~f', '~v')
 local holds = tonumber(v[1])
 if not holds then
   return -1
@@ -285,13 +301,16 @@ if holds > 1 then
 end
 if not v[2] then
   redis.call('del', KEYS[1])
+  if v[4] then
+    redis.call('publish', KEYS[1] .. ':changes', 'released')
+  end
   return 0
 end
 ";
 
 /// The rest of [`RELEASE_FAST`]: the lock says someone may be queued.
 const RELEASE: &str = r"
-return drop_hold(owner, holds, v[2], tonumber(v[3]))
+return drop_hold(owner, holds, v[2], tonumber(v[3]), v[4])
 ";
 
 /// KEYS: lock, queue, waiters. ARGV: owner, ticket.
@@ -304,11 +323,11 @@ redis.call('hdel', KEYS[3], ARGV[2])
 if redis.call('type', KEYS[1])['ok'] ~= 'hash' then
   return 0
 end
-local v = redis.call('hmget', KEYS[1], ARGV[1], '~grant', '~f')
+local v = redis.call('hmget', KEYS[1], ARGV[1], '~grant', '~f', '~v')
 local holds = tonumber(v[1])
 if holds and v[2] == ARGV[2] then
   redis.call('hdel', KEYS[1], '~grant')
-  drop_hold(ARGV[1], holds, true, tonumber(v[3]))
+  drop_hold(ARGV[1], holds, true, tonumber(v[3]), v[4])
   return 1
 end
 return 0
@@ -330,6 +349,7 @@ elseif form ~= 'hash' or redis.call('hexists', KEYS[1], owner) == 0 then
   return 0
 end
 redis.call('hset', KEYS[1], '~v', ARGV[2])
+announce('proclaimed')
 return 1
 ";
 

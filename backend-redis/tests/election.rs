@@ -1,14 +1,19 @@
 //! Leader-election values on Redis and Redlock: a value goes into the
 //! store with the grant (the plain path, a queued waiter's hand-off) and
 //! comes back from inspect byte for byte; proclaim is owner-checked; the
-//! value goes with the lock.
+//! value goes with the lock. Observers hear each change of a lock with a
+//! value on its channel, long before their poll; a plain lock is never
+//! announced.
 
 mod common;
 
 use std::time::Duration;
 
+use common::observe::{heard_by_notice, leads, until, NEVER, SOON};
+use futures::StreamExt;
+use locksmith_conformance::kit::process::redis_server;
 use locksmith_conformance::kit::servers::{redis_url, redlock_ports};
-use locksmith_core::backend::{Acquire, LockBackend, Notice, Release, Renew};
+use locksmith_core::backend::{Acquire, LockBackend, Notice, Release, Renew, Watch};
 use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken, MAX_VALUE_LEN};
 use locksmith_redis::{RedisBackend, RedlockBackend};
 
@@ -381,5 +386,185 @@ async fn redlock_campaign_leader_proclaim_and_resign() {
         let url = format!("redis://127.0.0.1:{port}");
         let left = common::scan(&url, &format!("*{{{n}}}*")).await;
         assert!(left.is_empty(), "node {port} kept {left:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_hears_each_change_long_before_its_poll() {
+    let locker = Locker::new(backend());
+    let opts = LockOptions::new().ttl(TTL);
+    let delays = heard_by_notice(&locker, &name("notice"), &opts).await;
+    eprintln!("redis: proclaim, resign, new leader, hand-off seen after {delays:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_observer_hears_each_change_long_before_its_poll() {
+    let url = format!("{}?timeout=250ms", common::redlock_url(&redlock_ports()));
+    let locker = Locker::new(RedlockBackend::connect(&url).unwrap());
+    let opts = LockOptions::new().ttl(TTL);
+    let delays = heard_by_notice(&locker, &name("redlock-notice"), &opts).await;
+    eprintln!("redlock: proclaim, resign, new leader, hand-off seen after {delays:?}");
+}
+
+/// Whether `watch` wakes within `within`.
+async fn woken(watch: &mut Watch, within: Duration) -> bool {
+    tokio::time::timeout(within, watch.changed()).await.is_ok()
+}
+
+/// A plain lock's grant, re-entry, renewal and release, in either form,
+/// publish nothing; a lock with a value announces its grant, proclaim,
+/// release and hand-off.
+#[tokio::test]
+async fn only_a_lock_with_a_value_is_announced() {
+    let b = backend();
+    let k = key(&name("announced"));
+    let mut watch = b.changes(&k).await.unwrap().expect("Redis announces");
+    let quiet = Duration::from_millis(300);
+    let plain = OwnerToken::generate();
+    grant(&b, &k, &plain, TTL).await;
+    grant(&b, &k, &plain, TTL).await;
+    assert_eq!(b.renew(&k, &plain, TTL).await.unwrap(), Renew::Renewed);
+    b.release(&k, &plain).await.unwrap();
+    assert_eq!(b.release(&k, &plain).await.unwrap(), Release::Freed);
+    assert!(
+        !woken(&mut watch, quiet).await,
+        "a plain lock was announced"
+    );
+
+    let owner = OwnerToken::generate().with_value("v").unwrap();
+    grant(&b, &k, &owner, TTL).await;
+    assert!(woken(&mut watch, SOON).await, "a grant with a value");
+    b.proclaim(&k, &owner, b"v2").await.unwrap();
+    assert!(woken(&mut watch, SOON).await, "a proclaim");
+    assert_eq!(b.renew(&k, &owner, TTL).await.unwrap(), Renew::Renewed);
+    assert!(!woken(&mut watch, quiet).await, "a renewal was announced");
+    let (w, ticket) = (
+        OwnerToken::generate().with_value("w").unwrap(),
+        OwnerToken::generate(),
+    );
+    let _grants = b.watch(&k, &ticket).await.unwrap();
+    b.try_acquire_waiting(&k, &w, TTL, &ticket).await.unwrap();
+    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+    assert!(woken(&mut watch, SOON).await, "a release handing off");
+    assert_eq!(b.inspect(&k).await.unwrap().owner.as_ref(), Some(&w));
+    b.abandon(&k, &w, &ticket).await.unwrap();
+    assert!(woken(&mut watch, SOON).await, "an abandoned hand-off");
+    assert!(!b.inspect(&k).await.unwrap().held);
+}
+
+/// The pub/sub clients of a server: (id, channels subscribed) each.
+async fn pubsub_clients(admin: &mut redis::aio::MultiplexedConnection) -> Vec<(u64, u64)> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(admin)
+        .await
+        .unwrap();
+    let field = |line: &str, name: &str| {
+        line.split(' ')
+            .find_map(|f| f.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    list.lines()
+        .map(|l| (field(l, "id="), field(l, "sub=")))
+        .collect()
+}
+
+/// Killing the hub's connection ends the observer's subscription: it reads
+/// again within a second, subscribes on a new connection, and hears the
+/// next change there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_subscribes_again_when_its_connection_is_killed() {
+    let (_server, port) = redis_server(&[]);
+    let url = format!("redis://127.0.0.1:{port}");
+    let locker = Locker::new(RedisBackend::connect(&url).unwrap());
+    let election = locker.election("e").unwrap();
+    // Driven by a task of its own: a stream nobody polls does nothing,
+    // subscribing again included.
+    let mut observing = Box::pin(election.observe_every(NEVER));
+    let (tx, mut changes) = futures::channel::mpsc::unbounded();
+    tokio::spawn(async move {
+        while let Some(item) = observing.next().await {
+            if tx.unbounded_send(item).is_err() {
+                break;
+            }
+        }
+    });
+    assert!(changes.next().await.unwrap().unwrap().is_none());
+    let opts = LockOptions::new().ttl(TTL);
+    let a = election.campaign("a", &opts).await.unwrap();
+    until(&mut changes, SOON, "a leads", leads("a")).await;
+
+    let admin = redis::Client::open(url.as_str()).unwrap();
+    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+    // The hub's own channel and the lock's.
+    let before = pubsub_clients(&mut admin).await;
+    assert!(matches!(before[..], [(_, 2)]), "{before:?}");
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1, "the locker's one hub");
+    // Seen on the dying connection, or read within a second of its end.
+    a.resign().await.unwrap();
+    until(&mut changes, SOON, "a resigns", Option::is_none).await;
+    let start = std::time::Instant::now();
+    loop {
+        let now = pubsub_clients(&mut admin).await;
+        if matches!(now[..], [(id, 2)] if id != before[0].0) {
+            break;
+        }
+        assert!(start.elapsed() < SOON, "not subscribed again: {now:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The next change is heard on the new connection, not polled.
+    let b = election.campaign("b", &opts).await.unwrap();
+    let heard = until(&mut changes, SOON, "b leads", leads("b")).await;
+    eprintln!("redis: after a killed hub, a new leader seen after {heard:?}");
+    b.resign().await.unwrap();
+}
+
+/// An observer that goes takes its subscription to the lock's channel
+/// with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_observer_leaves_the_channel() {
+    let b = backend();
+    let n = name("leave");
+    let channel = format!("locksmith:{{{n}}}:lock:changes");
+    let admin = redis::Client::open(redis_url()).unwrap();
+    let admin = admin.get_multiplexed_async_connection().await.unwrap();
+    let subscribers = || {
+        let (mut admin, channel) = (admin.clone(), channel.clone());
+        async move {
+            let (_, n): (String, i64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            n
+        }
+    };
+    let locker = Locker::new(b);
+    let election = locker.election(n.as_str()).unwrap();
+    let mut changes = Box::pin(election.observe_every(NEVER));
+    changes.next().await.unwrap().unwrap();
+    let start = std::time::Instant::now();
+    while subscribers().await != 1 {
+        assert!(start.elapsed() < SOON, "the observer never subscribed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(changes);
+    while subscribers().await != 0 {
+        assert!(
+            start.elapsed() < SOON * 2,
+            "a dropped observer stayed subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

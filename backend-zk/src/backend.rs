@@ -16,6 +16,7 @@ use crate::config::ZkConfig;
 use crate::error::map_err;
 use crate::layout;
 use crate::node::fence_of;
+use crate::observe;
 use crate::queue::{wait_turn, Entered, WaiterGuard};
 use crate::state::{lock, Inner};
 
@@ -251,6 +252,11 @@ impl LockBackend for ZkBackend {
             return Ok(Renew::Renewed);
         }
         Ok(Renew::NotHeld)
+    }
+
+    /// Watches on the lock's directory and its first node (see `observe.rs`).
+    async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+        Ok(Some(observe::changes(&self.inner, key).await?))
     }
 
     async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {

@@ -63,6 +63,13 @@
 //! marked version 8, so that a node of locksmith before values, which
 //! held a generated owner token, is known and its token never shown.
 //!
+//! An election's observer hears each change from ZooKeeper itself: a
+//! children watch on the lock's directory and a data watch on its first
+//! node, set again each time one fires (an existence watch while the
+//! directory does not exist), so a new leader, a resignation or a proclaim
+//! shows within a round trip or two, and the poll only bounds a notice lost
+//! with a session.
+//!
 //! # Keys
 //!
 //! A key that is a plain ZooKeeper node name (no `/`, not `.` or `..`, no
@@ -141,6 +148,7 @@ mod config;
 mod error;
 mod layout;
 mod node;
+mod observe;
 mod queue;
 mod state;
 

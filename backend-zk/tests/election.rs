@@ -2,14 +2,20 @@
 //! campaign's value is its node's data (lossless, any bytes), a plain
 //! lock's node holds none (never its token), proclaim writes only the
 //! holder's own node, and a session that ends takes the reign with it.
+//! Observers hear each change by ZooKeeper's watches, long before their
+//! poll, on a directory that did not exist yet, and again on a new session
+//! once theirs ended.
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::observe::{heard_by_notice, leads, until, NEVER, SOON};
 use common::{end_session, raw_client, server_hosts};
-use locksmith_core::backend::{Acquire, LockBackend, Renew};
+use futures::StreamExt;
+use locksmith_core::backend::{Acquire, LockBackend, Renew, Watch};
 use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
 use locksmith_zk::internals::{self, zookeeper_client as zk};
 use locksmith_zk::ZkBackend;
@@ -297,4 +303,90 @@ async fn a_session_loss_ends_the_reign_and_proclaim_after_it_is_not_held() {
         }
         drop(leadership);
     }
+}
+
+/// The lock's directory does not exist when the observer starts (a fresh
+/// root): its existence watch hears the first campaign.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_observer_hears_each_change_long_before_its_poll() {
+    let hosts = server_hosts();
+    let root = root("notice");
+    let locker = Locker::from_arc(backend(&hosts, &root));
+    let delays = heard_by_notice(&locker, "e", &LockOptions::new()).await;
+    eprintln!("zookeeper: proclaim, resign, new leader, hand-off seen after {delays:?}");
+}
+
+/// A ZooKeeper client that counts the subscriptions to changes it made.
+#[derive(Debug)]
+struct Counted {
+    inner: Arc<ZkBackend>,
+    subscribed: AtomicUsize,
+}
+
+locksmith_core::forward_backend! {
+    (self) => self.inner;
+    impl LockBackend for Counted {
+        // Counted, to know when the observer is subscribed again.
+        async fn changes(&self, key: &LockKey) -> locksmith_core::Result<Option<Watch>> {
+            let made = self.inner.changes(key).await;
+            if matches!(made, Ok(Some(_))) {
+                self.subscribed.fetch_add(1, Ordering::SeqCst);
+            }
+            made
+        }
+    }
+}
+
+/// The observer's session ends: its watches go with it, so it reads again
+/// and subscribes on a new session, and hears the next change there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_observer_subscribes_again_when_its_session_ends() {
+    let hosts = server_hosts();
+    let root = root("observer-session");
+    let (watching, leading) = (backend(&hosts, &root), backend(&hosts, &root));
+    let counted = Arc::new(Counted {
+        inner: watching.clone(),
+        subscribed: AtomicUsize::new(0),
+    });
+    let observer = Locker::from_arc(counted.clone()).election("e").unwrap();
+    let election = Locker::from_arc(leading).election("e").unwrap();
+    // Driven by a task of its own: a stream nobody polls does nothing,
+    // subscribing again included. A read that fails while the session
+    // ends (one error for that outage) is left out.
+    let mut observing = Box::pin(observer.observe_every(NEVER));
+    let (tx, mut changes) = futures::channel::mpsc::unbounded();
+    tokio::spawn(async move {
+        while let Some(item) = observing.next().await {
+            if item.is_ok() && tx.unbounded_send(item).is_err() {
+                break;
+            }
+        }
+    });
+    assert!(changes.next().await.unwrap().unwrap().is_none());
+    let opts = LockOptions::new();
+    let a = election.campaign("a", &opts).await.unwrap();
+    until(&mut changes, SOON, "a leads", leads("a")).await;
+    assert_eq!(counted.subscribed.load(Ordering::SeqCst), 1);
+
+    end_session(&hosts, internals::session(&watching).expect("a session"))
+        .await
+        .unwrap();
+    a.resign().await.unwrap();
+    until(&mut changes, SOON, "a resigns", Option::is_none).await;
+    // Ending a session from outside is a tug of war with its client, which
+    // can take a while on a loaded machine.
+    let start = Instant::now();
+    while counted.subscribed.load(Ordering::SeqCst) < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the observer never subscribed again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Subscribed on the new session, the observer polls every minute: the
+    // next change is heard.
+    let b = election.campaign("b", &opts).await.unwrap();
+    let heard = until(&mut changes, SOON, "b leads", leads("b")).await;
+    eprintln!("zookeeper: on a new session, a new leader seen after {heard:?}");
+    b.resign().await.unwrap();
 }

@@ -89,6 +89,10 @@ locksmith_core::forward_backend! {
             self.observer.gate().await?;
             self.inner.inspect(key).await
         }
+        async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+            self.observer.gate().await?;
+            self.inner.changes(key).await
+        }
         async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
             self.observer.gate().await?;
             self.inner.watch(key, ticket).await

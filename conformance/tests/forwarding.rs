@@ -23,6 +23,7 @@ fn all_forwarded(m: Method) -> Expect {
         | Method::RenewMany
         | Method::Inspect
         | Method::Proclaim
+        | Method::Changes
         | Method::Watch
         | Method::TryAcquireWaiting
         | Method::Abandon
@@ -77,6 +78,7 @@ fn broken(defect: Defect, m: Method) -> Expect {
         | Method::Release
         | Method::Inspect
         | Method::Proclaim
+        | Method::Changes
         | Method::Watch
         | Method::Alarm => Expect::Forwarded,
         // The defect itself: a renewal that releases.

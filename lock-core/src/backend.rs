@@ -235,7 +235,9 @@ pub enum Notice {
     Granted(Grant),
 }
 
-/// A subscription to release notifications for one key.
+/// A subscription to notifications for one key: its releases, for a
+/// waiter ([`LockBackend::watch`]), or every change of who holds it and
+/// of its value, for an election's observer ([`LockBackend::changes`]).
 ///
 /// Created by [`LockBackend::watch`] *before* the waiter's next attempt, so a
 /// release that happens between a failed attempt and the wait is not missed:
@@ -258,8 +260,11 @@ impl fmt::Debug for Watch {
 }
 
 impl Watch {
-    /// Wraps a version channel that the backend bumps on every release of the key.
-    /// `keepalive` is dropped with the watch (e.g. to unsubscribe).
+    /// Wraps a version channel that the backend bumps on every release of
+    /// the key (or, for [`LockBackend::changes`], on every change); the
+    /// backend drops the sender when the subscription ends (a lost
+    /// connection), which [`notice`](Self::notice) reports. `keepalive`
+    /// is dropped with the watch (e.g. to unsubscribe).
     pub fn new(rx: watch::Receiver<u64>, keepalive: Option<Box<dyn Send + Sync>>) -> Self {
         let mut rx = rx;
         rx.mark_unchanged();
@@ -284,13 +289,18 @@ impl Watch {
     /// Waits for the next notice. If the publisher is gone the future never
     /// completes, so callers always pair it with a fallback timer.
     pub async fn changed(&mut self) -> Notice {
-        let notice = match &mut self.source {
-            Source::Releases(rx) => rx.changed().await.ok().map(|()| Notice::Released),
-            Source::Grants(rx) => rx.recv().await.map(Notice::Granted),
-        };
-        match notice {
+        match self.notice().await {
             Some(n) => n,
             None => std::future::pending().await,
+        }
+    }
+
+    /// Waits for the next notice; `None` once the publisher is gone, so
+    /// that no notice can come any more (a subscriber then subscribes again).
+    pub async fn notice(&mut self) -> Option<Notice> {
+        match &mut self.source {
+            Source::Releases(rx) => rx.changed().await.ok().map(|()| Notice::Released),
+            Source::Grants(rx) => rx.recv().await.map(Notice::Granted),
         }
     }
 }
@@ -402,6 +412,24 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
             ErrorKind::Unsupported,
             "this store keeps no value with a lock, so it cannot hold an election",
         ))
+    }
+
+    /// Subscribes to the changes of who holds `key` and of the value it
+    /// advertises, if the store announces them: for an election's
+    /// observer, which reads the leader again when the [`Watch`] wakes
+    /// ([`Notice::Released`]) instead of at its next poll. The watch wakes
+    /// after every grant, release, hand-off and proclaim the store
+    /// announces that is made after this call returns, and may wake for
+    /// nothing; a lease that merely runs out is not announced (an observer
+    /// times that itself). A store may announce only the changes of locks
+    /// that carry a value (a plain mutex then pays nothing for them). Its
+    /// publisher is dropped when the subscription ends (a lost
+    /// connection, an ended session): the observer then subscribes again.
+    /// `Ok(None)` (the default): the store announces nothing, and
+    /// observers poll.
+    async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+        let _ = key;
+        Ok(None)
     }
 
     /// Subscribes to release notifications for `key`, if the store has them,
@@ -517,41 +545,44 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
 macro_rules! forward_backend {
     // Blanks the slot of a method the wrapper wrote, then looks at the
     // next one. One rule per method of the trait, in the slots' order.
-    (@drop capabilities $ctx:tt $more:tt [$_a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [[] $b $c $d $e $f $g $h $i $j $k $l]);
+    (@drop capabilities $ctx:tt $more:tt [$_a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [[] $b $c $d $e $f $g $h $i $j $k $l $m]);
     };
-    (@drop verify $ctx:tt $more:tt [$a:tt $_b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a [] $c $d $e $f $g $h $i $j $k $l]);
+    (@drop verify $ctx:tt $more:tt [$a:tt $_b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a [] $c $d $e $f $g $h $i $j $k $l $m]);
     };
-    (@drop try_acquire $ctx:tt $more:tt [$a:tt $b:tt $_c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b [] $d $e $f $g $h $i $j $k $l]);
+    (@drop try_acquire $ctx:tt $more:tt [$a:tt $b:tt $_c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b [] $d $e $f $g $h $i $j $k $l $m]);
     };
-    (@drop release $ctx:tt $more:tt [$a:tt $b:tt $c:tt $_d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c [] $e $f $g $h $i $j $k $l]);
+    (@drop release $ctx:tt $more:tt [$a:tt $b:tt $c:tt $_d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c [] $e $f $g $h $i $j $k $l $m]);
     };
-    (@drop renew $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $_e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d [] $f $g $h $i $j $k $l]);
+    (@drop renew $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $_e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d [] $f $g $h $i $j $k $l $m]);
     };
-    (@drop renew_many $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $_f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e [] $g $h $i $j $k $l]);
+    (@drop renew_many $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $_f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e [] $g $h $i $j $k $l $m]);
     };
-    (@drop inspect $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $_g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f [] $h $i $j $k $l]);
+    (@drop inspect $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $_g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f [] $h $i $j $k $l $m]);
     };
-    (@drop proclaim $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $_h:tt $i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g [] $i $j $k $l]);
+    (@drop proclaim $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $_h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g [] $i $j $k $l $m]);
     };
-    (@drop watch $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $_i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h [] $j $k $l]);
+    (@drop changes $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $_i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h [] $j $k $l $m]);
     };
-    (@drop try_acquire_waiting $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $_j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i [] $k $l]);
+    (@drop watch $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $_j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i [] $k $l $m]);
     };
-    (@drop abandon $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $_k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j [] $l]);
+    (@drop try_acquire_waiting $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $_k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j [] $l $m]);
     };
-    (@drop alarm $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $_l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j $k []]);
+    (@drop abandon $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $_l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j $k [] $m]);
+    };
+    (@drop alarm $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $_m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j $k $l []]);
     };
     (@drop $other:ident $($_rest:tt)*) => {
         ::core::compile_error!(::core::concat!(
@@ -562,13 +593,13 @@ macro_rules! forward_backend {
     // A wrapper that changes one path into the store must change its twin:
     // a forwarded `try_acquire_waiting` (or `renew_many`) would reach the
     // inner store without the wrapper's own `try_acquire` (or `renew`).
-    (@names $ctx:tt [] [$a:tt $b:tt [] $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt [$($j:tt)+] $k:tt $l:tt]) => {
+    (@names $ctx:tt [] [$a:tt $b:tt [] $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt [$($k:tt)+] $l:tt $m:tt]) => {
         ::core::compile_error!(
             "forward_backend!: a wrapper that writes `try_acquire` writes `try_acquire_waiting` \
              too (call its own `try_acquire` there, or forward with a comment saying why)"
         );
     };
-    (@names $ctx:tt [] [$a:tt $b:tt $c:tt $d:tt [] [$($f:tt)+] $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+    (@names $ctx:tt [] [$a:tt $b:tt $c:tt $d:tt [] [$($f:tt)+] $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
         ::core::compile_error!(
             "forward_backend!: a wrapper that writes `renew` writes `renew_many` too (renew \
              each through its own `renew`, or forward with a comment saying why)"
@@ -640,6 +671,12 @@ macro_rules! forward_backend {
                 value: &[u8],
             ) -> $crate::Result<$crate::backend::Renew> {
                 $crate::backend::LockBackend::proclaim(&$target, key, owner, value).await
+            }]
+            [async fn changes(
+                &$s,
+                key: &$crate::LockKey,
+            ) -> $crate::Result<::core::option::Option<$crate::backend::Watch>> {
+                $crate::backend::LockBackend::changes(&$target, key).await
             }]
             [async fn watch(
                 &$s,

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use futures::Stream;
 
-use crate::backend::Renew;
+use crate::backend::{Renew, Watch};
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
 use crate::key::{check_value, FencingToken, LockKey, OwnerToken};
@@ -27,7 +27,23 @@ use crate::options::LockOptions;
 /// How often [`Election::observe`] reads the leader when nothing sooner is
 /// due. A reign whose lease runs out is read again when it does, so an
 /// ended lease is reported within a round trip of its end, not a poll late.
+///
+/// Where the store announces changes ([`LockBackend::changes`](crate::backend::LockBackend::changes)),
+/// the observer also reads on each notice, so a change shows within a
+/// round trip of it, and this poll is only the bound on a notice that was
+/// lost (a dropped connection). The in-memory store, Redis (single server
+/// and Redlock: the scripts publish on a channel of the lock's) and
+/// ZooKeeper (watches on the lock's directory and its leader's node)
+/// announce them. Elsewhere (SQL, memcached, a generic
+/// [`Quorum`](crate::backend::Quorum)) this poll is how changes are seen:
+/// a change shows at most this late.
 pub const OBSERVE_EVERY: Duration = Duration::from_millis(100);
+
+/// How often, at the least, an observer of a store that announces changes
+/// reads it and tries to subscribe again while it has no live subscription
+/// (before the first one, and after one failed or ended, or a read
+/// failed): its poll may be long only because notices come.
+const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
 
 /// How many ended reigns an observer remembers, to refuse a late read of
 /// one of them as a new reign.
@@ -176,16 +192,23 @@ impl Election {
 
     /// A stream of leader changes, starting with who leads now: `Some` for
     /// each new leader or value, `None` when nobody leads. It reads the
-    /// store every [`OBSERVE_EVERY`], and again when the current leader's
-    /// lease runs out, so a reign ends in the stream at the end of its
-    /// lease. It never shows an older reign after a newer one. A store that
-    /// cannot be read yields one `Err` per outage, then keeps trying; it
-    /// never yields "nobody leads" for a store it could not read.
+    /// store every [`OBSERVE_EVERY`], when the store announces a change
+    /// (where it does: see [`OBSERVE_EVERY`]), and when the current
+    /// leader's lease runs out, so a reign ends in the stream at the end of
+    /// its lease. It subscribes to the store's notices when it starts, and
+    /// again after an error or a subscription that ended, reading at least
+    /// every second meanwhile; the poll bounds how late a lost notice's
+    /// change shows. Like any stream, it does all this only while polled. It never shows an older reign
+    /// after a newer one. A store that cannot be read yields one `Err` per
+    /// outage, then keeps trying; it never yields "nobody leads" for a
+    /// store it could not read.
     pub fn observe(&self) -> impl Stream<Item = Result<Option<Leader>>> + Send + 'static {
         self.observe_every(OBSERVE_EVERY)
     }
 
-    /// As [`observe`](Self::observe), reading every `every` (at least 1 ms).
+    /// As [`observe`](Self::observe), polling every `every` (at least 1 ms).
+    /// Where the store announces changes, a long poll costs nothing but the
+    /// bound on a lost notice.
     pub fn observe_every(
         &self,
         every: Duration,
@@ -198,6 +221,7 @@ impl Election {
             last_term: None,
             failing: false,
             next_read: None,
+            notices: Notices::Wanted,
         };
         futures::stream::unfold(observer, |mut o| async move {
             let item = o.next_change().await;
@@ -224,21 +248,55 @@ struct Observer {
     last_term: Option<FencingToken>,
     failing: bool,
     next_read: Option<Instant>,
+    notices: Notices,
+}
+
+/// Where an observer stands with the store's change notices.
+enum Notices {
+    /// To subscribe before the next read: at the start, and after a failed
+    /// subscription, a failed read, or a subscription that ended.
+    Wanted,
+    /// Subscribing, in a task of its own: a slow store then holds up no
+    /// read, and no lock a backend takes while subscribing stays held
+    /// while this observer reads.
+    Coming(Subscribing),
+    /// Subscribed: a notice means "read now".
+    Live(Watch),
+    /// The store announces nothing: the poll alone.
+    Unannounced,
+}
+
+/// A subscription on its way; dropped with the observer, it is abandoned.
+struct Subscribing(tokio::task::JoinHandle<Result<Option<Watch>>>);
+
+impl Drop for Subscribing {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Observer {
     async fn next_change(&mut self) -> Result<Option<Leader>> {
         loop {
             if let Some(at) = self.next_read.take() {
-                tokio::time::sleep_until(at.into()).await;
+                self.wait(at).await;
+            }
+            if matches!(self.notices, Notices::Wanted) {
+                let backend = self.election.locker.backend().clone();
+                let key = self.election.key.clone();
+                let task = tokio::spawn(async move { backend.changes(&key).await });
+                self.notices = Notices::Coming(Subscribing(task));
             }
             let read_at = Instant::now();
             let read = self.election.read().await;
-            let mut next = read_at + self.every;
             let (status, leader) = match read {
                 Ok(r) => r,
                 Err(e) => {
-                    self.next_read = Some(next);
+                    // Its connection may be what failed: subscribe afresh.
+                    if matches!(self.notices, Notices::Live(_)) {
+                        self.notices = Notices::Wanted;
+                    }
+                    self.next_read = Some(read_at + self.poll());
                     if self.failing {
                         continue;
                     }
@@ -249,6 +307,7 @@ impl Observer {
                 }
             };
             self.failing = false;
+            let mut next = read_at + self.poll();
             if let Some(left) = leader.as_ref().and_then(|l| l.lease_left) {
                 // Read again just after the lease would end unrenewed.
                 next = next.min(read_at + left + Duration::from_millis(1));
@@ -286,6 +345,66 @@ impl Observer {
             }
             self.shown = Some(now);
             return Ok(leader);
+        }
+    }
+
+    /// How long until the next read when nothing sooner is due: the poll,
+    /// long where the store's notices are relied on; without a live
+    /// subscription, at most [`RESUBSCRIBE_AFTER`], so the store is read
+    /// (and subscribed to again) sooner.
+    fn poll(&self) -> Duration {
+        match self.notices {
+            Notices::Live(_) | Notices::Unannounced => self.every,
+            Notices::Wanted | Notices::Coming(_) => self.every.min(RESUBSCRIBE_AFTER),
+        }
+    }
+
+    /// Waits until `until`, or a notice, or a subscription that arrives:
+    /// the store may have changed since the read before it was made.
+    async fn wait(&mut self, until: Instant) {
+        let sleep = tokio::time::sleep_until(until.into());
+        tokio::pin!(sleep);
+        loop {
+            match &mut self.notices {
+                Notices::Live(watch) => tokio::select! {
+                    () = &mut sleep => return,
+                    notice = watch.notice() => {
+                        if notice.is_some() {
+                            return;
+                        }
+                        // Ended (a lost connection), so notices may have
+                        // been lost: read and subscribe again soon. Not at
+                        // once: a store whose subscriptions keep ending
+                        // must not make this a busy loop.
+                        self.notices = Notices::Wanted;
+                        let soon = Instant::now() + self.every.min(RESUBSCRIBE_AFTER);
+                        if soon < until {
+                            sleep.as_mut().reset(soon.into());
+                        }
+                    }
+                },
+                Notices::Coming(task) => tokio::select! {
+                    () = &mut sleep => return,
+                    done = &mut task.0 => match done {
+                        Ok(Ok(Some(watch))) => {
+                            self.notices = Notices::Live(watch);
+                            return;
+                        }
+                        Ok(Ok(None)) => self.notices = Notices::Unannounced,
+                        // Tried again before the next read; the poll
+                        // meanwhile.
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e.chain(), "an election observer could not subscribe to changes");
+                            self.notices = Notices::Wanted;
+                        }
+                        Err(_) => self.notices = Notices::Wanted,
+                    },
+                },
+                Notices::Wanted | Notices::Unannounced => {
+                    sleep.await;
+                    return;
+                }
+            }
         }
     }
 }

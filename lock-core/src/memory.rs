@@ -21,6 +21,8 @@ struct Slot {
     fence: u64,
     value: Option<Vec<u8>>,
     released: watch::Sender<u64>,
+    /// Bumped on every grant, release and proclaim, for observers.
+    changed: watch::Sender<u64>,
 }
 
 impl Slot {
@@ -32,6 +34,7 @@ impl Slot {
             fence: 0,
             value: None,
             released: watch::channel(0).0,
+            changed: watch::channel(0).0,
         }
     }
     fn held_by_anyone(&self, now: Instant) -> bool {
@@ -42,7 +45,12 @@ impl Slot {
     }
     /// Nothing of the slot is needed any more: free, and nobody watching.
     fn idle(&self, now: Instant) -> bool {
-        !self.held_by_anyone(now) && self.released.receiver_count() == 0
+        !self.held_by_anyone(now)
+            && self.released.receiver_count() == 0
+            && self.changed.receiver_count() == 0
+    }
+    fn announce(&self) {
+        self.changed.send_modify(|v| *v += 1);
     }
 }
 
@@ -79,8 +87,8 @@ struct Inner {
 }
 
 /// Locks kept in this process's memory. Clones share one store, so each
-/// clone stands for a separate client of it. Offers fencing and release
-/// notifications; [`set_available`](Self::set_available) simulates an outage.
+/// clone stands for a separate client of it. Offers fencing, release
+/// notifications and change notices for observers; [`set_available`](Self::set_available) simulates an outage.
 /// A key's state goes when its lock is released, or with the sweep an
 /// acquire makes at least every second once its lease ran out.
 #[derive(Debug, Clone, Default)]
@@ -165,6 +173,7 @@ impl LockBackend for MemoryBackend {
             slot.fence = *fence;
             slot.expires = now + ttl;
             slot.value = owner.value().map(<[u8]>::to_vec);
+            slot.announce();
         }
         Ok(Acquire::Acquired(Grant {
             fence: Some(FencingToken(slot.fence)),
@@ -185,6 +194,7 @@ impl LockBackend for MemoryBackend {
         }
         slot.owner = None;
         slot.released.send_modify(|v| *v += 1);
+        slot.announce();
         if slot.idle(now) {
             store.slots.remove(key);
         }
@@ -224,10 +234,21 @@ impl LockBackend for MemoryBackend {
         match store.slots.get_mut(key).filter(|s| s.held_by(owner, now)) {
             Some(slot) => {
                 slot.value = Some(value.to_vec());
+                slot.announce();
                 Ok(Renew::Renewed)
             }
             None => Ok(Renew::NotHeld),
         }
+    }
+
+    async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+        let mut store = self.store()?;
+        let now = Instant::now();
+        let slot = store
+            .slots
+            .entry(key.clone())
+            .or_insert_with(|| Slot::free(now));
+        Ok(Some(Watch::new(slot.changed.subscribe(), None)))
     }
 
     async fn watch(&self, key: &LockKey, _ticket: &OwnerToken) -> Result<Option<Watch>> {

@@ -28,7 +28,7 @@ use crate::url::ServerUrl;
 ///   `Unavailable` (or `Config` when a node refused our credentials),
 ///   never "contended".
 /// - No fencing tokens: the nodes share no order. No notification or
-///   queue: waiters poll with backoff.
+///   queue: waiters poll with backoff, and election observers poll.
 ///
 /// Redlock is this over Redis nodes. A node's per-request timeout is its
 /// own business; the TTL must leave room for a slow round (`min_ttl`).
@@ -496,8 +496,13 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         results
     }
 
-    // The waiting hooks and the alarm keep the trait's defaults on
-    // purpose: they make sense on one store, not across independent ones.
+    // The change notices, the waiting hooks and the alarm keep the trait's
+    // defaults on purpose: they make sense on one store, not across
+    // independent ones.
+    // - `changes`: none, so observers poll. Merging the nodes' notices
+    //   needs a task that outlives the call, and which nodes it must hear
+    //   from depends on the nodes' own notices (Redlock merges its nodes'
+    //   above its quorum, where it knows them).
     // - `watch`: no notification. A subscription per node would wake a
     //   waiter on every node's release, most of which free no quorum, and a
     //   node that is down would leave it waiting on nothing; waiters poll.

@@ -1,15 +1,18 @@
 //! The election's observer: reigns in order even when a read comes back
-//! stale, one error per outage, and a reign's end at its lease whatever
-//! the poll interval.
+//! stale, one error per outage, a reign's end at its lease whatever the
+//! poll interval, and each change heard by the store's notice long before
+//! the poll (or by the poll, on a store without notices).
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use locksmith_core::backend::{LockBackend, MemoryBackend};
+use futures::{Stream, StreamExt};
+use locksmith_core::backend::{LockBackend, MemoryBackend, Quorum, Watch};
 use locksmith_core::{
-    Error, ErrorKind, FencingToken, LockKey, LockOptions, LockStatus, Locker, OwnerToken, Result,
+    Error, ErrorKind, FencingToken, Leader, LockKey, LockOptions, LockStatus, Locker, OwnerToken,
+    Result,
 };
 
 /// A memory store whose `inspect` answers from a script while it lasts.
@@ -134,4 +137,234 @@ async fn values_are_bounded_and_elections_need_a_store_with_values() {
     }
     let err = Locker::new(NoValues::default()).election("e").unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported);
+}
+
+/// A poll far longer than any test: a change seen within [`SOON`] was
+/// heard by notice.
+const NEVER: Duration = Duration::from_secs(60);
+/// How soon a notice must show, generous for a loaded host.
+const SOON: Duration = Duration::from_secs(5);
+
+/// Reads `changes` until an item satisfies `want`, for up to `within`;
+/// how long that took.
+async fn until<S>(
+    changes: &mut S,
+    within: Duration,
+    what: &str,
+    want: impl Fn(&Option<Leader>) -> bool,
+) -> Duration
+where
+    S: Stream<Item = Result<Option<Leader>>> + Unpin,
+{
+    let start = Instant::now();
+    loop {
+        let left = within.saturating_sub(start.elapsed());
+        match tokio::time::timeout(left, changes.next()).await {
+            Ok(Some(Ok(item))) if want(&item) => return start.elapsed(),
+            Ok(Some(Ok(_))) => {}
+            other => panic!("{what}: not observed within {within:?}: {other:?}"),
+        }
+    }
+}
+
+fn leads(value: &'static str) -> impl Fn(&Option<Leader>) -> bool {
+    move |l| l.as_ref().is_some_and(|l| l.value == value.as_bytes())
+}
+
+/// A campaign, a proclaim, a resignation, a new leader, and a hand-off
+/// to a waiting candidate as its leader resigns, each seen within
+/// [`SOON`] by an observer that polls every [`NEVER`]: how long after
+/// the proclaim, the resignation, the second campaign and the second
+/// resignation returned each showed.
+async fn heard_by_notice(locker: &Locker, name: &str, opts: &LockOptions) -> [Duration; 4] {
+    let election = locker.election(name).unwrap();
+    let mut changes = Box::pin(election.observe_every(NEVER));
+    assert!(changes.next().await.unwrap().unwrap().is_none());
+    let mut a = election.campaign("a", opts).await.unwrap();
+    until(&mut changes, SOON, "a leads", leads("a")).await;
+    a.proclaim("a-2").await.unwrap();
+    let proclaimed = until(&mut changes, SOON, "a proclaims", leads("a-2")).await;
+    a.resign().await.unwrap();
+    let resigned = until(&mut changes, SOON, "a resigns", Option::is_none).await;
+    let b = election.campaign("b", opts).await.unwrap();
+    let led = until(&mut changes, SOON, "b leads", leads("b")).await;
+    let waiting = election.clone();
+    let wait = opts.clone().wait_for(SOON * 2);
+    let c = tokio::spawn(async move { waiting.campaign("c", &wait).await });
+    // c is waiting (or about to): b still leads meanwhile.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.resign().await.unwrap();
+    // Straight to c, or through "nobody" first.
+    let handed = until(&mut changes, SOON, "c leads after b", leads("c")).await;
+    c.await.unwrap().unwrap().resign().await.unwrap();
+    [proclaimed, resigned, led, handed]
+}
+
+#[tokio::test]
+async fn an_observer_hears_each_change_long_before_its_poll() {
+    let locker = Locker::new(MemoryBackend::new());
+    let delays = heard_by_notice(&locker, "e", &LockOptions::new()).await;
+    eprintln!("memory: proclaim, resign, new leader, hand-off seen after {delays:?}");
+}
+
+/// The memory store with its notices hidden, as a store without them.
+#[derive(Debug, Default)]
+struct Unannounced(MemoryBackend);
+
+locksmith_core::forward_backend! {
+    (self) => self.0;
+    impl LockBackend for Unannounced {
+        // The point of the wrapper: a store that announces nothing.
+        async fn changes(&self, _key: &LockKey) -> Result<Option<Watch>> {
+            Ok(None)
+        }
+    }
+}
+
+/// Without notices, the poll alone shows each change, and no sooner: the
+/// speed above is the notices'.
+#[tokio::test]
+async fn a_store_without_notices_is_polled() {
+    let store = Arc::new(Unannounced::default());
+    let locker = Locker::from_arc(store.clone());
+    let election = locker.election("e").unwrap();
+    let mut slow = Box::pin(election.observe_every(NEVER));
+    let mut polled = Box::pin(election.observe_every(Duration::from_millis(50)));
+    assert!(slow.next().await.unwrap().unwrap().is_none());
+    assert!(polled.next().await.unwrap().unwrap().is_none());
+    let mut a = election.campaign("a", &LockOptions::new()).await.unwrap();
+    until(&mut polled, SOON, "a leads", leads("a")).await;
+    a.proclaim("a-2").await.unwrap();
+    until(&mut polled, SOON, "a proclaims", leads("a-2")).await;
+    a.resign().await.unwrap();
+    until(&mut polled, SOON, "a resigns", Option::is_none).await;
+    let quiet = tokio::time::timeout(Duration::from_secs(1), slow.next()).await;
+    assert!(
+        quiet.is_err(),
+        "a store without notices was heard: {quiet:?}"
+    );
+
+    // A quorum of memory stores announces nothing either; its poll works.
+    let nodes = vec![
+        MemoryBackend::new(),
+        MemoryBackend::new(),
+        MemoryBackend::new(),
+    ];
+    let quorum = Quorum::new("memory", nodes, Duration::from_millis(10)).unwrap();
+    assert!(quorum
+        .changes(&LockKey::new("e").unwrap())
+        .await
+        .unwrap()
+        .is_none());
+    let locker = Locker::new(quorum);
+    let election = locker.election("e").unwrap();
+    let mut polled = Box::pin(election.observe_every(Duration::from_millis(50)));
+    assert!(polled.next().await.unwrap().unwrap().is_none());
+    let mut a = election.campaign("a", &LockOptions::new()).await.unwrap();
+    until(&mut polled, SOON, "a leads on the quorum", leads("a")).await;
+    a.proclaim("a-2").await.unwrap();
+    until(&mut polled, SOON, "a proclaims on the quorum", leads("a-2")).await;
+    a.resign().await.unwrap();
+    until(
+        &mut polled,
+        SOON,
+        "a resigns on the quorum",
+        Option::is_none,
+    )
+    .await;
+}
+
+/// A memory store whose subscriptions the test can end, as a lost
+/// connection ends a real store's.
+#[derive(Debug, Default)]
+struct Cuttable {
+    store: MemoryBackend,
+    feeds: Mutex<Vec<tokio::task::AbortHandle>>,
+    subscribed: AtomicUsize,
+    /// How many subscriptions to refuse before making one.
+    refusals: AtomicUsize,
+}
+
+impl Cuttable {
+    /// Ends every subscription made so far.
+    fn cut(&self) {
+        for feed in self.feeds.lock().unwrap().drain(..) {
+            feed.abort();
+        }
+    }
+}
+
+locksmith_core::forward_backend! {
+    (self) => self.store;
+    impl LockBackend for Cuttable {
+        // The store's notices, relayed by a task the test can end.
+        async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+            let refuse = |n: usize| n.checked_sub(1);
+            if self.refusals.fetch_update(Ordering::SeqCst, Ordering::SeqCst, refuse).is_ok() {
+                return Err(Error::unavailable("cannot subscribe (injected fault)"));
+            }
+            self.subscribed.fetch_add(1, Ordering::SeqCst);
+            let Some(mut inner) = self.store.changes(key).await? else {
+                return Ok(None);
+            };
+            let (tx, rx) = tokio::sync::watch::channel(0u64);
+            let feed = tokio::spawn(async move {
+                while inner.notice().await.is_some() {
+                    tx.send_modify(|v| *v += 1);
+                }
+            });
+            self.feeds.lock().unwrap().push(feed.abort_handle());
+            Ok(Some(Watch::new(rx, None)))
+        }
+    }
+}
+
+/// A subscription that ends is made again, within a second whatever the
+/// poll, and the next change is heard by notice.
+#[tokio::test]
+async fn an_ended_subscription_is_made_again() {
+    let store = Arc::new(Cuttable::default());
+    let locker = Locker::from_arc(store.clone());
+    let election = locker.election("e").unwrap();
+    let mut changes = Box::pin(election.observe_every(NEVER));
+    assert!(changes.next().await.unwrap().unwrap().is_none());
+    let a = election.campaign("a", &LockOptions::new()).await.unwrap();
+    until(&mut changes, SOON, "a leads", leads("a")).await;
+    assert_eq!(store.subscribed.load(Ordering::SeqCst), 1);
+    store.cut();
+    a.resign().await.unwrap();
+    // The change made while no subscription lived is read when the
+    // observer subscribes again.
+    until(&mut changes, SOON, "a resigns", Option::is_none).await;
+    let b = election.campaign("b", &LockOptions::new()).await.unwrap();
+    until(&mut changes, SOON, "b leads", leads("b")).await;
+    assert_eq!(store.subscribed.load(Ordering::SeqCst), 2);
+    b.resign().await.unwrap();
+}
+
+/// A subscription that cannot be made is tried again; meanwhile the store
+/// is read every second, however long the poll, since the long poll relied
+/// on notices.
+#[tokio::test]
+async fn a_refused_subscription_is_tried_again_and_polled_meanwhile() {
+    let store = Arc::new(Cuttable::default());
+    store.refusals.store(2, Ordering::SeqCst);
+    let locker = Locker::from_arc(store.clone());
+    let election = locker.election("e").unwrap();
+    let mut changes = Box::pin(election.observe_every(NEVER));
+    assert!(changes.next().await.unwrap().unwrap().is_none());
+    let mut a = election.campaign("a", &LockOptions::new()).await.unwrap();
+    let polled = until(&mut changes, SOON, "a leads", leads("a")).await;
+    assert!(polled < Duration::from_secs(2), "a took {polled:?}");
+    // Refused twice, a second apart: subscribed by the third try.
+    let start = Instant::now();
+    while store.subscribed.load(Ordering::SeqCst) == 0 {
+        assert!(start.elapsed() < SOON, "never subscribed again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The stream works only while polled.
+        let _ = tokio::time::timeout(Duration::from_millis(1), changes.next()).await;
+    }
+    a.proclaim("a-2").await.unwrap();
+    until(&mut changes, SOON, "a proclaims", leads("a-2")).await;
+    a.resign().await.unwrap();
 }

@@ -43,9 +43,9 @@ fn the_forwarding_check_names_every_method_of_the_trait() {
 }
 
 /// What a quorum does with each call: every node gets the store's own
-/// methods; a lone renewal goes out as a batch of one; the waiting hooks
-/// and the alarm are its own (no notification, queue or alarm across
-/// independent nodes).
+/// methods; a lone renewal goes out as a batch of one; the change notices,
+/// the waiting hooks and the alarm are its own (no notification, queue or
+/// alarm across independent nodes).
 fn quorum(m: Method) -> Expect {
     match m {
         Method::Capabilities
@@ -57,7 +57,7 @@ fn quorum(m: Method) -> Expect {
         | Method::Proclaim => Expect::Forwarded,
         Method::Renew => Expect::As(Method::RenewMany),
         Method::TryAcquireWaiting => Expect::As(Method::TryAcquire),
-        Method::Watch | Method::Abandon | Method::Alarm => Expect::Answered,
+        Method::Changes | Method::Watch | Method::Abandon | Method::Alarm => Expect::Answered,
     }
 }
 

@@ -39,6 +39,8 @@ pub enum Method {
     Inspect,
     /// [`LockBackend::proclaim`].
     Proclaim,
+    /// [`LockBackend::changes`].
+    Changes,
     /// [`LockBackend::watch`].
     Watch,
     /// [`LockBackend::try_acquire_waiting`].
@@ -51,7 +53,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in the trait's order.
-    pub const ALL: [Method; 12] = [
+    pub const ALL: [Method; 13] = [
         Method::Capabilities,
         Method::Verify,
         Method::TryAcquire,
@@ -60,6 +62,7 @@ impl Method {
         Method::RenewMany,
         Method::Inspect,
         Method::Proclaim,
+        Method::Changes,
         Method::Watch,
         Method::TryAcquireWaiting,
         Method::Abandon,
@@ -77,6 +80,7 @@ impl Method {
             Method::RenewMany => "renew_many",
             Method::Inspect => "inspect",
             Method::Proclaim => "proclaim",
+            Method::Changes => "changes",
             Method::Watch => "watch",
             Method::TryAcquireWaiting => "try_acquire_waiting",
             Method::Abandon => "abandon",
@@ -166,6 +170,10 @@ impl LockBackend for Recorder {
         self.note(Method::Proclaim);
         self.store.proclaim(key, owner, value).await
     }
+    async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+        self.note(Method::Changes);
+        self.store.changes(key).await
+    }
     async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
         self.note(Method::Watch);
         self.store.watch(key, ticket).await
@@ -224,6 +232,9 @@ pub async fn call(backend: &dyn LockBackend, method: Method) {
         }
         Method::Proclaim => {
             let _ = backend.proclaim(&key, &owner, b"value").await;
+        }
+        Method::Changes => {
+            let _ = backend.changes(&key).await;
         }
         Method::Watch => {
             let _ = backend.watch(&key, &ticket).await;
