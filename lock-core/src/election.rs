@@ -161,13 +161,10 @@ impl Election {
         else {
             return Ok(None);
         };
-        // A store writes the token's value with a first grant, but a grant
-        // handed over by the releaser (a fair queue) may not carry it: set
-        // it now, owner-checked, before anyone is told they lead.
-        let leadership = Leadership { guard, value };
-        let value = leadership.value.clone();
-        leadership.set(&value).await?;
-        Ok(Some(leadership))
+        // No second write of the value: a store with values writes it with
+        // every first grant, a hand-off from a fair queue included (the
+        // contract; the conformance cases read it back after a hand-off).
+        Ok(Some(Leadership { guard, value }))
     }
 
     /// Who leads now, read from the store without changing anything; `None`
