@@ -416,15 +416,19 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         left.sort_unstable_by(|a, b| b.cmp(a));
         let holds = best.iter().map(|s| s.holds).max().unwrap_or(1);
         // The value a quorum of the holder's nodes agree on: a proclaim
-        // that reached only some of them is not the leader's value yet
-        // (nor refused yet), so the older one stands until it is.
+        // that reached only some of them is not the leader's value yet, so
+        // the older one stands while a quorum still has it. When neither
+        // has a quorum (the holder holds a bare quorum and the proclaim
+        // reached part of it), the value most of its nodes hold, ties
+        // broken by the bytes so that every read picks the same: one the
+        // leader did advertise, never none.
         let mut values: HashMap<Option<&[u8]>, usize> = HashMap::new();
         for status in &best {
             *values.entry(status.value.as_deref()).or_default() += 1;
         }
         let value = values
             .into_iter()
-            .find(|(_, n)| *n >= self.quorum)
+            .max_by(|(a, n), (b, m)| n.cmp(m).then_with(|| a.cmp(b)))
             .and_then(|(v, _)| v.map(<[u8]>::to_vec));
         Ok(LockStatus::held(holds)
             .with_remaining(left.get(self.quorum - 1).copied())

@@ -368,3 +368,29 @@ async fn a_refused_subscription_is_tried_again_and_polled_meanwhile() {
     until(&mut changes, SOON, "a proclaims", leads("a-2")).await;
     a.resign().await.unwrap();
 }
+
+/// A proclaim that reached part of a bare quorum of the holder's nodes
+/// leaves the quorum with no value a majority agrees on: the leader is
+/// still shown with one it advertised, never with none.
+#[tokio::test]
+async fn a_partial_proclaim_on_a_bare_quorum_shows_a_value_the_leader_advertised() {
+    let nodes: Vec<Arc<MemoryBackend>> = (0..3).map(|_| Arc::new(MemoryBackend::new())).collect();
+    let quorum = Quorum::new("memory", nodes.clone(), Duration::from_millis(10)).unwrap();
+    let k = LockKey::new("partial-proclaim").unwrap();
+    let owner = OwnerToken::generate().with_value("old").unwrap();
+    for node in &nodes[..2] {
+        let granted = node
+            .try_acquire(&k, &owner, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(matches!(
+            granted,
+            locksmith_core::backend::Acquire::Acquired(_)
+        ));
+    }
+    nodes[0].proclaim(&k, &owner, b"new").await.unwrap();
+    let status = quorum.inspect(&k).await.unwrap();
+    assert!(status.held, "{status:?}");
+    let value = status.value.expect("a value the leader advertised");
+    assert!(value == b"old" || value == b"new", "{value:?}");
+}
