@@ -132,7 +132,7 @@ pub(crate) async fn fault_run(
             Some(observers::judge(
                 &seen,
                 &resource.snapshot().0.sections,
-                ttl,
+                outlast,
                 errors,
             ))
         }

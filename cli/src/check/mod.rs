@@ -184,16 +184,19 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
         leaders.map_or(String::new(), |l| format!(", {l} leader violations"))
     );
     // A fault run that never got the lock proved nothing.
-    let idle = fault_run
-        .as_ref()
-        .is_some_and(|f| f.verdict.acquisitions == 0);
+    let idle = fault_run.as_ref().is_some_and(|f| {
+        f.verdict.acquisitions == 0 || f.election.as_ref().is_some_and(|e| e.sightings == 0)
+    });
     let code = if failed == 0 && x == 0 && d == 0 && leaders.unwrap_or(0) == 0 && !idle {
         0
     } else {
         EX_FOUND
     };
     if idle {
-        eprintln!("locksmith check: the fault run never acquired the lock");
+        eprintln!(
+            "locksmith check: the fault run never acquired the lock, or its observers never \
+             read the leader"
+        );
     }
     if args.json {
         let report = Report {

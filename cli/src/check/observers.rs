@@ -158,11 +158,12 @@ fn flag(v: &mut LeaderVerdict, msg: String) {
     }
 }
 
-/// Judges `seen` against the run's `sections`, whose leases last `ttl`.
+/// Judges `seen` against the run's `sections`, whose holds outlast their
+/// holder by at most `outlast` (the TTL, or a session store's session).
 pub(crate) fn judge(
     seen: &[Sighting],
     sections: &[Section],
-    ttl: Duration,
+    outlast: Duration,
     errors: u64,
 ) -> LeaderVerdict {
     let mut v = LeaderVerdict {
@@ -239,7 +240,7 @@ pub(crate) fn judge(
         }
         check_read(&mut v, s, sections, &who(s));
         if let Some(w) = id {
-            check_ended(&mut v, s, sections, w, ttl, &who(s));
+            check_ended(&mut v, s, sections, w, outlast, &who(s));
         }
     }
     v.reigns_seen = reigns.len() as u64;
@@ -270,42 +271,44 @@ fn check_read(v: &mut LeaderVerdict, s: &Sighting, sections: &[Section], shown: 
     }
 }
 
-/// A timed read must not show a reign whose lease had run out long before
-/// the read was sent. The reign is the section granted the term shown; without
-/// terms, any section of the worker shown (one not yet begun may be it).
+/// A timed read must not show a reign whose hold had run out long before
+/// the read was sent. Only where the store gives terms: without them a
+/// worker's later grant that never became a section (killed before it
+/// reported, or refused at the cut-off) cannot be told from an old reign.
 fn check_ended(
     v: &mut LeaderVerdict,
     s: &Sighting,
     sections: &[Section],
     worker: u32,
-    ttl: Duration,
+    outlast: Duration,
     shown: &str,
 ) {
-    let Some(sent) = s.sent else { return };
-    let ttl = u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX);
-    // A grant's lease runs from when the store made it, which may be as
-    // late as the section's start (a reply that was held up), and a renewal
-    // may land after the last deadline reported: two TTLs past the later of
-    // the two, the store has let it go.
+    let (Some(sent), Some(term)) = (s.sent, s.term) else {
+        return;
+    };
+    let outlast = u64::try_from(outlast.as_nanos()).unwrap_or(u64::MAX);
+    // A grant's hold runs from when the store made it, which may be as late
+    // as the section's start (a reply that was held up), and a renewal may
+    // land after the last deadline reported: twice `outlast` past the later
+    // of the two, the store has let it go.
     let over = |h: &Section| {
         h.start
             .max(h.deadline)
-            .saturating_add(ttl.saturating_mul(2))
+            .saturating_add(outlast.saturating_mul(2))
     };
-    let reigns: Vec<&Section> = sections
+    let Some(h) = sections
         .iter()
-        .filter(|h| match s.term {
-            Some(t) => h.fence == Some(t),
-            None => h.worker == worker,
-        })
-        .collect();
-    if !reigns.is_empty() && reigns.iter().all(|h| over(h) < sent) {
-        let ms = (sent - reigns.iter().map(|h| over(h)).max().unwrap_or(sent)) as f64 / 1e6;
+        .find(|h| h.fence == Some(term) && h.worker == worker)
+    else {
+        return;
+    };
+    if over(h) < sent {
+        let ms = (sent - over(h)) as f64 / 1e6;
         flag(
             v,
             format!(
-                "observer {} read {shown} {ms:.0} ms after its lease had run out, two TTLs \
-                 after its holder's last deadline",
+                "observer {} read {shown} {ms:.0} ms after its hold had run out (twice the \
+                 lease past its holder's last deadline)",
                 s.observer
             ),
         );
