@@ -12,8 +12,14 @@
 //! none. A first grant writes the value its owner token carries, a
 //! re-entry or renewal leaves it alone, `proclaim` sets it, and the last
 //! release clears it. Tables of earlier versions have no `value` column:
-//! the backend adds it when it sets the table up ([`add_value_column`]),
-//! an instant change of the catalog in every dialect that rewrites no row.
+//! the backend adds it when it sets the table up ([`add_value_column`]).
+//! A nullable column without a default changes only the catalog on
+//! PostgreSQL, SQLite, MySQL 8 and MariaDB 10.3 or later; older MySQL and
+//! MariaDB copy the table. Either way the `ALTER` needs the table's
+//! strongest lock and the right to alter it: it waits at most 5 s for the
+//! lock (then `Unavailable`, tried again on the next use), and a role
+//! without the right gets `Config` naming the statement to run as the
+//! table's owner.
 //!
 //! A row lives while its lock does, and for the retention after: release
 //! sets `expires_at` to the time of release, and the sweep deletes rows

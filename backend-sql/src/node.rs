@@ -174,6 +174,61 @@ pub(crate) async fn create(pool: &Pool, stmt: &str) -> Result<()> {
     Ok(())
 }
 
+/// How long adding the `value` column waits for the table's lock. An
+/// `ALTER TABLE` queued behind a long transaction makes every later
+/// statement on the table queue behind it too (every lock of the table
+/// stalls): better to give up and say why, and try again on the next use.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const DDL_LOCK_WAIT_SECS: u64 = 5;
+
+/// The error of an `ALTER TABLE` adding the `value` column, naming the
+/// statement to run by hand where the reason is one the user must act on.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn ddl_failed(table: &str, ddl: &str, e: sqlx::Error) -> Error {
+    if is_lock_wait(&e) {
+        Error::unavailable(format!(
+            "the lease table {table} predates leader values, and adding its `value` column \
+             waited more than {DDL_LOCK_WAIT_SECS} s for the table's lock, which a long \
+             transaction holds; it is tried again on the next use, or run `{ddl}` yourself"
+        ))
+        .with_source(e)
+    } else if is_denied(&e) {
+        Error::config(format!(
+            "the lease table {table} predates leader values, and this role may not add its \
+             `value` column: run `{ddl}` as the table's owner"
+        ))
+        .with_source(e)
+    } else {
+        map_err(e)
+    }
+}
+
+/// A lock wait that ran out: PostgreSQL 55P03, MySQL/MariaDB 1205.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn is_lock_wait(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    #[cfg(feature = "mysql")]
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return my.number() == 1205;
+    }
+    db.code().as_deref() == Some("55P03")
+}
+
+/// A refused privilege: PostgreSQL 42501, MySQL/MariaDB 1142.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn is_denied(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    #[cfg(feature = "mysql")]
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return my.number() == 1142;
+    }
+    db.code().as_deref() == Some("42501")
+}
+
 /// Gives a lease table of an earlier version its `value` column, and
 /// leaves one that has it alone. The catalog is read first, so a table
 /// that has the column (every start but the first after an upgrade) is
@@ -198,7 +253,16 @@ pub(crate) async fn add_value_column(pool: &Pool, table: &str) -> Result<()> {
             .map_err(map_err)?;
             if !there {
                 let ddl = add_value_column_ddl(Dialect::Postgres, table);
-                sqlx::query(&ddl).execute(&mut *tx).await.map_err(map_err)?;
+                // SET LOCAL ends with the transaction, so the pool's
+                // connection keeps the server's setting afterwards.
+                sqlx::query(&format!("SET LOCAL lock_timeout = '{DDL_LOCK_WAIT_SECS}s'"))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+                sqlx::query(&ddl)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| ddl_failed(table, &ddl, e))?;
             }
             tx.commit().await.map_err(map_err)?;
         }
@@ -214,10 +278,26 @@ pub(crate) async fn add_value_column(pool: &Pool, table: &str) -> Result<()> {
             .map_err(map_err)?;
             if there == 0 {
                 let ddl = add_value_column_ddl(Dialect::MySql, table);
-                match sqlx::query(&ddl).execute(p).await {
-                    Err(e) if !is_duplicate_column(&e) => return Err(map_err(e)),
-                    _ => {}
+                let mut conn = p.acquire().await.map_err(map_err)?;
+                let set = format!("SET SESSION lock_wait_timeout = {DDL_LOCK_WAIT_SECS}");
+                let added = async {
+                    sqlx::query(&set).execute(&mut *conn).await?;
+                    match sqlx::query(&ddl).execute(&mut *conn).await {
+                        Err(e) if !is_duplicate_column(&e) => Err(e),
+                        _ => Ok(()),
+                    }
                 }
+                .await;
+                // The session setting would outlive this call on the
+                // pool's connection: put it back, or never reuse it.
+                let reset = sqlx::query("SET SESSION lock_wait_timeout = DEFAULT")
+                    .execute(&mut *conn)
+                    .await;
+                if reset.is_err() {
+                    use sqlx::Connection;
+                    let _ = conn.detach().close().await;
+                }
+                added.map_err(|e| ddl_failed(table, &ddl, e))?;
             }
         }
         #[cfg(feature = "sqlite")]

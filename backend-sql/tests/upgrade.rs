@@ -213,3 +213,87 @@ async fn a_mariadb_table_of_the_previous_version_keeps_working() {
     let url = common::server_url(Dialect::MySql);
     upgrade(Dialect::MySql, &url, &url).await;
 }
+
+/// The error of a call that must give up within a minute (the bound is
+/// 5 s; a loaded host adds to it), not wait for ever.
+async fn bounded(
+    call: impl std::future::Future<Output = locksmith_core::Result<()>>,
+) -> locksmith_core::Error {
+    tokio::time::timeout(Duration::from_secs(60), call)
+        .await
+        .expect("the upgrade waits a bounded time for the table's lock")
+        .expect_err("the reader holds the table")
+}
+
+/// Adding the `value` column to an old table that a long transaction is
+/// reading waits a bounded time for the table's lock (a queued `ALTER`
+/// would stall every statement on the table behind it), then fails
+/// `Unavailable` naming the statement, and succeeds on the next use once
+/// the reader is gone.
+async fn a_long_reader_bounds_the_upgrade(dialect: Dialect) {
+    use locksmith_core::ErrorKind;
+    use sqlx::Connection;
+    let base = common::server_url(dialect);
+    let token = OwnerToken::generate();
+    let table = format!("upgrade_wait_{}", &token.as_str()[..10]);
+    let ddl = common::legacy_create_table(dialect, &table);
+    common::execute(dialect, &base, &ddl).await.unwrap();
+    let read = format!("SELECT COUNT(*) FROM {table}");
+    let b = SqlBackend::connect(&with_params(&base, &format!("table={table}"))).unwrap();
+    let started = std::time::Instant::now();
+    let failed = match dialect {
+        Dialect::Postgres => {
+            let mut reader = sqlx::PgConnection::connect(&base).await.unwrap();
+            let mut tx = reader.begin().await.unwrap();
+            sqlx::query(&read).execute(&mut *tx).await.unwrap();
+            let failed = bounded(b.migrate()).await;
+            tx.rollback().await.unwrap();
+            failed
+        }
+        _ => {
+            let mut reader = sqlx::MySqlConnection::connect(&base).await.unwrap();
+            let mut tx = reader.begin().await.unwrap();
+            sqlx::query(&read).execute(&mut *tx).await.unwrap();
+            let failed = bounded(b.migrate()).await;
+            tx.rollback().await.unwrap();
+            failed
+        }
+    };
+    let waited = started.elapsed();
+    assert_eq!(failed.kind(), ErrorKind::Unavailable, "{}", failed.chain());
+    assert!(
+        failed.message().contains("ALTER TABLE") && failed.message().contains(&table),
+        "{}",
+        failed.message()
+    );
+    assert!(waited >= Duration::from_secs(4), "gave up after {waited:?}");
+    b.migrate()
+        .await
+        .expect("tried again once the reader is gone");
+    let k = LockKey::new(format!("{table}/after")).unwrap();
+    let owner = OwnerToken::generate().with_value("v").unwrap();
+    assert!(matches!(
+        b.try_acquire(&k, &owner, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        Acquire::Acquired(_)
+    ));
+    assert_eq!(
+        b.inspect(&k).await.unwrap().value.as_deref(),
+        Some(&b"v"[..])
+    );
+    b.release(&k, &owner).await.unwrap();
+    drop_table(dialect, &base, &table).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_postgres_upgrade_waits_a_bounded_time_for_a_long_reader() {
+    a_long_reader_bounds_the_upgrade(Dialect::Postgres).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn a_mariadb_upgrade_waits_a_bounded_time_for_a_long_reader() {
+    a_long_reader_bounds_the_upgrade(Dialect::MySql).await;
+}
