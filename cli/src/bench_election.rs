@@ -1,7 +1,8 @@
 //! `locksmith bench`'s election run: candidates take turns leading one
 //! election, each reign short, while an observer follows it. Two figures:
 //! the time from a leader's `resign` to the next leader's `campaign`
-//! returning, and the delay from a change of leader (the new leader's
+//! returning (the resigner then waits for the other to lead before it
+//! campaigns again), and the delay from a change of leader (the new leader's
 //! campaign returning) to the observer's stream showing it.
 
 use std::collections::HashMap;
@@ -41,6 +42,11 @@ pub(crate) async fn run(
     let ttl = Duration::from_secs(10).max(candidates[0].capabilities().min_ttl);
     let opts = LockOptions::new().ttl(ttl).wait_for(ttl * 3);
     let started = Instant::now();
+    // Who was granted last: a resigner waits for the other candidate to
+    // lead before it campaigns again. On a store without a queue (Redlock,
+    // memcached) the resigner would otherwise win its own lock back while
+    // the other waits out its backoff, and no hand-off would be measured.
+    let (last, _) = tokio::sync::watch::channel(usize::MAX);
 
     let observer = async {
         let election = watcher.election(key)?;
@@ -58,7 +64,7 @@ pub(crate) async fn run(
         Ok::<_, Error>(())
     };
     let runs = candidates.iter().enumerate().map(|(id, l)| {
-        let (opts, handoffs, began, stop) = (&opts, &handoffs, &began, &stop);
+        let (opts, handoffs, began, stop, last) = (&opts, &handoffs, &began, &stop, &last);
         async move {
             let election = l.election(key)?;
             let mut n = 0u64;
@@ -68,6 +74,7 @@ pub(crate) async fn run(
                 let leadership = election.campaign(value.clone(), opts).await?;
                 let now = Instant::now();
                 handoffs.granted(id);
+                last.send_replace(id);
                 began
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -77,7 +84,13 @@ pub(crate) async fn run(
                     stop.store(true, Ordering::Relaxed);
                 }
                 handoffs.releasing(id);
+                let mut turn = last.subscribe();
                 leadership.resign().await?;
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                // Bounded: a candidate that stopped never leads again.
+                let _ = tokio::time::timeout(ttl, turn.wait_for(|&l| l != id)).await;
             }
             Ok::<_, Error>(())
         }
