@@ -216,6 +216,7 @@ async fn a_mariadb_table_of_the_previous_version_keeps_working() {
 
 /// The error of a call that must give up within a minute (the bound is
 /// 5 s; a loaded host adds to it), not wait for ever.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn bounded(
     call: impl std::future::Future<Output = locksmith_core::Result<()>>,
 ) -> locksmith_core::Error {
@@ -230,6 +231,7 @@ async fn bounded(
 /// would stall every statement on the table behind it), then fails
 /// `Unavailable` naming the statement, and succeeds on the next use once
 /// the reader is gone.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn a_long_reader_bounds_the_upgrade(dialect: Dialect) {
     use locksmith_core::ErrorKind;
     use sqlx::Connection;
