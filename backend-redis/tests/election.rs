@@ -9,8 +9,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::observe::{heard_by_notice, leads, until, NEVER, SOON};
 use futures::StreamExt;
+use locksmith_conformance::kit::observe::{heard_by_notice, leads, until, NEVER, SOON};
 use locksmith_conformance::kit::process::redis_server;
 use locksmith_conformance::kit::servers::{redis_url, redlock_ports};
 use locksmith_core::backend::{Acquire, LockBackend, Notice, Release, Renew, Watch};

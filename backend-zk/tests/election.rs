@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::observe::{heard_by_notice, leads, until, NEVER, SOON};
 use common::{end_session, raw_client, server_hosts};
 use futures::StreamExt;
+use locksmith_conformance::kit::observe::{heard_by_notice, leads, until, NEVER, SOON};
 use locksmith_core::backend::{Acquire, LockBackend, Renew, Watch};
 use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
 use locksmith_zk::internals::{self, zookeeper_client as zk};

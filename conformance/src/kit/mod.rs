@@ -9,6 +9,7 @@
 //! - [`process`]: a server process of a test's own, killed with the test;
 //! - [`clients`]: the typed clients behind a harness's trait objects;
 //! - [`forwarding`]: proof that a wrapper forwards every method it should;
+//! - [`observe`]: election changes heard by a store's notice, not its poll;
 //! - below: names no other run shares, free ports, URL pieces.
 //!
 //! A backend's tests take it as a dev-dependency:
@@ -17,6 +18,7 @@
 pub mod clients;
 pub mod fault_server;
 pub mod forwarding;
+pub mod observe;
 pub mod process;
 pub mod servers;
 
