@@ -147,6 +147,13 @@ impl Hub {
             .get(&channel)
             .filter(|(n, _)| *n == number)
             .map(|(_, tx)| tx.subscribe());
+        // Made before subscribing: an observer dropped while the server
+        // confirms (its task aborted) or a failed subscribe leaves the
+        // channel again rather than keep it subscribed unseen.
+        let observing = Observing {
+            channel: channel.clone(),
+            shared: Arc::downgrade(shared),
+        };
         let rx = match existing {
             Some(rx) => rx,
             None => {
@@ -165,10 +172,6 @@ impl Hub {
                 }
                 rx
             }
-        };
-        let observing = Observing {
-            channel,
-            shared: Arc::downgrade(shared),
         };
         Ok(Watch::new(rx, Some(Box::new(observing))))
     }
@@ -193,14 +196,16 @@ impl Shared {
         lock(&self.changes).retain(|_, (n, _)| *n != number);
     }
 
-    /// Leaves `channel` if nobody observes it any more.
+    /// Leaves `channel` if nobody observes it any more: no observer's
+    /// watch is left, or none was ever made (a subscribe that failed or
+    /// was abandoned may still have reached the server).
     async fn leave(&self, channel: &str) {
         let conn = self.conn.lock().await;
         let idle = {
             let mut changes = lock(&self.changes);
             let idle = changes
                 .get(channel)
-                .is_some_and(|(_, tx)| tx.receiver_count() == 0);
+                .map_or(true, |(_, tx)| tx.receiver_count() == 0);
             if idle {
                 changes.remove(channel);
             }

@@ -568,3 +568,47 @@ async fn a_dropped_observer_leaves_the_channel() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A subscription abandoned at any point (its observer dropped while the
+/// server confirms it) or completed and then dropped leaves the channel:
+/// none stays subscribed on the hub's connection with nobody to hear it.
+#[tokio::test]
+async fn an_abandoned_subscription_leaves_the_channel() {
+    let b = backend();
+    let n = name("abandon");
+    let key = LockKey::new(n.as_str()).unwrap();
+    let channel = format!("locksmith:{{{n}}}:lock:changes");
+    let admin = redis::Client::open(redis_url()).unwrap();
+    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+    // The hub's connection first, so that later calls only subscribe.
+    drop(b.changes(&key).await.unwrap());
+    for polls in 0..300 {
+        // Given up after 0 to 300 polls: before the SUBSCRIBE is sent,
+        // while the server confirms it, or after.
+        let mut call = Box::pin(b.changes(&key));
+        for _ in 0..polls {
+            if futures::poll!(call.as_mut()).is_ready() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        drop(call);
+        let start = std::time::Instant::now();
+        loop {
+            let (_, subscribed): (String, i64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            if subscribed == 0 {
+                break;
+            }
+            assert!(
+                start.elapsed() < SOON,
+                "given up after {polls} polls, the subscription stayed"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
