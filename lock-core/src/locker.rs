@@ -405,6 +405,7 @@ impl Locker {
         // would have been granted; it is stale, and must not be trusted from
         // a later start. `check`'s fault run found this on Redis.
         let mut queued_at: Option<Instant> = None;
+        let mut said_waiting = false;
         loop {
             if self.watchdog.is_closed() {
                 attempts.abandon().await;
@@ -428,8 +429,12 @@ impl Locker {
                 attempts.abandon().await;
                 return Ok(None);
             }
-            if !subscribed {
+            if !said_waiting {
+                // Once per wait, fair stores (queued from the first attempt) included.
                 tracing::debug!(key = %key, wait = %opts.wait, "lock held by another owner; waiting");
+                said_waiting = true;
+            }
+            if !subscribed {
                 subscribed = true;
                 watch = self.subscribe(&mut attempts).await?;
                 if watch.is_some() {
