@@ -475,8 +475,8 @@ fn on_timeline(
         (_, None) => return Some(Stop::Lost),
         (None, Some(k)) if now + timeline.grace >= k => {
             eprintln!(
-                "locksmith: the lease could not be renewed; terminating the command \
-                 ({} before it must stop)",
+                "locksmith: the lease was not renewed in time (renewals failed, or this \
+                 process was paused); terminating the command ({} before it must stop)",
                 humantime::format_duration(Duration::from_millis(
                     k.saturating_duration_since(now).as_millis() as u64
                 ))
