@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::join_all;
 use locksmith_core::backend::{
-    Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
+    Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest, Watch,
 };
 use locksmith_core::{Error, ErrorKind, FencingToken, LockKey, LockStatus, OwnerToken, Result};
 
@@ -56,6 +56,9 @@ pub enum Defect {
     CampaignGrantLandsLate,
     /// Reads a store that cannot be reached as "nobody holds it".
     NoLeaderWhenDown,
+    /// Gives observers a subscription that never wakes (as one to the
+    /// wrong channel would), so they see changes only at their poll.
+    SilentChanges,
 }
 
 /// How long `CampaignGrantLandsLate` keeps a contended request to grant.
@@ -63,7 +66,7 @@ const LATE_GRANT_KEPT: Duration = Duration::from_secs(2);
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 16] = [
+    pub const ALL: [Defect; 17] = [
         Defect::ReleaseWithoutOwnerCheck,
         Defect::NoExpiry,
         Defect::RenewReleases,
@@ -80,6 +83,7 @@ impl Defect {
         Defect::ProclaimWithoutOwnerCheck,
         Defect::CampaignGrantLandsLate,
         Defect::NoLeaderWhenDown,
+        Defect::SilentChanges,
     ];
 }
 
@@ -271,6 +275,15 @@ locksmith_core::forward_backend! {
                 }
             }
             self.inner.proclaim(key, owner, value).await
+        }
+
+        async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+            if self.defect == Defect::SilentChanges {
+                // A live subscription that nothing ever bumps.
+                let (tx, rx) = tokio::sync::watch::channel(0u64);
+                return Ok(Some(Watch::new(rx, Some(Box::new(tx)))));
+            }
+            self.inner.changes(key).await
         }
 
         async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {

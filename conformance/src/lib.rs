@@ -149,6 +149,7 @@ macro_rules! __case_list {
                 resign_hands_over_at_once,
                 former_leader_cannot_proclaim,
                 cancelled_campaign_leaves_no_leader,
+                announced_changes_wake_observers,
                 leader_of_a_down_store_is_unavailable,
             }
         }

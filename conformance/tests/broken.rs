@@ -136,6 +136,11 @@ async fn no_leader_when_down_is_caught() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn silent_changes_are_caught() {
+    check(Defect::SilentChanges, &["announced_changes_wake_observers"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_correct_backend_fails_nothing() {
     let failed = failing_cases(&MemoryHarness::new()).await;
     assert!(failed.is_empty(), "reference backend failed: {failed:#?}");

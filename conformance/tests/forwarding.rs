@@ -72,6 +72,8 @@ impl Harness for Recorded {
 /// acquire and renewal, so that a defect shows on every path.
 fn broken(defect: Defect, m: Method) -> Expect {
     match m {
+        // The defect itself: a subscription that never reaches the store.
+        Method::Changes if defect == Defect::SilentChanges => Expect::Answered,
         Method::Capabilities
         | Method::Verify
         | Method::TryAcquire

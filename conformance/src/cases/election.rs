@@ -3,8 +3,9 @@
 //! shows the holder's value and term, never a former leader's; observers
 //! see every reign in order and its end at its lease; a resignation hands
 //! over at once; a former leader cannot change the value; a dropped
-//! campaign leaves no leader; a store that is down is an error, never
-//! "nobody leads". A store without values must say `Unsupported`.
+//! campaign leaves no leader; a store that announces changes announces
+//! each one; a store that is down is an error, never "nobody leads". A
+//! store without values must say `Unsupported`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -416,6 +417,50 @@ async fn nobody_leads(e: &Election, why: &str) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(())
+}
+
+/// A store that announces changes (`LockBackend::changes` gives a watch)
+/// wakes its subscriber after another client's grant, proclaim and
+/// release of a leader's lock: an observer that relies on the notices and
+/// polls seldom sees each change within a round trip, not at its poll.
+/// A store that announces nothing (`Ok(None)`) is polled and passes.
+pub async fn announced_changes_wake_observers(h: &dyn Harness) -> Result<()> {
+    let k = key("announced_changes_wake_observers", "k");
+    let Some((_, election)) = election(h, &k).await? else {
+        return Ok(());
+    };
+    let watcher = h.client().await;
+    let Some(mut watch) = watcher.changes(&k).await? else {
+        return Ok(());
+    };
+    let mut leading = election.campaign("a", &long()).await?;
+    heard(&mut watch, "a grant").await?;
+    quiet(&mut watch).await;
+    leading.proclaim("a-2").await?;
+    heard(&mut watch, "a proclaim").await?;
+    quiet(&mut watch).await;
+    leading.resign().await?;
+    heard(&mut watch, "a resignation").await?;
+    Ok(())
+}
+
+/// Generous for a loaded host: a notice takes a round trip.
+const ANNOUNCED_WITHIN: Duration = Duration::from_secs(5);
+
+/// The watch wakes within [`ANNOUNCED_WITHIN`].
+async fn heard(watch: &mut locksmith_core::backend::Watch, what: &str) -> Result<()> {
+    match tokio::time::timeout(ANNOUNCED_WITHIN, watch.notice()).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => bail!("the subscription ended before {what} was announced"),
+        Err(_) => bail!("{what} was not announced within {ANNOUNCED_WITHIN:?}"),
+    }
+}
+
+/// Takes the notices still coming for the last change (a store may
+/// announce one change more than once), so the next one heard is new.
+async fn quiet(watch: &mut locksmith_core::backend::Watch) {
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), watch.notice()).await {
+    }
 }
 
 /// A store that cannot be reached is `Unavailable` to `leader()`, to a
