@@ -10,6 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use locksmith_conformance::kit::unique_prefix;
+use locksmith_conformance::kit::values::{awkward, every_byte};
 use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
 use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken, MAX_VALUE_LEN};
 use locksmith_memcached::MemcachedBackend;
@@ -81,24 +82,6 @@ fn key(what: &str) -> LockKey {
     .unwrap()
 }
 
-/// Every byte value, four times over: exactly the largest value allowed.
-fn every_byte() -> Vec<u8> {
-    (0..MAX_VALUE_LEN).map(|i| (i % 256) as u8).collect()
-}
-
-/// Values a store could mangle: newlines (the item's own separator), NUL,
-/// spaces, bytes that are not UTF-8, the empty value, the largest one.
-fn awkward_values() -> Vec<Vec<u8>> {
-    vec![
-        b"a\0b\nc d".to_vec(),
-        b"\r\n".to_vec(),
-        b"\n\n 7".to_vec(),
-        vec![0xff, 0x00, 0xfe, b' '],
-        Vec::new(),
-        every_byte(),
-    ]
-}
-
 /// An item's data as this version writes it.
 fn data(owner: &OwnerToken, holds: u32, value: Option<&[u8]>) -> Vec<u8> {
     let mut d = format!("{} {holds}", owner.as_str()).into_bytes();
@@ -122,7 +105,7 @@ async fn a_value_round_trips_through_grant_proclaim_and_inspect() {
     let b = s.backend();
     assert!(b.capabilities().values);
     assert_eq!(every_byte().len(), 1024);
-    for value in awkward_values() {
+    for value in awkward() {
         let k = key("round-trip");
         let owner = OwnerToken::generate().with_value(value.clone()).unwrap();
         grant(&b, &k, &owner, TTL).await;
@@ -144,7 +127,7 @@ async fn a_value_round_trips_through_grant_proclaim_and_inspect() {
     grant(&b, &k, &owner, TTL).await;
     assert_eq!(s.item(&k).await.unwrap().0, data(&owner, 1, None));
     assert_eq!(b.inspect(&k).await.unwrap().value, None);
-    for value in awkward_values() {
+    for value in awkward() {
         assert_eq!(
             b.proclaim(&k, &owner, &value).await.unwrap(),
             Renew::Renewed

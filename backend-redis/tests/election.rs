@@ -13,8 +13,9 @@ use futures::StreamExt;
 use locksmith_conformance::kit::observe::{heard_by_notice, leads, until, NEVER, SOON};
 use locksmith_conformance::kit::process::redis_server;
 use locksmith_conformance::kit::servers::{redis_url, redlock_ports};
+use locksmith_conformance::kit::values::awkward;
 use locksmith_core::backend::{Acquire, LockBackend, Notice, Release, Renew, Watch};
-use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken, MAX_VALUE_LEN};
+use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
 use locksmith_redis::{RedisBackend, RedlockBackend};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -33,20 +34,6 @@ fn key(name: &str) -> LockKey {
     LockKey::new(name).unwrap()
 }
 
-/// Values a store could mangle: NUL, newline, spaces at either end, bytes
-/// that are not UTF-8, the empty value, and the largest one allowed.
-fn awkward_values() -> Vec<Vec<u8>> {
-    let mut big: Vec<u8> = (0..MAX_VALUE_LEN).map(|i| (i % 256) as u8).collect();
-    big[0] = b' ';
-    vec![
-        b"a\0b\nc d".to_vec(),
-        b" leading and trailing ".to_vec(),
-        vec![0xff, 0x00, 0xfe, b'\n', b'\r'],
-        Vec::new(),
-        big,
-    ]
-}
-
 async fn grant(b: &impl LockBackend, k: &LockKey, owner: &OwnerToken, ttl: Duration) -> u64 {
     match b.try_acquire(k, owner, ttl).await.unwrap() {
         Acquire::Acquired(g) => g.fence.map_or(0, |f| f.0),
@@ -62,7 +49,7 @@ async fn stored(name: &str) -> Vec<String> {
 #[tokio::test]
 async fn a_value_round_trips_through_grant_and_inspect() {
     let b = backend();
-    for value in awkward_values() {
+    for value in awkward() {
         let n = name("round-trip");
         let k = key(&n);
         let owner = OwnerToken::generate().with_value(value.clone()).unwrap();
@@ -114,7 +101,7 @@ async fn proclaim_by_the_owner_sets_the_value_on_either_form() {
     let k = key(&name("proclaim"));
     let owner = OwnerToken::generate();
     let fence = grant(&b, &k, &owner, TTL).await;
-    for value in awkward_values() {
+    for value in awkward() {
         assert_eq!(
             b.proclaim(&k, &owner, &value).await.unwrap(),
             Renew::Renewed
@@ -222,7 +209,7 @@ async fn the_value_goes_with_the_lock_on_release_and_expiry() {
 #[tokio::test]
 async fn a_hand_off_writes_the_waiters_value_with_the_grant() {
     let b = backend();
-    for value in awkward_values() {
+    for value in awkward() {
         let n = name("handoff");
         let k = key(&n);
         let holder = OwnerToken::generate().with_value("holder").unwrap();
@@ -350,7 +337,7 @@ async fn redlock_campaign_leader_proclaim_and_resign() {
     let n = name("redlock");
     let election = locker.election(n.as_str()).unwrap();
     let opts = LockOptions::new().ttl(TTL);
-    let value = awkward_values().pop().unwrap();
+    let value = awkward().pop().unwrap();
     let mut leading = election.campaign(value.clone(), &opts).await.unwrap();
     let leader = election.leader().await.unwrap().expect("someone leads");
     assert_eq!(leader.value, value);

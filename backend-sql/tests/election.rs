@@ -9,6 +9,7 @@ mod common;
 
 use std::time::Duration;
 
+use locksmith_conformance::kit::values::{awkward, every_byte};
 use locksmith_conformance::kit::with_params;
 use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
 use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken, MAX_VALUE_LEN};
@@ -82,23 +83,6 @@ fn key(what: &str) -> LockKey {
     .unwrap()
 }
 
-/// Every byte value, four times over: exactly the largest value allowed.
-fn every_byte() -> Vec<u8> {
-    (0..MAX_VALUE_LEN).map(|i| (i % 256) as u8).collect()
-}
-
-/// Values a store could mangle: NUL, newline, spaces at either end, bytes
-/// that are not UTF-8, the empty value (not `NULL`), and the largest one.
-fn awkward_values() -> Vec<Vec<u8>> {
-    vec![
-        b"a\0b\nc d".to_vec(),
-        b" leading and trailing ".to_vec(),
-        vec![0xff, 0x00, 0xfe, b'\n', b'\r', b'\'', b'\\'],
-        Vec::new(),
-        every_byte(),
-    ]
-}
-
 async fn grant(b: &SqlBackend, k: &LockKey, owner: &OwnerToken, ttl: Duration) -> u64 {
     match b.try_acquire(k, owner, ttl).await.unwrap() {
         Acquire::Acquired(g) => g.fence.expect("lease rows give fences").0,
@@ -110,7 +94,7 @@ async fn a_value_round_trips_through_grant_proclaim_and_inspect(s: &Store) {
     let b = s.backend();
     assert!(b.capabilities().values);
     assert_eq!(every_byte().len(), 1024);
-    for value in awkward_values() {
+    for value in awkward() {
         let k = key("round-trip");
         let owner = OwnerToken::generate().with_value(value.clone()).unwrap();
         let fence = grant(&b, &k, &owner, TTL).await;
@@ -134,7 +118,7 @@ async fn a_value_round_trips_through_grant_proclaim_and_inspect(s: &Store) {
     let fence = grant(&b, &k, &owner, TTL).await;
     assert_eq!(b.inspect(&k).await.unwrap().value, None);
     assert_eq!(s.stored(&k).await, Some(None));
-    for value in awkward_values() {
+    for value in awkward() {
         let before = b.inspect(&k).await.unwrap().remaining.unwrap();
         assert_eq!(
             b.proclaim(&k, &owner, &value).await.unwrap(),

@@ -10,6 +10,7 @@
 //! - [`clients`]: the typed clients behind a harness's trait objects;
 //! - [`forwarding`]: proof that a wrapper forwards every method it should;
 //! - [`observe`]: election changes heard by a store's notice, not its poll;
+//! - [`values`]: leader values a store could mangle;
 //! - below: names no other run shares, free ports, URL pieces.
 //!
 //! A backend's tests take it as a dev-dependency:
@@ -21,6 +22,7 @@ pub mod forwarding;
 pub mod observe;
 pub mod process;
 pub mod servers;
+pub mod values;
 
 /// A prefix no other test run shares (process id and clock), ending in
 /// `:`, for keys and key prefixes on a shared server.
