@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
@@ -19,7 +19,7 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-use common::{locksmith, output};
+use common::{locksmith, output, stderr_of, unique, wait_exit, wait_gone};
 
 /// Room for a loaded 2-core host on top of any lease: process start-up,
 /// connecting, a waiter noticing the lease's end. Generous on purpose;
@@ -54,15 +54,6 @@ fn stores() -> Vec<Store> {
     ]
 }
 
-/// A key no other test or run shares.
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{name}-{}-{nanos}", std::process::id())
-}
-
 fn code(o: &Output) -> i32 {
     o.status
         .code()
@@ -82,54 +73,6 @@ fn spawn(mut c: Command) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-fn stderr_of(child: &mut Child) -> String {
-    let mut err = String::new();
-    if let Some(e) = child.stderr.as_mut() {
-        let _ = e.read_to_string(&mut err);
-    }
-    err
-}
-
-/// The exit code, or 128+N for death by signal N (as a shell reports it).
-fn wait_exit(child: &mut Child, within: Duration) -> i32 {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status
-                .code()
-                .or_else(|| status.signal().map(|s| 128 + s))
-                .unwrap_or(-1);
-        }
-        if start.elapsed() > within {
-            let _ = child.kill();
-            panic!("locksmith did not exit within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Whether a process still runs (a zombie nobody reaped does not).
-fn running(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, f)| f.split_whitespace().next())
-            .is_some_and(|state| state != "Z"),
-        Err(_) => false,
-    }
-}
-
-fn wait_gone(pid: i32, within: Duration) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < within {
-        if !running(pid) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
 }
 
 /// What a candidate's command wrote when it started (written whole, by

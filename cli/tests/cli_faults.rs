@@ -4,6 +4,7 @@
 
 #![cfg(unix)]
 
+#[cfg(feature = "redis")]
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -15,7 +16,9 @@ use nix::unistd::Pid;
 
 mod common;
 
-use common::{locksmith, output, run_script};
+#[cfg(feature = "redis")]
+use common::unique;
+use common::{locksmith, output, run_script, running, stderr_of, wait_exit, wait_gone};
 
 fn sqlite_url(dir: &Path) -> String {
     format!("sqlite://{}/locks.db", dir.display())
@@ -35,16 +38,6 @@ fn redis_port() -> u16 {
         .unwrap_or(6379)
 }
 
-/// A key no other test or run shares.
-#[cfg(feature = "redis")]
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{name}-{}-{nanos}", std::process::id())
-}
-
 /// Spawned in a process group of its own, as a shell starts a job, so a
 /// signal to "its group" reaches it as a terminal would deliver it.
 fn spawn(mut c: Command) -> Child {
@@ -61,14 +54,6 @@ fn hold_until(dir: &Path, url: &str, key: &str, go: &Path) -> Child {
             "run", "--url", url, "--key", key, "--ttl", "30s", "--", "sh", "-c", &script,
         ],
     ))
-}
-
-fn stderr_of(child: &mut Child) -> String {
-    let mut err = String::new();
-    if let Some(e) = child.stderr.as_mut() {
-        let _ = e.read_to_string(&mut err);
-    }
-    err
 }
 
 /// What a `run` that lost its lock says last: that it was lost, why (one
@@ -97,17 +82,6 @@ fn assert_ends_lost(err: &str, why: &[&str]) {
 const EXPIRED: &str = "not renewed before its deadline";
 const NOT_HELD: &str = "the store says it is no longer held";
 
-/// Whether a process still runs (a zombie nobody reaped does not).
-fn running(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, f)| f.split_whitespace().next())
-            .is_some_and(|state| state != "Z"),
-        Err(_) => false,
-    }
-}
-
 fn wait_for_file(path: &Path, within: Duration) -> String {
     let start = Instant::now();
     loop {
@@ -121,36 +95,6 @@ fn wait_for_file(path: &Path, within: Duration) -> String {
             "{} never appeared",
             path.display()
         );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn wait_gone(pid: i32, within: Duration) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < within {
-        if !running(pid) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
-}
-
-/// The exit code, or 128+N for death by signal N (as a shell reports it).
-fn wait_exit(child: &mut Child, within: Duration) -> i32 {
-    use std::os::unix::process::ExitStatusExt;
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status
-                .code()
-                .or_else(|| status.signal().map(|s| 128 + s))
-                .unwrap_or(-1);
-        }
-        if start.elapsed() > within {
-            let _ = child.kill();
-            panic!("locksmith did not exit within {within:?}");
-        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }

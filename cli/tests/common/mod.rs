@@ -2,8 +2,10 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// The `locksmith` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_locksmith");
@@ -100,4 +102,64 @@ pub fn closed_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// A name no other test or run shares.
+pub fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{name}-{}-{nanos}", std::process::id())
+}
+
+/// What a finished child wrote to its piped stderr.
+pub fn stderr_of(child: &mut Child) -> String {
+    let mut err = String::new();
+    if let Some(e) = child.stderr.as_mut() {
+        let _ = e.read_to_string(&mut err);
+    }
+    err
+}
+
+/// The exit code, or 128+N for death by signal N (as a shell reports it).
+pub fn wait_exit(child: &mut Child, within: Duration) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status
+                .code()
+                .or_else(|| status.signal().map(|s| 128 + s))
+                .unwrap_or(-1);
+        }
+        if start.elapsed() > within {
+            let _ = child.kill();
+            panic!("locksmith did not exit within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether a process still runs (a zombie nobody reaped does not).
+pub fn running(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, f)| f.split_whitespace().next())
+            .is_some_and(|state| state != "Z"),
+        Err(_) => false,
+    }
+}
+
+/// Whether process `pid` is gone within `within`.
+pub fn wait_gone(pid: i32, within: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if !running(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
 }
