@@ -13,7 +13,9 @@ use futures::future::join_all;
 use locksmith_core::backend::{
     Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest, Watch,
 };
-use locksmith_core::{Error, ErrorKind, FencingToken, LockKey, LockStatus, OwnerToken, Result};
+use locksmith_core::{
+    Claim, Error, ErrorKind, FencingToken, LockKey, LockStatus, OwnerToken, Result,
+};
 
 use crate::Harness;
 
@@ -59,6 +61,28 @@ pub enum Defect {
     /// Gives observers a subscription that never wakes (as one to the
     /// wrong channel would), so they see changes only at their poll.
     SilentChanges,
+    /// Grants one permit more than a semaphore has (a `<=` for a `<`).
+    PermitsOverGrant,
+    /// Counts a semaphore's expired permits as held until the next release.
+    ExpiredPermitsCounted,
+    /// Keeps the first N it saw for a name for ever and applies it to every
+    /// later claim, refusing none.
+    PermitsNotKept,
+    /// A release by an owner that holds no permit frees another holder's.
+    PermitReleaseWithoutOwnerCheck,
+    /// Lets at most two readers in at once (as a reader count kept in too
+    /// small a field would).
+    ReadersExclude,
+    /// Grants a writer while two or more readers hold.
+    WriterIgnoresReaders,
+    /// Forgets a waiting writer at once, so new readers keep entering.
+    ReadersIgnoreWaitingWriters,
+    /// Ignores a downgrade: the reader beside a writer queues like any other.
+    DowngradeGap,
+    /// Ignores a waiter giving up, so a writer's mark stays until its TTL.
+    AbandonIgnored,
+    /// Keeps a record of every name a semaphore or read-write lock used.
+    LeaksClaimedNames,
 }
 
 /// How long `CampaignGrantLandsLate` keeps a contended request to grant.
@@ -66,7 +90,7 @@ const LATE_GRANT_KEPT: Duration = Duration::from_secs(2);
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 17] = [
+    pub const ALL: [Defect; 27] = [
         Defect::ReleaseWithoutOwnerCheck,
         Defect::NoExpiry,
         Defect::RenewReleases,
@@ -84,6 +108,16 @@ impl Defect {
         Defect::CampaignGrantLandsLate,
         Defect::NoLeaderWhenDown,
         Defect::SilentChanges,
+        Defect::PermitsOverGrant,
+        Defect::ExpiredPermitsCounted,
+        Defect::PermitsNotKept,
+        Defect::PermitReleaseWithoutOwnerCheck,
+        Defect::ReadersExclude,
+        Defect::WriterIgnoresReaders,
+        Defect::ReadersIgnoreWaitingWriters,
+        Defect::DowngradeGap,
+        Defect::AbandonIgnored,
+        Defect::LeaksClaimedNames,
     ];
 }
 
@@ -110,6 +144,14 @@ struct Extra {
     first_values: Mutex<HashMap<LockKey, Vec<u8>>>,
     /// `ExpiredLeaderShown`: the last held status read of each key.
     last_held: Mutex<HashMap<LockKey, LockStatus>>,
+    /// Holds granted beside the store's (`PermitsOverGrant`,
+    /// `WriterIgnoresReaders`): one per name, by owner.
+    overflow: Mutex<HashMap<LockKey, OwnerToken>>,
+    /// `ExpiredPermitsCounted`: the permits granted on each name since its
+    /// last release; `PermitReleaseWithoutOwnerCheck`: who holds them.
+    permits: Mutex<HashMap<LockKey, Vec<OwnerToken>>>,
+    /// `PermitsNotKept`: the first N claimed on each name.
+    first_permits: Mutex<HashMap<LockKey, u32>>,
 }
 
 impl Broken {
@@ -120,6 +162,71 @@ impl Broken {
             .unwrap()
             .get(key)
             .is_some_and(|(at, ttl)| at.elapsed() > ttl.mul_f64(2.0 / 3.0))
+    }
+}
+
+impl Broken {
+    /// The claim the defect makes of `owner`'s (`PermitsNotKept`,
+    /// `DowngradeGap`).
+    fn rewrite_claim(&self, key: &LockKey, owner: &OwnerToken) -> OwnerToken {
+        match (self.defect, owner.claim()) {
+            (Defect::PermitsNotKept, Claim::Exclusive { permits }) => {
+                let first = *self
+                    .extra
+                    .first_permits
+                    .lock()
+                    .unwrap()
+                    .entry(key.clone())
+                    .or_insert(permits);
+                owner
+                    .clone()
+                    .with_claim(Claim::Exclusive { permits: first })
+            }
+            (Defect::DowngradeGap, Claim::Shared) if owner.writer().is_some() => {
+                OwnerToken::from_string(owner.as_str())
+                    .expect("a valid token")
+                    .with_claim(Claim::Shared)
+            }
+            _ => owner.clone(),
+        }
+    }
+
+    /// A grant the store refused, made anyway by the defect: one more
+    /// permit than N (`PermitsOverGrant`), or a writer beside two readers
+    /// (`WriterIgnoresReaders`).
+    async fn overflow_grant(&self, key: &LockKey, owner: &OwnerToken) -> Result<Option<Grant>> {
+        let claim = owner.claim();
+        let over = match self.defect {
+            Defect::PermitsOverGrant => claim.exclusive_permits() > Some(1),
+            Defect::WriterIgnoresReaders if claim == Claim::MUTEX => {
+                let status = self.inner.inspect(key).await?;
+                status.is_shared() && status.holder_count() >= 2
+            }
+            _ => false,
+        };
+        let mut overflow = self.extra.overflow.lock().unwrap();
+        if !over || overflow.contains_key(key) {
+            return Ok(None);
+        }
+        overflow.insert(key.clone(), owner.clone());
+        Ok(Some(Grant {
+            fence: None,
+            holds: 1,
+            lease: None,
+        }))
+    }
+
+    fn has_overflow(&self, key: &LockKey, owner: &OwnerToken) -> bool {
+        self.extra.overflow.lock().unwrap().get(key) == Some(owner)
+    }
+
+    fn take_overflow(&self, key: &LockKey, owner: &OwnerToken) -> bool {
+        let mut overflow = self.extra.overflow.lock().unwrap();
+        let ours = overflow.get(key) == Some(owner);
+        if ours {
+            overflow.remove(key);
+        }
+        ours
     }
 }
 
@@ -151,6 +258,22 @@ locksmith_core::forward_backend! {
                 Defect::NoExpiry => ttl.max(Duration::from_secs(3600)),
                 _ => ttl,
             };
+            let owner = &self.rewrite_claim(key, owner);
+            let claim = owner.claim();
+            let n = claim.exclusive_permits().unwrap_or(0);
+            if self.defect == Defect::ExpiredPermitsCounted && n > 1 {
+                let counted = self.extra.permits.lock().unwrap().get(key).map_or(0, Vec::len);
+                if counted >= n as usize {
+                    return Ok(Acquire::Contended { retry_after: None });
+                }
+            }
+            if self.defect == Defect::ReadersExclude && claim.is_shared() {
+                let status = self.inner.inspect(key).await?;
+                let others = status.holder_count() - usize::from(status.owner.as_ref() == Some(owner));
+                if status.held && status.is_shared() && others >= 2 {
+                    return Ok(Acquire::Contended { retry_after: None });
+                }
+            }
             let candidate = owner.value().is_some();
             if let Some(v) = owner.value().filter(|_| self.defect == Defect::StaleLeaderValue) {
                 self.extra
@@ -185,6 +308,14 @@ locksmith_core::forward_backend! {
                     }
                 });
             }
+            if matches!(outcome, Ok(Acquire::Contended { .. })) {
+                if let Some(grant) = self.overflow_grant(key, owner).await? {
+                    return Ok(Acquire::Acquired(grant));
+                }
+                if self.defect == Defect::ReadersIgnoreWaitingWriters && !claim.is_shared() {
+                    self.inner.abandon(key, owner, owner).await?;
+                }
+            }
             let outcome = match outcome {
                 Err(e)
                     if self.defect == Defect::ContendedWhenDown
@@ -199,6 +330,18 @@ locksmith_core::forward_backend! {
                     .lock()
                     .unwrap()
                     .insert(key.clone(), owner.clone());
+                if n > 1 {
+                    self.extra
+                        .permits
+                        .lock()
+                        .unwrap()
+                        .entry(key.clone())
+                        .or_default()
+                        .push(owner.clone());
+                }
+                if self.defect == Defect::LeaksClaimedNames && claim != Claim::MUTEX {
+                    self.extra.leaked.lock().unwrap().insert(key.clone());
+                }
                 self.leases
                     .lock()
                     .unwrap()
@@ -234,16 +377,45 @@ locksmith_core::forward_backend! {
                 return Ok(Release::Freed);
             }
             self.extra.last_held.lock().unwrap().remove(key);
+            if self.take_overflow(key, owner) {
+                return Ok(Release::Freed);
+            }
+            let released = self.inner.release(key, owner).await?;
+            if released == Release::Freed {
+                // `ExpiredPermitsCounted` counts again from here.
+                self.extra.permits.lock().unwrap().remove(key);
+            }
+            if released == Release::NotHeld
+                && self.defect == Defect::PermitReleaseWithoutOwnerCheck
+                && owner.claim().exclusive_permits() > Some(1)
+            {
+                let other = self
+                    .extra
+                    .permits
+                    .lock()
+                    .unwrap()
+                    .get(key)
+                    .and_then(|p| p.iter().find(|o| *o != owner).cloned());
+                if let Some(other) = other {
+                    return self.inner.release(key, &other).await;
+                }
+            }
+            if released != Release::NotHeld {
+                return Ok(released);
+            }
             if self.defect == Defect::ReleaseWithoutOwnerCheck {
                 let holder = self.holders.lock().unwrap().get(key).cloned();
                 if let Some(holder) = holder {
                     return self.inner.release(key, &holder).await;
                 }
             }
-            self.inner.release(key, owner).await
+            Ok(released)
         }
 
         async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
+            if self.has_overflow(key, owner) {
+                return Ok(Renew::Renewed);
+            }
             match self.defect {
                 Defect::RenewReleases => {
                     self.inner.release(key, owner).await?;
@@ -336,15 +508,18 @@ locksmith_core::forward_backend! {
             self.try_acquire(key, owner, ttl).await
         }
 
-        /// Nothing was queued (see `try_acquire_waiting`).
+        /// Nothing was queued (see `try_acquire_waiting`), but a writer's
+        /// mark may be left to take away.
         async fn abandon(
             &self,
             key: &LockKey,
             owner: &OwnerToken,
             ticket: &OwnerToken,
         ) -> Result<()> {
-            let _ = (key, owner, ticket);
-            Ok(())
+            if self.defect == Defect::AbandonIgnored {
+                return Ok(());
+            }
+            self.inner.abandon(key, owner, ticket).await
         }
     }
 }

@@ -152,6 +152,18 @@ macro_rules! __case_list {
                 announced_changes_wake_observers,
                 leader_of_a_down_store_is_unavailable,
             }
+            Permits permits {
+                n_plus_one_clients_never_hold_n_plus_one_permits,
+                expired_permit_is_reclaimed,
+                mismatched_permits_are_refused,
+                stale_permit_holder_cannot_release_or_renew,
+                readers_share,
+                writer_excludes_readers_and_writers,
+                waiting_writer_is_not_starved,
+                writer_downgrades_reader_never_upgrades,
+                abandoned_permit_acquire_leaves_nothing,
+                permit_state_is_bounded,
+            }
         }
     };
 }

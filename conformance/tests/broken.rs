@@ -140,6 +140,94 @@ async fn silent_changes_are_caught() {
     check(Defect::SilentChanges, &["announced_changes_wake_observers"]).await;
 }
 
+/// A defect of semaphores or read-write locks is caught by `case` and by
+/// no other case of the suite: every safety case of the permits rule has
+/// a defect that it alone catches.
+async fn caught_by_alone(defect: Defect, case: &str) {
+    let harness = BrokenHarness::new(MemoryHarness::new(), defect);
+    let failed = failing_cases(&harness).await;
+    let names: Vec<&str> = failed.iter().map(|(n, _)| *n).collect();
+    assert_eq!(
+        names,
+        [case],
+        "{defect:?} should fail {case} alone: {failed:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_semaphore_that_over_grants_is_caught() {
+    caught_by_alone(
+        Defect::PermitsOverGrant,
+        "n_plus_one_clients_never_hold_n_plus_one_permits",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn expired_permits_counted_are_caught() {
+    caught_by_alone(Defect::ExpiredPermitsCounted, "expired_permit_is_reclaimed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn permits_not_kept_are_caught() {
+    caught_by_alone(Defect::PermitsNotKept, "mismatched_permits_are_refused").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_permit_release_without_owner_check_is_caught() {
+    caught_by_alone(
+        Defect::PermitReleaseWithoutOwnerCheck,
+        "stale_permit_holder_cannot_release_or_renew",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readers_that_exclude_are_caught() {
+    caught_by_alone(Defect::ReadersExclude, "readers_share").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_writer_that_ignores_readers_is_caught() {
+    caught_by_alone(
+        Defect::WriterIgnoresReaders,
+        "writer_excludes_readers_and_writers",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readers_that_ignore_a_waiting_writer_are_caught() {
+    caught_by_alone(
+        Defect::ReadersIgnoreWaitingWriters,
+        "waiting_writer_is_not_starved",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_downgrade_gap_is_caught() {
+    caught_by_alone(
+        Defect::DowngradeGap,
+        "writer_downgrades_reader_never_upgrades",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_ignored_abandon_is_caught() {
+    caught_by_alone(
+        Defect::AbandonIgnored,
+        "abandoned_permit_acquire_leaves_nothing",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leaked_permit_names_are_caught() {
+    caught_by_alone(Defect::LeaksClaimedNames, "permit_state_is_bounded").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_correct_backend_fails_nothing() {
     let failed = failing_cases(&MemoryHarness::new()).await;

@@ -90,8 +90,10 @@ fn broken(defect: Defect, m: Method) -> Expect {
         Method::Renew => Expect::Forwarded,
         Method::RenewMany => Expect::As(Method::Renew),
         Method::TryAcquireWaiting => Expect::As(Method::TryAcquire),
-        // Nothing is ever queued, so there is nothing to give up.
-        Method::Abandon => Expect::Answered,
+        // The defect itself: a waiter giving up is ignored.
+        Method::Abandon if defect == Defect::AbandonIgnored => Expect::Answered,
+        // Nothing is ever queued, but a writer's mark is taken away.
+        Method::Abandon => Expect::Forwarded,
     }
 }
 

@@ -75,6 +75,12 @@ pub struct Capabilities {
     /// The store keeps a value with each lock ([`LockBackend::proclaim`],
     /// [`LockStatus::value`]), so leader election works on it.
     pub values: bool,
+    /// The store grants exclusive claims of more than one permit
+    /// ([`Claim::Exclusive`](crate::Claim)), so semaphores work on it.
+    pub permits: bool,
+    /// The store grants shared claims ([`Claim::Shared`](crate::Claim)),
+    /// so read-write locks work on it.
+    pub shared: bool,
 }
 
 impl Default for Capabilities {
@@ -89,6 +95,8 @@ impl Default for Capabilities {
             retention: Duration::ZERO,
             max_lease: None,
             values: false,
+            permits: false,
+            shared: false,
         }
     }
 }
@@ -153,6 +161,20 @@ impl Capabilities {
     #[must_use]
     pub fn with_values(mut self, values: bool) -> Self {
         self.values = values;
+        self
+    }
+
+    /// Sets [`permits`](Self::permits): semaphores of more than one permit.
+    #[must_use]
+    pub fn with_permits(mut self, permits: bool) -> Self {
+        self.permits = permits;
+        self
+    }
+
+    /// Sets [`shared`](Self::shared): shared (reader) claims.
+    #[must_use]
+    pub fn with_shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
         self
     }
 
@@ -303,6 +325,42 @@ impl Watch {
             Source::Grants(rx) => rx.recv().await.map(Notice::Granted),
         }
     }
+}
+
+/// The error for a claim whose permits differ from the ones the store
+/// keeps for `key` while it is held: every holder of a name must agree on
+/// its permits, or a semaphore would over-grant.
+pub fn permits_mismatch(key: &LockKey, kept: u32, asked: u32) -> Error {
+    let what = |n: u32| match n {
+        1 => "1 permit (a mutex or a write lock)".to_owned(),
+        n => format!("{n} permits (a semaphore)"),
+    };
+    Error::invalid_options(format!(
+        "{:?} is held with {} and this claim asks for {}: every holder of a name must agree on \
+         its permits",
+        key.as_str(),
+        what(kept),
+        what(asked)
+    ))
+}
+
+/// The error for an owner that holds `key` and asks for it again with
+/// another kind of claim: a read hold cannot become a write hold (two
+/// readers upgrading at once would wait on each other for ever), and a
+/// writer reads by a downgrade ([`OwnerToken::beside`]).
+pub fn claim_changed(key: &LockKey, held_shared: bool) -> Error {
+    let k = key.as_str();
+    Error::invalid_options(if held_shared {
+        format!(
+            "{k:?}: this owner holds a read lock, which cannot be upgraded to a write lock \
+             (release it, then take the write lock)"
+        )
+    } else {
+        format!(
+            "{k:?}: this owner holds it exclusively; a writer takes a read lock by a downgrade \
+             (ReadWriteLock::downgrade), not with the same owner"
+        )
+    })
 }
 
 /// One renewal sent as a batch of one, for a backend whose

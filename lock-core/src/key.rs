@@ -118,12 +118,94 @@ impl IntoLockKey for &String {
 /// ([`with_value`](Self::with_value)): a store that keeps values writes it
 /// with the grant, so the lock is never seen held without it. The value
 /// plays no part in comparing tokens.
+///
+/// It also carries the [`Claim`] its acquires make: exclusive (a mutex, a
+/// writer, a semaphore's permit) or shared (a reader). Neither plays a part
+/// in comparing tokens.
 #[derive(Clone)]
-pub struct OwnerToken(String, Option<Arc<[u8]>>);
+pub struct OwnerToken {
+    token: String,
+    value: Option<Arc<[u8]>>,
+    claim: Claim,
+    /// A reader's claim taken beside this writer's hold (a downgrade).
+    beside: Option<Arc<str>>,
+}
+
+/// The most permits a semaphore can have.
+pub const MAX_PERMITS: u32 = 1024;
+
+/// What an acquire asks the store for. The mutex is `Exclusive { permits: 1 }`.
+///
+/// Grant rule on every store, on the store's clock: an exclusive claim of
+/// `permits` N is granted when no shared hold is live and fewer than N
+/// exclusive holds are; a shared claim when no exclusive hold is live and
+/// no exclusive claim is waiting (so a waiting writer stops new readers).
+/// The store keeps N while any exclusive hold is live, and refuses a claim
+/// with another N.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Claim {
+    /// One of at most `permits` holders at a time (a mutex or writer: 1;
+    /// a semaphore: N).
+    Exclusive {
+        /// How many holders the name admits at once.
+        permits: u32,
+    },
+    /// A reader: shares the name with other readers, never with an
+    /// exclusive holder.
+    Shared,
+}
+
+impl Claim {
+    /// The mutex's claim: one exclusive holder.
+    pub const MUTEX: Claim = Claim::Exclusive { permits: 1 };
+
+    /// A semaphore's claim of `permits` permits.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidOptions`](crate::ErrorKind::InvalidOptions) for 0
+    /// or more than [`MAX_PERMITS`].
+    pub fn permits(permits: u32) -> Result<Claim> {
+        if !(1..=MAX_PERMITS).contains(&permits) {
+            return Err(Error::invalid_options(format!(
+                "a semaphore has 1 to {MAX_PERMITS} permits, not {permits}"
+            )));
+        }
+        Ok(Claim::Exclusive { permits })
+    }
+
+    /// A shared (reader's) claim.
+    pub fn is_shared(self) -> bool {
+        matches!(self, Claim::Shared)
+    }
+
+    /// The permits of an exclusive claim; `None` for a shared one.
+    pub fn exclusive_permits(self) -> Option<u32> {
+        match self {
+            Claim::Exclusive { permits } => Some(permits),
+            Claim::Shared => None,
+        }
+    }
+}
+
+impl Default for Claim {
+    fn default() -> Self {
+        Claim::MUTEX
+    }
+}
+
+impl fmt::Display for Claim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Claim::Exclusive { permits: 1 } => f.write_str("exclusive"),
+            Claim::Exclusive { permits } => write!(f, "one of {permits} permits"),
+            Claim::Shared => f.write_str("shared"),
+        }
+    }
+}
 
 impl PartialEq for OwnerToken {
     fn eq(&self, other: &Self) -> bool {
-        self.0 == other.0
+        self.token == other.token
     }
 }
 
@@ -131,7 +213,7 @@ impl Eq for OwnerToken {}
 
 impl std::hash::Hash for OwnerToken {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.hash(state);
+        self.token.hash(state);
     }
 }
 
@@ -147,7 +229,7 @@ impl OwnerToken {
     pub fn generate() -> Self {
         let mut bytes = [0u8; 16];
         getrandom::fill(&mut bytes).expect("the OS random number generator failed");
-        OwnerToken(hex::encode(bytes), None)
+        Self::plain(hex::encode(bytes))
     }
 
     /// Wraps a token read back from a store or handed over by another process.
@@ -162,7 +244,7 @@ impl OwnerToken {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         if ok_len && ok_chars {
-            Ok(OwnerToken(token, None))
+            Ok(Self::plain(token))
         } else {
             Err(Error::invalid_options(
                 "owner token must be 32..=128 characters of [A-Za-z0-9_-]",
@@ -170,9 +252,47 @@ impl OwnerToken {
         }
     }
 
+    fn plain(token: String) -> Self {
+        OwnerToken {
+            token,
+            value: None,
+            claim: Claim::MUTEX,
+            beside: None,
+        }
+    }
+
     /// The token as text (32 lowercase hex digits when generated).
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.token
+    }
+
+    /// The same token, making `claim` with its acquires.
+    #[must_use]
+    pub fn with_claim(mut self, claim: Claim) -> Self {
+        self.claim = claim;
+        self
+    }
+
+    /// The claim this token's acquires make ([`Claim::MUTEX`] unless set).
+    pub fn claim(&self) -> Claim {
+        self.claim
+    }
+
+    /// The same token, making a shared claim beside `writer`'s exclusive
+    /// hold on the same name (a downgrade): the store grants it while
+    /// `writer` holds the name, whoever waits, as the writer could
+    /// release and read at once.
+    #[must_use]
+    pub fn beside(mut self, writer: &OwnerToken) -> Self {
+        self.claim = Claim::Shared;
+        self.beside = Some(Arc::from(writer.as_str()));
+        self
+    }
+
+    /// The writer whose hold this reader's claim is made beside
+    /// ([`beside`](Self::beside)), if any.
+    pub fn writer(&self) -> Option<&str> {
+        self.beside.as_deref()
     }
 
     /// The same token, carrying `value` for the store to write with the
@@ -182,13 +302,13 @@ impl OwnerToken {
     /// [`ErrorKind::InvalidOptions`](crate::ErrorKind::InvalidOptions) for a
     /// value over [`MAX_VALUE_LEN`] bytes.
     pub fn with_value(mut self, value: impl Into<Vec<u8>>) -> Result<Self> {
-        self.1 = Some(Arc::from(check_value(value.into())?));
+        self.value = Some(Arc::from(check_value(value.into())?));
         Ok(self)
     }
 
     /// The value this token carries, if any ([`with_value`](Self::with_value)).
     pub fn value(&self) -> Option<&[u8]> {
-        self.1.as_deref()
+        self.value.as_deref()
     }
 }
 
@@ -209,13 +329,13 @@ pub(crate) fn check_value(value: Vec<u8>) -> Result<Vec<u8>> {
 impl fmt::Debug for OwnerToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Enough to tell tokens apart in logs, not enough to forge one.
-        write!(f, "OwnerToken({}…)", &self.0[..8])
+        write!(f, "OwnerToken({}…)", &self.token[..8])
     }
 }
 
 impl fmt::Display for OwnerToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.token)
     }
 }
 

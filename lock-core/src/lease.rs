@@ -78,6 +78,54 @@ pub struct LockStatus {
     /// The value the holder advertises (an election's leader value), where
     /// the store keeps one and the holder set it.
     pub value: Option<Vec<u8>>,
+    /// Every live holder, where the store lists them (a store that offers
+    /// semaphores or shared holds does; a mutex-only store may leave it
+    /// empty). With several holders, `holds` is their total, `fence` the
+    /// highest and `remaining` the longest lease left.
+    pub holders: Vec<Holder>,
+    /// The permits the store keeps for the name while exclusive holds are
+    /// live (1 for a mutex or a writer, N for a semaphore), where it says.
+    pub permits: Option<u32>,
+}
+
+/// One live holder of a name, in [`LockStatus::holders`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Holder {
+    /// A reader's shared hold; otherwise exclusive (a permit, a writer, a mutex).
+    pub shared: bool,
+    /// Its re-entrant holds.
+    pub holds: u32,
+    /// Its grant's fencing token, where the store gives them.
+    pub fence: Option<FencingToken>,
+    /// Its lease left on the store's clock, where the store can say.
+    pub remaining: Option<Duration>,
+}
+
+impl Holder {
+    /// A holder: shared or not, with `holds` holds.
+    pub fn new(shared: bool, holds: u32) -> Self {
+        Holder {
+            shared,
+            holds,
+            fence: None,
+            remaining: None,
+        }
+    }
+
+    /// Sets its fencing token.
+    #[must_use]
+    pub fn with_fence(mut self, fence: Option<FencingToken>) -> Self {
+        self.fence = fence;
+        self
+    }
+
+    /// Sets its lease left.
+    #[must_use]
+    pub fn with_remaining(mut self, remaining: Option<Duration>) -> Self {
+        self.remaining = remaining;
+        self
+    }
 }
 
 impl LockStatus {
@@ -91,7 +139,47 @@ impl LockStatus {
             waiters: None,
             owner: None,
             value: None,
+            holders: Vec::new(),
+            permits: None,
         }
+    }
+
+    /// The status of a name with these live `holders` (none: free), with
+    /// the totals filled in from them.
+    pub fn of_holders(holders: Vec<Holder>) -> Self {
+        if holders.is_empty() {
+            return Self::free();
+        }
+        LockStatus {
+            held: true,
+            holds: holders.iter().map(|h| h.holds).sum::<u32>().max(1),
+            fence: holders.iter().filter_map(|h| h.fence).max(),
+            remaining: holders.iter().filter_map(|h| h.remaining).max(),
+            holders,
+            ..Self::free()
+        }
+    }
+
+    /// How many owners hold the name: the listed holders, or 1 for a held
+    /// name whose store does not list them.
+    pub fn holder_count(&self) -> usize {
+        match (self.held, self.holders.len()) {
+            (false, _) => 0,
+            (true, 0) => 1,
+            (true, n) => n,
+        }
+    }
+
+    /// The name is held by readers (shared holds), not exclusively.
+    pub fn is_shared(&self) -> bool {
+        self.held && !self.holders.is_empty() && self.holders.iter().all(|h| h.shared)
+    }
+
+    /// Sets the permits the store keeps for the name.
+    #[must_use]
+    pub fn with_permits(mut self, permits: Option<u32>) -> Self {
+        self.permits = permits;
+        self
     }
 
     /// Someone holds the key, with `holds` holds.

@@ -25,6 +25,7 @@ mod locker;
 mod memory;
 mod options;
 mod params;
+mod permits;
 mod quorum;
 mod url;
 mod watchdog;
@@ -32,7 +33,10 @@ mod watchdog;
 pub use election::{Election, Leader, Leadership, OBSERVE_EVERY};
 pub use error::{Error, ErrorKind, Result};
 pub use guard::{LockGuard, MultiGuard};
-pub use key::{FencingToken, IntoLockKey, LockKey, OwnerToken, MAX_KEY_LEN, MAX_VALUE_LEN};
-pub use lease::{Lease, LeaseState, LockStatus, LostReason};
+pub use key::{
+    Claim, FencingToken, IntoLockKey, LockKey, OwnerToken, MAX_KEY_LEN, MAX_PERMITS, MAX_VALUE_LEN,
+};
+pub use lease::{Holder, Lease, LeaseState, LockStatus, LostReason};
 pub use locker::Locker;
 pub use options::{LockOptions, WaitPolicy, MAX_TTL};
+pub use permits::{ReadWriteLock, Semaphore};

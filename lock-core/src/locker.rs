@@ -15,9 +15,10 @@ use crate::background::Background;
 use crate::election::Election;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::{LockGuard, MultiGuard};
-use crate::key::{IntoLockKey, LockKey, OwnerToken};
+use crate::key::{Claim, IntoLockKey, LockKey, OwnerToken};
 use crate::lease::{local_deadline, Lease, LockStatus};
 use crate::options::{LockOptions, WaitPolicy};
+use crate::permits::{supports, ReadWriteLock, Semaphore};
 use crate::watchdog::Watchdog;
 
 /// How long [`Locker::close`] waits for background clean-ups.
@@ -285,6 +286,52 @@ impl Locker {
         Election::new(self.clone(), name.into_lock_key()?)
     }
 
+    /// The semaphore named `name`, of `permits` permits: at most that many
+    /// holders at once (see [`Semaphore`]).
+    ///
+    /// # Errors
+    /// `InvalidKey` for a bad name; `InvalidOptions` for 0 or more than
+    /// [`MAX_PERMITS`](crate::MAX_PERMITS) permits; `Unsupported` when the
+    /// store cannot grant them ([`Capabilities::permits`]).
+    pub fn semaphore(&self, name: impl IntoLockKey, permits: u32) -> Result<Semaphore> {
+        Semaphore::new(self.clone(), name.into_lock_key()?, permits)
+    }
+
+    /// The read-write lock named `name` (see [`ReadWriteLock`]).
+    ///
+    /// # Errors
+    /// `InvalidKey` for a bad name; `Unsupported` when the store cannot
+    /// grant shared holds ([`Capabilities::shared`]).
+    pub fn rwlock(&self, name: impl IntoLockKey) -> Result<ReadWriteLock> {
+        ReadWriteLock::new(self.clone(), name.into_lock_key()?)
+    }
+
+    /// Acquires `key` for `owner` and the claim it carries; a wait that
+    /// runs out is `Timeout`. `fresh`: the owner was just drawn.
+    pub(crate) async fn acquire_claimed(
+        &self,
+        key: &LockKey,
+        owner: OwnerToken,
+        fresh: bool,
+        opts: &LockOptions,
+    ) -> Result<LockGuard> {
+        self.acquire_owned(key.clone(), owner, fresh, opts)
+            .await?
+            .ok_or_else(|| timeout_error(key, opts.wait))
+    }
+
+    /// As [`acquire_claimed`](Self::acquire_claimed), with a wait that runs
+    /// out as `Ok(None)`.
+    pub(crate) async fn try_acquire_claimed(
+        &self,
+        key: &LockKey,
+        owner: OwnerToken,
+        fresh: bool,
+        opts: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        self.acquire_owned(key.clone(), owner, fresh, opts).await
+    }
+
     /// Acquires for `owner`, a token just drawn that holds nothing (a
     /// campaign's): an attempt abandoned mid-flight is undone, as for
     /// [`lock_with`](Self::lock_with). A wait that runs out is `Ok(None)`.
@@ -309,18 +356,62 @@ impl Locker {
         I: IntoIterator,
         I::Item: IntoLockKey,
     {
-        let mut keys = keys
+        self.lock_all_claims(keys.into_iter().map(|k| (k, Claim::MUTEX)), opts)
+            .await
+    }
+
+    /// As [`lock_all`](Self::lock_all), each key with its own [`Claim`]: a
+    /// semaphore's permit, a read or a write hold, or a mutex. Ordered and
+    /// all-or-nothing as `lock_all` is, so two callers taking overlapping
+    /// sets in any mix of claims cannot deadlock on each other.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> locksmith_core::Result<()> {
+    /// use locksmith_core::{backend::MemoryBackend, Claim, LockOptions, Locker};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let opts = LockOptions::new().no_wait();
+    /// let all = locker
+    ///     .lock_all_claims([("catalogue", Claim::Shared), ("exports", Claim::permits(3)?)], &opts)
+    ///     .await?;
+    /// assert_eq!(all.guards().len(), 2);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// `InvalidOptions` for an empty set or a key named twice with two
+    /// claims; `Unsupported` for a claim the store cannot grant; otherwise
+    /// as [`lock_with`](Self::lock_with).
+    pub async fn lock_all_claims<I, K>(&self, items: I, opts: &LockOptions) -> Result<MultiGuard>
+    where
+        I: IntoIterator<Item = (K, Claim)>,
+        K: IntoLockKey,
+    {
+        let mut items = items
             .into_iter()
-            .map(IntoLockKey::into_lock_key)
+            .map(|(k, c)| Ok((k.into_lock_key()?, c)))
             .collect::<Result<Vec<_>>>()?;
-        keys.sort();
-        keys.dedup();
-        if keys.is_empty() {
+        items.sort_by(|a, b| a.0.cmp(&b.0));
+        items.dedup();
+        if let Some(w) = items.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(Error::invalid_options(format!(
+                "{:?} is named twice, {} and {}",
+                w[0].0.as_str(),
+                w[0].1,
+                w[1].1
+            )));
+        }
+        if items.is_empty() {
             return Err(Error::invalid_options("lock_all needs at least one key"));
+        }
+        for (_, claim) in &items {
+            supports(self, *claim)?;
         }
         let start = Instant::now();
         let mut held = MultiGuard { guards: Vec::new() };
-        for key in keys {
+        for (key, claim) in items {
             let wait = match opts.wait {
                 WaitPolicy::For(d) => WaitPolicy::For(d.saturating_sub(start.elapsed())),
                 other => other,
@@ -329,8 +420,9 @@ impl Locker {
                 wait,
                 ..opts.clone()
             };
+            let owner = OwnerToken::generate().with_claim(claim);
             let outcome = self
-                .acquire(key.clone(), None, &step)
+                .acquire_owned(key.clone(), owner, true, &step)
                 .await
                 .and_then(|g| g.ok_or_else(|| timeout_error(&key, opts.wait)));
             match outcome {
@@ -370,6 +462,7 @@ impl Locker {
     ) -> Result<Option<LockGuard>> {
         self.refuse_if_closed()?;
         opts.validate(&self.caps)?;
+        supports(self, owner.claim())?;
         let start = Instant::now();
         let give_up = match opts.wait {
             WaitPolicy::NoWait => Some(start),
@@ -390,6 +483,9 @@ impl Locker {
             &owner,
             fresh_owner,
         );
+        // A writer refused while readers hold leaves a mark that keeps new
+        // readers out (no writer starvation); giving up takes it away.
+        let may_mark = self.caps.shared && !owner.claim().is_shared();
         let mut watch: Option<Watch> = None;
         let mut subscribed = false;
         // A fair store queues waiters, so a caller prepared to wait listens
@@ -420,6 +516,7 @@ impl Locker {
                 }
                 Acquire::Contended { retry_after } => {
                     queued_at.get_or_insert(sent);
+                    attempts.marked |= may_mark;
                     retry_after
                 }
             };
@@ -598,6 +695,9 @@ struct Attempts {
     ticket: OwnerToken,
     /// The ticket may be in the store's wait queue.
     queued: bool,
+    /// A writer's refused attempt may have left a mark that keeps new
+    /// readers out: giving up removes it ([`LockBackend::abandon`]).
+    marked: bool,
     request: Option<BoxFuture<'static, Result<Acquire>>>,
     /// An attempt failed without an answer: it may have been granted.
     uncertain: bool,
@@ -619,6 +719,7 @@ impl Attempts {
             fresh_owner: fresh,
             ticket: OwnerToken::generate(),
             queued: false,
+            marked: false,
             request: None,
             uncertain: false,
         }
@@ -648,12 +749,14 @@ impl Attempts {
     /// The lock is ours: nothing to undo.
     fn done(&mut self) {
         self.queued = false;
+        self.marked = false;
         self.uncertain = false;
     }
 
     /// Leaves the queue now (the wait ran out).
     async fn abandon(&mut self) {
-        if std::mem::take(&mut self.queued) {
+        let queued = std::mem::take(&mut self.queued);
+        if std::mem::take(&mut self.marked) || queued {
             if let Err(e) = self
                 .backend
                 .abandon(&self.key, &self.owner, &self.ticket)
@@ -670,7 +773,7 @@ impl Drop for Attempts {
     fn drop(&mut self) {
         let request = self.request.take();
         let undo = self.fresh_owner && self.uncertain;
-        if request.is_none() && !self.queued && !undo {
+        if request.is_none() && !self.queued && !self.marked && !undo {
             return;
         }
         let (backend, key, owner, ticket) = (
@@ -679,7 +782,7 @@ impl Drop for Attempts {
             self.owner.clone(),
             self.ticket.clone(),
         );
-        let (fresh_owner, queued) = (self.fresh_owner, self.queued);
+        let (fresh_owner, queued) = (self.fresh_owner, self.queued || self.marked);
         self.background.spawn(async move {
             let maybe_granted = match request {
                 Some(request) => !matches!(request.await, Ok(Acquire::Contended { .. })),

@@ -8,49 +8,83 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use crate::backend::{Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, Watch};
+use crate::backend::{
+    claim_changed, permits_mismatch, Acquire, Binding, Capabilities, Grant, LockBackend, Release,
+    Renew, Watch,
+};
 use crate::error::{Error, Result};
-use crate::key::{FencingToken, LockKey, OwnerToken};
-use crate::lease::LockStatus;
+use crate::key::{Claim, FencingToken, LockKey, OwnerToken};
+use crate::lease::{Holder, LockStatus};
 
+/// One owner's live hold of a name.
 #[derive(Debug)]
-struct Slot {
-    owner: Option<OwnerToken>,
+struct Hold {
+    owner: OwnerToken,
+    shared: bool,
     holds: u32,
     expires: Instant,
     fence: u64,
     value: Option<Vec<u8>>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    holders: Vec<Hold>,
+    /// The permits of the exclusive holds (meaningful while one is live).
+    permits: u32,
+    /// Writers waiting for readers to leave, by owner, until when: while
+    /// one is live no new reader enters.
+    writers_waiting: Vec<(OwnerToken, Instant)>,
     released: watch::Sender<u64>,
     /// Bumped on every grant, release and proclaim, for observers.
     changed: watch::Sender<u64>,
 }
 
 impl Slot {
-    fn free(now: Instant) -> Self {
+    fn free() -> Self {
         Slot {
-            owner: None,
-            holds: 0,
-            expires: now,
-            fence: 0,
-            value: None,
+            holders: Vec::new(),
+            permits: 1,
+            writers_waiting: Vec::new(),
             released: watch::channel(0).0,
             changed: watch::channel(0).0,
         }
     }
+    /// Forgets what expired by `now`; wakes waiters if a hold went.
+    fn prune(&mut self, now: Instant) {
+        let before = self.holders.len();
+        self.holders.retain(|h| h.expires > now);
+        self.writers_waiting.retain(|(_, until)| *until > now);
+        if self.holders.len() != before {
+            self.released.send_modify(|v| *v += 1);
+        }
+    }
     fn held_by_anyone(&self, now: Instant) -> bool {
-        self.owner.is_some() && self.expires > now
+        self.holders.iter().any(|h| h.expires > now)
     }
-    fn held_by(&self, owner: &OwnerToken, now: Instant) -> bool {
-        self.held_by_anyone(now) && self.owner.as_ref() == Some(owner)
+    fn hold_of(&mut self, owner: &OwnerToken, now: Instant) -> Option<&mut Hold> {
+        self.holders
+            .iter_mut()
+            .find(|h| h.expires > now && h.owner == *owner)
     }
-    /// Nothing of the slot is needed any more: free, and nobody watching.
+    /// Nothing of the slot is needed any more: free, nobody waiting to
+    /// write, and nobody watching.
     fn idle(&self, now: Instant) -> bool {
         !self.held_by_anyone(now)
+            && self.writers_waiting.iter().all(|(_, until)| *until <= now)
             && self.released.receiver_count() == 0
             && self.changed.receiver_count() == 0
     }
     fn announce(&self) {
         self.changed.send_modify(|v| *v += 1);
+    }
+    /// The soonest a live hold among those matching `which` runs out.
+    fn soonest(&self, now: Instant, which: impl Fn(&Hold) -> bool) -> Option<Duration> {
+        self.holders
+            .iter()
+            .filter(|h| which(h))
+            .map(|h| h.expires.saturating_duration_since(now))
+            .min()
     }
 }
 
@@ -145,7 +179,22 @@ impl LockBackend for MemoryBackend {
             retention: SWEEP_EVERY,
             max_lease: None,
             values: true,
+            permits: true,
+            shared: true,
         }
+    }
+
+    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, _ticket: &OwnerToken) -> Result<()> {
+        // A writer that gives up lets readers in again.
+        let mut store = self.store()?;
+        if let Some(slot) = store.slots.get_mut(key) {
+            let before = slot.writers_waiting.len();
+            slot.writers_waiting.retain(|(o, _)| o != owner);
+            if slot.writers_waiting.len() != before {
+                slot.released.send_modify(|v| *v += 1);
+            }
+        }
+        Ok(())
     }
 
     async fn try_acquire(
@@ -158,26 +207,90 @@ impl LockBackend for MemoryBackend {
         let now = Instant::now();
         store.sweep(now);
         let Store { slots, fence, .. } = &mut *store;
-        let slot = slots.entry(key.clone()).or_insert_with(|| Slot::free(now));
-        if slot.held_by(owner, now) {
-            slot.holds += 1;
-            slot.expires = now + ttl;
-        } else if slot.held_by_anyone(now) {
-            return Ok(Acquire::Contended {
-                retry_after: Some(slot.expires - now),
-            });
-        } else {
-            slot.owner = Some(owner.clone());
-            slot.holds = 1;
-            *fence += 1;
-            slot.fence = *fence;
-            slot.expires = now + ttl;
-            slot.value = owner.value().map(<[u8]>::to_vec);
-            slot.announce();
+        let slot = slots.entry(key.clone()).or_insert_with(Slot::free);
+        slot.prune(now);
+        let claim = owner.claim();
+        let live_permits = slot
+            .holders
+            .iter()
+            .any(|h| !h.shared)
+            .then_some(slot.permits);
+        if let Some(hold) = slot.hold_of(owner, now) {
+            if hold.shared != claim.is_shared() {
+                return Err(claim_changed(key, hold.shared));
+            }
+            match (claim.exclusive_permits(), live_permits) {
+                (Some(asked), Some(kept)) if asked != kept => {
+                    return Err(permits_mismatch(key, kept, asked));
+                }
+                _ => {}
+            }
+            hold.holds += 1;
+            hold.expires = now + ttl;
+            return Ok(Acquire::Acquired(Grant {
+                fence: Some(FencingToken(hold.fence)),
+                holds: hold.holds,
+                lease: None,
+            }));
         }
+        let blocked = match claim {
+            Claim::Exclusive { permits } => {
+                if let Some(kept) = live_permits.filter(|kept| *kept != permits) {
+                    return Err(permits_mismatch(key, kept, permits));
+                }
+                let readers = slot.soonest(now, |h| h.shared);
+                let full = slot.holders.len() >= permits as usize;
+                if readers.is_some() {
+                    // Stop new readers until this writer is served or gives up.
+                    slot.writers_waiting.retain(|(o, _)| o != owner);
+                    slot.writers_waiting.push((owner.clone(), now + ttl));
+                    readers
+                } else if full {
+                    slot.soonest(now, |_| true)
+                } else {
+                    None
+                }
+            }
+            Claim::Shared => {
+                let writers = slot.soonest(now, |h| !h.shared);
+                let beside_writer = owner.writer().is_some_and(|w| {
+                    let mut writers = slot.holders.iter().filter(|h| !h.shared).peekable();
+                    writers.peek().is_some() && writers.all(|h| h.owner.as_str() == w)
+                });
+                if beside_writer {
+                    None
+                } else if writers.is_some() {
+                    writers
+                } else {
+                    slot.writers_waiting
+                        .iter()
+                        .map(|(_, until)| until.saturating_duration_since(now))
+                        .max()
+                }
+            }
+        };
+        if let Some(left) = blocked {
+            return Ok(Acquire::Contended {
+                retry_after: Some(left),
+            });
+        }
+        slot.writers_waiting.retain(|(o, _)| o != owner);
+        if let Some(permits) = claim.exclusive_permits() {
+            slot.permits = permits;
+        }
+        *fence += 1;
+        slot.holders.push(Hold {
+            owner: owner.clone(),
+            shared: claim.is_shared(),
+            holds: 1,
+            expires: now + ttl,
+            fence: *fence,
+            value: owner.value().map(<[u8]>::to_vec),
+        });
+        slot.announce();
         Ok(Acquire::Acquired(Grant {
-            fence: Some(FencingToken(slot.fence)),
-            holds: slot.holds,
+            fence: Some(FencingToken(*fence)),
+            holds: 1,
             lease: None,
         }))
     }
@@ -185,14 +298,17 @@ impl LockBackend for MemoryBackend {
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
         let mut store = self.store()?;
         let now = Instant::now();
-        let Some(slot) = store.slots.get_mut(key).filter(|s| s.held_by(owner, now)) else {
+        let Some(slot) = store.slots.get_mut(key) else {
             return Ok(Release::NotHeld);
         };
-        slot.holds -= 1;
-        if slot.holds > 0 {
-            return Ok(Release::StillHeld(slot.holds));
+        let Some(hold) = slot.hold_of(owner, now) else {
+            return Ok(Release::NotHeld);
+        };
+        hold.holds -= 1;
+        if hold.holds > 0 {
+            return Ok(Release::StillHeld(hold.holds));
         }
-        slot.owner = None;
+        slot.holders.retain(|h| h.owner != *owner);
         slot.released.send_modify(|v| *v += 1);
         slot.announce();
         if slot.idle(now) {
@@ -204,9 +320,9 @@ impl LockBackend for MemoryBackend {
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
         let mut store = self.store()?;
         let now = Instant::now();
-        match store.slots.get_mut(key).filter(|s| s.held_by(owner, now)) {
-            Some(slot) => {
-                slot.expires = now + ttl;
+        match store.slots.get_mut(key).and_then(|s| s.hold_of(owner, now)) {
+            Some(hold) => {
+                hold.expires = now + ttl;
                 Ok(Renew::Renewed)
             }
             None => Ok(Renew::NotHeld),
@@ -216,24 +332,38 @@ impl LockBackend for MemoryBackend {
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
         let store = self.store()?;
         let now = Instant::now();
-        Ok(
-            match store.slots.get(key).filter(|s| s.held_by_anyone(now)) {
-                Some(slot) => LockStatus::held(slot.holds)
-                    .with_fence(Some(FencingToken(slot.fence)))
-                    .with_remaining(Some(slot.expires.saturating_duration_since(now)))
-                    .with_owner(slot.owner.clone())
-                    .with_value(slot.value.clone()),
-                None => LockStatus::free(),
-            },
-        )
+        let Some(slot) = store.slots.get(key) else {
+            return Ok(LockStatus::free());
+        };
+        let live: Vec<&Hold> = slot.holders.iter().filter(|h| h.expires > now).collect();
+        let status = LockStatus::of_holders(
+            live.iter()
+                .map(|h| {
+                    Holder::new(h.shared, h.holds)
+                        .with_fence(Some(FencingToken(h.fence)))
+                        .with_remaining(Some(h.expires.saturating_duration_since(now)))
+                })
+                .collect(),
+        );
+        Ok(match live.as_slice() {
+            [] => status,
+            [one] => status
+                .with_owner(Some(one.owner.clone()))
+                .with_value(one.value.clone())
+                .with_permits((!one.shared).then_some(slot.permits)),
+            more => status.with_permits(more.iter().any(|h| !h.shared).then_some(slot.permits)),
+        })
     }
 
     async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
         let mut store = self.store()?;
         let now = Instant::now();
-        match store.slots.get_mut(key).filter(|s| s.held_by(owner, now)) {
-            Some(slot) => {
-                slot.value = Some(value.to_vec());
+        let Some(slot) = store.slots.get_mut(key) else {
+            return Ok(Renew::NotHeld);
+        };
+        match slot.hold_of(owner, now) {
+            Some(hold) => {
+                hold.value = Some(value.to_vec());
                 slot.announce();
                 Ok(Renew::Renewed)
             }
@@ -243,21 +373,13 @@ impl LockBackend for MemoryBackend {
 
     async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
         let mut store = self.store()?;
-        let now = Instant::now();
-        let slot = store
-            .slots
-            .entry(key.clone())
-            .or_insert_with(|| Slot::free(now));
+        let slot = store.slots.entry(key.clone()).or_insert_with(Slot::free);
         Ok(Some(Watch::new(slot.changed.subscribe(), None)))
     }
 
     async fn watch(&self, key: &LockKey, _ticket: &OwnerToken) -> Result<Option<Watch>> {
         let mut store = self.store()?;
-        let now = Instant::now();
-        let slot = store
-            .slots
-            .entry(key.clone())
-            .or_insert_with(|| Slot::free(now));
+        let slot = store.slots.entry(key.clone()).or_insert_with(Slot::free);
         Ok(Some(Watch::new(slot.released.subscribe(), None)))
     }
 }

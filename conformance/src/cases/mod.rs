@@ -22,6 +22,7 @@ pub mod multi_lock;
 pub mod names;
 pub mod outage;
 pub mod ownership;
+pub mod permits;
 pub mod reentrancy;
 pub mod renewal;
 pub mod status;
@@ -62,6 +63,8 @@ pub enum Rule {
     MultiLock,
     /// [`election`]: the leader is the holder, and everyone reads it right.
     Election,
+    /// [`permits`]: semaphores and read-write locks, for more than one holder.
+    Permits,
 }
 
 impl Rule {
@@ -83,6 +86,7 @@ impl Rule {
             Rule::StoreState => "store_state",
             Rule::MultiLock => "multi_lock",
             Rule::Election => "election",
+            Rule::Permits => "permits",
         }
     }
 }
@@ -267,6 +271,6 @@ mod tests {
                 seen.push(case.rule);
             }
         }
-        assert_eq!(seen.len(), 15);
+        assert_eq!(seen.len(), 16);
     }
 }

@@ -1,0 +1,313 @@
+//! Semaphores and read-write locks: the mutex's contract for more than
+//! one holder.
+//!
+//! Both are locks whose acquires carry a [`Claim`]: a semaphore's permit
+//! is an exclusive claim of N permits (the mutex is the one-permit case),
+//! a writer an exclusive claim of one, a reader a shared claim. Every hold
+//! is its own lease, with what a mutex's guard has: owner-checked release
+//! and renewal, expiry at its TTL, the watchdog, the lost signal and a
+//! fence per grant where the store has fences. A store offers them where
+//! its [`Capabilities`](crate::backend::Capabilities) say so
+//! (`permits`, `shared`); elsewhere they are `Unsupported`.
+
+use std::fmt;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::guard::LockGuard;
+use crate::key::{Claim, LockKey, OwnerToken};
+use crate::lease::LockStatus;
+use crate::locker::Locker;
+use crate::options::LockOptions;
+
+/// At most N holders of a name at once, on the store's clock. Made by
+/// [`Locker::semaphore`].
+///
+/// Every holder of a name must agree on N: the store keeps N while any
+/// permit is held and refuses another N with `InvalidOptions`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> locksmith_core::Result<()> {
+/// use locksmith_core::{backend::MemoryBackend, LockOptions, Locker};
+///
+/// let locker = Locker::new(MemoryBackend::new());
+/// let backups = locker.semaphore("backups", 2)?;
+/// let opts = LockOptions::new().no_wait();
+/// let first = backups.acquire(&opts).await?;
+/// let second = backups.acquire(&opts).await?;
+/// assert!(backups.try_acquire(&opts).await?.is_none(), "both permits are out");
+/// first.release().await?;
+/// let third = backups.acquire(&opts).await?;
+/// assert!(third.fence() > second.fence());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Semaphore {
+    locker: Locker,
+    key: LockKey,
+    claim: Claim,
+}
+
+impl fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("name", &self.key)
+            .field("claim", &self.claim)
+            .finish()
+    }
+}
+
+impl Semaphore {
+    pub(crate) fn new(locker: Locker, key: LockKey, permits: u32) -> Result<Self> {
+        let claim = Claim::permits(permits)?;
+        supports(&locker, claim)?;
+        Ok(Semaphore { locker, key, claim })
+    }
+
+    /// The semaphore's name.
+    pub fn name(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// How many holders it admits at once.
+    pub fn permits(&self) -> u32 {
+        self.claim.exclusive_permits().unwrap_or(1)
+    }
+
+    /// Takes a permit, waiting as `opts` say.
+    ///
+    /// # Errors
+    /// `Timeout` when every permit stayed out for the whole wait;
+    /// `InvalidOptions` when the store keeps another N for the name;
+    /// otherwise as [`Locker::lock_with`].
+    pub async fn acquire(&self, opts: &LockOptions) -> Result<LockGuard> {
+        let owner = OwnerToken::generate().with_claim(self.claim);
+        self.locker
+            .acquire_claimed(&self.key, owner, true, opts)
+            .await
+    }
+
+    /// As [`acquire`](Self::acquire), but a wait that runs out is `Ok(None)`.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire), without `Timeout`.
+    pub async fn try_acquire(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
+        let owner = OwnerToken::generate().with_claim(self.claim);
+        self.locker
+            .try_acquire_claimed(&self.key, owner, true, opts)
+            .await
+    }
+
+    /// Takes a permit as `owner`: if it holds one already, the store adds
+    /// a hold to it (re-entry), as [`Locker::lock_as`] does for a mutex.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
+        let owner = owner.clone().with_claim(self.claim);
+        self.locker
+            .acquire_claimed(&self.key, owner, false, opts)
+            .await
+    }
+
+    /// Who holds permits now, as the store says (see [`Locker::status`]).
+    ///
+    /// # Errors
+    /// As [`Locker::status`].
+    pub async fn status(&self) -> Result<LockStatus> {
+        self.locker.status(&self.key).await
+    }
+}
+
+/// Any number of readers or one writer. Made by [`Locker::rwlock`].
+///
+/// A writer waiting for readers to leave stops new readers from entering,
+/// so a stream of readers never starves it. A writer reads by a
+/// [`downgrade`](Self::downgrade); a reader cannot become a writer (two
+/// readers doing so at once would wait on each other for ever): asking
+/// with a reader's owner is `InvalidOptions`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> locksmith_core::Result<()> {
+/// use locksmith_core::{backend::MemoryBackend, LockOptions, Locker};
+///
+/// let locker = Locker::new(MemoryBackend::new());
+/// let catalogue = locker.rwlock("catalogue")?;
+/// let opts = LockOptions::new().no_wait();
+/// let r1 = catalogue.read(&opts).await?;
+/// let r2 = catalogue.read(&opts).await?;
+/// assert!(catalogue.try_write(&opts).await?.is_none(), "readers keep the writer out");
+/// r1.release().await?;
+/// r2.release().await?;
+/// let w = catalogue.write(&opts).await?;
+/// let r = catalogue.downgrade(w).await?; // reads what it wrote, others may read too
+/// r.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct ReadWriteLock {
+    locker: Locker,
+    key: LockKey,
+}
+
+impl fmt::Debug for ReadWriteLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadWriteLock")
+            .field("name", &self.key)
+            .finish()
+    }
+}
+
+impl ReadWriteLock {
+    pub(crate) fn new(locker: Locker, key: LockKey) -> Result<Self> {
+        supports(&locker, Claim::Shared)?;
+        Ok(ReadWriteLock { locker, key })
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// Takes a read hold, waiting as `opts` say.
+    ///
+    /// # Errors
+    /// `Timeout` when a writer held or waited for the whole wait;
+    /// otherwise as [`Locker::lock_with`].
+    pub async fn read(&self, opts: &LockOptions) -> Result<LockGuard> {
+        let owner = OwnerToken::generate().with_claim(Claim::Shared);
+        self.locker
+            .acquire_claimed(&self.key, owner, true, opts)
+            .await
+    }
+
+    /// As [`read`](Self::read), but a wait that runs out is `Ok(None)`.
+    ///
+    /// # Errors
+    /// As [`read`](Self::read), without `Timeout`.
+    pub async fn try_read(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
+        let owner = OwnerToken::generate().with_claim(Claim::Shared);
+        self.locker
+            .try_acquire_claimed(&self.key, owner, true, opts)
+            .await
+    }
+
+    /// Takes the write hold, waiting as `opts` say.
+    ///
+    /// # Errors
+    /// `Timeout` when readers or another writer held it for the whole
+    /// wait; otherwise as [`Locker::lock_with`].
+    pub async fn write(&self, opts: &LockOptions) -> Result<LockGuard> {
+        let owner = OwnerToken::generate().with_claim(Claim::MUTEX);
+        self.locker
+            .acquire_claimed(&self.key, owner, true, opts)
+            .await
+    }
+
+    /// As [`write`](Self::write), but a wait that runs out is `Ok(None)`.
+    ///
+    /// # Errors
+    /// As [`write`](Self::write), without `Timeout`.
+    pub async fn try_write(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
+        let owner = OwnerToken::generate().with_claim(Claim::MUTEX);
+        self.locker
+            .try_acquire_claimed(&self.key, owner, true, opts)
+            .await
+    }
+
+    /// Takes a read hold as `owner`, adding a hold if it reads already.
+    ///
+    /// # Errors
+    /// `InvalidOptions` if `owner` holds the write lock (downgrade
+    /// instead); otherwise as [`read`](Self::read).
+    pub async fn read_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
+        let owner = owner.clone().with_claim(Claim::Shared);
+        self.locker
+            .acquire_claimed(&self.key, owner, false, opts)
+            .await
+    }
+
+    /// Takes the write hold as `owner`, adding a hold if it writes already.
+    ///
+    /// # Errors
+    /// `InvalidOptions` if `owner` holds a read lock (a read hold is
+    /// never upgraded); otherwise as [`write`](Self::write).
+    pub async fn write_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
+        let owner = owner.clone().with_claim(Claim::MUTEX);
+        self.locker
+            .acquire_claimed(&self.key, owner, false, opts)
+            .await
+    }
+
+    /// Turns a write hold into a read hold without a moment unlocked: a
+    /// read hold is granted beside the write hold (whoever waits), then
+    /// the write hold is released. The read guard has its own owner and,
+    /// where the store has fences, a fence above the writer's.
+    ///
+    /// # Errors
+    /// `NotHeld` if `writer` no longer holds the lock (it is released
+    /// anyway); `InvalidOptions` for a guard of another name; the store's
+    /// errors (the writer is then kept).
+    pub async fn downgrade(&self, writer: LockGuard) -> Result<LockGuard> {
+        if writer.key() != &self.key {
+            return Err(Error::invalid_options(format!(
+                "downgrade of a guard of {:?} on the lock {:?}",
+                writer.key().as_str(),
+                self.key.as_str()
+            )));
+        }
+        let owner = OwnerToken::generate().beside(writer.owner());
+        let opts = LockOptions {
+            ttl: writer.lease().ttl,
+            ..self.locker.options().clone()
+        }
+        .no_wait();
+        let reader = self
+            .locker
+            .try_acquire_claimed(&self.key, owner, true, &opts)
+            .await?;
+        let Some(reader) = reader else {
+            let _ = writer.release().await;
+            return Err(Error::new(
+                ErrorKind::NotHeld,
+                format!(
+                    "{:?}: the write lock to downgrade is no longer held",
+                    self.key.as_str()
+                ),
+            ));
+        };
+        if let Err(e) = writer.release().await {
+            // The read hold stands; the write hold frees at its TTL.
+            tracing::warn!(key = %self.key, error = %e.chain(),
+                "downgrade: the write hold could not be released; it frees at its TTL");
+        }
+        Ok(reader)
+    }
+
+    /// Who holds the lock now, as the store says (see [`Locker::status`]).
+    ///
+    /// # Errors
+    /// As [`Locker::status`].
+    pub async fn status(&self) -> Result<LockStatus> {
+        self.locker.status(&self.key).await
+    }
+}
+
+/// Refuses a claim the store cannot grant, before any request is sent.
+pub(crate) fn supports(locker: &Locker, claim: Claim) -> Result<()> {
+    let caps = locker.capabilities();
+    match claim {
+        Claim::Exclusive { permits } if permits > 1 && !caps.permits => Err(Error::new(
+            ErrorKind::Unsupported,
+            "this store cannot grant a semaphore's permits (see the README's store table)",
+        )),
+        Claim::Shared if !caps.shared => Err(Error::new(
+            ErrorKind::Unsupported,
+            "this store cannot grant shared (read) holds (see the README's store table)",
+        )),
+        _ => Ok(()),
+    }
+}
