@@ -47,9 +47,10 @@
 //! | `memory://` | this process only (tests) | always |
 
 pub use locksmith_core::{
-    Election, Error, ErrorKind, FencingToken, IntoLockKey, Leader, Leadership, Lease, LeaseState,
-    LockGuard, LockKey, LockOptions, LockStatus, Locker, LostReason, MultiGuard, OwnerToken,
-    Result, WaitPolicy, MAX_KEY_LEN, MAX_TTL, MAX_VALUE_LEN, OBSERVE_EVERY,
+    Claim, Election, Error, ErrorKind, FencingToken, Holder, IntoLockKey, Leader, Leadership,
+    Lease, LeaseState, LockGuard, LockKey, LockOptions, LockStatus, Locker, LostReason, MultiGuard,
+    OwnerToken, ReadWriteLock, Result, Semaphore, WaitPolicy, MAX_KEY_LEN, MAX_PERMITS, MAX_TTL,
+    MAX_VALUE_LEN, OBSERVE_EVERY,
 };
 
 /// For backend authors and tools: the [`LockBackend`](backend::LockBackend) contract, the

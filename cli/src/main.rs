@@ -150,6 +150,16 @@ struct RunArgs {
     /// Give up at once if the lock is held (the same as `--wait none`).
     #[arg(long)]
     no_wait: bool,
+    /// Hold one of N permits: at most N copies of the command run at once
+    /// across every host (a cluster-wide `sem`). Every run on the key must
+    /// give the same N.
+    #[arg(long, value_name = "N", conflicts_with = "shared",
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(locksmith::MAX_PERMITS)))]
+    permits: Option<u32>,
+    /// Hold a read (shared) lock: any number of `--shared` runs at once, none
+    /// beside a run without it (a writer). A waiting writer stops new readers.
+    #[arg(long)]
+    shared: bool,
     /// When renewal fails, how long the command gets between SIGTERM and
     /// SIGKILL [default: a third of the TTL, at most 10s]. Capped so that the
     /// SIGKILL lands before the lease ends.

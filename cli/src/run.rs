@@ -1,9 +1,9 @@
-//! `locksmith run`: hold a lock for the lifetime of a command's whole
-//! process tree. The supervision (process group, watcher, signals, the
+//! `locksmith run`: hold a lock (a mutex, one of a semaphore's permits, or
+//! a read hold) for the lifetime of a command's whole process tree. The supervision (process group, watcher, signals, the
 //! timeline when renewal fails, exit codes) is `supervise`'s, shared with
 //! `locksmith elect`.
 
-use locksmith::{LockOptions, Result};
+use locksmith::{Claim, LockOptions, Result};
 
 use super::supervise::{self, Spec};
 use super::RunArgs;
@@ -19,9 +19,17 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32> {
     };
     let opts = LockOptions::new().ttl(args.ttl).wait(args.wait_policy());
     let key = args.key.as_str();
-    supervise::under_lease(
-        &spec,
-        |locker| async move { locker.lock_with(key, &opts).await },
-    )
+    let claim = match (args.permits, args.shared) {
+        (_, true) => Claim::Shared,
+        (Some(n), false) => Claim::permits(n)?,
+        (None, false) => Claim::MUTEX,
+    };
+    supervise::under_lease(&spec, |locker| async move {
+        match claim {
+            Claim::Shared => locker.rwlock(key)?.read(&opts).await,
+            Claim::Exclusive { permits: 1 } => locker.lock_with(key, &opts).await,
+            Claim::Exclusive { permits } => locker.semaphore(key, permits)?.acquire(&opts).await,
+        }
+    })
     .await
 }

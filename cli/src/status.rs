@@ -22,9 +22,39 @@ pub(crate) async fn status(args: StatusArgs) -> Result<i32> {
 
 fn line(key: &str, s: &LockStatus) -> String {
     let mut out = format!("{key:?}: ");
-    if s.held {
+    if s.held && s.holders.len() > 1 {
+        // Several holders: a semaphore's permits, or readers.
+        let mode = if s.is_shared() {
+            "readers".to_owned()
+        } else {
+            match s.permits {
+                Some(n) => format!("of {n} permits"),
+                None => "permits".to_owned(),
+            }
+        };
+        out.push_str(&format!("held by {} {mode}", s.holders.len()));
+        for h in &s.holders {
+            out.push_str("\n  ");
+            out.push_str(if h.shared { "read" } else { "permit" });
+            if h.holds > 1 {
+                out.push_str(&format!(" ({} holds)", h.holds));
+            }
+            if let Some(f) = h.fence {
+                out.push_str(&format!(", fence {f}"));
+            }
+            if let Some(left) = h.remaining {
+                out.push_str(&format!(", {} left", human(left)));
+            }
+        }
+    } else if s.held {
         let holds = if s.holds == 1 { "hold" } else { "holds" };
-        out.push_str(&format!("held ({} {holds})", s.holds));
+        out.push_str(&format!("held ({} {holds}", s.holds));
+        if s.is_shared() {
+            out.push_str(", read");
+        } else if let Some(n) = s.permits.filter(|n| *n > 1) {
+            out.push_str(&format!(", 1 of {n} permits"));
+        }
+        out.push(')');
         if let Some(f) = s.fence {
             out.push_str(&format!(", fence {f}"));
         }
@@ -57,5 +87,54 @@ fn json(key: &str, s: &LockStatus) -> serde_json::Value {
         "fence": s.fence.map(|f| f.0),
         "remaining_ms": s.remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         "waiters": s.waiters,
+        "mode": if !s.held { None } else if s.is_shared() { Some("shared") } else { Some("exclusive") },
+        "permits": s.permits,
+        "holders": s.holders.iter().map(|h| serde_json::json!({
+            "shared": h.shared,
+            "holds": h.holds,
+            "fence": h.fence.map(|f| f.0),
+            "remaining_ms": h.remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        })).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use locksmith::{FencingToken, Holder, LockStatus};
+
+    use super::{json, line};
+
+    #[test]
+    fn several_holders_are_listed_with_their_mode_and_leases() {
+        let permit = |fence, ms| {
+            Holder::new(false, 1)
+                .with_fence(Some(FencingToken(fence)))
+                .with_remaining(Some(Duration::from_millis(ms)))
+        };
+        let s = LockStatus::of_holders(vec![permit(7, 900), permit(9, 2500)]).with_permits(Some(3));
+        assert_eq!(
+            line("backups", &s),
+            "\"backups\": held by 2 of 3 permits\n  permit, fence 7, 900ms left\n  permit, fence 9, 2.5s left"
+        );
+        let j = json("backups", &s);
+        assert_eq!(j["mode"], "exclusive");
+        assert_eq!(j["permits"], 3);
+        assert_eq!(j["holders"].as_array().unwrap().len(), 2);
+        assert_eq!(j["fence"], 9, "the highest fence");
+
+        let readers = LockStatus::of_holders(vec![Holder::new(true, 1), Holder::new(true, 2)]);
+        assert_eq!(
+            line("catalogue", &readers),
+            "\"catalogue\": held by 2 readers\n  read\n  read (2 holds)"
+        );
+        assert_eq!(json("catalogue", &readers)["mode"], "shared");
+        let one = LockStatus::of_holders(vec![Holder::new(true, 1)]);
+        assert_eq!(
+            line("catalogue", &one),
+            "\"catalogue\": held (1 hold, read)"
+        );
+        assert_eq!(line("free", &LockStatus::free()), "\"free\": free");
+    }
 }

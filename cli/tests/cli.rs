@@ -413,3 +413,61 @@ fn the_demo_writes_no_carriage_return_when_not_on_a_terminal() {
         "stdout {out:?}\nstderr {err:?}"
     );
 }
+
+/// `--permits` and `--shared` on a store that cannot grant them are a
+/// usage error (64) naming what is missing, before the command runs; a
+/// permit count out of range, or both flags at once, are refused by the
+/// parser.
+#[test]
+fn permits_and_shared_holds_are_refused_where_the_store_lacks_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let u = url(d);
+    let marker = d.join("ran");
+    let touch = format!("touch {}", marker.display());
+    for (flags, says) in [
+        (&["--permits", "3"][..], "semaphore's permits"),
+        (&["--shared"][..], "shared (read) holds"),
+    ] {
+        let mut args = vec!["run", "--url", &u, "--key", "k"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sh", "-c", &touch]);
+        let o = output(locksmith(d, &args));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(code(&o), 64, "{flags:?}: {err}");
+        assert!(err.contains(says), "{flags:?}: {err}");
+        assert!(!marker.exists(), "{flags:?}: the command ran");
+    }
+    for flags in [
+        &["--permits", "0"][..],
+        &["--permits", "1025"][..],
+        &["--permits", "2", "--shared"][..],
+    ] {
+        let mut args = vec!["run", "--url", &u, "--key", "k"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "true"]);
+        let o = output(locksmith(d, &args));
+        assert_eq!(
+            code(&o),
+            64,
+            "{flags:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    // One permit is the mutex, on every store.
+    let o = output(locksmith(
+        d,
+        &[
+            "run",
+            "--url",
+            &u,
+            "--key",
+            "k",
+            "--permits",
+            "1",
+            "--",
+            "true",
+        ],
+    ));
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+}
