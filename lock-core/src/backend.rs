@@ -329,7 +329,8 @@ impl Watch {
 
 /// The error for a claim whose permits differ from the ones the store
 /// keeps for `key` while it is held: every holder of a name must agree on
-/// its permits, or a semaphore would over-grant.
+/// its permits, or a semaphore would over-grant. Marked
+/// [unapplied](Error::unapplied): a store refuses before changing anything.
 pub fn permits_mismatch(key: &LockKey, kept: u32, asked: u32) -> Error {
     let what = |n: u32| match n {
         1 => "1 permit (a mutex or a write lock)".to_owned(),
@@ -342,12 +343,14 @@ pub fn permits_mismatch(key: &LockKey, kept: u32, asked: u32) -> Error {
         what(kept),
         what(asked)
     ))
+    .unapplied()
 }
 
 /// The error for an owner that holds `key` and asks for it again with
 /// another kind of claim: a read hold cannot become a write hold (two
 /// readers upgrading at once would wait on each other for ever), and a
-/// writer reads by a downgrade ([`OwnerToken::beside`]).
+/// writer reads by a downgrade ([`OwnerToken::beside`]). Marked
+/// [unapplied](Error::unapplied), as [`permits_mismatch`] is.
 pub fn claim_changed(key: &LockKey, held_shared: bool) -> Error {
     let k = key.as_str();
     Error::invalid_options(if held_shared {
@@ -361,6 +364,7 @@ pub fn claim_changed(key: &LockKey, held_shared: bool) -> Error {
              (ReadWriteLock::downgrade), not with the same owner"
         )
     })
+    .unapplied()
 }
 
 /// One renewal sent as a batch of one, for a backend whose

@@ -100,6 +100,10 @@ pub struct Holder {
     pub fence: Option<FencingToken>,
     /// Its lease left on the store's clock, where the store can say.
     pub remaining: Option<Duration>,
+    /// Its owner token, where the store reads it: a
+    /// [`Quorum`](crate::backend::Quorum) counts each owner's nodes. Never
+    /// shown, as [`LockStatus::owner`] ([`Locker::status`](crate::Locker::status) clears it).
+    pub owner: Option<OwnerToken>,
 }
 
 impl Holder {
@@ -110,7 +114,15 @@ impl Holder {
             holds,
             fence: None,
             remaining: None,
+            owner: None,
         }
+    }
+
+    /// Sets its owner token.
+    #[must_use]
+    pub fn with_owner(mut self, owner: Option<OwnerToken>) -> Self {
+        self.owner = owner;
+        self
     }
 
     /// Sets its fencing token.
@@ -223,6 +235,16 @@ impl LockStatus {
     #[must_use]
     pub fn with_owner(mut self, owner: Option<OwnerToken>) -> Self {
         self.owner = owner;
+        self
+    }
+
+    /// The same status without any owner token, as applications see it.
+    #[must_use]
+    pub fn without_owners(mut self) -> Self {
+        self.owner = None;
+        for h in &mut self.holders {
+            h.owner = None;
+        }
         self
     }
 }

@@ -154,7 +154,7 @@ impl Locker {
         // The holder's token is for quorum backends' bookkeeping: whoever
         // has it can release the lock, so applications never see it.
         let status = self.backend.inspect(&key.into_lock_key()?).await?;
-        Ok(status.with_owner(None))
+        Ok(status.without_owners())
     }
 
     /// Whether anyone holds `key` right now (see [`status`](Self::status)).

@@ -340,6 +340,7 @@ impl LockBackend for MemoryBackend {
             live.iter()
                 .map(|h| {
                     Holder::new(h.shared, h.holds)
+                        .with_owner(Some(h.owner.clone()))
                         .with_fence(Some(FencingToken(h.fence)))
                         .with_remaining(Some(h.expires.saturating_duration_since(now)))
                 })

@@ -12,8 +12,8 @@ use crate::backend::{
     renew_one, Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
 };
 use crate::error::{Error, ErrorKind, Result};
-use crate::key::{LockKey, OwnerToken};
-use crate::lease::{clock_drift, LockStatus};
+use crate::key::{Claim, LockKey, OwnerToken};
+use crate::lease::{clock_drift, Holder, LockStatus};
 use crate::url::ServerUrl;
 
 /// A lock over N independent nodes, each a lease backend of its own: held
@@ -177,9 +177,27 @@ impl<B: LockBackend> Quorum<B> {
         })
     }
 
-    /// How many nodes must agree.
+    /// How many nodes must agree on a mutex, a writer or a reader.
     pub fn quorum(&self) -> usize {
         self.quorum
+    }
+
+    /// How many nodes must grant `claim`. A majority for a mutex, a writer
+    /// or a reader (a writer's majority and a reader's meet on a node,
+    /// which grants one of them only). For a semaphore of N permits, more
+    /// than n·N/(N+1) of the n nodes: each node grants at most N, so N+1
+    /// holders with that many nodes each would need more grants than the
+    /// nodes have (a majority would not do: over 3 nodes, 3 holders of 2
+    /// permits can each hold 2 nodes). So from N ≥ n − 1 on, every node
+    /// must grant, and one node down stops new permits.
+    pub fn needed(&self, claim: Claim) -> usize {
+        match claim {
+            Claim::Exclusive { permits } if permits > 1 => {
+                let (n, p) = (self.nodes.len() as u64, u64::from(permits));
+                usize::try_from(n * p / (p + 1)).unwrap_or(usize::MAX) + 1
+            }
+            _ => self.quorum,
+        }
     }
 
     /// The nodes, in the order given.
@@ -192,19 +210,81 @@ impl<B: LockBackend> Quorum<B> {
     /// not do better on a retry, so then it is `Config` with that cause,
     /// not `Unavailable`.
     fn unreachable(&self, errors: usize, refused: Option<&Error>) -> Option<Error> {
+        self.unreachable_for(self.quorum, errors, refused)
+    }
+
+    /// As [`unreachable`](Self::unreachable), where `needed` nodes must agree.
+    fn unreachable_for(
+        &self,
+        needed: usize,
+        errors: usize,
+        refused: Option<&Error>,
+    ) -> Option<Error> {
         let n = self.nodes.len();
-        (errors > n - self.quorum).then(|| {
+        (errors > n.saturating_sub(needed)).then(|| {
             let e = Error::unavailable(format!(
-                "only {} of {n} {} nodes answered; a quorum of {} is needed",
+                "only {} of {n} {} nodes answered; {needed} are needed",
                 n - errors,
                 self.name,
-                self.quorum
             ));
             match refused {
                 Some(r) => Error::new(ErrorKind::Config, e.message()).with_source(r.clone()),
                 None => e,
             }
         })
+    }
+}
+
+impl<B: LockBackend> Quorum<B> {
+    /// The status of a name with several holders (a semaphore's permits,
+    /// readers): each owner the nodes list counts where as many nodes as
+    /// its claim needs list it, with the lease its needed-th longest node
+    /// has left. `Unavailable` when the nodes that did not answer could
+    /// make an owner count.
+    fn holders_of(&self, statuses: &[LockStatus], errors: usize) -> Result<LockStatus> {
+        let permits = statuses.iter().filter_map(|s| s.permits).max();
+        let mut by_owner: HashMap<(Option<&str>, usize), Vec<&Holder>> = HashMap::new();
+        for (i, status) in statuses.iter().enumerate() {
+            for holder in &status.holders {
+                let owner = match &holder.owner {
+                    Some(o) => (Some(o.as_str()), 0),
+                    None => (None, i),
+                };
+                by_owner.entry(owner).or_default().push(holder);
+            }
+        }
+        let mut holders = Vec::new();
+        for nodes in by_owner.into_values() {
+            let first = nodes[0];
+            let needed = match (first.shared, permits) {
+                (false, Some(n)) => self.needed(Claim::Exclusive { permits: n }),
+                _ => self.quorum,
+            };
+            if nodes.len() >= needed {
+                let mut left: Vec<Duration> = nodes.iter().filter_map(|h| h.remaining).collect();
+                left.sort_unstable_by(|a, b| b.cmp(a));
+                let holds = nodes.iter().map(|h| h.holds).max().unwrap_or(1);
+                holders.push(
+                    Holder::new(first.shared, holds)
+                        .with_owner(first.owner.clone())
+                        .with_remaining(left.get(needed - 1).copied()),
+                );
+            } else if nodes.len() + errors >= needed {
+                return Err(Error::unavailable(format!(
+                    "{errors} of {} {} nodes did not answer, and with them a holder may or \
+                     may not hold",
+                    self.nodes.len(),
+                    self.name
+                )));
+            }
+        }
+        let exclusive = holders.iter().any(|h| !h.shared);
+        let single = (holders.len() == 1)
+            .then(|| holders[0].owner.clone())
+            .flatten();
+        Ok(LockStatus::of_holders(holders)
+            .with_permits(permits.filter(|_| exclusive))
+            .with_owner(single))
     }
 }
 
@@ -236,6 +316,8 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
             .with_ttl_resolution(resolution)
             .with_retention(retention)
             .with_values(self.nodes.iter().all(|n| n.capabilities().values))
+            .with_permits(self.nodes.iter().all(|n| n.capabilities().permits))
+            .with_shared(self.nodes.iter().all(|n| n.capabilities().shared))
     }
 
     /// A quorum of nodes must answer; a node that refuses our credentials
@@ -267,6 +349,10 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         let mut undo: Vec<(&B, bool)> = Vec::new();
         let mut errors = 0;
         let mut refused: Option<&Error> = None;
+        // A node that refuses the claim itself (another N kept for the
+        // name, a reader asking to write): the caller's mistake, not an
+        // outage, whatever the other nodes said.
+        let mut invalid: Option<&Error> = None;
         for (node, answer) in self.nodes.iter().zip(&answers) {
             match answer {
                 Ok(Acquire::Acquired(g)) => {
@@ -283,6 +369,9 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
                     if e.kind() == ErrorKind::Config {
                         refused.get_or_insert(e);
                     }
+                    if e.kind() == ErrorKind::InvalidOptions {
+                        invalid.get_or_insert(e);
+                    }
                     errors += 1;
                     // A node that refused outright holds nothing new of
                     // ours, and may hold an earlier hold of the owner's.
@@ -293,7 +382,8 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
             }
         }
         let valid = ttl > elapsed + clock_drift(ttl);
-        if grants.len() >= self.quorum && valid {
+        let needed = self.needed(owner.claim());
+        if grants.len() >= needed && valid && invalid.is_none() {
             let holds = grants.iter().map(|g| g.holds).max().unwrap_or(1);
             return Ok(Acquire::Acquired(Grant {
                 fence: None,
@@ -320,7 +410,10 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         if !undo.is_empty() {
             let _ = join_all(undo.into_iter().map(|n| n.release(key, owner))).await;
         }
-        if let Some(e) = self.unreachable(errors, refused) {
+        if let Some(e) = invalid {
+            return Err(e.clone());
+        }
+        if let Some(e) = self.unreachable_for(needed, errors, refused) {
             return Err(e);
         }
         Ok(Acquire::Contended { retry_after })
@@ -339,15 +432,16 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
                 })
                 .collect();
         let held = t.ok.iter().filter(|r| **r != Release::NotHeld).count();
-        if held >= self.quorum {
-            return Ok(if still.len() >= self.quorum {
+        let needed = self.needed(owner.claim());
+        if held >= needed {
+            return Ok(if still.len() >= needed {
                 Release::StillHeld(still.into_iter().min().unwrap_or(1))
             } else {
                 Release::Freed
             });
         }
-        if held + t.errors >= self.quorum {
-            if let Some(e) = self.unreachable(t.errors, t.refused.as_ref()) {
+        if held + t.errors >= needed {
+            if let Some(e) = self.unreachable_for(needed, t.errors, t.refused.as_ref()) {
                 return Err(e);
             }
         }
@@ -384,6 +478,12 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         );
         if let Some(e) = self.unreachable(t.errors, t.refused.as_ref()) {
             return Err(e);
+        }
+        let several = t.ok.iter().any(|s| {
+            s.holders.len() > 1 || s.holders.iter().any(|h| h.shared) || s.permits > Some(1)
+        });
+        if several {
+            return self.holders_of(&t.ok, t.errors);
         }
         // Nodes held by one owner count together; a node that cannot say
         // whose its lock is counts alone (two such nodes may hold for two
@@ -440,6 +540,17 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         renew_one(self, key, owner, ttl).await
     }
 
+    /// A writer giving up takes its marks away on every node it reaches;
+    /// one that cannot be reached drops its mark at the writer's TTL.
+    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
+        let answers = join_all(self.nodes.iter().map(|n| n.abandon(key, owner, ticket))).await;
+        let t = tally(&self.name, answers);
+        match self.unreachable(t.errors, t.refused.as_ref()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
         let start = Instant::now();
         let per_node = join_all(self.nodes.iter().map(|n| n.renew_many(requests))).await;
@@ -456,13 +567,16 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
                     }
                 }
                 let ttl = requests[i].ttl;
-                if renewed >= self.quorum && ttl > elapsed + clock_drift(ttl) {
+                let needed = self.needed(requests[i].owner.claim());
+                if renewed >= needed && ttl > elapsed + clock_drift(ttl) {
                     Ok(Renew::Renewed)
-                } else if renewed + errors >= self.quorum {
+                } else if renewed + errors >= needed {
                     // Could still be ours; let the watchdog try again before its deadline.
-                    Err(self.unreachable(errors, None).unwrap_or_else(|| {
-                        Error::unavailable(format!("{} renewal was too slow", self.name))
-                    }))
+                    Err(self
+                        .unreachable_for(needed, errors, None)
+                        .unwrap_or_else(|| {
+                            Error::unavailable(format!("{} renewal was too slow", self.name))
+                        }))
                 } else {
                     Ok(Renew::NotHeld)
                 }
@@ -512,7 +626,8 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
     //   node that is down would leave it waiting on nothing; waiters poll.
     // - `try_acquire_waiting`: a plain attempt. The nodes' queues would each
     //   order the waiters their own way, so no queue spans the quorum.
-    // - `abandon`: nothing to do, no ticket was queued anywhere.
+    // - `abandon`: forwarded (below): no ticket was queued anywhere, but a
+    //   writer's marks on the nodes go.
     // - `alarm`: none. Merging the nodes' alarms would need a task of its
     //   own; a backend whose nodes raise alarms gives them one sender and
     //   answers `alarm` above its quorum, as memcached's does.

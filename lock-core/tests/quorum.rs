@@ -185,3 +185,86 @@ async fn renewals_that_arrive_after_the_ttl_do_not_count() {
     }
     let _ = q.release(&key, &me).await;
 }
+
+/// A semaphore over a quorum needs more than a majority: over 3 nodes that
+/// grant 2 permits each, holders on A+B and B+C leave A and C a permit
+/// each, and a third holder would get a majority of them. A quorum of 2
+/// permits needs all 3 nodes (more than 3·2/3), so it refuses the third,
+/// and a node down stops new permits rather than risk them.
+#[tokio::test]
+async fn a_semaphore_over_a_quorum_never_admits_n_plus_one_holders() {
+    use locksmith_core::Claim;
+    let nodes = vec![
+        MemoryBackend::new(),
+        MemoryBackend::new(),
+        MemoryBackend::new(),
+    ];
+    let q = Quorum::new("memory", nodes.clone(), Duration::from_millis(10)).unwrap();
+    assert_eq!(q.needed(Claim::MUTEX), 2);
+    assert_eq!(q.needed(Claim::Shared), 2);
+    assert_eq!(q.needed(Claim::permits(2).unwrap()), 3);
+    assert_eq!(q.needed(Claim::permits(100).unwrap()), 3);
+    let five = Quorum::new(
+        "memory",
+        vec![MemoryBackend::new(); 5],
+        Duration::from_millis(10),
+    )
+    .unwrap();
+    assert_eq!(five.needed(Claim::permits(2).unwrap()), 4);
+    assert_eq!(five.needed(Claim::permits(3).unwrap()), 4);
+    assert_eq!(five.needed(Claim::permits(4).unwrap()), 5);
+
+    let k = LockKey::new("k").unwrap();
+    let ttl = Duration::from_secs(30);
+    let claim = Claim::permits(2).unwrap();
+    let (h1, h2) = (
+        OwnerToken::generate().with_claim(claim),
+        OwnerToken::generate().with_claim(claim),
+    );
+    for (node, owner) in [(0, &h1), (1, &h1), (1, &h2), (2, &h2)] {
+        let granted = nodes[node].try_acquire(&k, owner, ttl).await.unwrap();
+        assert!(matches!(granted, Acquire::Acquired(_)));
+    }
+    let h3 = OwnerToken::generate().with_claim(claim);
+    let third = q.try_acquire(&k, &h3, ttl).await.unwrap();
+    assert!(
+        matches!(third, Acquire::Contended { .. }),
+        "a third holder of 2 permits was admitted on 2 of 3 nodes: {third:?}"
+    );
+    for node in &nodes {
+        assert_eq!(
+            node.release(&k, &h3).await.unwrap(),
+            Release::NotHeld,
+            "undone"
+        );
+    }
+    let status = q.inspect(&k).await.unwrap();
+    assert!(
+        !status.held,
+        "holders on 2 of 3 nodes hold no permit: {status:?}"
+    );
+
+    // All three nodes free: granted, and shown as one of 2 permits.
+    let k = LockKey::new("free").unwrap();
+    let owner = OwnerToken::generate().with_claim(claim);
+    assert!(matches!(
+        q.try_acquire(&k, &owner, ttl).await.unwrap(),
+        Acquire::Acquired(_)
+    ));
+    let status = q.inspect(&k).await.unwrap();
+    assert_eq!((status.holder_count(), status.permits), (1, Some(2)));
+    // One node down: a new permit cannot be vouched for.
+    let down = MemoryBackend::new();
+    down.set_available(false);
+    let degraded = Quorum::new(
+        "memory",
+        vec![nodes[0].clone(), nodes[1].clone(), down],
+        Duration::from_millis(10),
+    )
+    .unwrap();
+    let e = degraded
+        .try_acquire(&k, &OwnerToken::generate().with_claim(claim), ttl)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), locksmith_core::ErrorKind::Unavailable, "{e}");
+}
