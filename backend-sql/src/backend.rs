@@ -1,13 +1,19 @@
 //! [`SqlBackend`]: the [`LockBackend`] over a table of lease rows.
 
+#[cfg(feature = "sqlite")]
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use locksmith_core::backend::{Acquire, Capabilities, Grant, LockBackend, Release, Renew, Watch};
-use locksmith_core::{Error, FencingToken, LockKey, LockStatus, OwnerToken, Result, MAX_VALUE_LEN};
+use locksmith_core::{
+    Claim, Error, ErrorKind, FencingToken, LockKey, LockStatus, OwnerToken, Result, MAX_VALUE_LEN,
+};
 use tokio::sync::OnceCell;
 
+#[cfg(feature = "sqlite")]
+use crate::claims::{create_holders, sweep_holders, Claims};
 use crate::config::{Dialect, Mode, SqlConfig, MIN_TTL};
 #[cfg(feature = "mysql")]
 use crate::error::is_mysql_conflict;
@@ -57,6 +63,13 @@ struct Inner {
     file: Option<std::path::PathBuf>,
     /// When this client last started a sweep (see [`SqlBackend::sweep`]).
     swept: Mutex<Option<std::time::Instant>>,
+    /// Permits and read holds, where the dialect has them (SQLite).
+    #[cfg(feature = "sqlite")]
+    claims: Option<Claims>,
+    /// The writers this client marked as waiting for readers (key,
+    /// owner): a grant takes the mark away.
+    #[cfg(feature = "sqlite")]
+    marked: Mutex<HashSet<(LockKey, String)>>,
 }
 
 impl SqlBackend {
@@ -87,6 +100,13 @@ impl SqlBackend {
         let local = LocalReleases::for_scope(format!("{scope}\u{0}{}", config.table));
         // For SQLite the scope is the file's absolute path.
         let file = (config.dialect == Dialect::Sqlite).then(|| std::path::PathBuf::from(&scope));
+        #[cfg(feature = "sqlite")]
+        #[allow(irrefutable_let_patterns)]
+        let claims = if let Pool::Sqlite(p) = &pool {
+            Some(Claims::new(p.clone(), &config.table))
+        } else {
+            None
+        };
         Ok(SqlBackend {
             inner: Arc::new(Inner {
                 config,
@@ -96,6 +116,10 @@ impl SqlBackend {
                 local,
                 file,
                 swept: Mutex::new(None),
+                #[cfg(feature = "sqlite")]
+                claims,
+                #[cfg(feature = "sqlite")]
+                marked: Mutex::new(HashSet::new()),
             }),
         })
     }
@@ -137,6 +161,10 @@ impl SqlBackend {
                 for stmt in &self.inner.queries.create {
                     create(&self.inner.pool, stmt).await?;
                 }
+                #[cfg(feature = "sqlite")]
+                if self.inner.claims.is_some() {
+                    create(&self.inner.pool, &create_holders(&self.inner.config.table)).await?;
+                }
                 add_value_column(&self.inner.pool, &self.inner.config.table).await?;
                 Ok::<(), Error>(())
             })
@@ -173,6 +201,23 @@ impl SqlBackend {
                 break;
             }
         }
+        #[cfg(feature = "sqlite")]
+        #[allow(irrefutable_let_patterns)]
+        if let (Some(_), Pool::Sqlite(p)) = (&self.inner.claims, &self.inner.pool) {
+            let stmt = sweep_holders(&self.inner.config.table, SWEEP_BATCH);
+            for _ in 0..100 {
+                let n = sqlx::query(&stmt)
+                    .bind(retention)
+                    .execute(p)
+                    .await
+                    .map_err(map_err)?
+                    .rows_affected();
+                gone += n;
+                if n < SWEEP_BATCH {
+                    break;
+                }
+            }
+        }
         Ok(gone)
     }
 
@@ -204,6 +249,33 @@ impl SqlBackend {
 }
 
 impl SqlBackend {
+    /// Permits and read holds, where this dialect has them.
+    #[cfg(feature = "sqlite")]
+    fn claims(&self) -> Option<&Claims> {
+        self.inner.claims.as_ref()
+    }
+
+    /// No dialect but SQLite has permits and read holds yet.
+    #[cfg(not(feature = "sqlite"))]
+    fn claims(&self) -> Option<&NoClaims> {
+        None
+    }
+
+    #[cfg(feature = "sqlite")]
+    fn claims_or_unsupported(&self) -> Result<&Claims> {
+        self.claims().ok_or_else(no_claims)
+    }
+
+    #[cfg(not(feature = "sqlite"))]
+    fn claims_or_unsupported(&self) -> Result<&NoClaims> {
+        Err(no_claims())
+    }
+
+    #[cfg(feature = "sqlite")]
+    fn marks(&self) -> std::sync::MutexGuard<'_, HashSet<(LockKey, String)>> {
+        self.inner.marked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     async fn lease_acquire(
         &self,
         key: &LockKey,
@@ -400,6 +472,26 @@ impl SqlBackend {
     }
 }
 
+fn no_claims() -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        "semaphores and read-write locks are on SQLite so far; PostgreSQL and MySQL lease rows \
+         refuse them",
+    )
+}
+
+/// Stands for [`Claims`] where no dialect has them.
+#[cfg(not(feature = "sqlite"))]
+#[derive(Debug)]
+struct NoClaims;
+
+#[cfg(not(feature = "sqlite"))]
+impl NoClaims {
+    async fn acquire(&self, _: &LockKey, _: &OwnerToken, _: Duration) -> Result<Acquire> {
+        Err(no_claims())
+    }
+}
+
 /// A live lease row as `inspect` reads it.
 type Row = (i64, i64, i64, String, Option<Vec<u8>>);
 
@@ -419,6 +511,8 @@ impl LockBackend for SqlBackend {
         Capabilities::default()
             .with_fencing(true)
             .with_values(true)
+            .with_permits(self.claims().is_some())
+            .with_shared(self.claims().is_some())
             .with_min_ttl(MIN_TTL)
             // Rows go a retention after the lock is free, swept by acquires.
             .with_retention(self.inner.config.retention + self.sweep_every())
@@ -451,6 +545,12 @@ impl LockBackend for SqlBackend {
             Err(e) if is_missing_table(&e) => None,
             Err(e) => return Err(map_err(e)),
         };
+        #[cfg(feature = "sqlite")]
+        if let (Some(claims), Some((_, _, _, owner, _))) = (self.claims(), &row) {
+            if let Some(status) = claims.inspect(key, owner).await? {
+                return Ok(status);
+            }
+        }
         Ok(match row {
             Some((holds, fence, left_ms, owner, value)) => {
                 LockStatus::held(u32::try_from(holds).unwrap_or(u32::MAX))
@@ -471,11 +571,43 @@ impl LockBackend for SqlBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Acquire> {
-        self.lease_acquire(key, owner, ttl).await
+        if owner.claim() != Claim::MUTEX {
+            self.migrate().await?;
+            self.sweep_now_and_then();
+            return self.claims_or_unsupported()?.acquire(key, owner, ttl).await;
+        }
+        let acquired = self.lease_acquire(key, owner, ttl).await?;
+        #[cfg(feature = "sqlite")]
+        if let Some(claims) = self.claims() {
+            let mark = (key.clone(), owner.as_str().to_owned());
+            match acquired {
+                Acquire::Contended { .. } => {
+                    if claims.after_refusal(key, owner, ttl).await? {
+                        self.marks().insert(mark);
+                    }
+                }
+                Acquire::Acquired(_) => {
+                    if self.marks().remove(&mark) {
+                        claims.unmark(key, owner).await?;
+                    }
+                }
+            }
+        }
+        Ok(acquired)
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        let r = self.lease_release(key, owner).await?;
+        let r = if owner.claim() == Claim::MUTEX {
+            self.lease_release(key, owner).await?
+        } else {
+            Release::NotHeld
+        };
+        // A permit, a read hold, or a writer's hold that a downgrade moved.
+        #[cfg(feature = "sqlite")]
+        let r = match (r, self.claims()) {
+            (Release::NotHeld, Some(claims)) => claims.release(key, owner).await?,
+            (r, _) => r,
+        };
         // Waiters in this process try at once.
         if r == Release::Freed {
             self.inner.local.released(key);
@@ -484,7 +616,29 @@ impl LockBackend for SqlBackend {
     }
 
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.lease_renew(key, owner, ttl).await
+        let r = if owner.claim() == Claim::MUTEX {
+            self.lease_renew(key, owner, ttl).await?
+        } else {
+            Renew::NotHeld
+        };
+        #[cfg(feature = "sqlite")]
+        let r = match (r, self.claims()) {
+            (Renew::NotHeld, Some(claims)) => claims.renew(key, owner, ttl).await?,
+            (r, _) => r,
+        };
+        Ok(r)
+    }
+
+    /// A writer giving up takes its mark away, so readers enter again.
+    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, _ticket: &OwnerToken) -> Result<()> {
+        #[cfg(feature = "sqlite")]
+        if let Some(claims) = self.claims() {
+            self.marks()
+                .remove(&(key.clone(), owner.as_str().to_owned()));
+            claims.unmark(key, owner).await?;
+        }
+        let _ = (key, owner);
+        Ok(())
     }
 
     async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {

@@ -103,6 +103,8 @@
 #[macro_use]
 mod node;
 mod backend;
+#[cfg(feature = "sqlite")]
+mod claims;
 mod config;
 mod error;
 mod layout;

@@ -52,7 +52,7 @@ pub(crate) const SWEEP_BATCH: u64 = 1000;
 
 /// Milliseconds since the Unix epoch on the database's clock. SQLite keeps
 /// `'now'` fixed for the whole statement, so every use agrees.
-const SQLITE_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+pub(crate) const SQLITE_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
 /// The same in µs (SQLite's clock has ms precision; the fence needs only to
 /// rise, which `MAX(fence + 1, …)` ensures within a millisecond).
 const SQLITE_NOW_US: &str = "(CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) * 1000)";

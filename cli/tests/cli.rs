@@ -414,30 +414,68 @@ fn the_demo_writes_no_carriage_return_when_not_on_a_terminal() {
     );
 }
 
-/// `--permits` and `--shared` on a store that cannot grant them are a
-/// usage error (64) naming what is missing, before the command runs; a
-/// permit count out of range, or both flags at once, are refused by the
-/// parser.
+/// `run --permits N` on the default store: of processes started together,
+/// never more than N run the command at once, and N do; a permit count
+/// out of range, or `--permits` with `--shared`, is refused by the parser.
 #[test]
-fn permits_and_shared_holds_are_refused_where_the_store_lacks_them() {
+fn run_with_permits_runs_n_commands_at_once_and_no_more() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let u = url(d);
-    let marker = d.join("ran");
-    let touch = format!("touch {}", marker.display());
-    for (flags, says) in [
-        (&["--permits", "3"][..], "semaphore's permits"),
-        (&["--shared"][..], "shared (read) holds"),
-    ] {
-        let mut args = vec!["run", "--url", &u, "--key", "k"];
-        args.extend_from_slice(flags);
-        args.extend_from_slice(&["--", "sh", "-c", &touch]);
-        let o = output(locksmith(d, &args));
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(code(&o), 64, "{flags:?}: {err}");
-        assert!(err.contains(says), "{flags:?}: {err}");
-        assert!(!marker.exists(), "{flags:?}: the command ran");
+    let log = d.join("log");
+    let job = format!(
+        "echo \"$(date +%s%N) +\" >> {l}; sleep 1; echo \"$(date +%s%N) -\" >> {l}",
+        l = log.display()
+    );
+    let runs: Vec<_> = (0..6)
+        .map(|_| {
+            locksmith(
+                d,
+                &[
+                    "run",
+                    "--url",
+                    &u,
+                    "--key",
+                    "k",
+                    "--permits",
+                    "2",
+                    "--wait",
+                    "60s",
+                    "--",
+                    "sh",
+                    "-c",
+                    &job,
+                ],
+            )
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    for run in runs {
+        let o = run.wait_with_output().unwrap();
+        assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
     }
+    let mut events: Vec<(u128, i32)> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (t, e) = l.split_once(' ').unwrap();
+            (t.parse().unwrap(), if e == "+" { 1 } else { -1 })
+        })
+        .collect();
+    events.sort();
+    assert_eq!(events.len(), 12, "every command ran once");
+    let (mut now, mut most) = (0, 0);
+    for (_, e) in events {
+        now += e;
+        most = most.max(now);
+    }
+    assert_eq!(
+        most, 2,
+        "at most, and at some point, 2 commands ran at once"
+    );
+
     for flags in [
         &["--permits", "0"][..],
         &["--permits", "1025"][..],
@@ -454,20 +492,4 @@ fn permits_and_shared_holds_are_refused_where_the_store_lacks_them() {
             String::from_utf8_lossy(&o.stderr)
         );
     }
-    // One permit is the mutex, on every store.
-    let o = output(locksmith(
-        d,
-        &[
-            "run",
-            "--url",
-            &u,
-            "--key",
-            "k",
-            "--permits",
-            "1",
-            "--",
-            "true",
-        ],
-    ));
-    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
 }

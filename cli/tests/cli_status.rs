@@ -180,3 +180,31 @@ async fn status_creates_nothing() {
         .unwrap();
     assert!(tables.is_empty(), "status created {tables:?}");
 }
+
+/// `--permits` and `--shared` on a store that cannot grant them (lease rows
+/// on PostgreSQL, for now) are a usage error (64) naming what is missing,
+/// before the command runs.
+#[test]
+fn permits_and_shared_holds_are_refused_where_the_store_lacks_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    let url = common::postgres_url();
+    for (flags, says) in [
+        (&["--permits", "3"][..], "semaphore's permits"),
+        (&["--shared"][..], "shared (read) holds"),
+    ] {
+        let mut args = vec!["run", "--url", &url, "--key", "k"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sh", "-c", &touch]);
+        let o = Command::new(BIN)
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("locksmith runs");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(64), "{flags:?}: {err}");
+        assert!(err.contains(says), "{flags:?}: {err}");
+        assert!(!marker.exists(), "{flags:?}: the command ran");
+    }
+}

@@ -133,9 +133,13 @@ pub async fn count_rows(
             .await?
         }
         _ => {
+            // The names of lease rows, and of holders of permits and read
+            // locks (rows of their own table), each counted once.
             let mut c = sqlx::SqliteConnection::connect(url).await?;
             sqlx::query_scalar(&format!(
-                "SELECT count(*) FROM {table} WHERE substr(lock_key, 1, ?2) = ?1"
+                "SELECT count(*) FROM (
+                    SELECT lock_key FROM {table} WHERE substr(lock_key, 1, ?2) = ?1
+                    UNION SELECT lock_key FROM {table}_holders WHERE substr(lock_key, 1, ?2) = ?1)"
             ))
             .bind(prefix)
             .bind(chars)

@@ -1,0 +1,616 @@
+//! Semaphore permits and read holds (every claim but the mutex's) on
+//! SQLite, each operation one transaction under the database's write lock.
+//!
+//! The lock's row in the lease table stays the one thing every claim on a
+//! name meets, so the mutex keeps its one statement: while permits or read
+//! holds are out, the row is held by the group, its `owner` the marker
+//! `~permits:<N>` or `~shared` (no token can start with `~`), its `holds`
+//! the number of holders, its `expires_at` the latest of their leases and
+//! its `fence` the last grant's. A mutex or a writer meets a live group as
+//! a holder of another owner (contended), and the group meets a live
+//! mutex or writer the same way. Each holder of the group has a row in the
+//! holders table `<table>_holders`, keyed by (key hash, owner): its kind,
+//! holds, fence and lease. A row with no holds is a writer waiting for
+//! readers to leave (its mark), until its TTL: new readers stay out while
+//! one is live. A downgrade turns the writer's hold into a row of its own
+//! in the holders table (the name row becomes `~shared`), so the read hold
+//! is granted beside it and the writer's release or renewal, refused by
+//! the mutex's statement, is found here.
+//!
+//! Rows of the holders table go with the hold, or with the sweep once
+//! their lease has run out longer than the retention ago.
+
+use std::time::Duration;
+
+use locksmith_core::backend::{claim_changed, permits_mismatch, Acquire, Grant, Release, Renew};
+use locksmith_core::{Claim, FencingToken, Holder, LockKey, LockStatus, OwnerToken, Result};
+use sqlx::{SqliteConnection, SqlitePool};
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::error::map_err;
+use crate::queries::{ttl_ms, SQLITE_NOW};
+
+/// The name row's owner while readers hold it.
+const SHARED: &str = "~shared";
+/// The prefix of the name row's owner while permits are out.
+const PERMITS: &str = "~permits:";
+
+/// The holders table of the lease table `t`.
+pub(crate) fn holders_table(t: &str) -> String {
+    format!("{t}_holders")
+}
+
+/// The DDL creating the holders table of the lease table `t`.
+pub(crate) fn create_holders(t: &str) -> String {
+    let h = holders_table(t);
+    format!(
+        "CREATE TABLE IF NOT EXISTS {h} (
+            key_hash   TEXT    NOT NULL,
+            owner      TEXT    NOT NULL,
+            lock_key   TEXT    NOT NULL,
+            shared     INTEGER NOT NULL,
+            holds      INTEGER NOT NULL,
+            fence      INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL,
+            PRIMARY KEY (key_hash, owner)
+        )"
+    )
+}
+
+/// Deletes up to `batch` rows of the holders table whose lease ended more
+/// than the retention (the parameter, in ms) ago.
+pub(crate) fn sweep_holders(t: &str, batch: u64) -> String {
+    let h = holders_table(t);
+    format!(
+        "DELETE FROM {h} WHERE rowid IN
+            (SELECT rowid FROM {h} WHERE expires_at < {SQLITE_NOW} - ?1 LIMIT {batch})"
+    )
+}
+
+/// Who holds a name, as its row in the lease table says.
+#[derive(Debug, PartialEq)]
+enum Name {
+    Free,
+    Token(String),
+    Permits(u32),
+    Shared,
+}
+
+/// The name row: (owner, holds, fence, expires_at).
+type NameRow = (Option<String>, i64, i64, i64);
+
+fn classify(row: Option<&NameRow>, now: i64) -> Name {
+    match row {
+        Some((Some(owner), _, _, expires)) if *expires > now => {
+            if owner == SHARED {
+                Name::Shared
+            } else if let Some(n) = owner.strip_prefix(PERMITS) {
+                Name::Permits(n.parse().unwrap_or(0))
+            } else {
+                Name::Token(owner.clone())
+            }
+        }
+        _ => Name::Free,
+    }
+}
+
+/// A live holder row: (owner, shared, holds, fence, expires_at).
+type HolderRow = (String, i64, i64, i64, i64);
+
+fn left(until: i64, now: i64) -> Option<Duration> {
+    Some(Duration::from_millis(
+        u64::try_from(until - now).unwrap_or(0),
+    ))
+}
+
+fn contended(until: Option<i64>, now: i64) -> Acquire {
+    Acquire::Contended {
+        retry_after: until.and_then(|u| left(u, now)),
+    }
+}
+
+/// The claims of one lease table on one SQLite pool.
+#[derive(Debug, Clone)]
+pub(crate) struct Claims {
+    pool: SqlitePool,
+    table: String,
+    holders: String,
+}
+
+/// An answer the store gave, or the caller's mistake it refused.
+type Answer<T> = std::result::Result<Result<T>, sqlx::Error>;
+
+/// One transaction's work, borrowing the connection.
+type Work<'c, T> = Pin<Box<dyn Future<Output = Answer<T>> + Send + 'c>>;
+
+impl Claims {
+    pub(crate) fn new(pool: SqlitePool, table: &str) -> Self {
+        Claims {
+            pool,
+            table: table.to_owned(),
+            holders: holders_table(table),
+        }
+    }
+
+    /// Runs `op` in one `BEGIN IMMEDIATE` transaction (the write lock
+    /// first, so no reader's snapshot can go stale under it), committed
+    /// when it answers and rolled back when it fails or refuses.
+    async fn in_txn<T: Send>(
+        &self,
+        op: impl for<'c> FnOnce(&'c Claims, &'c mut SqliteConnection) -> Work<'c, T>,
+    ) -> Result<T> {
+        use sqlx::Connection;
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        let answer = op(self, &mut conn).await;
+        let end = match &answer {
+            Ok(Ok(_)) => "COMMIT",
+            _ => "ROLLBACK",
+        };
+        if sqlx::query(end).execute(&mut *conn).await.is_err() {
+            // Never hand back to the pool a connection in a transaction.
+            let _ = conn.detach().close().await;
+            if end == "COMMIT" {
+                return Err(locksmith_core::Error::unavailable(
+                    "SQLite: the transaction could not be committed",
+                ));
+            }
+        }
+        answer.map_err(map_err)?
+    }
+
+    async fn now(c: &mut SqliteConnection) -> std::result::Result<i64, sqlx::Error> {
+        sqlx::query_scalar(&format!("SELECT {SQLITE_NOW}"))
+            .fetch_one(c)
+            .await
+    }
+
+    async fn name_row(
+        &self,
+        c: &mut SqliteConnection,
+        hash: &str,
+    ) -> std::result::Result<Option<NameRow>, sqlx::Error> {
+        sqlx::query_as(&format!(
+            "SELECT owner, holds, fence, expires_at FROM {} WHERE key_hash = ?1",
+            self.table
+        ))
+        .bind(hash)
+        .fetch_optional(c)
+        .await
+    }
+
+    async fn live_holders(
+        &self,
+        c: &mut SqliteConnection,
+        hash: &str,
+        now: i64,
+    ) -> std::result::Result<Vec<HolderRow>, sqlx::Error> {
+        sqlx::query_as(&format!(
+            "SELECT owner, shared, holds, fence, expires_at FROM {}
+             WHERE key_hash = ?1 AND expires_at > ?2",
+            self.holders
+        ))
+        .bind(hash)
+        .bind(now)
+        .fetch_all(c)
+        .await
+    }
+
+    /// Sets the name row to what its live holders say: the group's marker,
+    /// their count and latest lease; free (released now) when none is left.
+    async fn settle_name(
+        &self,
+        c: &mut SqliteConnection,
+        hash: &str,
+        now: i64,
+    ) -> std::result::Result<(), sqlx::Error> {
+        let (count, latest): (i64, Option<i64>) = sqlx::query_as(&format!(
+            "SELECT COUNT(*), MAX(expires_at) FROM {}
+             WHERE key_hash = ?1 AND holds > 0 AND expires_at > ?2",
+            self.holders
+        ))
+        .bind(hash)
+        .bind(now)
+        .fetch_one(&mut *c)
+        .await?;
+        let t = &self.table;
+        if count == 0 {
+            sqlx::query(&format!(
+                "UPDATE {t} SET owner = NULL, holds = 0, value = NULL, expires_at = ?2
+                 WHERE key_hash = ?1 AND substr(owner, 1, 1) = '~'"
+            ))
+            .bind(hash)
+            .bind(now)
+            .execute(c)
+            .await?;
+        } else {
+            sqlx::query(&format!(
+                "UPDATE {t} SET holds = ?2, expires_at = MAX(expires_at, ?3)
+                 WHERE key_hash = ?1 AND substr(owner, 1, 1) = '~'"
+            ))
+            .bind(hash)
+            .bind(count)
+            .bind(latest.unwrap_or(now))
+            .execute(c)
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// One attempt at a permit or a read hold for `owner`.
+    pub(crate) async fn acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        let (key, owner) = (key.clone(), owner.clone());
+        self.in_txn(move |this, c| {
+            Box::pin(async move { this.acquire_in(c, &key, &owner, ttl).await })
+        })
+        .await
+    }
+
+    async fn acquire_in(
+        &self,
+        c: &mut SqliteConnection,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Answer<Acquire> {
+        let hash = crate::layout::key_hash(key);
+        let claim = owner.claim();
+        let me = owner.as_str();
+        let now = Self::now(&mut *c).await?;
+        let until = now + ttl_ms(ttl);
+        let row = self.name_row(&mut *c, &hash).await?;
+        let mut beside_writer = false;
+        match (classify(row.as_ref(), now), claim) {
+            (Name::Token(o), _) if o == me => return Ok(Err(claim_changed(key, false))),
+            (Name::Token(o), Claim::Shared) if owner.writer() == Some(o.as_str()) => {
+                // A downgrade: the writer's hold moves to a row of its own.
+                let (_, holds, fence, expires) = row.clone().expect("a live row");
+                sqlx::query(&format!(
+                    "INSERT OR REPLACE INTO {} (key_hash, owner, lock_key, shared, holds, fence,
+                        expires_at) VALUES (?1, ?2, ?3, 0, ?4, ?5, ?6)",
+                    self.holders
+                ))
+                .bind(&hash)
+                .bind(&o)
+                .bind(key.as_str())
+                .bind(holds)
+                .bind(fence)
+                .bind(expires)
+                .execute(&mut *c)
+                .await?;
+                sqlx::query(&format!(
+                    "UPDATE {} SET owner = '{SHARED}' WHERE key_hash = ?1",
+                    self.table
+                ))
+                .bind(&hash)
+                .execute(&mut *c)
+                .await?;
+                beside_writer = true;
+            }
+            (Name::Token(_), Claim::Exclusive { permits }) => {
+                return Ok(Err(permits_mismatch(key, 1, permits)));
+            }
+            (Name::Token(_), Claim::Shared) => {
+                return Ok(Ok(contended(row.map(|r| r.3), now)));
+            }
+            (Name::Permits(kept), Claim::Exclusive { permits }) if kept != permits => {
+                return Ok(Err(permits_mismatch(key, kept, permits)));
+            }
+            (Name::Permits(_), Claim::Shared) | (Name::Shared, Claim::Exclusive { .. }) => {
+                return Ok(Ok(contended(row.map(|r| r.3), now)));
+            }
+            _ => {}
+        }
+        sqlx::query(&format!(
+            "DELETE FROM {} WHERE key_hash = ?1 AND expires_at <= ?2",
+            self.holders
+        ))
+        .bind(&hash)
+        .bind(now)
+        .execute(&mut *c)
+        .await?;
+        let rows = self.live_holders(&mut *c, &hash, now).await?;
+        if let Some(mine) = rows.iter().find(|r| r.0 == me && r.2 > 0) {
+            if (mine.1 != 0) != claim.is_shared() {
+                return Ok(Err(claim_changed(key, mine.1 != 0)));
+            }
+            sqlx::query(&format!(
+                "UPDATE {} SET holds = holds + 1, expires_at = MAX(expires_at, ?3)
+                 WHERE key_hash = ?1 AND owner = ?2",
+                self.holders
+            ))
+            .bind(&hash)
+            .bind(me)
+            .bind(until)
+            .execute(&mut *c)
+            .await?;
+            self.settle_name(&mut *c, &hash, now).await?;
+            return Ok(Ok(granted(mine.3, mine.2 + 1)));
+        }
+        let held: Vec<&HolderRow> = rows.iter().filter(|r| r.2 > 0).collect();
+        let soonest = held.iter().map(|r| r.4).min();
+        match claim {
+            Claim::Exclusive { permits } => {
+                if held.len() >= permits as usize {
+                    return Ok(Ok(contended(soonest, now)));
+                }
+            }
+            Claim::Shared => {
+                let writers: Vec<&&HolderRow> = held.iter().filter(|r| r.1 == 0).collect();
+                beside_writer |= owner
+                    .writer()
+                    .is_some_and(|w| !writers.is_empty() && writers.iter().all(|r| r.0 == w));
+                let writers = writers.len();
+                let marks = rows.iter().filter(|r| r.2 == 0).map(|r| r.4).max();
+                if writers > 0 && !beside_writer {
+                    return Ok(Ok(contended(soonest, now)));
+                }
+                if marks.is_some() && !beside_writer {
+                    return Ok(Ok(contended(marks, now)));
+                }
+            }
+        }
+        let group = match claim {
+            Claim::Exclusive { permits } => format!("{PERMITS}{permits}"),
+            Claim::Shared => SHARED.to_owned(),
+        };
+        let last_fence = row.as_ref().map_or(0, |r| r.2);
+        let fence: i64 = (now * 1000).max(last_fence + 1);
+        let t = &self.table;
+        sqlx::query(&format!(
+            "INSERT INTO {t} (key_hash, lock_key, owner, holds, fence, expires_at, value)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL)
+             ON CONFLICT (key_hash) DO UPDATE SET
+                lock_key = excluded.lock_key, owner = excluded.owner, holds = excluded.holds,
+                fence = excluded.fence, value = NULL,
+                expires_at = CASE WHEN {t}.expires_at > ?7 AND substr({t}.owner, 1, 1) = '~'
+                                  THEN MAX({t}.expires_at, excluded.expires_at)
+                                  ELSE excluded.expires_at END"
+        ))
+        .bind(&hash)
+        .bind(key.as_str())
+        .bind(&group)
+        .bind(held.len() as i64 + 1)
+        .bind(fence)
+        .bind(until)
+        .bind(now)
+        .execute(&mut *c)
+        .await?;
+        sqlx::query(&format!(
+            "INSERT OR REPLACE INTO {} (key_hash, owner, lock_key, shared, holds, fence,
+                expires_at) VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6)",
+            self.holders
+        ))
+        .bind(&hash)
+        .bind(me)
+        .bind(key.as_str())
+        .bind(i64::from(claim.is_shared()))
+        .bind(fence)
+        .bind(until)
+        .execute(&mut *c)
+        .await?;
+        Ok(Ok(granted(fence, 1)))
+    }
+
+    /// Releases one hold of `owner`'s permit, read hold, or downgraded
+    /// writer's hold.
+    pub(crate) async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+        let hash = crate::layout::key_hash(key);
+        let me = owner.as_str().to_owned();
+        self.in_txn(move |this, c| {
+            Box::pin(async move {
+                let now = Self::now(&mut *c).await?;
+                let holds: Option<i64> = sqlx::query_scalar(&format!(
+                    "SELECT holds FROM {} WHERE key_hash = ?1 AND owner = ?2 AND holds > 0
+                        AND expires_at > ?3",
+                    this.holders
+                ))
+                .bind(&hash)
+                .bind(&me)
+                .bind(now)
+                .fetch_optional(&mut *c)
+                .await?;
+                let Some(holds) = holds else {
+                    return Ok(Ok(Release::NotHeld));
+                };
+                if holds > 1 {
+                    sqlx::query(&format!(
+                        "UPDATE {} SET holds = holds - 1 WHERE key_hash = ?1 AND owner = ?2",
+                        this.holders
+                    ))
+                    .bind(&hash)
+                    .bind(&me)
+                    .execute(&mut *c)
+                    .await?;
+                    return Ok(Ok(Release::StillHeld(
+                        u32::try_from(holds - 1).unwrap_or(u32::MAX),
+                    )));
+                }
+                sqlx::query(&format!(
+                    "DELETE FROM {} WHERE key_hash = ?1 AND owner = ?2",
+                    this.holders
+                ))
+                .bind(&hash)
+                .bind(&me)
+                .execute(&mut *c)
+                .await?;
+                this.settle_name(&mut *c, &hash, now).await?;
+                Ok(Ok(Release::Freed))
+            })
+        })
+        .await
+    }
+
+    /// Extends `owner`'s permit, read hold or downgraded writer's hold.
+    pub(crate) async fn renew(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Renew> {
+        let hash = crate::layout::key_hash(key);
+        let me = owner.as_str().to_owned();
+        self.in_txn(move |this, c| {
+            Box::pin(async move {
+                let now = Self::now(&mut *c).await?;
+                let until = now + ttl_ms(ttl);
+                let done = sqlx::query(&format!(
+                    "UPDATE {} SET expires_at = ?3
+                     WHERE key_hash = ?1 AND owner = ?2 AND holds > 0 AND expires_at > ?4",
+                    this.holders
+                ))
+                .bind(&hash)
+                .bind(&me)
+                .bind(until)
+                .bind(now)
+                .execute(&mut *c)
+                .await?;
+                if done.rows_affected() == 0 {
+                    return Ok(Ok(Renew::NotHeld));
+                }
+                this.settle_name(&mut *c, &hash, now).await?;
+                Ok(Ok(Renew::Renewed))
+            })
+        })
+        .await
+    }
+
+    /// After a mutex's or writer's attempt found `key` held: a held
+    /// semaphore refuses it (another N), and readers get the writer's mark,
+    /// which keeps new readers out until the writer is served, gives up or
+    /// its TTL runs out. Whether a mark was left.
+    pub(crate) async fn after_refusal(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<bool> {
+        // Most refusals are a mutex's or writer's: one read, no write lock.
+        let group: Option<String> = sqlx::query_scalar(&format!(
+            "SELECT owner FROM {} WHERE key_hash = ?1 AND expires_at > {SQLITE_NOW}
+                AND substr(owner, 1, 1) = '~'",
+            self.table
+        ))
+        .bind(crate::layout::key_hash(key))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        if group.is_none() {
+            return Ok(false);
+        }
+        let (key, owner) = (key.clone(), owner.clone());
+        self.in_txn(move |this, c| {
+            Box::pin(async move {
+                let hash = crate::layout::key_hash(&key);
+                let now = Self::now(&mut *c).await?;
+                let row = this.name_row(&mut *c, &hash).await?;
+                match classify(row.as_ref(), now) {
+                    Name::Permits(kept) => Ok(Err(permits_mismatch(&key, kept, 1))),
+                    Name::Shared => {
+                        let mine: Option<i64> = sqlx::query_scalar(&format!(
+                            "SELECT shared FROM {} WHERE key_hash = ?1 AND owner = ?2
+                                AND holds > 0 AND expires_at > ?3",
+                            this.holders
+                        ))
+                        .bind(&hash)
+                        .bind(owner.as_str())
+                        .bind(now)
+                        .fetch_optional(&mut *c)
+                        .await?;
+                        if let Some(shared) = mine {
+                            // A reader asking to write: never an upgrade.
+                            return Ok(Err(claim_changed(&key, shared != 0)));
+                        }
+                        sqlx::query(&format!(
+                            "INSERT INTO {} (key_hash, owner, lock_key, shared, holds, fence,
+                                expires_at) VALUES (?1, ?2, ?3, 0, 0, 0, ?4)
+                             ON CONFLICT (key_hash, owner) DO UPDATE
+                                SET expires_at = excluded.expires_at WHERE holds = 0",
+                            this.holders
+                        ))
+                        .bind(&hash)
+                        .bind(owner.as_str())
+                        .bind(key.as_str())
+                        .bind(now + ttl_ms(ttl))
+                        .execute(&mut *c)
+                        .await?;
+                        Ok(Ok(true))
+                    }
+                    _ => Ok(Ok(false)),
+                }
+            })
+        })
+        .await
+    }
+
+    /// Takes away `owner`'s mark on `key`, if it left one.
+    pub(crate) async fn unmark(&self, key: &LockKey, owner: &OwnerToken) -> Result<()> {
+        sqlx::query(&format!(
+            "DELETE FROM {} WHERE key_hash = ?1 AND owner = ?2 AND holds = 0",
+            self.holders
+        ))
+        .bind(crate::layout::key_hash(key))
+        .bind(owner.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    /// The holders of a name held by a group (`owner` its marker), or
+    /// `None` when the row is a mutex's or writer's.
+    pub(crate) async fn inspect(&self, key: &LockKey, owner: &str) -> Result<Option<LockStatus>> {
+        let permits = if owner == SHARED {
+            None
+        } else if let Some(n) = owner.strip_prefix(PERMITS) {
+            n.parse::<u32>().ok()
+        } else {
+            return Ok(None);
+        };
+        let hash = crate::layout::key_hash(key);
+        let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(&format!(
+            "SELECT owner, shared, holds, fence, expires_at - {SQLITE_NOW} FROM {}
+             WHERE key_hash = ?1 AND holds > 0 AND expires_at > {SQLITE_NOW}",
+            self.holders
+        ))
+        .bind(&hash)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        let holders: Vec<Holder> = rows
+            .into_iter()
+            .map(|(o, shared, holds, fence, left_ms)| {
+                Holder::new(shared != 0, u32::try_from(holds).unwrap_or(u32::MAX))
+                    .with_owner(OwnerToken::from_string(o).ok())
+                    .with_fence(u64::try_from(fence).ok().map(FencingToken))
+                    .with_remaining(left(left_ms, 0))
+            })
+            .collect();
+        let exclusive = holders.iter().any(|h| !h.shared);
+        let single = (holders.len() == 1)
+            .then(|| holders[0].owner.clone())
+            .flatten();
+        Ok(Some(
+            LockStatus::of_holders(holders)
+                .with_permits(permits.or(exclusive.then_some(1)))
+                .with_owner(single),
+        ))
+    }
+}
+
+fn granted(fence: i64, holds: i64) -> Acquire {
+    Acquire::Acquired(Grant {
+        fence: Some(FencingToken(u64::try_from(fence).unwrap_or(0))),
+        holds: u32::try_from(holds).unwrap_or(u32::MAX),
+        lease: None,
+    })
+}
