@@ -587,8 +587,13 @@ impl LockBackend for SqlBackend {
                     }
                 }
                 Acquire::Acquired(_) => {
+                    // The grant stands whatever happens to the mark, which
+                    // at worst keeps readers out until its TTL.
                     if self.marks().remove(&mark) {
-                        claims.unmark(key, owner).await?;
+                        if let Err(e) = claims.unmark(key, owner).await {
+                            tracing::debug!(key = %key, error = %e.chain(),
+                                "a writer's mark stays until its TTL");
+                        }
                     }
                 }
             }
@@ -633,9 +638,13 @@ impl LockBackend for SqlBackend {
     async fn abandon(&self, key: &LockKey, owner: &OwnerToken, _ticket: &OwnerToken) -> Result<()> {
         #[cfg(feature = "sqlite")]
         if let Some(claims) = self.claims() {
-            self.marks()
-                .remove(&(key.clone(), owner.as_str().to_owned()));
-            claims.unmark(key, owner).await?;
+            // Only a mark this client left: a mutex's give-up costs nothing.
+            if self
+                .marks()
+                .remove(&(key.clone(), owner.as_str().to_owned()))
+            {
+                claims.unmark(key, owner).await?;
+            }
         }
         let _ = (key, owner);
         Ok(())

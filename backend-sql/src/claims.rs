@@ -140,27 +140,29 @@ impl Claims {
         &self,
         op: impl for<'c> FnOnce(&'c Claims, &'c mut SqliteConnection) -> Work<'c, T>,
     ) -> Result<T> {
-        use sqlx::Connection;
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        sqlx::query("BEGIN IMMEDIATE")
-            .execute(&mut *conn)
+        // sqlx's transaction, so that one dropped mid-way (a renewal cut
+        // off by its timeout, a cancelled acquire) is rolled back before
+        // its connection serves anyone else: a connection left inside
+        // BEGIN IMMEDIATE would keep the write lock from every process.
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(map_err)?;
-        let answer = op(self, &mut conn).await;
-        let end = match &answer {
-            Ok(Ok(_)) => "COMMIT",
-            _ => "ROLLBACK",
-        };
-        if sqlx::query(end).execute(&mut *conn).await.is_err() {
-            // Never hand back to the pool a connection in a transaction.
-            let _ = conn.detach().close().await;
-            if end == "COMMIT" {
-                return Err(locksmith_core::Error::unavailable(
-                    "SQLite: the transaction could not be committed",
-                ));
+        match op(self, &mut tx).await {
+            Ok(Ok(answer)) => {
+                tx.commit().await.map_err(map_err)?;
+                Ok(answer)
+            }
+            Ok(Err(refused)) => {
+                let _ = tx.rollback().await;
+                Err(refused)
+            }
+            Err(e) => {
+                let _ = tx.rollback().await;
+                Err(map_err(e))
             }
         }
-        answer.map_err(map_err)?
     }
 
     async fn now(c: &mut SqliteConnection) -> std::result::Result<i64, sqlx::Error> {
@@ -270,7 +272,12 @@ impl Claims {
         let row = self.name_row(&mut *c, &hash).await?;
         let mut beside_writer = false;
         match (classify(row.as_ref(), now), claim) {
-            (Name::Token(o), _) if o == me => return Ok(Err(claim_changed(key, false))),
+            (Name::Token(o), Claim::Exclusive { permits }) if o == me => {
+                return Ok(Err(permits_mismatch(key, 1, permits)));
+            }
+            (Name::Token(o), Claim::Shared) if o == me => {
+                return Ok(Err(claim_changed(key, false)));
+            }
             (Name::Token(o), Claim::Shared) if owner.writer() == Some(o.as_str()) => {
                 // A downgrade: the writer's hold moves to a row of its own.
                 let (_, holds, fence, expires) = row.clone().expect("a live row");
@@ -351,6 +358,11 @@ impl Claims {
                     .is_some_and(|w| !writers.is_empty() && writers.iter().all(|r| r.0 == w));
                 let writers = writers.len();
                 let marks = rows.iter().filter(|r| r.2 == 0).map(|r| r.4).max();
+                if owner.writer().is_some() && !beside_writer {
+                    // A downgrade whose writer no longer holds: refused,
+                    // never a read hold after a gap.
+                    return Ok(Ok(contended(None, now)));
+                }
                 if writers > 0 && !beside_writer {
                     return Ok(Ok(contended(soonest, now)));
                 }

@@ -165,11 +165,14 @@ impl Partition {
 /// Wraps a client whose acquire reaches the store and is applied there, but
 /// whose reply is held back until [`open`](Stall::open): the moment a caller
 /// may give up on an acquire the store has already granted.
+/// ([`refusing`](Stall::refusing): the refusals are held back instead.)
 #[derive(Debug)]
 pub struct Stall {
     inner: Arc<dyn LockBackend>,
     granted: tokio::sync::Notify,
     gate: tokio::sync::watch::Sender<bool>,
+    /// Holds back refusals ("held by someone else") instead of grants.
+    refusals: bool,
 }
 
 impl Stall {
@@ -179,10 +182,25 @@ impl Stall {
             inner,
             granted: tokio::sync::Notify::new(),
             gate: tokio::sync::watch::channel(false).0,
+            refusals: false,
         })
     }
 
-    /// Completes once the store has granted an acquire whose reply is held.
+    /// Wraps `inner`, with the gate shut, holding back the replies of
+    /// acquires the store refused (whatever the refusal left in the store,
+    /// a writer's mark, is there): the moment a caller may give up on an
+    /// acquire before it heard "no".
+    pub fn refusing(inner: Arc<dyn LockBackend>) -> Arc<Self> {
+        Arc::new(Stall {
+            inner,
+            granted: tokio::sync::Notify::new(),
+            gate: tokio::sync::watch::channel(false).0,
+            refusals: true,
+        })
+    }
+
+    /// Completes once the store has answered an acquire whose reply is
+    /// held (granted it; refused it, for [`refusing`](Stall::refusing)).
     pub async fn granted(&self) {
         self.granted.notified().await;
     }
@@ -193,7 +211,12 @@ impl Stall {
     }
 
     async fn hold(&self, outcome: Result<Acquire>) -> Result<Acquire> {
-        if matches!(outcome, Ok(Acquire::Acquired(_))) {
+        let held = match &outcome {
+            Ok(Acquire::Acquired(_)) => !self.refusals,
+            Ok(Acquire::Contended { .. }) => self.refusals,
+            Err(_) => false,
+        };
+        if held {
             self.granted.notify_one();
             let mut gate = self.gate.subscribe();
             let _ = gate.wait_for(|open| *open).await;

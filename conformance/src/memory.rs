@@ -40,30 +40,60 @@ impl Harness for MemoryHarness {
     }
 }
 
-/// Clients of a [`Quorum`] over five shared in-memory stores, one of them
+/// Clients of a [`Quorum`] over shared in-memory stores, the last of them
 /// down for good: the generic quorum rules pass the suite with a minority
-/// lost. Five, not three: a semaphore of N permits needs more than
-/// 5·N/(N+1) nodes (4 for the suite's N of 2 and 3), where over three
-/// nodes it needs all three, and one down stops new permits
-/// ([`Quorum::needed`]). The unreachable client is a quorum of stores
-/// switched off.
+/// lost. [`new`](Self::new) is three stores, the tightest quorum, whose
+/// clients say they grant no permits or shared holds: over three nodes a
+/// semaphore needs all three ([`Quorum::needed`]), so with one down it
+/// is `Unavailable` by design. [`five`](Self::five) is five stores,
+/// where a semaphore of 2 or 3 needs four, with everything the nodes
+/// offer. The unreachable client is a quorum of stores switched off.
 #[derive(Debug)]
 pub struct QuorumHarness {
-    stores: [MemoryBackend; 5],
+    stores: Vec<MemoryBackend>,
+    claims: bool,
+}
+
+/// A quorum's client that grants no permits or shared holds.
+#[derive(Debug)]
+struct WithoutClaims(Arc<dyn LockBackend>);
+
+locksmith_core::forward_backend! {
+    (self) => self.0;
+    impl LockBackend for WithoutClaims {
+        fn capabilities(&self) -> locksmith_core::backend::Capabilities {
+            self.0.capabilities().with_permits(false).with_shared(false)
+        }
+    }
 }
 
 impl QuorumHarness {
-    /// Five fresh stores, the last one down.
+    /// Three fresh stores, the last one down; no permits or shared holds.
     pub fn new() -> Self {
-        let stores: [MemoryBackend; 5] = Default::default();
-        stores[4].set_available(false);
-        QuorumHarness { stores }
+        Self::of(3, false)
     }
 
-    fn quorum(stores: Vec<MemoryBackend>) -> Arc<dyn LockBackend> {
-        Arc::new(
-            Quorum::new("in-memory quorum", stores, Duration::from_millis(10)).expect("five nodes"),
-        )
+    /// Five fresh stores, the last one down.
+    pub fn five() -> Self {
+        Self::of(5, true)
+    }
+
+    fn of(n: usize, claims: bool) -> Self {
+        let stores: Vec<MemoryBackend> = (0..n).map(|_| MemoryBackend::new()).collect();
+        stores[n - 1].set_available(false);
+        QuorumHarness { stores, claims }
+    }
+
+    fn quorum(&self, stores: Vec<MemoryBackend>) -> Arc<dyn LockBackend> {
+        let q: Arc<dyn LockBackend> = Arc::new(
+            Quorum::new("in-memory quorum", stores, Duration::from_millis(10))
+                .expect("three or five nodes"),
+        );
+        if self.claims {
+            q
+        } else {
+            Arc::new(WithoutClaims(q))
+        }
     }
 }
 
@@ -76,15 +106,15 @@ impl Default for QuorumHarness {
 #[async_trait]
 impl Harness for QuorumHarness {
     async fn client(&self) -> Arc<dyn LockBackend> {
-        Self::quorum(self.stores.to_vec())
+        self.quorum(self.stores.clone())
     }
 
     async fn unreachable_client(&self) -> Arc<dyn LockBackend> {
-        let down: Vec<MemoryBackend> = (0..5).map(|_| MemoryBackend::new()).collect();
+        let down: Vec<MemoryBackend> = self.stores.iter().map(|_| MemoryBackend::new()).collect();
         for s in &down {
             s.set_available(false);
         }
-        Self::quorum(down)
+        self.quorum(down)
     }
 
     async fn stored_names(&self, prefix: &str) -> anyhow::Result<u64> {

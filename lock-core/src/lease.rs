@@ -164,7 +164,10 @@ impl LockStatus {
         }
         LockStatus {
             held: true,
-            holds: holders.iter().map(|h| h.holds).sum::<u32>().max(1),
+            holds: holders
+                .iter()
+                .fold(0u32, |n, h| n.saturating_add(h.holds))
+                .max(1),
             fence: holders.iter().filter_map(|h| h.fence).max(),
             remaining: holders.iter().filter_map(|h| h.remaining).max(),
             holders,

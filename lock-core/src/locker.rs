@@ -485,7 +485,8 @@ impl Locker {
         );
         // A writer refused while readers hold leaves a mark that keeps new
         // readers out (no writer starvation); giving up takes it away.
-        let may_mark = self.caps.shared && !owner.claim().is_shared();
+        let may_mark = self.caps.shared && owner.claim() == Claim::MUTEX;
+        attempts.may_mark = may_mark;
         let mut watch: Option<Watch> = None;
         let mut subscribed = false;
         // A fair store queues waiters, so a caller prepared to wait listens
@@ -698,6 +699,10 @@ struct Attempts {
     /// A writer's refused attempt may have left a mark that keeps new
     /// readers out: giving up removes it ([`LockBackend::abandon`]).
     marked: bool,
+    /// This acquire is a writer's on a store with readers: any refusal,
+    /// one still in flight when the acquire is dropped included, may
+    /// leave a mark.
+    may_mark: bool,
     request: Option<BoxFuture<'static, Result<Acquire>>>,
     /// An attempt failed without an answer: it may have been granted.
     uncertain: bool,
@@ -720,6 +725,7 @@ impl Attempts {
             ticket: OwnerToken::generate(),
             queued: false,
             marked: false,
+            may_mark: false,
             request: None,
             uncertain: false,
         }
@@ -741,7 +747,9 @@ impl Attempts {
             };
             let outcome = std::task::ready!(request.as_mut().poll(cx));
             self.request = None;
-            self.uncertain |= outcome.is_err();
+            // A refusal the store marked unapplied (another N, an upgrade)
+            // changed nothing there: nothing to undo.
+            self.uncertain |= outcome.as_ref().is_err_and(|e| !e.is_unapplied());
             Poll::Ready(outcome)
         })
     }
@@ -776,17 +784,21 @@ impl Drop for Attempts {
         if request.is_none() && !self.queued && !self.marked && !undo {
             return;
         }
+        let (marked, may_mark) = (self.marked, self.may_mark);
         let (backend, key, owner, ticket) = (
             self.backend.clone(),
             self.key.clone(),
             self.owner.clone(),
             self.ticket.clone(),
         );
-        let (fresh_owner, queued) = (self.fresh_owner, self.queued || self.marked);
+        let (fresh_owner, queued) = (self.fresh_owner, self.queued);
         self.background.spawn(async move {
-            let maybe_granted = match request {
-                Some(request) => !matches!(request.await, Ok(Acquire::Contended { .. })),
-                None => undo,
+            let (maybe_granted, refused) = match request {
+                Some(request) => {
+                    let refused = matches!(request.await, Ok(Acquire::Contended { .. }));
+                    (!refused, refused)
+                }
+                None => (undo, false),
             };
             // One try: it follows the request it undoes on the same
             // connection, and a store that is simply down (the request never
@@ -797,7 +809,8 @@ impl Drop for Attempts {
                         "could not undo an abandoned acquire; the lock frees at its TTL");
                 }
             }
-            if queued {
+            // A writer refused by readers, just now or before, left a mark.
+            if queued || marked || (may_mark && refused) {
                 let left = retry_briefly(|| backend.abandon(&key, &owner, &ticket));
                 if let Err(e) = left.await {
                     tracing::warn!(key = %key, error = %e.chain(),

@@ -240,7 +240,9 @@ impl LockBackend for MemoryBackend {
                 }
                 let readers = slot.soonest(now, |h| h.shared);
                 let full = slot.holders.len() >= permits as usize;
-                if readers.is_some() {
+                if readers.is_some() && permits > 1 {
+                    readers
+                } else if readers.is_some() {
                     // Stop new readers until this writer is served or gives up.
                     slot.writers_waiting.retain(|(o, _)| o != owner);
                     slot.writers_waiting.push((owner.clone(), now + ttl));
@@ -259,6 +261,10 @@ impl LockBackend for MemoryBackend {
                 });
                 if beside_writer {
                     None
+                } else if owner.writer().is_some() {
+                    // A downgrade whose writer no longer holds: refused,
+                    // never a read hold after a gap.
+                    Some(Duration::ZERO)
                 } else if writers.is_some() {
                     writers
                 } else {

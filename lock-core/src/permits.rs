@@ -248,9 +248,10 @@ impl ReadWriteLock {
     /// where the store has fences, a fence above the writer's.
     ///
     /// # Errors
-    /// `NotHeld` if `writer` no longer holds the lock (it is released
-    /// anyway); `InvalidOptions` for a guard of another name; the store's
-    /// errors (the writer is then kept).
+    /// `NotHeld` if `writer` no longer holds the lock (a store grants the
+    /// read hold only beside a live write hold); `InvalidOptions` for a
+    /// guard of another name; the store's errors. On every error the
+    /// writer's guard is released, as any dropped guard is.
     pub async fn downgrade(&self, writer: LockGuard) -> Result<LockGuard> {
         if writer.key() != &self.key {
             return Err(Error::invalid_options(format!(
@@ -279,12 +280,21 @@ impl ReadWriteLock {
                 ),
             ));
         };
-        if let Err(e) = writer.release().await {
-            // The read hold stands; the write hold frees at its TTL.
-            tracing::warn!(key = %self.key, error = %e.chain(),
-                "downgrade: the write hold could not be released; it frees at its TTL");
+        match writer.release().await {
+            Ok(()) => Ok(reader),
+            // The write hold was gone by now (its lease ran out): the
+            // read hold cannot claim to follow it without a gap.
+            Err(e) if e.kind() == ErrorKind::NotHeld => {
+                let _ = reader.release().await;
+                Err(e)
+            }
+            Err(e) => {
+                // The read hold stands; the write hold frees at its TTL.
+                tracing::warn!(key = %self.key, error = %e.chain(),
+                    "downgrade: the write hold could not be released; it frees at its TTL");
+                Ok(reader)
+            }
         }
-        Ok(reader)
     }
 
     /// Who holds the lock now, as the store says (see [`Locker::status`]).
@@ -299,6 +309,10 @@ impl ReadWriteLock {
 /// Refuses a claim the store cannot grant, before any request is sent.
 pub(crate) fn supports(locker: &Locker, claim: Claim) -> Result<()> {
     let caps = locker.capabilities();
+    if let Claim::Exclusive { permits } = claim {
+        // The variant's field is public: its range is checked here too.
+        Claim::permits(permits)?;
+    }
     match claim {
         Claim::Exclusive { permits } if permits > 1 && !caps.permits => Err(Error::new(
             ErrorKind::Unsupported,

@@ -189,7 +189,9 @@ impl<B: LockBackend> Quorum<B> {
     /// holders with that many nodes each would need more grants than the
     /// nodes have (a majority would not do: over 3 nodes, 3 holders of 2
     /// permits can each hold 2 nodes). So from N ≥ n − 1 on, every node
-    /// must grant, and one node down stops new permits.
+    /// must grant, renew and release: with one node down, no new permit is
+    /// granted, held permits are lost at their TTL (their renewals fail),
+    /// and a release is `Unavailable` (the permit frees at its TTL).
     pub fn needed(&self, claim: Claim) -> usize {
         match claim {
             Claim::Exclusive { permits } if permits > 1 => {

@@ -20,6 +20,7 @@ use locksmith_core::{
 use rand::Rng;
 
 use super::{acquired, collected, end_hold, key, long, short_ttl, LONG_TTL};
+use crate::faults::Stall;
 use crate::Harness;
 
 /// A semaphore of `n` on `k` for a new client, or `None` after checking
@@ -197,7 +198,7 @@ pub async fn mismatched_permits_are_refused(h: &dyn Harness) -> Result<()> {
         Err(e) if e.kind() == ErrorKind::InvalidOptions => {
             let text = e.to_string();
             ensure!(
-                text.contains('3') && text.contains('2'),
+                text.contains("3 permits") && text.contains("2 permits"),
                 "the refusal does not name both numbers: {text}"
             );
         }
@@ -426,7 +427,8 @@ pub async fn waiting_writer_is_not_starved(h: &dyn Harness) -> Result<()> {
 /// A writer downgrades: a read hold is granted beside its write hold even
 /// while another writer waits, and that writer stays out until the reader
 /// leaves. The same owner re-enters its read or write hold, and a
-/// reader's owner asking to write is `InvalidOptions` (no upgrade).
+/// reader's owner asking to write is `InvalidOptions` (no upgrade). A
+/// writer whose hold ran out cannot downgrade.
 pub async fn writer_downgrades_reader_never_upgrades(h: &dyn Harness) -> Result<()> {
     let k = key("writer_downgrades_reader_never_upgrades", "k");
     let Some(l) = rwlock(h, &k).await? else {
@@ -486,6 +488,24 @@ pub async fn writer_downgrades_reader_never_upgrades(h: &dyn Harness) -> Result<
     );
     w2.release().await?;
     w1.release().await?;
+
+    // A writer whose hold ran out downgrades to nothing: a read hold
+    // granted now would follow a gap in which anyone could have written.
+    let wc = h.client().await;
+    let ttl = short_ttl(&wc.capabilities());
+    let stale = Locker::from_arc(wc.clone()).rwlock(&k)?;
+    let w = stale
+        .write(&LockOptions::new().ttl(ttl).auto_renew(false).no_wait())
+        .await?;
+    end_hold(h, &wc, ttl).await?;
+    if let Ok(r) = stale.downgrade(w).await {
+        bail!("a writer whose hold had run out downgraded to a read hold: {r:?}");
+    }
+    let after = l
+        .try_write(&waiting(Duration::from_secs(5)))
+        .await?
+        .context("a failed downgrade left a read hold behind")?;
+    after.release().await?;
     Ok(())
 }
 
@@ -505,6 +525,16 @@ pub async fn abandoned_permit_acquire_leaves_nothing(h: &dyn Harness) -> Result<
             .try_write(&waiting(Duration::from_millis(300)))
             .await?;
         ensure!(timed_out.is_none(), "the writer got in beside a reader");
+        // Dropped before it heard its first "no": the refusal, and the
+        // mark it left, come back to nobody.
+        let stall = Stall::refusing(h.client().await);
+        let stalled = Locker::from_arc(stall.clone()).rwlock(&k)?;
+        let opts = long();
+        tokio::select! {
+            w = stalled.write(&opts) => bail!("a stalled writer returned: {:?}", w.map(|g| g.fence())),
+            () = stall.granted() => {}
+        }
+        stall.open();
         // The reader leaves too: only a writer's mark left behind could
         // keep the next reader out now.
         r.release().await?;
