@@ -6,19 +6,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::backend::{Acquire, Capabilities, Grant, LockBackend, Release, Renew, Watch};
+use locksmith_core::backend::{Acquire, Capabilities, LockBackend, Release, Renew, Watch};
 use locksmith_core::{
-    Claim, Error, ErrorKind, FencingToken, LockKey, LockStatus, OwnerToken, Result, MAX_VALUE_LEN,
+    Claim, Error, ErrorKind, FencingToken, LockKey, LockStatus, OwnerToken, Result,
 };
 use tokio::sync::OnceCell;
 
 #[cfg(feature = "sqlite")]
-use crate::claims::{create_holders, sweep_holders, Claims};
+use crate::claims::Claims;
 use crate::config::{Dialect, Mode, SqlConfig, MIN_TTL};
-#[cfg(feature = "mysql")]
-use crate::error::is_mysql_conflict;
 use crate::error::{is_missing_column, is_missing_table, map_err};
 use crate::layout::key_hash;
+#[cfg(feature = "sqlite")]
+use crate::layout::{create_holders, sweep_holders};
 #[cfg(feature = "sqlite")]
 use crate::node::use_wal;
 use crate::node::{add_value_column, create, open_pool, probe, Pool};
@@ -49,27 +49,27 @@ pub struct LeaseStatements {
 /// Cheap to clone; clones share the pool.
 #[derive(Debug, Clone)]
 pub struct SqlBackend {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
-struct Inner {
-    config: SqlConfig,
-    pool: Pool,
-    queries: Queries,
-    schema: OnceCell<()>,
-    local: Arc<LocalReleases>,
+pub(crate) struct Inner {
+    pub(crate) config: SqlConfig,
+    pub(crate) pool: Pool,
+    pub(crate) queries: Queries,
+    pub(crate) schema: OnceCell<()>,
+    pub(crate) local: Arc<LocalReleases>,
     /// SQLite: the database file, which a status read must not create.
-    file: Option<std::path::PathBuf>,
+    pub(crate) file: Option<std::path::PathBuf>,
     /// When this client last started a sweep (see [`SqlBackend::sweep`]).
-    swept: Mutex<Option<std::time::Instant>>,
+    pub(crate) swept: Mutex<Option<std::time::Instant>>,
     /// Permits and read holds, where the dialect has them (SQLite).
     #[cfg(feature = "sqlite")]
-    claims: Option<Claims>,
+    pub(crate) claims: Option<Claims>,
     /// The writers this client marked as waiting for readers (key,
     /// owner): a grant takes the mark away.
     #[cfg(feature = "sqlite")]
-    marked: Mutex<HashSet<(LockKey, String)>>,
+    pub(crate) marked: Mutex<HashSet<(LockKey, String)>>,
 }
 
 impl SqlBackend {
@@ -229,7 +229,7 @@ impl SqlBackend {
 
     /// Starts a background sweep if this client has not started one within
     /// [`sweep_every`](Self::sweep_every).
-    fn sweep_now_and_then(&self) {
+    pub(crate) fn sweep_now_and_then(&self) {
         let every = self.sweep_every();
         let now = std::time::Instant::now();
         {
@@ -275,201 +275,6 @@ impl SqlBackend {
     fn marks(&self) -> std::sync::MutexGuard<'_, HashSet<(LockKey, String)>> {
         self.inner.marked.lock().unwrap_or_else(|e| e.into_inner())
     }
-
-    async fn lease_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
-        self.migrate().await?;
-        self.sweep_now_and_then();
-        let q = &self.inner.queries;
-        let row: Option<(i64, i64)> = match &self.inner.pool {
-            #[cfg(feature = "mysql")]
-            Pool::MySql(p) => return self.mysql_acquire(p, key, owner, ttl).await,
-            #[allow(unreachable_patterns)]
-            other => on_pool!(other, p => sqlx::query_as(&q.acquire)
-                .bind(key_hash(key))
-                .bind(key.as_str())
-                .bind(owner.as_str())
-                .bind(ttl_ms(ttl))
-                .bind(owner.value())
-                .fetch_optional(p)
-                .await
-                .map_err(map_err)?),
-        };
-        Ok(match row {
-            Some((fence, holds)) => granted(fence, holds),
-            None => Acquire::Contended { retry_after: None },
-        })
-    }
-
-    #[cfg(feature = "mysql")]
-    async fn mysql_acquire(
-        &self,
-        p: &sqlx::MySqlPool,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
-        use crate::queries::MYSQL_REENTRY_FLAG;
-        let q = &self.inner.queries;
-        let hash = key_hash(key);
-        let mut attempts = 0;
-        let done = loop {
-            let r = sqlx::query(&q.acquire)
-                .bind(&hash)
-                .bind(key.as_str())
-                .bind(owner.as_str())
-                .bind(ttl_ms(ttl))
-                .bind(owner.value())
-                .execute(p)
-                .await;
-            match r {
-                Ok(done) => break done,
-                // Concurrent first inserts of one key can deadlock in InnoDB;
-                // the victim changed nothing, and someone else got there first.
-                Err(e) if is_mysql_conflict(&e) => {
-                    attempts += 1;
-                    if attempts == 2 {
-                        return Ok(Acquire::Contended { retry_after: None });
-                    }
-                }
-                Err(e) => return Err(map_err(e)),
-            }
-        };
-        let id = done.last_insert_id();
-        if id == 0 {
-            return Ok(Acquire::Contended { retry_after: None });
-        }
-        if id < MYSQL_REENTRY_FLAG {
-            return Ok(granted(id as i64, 1));
-        }
-        let (holds,): (i64,) = sqlx::query_as(&q.holds)
-            .bind(&hash)
-            .bind(owner.as_str())
-            .fetch_one(p)
-            .await
-            .map_err(map_err)?;
-        Ok(granted((id - MYSQL_REENTRY_FLAG) as i64, holds))
-    }
-
-    async fn lease_release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        self.migrate().await?;
-        let q = &self.inner.queries;
-        let remaining: Option<i64> = match &self.inner.pool {
-            #[cfg(feature = "mysql")]
-            Pool::MySql(p) => {
-                let done = sqlx::query(&q.release)
-                    .bind(key_hash(key))
-                    .bind(owner.as_str())
-                    .execute(p)
-                    .await
-                    .map_err(map_err)?;
-                (done.rows_affected() == 1).then_some(done.last_insert_id() as i64)
-            }
-            #[allow(unreachable_patterns)]
-            other => on_pool!(other, p => sqlx::query_scalar(&q.release)
-                .bind(key_hash(key))
-                .bind(owner.as_str())
-                .fetch_optional(p)
-                .await
-                .map_err(map_err)?),
-        };
-        Ok(match remaining {
-            None => Release::NotHeld,
-            Some(0) => Release::Freed,
-            Some(n) => Release::StillHeld(u32::try_from(n).unwrap_or(u32::MAX)),
-        })
-    }
-
-    async fn lease_renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        self.migrate().await?;
-        let q = &self.inner.queries.renew;
-        let changed = match &self.inner.pool {
-            // Placeholders are positional in MySQL: the TTL comes first there.
-            #[cfg(feature = "mysql")]
-            Pool::MySql(p) => sqlx::query(q)
-                .bind(ttl_ms(ttl))
-                .bind(key_hash(key))
-                .bind(owner.as_str())
-                .execute(p)
-                .await
-                .map_err(map_err)?
-                .rows_affected(),
-            #[allow(unreachable_patterns)]
-            other => on_pool!(other, p => sqlx::query(q)
-                .bind(key_hash(key))
-                .bind(owner.as_str())
-                .bind(ttl_ms(ttl))
-                .execute(p)
-                .await
-                .map_err(map_err)?
-                .rows_affected()),
-        };
-        Ok(if changed == 1 {
-            Renew::Renewed
-        } else {
-            Renew::NotHeld
-        })
-    }
-
-    /// One owner-checked `UPDATE` of the value; the lease is left alone.
-    async fn lease_proclaim(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        value: &[u8],
-    ) -> Result<Renew> {
-        if value.len() > MAX_VALUE_LEN {
-            // MySQL's column would refuse it, PostgreSQL's and SQLite's not.
-            return Err(Error::invalid_options(format!(
-                "a leader's value is at most {MAX_VALUE_LEN} bytes, not {}",
-                value.len()
-            )));
-        }
-        self.migrate().await?;
-        let q = &self.inner.queries.proclaim;
-        let changed = match &self.inner.pool {
-            // Positional placeholders: the value comes first in MySQL's text.
-            #[cfg(feature = "mysql")]
-            Pool::MySql(p) => sqlx::query(q)
-                .bind(value)
-                .bind(key_hash(key))
-                .bind(owner.as_str())
-                .execute(p)
-                .await
-                .map_err(map_err)?
-                .rows_affected(),
-            #[allow(unreachable_patterns)]
-            other => on_pool!(other, p => sqlx::query(q)
-                .bind(key_hash(key))
-                .bind(owner.as_str())
-                .bind(value)
-                .execute(p)
-                .await
-                .map_err(map_err)?
-                .rows_affected()),
-        };
-        Ok(if changed == 1 {
-            Renew::Renewed
-        } else {
-            Renew::NotHeld
-        })
-    }
-
-    /// The live row of `key`: holds, fence, ms left, owner, value.
-    async fn read_row(
-        &self,
-        query: &str,
-        hash: &str,
-    ) -> std::result::Result<Option<Row>, sqlx::Error> {
-        on_pool!(&self.inner.pool, p => sqlx::query_as(query)
-            .bind(hash)
-            .fetch_optional(p)
-            .await)
-    }
 }
 
 fn no_claims() -> Error {
@@ -490,17 +295,6 @@ impl NoClaims {
     async fn acquire(&self, _: &LockKey, _: &OwnerToken, _: Duration) -> Result<Acquire> {
         Err(no_claims())
     }
-}
-
-/// A live lease row as `inspect` reads it.
-type Row = (i64, i64, i64, String, Option<Vec<u8>>);
-
-fn granted(fence: i64, holds: i64) -> Acquire {
-    Acquire::Acquired(Grant {
-        fence: Some(FencingToken(u64::try_from(fence).unwrap_or(0))),
-        holds: u32::try_from(holds).unwrap_or(u32::MAX),
-        lease: None,
-    })
 }
 
 #[async_trait]

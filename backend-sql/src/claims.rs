@@ -22,83 +22,21 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{claim_changed, permits_mismatch, Acquire, Grant, Release, Renew};
-use locksmith_core::{Claim, FencingToken, Holder, LockKey, LockStatus, OwnerToken, Result};
+use locksmith_core::backend::{claim_changed, permits_mismatch, Acquire, Release, Renew};
+use locksmith_core::{Claim, LockKey, OwnerToken, Result};
 use sqlx::{SqliteConnection, SqlitePool};
 use std::future::Future;
 use std::pin::Pin;
 
 use crate::error::map_err;
+use crate::layout::{classify, holders_table, Name, NameRow, PERMITS, SHARED};
+use crate::lease::granted;
 use crate::queries::{ttl_ms, SQLITE_NOW};
 
-/// The name row's owner while readers hold it.
-const SHARED: &str = "~shared";
-/// The prefix of the name row's owner while permits are out.
-const PERMITS: &str = "~permits:";
-
-/// The holders table of the lease table `t`.
-pub(crate) fn holders_table(t: &str) -> String {
-    format!("{t}_holders")
-}
-
-/// The DDL creating the holders table of the lease table `t`.
-pub(crate) fn create_holders(t: &str) -> String {
-    let h = holders_table(t);
-    format!(
-        "CREATE TABLE IF NOT EXISTS {h} (
-            key_hash   TEXT    NOT NULL,
-            owner      TEXT    NOT NULL,
-            lock_key   TEXT    NOT NULL,
-            shared     INTEGER NOT NULL,
-            holds      INTEGER NOT NULL,
-            fence      INTEGER NOT NULL,
-            expires_at INTEGER NOT NULL,
-            PRIMARY KEY (key_hash, owner)
-        )"
-    )
-}
-
-/// Deletes up to `batch` rows of the holders table whose lease ended more
-/// than the retention (the parameter, in ms) ago.
-pub(crate) fn sweep_holders(t: &str, batch: u64) -> String {
-    let h = holders_table(t);
-    format!(
-        "DELETE FROM {h} WHERE rowid IN
-            (SELECT rowid FROM {h} WHERE expires_at < {SQLITE_NOW} - ?1 LIMIT {batch})"
-    )
-}
-
-/// Who holds a name, as its row in the lease table says.
-#[derive(Debug, PartialEq)]
-enum Name {
-    Free,
-    Token(String),
-    Permits(u32),
-    Shared,
-}
-
-/// The name row: (owner, holds, fence, expires_at).
-type NameRow = (Option<String>, i64, i64, i64);
-
-fn classify(row: Option<&NameRow>, now: i64) -> Name {
-    match row {
-        Some((Some(owner), _, _, expires)) if *expires > now => {
-            if owner == SHARED {
-                Name::Shared
-            } else if let Some(n) = owner.strip_prefix(PERMITS) {
-                Name::Permits(n.parse().unwrap_or(0))
-            } else {
-                Name::Token(owner.clone())
-            }
-        }
-        _ => Name::Free,
-    }
-}
-
 /// A live holder row: (owner, shared, holds, fence, expires_at).
-type HolderRow = (String, i64, i64, i64, i64);
+pub(crate) type HolderRow = (String, i64, i64, i64, i64);
 
-fn left(until: i64, now: i64) -> Option<Duration> {
+pub(crate) fn left(until: i64, now: i64) -> Option<Duration> {
     Some(Duration::from_millis(
         u64::try_from(until - now).unwrap_or(0),
     ))
@@ -113,13 +51,13 @@ fn contended(until: Option<i64>, now: i64) -> Acquire {
 /// The claims of one lease table on one SQLite pool.
 #[derive(Debug, Clone)]
 pub(crate) struct Claims {
-    pool: SqlitePool,
-    table: String,
-    holders: String,
+    pub(crate) pool: SqlitePool,
+    pub(crate) table: String,
+    pub(crate) holders: String,
 }
 
 /// An answer the store gave, or the caller's mistake it refused.
-type Answer<T> = std::result::Result<Result<T>, sqlx::Error>;
+pub(crate) type Answer<T> = std::result::Result<Result<T>, sqlx::Error>;
 
 /// One transaction's work, borrowing the connection.
 type Work<'c, T> = Pin<Box<dyn Future<Output = Answer<T>> + Send + 'c>>;
@@ -136,7 +74,7 @@ impl Claims {
     /// Runs `op` in one `BEGIN IMMEDIATE` transaction (the write lock
     /// first, so no reader's snapshot can go stale under it), committed
     /// when it answers and rolled back when it fails or refuses.
-    async fn in_txn<T: Send>(
+    pub(crate) async fn in_txn<T: Send>(
         &self,
         op: impl for<'c> FnOnce(&'c Claims, &'c mut SqliteConnection) -> Work<'c, T>,
     ) -> Result<T> {
@@ -165,13 +103,13 @@ impl Claims {
         }
     }
 
-    async fn now(c: &mut SqliteConnection) -> std::result::Result<i64, sqlx::Error> {
+    pub(crate) async fn now(c: &mut SqliteConnection) -> std::result::Result<i64, sqlx::Error> {
         sqlx::query_scalar(&format!("SELECT {SQLITE_NOW}"))
             .fetch_one(c)
             .await
     }
 
-    async fn name_row(
+    pub(crate) async fn name_row(
         &self,
         c: &mut SqliteConnection,
         hash: &str,
@@ -495,134 +433,4 @@ impl Claims {
         })
         .await
     }
-
-    /// After a mutex's or writer's attempt found `key` held: a held
-    /// semaphore refuses it (another N), and readers get the writer's mark,
-    /// which keeps new readers out until the writer is served, gives up or
-    /// its TTL runs out. Whether a mark was left.
-    pub(crate) async fn after_refusal(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<bool> {
-        // Most refusals are a mutex's or writer's: one read, no write lock.
-        let group: Option<String> = sqlx::query_scalar(&format!(
-            "SELECT owner FROM {} WHERE key_hash = ?1 AND expires_at > {SQLITE_NOW}
-                AND substr(owner, 1, 1) = '~'",
-            self.table
-        ))
-        .bind(crate::layout::key_hash(key))
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
-        if group.is_none() {
-            return Ok(false);
-        }
-        let (key, owner) = (key.clone(), owner.clone());
-        self.in_txn(move |this, c| {
-            Box::pin(async move {
-                let hash = crate::layout::key_hash(&key);
-                let now = Self::now(&mut *c).await?;
-                let row = this.name_row(&mut *c, &hash).await?;
-                match classify(row.as_ref(), now) {
-                    Name::Permits(kept) => Ok(Err(permits_mismatch(&key, kept, 1))),
-                    Name::Shared => {
-                        let mine: Option<i64> = sqlx::query_scalar(&format!(
-                            "SELECT shared FROM {} WHERE key_hash = ?1 AND owner = ?2
-                                AND holds > 0 AND expires_at > ?3",
-                            this.holders
-                        ))
-                        .bind(&hash)
-                        .bind(owner.as_str())
-                        .bind(now)
-                        .fetch_optional(&mut *c)
-                        .await?;
-                        if let Some(shared) = mine {
-                            // A reader asking to write: never an upgrade.
-                            return Ok(Err(claim_changed(&key, shared != 0)));
-                        }
-                        sqlx::query(&format!(
-                            "INSERT INTO {} (key_hash, owner, lock_key, shared, holds, fence,
-                                expires_at) VALUES (?1, ?2, ?3, 0, 0, 0, ?4)
-                             ON CONFLICT (key_hash, owner) DO UPDATE
-                                SET expires_at = excluded.expires_at WHERE holds = 0",
-                            this.holders
-                        ))
-                        .bind(&hash)
-                        .bind(owner.as_str())
-                        .bind(key.as_str())
-                        .bind(now + ttl_ms(ttl))
-                        .execute(&mut *c)
-                        .await?;
-                        Ok(Ok(true))
-                    }
-                    _ => Ok(Ok(false)),
-                }
-            })
-        })
-        .await
-    }
-
-    /// Takes away `owner`'s mark on `key`, if it left one.
-    pub(crate) async fn unmark(&self, key: &LockKey, owner: &OwnerToken) -> Result<()> {
-        sqlx::query(&format!(
-            "DELETE FROM {} WHERE key_hash = ?1 AND owner = ?2 AND holds = 0",
-            self.holders
-        ))
-        .bind(crate::layout::key_hash(key))
-        .bind(owner.as_str())
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(())
-    }
-
-    /// The holders of a name held by a group (`owner` its marker), or
-    /// `None` when the row is a mutex's or writer's.
-    pub(crate) async fn inspect(&self, key: &LockKey, owner: &str) -> Result<Option<LockStatus>> {
-        let permits = if owner == SHARED {
-            None
-        } else if let Some(n) = owner.strip_prefix(PERMITS) {
-            n.parse::<u32>().ok()
-        } else {
-            return Ok(None);
-        };
-        let hash = crate::layout::key_hash(key);
-        let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(&format!(
-            "SELECT owner, shared, holds, fence, expires_at - {SQLITE_NOW} FROM {}
-             WHERE key_hash = ?1 AND holds > 0 AND expires_at > {SQLITE_NOW}",
-            self.holders
-        ))
-        .bind(&hash)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        let holders: Vec<Holder> = rows
-            .into_iter()
-            .map(|(o, shared, holds, fence, left_ms)| {
-                Holder::new(shared != 0, u32::try_from(holds).unwrap_or(u32::MAX))
-                    .with_owner(OwnerToken::from_string(o).ok())
-                    .with_fence(u64::try_from(fence).ok().map(FencingToken))
-                    .with_remaining(left(left_ms, 0))
-            })
-            .collect();
-        let exclusive = holders.iter().any(|h| !h.shared);
-        let single = (holders.len() == 1)
-            .then(|| holders[0].owner.clone())
-            .flatten();
-        Ok(Some(
-            LockStatus::of_holders(holders)
-                .with_permits(permits.or(exclusive.then_some(1)))
-                .with_owner(single),
-        ))
-    }
-}
-
-fn granted(fence: i64, holds: i64) -> Acquire {
-    Acquire::Acquired(Grant {
-        fence: Some(FencingToken(u64::try_from(fence).unwrap_or(0))),
-        holds: u32::try_from(holds).unwrap_or(u32::MAX),
-        lease: None,
-    })
 }

@@ -107,7 +107,10 @@ mod backend;
 mod claims;
 mod config;
 mod error;
+#[cfg(feature = "sqlite")]
+mod group;
 mod layout;
+mod lease;
 mod notify;
 mod queries;
 mod session_backend;

@@ -1,5 +1,6 @@
 //! `locksmith bench`: how much one deployment takes. Uncontended pairs/s
-//! with one and N clients, N contenders on one key, and one client holding
+//! with one and N clients (and of a semaphore's permit and of read and
+//! write holds, where the store has them), N contenders on one key, and one client holding
 //! many locks: the renewal round trips it costs (counted at a local proxy
 //! in front of the store) and the client memory per held lock.
 
@@ -134,6 +135,19 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
         contended(&lockers, d),
     )
     .await?;
+    // Semaphores and read-write locks beside the mutex, one client each,
+    // where the store has them.
+    let mut claims = Vec::new();
+    for (label, take, offered) in [
+        ("semaphore of 3, 1 client", Take::Permit(3), caps.permits),
+        ("read hold, 1 client", Take::Read, caps.shared),
+        ("write hold, 1 client", Take::Write, caps.shared),
+    ] {
+        if offered {
+            let (rate, lat) = timed(label, d, uncontended_taking(&lockers[..1], d, take)).await?;
+            claims.push((label, rate, lat));
+        }
+    }
     let election = if caps.values {
         let watcher = locksmith::connect(&url).await?;
         let figures = timed(
@@ -166,6 +180,22 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
         many,
         many / one.max(f64::MIN_POSITIVE)
     );
+    for (label, rate, lat) in &claims {
+        println!(
+            "  {:<34} {:>8.0} pairs/s  pair p50 {}  p99 {}  ({:.2}x the lock)",
+            label,
+            rate,
+            percentile(lat, 0.50),
+            percentile(lat, 0.99),
+            rate / one.max(f64::MIN_POSITIVE)
+        );
+    }
+    if claims.is_empty() {
+        println!(
+            "  {:<34} this store has neither: no such runs",
+            "semaphores, read-write locks"
+        );
+    }
     let (rate, gaps, shares) = contended;
     let (lo, hi) = shares
         .iter()
@@ -203,19 +233,49 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// What an uncontended run takes: a lock, one of a semaphore's permits,
+/// or a read or write hold.
+#[derive(Debug, Clone, Copy)]
+enum Take {
+    Lock,
+    Permit(u32),
+    Read,
+    Write,
+}
+
+impl Take {
+    /// One attempt on `key`, which nobody else uses.
+    async fn once(self, l: &Locker, key: &str) -> Result<LockGuard> {
+        let now = LockOptions::new().no_wait();
+        let held = match self {
+            Take::Lock => l.try_lock(key).await?,
+            Take::Permit(n) => l.semaphore(key, n)?.try_acquire(&now).await?,
+            Take::Read => l.rwlock(key)?.try_read(&now).await?,
+            Take::Write => l.rwlock(key)?.try_write(&now).await?,
+        };
+        held.ok_or_else(|| Error::backend("an uncontended key was held"))
+    }
+}
+
 /// Acquire+release pairs/s, each client on its own key, and the sorted
 /// pair latencies.
 async fn uncontended(lockers: &[Locker], d: Duration) -> Result<(f64, Vec<Duration>)> {
+    uncontended_taking(lockers, d, Take::Lock).await
+}
+
+/// As [`uncontended`], taking what `take` says.
+async fn uncontended_taking(
+    lockers: &[Locker],
+    d: Duration,
+    take: Take,
+) -> Result<(f64, Vec<Duration>)> {
     let started = Instant::now();
     let runs = lockers.iter().map(|l| async move {
         let key = run_key("free");
         let mut lat = Vec::new();
         while started.elapsed() < d {
             let t = Instant::now();
-            let g = l
-                .try_lock(key.as_str())
-                .await?
-                .ok_or_else(|| Error::backend("an uncontended key was held"))?;
+            let g = take.once(l, key.as_str()).await?;
             g.release().await?;
             lat.push(t.elapsed());
         }
