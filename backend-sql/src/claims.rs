@@ -140,44 +140,26 @@ impl Claims {
         .await
     }
 
-    /// Sets the name row to what its live holders say: the group's marker,
+    /// Sets the name row to what its live holders say, in one statement:
     /// their count and latest lease; free (released now) when none is left.
     async fn settle_name(
         &self,
         c: &mut SqliteConnection,
         hash: &str,
-        now: i64,
     ) -> std::result::Result<(), sqlx::Error> {
-        let (count, latest): (i64, Option<i64>) = sqlx::query_as(&format!(
-            "SELECT COUNT(*), MAX(expires_at) FROM {}
-             WHERE key_hash = ?1 AND holds > 0 AND expires_at > ?2",
-            self.holders
+        let (t, h, now) = (&self.table, &self.holders, SQLITE_NOW);
+        let live = format!("FROM {h} WHERE key_hash = ?1 AND holds > 0 AND expires_at > {now}");
+        sqlx::query(&format!(
+            "UPDATE {t} SET
+                holds = (SELECT COUNT(*) {live}),
+                expires_at = COALESCE((SELECT MAX(expires_at) {live}), {now}),
+                owner = CASE WHEN EXISTS (SELECT 1 {live}) THEN owner ELSE NULL END,
+                value = NULL
+             WHERE key_hash = ?1 AND substr(owner, 1, 1) = '~'"
         ))
         .bind(hash)
-        .bind(now)
-        .fetch_one(&mut *c)
+        .execute(c)
         .await?;
-        let t = &self.table;
-        if count == 0 {
-            sqlx::query(&format!(
-                "UPDATE {t} SET owner = NULL, holds = 0, value = NULL, expires_at = ?2
-                 WHERE key_hash = ?1 AND substr(owner, 1, 1) = '~'"
-            ))
-            .bind(hash)
-            .bind(now)
-            .execute(c)
-            .await?;
-        } else {
-            sqlx::query(&format!(
-                "UPDATE {t} SET holds = ?2, expires_at = MAX(expires_at, ?3)
-                 WHERE key_hash = ?1 AND substr(owner, 1, 1) = '~'"
-            ))
-            .bind(hash)
-            .bind(count)
-            .bind(latest.unwrap_or(now))
-            .execute(c)
-            .await?;
-        }
         Ok(())
     }
 
@@ -205,9 +187,26 @@ impl Claims {
         let hash = crate::layout::key_hash(key);
         let claim = owner.claim();
         let me = owner.as_str();
-        let now = Self::now(&mut *c).await?;
+        // The clock and the name row in one statement.
+        let (now, owner_of, holds, fence, expires): (
+            i64,
+            Option<String>,
+            Option<i64>,
+            Option<i64>,
+            Option<i64>,
+        ) = sqlx::query_as(&format!(
+            "SELECT n.now, t.owner, t.holds, t.fence, t.expires_at
+                 FROM (SELECT {SQLITE_NOW} AS now) n LEFT JOIN {} t ON t.key_hash = ?1",
+            self.table
+        ))
+        .bind(&hash)
+        .fetch_one(&mut *c)
+        .await?;
+        let row: Option<NameRow> = match (holds, fence, expires) {
+            (Some(h), Some(f), Some(e)) => Some((owner_of, h, f, e)),
+            _ => None,
+        };
         let until = now + ttl_ms(ttl);
-        let row = self.name_row(&mut *c, &hash).await?;
         let mut beside_writer = false;
         match (classify(row.as_ref(), now), claim) {
             (Name::Token(o), Claim::Exclusive { permits }) if o == me => {
@@ -255,14 +254,8 @@ impl Claims {
             }
             _ => {}
         }
-        sqlx::query(&format!(
-            "DELETE FROM {} WHERE key_hash = ?1 AND expires_at <= ?2",
-            self.holders
-        ))
-        .bind(&hash)
-        .bind(now)
-        .execute(&mut *c)
-        .await?;
+        // Expired rows are left to the sweep: every read here skips them,
+        // and a grant replaces its owner's own.
         let rows = self.live_holders(&mut *c, &hash, now).await?;
         if let Some(mine) = rows.iter().find(|r| r.0 == me && r.2 > 0) {
             if (mine.1 != 0) != claim.is_shared() {
@@ -278,7 +271,7 @@ impl Claims {
             .bind(until)
             .execute(&mut *c)
             .await?;
-            self.settle_name(&mut *c, &hash, now).await?;
+            self.settle_name(&mut *c, &hash).await?;
             return Ok(Ok(granted(mine.3, mine.2 + 1)));
         }
         let held: Vec<&HolderRow> = rows.iter().filter(|r| r.2 > 0).collect();
@@ -358,42 +351,31 @@ impl Claims {
         let me = owner.as_str().to_owned();
         self.in_txn(move |this, c| {
             Box::pin(async move {
-                let now = Self::now(&mut *c).await?;
-                let holds: Option<i64> = sqlx::query_scalar(&format!(
-                    "SELECT holds FROM {} WHERE key_hash = ?1 AND owner = ?2 AND holds > 0
-                        AND expires_at > ?3",
-                    this.holders
+                let (h, now) = (&this.holders, SQLITE_NOW);
+                // The last hold, the common case: gone in one statement.
+                let gone: Option<i64> = sqlx::query_scalar(&format!(
+                    "DELETE FROM {h} WHERE key_hash = ?1 AND owner = ?2 AND holds = 1
+                        AND expires_at > {now} RETURNING 1"
                 ))
                 .bind(&hash)
                 .bind(&me)
-                .bind(now)
                 .fetch_optional(&mut *c)
                 .await?;
-                let Some(holds) = holds else {
-                    return Ok(Ok(Release::NotHeld));
-                };
-                if holds > 1 {
-                    sqlx::query(&format!(
-                        "UPDATE {} SET holds = holds - 1 WHERE key_hash = ?1 AND owner = ?2",
-                        this.holders
+                if gone.is_none() {
+                    let left: Option<i64> = sqlx::query_scalar(&format!(
+                        "UPDATE {h} SET holds = holds - 1 WHERE key_hash = ?1 AND owner = ?2
+                            AND holds > 1 AND expires_at > {now} RETURNING holds"
                     ))
                     .bind(&hash)
                     .bind(&me)
-                    .execute(&mut *c)
+                    .fetch_optional(&mut *c)
                     .await?;
-                    return Ok(Ok(Release::StillHeld(
-                        u32::try_from(holds - 1).unwrap_or(u32::MAX),
-                    )));
+                    return Ok(Ok(match left {
+                        Some(n) => Release::StillHeld(u32::try_from(n).unwrap_or(u32::MAX)),
+                        None => Release::NotHeld,
+                    }));
                 }
-                sqlx::query(&format!(
-                    "DELETE FROM {} WHERE key_hash = ?1 AND owner = ?2",
-                    this.holders
-                ))
-                .bind(&hash)
-                .bind(&me)
-                .execute(&mut *c)
-                .await?;
-                this.settle_name(&mut *c, &hash, now).await?;
+                this.settle_name(&mut *c, &hash).await?;
                 Ok(Ok(Release::Freed))
             })
         })
@@ -411,23 +393,20 @@ impl Claims {
         let me = owner.as_str().to_owned();
         self.in_txn(move |this, c| {
             Box::pin(async move {
-                let now = Self::now(&mut *c).await?;
-                let until = now + ttl_ms(ttl);
+                let (h, now) = (&this.holders, SQLITE_NOW);
                 let done = sqlx::query(&format!(
-                    "UPDATE {} SET expires_at = ?3
-                     WHERE key_hash = ?1 AND owner = ?2 AND holds > 0 AND expires_at > ?4",
-                    this.holders
+                    "UPDATE {h} SET expires_at = {now} + ?3
+                     WHERE key_hash = ?1 AND owner = ?2 AND holds > 0 AND expires_at > {now}"
                 ))
                 .bind(&hash)
                 .bind(&me)
-                .bind(until)
-                .bind(now)
+                .bind(ttl_ms(ttl))
                 .execute(&mut *c)
                 .await?;
                 if done.rows_affected() == 0 {
                     return Ok(Ok(Renew::NotHeld));
                 }
-                this.settle_name(&mut *c, &hash, now).await?;
+                this.settle_name(&mut *c, &hash).await?;
                 Ok(Ok(Renew::Renewed))
             })
         })
