@@ -22,7 +22,9 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{claim_changed, permits_mismatch, Acquire, Release, Renew};
+use locksmith_core::backend::{
+    claim_changed, permits_mismatch, semaphore_or_rwlock, Acquire, Release, Renew,
+};
 use locksmith_core::{Claim, LockKey, OwnerToken, Result};
 use sqlx::{SqliteConnection, SqlitePool};
 use std::future::Future;
@@ -249,7 +251,13 @@ impl Claims {
             (Name::Permits(kept), Claim::Exclusive { permits }) if kept != permits => {
                 return Ok(Err(permits_mismatch(key, kept, permits)));
             }
-            (Name::Permits(_), Claim::Shared) | (Name::Shared, Claim::Exclusive { .. }) => {
+            (Name::Permits(kept), Claim::Shared) => {
+                return Ok(Err(semaphore_or_rwlock(key, kept, false)));
+            }
+            (Name::Shared, Claim::Exclusive { permits }) if permits > 1 => {
+                return Ok(Err(semaphore_or_rwlock(key, permits, true)));
+            }
+            (Name::Shared, Claim::Exclusive { .. }) => {
                 return Ok(Ok(contended(row.map(|r| r.3), now)));
             }
             _ => {}

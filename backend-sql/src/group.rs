@@ -12,6 +12,12 @@ use crate::error::map_err;
 use crate::layout::{classify, Name, PERMITS, SHARED};
 use crate::queries::{ttl_ms, SQLITE_NOW};
 
+/// How long a writer's mark keeps new readers out unless the writer's
+/// next refused attempt renews it: a waiting writer tries again at least
+/// every `max_poll` (250 ms by default), and one that died unseen keeps
+/// readers out this long, not for its whole TTL.
+const MARK_LIFE: Duration = Duration::from_secs(2);
+
 impl Claims {
     /// After a mutex's or writer's attempt found `key` held: a held
     /// semaphore refuses it (another N), and readers get the writer's mark,
@@ -69,7 +75,7 @@ impl Claims {
                         .bind(&hash)
                         .bind(owner.as_str())
                         .bind(key.as_str())
-                        .bind(now + ttl_ms(ttl))
+                        .bind(now + ttl_ms(ttl.min(MARK_LIFE)))
                         .execute(&mut *c)
                         .await?;
                         Ok(Ok(true))

@@ -148,3 +148,50 @@ async fn custom_table_names_are_used_and_bad_ones_refused() {
     let err = SqlBackend::connect(&format!("{}?table=locks;drop table t", h.url())).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidOptions);
 }
+
+/// A writer that died while it waited for readers (it left its mark and
+/// never came back to give up) keeps new readers out for the mark's two
+/// seconds, not for the writer's whole TTL; a live waiting writer renews
+/// its mark with every refused attempt.
+#[tokio::test]
+async fn a_dead_writers_mark_keeps_readers_out_briefly() {
+    use locksmith_core::Claim;
+    use std::time::{Duration, Instant};
+    let h = SqliteHarness::new();
+    let (readers, writer) = (
+        SqlBackend::connect(&h.url()).unwrap(),
+        SqlBackend::connect(&h.url()).unwrap(),
+    );
+    let k = LockKey::new("dead/writer").unwrap();
+    let ttl = Duration::from_secs(60);
+    let reader = OwnerToken::generate().with_claim(Claim::Shared);
+    assert!(matches!(
+        readers.try_acquire(&k, &reader, ttl).await.unwrap(),
+        Acquire::Acquired(_)
+    ));
+    let dead = OwnerToken::generate();
+    assert!(matches!(
+        writer.try_acquire(&k, &dead, ttl).await.unwrap(),
+        Acquire::Contended { .. }
+    ));
+    drop(writer);
+    let late = OwnerToken::generate().with_claim(Claim::Shared);
+    assert!(
+        matches!(
+            readers.try_acquire(&k, &late, ttl).await.unwrap(),
+            Acquire::Contended { .. }
+        ),
+        "a reader got in past a waiting writer's mark"
+    );
+    let start = Instant::now();
+    loop {
+        if let Acquire::Acquired(_) = readers.try_acquire(&k, &late, ttl).await.unwrap() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "a dead writer's mark kept readers out for 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -346,6 +346,26 @@ pub fn permits_mismatch(key: &LockKey, kept: u32, asked: u32) -> Error {
     .unapplied()
 }
 
+/// The error for a read claim on a name held as a semaphore of `permits`
+/// (`reading: false`), or a semaphore's claim of `permits` on a name that
+/// readers hold (`reading: true`): a name is a semaphore or a read-write
+/// lock, never both. Marked [unapplied](Error::unapplied).
+pub fn semaphore_or_rwlock(key: &LockKey, permits: u32, reading: bool) -> Error {
+    let k = key.as_str();
+    Error::invalid_options(if reading {
+        format!(
+            "{k:?} is held by readers (a read-write lock) and this claim asks for {permits} \
+             permits (a semaphore): a name is one or the other"
+        )
+    } else {
+        format!(
+            "{k:?} is held with {permits} permits (a semaphore) and this claim asks for a read \
+             hold (a read-write lock): a name is one or the other"
+        )
+    })
+    .unapplied()
+}
+
 /// The error for an owner that holds `key` and asks for it again with
 /// another kind of claim: a read hold cannot become a write hold (two
 /// readers upgrading at once would wait on each other for ever), and a

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::backend::{
-    claim_changed, permits_mismatch, Acquire, Binding, Capabilities, Grant, LockBackend, Release,
-    Renew, Watch,
+    claim_changed, permits_mismatch, semaphore_or_rwlock, Acquire, Binding, Capabilities, Grant,
+    LockBackend, Release, Renew, Watch,
 };
 use crate::error::{Error, Result};
 use crate::key::{Claim, FencingToken, LockKey, OwnerToken};
@@ -239,10 +239,11 @@ impl LockBackend for MemoryBackend {
                     return Err(permits_mismatch(key, kept, permits));
                 }
                 let readers = slot.soonest(now, |h| h.shared);
-                let full = slot.holders.len() >= permits as usize;
                 if readers.is_some() && permits > 1 {
-                    readers
-                } else if readers.is_some() {
+                    return Err(semaphore_or_rwlock(key, permits, true));
+                }
+                let full = slot.holders.len() >= permits as usize;
+                if readers.is_some() {
                     // Stop new readers until this writer is served or gives up.
                     slot.writers_waiting.retain(|(o, _)| o != owner);
                     slot.writers_waiting.push((owner.clone(), now + ttl));
@@ -254,6 +255,9 @@ impl LockBackend for MemoryBackend {
                 }
             }
             Claim::Shared => {
+                if let Some(kept) = live_permits.filter(|kept| *kept > 1) {
+                    return Err(semaphore_or_rwlock(key, kept, false));
+                }
                 let writers = slot.soonest(now, |h| !h.shared);
                 let beside_writer = owner.writer().is_some_and(|w| {
                     let mut writers = slot.holders.iter().filter(|h| !h.shared).peekable();

@@ -186,7 +186,9 @@ pub async fn expired_permit_is_reclaimed(h: &dyn Harness) -> Result<()> {
 
 /// Every holder agrees on N: while a semaphore of 3 is held, a claim of 2
 /// (or a mutex's, of 1) on the name is `InvalidOptions` naming both
-/// numbers, never a silent grant; once nobody holds it, any N may start.
+/// numbers, never a silent grant, and a read hold is `InvalidOptions` too
+/// (a name is a semaphore or a read-write lock); once nobody holds it,
+/// any N may start.
 pub async fn mismatched_permits_are_refused(h: &dyn Harness) -> Result<()> {
     let k = key("mismatched_permits_are_refused", "k");
     let Some(three) = semaphore(h, &k, 3).await? else {
@@ -206,6 +208,15 @@ pub async fn mismatched_permits_are_refused(h: &dyn Harness) -> Result<()> {
             "a claim of 2 permits while 3 are kept ended with {:?}, not InvalidOptions",
             other.map(|g| g.is_some())
         ),
+    }
+    if let Some(readers) = rwlock(h, &k).await? {
+        match readers.try_read(&now()).await {
+            Err(e) if e.kind() == ErrorKind::InvalidOptions => {}
+            other => bail!(
+                "a read hold on a held semaphore's name ended with {:?}, not InvalidOptions",
+                other.map(|g| g.is_some())
+            ),
+        }
     }
     let mutex = Locker::from_arc(h.client().await);
     match mutex.try_lock_with(&k, &now()).await {
