@@ -248,52 +248,25 @@ impl SqlBackend {
     }
 }
 
+#[cfg(feature = "sqlite")]
 impl SqlBackend {
-    /// Permits and read holds, where this dialect has them.
-    #[cfg(feature = "sqlite")]
+    /// Permits and read holds, where this dialect has them (SQLite).
     fn claims(&self) -> Option<&Claims> {
         self.inner.claims.as_ref()
     }
 
-    /// No dialect but SQLite has permits and read holds yet.
-    #[cfg(not(feature = "sqlite"))]
-    fn claims(&self) -> Option<&NoClaims> {
-        None
-    }
-
-    #[cfg(feature = "sqlite")]
-    fn claims_or_unsupported(&self) -> Result<&Claims> {
-        self.claims().ok_or_else(no_claims)
-    }
-
-    #[cfg(not(feature = "sqlite"))]
-    fn claims_or_unsupported(&self) -> Result<&NoClaims> {
-        Err(no_claims())
-    }
-
-    #[cfg(feature = "sqlite")]
     fn marks(&self) -> std::sync::MutexGuard<'_, HashSet<(LockKey, String)>> {
         self.inner.marked.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-fn no_claims() -> Error {
-    Error::new(
-        ErrorKind::Unsupported,
-        "semaphores and read-write locks are on SQLite so far; PostgreSQL and MySQL lease rows \
-         refuse them",
-    )
-}
-
-/// Stands for [`Claims`] where no dialect has them.
-#[cfg(not(feature = "sqlite"))]
-#[derive(Debug)]
-struct NoClaims;
-
-#[cfg(not(feature = "sqlite"))]
-impl NoClaims {
-    async fn acquire(&self, _: &LockKey, _: &OwnerToken, _: Duration) -> Result<Acquire> {
-        Err(no_claims())
+impl SqlBackend {
+    /// This dialect grants permits and read holds.
+    fn has_claims(&self) -> bool {
+        #[cfg(feature = "sqlite")]
+        return self.claims().is_some();
+        #[cfg(not(feature = "sqlite"))]
+        false
     }
 }
 
@@ -305,8 +278,8 @@ impl LockBackend for SqlBackend {
         Capabilities::default()
             .with_fencing(true)
             .with_values(true)
-            .with_permits(self.claims().is_some())
-            .with_shared(self.claims().is_some())
+            .with_permits(self.has_claims())
+            .with_shared(self.has_claims())
             .with_min_ttl(MIN_TTL)
             // Rows go a retention after the lock is free, swept by acquires.
             .with_retention(self.inner.config.retention + self.sweep_every())
@@ -366,9 +339,17 @@ impl LockBackend for SqlBackend {
         ttl: Duration,
     ) -> Result<Acquire> {
         if owner.claim() != Claim::MUTEX {
-            self.migrate().await?;
-            self.sweep_now_and_then();
-            return self.claims_or_unsupported()?.acquire(key, owner, ttl).await;
+            #[cfg(feature = "sqlite")]
+            if let Some(claims) = self.claims() {
+                self.migrate().await?;
+                self.sweep_now_and_then();
+                return claims.acquire(key, owner, ttl).await;
+            }
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "semaphores and read-write locks are on SQLite so far; PostgreSQL and MySQL \
+                 lease rows refuse them",
+            ));
         }
         let acquired = self.lease_acquire(key, owner, ttl).await?;
         #[cfg(feature = "sqlite")]

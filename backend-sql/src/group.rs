@@ -4,19 +4,13 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{claim_changed, permits_mismatch};
+use locksmith_core::backend::{claim_changed, permits_mismatch, MARK_LIFE};
 use locksmith_core::{FencingToken, Holder, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::claims::{left, Claims};
 use crate::error::map_err;
 use crate::layout::{classify, Name, PERMITS, SHARED};
 use crate::queries::{ttl_ms, SQLITE_NOW};
-
-/// How long a writer's mark keeps new readers out unless the writer's
-/// next refused attempt renews it: a waiting writer tries again at least
-/// every `max_poll` (250 ms by default), and one that died unseen keeps
-/// readers out this long, not for its whole TTL.
-const MARK_LIFE: Duration = Duration::from_secs(2);
 
 impl Claims {
     /// After a mutex's or writer's attempt found `key` held: a held

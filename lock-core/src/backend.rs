@@ -327,6 +327,14 @@ impl Watch {
     }
 }
 
+/// How long a writer's mark (left by a one-permit claim refused while
+/// readers hold, see [`Claim`](crate::Claim)) keeps new readers out unless
+/// the writer's next refused attempt renews it: a store sets it to last
+/// the shorter of this and the writer's TTL, and the [`Locker`](crate::Locker)
+/// tries again at least every quarter of it while it has a mark out. So a
+/// writer that died unseen holds readers up this long, not a whole TTL.
+pub const MARK_LIFE: Duration = Duration::from_secs(2);
+
 /// The error for a claim whose permits differ from the ones the store
 /// keeps for `key` while it is held: every holder of a name must agree on
 /// its permits, or a semaphore would over-grant. Marked

@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use backon::BackoffBuilder;
 use futures::future::BoxFuture;
 
-use crate::backend::{Acquire, Capabilities, Grant, LockBackend, Notice, Watch};
+use crate::backend::{Acquire, Capabilities, Grant, LockBackend, Notice, Watch, MARK_LIFE};
 use crate::background::Background;
 use crate::election::Election;
 use crate::error::{Error, ErrorKind, Result};
@@ -306,23 +306,9 @@ impl Locker {
         ReadWriteLock::new(self.clone(), name.into_lock_key()?)
     }
 
-    /// Acquires `key` for `owner` and the claim it carries; a wait that
-    /// runs out is `Timeout`. `fresh`: the owner was just drawn.
-    pub(crate) async fn acquire_claimed(
-        &self,
-        key: &LockKey,
-        owner: OwnerToken,
-        fresh: bool,
-        opts: &LockOptions,
-    ) -> Result<LockGuard> {
-        self.acquire_owned(key.clone(), owner, fresh, opts)
-            .await?
-            .ok_or_else(|| timeout_error(key, opts.wait))
-    }
-
-    /// As [`acquire_claimed`](Self::acquire_claimed), with a wait that runs
-    /// out as `Ok(None)`.
-    pub(crate) async fn try_acquire_claimed(
+    /// Acquires `key` for `owner` and the claim it carries, with a wait
+    /// that runs out as `Ok(None)`. `fresh`: the owner was just drawn.
+    pub(crate) async fn try_acquire_owned(
         &self,
         key: &LockKey,
         owner: OwnerToken,
@@ -550,6 +536,10 @@ impl Locker {
             } else {
                 backoff.next().unwrap_or(opts.max_poll)
             };
+            if attempts.marked {
+                // Renew the mark before it lapses and readers barge in.
+                pause = pause.min(MARK_LIFE / 4);
+            }
             if let Some(g) = give_up {
                 pause = pause.min(g.saturating_duration_since(now));
             }
@@ -854,7 +844,7 @@ fn closed() -> Error {
     )
 }
 
-fn timeout_error(key: &LockKey, wait: WaitPolicy) -> Error {
+pub(crate) fn timeout_error(key: &LockKey, wait: WaitPolicy) -> Error {
     Error::timeout(format!(
         "lock {:?} is held by another owner; not acquired (wait: {wait})",
         key.as_str()

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use crate::backend::{
     claim_changed, permits_mismatch, semaphore_or_rwlock, Acquire, Binding, Capabilities, Grant,
-    LockBackend, Release, Renew, Watch,
+    LockBackend, Release, Renew, Watch, MARK_LIFE,
 };
 use crate::error::{Error, Result};
 use crate::key::{Claim, FencingToken, LockKey, OwnerToken};
@@ -246,7 +246,8 @@ impl LockBackend for MemoryBackend {
                 if readers.is_some() {
                     // Stop new readers until this writer is served or gives up.
                     slot.writers_waiting.retain(|(o, _)| o != owner);
-                    slot.writers_waiting.push((owner.clone(), now + ttl));
+                    slot.writers_waiting
+                        .push((owner.clone(), now + ttl.min(MARK_LIFE)));
                     readers
                 } else if full {
                     slot.soonest(now, |_| true)

@@ -16,7 +16,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
 use crate::key::{Claim, LockKey, OwnerToken};
 use crate::lease::LockStatus;
-use crate::locker::Locker;
+use crate::locker::{timeout_error, Locker};
 use crate::options::LockOptions;
 
 /// At most N holders of a name at once, on the store's clock. Made by
@@ -82,10 +82,11 @@ impl Semaphore {
     /// `InvalidOptions` when the store keeps another N for the name;
     /// otherwise as [`Locker::lock_with`].
     pub async fn acquire(&self, opts: &LockOptions) -> Result<LockGuard> {
-        let owner = OwnerToken::generate().with_claim(self.claim);
-        self.locker
-            .acquire_claimed(&self.key, owner, true, opts)
-            .await
+        required(
+            &self.key,
+            take(&self.locker, &self.key, self.claim, None, opts).await?,
+            opts,
+        )
     }
 
     /// As [`acquire`](Self::acquire), but a wait that runs out is `Ok(None)`.
@@ -93,10 +94,7 @@ impl Semaphore {
     /// # Errors
     /// As [`acquire`](Self::acquire), without `Timeout`.
     pub async fn try_acquire(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        let owner = OwnerToken::generate().with_claim(self.claim);
-        self.locker
-            .try_acquire_claimed(&self.key, owner, true, opts)
-            .await
+        take(&self.locker, &self.key, self.claim, None, opts).await
     }
 
     /// Takes a permit as `owner`: if it holds one already, the store adds
@@ -105,10 +103,8 @@ impl Semaphore {
     /// # Errors
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
-        let owner = owner.clone().with_claim(self.claim);
-        self.locker
-            .acquire_claimed(&self.key, owner, false, opts)
-            .await
+        let held = take(&self.locker, &self.key, self.claim, Some(owner), opts).await?;
+        required(&self.key, held, opts)
     }
 
     /// Who holds permits now, as the store says (see [`Locker::status`]).
@@ -178,10 +174,11 @@ impl ReadWriteLock {
     /// `Timeout` when a writer held or waited for the whole wait;
     /// otherwise as [`Locker::lock_with`].
     pub async fn read(&self, opts: &LockOptions) -> Result<LockGuard> {
-        let owner = OwnerToken::generate().with_claim(Claim::Shared);
-        self.locker
-            .acquire_claimed(&self.key, owner, true, opts)
-            .await
+        required(
+            &self.key,
+            take(&self.locker, &self.key, Claim::Shared, None, opts).await?,
+            opts,
+        )
     }
 
     /// As [`read`](Self::read), but a wait that runs out is `Ok(None)`.
@@ -189,10 +186,7 @@ impl ReadWriteLock {
     /// # Errors
     /// As [`read`](Self::read), without `Timeout`.
     pub async fn try_read(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        let owner = OwnerToken::generate().with_claim(Claim::Shared);
-        self.locker
-            .try_acquire_claimed(&self.key, owner, true, opts)
-            .await
+        take(&self.locker, &self.key, Claim::Shared, None, opts).await
     }
 
     /// Takes the write hold, waiting as `opts` say.
@@ -201,10 +195,11 @@ impl ReadWriteLock {
     /// `Timeout` when readers or another writer held it for the whole
     /// wait; otherwise as [`Locker::lock_with`].
     pub async fn write(&self, opts: &LockOptions) -> Result<LockGuard> {
-        let owner = OwnerToken::generate().with_claim(Claim::MUTEX);
-        self.locker
-            .acquire_claimed(&self.key, owner, true, opts)
-            .await
+        required(
+            &self.key,
+            take(&self.locker, &self.key, Claim::MUTEX, None, opts).await?,
+            opts,
+        )
     }
 
     /// As [`write`](Self::write), but a wait that runs out is `Ok(None)`.
@@ -212,10 +207,7 @@ impl ReadWriteLock {
     /// # Errors
     /// As [`write`](Self::write), without `Timeout`.
     pub async fn try_write(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        let owner = OwnerToken::generate().with_claim(Claim::MUTEX);
-        self.locker
-            .try_acquire_claimed(&self.key, owner, true, opts)
-            .await
+        take(&self.locker, &self.key, Claim::MUTEX, None, opts).await
     }
 
     /// Takes a read hold as `owner`, adding a hold if it reads already.
@@ -224,10 +216,8 @@ impl ReadWriteLock {
     /// `InvalidOptions` if `owner` holds the write lock (downgrade
     /// instead); otherwise as [`read`](Self::read).
     pub async fn read_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
-        let owner = owner.clone().with_claim(Claim::Shared);
-        self.locker
-            .acquire_claimed(&self.key, owner, false, opts)
-            .await
+        let held = take(&self.locker, &self.key, Claim::Shared, Some(owner), opts).await?;
+        required(&self.key, held, opts)
     }
 
     /// Takes the write hold as `owner`, adding a hold if it writes already.
@@ -236,10 +226,8 @@ impl ReadWriteLock {
     /// `InvalidOptions` if `owner` holds a read lock (a read hold is
     /// never upgraded); otherwise as [`write`](Self::write).
     pub async fn write_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
-        let owner = owner.clone().with_claim(Claim::MUTEX);
-        self.locker
-            .acquire_claimed(&self.key, owner, false, opts)
-            .await
+        let held = take(&self.locker, &self.key, Claim::MUTEX, Some(owner), opts).await?;
+        required(&self.key, held, opts)
     }
 
     /// Turns a write hold into a read hold without a moment unlocked: a
@@ -268,7 +256,7 @@ impl ReadWriteLock {
         .no_wait();
         let reader = self
             .locker
-            .try_acquire_claimed(&self.key, owner, true, &opts)
+            .try_acquire_owned(&self.key, owner, true, &opts)
             .await?;
         let Some(reader) = reader else {
             let _ = writer.release().await;
@@ -304,6 +292,27 @@ impl ReadWriteLock {
     pub async fn status(&self) -> Result<LockStatus> {
         self.locker.status(&self.key).await
     }
+}
+
+/// One acquire of `key` making `claim`, as `owner` (a re-entry) or a
+/// token drawn for it; a wait that runs out is `Ok(None)`.
+async fn take(
+    locker: &Locker,
+    key: &LockKey,
+    claim: Claim,
+    owner: Option<&OwnerToken>,
+    opts: &LockOptions,
+) -> Result<Option<LockGuard>> {
+    let (owner, fresh) = match owner {
+        Some(o) => (o.clone().with_claim(claim), false),
+        None => (OwnerToken::generate().with_claim(claim), true),
+    };
+    locker.try_acquire_owned(key, owner, fresh, opts).await
+}
+
+/// The guard, or the `Timeout` of a wait that ran out.
+fn required(key: &LockKey, held: Option<LockGuard>, opts: &LockOptions) -> Result<LockGuard> {
+    held.ok_or_else(|| timeout_error(key, opts.wait))
 }
 
 /// Refuses a claim the store cannot grant, before any request is sent.
