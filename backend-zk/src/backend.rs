@@ -11,10 +11,11 @@ use locksmith_core::{LockKey, LockStatus, OwnerToken, Result};
 use tokio::sync::mpsc;
 use zookeeper_client::Error as ZkError;
 
-use crate::cleanup;
+use crate::claims::changed_claim;
+use crate::cleanup::{self, find_and_delete};
 use crate::config::ZkConfig;
 use crate::error::map_err;
-use crate::layout;
+use crate::layout::{self, Role};
 use crate::node::fence_of;
 use crate::observe;
 use crate::queue::{wait_turn, Entered, WaiterGuard};
@@ -89,9 +90,24 @@ impl Inner {
             return Ok(Ok(granted));
         }
         let session = self.sessions.get().await?;
-        let entered = self.enter(&session, key, owner).await?;
+        let role = Role::of(owner);
+        let entered = self.enter(&session, key, owner, role).await?;
+        if entered.sem {
+            let held = self.semaphore_held(&session, &entered.key_dir, key, role).await;
+            let refused = match held {
+                Ok(None) => None,
+                Ok(Some(e)) | Err(e) => Some(e),
+            };
+            if let Some(e) = refused {
+                entered.leave().await;
+                return Err(e);
+            }
+        }
         if !entered.first {
             return Ok(Err(entered));
+        }
+        if let Role::Lease(n) = role {
+            return self.first_lease(key, owner, n, entered, ticket).await;
         }
         let grant = entered.node.grant(1);
         self.hold(key, owner, entered.node, ticket.cloned());
@@ -101,19 +117,25 @@ impl Inner {
     /// Re-entry: `owner` already holds `key` here, on a node that is still
     /// its own. `None` to acquire afresh.
     async fn reenter(&self, key: &LockKey, owner: &OwnerToken) -> Result<Option<Grant>> {
-        let node = match lock(&self.held).get(key) {
-            Some(h) if h.owner == *owner => h.node.clone(),
-            _ => return Ok(None),
+        let id = (key.clone(), owner.clone());
+        let node = match lock(&self.held).get(&id) {
+            Some(h) => {
+                if let Some(e) = changed_claim(key, h.role, Role::of(owner)) {
+                    return Err(e);
+                }
+                h.node.clone()
+            }
+            None => return Ok(None),
         };
         let ours = node.confirm().await?;
         let mut held = lock(&self.held);
-        match held.get_mut(key) {
-            Some(h) if h.owner == *owner && h.node.path == node.path => {
+        match held.get_mut(&id) {
+            Some(h) if h.node.path == node.path => {
                 if ours {
                     h.holds += 1;
                     return Ok(Some(h.node.grant(h.holds)));
                 }
-                held.remove(key);
+                held.remove(&id);
                 Ok(None)
             }
             _ => Ok(None),
@@ -136,6 +158,8 @@ impl LockBackend for ZkBackend {
             .with_retention(config.retention)
             .with_max_lease(Some(config.session_timeout))
             .with_values(true)
+            .with_permits(true)
+            .with_shared(true)
     }
 
     /// A session is made and the root's parent can be read.
@@ -160,28 +184,32 @@ impl LockBackend for ZkBackend {
         _ttl: Duration,
     ) -> Result<Acquire> {
         let inner = &self.inner;
+        if let Some(writer) = owner.writer() {
+            return inner.beside(key, owner, writer).await;
+        }
         let entered = match inner.attempt(key, owner, None).await? {
             Ok(granted) => return Ok(Acquire::Acquired(granted)),
             Err(queued) => queued,
         };
         // Not first: leave the queue. A delete the store did not confirm is
         // finished in the background; the answer is still "contended".
-        let _ = cleanup::delete(entered.node).await;
+        entered.leave().await;
         Ok(Acquire::Contended { retry_after: None })
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
         let node = {
+            let id = (key.clone(), owner.clone());
             let mut held = lock(&self.inner.held);
-            match held.get_mut(key) {
-                Some(h) if h.owner == *owner => {
+            match held.get_mut(&id) {
+                Some(h) => {
                     if h.holds > 1 {
                         h.holds -= 1;
                         return Ok(Release::StillHeld(h.holds));
                     }
-                    held.remove(key).map(|h| h.node)
+                    held.remove(&id).map(|h| h.node)
                 }
-                _ => None,
+                None => None,
             }
         };
         let Some(node) = node else {
@@ -195,17 +223,13 @@ impl LockBackend for ZkBackend {
     }
 
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, _ttl: Duration) -> Result<Renew> {
-        let node = match lock(&self.inner.held).get(key) {
-            Some(h) if h.owner == *owner => h.node.clone(),
-            _ => return Ok(Renew::NotHeld),
+        let Some(node) = self.inner.held_node(key, owner) else {
+            return Ok(Renew::NotHeld);
         };
         if node.confirm().await? {
             return Ok(Renew::Renewed);
         }
-        let mut held = lock(&self.inner.held);
-        if held.get(key).is_some_and(|h| h.node.path == node.path) {
-            held.remove(key);
-        }
+        self.inner.forget(key, &node.path);
         Ok(Renew::NotHeld)
     }
 
@@ -218,7 +242,17 @@ impl LockBackend for ZkBackend {
             Err(e) => return Err(map_err(e)),
         };
         layout::sort_queue(&mut children);
+        if let Some(group) = self
+            .inner
+            .group_status(&session, &dir, &children)
+            .await?
+        {
+            return Ok(group);
+        }
         for (i, first) in children.iter().enumerate() {
+            if !layout::is_contender(first) {
+                continue;
+            }
             let path = format!("{dir}/{first}");
             let (data, stat) = match session.call(session.client.get_data(&path)).await {
                 Ok(read) => read,
@@ -226,11 +260,12 @@ impl LockBackend for ZkBackend {
                 Err(ZkError::NoNode) => continue,
                 Err(e) => return Err(map_err(e)),
             };
-            let holds = match lock(&self.inner.held).get(key) {
-                Some(h) if h.node.path == path => h.holds,
-                _ => 1,
-            };
-            let waiters = u32::try_from(children.len() - i - 1).unwrap_or(u32::MAX);
+            let holds = lock(&self.inner.held)
+                .iter()
+                .find(|((k, _), h)| k == key && h.node.path == path)
+                .map_or(1, |(_, h)| h.holds);
+            let behind = children[i + 1..].iter().filter(|c| layout::is_contender(c));
+            let waiters = u32::try_from(behind.count()).unwrap_or(u32::MAX);
             // No owner token: only this process's holds have one to give,
             // and the fence (the node's czxid) tells reigns apart as well.
             return Ok(LockStatus::held(holds)
@@ -244,9 +279,8 @@ impl LockBackend for ZkBackend {
     /// Sets the data of the owner's node, which holds the lock: only while
     /// that node is still its live session's and first in the queue.
     async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
-        let node = match lock(&self.inner.held).get(key) {
-            Some(h) if h.owner == *owner => h.node.clone(),
-            _ => return Ok(Renew::NotHeld),
+        let Some(node) = self.inner.held_node(key, owner) else {
+            return Ok(Renew::NotHeld);
         };
         if node.set_value(value).await? {
             return Ok(Renew::Renewed);
@@ -285,6 +319,9 @@ impl LockBackend for ZkBackend {
         ticket: &OwnerToken,
     ) -> Result<Acquire> {
         let inner = &self.inner;
+        if let Some(writer) = owner.writer() {
+            return inner.beside(key, owner, writer).await;
+        }
         if let Some(answer) = inner.requeued(key, ticket).await? {
             return Ok(answer);
         }
@@ -302,6 +339,11 @@ impl LockBackend for ZkBackend {
             t.abort();
         }
         w.node = Some(entered.node.clone());
+        w.lease = entered
+            .lease
+            .as_ref()
+            .and_then(|l| l.path.rsplit_once('/'))
+            .map(|(dir, name)| (dir.to_owned(), name.to_owned()));
         let task = tokio::spawn(wait_turn(
             Arc::downgrade(inner),
             key.clone(),
@@ -321,6 +363,9 @@ impl LockBackend for ZkBackend {
             }
             if w.granted.is_none() {
                 if let Some(node) = w.node {
+                    if let Some((dir, prefix)) = w.lease {
+                        tokio::spawn(find_and_delete(node.session.clone(), dir, prefix));
+                    }
                     cleanup::delete(node).await?;
                 }
                 return Ok(());
@@ -329,15 +374,16 @@ impl LockBackend for ZkBackend {
         // Handed to the ticket already: release that hold (only that one,
         // if the owner has re-entered meanwhile).
         let node = {
+            let id = (key.clone(), owner.clone());
             let mut held = lock(&self.inner.held);
-            match held.get_mut(key) {
-                Some(h) if h.owner == *owner && h.ticket.as_ref() == Some(ticket) => {
+            match held.get_mut(&id) {
+                Some(h) if h.ticket.as_ref() == Some(ticket) => {
                     if h.holds > 1 {
                         h.holds -= 1;
                         h.ticket = None;
                         None
                     } else {
-                        held.remove(key).map(|h| h.node)
+                        held.remove(&id).map(|h| h.node)
                     }
                 }
                 _ => None,

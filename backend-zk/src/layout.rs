@@ -1,5 +1,15 @@
 //! Where a lock lives in the tree: key → directory name, and Curator's
 //! contender node names and their order.
+//!
+//! A key's directory `P` holds, as Curator's recipes on the path `P` do:
+//! the mutex's contenders `_c_<uuid>-lock-<seq>` (`InterProcessMutex`);
+//! a read-write lock's `_c_<uuid>-__READ__<seq>` and `_c_<uuid>-__WRIT__<seq>`
+//! (`InterProcessReadWriteLock`), in the same queue; and a semaphore's
+//! two directories (`InterProcessSemaphoreV2`): `P/locks`, a mutex taken
+//! only while a lease is being acquired, and `P/leases`, one
+//! `_c_<uuid>-lease-<seq>` node per permit held, whose own data is the
+//! semaphore's N as ASCII decimal while it lives (Curator keeps N in no
+//! node; it ignores that data).
 
 use locksmith_core::OwnerToken;
 use sha2::{Digest, Sha256};
@@ -7,6 +17,71 @@ use sha2::{Digest, Sha256};
 /// Curator's `InterProcessMutex` lock name: contender nodes are
 /// `_c_<uuid>-lock-<sequence>`, ordered by the text after the last `lock-`.
 pub(crate) const LOCK_NAME: &str = "lock-";
+
+/// A read-write lock's reader nodes (Curator's `READ_LOCK_NAME`).
+pub(crate) const READ_NAME: &str = "__READ__";
+/// A read-write lock's writer nodes (Curator's `WRITE_LOCK_NAME`).
+pub(crate) const WRITE_NAME: &str = "__WRIT__";
+/// A semaphore's lease nodes (Curator's `LEASE_BASE_NAME`).
+pub(crate) const LEASE_NAME: &str = "lease-";
+/// The semaphore's mutex directory under the key's (Curator's `LOCK_PARENT`).
+pub(crate) const SEM_LOCKS: &str = "locks";
+/// The semaphore's lease directory under the key's (Curator's `LEASE_PARENT`).
+pub(crate) const SEM_LEASES: &str = "leases";
+
+/// What a contender node of ours stands for, by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// A mutex holder (`lock-`), also the semaphore's internal mutex.
+    Mutex,
+    /// A read-write lock's writer (`__WRIT__`).
+    Writer,
+    /// A read-write lock's reader (`__READ__`).
+    Reader,
+    /// A semaphore's lease, of the semaphore of N (`lease-`).
+    Lease(u32),
+}
+
+impl Role {
+    /// The role of `owner`'s claim.
+    pub(crate) fn of(owner: &OwnerToken) -> Role {
+        match owner.claim() {
+            locksmith_core::Claim::Shared => Role::Reader,
+            locksmith_core::Claim::Exclusive { permits: 1 } if owner.is_writer() => Role::Writer,
+            locksmith_core::Claim::Exclusive { permits: 1 } => Role::Mutex,
+            locksmith_core::Claim::Exclusive { permits } => Role::Lease(permits),
+        }
+    }
+
+    fn marker(self) -> &'static str {
+        match self {
+            Role::Mutex => LOCK_NAME,
+            Role::Writer => WRITE_NAME,
+            Role::Reader => READ_NAME,
+            Role::Lease(_) => LEASE_NAME,
+        }
+    }
+
+    /// Whether the role holds alone (a mutex's or a writer's).
+    pub(crate) fn is_exclusive(self) -> bool {
+        matches!(self, Role::Mutex | Role::Writer)
+    }
+}
+
+/// Whether a child of a key's directory excludes readers: a mutex's or a
+/// writer's node, waiting or holding. Curator's reader looks only for
+/// `__WRIT__`; a mutex of ours on the same name excludes readers too.
+pub(crate) fn is_exclusive_node(child: &str) -> bool {
+    child.contains(WRITE_NAME) || (!child.contains(READ_NAME) && child.contains(LOCK_NAME))
+}
+
+/// Whether a child of a key's directory is a contender of any of the
+/// mutex's or the read-write lock's kinds (not the semaphore's directories).
+pub(crate) fn is_contender(child: &str) -> bool {
+    [LOCK_NAME, READ_NAME, WRITE_NAME]
+        .iter()
+        .any(|m| child.contains(m))
+}
 
 /// The longest key text used as a node name as it is.
 const MAX_PLAIN: usize = 255;
@@ -84,9 +159,9 @@ const PROTECTED: &str = "_c_";
 /// where Curator, and locksmith before it kept values, draw version 4:
 /// the mark says that the node's data is a value, never an owner token
 /// (see [`value_of`]). Curator takes any UUID (`UUID.fromString`).
-pub(crate) fn contender_prefix() -> String {
+pub(crate) fn contender_prefix(role: Role) -> String {
     let id = uuid::Builder::from_custom_bytes(uuid::Uuid::new_v4().into_bytes()).into_uuid();
-    format!("{PROTECTED}{}-{LOCK_NAME}", id.hyphenated())
+    format!("{PROTECTED}{}-{}", id.hyphenated(), role.marker())
 }
 
 /// Whether `child` was named by [`contender_prefix`] (a version 8 UUID).
@@ -125,12 +200,16 @@ pub(crate) fn value_of(child: &str, data: Vec<u8>) -> Option<Vec<u8>> {
     Some(data)
 }
 
-/// What Curator sorts a child by: the text after the last `lock-`, or the
-/// whole name when it has none.
+/// What Curator sorts a child by: the text after the last `__READ__` or
+/// `__WRIT__` (its read-write lock) or `lock-` (its mutex), or the whole
+/// name when it has none. Only a directory where a mutex and a read-write
+/// lock meet sees two kinds; there all three sort by their sequence, one
+/// counter.
 pub(crate) fn sequence_of(child: &str) -> &str {
-    child
-        .rfind(LOCK_NAME)
-        .map_or(child, |i| &child[i + LOCK_NAME.len()..])
+    [READ_NAME, WRITE_NAME, LOCK_NAME]
+        .iter()
+        .find_map(|m| child.rfind(m).map(|i| &child[i + m.len()..]))
+        .unwrap_or(child)
 }
 
 /// Sorts a lock directory's children into queue order, as Curator does
@@ -205,14 +284,25 @@ mod tests {
             seqs,
             ["0000000001", "0000000002", "0000000003", "0000000010"]
         );
-        let p = contender_prefix();
+        let p = contender_prefix(Role::Mutex);
         assert!(p.starts_with("_c_") && p.ends_with("-lock-") && p.len() == 3 + 36 + 6);
-        assert_ne!(p, contender_prefix());
+        assert_ne!(p, contender_prefix(Role::Mutex));
+        let w = contender_prefix(Role::Writer);
+        assert!(w.ends_with("-__WRIT__") && is_exclusive_node(&format!("{w}0000000001")));
+        let r = format!("{}0000000002", contender_prefix(Role::Reader));
+        assert!(!is_exclusive_node(&r) && is_contender(&r) && sequence_of(&r) == "0000000002");
+        assert!(!is_contender(SEM_LEASES) && !is_contender(SEM_LOCKS));
+        assert!(!is_exclusive_node(SEM_LOCKS));
+        let mut mixed = vec![r.clone(), format!("{w}0000000003"), format!("{p}0000000001")];
+        mixed.push(SEM_LEASES.to_owned());
+        sort_queue(&mut mixed);
+        assert_eq!(mixed[1], r);
+        assert_eq!(mixed[3], SEM_LEASES);
     }
 
     #[test]
     fn values_are_read_back_and_tokens_never_are() {
-        let ours = format!("{}0000000007", contender_prefix());
+        let ours = format!("{}0000000007", contender_prefix(Role::Mutex));
         let curators = "_c_0c8e2a36-5c4d-4d5e-9f1a-2b3c4d5e6f70-lock-0000000007";
         let token = OwnerToken::generate();
         let hex = token.as_str().as_bytes().to_vec();

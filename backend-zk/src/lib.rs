@@ -143,6 +143,7 @@
 //! Connection URLs are read by [`ZkConfig::from_url`].
 
 mod backend;
+mod claims;
 mod cleanup;
 mod config;
 mod error;

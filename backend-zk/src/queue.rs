@@ -7,7 +7,9 @@
 //! is already gone would stay on the server, waiting for a node of that
 //! name to be made, while `getData` answers `NoNode`, leaves no watch, and
 //! so says at once to list again. Only the predecessor is watched, so a
-//! release wakes one waiter, not the whole queue.
+//! release wakes one waiter, not the whole queue. A reader, as Curator's,
+//! waits only for writers (and mutex holders): it watches the first one
+//! before it, and holds once none is left before it.
 
 use std::sync::{Arc, Weak};
 
@@ -17,16 +19,65 @@ use zookeeper_client::{CreateMode, Error as ZkError};
 
 use crate::cleanup::{delete_surely, find_and_delete, undo_create, RETRY_PAUSE};
 use crate::error::{is_transient, map_err};
-use crate::layout;
+use crate::layout::{self, Role, SEM_LEASES, SEM_LOCKS};
 use crate::node::{Contender, Exchange, Session};
 use crate::state::{lock, Inner};
 
 /// What one attempt found: our new node, and the queue it joined.
 pub(crate) struct Entered {
     pub(crate) node: Contender,
-    name: String,
-    dir: String,
+    pub(crate) name: String,
+    pub(crate) dir: String,
     pub(crate) first: bool,
+    /// What the node claims (a semaphore's: its gate in `P/locks`).
+    pub(crate) role: Role,
+    /// The key's directory `P`.
+    pub(crate) key_dir: String,
+    /// The listing held a semaphore's lease directory.
+    pub(crate) sem: bool,
+    /// A semaphore's lease node, made while first at its gate.
+    pub(crate) lease: Option<Contender>,
+}
+
+impl Entered {
+    /// Leaves the queue: our node goes now (or in the background once the
+    /// store answers), a lease node with it.
+    pub(crate) async fn leave(self) {
+        if let Some(l) = self.lease {
+            tokio::spawn(delete_surely(l.session, l.path));
+        }
+        let _ = crate::cleanup::delete(self.node).await;
+    }
+}
+
+/// Where a contender stands in its sorted queue.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Turn {
+    /// It holds: first, or a reader with no writer before it.
+    Mine,
+    /// It waits for this child to go.
+    After(String),
+    /// Its node is not listed.
+    Gone,
+}
+
+/// The turn of our node `name` in the sorted `children`: a writer's or
+/// mutex's when it is first (it watches the node just before it), a
+/// reader's when no exclusive node is before it (it watches the first).
+pub(crate) fn turn(children: &[String], name: &str, role: Role) -> Turn {
+    let Some(i) = children.iter().position(|c| c == name) else {
+        return Turn::Gone;
+    };
+    if role == Role::Reader {
+        return match children[..i].iter().find(|c| layout::is_exclusive_node(c)) {
+            Some(w) => Turn::After(w.clone()),
+            None => Turn::Mine,
+        };
+    }
+    match i {
+        0 => Turn::Mine,
+        _ => Turn::After(children[i - 1].clone()),
+    }
 }
 
 impl Inner {
@@ -41,9 +92,15 @@ impl Inner {
         session: &Arc<Session>,
         key: &LockKey,
         owner: &OwnerToken,
+        role: Role,
     ) -> Result<Entered> {
-        let dir = self.dir(key);
-        let prefix = layout::contender_prefix();
+        let key_dir = self.dir(key);
+        // A semaphore queues at its gate, `P/locks`, as a mutex.
+        let (dir, queue_role) = match role {
+            Role::Lease(_) => (format!("{key_dir}/{SEM_LOCKS}"), Role::Mutex),
+            r => (key_dir.clone(), r),
+        };
+        let prefix = layout::contender_prefix(queue_role);
         let acls = self.sessions.acls();
         // The server may reap an empty directory between our mkdir and our
         // create: make it again, a few times.
@@ -76,7 +133,11 @@ impl Inner {
                 Ok(c) => c,
                 Err(ZkError::NoNode) if dirs_made < 3 => {
                     dirs_made += 1;
-                    self.make_dir(session, &dir).await?;
+                    if queue_role == role {
+                        self.make_dir(session, &dir).await?;
+                    } else {
+                        self.make_sub_dir(session, &key_dir, SEM_LOCKS, &[]).await?;
+                    }
                     continue;
                 }
                 Err(e) => {
@@ -92,12 +153,15 @@ impl Inner {
                 path: format!("{dir}/{name}"),
                 czxid: stat.czxid,
             };
+            let sem;
             let first = match listed {
                 Ok(mut children) => {
                     layout::sort_queue(&mut children);
-                    match children.iter().position(|c| *c == name) {
-                        Some(i) => i == 0,
-                        None => {
+                    sem = children.iter().any(|c| c == SEM_LEASES);
+                    match turn(&children, &name, queue_role) {
+                        Turn::Mine => true,
+                        Turn::After(_) => false,
+                        Turn::Gone => {
                             tokio::spawn(delete_surely(node.session.clone(), node.path));
                             return Err(Error::backend(format!(
                                 "ZooKeeper did not list the node {name} just created in {dir}"
@@ -115,13 +179,17 @@ impl Inner {
                 name,
                 dir,
                 first,
+                role,
+                key_dir,
+                sem: sem && queue_role == role,
+                lease: None,
             });
         }
     }
 
     /// Makes the lock directory `dir` with our ACL, and the root's missing
     /// levels with the shared one; all are containers, reaped once empty.
-    async fn make_dir(&self, session: &Session, dir: &str) -> Result<()> {
+    pub(crate) async fn make_dir(&self, session: &Session, dir: &str) -> Result<()> {
         let lock_dir = CreateMode::Container.with_acls(self.sessions.acls());
         match session
             .call(session.client.create(dir, &[], &lock_dir))
@@ -198,10 +266,8 @@ impl Inner {
         }
         w.node = None;
         w.granted = None;
-        let mut held = lock(&self.held);
-        if held.get(key).is_some_and(|h| h.node.path == node.path) {
-            held.remove(key);
-        }
+        drop(waiters);
+        self.forget(key, &node.path);
         Ok(None)
     }
 }
@@ -228,15 +294,19 @@ impl Drop for WaiterGuard {
             t.abort();
         }
         if let (Some(node), Ok(rt)) = (w.node, tokio::runtime::Handle::try_current()) {
+            if let Some((dir, prefix)) = w.lease {
+                rt.spawn(find_and_delete(node.session.clone(), dir, prefix));
+            }
             rt.spawn(delete_surely(node.session, node.path));
         }
     }
 }
 
-/// A queued waiter's turn: watch the node just before ours until ours is
-/// first, then hand the lock to the waiter. If our node is gone (the
-/// session ended), the waiter is marked unqueued and its next attempt
-/// queues afresh.
+/// A queued waiter's turn: watch the node it waits for until its turn
+/// comes (a semaphore's waiter then waits at its gate for the leases to
+/// number N or fewer), then hand the lock to the waiter. If our node is
+/// gone (the session ended), the waiter is marked unqueued and its next
+/// attempt queues afresh.
 pub(crate) async fn wait_turn(
     inner: Weak<Inner>,
     key: LockKey,
@@ -245,10 +315,20 @@ pub(crate) async fn wait_turn(
     entered: Entered,
 ) {
     let Entered {
-        node, name, dir, ..
+        node,
+        name,
+        dir,
+        role,
+        key_dir,
+        mut lease,
+        ..
     } = entered;
     let session = node.session.clone();
-    let first = loop {
+    let queue_role = match role {
+        Role::Lease(_) => Role::Mutex,
+        r => r,
+    };
+    let mut first = loop {
         let mut children = match session.client.list_children(&dir).await {
             Ok(c) => c,
             Err(e) if is_transient(&e) && session.connected().await => {
@@ -258,13 +338,11 @@ pub(crate) async fn wait_turn(
             Err(_) => break false,
         };
         layout::sort_queue(&mut children);
-        let Some(i) = children.iter().position(|c| *c == name) else {
-            break false;
+        let before = match turn(&children, &name, queue_role) {
+            Turn::Mine => break true,
+            Turn::Gone => break false,
+            Turn::After(b) => format!("{dir}/{b}"),
         };
-        if i == 0 {
-            break true;
-        }
-        let before = format!("{dir}/{}", children[i - 1]);
         #[cfg(feature = "internals")]
         if let Some(inner) = inner.upgrade() {
             if let Some(w) = lock(&inner.waiters).get_mut(&ticket) {
@@ -282,31 +360,57 @@ pub(crate) async fn wait_turn(
             Err(_) => break false,
         }
     };
+    if let (true, Role::Lease(n)) = (first, role) {
+        first = crate::claims::wait_lease(&inner, &session, &key, n, &key_dir, &ticket, &mut lease)
+            .await;
+    }
     let Some(inner) = inner.upgrade() else {
         return;
     };
+    // A listing that found us first says nothing of a session that has
+    // ended since.
+    let first = first && !session.is_over();
+    if first && lease.is_some() {
+        // A semaphore's gate goes before the grant is told, as Curator's
+        // does: a caller that acquires again must find it gone.
+        let gated = lock(&inner.waiters)
+            .get(&ticket)
+            .is_some_and(|w| w.node.as_ref().is_some_and(|n| n.path == node.path));
+        if gated {
+            delete_surely(session.clone(), node.path.clone()).await;
+        }
+    }
     let mut waiters = lock(&inner.waiters);
     let current = waiters
         .get_mut(&ticket)
         .filter(|w| w.node.as_ref().is_some_and(|n| n.path == node.path));
     let Some(w) = current else {
-        // Abandoned meanwhile: the abandon deleted (or deletes) the node.
+        // Abandoned meanwhile: the abandon deleted (or deletes) the nodes.
         return;
     };
     w.task = None;
-    // A listing that found us first says nothing of a session that has
-    // ended since.
-    let first = first && !session.is_over();
+    w.lease = None;
     if !first {
         w.node = None;
         drop(waiters);
         if !session.is_over() {
+            if let Some(l) = lease {
+                tokio::spawn(delete_surely(session.clone(), l.path));
+            }
             tokio::spawn(delete_surely(session, node.path));
         }
         return;
     }
-    let grant = node.grant(1);
-    inner.hold(&key, &owner, node, Some(ticket));
+    // A semaphore's waiter holds by its lease.
+    let holder = match lease {
+        Some(l) => {
+            w.node = Some(l.clone());
+            l
+        }
+        None => node,
+    };
+    let grant = holder.grant(1);
+    inner.hold(&key, &owner, holder, Some(ticket));
     w.granted = Some(grant);
     if let Some(tx) = &w.grants {
         let _ = tx.send(grant);

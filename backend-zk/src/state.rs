@@ -10,21 +10,22 @@ use locksmith_core::{LockKey, OwnerToken};
 use tokio::sync::mpsc;
 
 use crate::config::ZkConfig;
-use crate::layout;
+use crate::layout::{self, Role};
 use crate::node::{Contender, Sessions};
 
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) sessions: Sessions,
-    /// This process's holds, by key: the node that holds it and for whom.
-    pub(crate) held: Mutex<HashMap<LockKey, Held>>,
+    /// This process's holds, by key and owner: the node that holds it.
+    pub(crate) held: Mutex<HashMap<(LockKey, OwnerToken), Held>>,
     /// Queued waiters, by ticket.
     pub(crate) waiters: Mutex<HashMap<OwnerToken, Waiter>>,
 }
 
 #[derive(Debug)]
 pub(crate) struct Held {
-    pub(crate) owner: OwnerToken,
+    /// What the hold is: a mutex's, a writer's, a reader's or a permit.
+    pub(crate) role: Role,
     pub(crate) holds: u32,
     pub(crate) node: Contender,
     /// The waiter ticket the lock was handed to, if it came that way.
@@ -37,6 +38,10 @@ pub(crate) struct Waiter {
     pub(crate) grants: Option<mpsc::UnboundedSender<Grant>>,
     /// The waiter's node in the queue, once it queued.
     pub(crate) node: Option<Contender>,
+    /// A semaphore's waiter first in its mutex's queue: where its lease
+    /// node is (being) made, the lease directory and the node's prefix,
+    /// so that a waiter given up finds and deletes it.
+    pub(crate) lease: Option<(String, String)>,
     /// The lock was handed to this waiter.
     pub(crate) granted: Option<Grant>,
     pub(crate) task: Option<tokio::task::AbortHandle>,
@@ -85,13 +90,25 @@ impl Inner {
         ticket: Option<OwnerToken>,
     ) {
         lock(&self.held).insert(
-            key.clone(),
+            (key.clone(), owner.clone()),
             Held {
-                owner: owner.clone(),
+                role: Role::of(owner),
                 holds: 1,
                 node,
                 ticket,
             },
         );
+    }
+
+    /// The node of `owner`'s hold of `key` here, if any.
+    pub(crate) fn held_node(&self, key: &LockKey, owner: &OwnerToken) -> Option<Contender> {
+        lock(&self.held)
+            .get(&(key.clone(), owner.clone()))
+            .map(|h| h.node.clone())
+    }
+
+    /// Forgets the hold of `key` on the node at `path`, if one is recorded.
+    pub(crate) fn forget(&self, key: &LockKey, path: &str) {
+        lock(&self.held).retain(|(k, _), h| !(k == key && h.node.path == path));
     }
 }

@@ -129,6 +129,8 @@ pub struct OwnerToken {
     claim: Claim,
     /// A reader's claim taken beside this writer's hold (a downgrade).
     beside: Option<Arc<str>>,
+    /// A read-write lock's writer, not a mutex (see [`writing`](Self::writing)).
+    writer: bool,
 }
 
 /// The most permits a semaphore can have.
@@ -258,6 +260,7 @@ impl OwnerToken {
             value: None,
             claim: Claim::MUTEX,
             beside: None,
+            writer: false,
         }
     }
 
@@ -270,7 +273,27 @@ impl OwnerToken {
     #[must_use]
     pub fn with_claim(mut self, claim: Claim) -> Self {
         self.claim = claim;
+        self.writer = false;
         self
+    }
+
+    /// The same token, making a read-write lock writer's claim: exclusive,
+    /// as the mutex's, and granted by the same rule. Most stores keep no
+    /// difference; one whose peers name writers apart from mutex holders
+    /// (ZooKeeper, in Curator's layouts) does, so that a Curator reader
+    /// sees our writer as a writer.
+    #[must_use]
+    pub fn writing(mut self) -> Self {
+        self.claim = Claim::MUTEX;
+        self.beside = None;
+        self.writer = true;
+        self
+    }
+
+    /// Whether this token's claim is a read-write lock writer's
+    /// ([`writing`](Self::writing)).
+    pub fn is_writer(&self) -> bool {
+        self.writer
     }
 
     /// The claim this token's acquires make ([`Claim::MUTEX`] unless set).
@@ -285,6 +308,7 @@ impl OwnerToken {
     #[must_use]
     pub fn beside(mut self, writer: &OwnerToken) -> Self {
         self.claim = Claim::Shared;
+        self.writer = false;
         self.beside = Some(Arc::from(writer.as_str()));
         self
     }

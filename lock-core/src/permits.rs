@@ -84,7 +84,7 @@ impl Semaphore {
     pub async fn acquire(&self, opts: &LockOptions) -> Result<LockGuard> {
         required(
             &self.key,
-            take(&self.locker, &self.key, self.claim, None, opts).await?,
+            take(&self.locker, &self.key, Ask::Claim(self.claim), None, opts).await?,
             opts,
         )
     }
@@ -94,7 +94,7 @@ impl Semaphore {
     /// # Errors
     /// As [`acquire`](Self::acquire), without `Timeout`.
     pub async fn try_acquire(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        take(&self.locker, &self.key, self.claim, None, opts).await
+        take(&self.locker, &self.key, Ask::Claim(self.claim), None, opts).await
     }
 
     /// Takes a permit as `owner`: if it holds one already, the store adds
@@ -103,7 +103,7 @@ impl Semaphore {
     /// # Errors
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
-        let held = take(&self.locker, &self.key, self.claim, Some(owner), opts).await?;
+        let held = take(&self.locker, &self.key, Ask::Claim(self.claim), Some(owner), opts).await?;
         required(&self.key, held, opts)
     }
 
@@ -176,7 +176,7 @@ impl ReadWriteLock {
     pub async fn read(&self, opts: &LockOptions) -> Result<LockGuard> {
         required(
             &self.key,
-            take(&self.locker, &self.key, Claim::Shared, None, opts).await?,
+            take(&self.locker, &self.key, READ, None, opts).await?,
             opts,
         )
     }
@@ -186,7 +186,7 @@ impl ReadWriteLock {
     /// # Errors
     /// As [`read`](Self::read), without `Timeout`.
     pub async fn try_read(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        take(&self.locker, &self.key, Claim::Shared, None, opts).await
+        take(&self.locker, &self.key, READ, None, opts).await
     }
 
     /// Takes the write hold, waiting as `opts` say.
@@ -197,7 +197,7 @@ impl ReadWriteLock {
     pub async fn write(&self, opts: &LockOptions) -> Result<LockGuard> {
         required(
             &self.key,
-            take(&self.locker, &self.key, Claim::MUTEX, None, opts).await?,
+            take(&self.locker, &self.key, WRITE, None, opts).await?,
             opts,
         )
     }
@@ -207,7 +207,7 @@ impl ReadWriteLock {
     /// # Errors
     /// As [`write`](Self::write), without `Timeout`.
     pub async fn try_write(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        take(&self.locker, &self.key, Claim::MUTEX, None, opts).await
+        take(&self.locker, &self.key, WRITE, None, opts).await
     }
 
     /// Takes a read hold as `owner`, adding a hold if it reads already.
@@ -216,7 +216,7 @@ impl ReadWriteLock {
     /// `InvalidOptions` if `owner` holds the write lock (downgrade
     /// instead); otherwise as [`read`](Self::read).
     pub async fn read_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
-        let held = take(&self.locker, &self.key, Claim::Shared, Some(owner), opts).await?;
+        let held = take(&self.locker, &self.key, READ, Some(owner), opts).await?;
         required(&self.key, held, opts)
     }
 
@@ -226,7 +226,7 @@ impl ReadWriteLock {
     /// `InvalidOptions` if `owner` holds a read lock (a read hold is
     /// never upgraded); otherwise as [`write`](Self::write).
     pub async fn write_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
-        let held = take(&self.locker, &self.key, Claim::MUTEX, Some(owner), opts).await?;
+        let held = take(&self.locker, &self.key, WRITE, Some(owner), opts).await?;
         required(&self.key, held, opts)
     }
 
@@ -294,18 +294,33 @@ impl ReadWriteLock {
     }
 }
 
-/// One acquire of `key` making `claim`, as `owner` (a re-entry) or a
-/// token drawn for it; a wait that runs out is `Ok(None)`.
+/// What an acquire asks for: a claim, or a read-write lock writer's
+/// (exclusive, but named a writer where the store tells them apart).
+#[derive(Debug, Clone, Copy)]
+enum Ask {
+    Claim(Claim),
+    Write,
+}
+
+const READ: Ask = Ask::Claim(Claim::Shared);
+const WRITE: Ask = Ask::Write;
+
+/// One acquire of `key` making `ask`'s claim, as `owner` (a re-entry) or
+/// a token drawn for it; a wait that runs out is `Ok(None)`.
 async fn take(
     locker: &Locker,
     key: &LockKey,
-    claim: Claim,
+    ask: Ask,
     owner: Option<&OwnerToken>,
     opts: &LockOptions,
 ) -> Result<Option<LockGuard>> {
     let (owner, fresh) = match owner {
-        Some(o) => (o.clone().with_claim(claim), false),
-        None => (OwnerToken::generate().with_claim(claim), true),
+        Some(o) => (o.clone(), false),
+        None => (OwnerToken::generate(), true),
+    };
+    let owner = match ask {
+        Ask::Claim(claim) => owner.with_claim(claim),
+        Ask::Write => owner.writing(),
     };
     locker.try_acquire_owned(key, owner, fresh, opts).await
 }

@@ -1,0 +1,477 @@
+//! Semaphores and read-write locks in Curator's layouts (see `layout`):
+//! a semaphore's lease, taken at its gate as `InterProcessSemaphoreV2`
+//! takes one; a writer's downgrade, as Curator 5.5's; what a claim meets
+//! when the name is held as another kind; and the holders of a group.
+//!
+//! The semaphore's rule is Curator's, to the letter, or Java peers would
+//! miscount: first in the gate's queue (`P/locks`), make the lease node,
+//! then list the lease directory; the lease is held once the listing,
+//! ours included, numbers at most N. Only the gate's holder counts, so at
+//! most one lease beyond the granted ones exists at any time. A waiter
+//! keeps the gate and its lease node, and lists again when the lease
+//! directory's children change. The gate goes as soon as the lease is
+//! held, or given up.
+
+use std::sync::{Arc, Weak};
+
+use locksmith_core::backend::{
+    claim_changed, permits_mismatch, semaphore_or_rwlock, Acquire, Grant,
+};
+use locksmith_core::{Error, Holder, LockKey, LockStatus, OwnerToken, Result};
+use zookeeper_client::{CreateMode, Error as ZkError, OneshotWatcher};
+
+use crate::cleanup::{delete_surely, find_and_delete, RETRY_PAUSE};
+use crate::error::{is_transient, map_err};
+use crate::layout::{self, Role, SEM_LEASES};
+use crate::node::{fence_of, Contender, Session};
+use crate::queue::Entered;
+use crate::state::{lock, Inner};
+
+/// What one listing of the lease directory says of our lease.
+pub(crate) enum Step {
+    /// At most N leases, ours included: held.
+    Granted,
+    /// More than N: wait for this watch on the lease directory.
+    Full(OneshotWatcher),
+    /// The name is held as another kind, or with another N.
+    Refused(Error),
+    /// Our lease node is not listed (its session ended).
+    Gone,
+}
+
+/// Deletes a node of ours, or the node a create with `prefix` may have
+/// made, when dropped armed: a cancelled acquire leaves neither its gate,
+/// which would stop every semaphore acquirer, nor a lease behind.
+pub(crate) struct Undo {
+    session: Arc<Session>,
+    path: Option<String>,
+    find: Option<(String, String)>,
+}
+
+impl Undo {
+    fn node(node: &Contender) -> Undo {
+        Undo {
+            session: node.session.clone(),
+            path: Some(node.path.clone()),
+            find: None,
+        }
+    }
+
+    fn disarm(mut self) {
+        self.path = None;
+        self.find = None;
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if let Some(path) = self.path.take() {
+            rt.spawn(delete_surely(self.session.clone(), path));
+        }
+        if let Some((dir, prefix)) = self.find.take() {
+            rt.spawn(find_and_delete(self.session.clone(), dir, prefix));
+        }
+    }
+}
+
+/// Makes our lease node (if `lease` has none yet) with `prefix` in the
+/// semaphore's lease directory under `key_dir`, then lists the leases
+/// (with a watch), reads the N they are kept with, and lists `key_dir`
+/// for a mutex's or read-write lock's contenders, in one round trip.
+pub(crate) async fn lease_step(
+    inner: &Inner,
+    session: &Arc<Session>,
+    key: &LockKey,
+    n: u32,
+    key_dir: &str,
+    prefix: &str,
+    lease: &mut Option<Contender>,
+) -> std::result::Result<Step, ZkError> {
+    let client = &session.client;
+    let leases = format!("{key_dir}/{SEM_LEASES}");
+    // Our lease node, if not made yet, and the listings in one round trip:
+    // the server answers a session's requests in order, so the listing
+    // holds the node.
+    let mut dirs_made = 0;
+    let (listed, kept, others) = loop {
+        // Made first, so sent first (the client sends a request when its
+        // future is made, not when it is polled).
+        let options = CreateMode::EphemeralSequential.with_acls(inner.sessions.acls());
+        let path = format!("{leases}/{prefix}");
+        let create: futures::future::OptionFuture<_> = lease
+            .is_none()
+            .then(|| client.create(&path, &[], &options))
+            .into();
+        let (created, listed, kept, others) = session
+            .call(async {
+                Ok(futures::future::join4(
+                    create,
+                    client.list_and_watch_children(&leases),
+                    client.get_data(&leases),
+                    client.list_children(key_dir),
+                )
+                .await)
+            })
+            .await?;
+        match created {
+            None => {}
+            Some(Ok((stat, sequence))) => {
+                *lease = Some(Contender {
+                    session: session.clone(),
+                    path: format!("{leases}/{prefix}{sequence}"),
+                    czxid: stat.czxid,
+                });
+            }
+            Some(Err(ZkError::NoNode)) if dirs_made < 3 => {
+                dirs_made += 1;
+                // N goes with the directory: the first lease's maker writes it.
+                let made = inner
+                    .make_sub_dir(session, key_dir, SEM_LEASES, n.to_string().as_bytes())
+                    .await;
+                if let Err(e) = made {
+                    tracing::debug!(error = %e, "could not make a semaphore's lease directory");
+                    return Err(ZkError::NoNode);
+                }
+                continue;
+            }
+            Some(Err(e)) => return Err(e),
+        }
+        break (listed, kept, others);
+    };
+    let name = lease
+        .as_ref()
+        .and_then(|l| l.path.rsplit('/').next())
+        .unwrap_or_default()
+        .to_owned();
+    let (children, watcher) = listed?;
+    let (data, stat) = kept?;
+    let others = others?;
+    if let Some(c) = others.iter().find(|c| layout::is_contender(c)) {
+        let reading = c.contains(layout::READ_NAME);
+        return Ok(Step::Refused(if reading {
+            semaphore_or_rwlock(key, n, true)
+        } else {
+            permits_mismatch(key, 1, n)
+        }));
+    }
+    if !children.contains(&name) {
+        return Ok(Step::Gone);
+    }
+    let kept = std::str::from_utf8(&data)
+        .ok()
+        .and_then(|t| t.parse::<u32>().ok());
+    if kept != Some(n) {
+        if children.len() == 1 {
+            // Alone: the semaphore starts afresh with our N. A lease
+            // directory made by Curator (empty data) takes it too; one we
+            // may not write keeps what it has.
+            let _ = session
+                .call(client.set_data(&leases, n.to_string().as_bytes(), Some(stat.version)))
+                .await;
+        } else if let Some(k) = kept {
+            return Ok(Step::Refused(permits_mismatch(key, k, n)));
+        }
+    }
+    Ok(if children.len() <= n as usize {
+        Step::Granted
+    } else {
+        Step::Full(watcher)
+    })
+}
+
+/// A semaphore's queued waiter, first at its gate: waits until its lease
+/// is held (`true`), or the name turns out to be another kind's, or the
+/// session ends (`false`).
+pub(crate) async fn wait_lease(
+    inner: &Weak<Inner>,
+    session: &Arc<Session>,
+    key: &LockKey,
+    n: u32,
+    key_dir: &str,
+    ticket: &OwnerToken,
+    lease: &mut Option<Contender>,
+) -> bool {
+    let prefix = layout::contender_prefix(Role::Lease(n));
+    if lease.is_none() {
+        let Some(i) = inner.upgrade() else {
+            return false;
+        };
+        let mut waiters = lock(&i.waiters);
+        let Some(w) = waiters.get_mut(ticket) else {
+            return false;
+        };
+        w.lease = Some((format!("{key_dir}/{SEM_LEASES}"), prefix.clone()));
+    }
+    loop {
+        let Some(i) = inner.upgrade() else {
+            return false;
+        };
+        let step = lease_step(&i, session, key, n, key_dir, &prefix, lease).await;
+        drop(i);
+        match step {
+            Ok(Step::Granted) => return true,
+            Ok(Step::Full(watcher)) => {
+                watcher.changed().await;
+            }
+            Ok(Step::Refused(_) | Step::Gone) => return false,
+            Err(e) if is_transient(&e) && session.connected().await => {
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Err(_) => return false,
+        }
+    }
+}
+
+impl Inner {
+    /// Makes `key_dir/sub` (a semaphore's gate or lease directory) as a
+    /// container with `data`, and `key_dir` first if it is missing.
+    pub(crate) async fn make_sub_dir(
+        &self,
+        session: &Session,
+        key_dir: &str,
+        sub: &str,
+        data: &[u8],
+    ) -> Result<()> {
+        let path = format!("{key_dir}/{sub}");
+        let options = CreateMode::Container.with_acls(self.sessions.acls());
+        for _ in 0..3 {
+            match session.call(session.client.create(&path, data, &options)).await {
+                Ok(_) | Err(ZkError::NodeExists) => return Ok(()),
+                Err(ZkError::NoNode) => self.make_dir(session, key_dir).await?,
+                Err(e) => return Err(map_err(e)),
+            }
+        }
+        Err(Error::unavailable(format!(
+            "{path} kept disappearing as it was made (its parent reaped each time)"
+        )))
+    }
+
+    /// A semaphore's attempt first at its gate: the lease, if N allow it.
+    /// Otherwise a waiter (`ticket`) keeps the gate and its lease node and
+    /// queues (`Err`); a no-wait attempt leaves both (`try_acquire` deletes
+    /// them). A refusal deletes both.
+    pub(crate) async fn first_lease(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        n: u32,
+        mut entered: Entered,
+        ticket: Option<&OwnerToken>,
+    ) -> Result<std::result::Result<Grant, Entered>> {
+        let session = entered.node.session.clone();
+        let gate = Undo::node(&entered.node);
+        let prefix = layout::contender_prefix(Role::Lease(n));
+        let pending = Undo {
+            session: session.clone(),
+            path: None,
+            find: Some((format!("{}/{SEM_LEASES}", entered.key_dir), prefix.clone())),
+        };
+        let mut lease = None;
+        let step = lease_step(self, &session, key, n, &entered.key_dir, &prefix, &mut lease).await;
+        let undo_lease = lease.as_ref().map(Undo::node);
+        if lease.is_some() || !matches!(&step, Err(e) if is_transient(e)) {
+            pending.disarm();
+        }
+        let step = step.map_err(map_err)?;
+        match step {
+            Step::Granted => {
+                // The gate goes before the grant is told, as Curator's
+                // does: a caller that acquires again must find it gone.
+                gate.disarm();
+                let _ = crate::cleanup::delete(entered.node).await;
+                if let Some(u) = undo_lease {
+                    u.disarm();
+                }
+                let lease = lease.expect("a granted lease has its node");
+                let grant = lease.grant(1);
+                self.hold(key, owner, lease, ticket.cloned());
+                Ok(Ok(grant))
+            }
+            Step::Full(_) => {
+                gate.disarm();
+                if let Some(u) = undo_lease {
+                    u.disarm();
+                }
+                entered.lease = lease;
+                Ok(Err(entered))
+            }
+            Step::Refused(e) => Err(e),
+            Step::Gone => Err(Error::unavailable(
+                "the ZooKeeper session ended while taking a semaphore's lease",
+            )),
+        }
+    }
+
+    /// A writer's downgrade: a read node beside `writer`'s node, held at
+    /// once, in the writer's place in the queue (Curator 5.5's: an
+    /// ephemeral node with the writer's sequence, CURATOR-621), so a writer
+    /// that queued after ours stays behind it. `Contended` if the writer
+    /// holds no longer.
+    pub(crate) async fn beside(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        writer: &str,
+    ) -> Result<Acquire> {
+        let no_writer = Acquire::Contended { retry_after: None };
+        let Ok(writer) = OwnerToken::from_string(writer) else {
+            return Ok(no_writer);
+        };
+        let node = match lock(&self.held).get(&(key.clone(), writer)) {
+            Some(h) if h.role.is_exclusive() => h.node.clone(),
+            _ => return Ok(no_writer),
+        };
+        if !node.confirm().await? {
+            return Ok(no_writer);
+        }
+        let session = node.session.clone();
+        let (dir, name) = node.path.rsplit_once('/').unwrap_or(("", &node.path));
+        let path = format!(
+            "{dir}/{}{}",
+            layout::contender_prefix(Role::Reader),
+            layout::sequence_of(name)
+        );
+        let options = CreateMode::Ephemeral.with_acls(self.sessions.acls());
+        let (stat, _) = session
+            .call(session.client.create(&path, &[], &options))
+            .await
+            .map_err(map_err)?;
+        let read = Contender {
+            session,
+            path,
+            czxid: stat.czxid,
+        };
+        let grant = read.grant(1);
+        self.hold(key, owner, read, None);
+        Ok(Acquire::Acquired(grant))
+    }
+
+    /// A mutex's or read-write lock's attempt whose listing showed a
+    /// semaphore's lease directory: refused while any lease is held there.
+    pub(crate) async fn semaphore_held(
+        &self,
+        session: &Session,
+        key_dir: &str,
+        key: &LockKey,
+        role: Role,
+    ) -> Result<Option<Error>> {
+        let leases = format!("{key_dir}/{SEM_LEASES}");
+        let client = &session.client;
+        let (listed, data) = session
+            .call(async {
+                Ok(futures::future::join(client.list_children(&leases), client.get_data(&leases)).await)
+            })
+            .await
+            .map_err(map_err)?;
+        let (children, data) = match (listed, data) {
+            (Ok(c), Ok((d, _))) => (c, d),
+            (Err(ZkError::NoNode), _) | (_, Err(ZkError::NoNode)) => return Ok(None),
+            (Err(e), _) | (_, Err(e)) => return Err(map_err(e)),
+        };
+        if children.is_empty() {
+            return Ok(None);
+        }
+        let kept = std::str::from_utf8(&data)
+            .ok()
+            .and_then(|t| t.parse::<u32>().ok())
+            .unwrap_or(0);
+        Ok(Some(if role == Role::Reader {
+            semaphore_or_rwlock(key, kept, false)
+        } else {
+            permits_mismatch(key, kept, 1)
+        }))
+    }
+
+    /// The holders of a semaphore (its leases) or of readers at the head
+    /// of `children` (sorted), or `None` for a mutex's or writer's queue.
+    pub(crate) async fn group_status(
+        &self,
+        session: &Session,
+        dir: &str,
+        children: &[String],
+    ) -> Result<Option<LockStatus>> {
+        let client = &session.client;
+        let (nodes, permits) = if children.iter().any(|c| c == SEM_LEASES) {
+            let leases = format!("{dir}/{SEM_LEASES}");
+            match session.call(client.get_data(&leases)).await {
+                Ok((data, _)) => {
+                    let kept = std::str::from_utf8(&data)
+                        .ok()
+                        .and_then(|t| t.parse::<u32>().ok());
+                    let names = match session.call(client.list_children(&leases)).await {
+                        Ok(c) => c,
+                        Err(ZkError::NoNode) => Vec::new(),
+                        Err(e) => return Err(map_err(e)),
+                    };
+                    let paths: Vec<String> =
+                        names.iter().map(|c| format!("{leases}/{c}")).collect();
+                    (paths, kept)
+                }
+                Err(ZkError::NoNode) => (Vec::new(), None),
+                Err(e) => return Err(map_err(e)),
+            }
+        } else {
+            (Vec::new(), None)
+        };
+        let (paths, shared, waiters) = if !nodes.is_empty() {
+            (nodes, false, None)
+        } else {
+            let readers: Vec<String> = children
+                .iter()
+                .take_while(|c| !layout::is_exclusive_node(c))
+                .filter(|c| c.contains(layout::READ_NAME))
+                .map(|c| format!("{dir}/{c}"))
+                .collect();
+            if readers.is_empty() {
+                return Ok(None);
+            }
+            let behind = children.iter().filter(|c| layout::is_contender(c)).count();
+            let waiters = u32::try_from(behind - readers.len()).ok();
+            (readers, true, waiters)
+        };
+        let mut holders = Vec::new();
+        for path in paths {
+            let stat = match session.call(client.check_stat(&path)).await {
+                Ok(Some(s)) => s,
+                Ok(None) | Err(ZkError::NoNode) => continue,
+                Err(e) => return Err(map_err(e)),
+            };
+            let mine = lock(&self.held)
+                .iter()
+                .find(|(_, h)| h.node.path == path)
+                .map(|((_, o), h)| (o.clone(), h.holds));
+            holders.push(
+                Holder::new(shared, mine.as_ref().map_or(1, |m| m.1))
+                    .with_owner(mine.map(|m| m.0))
+                    .with_fence(Some(fence_of(stat.czxid))),
+            );
+        }
+        if holders.is_empty() {
+            return Ok(None);
+        }
+        let status = LockStatus::of_holders(holders)
+            .with_permits(permits.filter(|_| !shared))
+            .with_waiters(waiters);
+        Ok(Some(status))
+    }
+}
+
+/// The refusal for `owner`, holding `key` here as `held`, asking again as
+/// `asked`; `None` when it re-enters.
+pub(crate) fn changed_claim(key: &LockKey, held: Role, asked: Role) -> Option<Error> {
+    Some(match (held, asked) {
+        (Role::Reader, Role::Reader) => return None,
+        (Role::Lease(k), Role::Lease(n)) if k == n => return None,
+        (h, a) if h.is_exclusive() && a.is_exclusive() => return None,
+        (Role::Lease(k), Role::Lease(n)) => permits_mismatch(key, k, n),
+        (Role::Lease(k), Role::Reader) => semaphore_or_rwlock(key, k, false),
+        (Role::Lease(k), _) => permits_mismatch(key, k, 1),
+        (Role::Reader, Role::Lease(n)) => semaphore_or_rwlock(key, n, true),
+        (Role::Reader, _) => claim_changed(key, true),
+        (_, Role::Lease(n)) => permits_mismatch(key, 1, n),
+        (_, _) => claim_changed(key, false),
+    })
+}
