@@ -93,7 +93,9 @@ impl Inner {
         let role = Role::of(owner);
         let entered = self.enter(&session, key, owner, role).await?;
         if entered.sem {
-            let held = self.semaphore_held(&session, &entered.key_dir, key, role).await;
+            let held = self
+                .semaphore_held(&session, &entered.key_dir, key, role)
+                .await;
             let refused = match held {
                 Ok(None) => None,
                 Ok(Some(e)) | Err(e) => Some(e),
@@ -242,11 +244,7 @@ impl LockBackend for ZkBackend {
             Err(e) => return Err(map_err(e)),
         };
         layout::sort_queue(&mut children);
-        if let Some(group) = self
-            .inner
-            .group_status(&session, &dir, &children)
-            .await?
-        {
+        if let Some(group) = self.inner.group_status(&session, &dir, &children).await? {
             return Ok(group);
         }
         for (i, first) in children.iter().enumerate() {

@@ -238,7 +238,10 @@ impl Inner {
         let path = format!("{key_dir}/{sub}");
         let options = CreateMode::Container.with_acls(self.sessions.acls());
         for _ in 0..3 {
-            match session.call(session.client.create(&path, data, &options)).await {
+            match session
+                .call(session.client.create(&path, data, &options))
+                .await
+            {
                 Ok(_) | Err(ZkError::NodeExists) => return Ok(()),
                 Err(ZkError::NoNode) => self.make_dir(session, key_dir).await?,
                 Err(e) => return Err(map_err(e)),
@@ -270,7 +273,16 @@ impl Inner {
             find: Some((format!("{}/{SEM_LEASES}", entered.key_dir), prefix.clone())),
         };
         let mut lease = None;
-        let step = lease_step(self, &session, key, n, &entered.key_dir, &prefix, &mut lease).await;
+        let step = lease_step(
+            self,
+            &session,
+            key,
+            n,
+            &entered.key_dir,
+            &prefix,
+            &mut lease,
+        )
+        .await;
         let undo_lease = lease.as_ref().map(Undo::node);
         if lease.is_some() || !matches!(&step, Err(e) if is_transient(e)) {
             pending.disarm();
@@ -362,7 +374,10 @@ impl Inner {
         let client = &session.client;
         let (listed, data) = session
             .call(async {
-                Ok(futures::future::join(client.list_children(&leases), client.get_data(&leases)).await)
+                Ok(
+                    futures::future::join(client.list_children(&leases), client.get_data(&leases))
+                        .await,
+                )
             })
             .await
             .map_err(map_err)?;

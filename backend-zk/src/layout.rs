@@ -293,7 +293,11 @@ mod tests {
         assert!(!is_exclusive_node(&r) && is_contender(&r) && sequence_of(&r) == "0000000002");
         assert!(!is_contender(SEM_LEASES) && !is_contender(SEM_LOCKS));
         assert!(!is_exclusive_node(SEM_LOCKS));
-        let mut mixed = vec![r.clone(), format!("{w}0000000003"), format!("{p}0000000001")];
+        let mut mixed = vec![
+            r.clone(),
+            format!("{w}0000000003"),
+            format!("{p}0000000001"),
+        ];
         mixed.push(SEM_LEASES.to_owned());
         sort_queue(&mut mixed);
         assert_eq!(mixed[1], r);

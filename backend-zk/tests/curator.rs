@@ -4,7 +4,10 @@
 //! the other's node, and with digest credentials nobody else can touch them.
 //! And with Curator's `LeaderSelector` (`tests/curator/CuratorLeader.java`):
 //! an election is one election, whichever side leads, and each reads the
-//! other's leader id.
+//! other's leader id. And with Curator's `InterProcessSemaphoreV2` and
+//! `InterProcessReadWriteLock` (`tests/curator/CuratorGroup.java`): a
+//! semaphore's N permits are shared, and readers and writers exclude each
+//! other as a Java service expects, both ways.
 
 mod common;
 
@@ -297,4 +300,231 @@ async fn curator_leader_selector_and_our_election_are_one_election() {
         .expect("Java leads");
     assert_eq!(leader.value_str(), Some("java-1"));
     assert_eq!(java.ask("stop"), "stopped");
+}
+
+/// What a listing of `reply` ("<word> a,b,c") names.
+fn names(reply: &str) -> Vec<String> {
+    reply
+        .split_once(' ')
+        .map_or("", |(_, rest)| rest)
+        .split(',')
+        .filter(|n| !n.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// Whether `name` is named as Curator names a node of `marker`.
+fn curator_named(name: &str, marker: &str) -> bool {
+    name.starts_with("_c_")
+        && name.len() == "_c_".len() + 36 + 1 + marker.len() + 10
+        && name[3 + 36 + 1..].starts_with(marker)
+}
+
+/// Our semaphore of 2 and Curator's `InterProcessSemaphoreV2` of 2 on the
+/// same path share its 2 permits: a permit each leaves none for either, a
+/// waiter on either side is served by the other side's release, and our
+/// lease is a node Curator counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn curator_semaphore_and_ours_share_the_permits_both_ways() {
+    let hosts = server_hosts();
+    let root = format!("/{}", unique("interop-sem"));
+    let path = format!("{root}/s");
+    let ours = locker(&hosts, "", &root)
+        .semaphore("s", 2)
+        .expect("semaphore");
+    let mut java = Curator::run("CuratorGroup.java", &[&hosts, &path, "sem", "2"]);
+    let now = LockOptions::new().no_wait();
+    let within = Duration::from_secs(20);
+
+    assert_eq!(java.ask("try"), "acquired");
+    let first = ours
+        .try_acquire(&now)
+        .await
+        .expect("try")
+        .expect("a permit is free");
+    assert_eq!(
+        java.ask("leases"),
+        "leases 2",
+        "Curator does not count our lease"
+    );
+    assert!(
+        ours.try_acquire(&now).await.expect("try").is_none(),
+        "a third permit of 2 was granted to us"
+    );
+    assert_eq!(
+        java.ask("try"),
+        "busy",
+        "a third permit of 2 was granted to Curator"
+    );
+    let children = raw_client(&hosts)
+        .await
+        .list_children(&format!("{path}/leases"))
+        .await;
+    let children = children.expect("the lease directory");
+    assert_eq!(children.len(), 2, "{children:?}");
+    assert!(
+        children.iter().all(|c| curator_named(c, "lease-")),
+        "a lease is not named as Curator names its own: {children:?}"
+    );
+
+    // Our waiter is served by Curator's release.
+    let waiting = {
+        let ours = ours.clone();
+        tokio::spawn(async move {
+            ours.acquire(&LockOptions::new().wait_for(Duration::from_secs(20)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "we got a permit while both were held"
+    );
+    assert_eq!(java.ask("release"), "released");
+    let second = tokio::time::timeout(within, waiting)
+        .await
+        .expect("Curator's release wakes our waiter")
+        .expect("task")
+        .expect("our waiter gets the permit");
+
+    // Curator's waiter is served by ours.
+    java.send("acquire 20000");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    first.release().await.expect("release");
+    assert_eq!(java.next(within), "acquired");
+    assert!(ours.try_acquire(&now).await.expect("try").is_none());
+    assert_eq!(java.ask("release"), "released");
+    second.release().await.expect("release");
+    assert_eq!(java.ask("leases"), "leases 0");
+    let both = (ours.try_acquire(&now).await, ours.try_acquire(&now).await);
+    assert!(
+        matches!(both, (Ok(Some(_)), Ok(Some(_)))),
+        "both permits free again"
+    );
+}
+
+/// Our read-write lock and Curator's `InterProcessReadWriteLock` on the
+/// same path: readers share across the two; a writer of either side
+/// excludes the other side's readers and writers and is served by their
+/// release; a waiting writer of ours keeps Curator's new readers out; and
+/// our downgrade keeps a Java writer that queued behind us waiting until
+/// our read hold goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn curator_read_write_lock_and_ours_exclude_each_other_both_ways() {
+    let hosts = server_hosts();
+    let root = format!("/{}", unique("interop-rw"));
+    let path = format!("{root}/rw");
+    let ours = locker(&hosts, "", &root).rwlock("rw").expect("rwlock");
+    let mut java = Curator::run("CuratorGroup.java", &[&hosts, &path, "rw"]);
+    let mut java2 = Curator::run("CuratorGroup.java", &[&hosts, &path, "rw"]);
+    let now = LockOptions::new().no_wait();
+    let wait = LockOptions::new().wait_for(Duration::from_secs(20));
+    let within = Duration::from_secs(20);
+
+    // Readers share; a reader of each side keeps the other side's writer out.
+    assert_eq!(java.ask("try-read"), "acquired");
+    let read = ours
+        .try_read(&now)
+        .await
+        .expect("try")
+        .expect("readers share");
+    assert!(
+        ours.try_write(&now).await.expect("try").is_none(),
+        "we wrote beside a Java reader"
+    );
+    assert_eq!(
+        java2.ask("try-write"),
+        "busy",
+        "Java wrote beside our reader"
+    );
+    let nodes = names(&java.ask("nodes"));
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    assert!(
+        nodes.iter().all(|n| curator_named(n, "__READ__")),
+        "{nodes:?}"
+    );
+    read.release().await.expect("release");
+
+    // Our waiting writer keeps Java's new readers out, and Java's reader's
+    // release lets it in.
+    let writing = {
+        let ours = ours.clone();
+        let wait = wait.clone();
+        tokio::spawn(async move { ours.write(&wait).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!writing.is_finished(), "we wrote beside a Java reader");
+    assert_eq!(
+        java2.ask("try-read"),
+        "busy",
+        "a Java reader passed our waiting writer"
+    );
+    assert_eq!(java.ask("release-read"), "released");
+    let write = tokio::time::timeout(within, writing)
+        .await
+        .expect("Java's release wakes our writer")
+        .expect("task")
+        .expect("our writer gets in");
+    let nodes = names(&java.ask("nodes"));
+    assert!(
+        nodes.len() == 1 && curator_named(&nodes[0], "__WRIT__"),
+        "our writer is not a Curator writer's node: {nodes:?}"
+    );
+
+    // Our writer keeps Java's readers and writers out; a Java reader
+    // waiting on it is served by our release.
+    assert_eq!(java.ask("try-read"), "busy");
+    assert_eq!(java2.ask("try-write"), "busy");
+    java.send("read 20000");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    write.release().await.expect("release");
+    assert_eq!(java.next(within), "acquired");
+    assert_eq!(java.ask("release-read"), "released");
+
+    // A Java writer keeps ours out, and our waiting reader is served by
+    // its release.
+    assert_eq!(java.ask("try-write"), "acquired");
+    assert!(
+        ours.try_read(&now).await.expect("try").is_none(),
+        "we read beside a Java writer"
+    );
+    assert!(
+        ours.try_write(&now).await.expect("try").is_none(),
+        "we wrote beside a Java writer"
+    );
+    let reading = {
+        let ours = ours.clone();
+        let wait = wait.clone();
+        tokio::spawn(async move { ours.read(&wait).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!reading.is_finished(), "we read beside a Java writer");
+    assert_eq!(java.ask("release-write"), "released");
+    let read = tokio::time::timeout(within, reading)
+        .await
+        .expect("Java's release wakes our reader")
+        .expect("task")
+        .expect("our reader gets in");
+    read.release().await.expect("release");
+
+    // Our downgrade: a Java writer queued behind our writer stays out
+    // while our read hold lasts (Curator 5.5's rule, which 5.4 peers
+    // honour), and gets in once it goes.
+    let write = ours.write(&wait).await.expect("write");
+    java2.send("write 20000");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let read = ours.downgrade(write).await.expect("downgrade");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        java.ask("try-write"),
+        "busy",
+        "a Java writer got in beside our read hold"
+    );
+    read.release().await.expect("release");
+    assert_eq!(
+        java2.next(within),
+        "acquired",
+        "the queued Java writer gets in"
+    );
+    assert_eq!(java2.ask("release-write"), "released");
 }

@@ -103,7 +103,14 @@ impl Semaphore {
     /// # Errors
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
-        let held = take(&self.locker, &self.key, Ask::Claim(self.claim), Some(owner), opts).await?;
+        let held = take(
+            &self.locker,
+            &self.key,
+            Ask::Claim(self.claim),
+            Some(owner),
+            opts,
+        )
+        .await?;
         required(&self.key, held, opts)
     }
 
