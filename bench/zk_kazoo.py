@@ -5,7 +5,8 @@ two modes, and prints exactly one JSON line on stdout (errors go to stderr,
 with a nonzero exit status):
 
   uncontended  one client, one lock: N sequential acquire(blocking=False) +
-               release pairs, timed after a 50-pair warm-up.
+               release pairs, timed after a 50-pair warm-up. --recipe picks
+               Lock (default), Semaphore (of 3), ReadLock or WriteLock.
   contended    C threads, each with its own KazooClient (own session), loop
                blocking acquire / tiny critical section / release on one
                lock for T seconds. Hand-off latency runs from one client's
@@ -45,8 +46,18 @@ def close(client):
     client.close()
 
 
-def uncontended(client, path, iterations):
-    lock = client.Lock(path)
+def recipe(client, path, name):
+    if name == "semaphore":
+        return client.Semaphore(path, max_leases=3)
+    if name == "read":
+        return client.ReadLock(path)
+    if name == "write":
+        return client.WriteLock(path)
+    return client.Lock(path)
+
+
+def uncontended(client, path, iterations, name="lock"):
+    lock = recipe(client, path, name)
 
     def pair():
         if not lock.acquire(blocking=False):
@@ -64,6 +75,7 @@ def uncontended(client, path, iterations):
         "pairs": iterations,
         "seconds": round(seconds, 6),
         "pairs_per_s": round(iterations / seconds, 1),
+        "recipe": name,
     }
 
 
@@ -80,6 +92,7 @@ def main():
                     help="lock path prefix; a random suffix is appended per run")
     ap.add_argument("--mode", choices=["uncontended", "contended"], required=True)
     ap.add_argument("--iterations", type=int, default=2000)
+    ap.add_argument("--recipe", choices=["lock", "semaphore", "read", "write"], default="lock")
     ap.add_argument("--contenders", type=int, default=8)
     ap.add_argument("--seconds", type=int, default=5)
     args = ap.parse_args()
@@ -93,7 +106,7 @@ def main():
         for _ in range(n):
             clients.append(connect(args.hosts))
         if args.mode == "uncontended":
-            result = uncontended(clients[0], path, args.iterations)
+            result = uncontended(clients[0], path, args.iterations, args.recipe)
         else:
             result = contended(clients, path, args.seconds)
     finally:

@@ -218,6 +218,13 @@ pub(crate) async fn wait_lease(
             }
             Ok(Step::Refused(_) | Step::Gone) => return false,
             Err(e) if is_transient(&e) && session.connected().await => {
+                if lease.is_none() {
+                    // A create whose answer was lost may have made a
+                    // lease: it goes before the next one is made, or it
+                    // would count against N until the session ends.
+                    let dir = format!("{key_dir}/{SEM_LEASES}");
+                    find_and_delete(session.clone(), dir, prefix.clone()).await;
+                }
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
             Err(_) => return false,
@@ -290,10 +297,22 @@ impl Inner {
         let step = step.map_err(map_err)?;
         match step {
             Step::Granted => {
-                // The gate goes before the grant is told, as Curator's
-                // does: a caller that acquires again must find it gone.
+                // The gate goes before the grant is told. Its delete is
+                // sent now and not waited for: the server answers our
+                // session's requests in order, so our next acquire finds
+                // it gone, and another client that meets it meanwhile
+                // meets an acquire in progress, as it would a round trip
+                // earlier (a waiter is woken by the delete).
                 gate.disarm();
-                let _ = crate::cleanup::delete(entered.node).await;
+                let node = entered.node;
+                let sent = node.session.client.delete(&node.path, None);
+                tokio::spawn(async move {
+                    if let Err(e) = sent.await {
+                        if is_transient(&e) {
+                            delete_surely(node.session, node.path).await;
+                        }
+                    }
+                });
                 if let Some(u) = undo_lease {
                     u.disarm();
                 }
@@ -467,6 +486,7 @@ impl Inner {
         if holders.is_empty() {
             return Ok(None);
         }
+        holders.sort_by_key(|h| h.fence);
         let status = LockStatus::of_holders(holders)
             .with_permits(permits.filter(|_| !shared))
             .with_waiters(waiters);

@@ -1,5 +1,6 @@
-//! ZooKeeper backend for locksmith: Curator's `InterProcessMutex` recipe,
-//! so Rust services share locks with Java (Curator) fleets.
+//! ZooKeeper backend for locksmith: Curator's `InterProcessMutex`,
+//! `InterProcessSemaphoreV2` and `InterProcessReadWriteLock` recipes, so
+//! Rust services share locks with Java (Curator) fleets.
 //!
 //! # The scheme
 //!
@@ -69,6 +70,36 @@
 //! directory does not exist), so a new leader, a resignation or a proclaim
 //! shows within a round trip or two, and the poll only bounds a notice lost
 //! with a session.
+//!
+//! # Semaphores and read-write locks
+//!
+//! In Curator's layouts, so that Java services share them (proven by
+//! `tests/curator.rs` against Debian's Curator 5.4):
+//!
+//! - A semaphore of N on `P` is `InterProcessSemaphoreV2`'s: its gate
+//!   `P/locks` (a mutex queue like the lock's) and its leases
+//!   `P/leases/_c_<uuid>-lease-<seq>`. First at the gate, a contender
+//!   makes its lease node and lists the leases in one round trip; it holds
+//!   a permit when they number N or fewer, its own included, and then
+//!   deletes its gate node. A waiter keeps both and lists again when the
+//!   leases change. Curator keeps N in no node and checks none; ours
+//!   writes N as the data of `P/leases` (a container, gone with the last
+//!   lease) and refuses another N while other leases live. A Java peer's
+//!   N is not checked: give every side the same N.
+//! - A read-write lock on `P` is `InterProcessReadWriteLock`'s: readers
+//!   `_c_<uuid>-__READ__<seq>` and writers `_c_<uuid>-__WRIT__<seq>` in
+//!   one queue, ordered by sequence. A writer holds when first; a reader
+//!   when no writer (or mutex holder) is before it, so a waiting writer
+//!   keeps later readers out. A writer's downgrade is Curator 5.5's: an
+//!   ephemeral read node with the writer's own sequence, so a writer that
+//!   queued behind ours stays behind the read hold (CURATOR-621; Curator
+//!   5.4 peers sort by the same rule).
+//! - A name is one kind at a time: a mutex, writer or reader meeting a
+//!   semaphore's live leases, or a semaphore meeting their nodes, is
+//!   `InvalidOptions`. Curator's own mutex does not see readers and
+//!   writers, nor they it; ours see both.
+//! - kazoo's recipes share no layout with Curator's; it is a benchmark
+//!   peer only.
 //!
 //! # Keys
 //!

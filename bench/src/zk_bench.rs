@@ -1,7 +1,9 @@
 //! `locksmith-bench zookeeper`: our ZooKeeper locks beside Python kazoo's
 //! `Lock` (run as a subprocess, `bench/zk_kazoo.py`) and the floor: the
 //! same requests (create an ephemeral sequential node and list the
-//! directory, pipelined; delete) sent raw through the same client.
+//! directory, pipelined; delete) sent raw through the same client. Then
+//! a semaphore's permit and read and write holds beside our lock and
+//! kazoo's `Semaphore`, `ReadLock` and `WriteLock`.
 
 use std::time::Duration;
 
@@ -11,7 +13,7 @@ use locksmith::zookeeper::ZkBackend;
 use locksmith::{Locker, OwnerToken};
 
 use crate::baseline::{contention, python, uncontended_table};
-use crate::redis_bench::{our_pairs, pairs_per_sec};
+use crate::redis_bench::{median, our_pairs, pairs_per_sec};
 
 const TTL: Duration = Duration::from_secs(30);
 const KAZOO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/zk_kazoo.py");
@@ -138,8 +140,94 @@ pub(crate) async fn run(
         },
     )
     .await?;
+    claims_table(hosts, &locker, iterations, rounds).await?;
     drop((backend, locker));
     let _ = raw.delete(&dir, None).await;
     let _ = raw.delete(&root, None).await;
+    Ok(())
+}
+
+/// What one uncontended pair takes through a `Locker`, and kazoo's recipe
+/// for the same.
+const CLAIMS: [(&str, &str); 4] = [
+    ("lock", "Lock"),
+    ("semaphore", "Semaphore (of 3)"),
+    ("read", "ReadLock"),
+    ("write", "WriteLock"),
+];
+
+/// `iterations` uncontended pairs of `what` through `locker` on `key`.
+async fn claim_pairs(locker: &Locker, key: &str, what: &str, iterations: u32) {
+    let now = locksmith::LockOptions::new().no_wait();
+    let sem = locker.semaphore(key, 3).expect("semaphore");
+    let rw = locker.rwlock(key).expect("rwlock");
+    for _ in 0..iterations {
+        let g = match what {
+            "lock" => locker.try_lock(key).await,
+            "semaphore" => sem.try_acquire(&now).await,
+            "read" => rw.try_read(&now).await,
+            _ => rw.try_write(&now).await,
+        };
+        let g = g.expect("acquire").expect("uncontended");
+        g.release().await.expect("release");
+    }
+}
+
+/// A semaphore's permit and read and write holds, uncontended, beside our
+/// lock and kazoo's recipes, rounds in alternating order.
+async fn claims_table(
+    hosts: &str,
+    locker: &Locker,
+    iterations: u32,
+    rounds: u32,
+) -> Result<(), String> {
+    let n = iterations.to_string();
+    let mut ours: [Vec<f64>; 4] = Default::default();
+    let mut theirs: [Vec<f64>; 4] = Default::default();
+    for round in 0..rounds {
+        for step in 0..8 {
+            let i = (step + round as usize) % 8;
+            let (what, _) = CLAIMS[i % 4];
+            if i < 4 {
+                let key = format!("claims-{what}");
+                let r = pairs_per_sec(iterations, || claim_pairs(locker, &key, what, iterations));
+                ours[i].push(r.await);
+            } else {
+                let v = kazoo(&[
+                    "--hosts",
+                    hosts,
+                    "--mode",
+                    "uncontended",
+                    "--iterations",
+                    &n,
+                    "--recipe",
+                    what,
+                ])?;
+                let r = v["pairs_per_s"].as_f64().ok_or("kazoo: no pairs_per_s")?;
+                theirs[i % 4].push(r);
+            }
+        }
+    }
+    println!(
+        "\nZooKeeper: semaphore and read-write holds, uncontended acquire+release, 1 client x \
+         {iterations} pairs, median of {rounds} rounds"
+    );
+    println!(
+        "  {:<22} {:>10}  {:>11}  {:<18} {:>10}  {:>9}",
+        "Locker", "pairs/s", "vs our lock", "kazoo", "pairs/s", "ours/kazoo"
+    );
+    let lock = median(&mut ours[0]);
+    for (i, (what, peer)) in CLAIMS.iter().enumerate() {
+        let (o, t) = (median(&mut ours[i]), median(&mut theirs[i]));
+        println!(
+            "  {:<22} {:>10.0}  {:>11.2}  {:<18} {:>10.0}  {:>9.2}",
+            what,
+            o,
+            o / lock,
+            peer,
+            t,
+            o / t
+        );
+    }
     Ok(())
 }
