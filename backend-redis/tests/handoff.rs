@@ -472,13 +472,15 @@ locksmith_core::forward_backend! {
             ticket: &OwnerToken,
         ) -> Result<Acquire> {
             let mut n = 0;
+            // The second attempt's time is set before anyone watching the
+            // count can see it.
             self.attempts.send_modify(|a| {
                 *a += 1;
                 n = *a;
+                if n == 2 {
+                    *self.second.lock().unwrap() = Some(Instant::now());
+                }
             });
-            if n == 2 {
-                *self.second.lock().unwrap() = Some(Instant::now());
-            }
             let outcome = self.inner.try_acquire_waiting(k, o, ttl, ticket).await?;
             self.answered.send_modify(|a| *a += 1);
             Ok(match (n, outcome) {

@@ -366,10 +366,20 @@ impl Inner {
             layout::sequence_of(name)
         );
         let options = CreateMode::Ephemeral.with_acls(self.sessions.acls());
-        let (stat, _) = session
+        let created = session
             .call(session.client.create(&path, &[], &options))
-            .await
-            .map_err(map_err)?;
+            .await;
+        let (stat, _) = match created {
+            Ok(c) => c,
+            Err(e) => {
+                // A create whose answer was lost may have made the node,
+                // which would stand first once the writer goes: it goes.
+                if is_transient(&e) {
+                    tokio::spawn(delete_surely(session.clone(), path));
+                }
+                return Err(map_err(e));
+            }
+        };
         let read = Contender {
             session,
             path,

@@ -74,7 +74,7 @@
 //! # Semaphores and read-write locks
 //!
 //! In Curator's layouts, so that Java services share them (proven by
-//! `tests/curator.rs` against Debian's Curator 5.4):
+//! `tests/curator.rs` against Debian's Curator 5.4, downgrade included):
 //!
 //! - A semaphore of N on `P` is `InterProcessSemaphoreV2`'s: its gate
 //!   `P/locks` (a mutex queue like the lock's) and its leases
@@ -85,7 +85,10 @@
 //!   leases change. Curator keeps N in no node and checks none; ours
 //!   writes N as the data of `P/leases` (a container, gone with the last
 //!   lease) and refuses another N while other leases live. A Java peer's
-//!   N is not checked: give every side the same N.
+//!   N is not checked: give every side the same N. A semaphore of 1 is the
+//!   mutex on every store, here too: its node is a lock's, which a Java
+//!   `InterProcessSemaphoreV2` of 1 does not see (use N ≥ 2 with Java
+//!   semaphore peers, or Curator's `InterProcessMutex` for one holder).
 //! - A read-write lock on `P` is `InterProcessReadWriteLock`'s: readers
 //!   `_c_<uuid>-__READ__<seq>` and writers `_c_<uuid>-__WRIT__<seq>` in
 //!   one queue, ordered by sequence. A writer holds when first; a reader
@@ -93,7 +96,10 @@
 //!   keeps later readers out. A writer's downgrade is Curator 5.5's: an
 //!   ephemeral read node with the writer's own sequence, so a writer that
 //!   queued behind ours stays behind the read hold (CURATOR-621; Curator
-//!   5.4 peers sort by the same rule).
+//!   5.4 peers sort by the same rule, and so honour it, as the interop
+//!   test shows; a 5.4 peer's own downgrade has the gap Curator fixed).
+//!   Only `ReadWriteLock::write` makes a writer's node: an exclusive claim
+//!   of `lock_all_claims` is a lock's, which Curator's readers do not see.
 //! - A name is one kind at a time: a mutex, writer or reader meeting a
 //!   semaphore's live leases, or a semaphore meeting their nodes, is
 //!   `InvalidOptions`. Curator's own mutex does not see readers and

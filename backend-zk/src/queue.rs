@@ -43,8 +43,10 @@ impl Entered {
     /// Leaves the queue: our node goes now (or in the background once the
     /// store answers), a lease node with it.
     pub(crate) async fn leave(self) {
+        // The lease first, as Curator returns it: the gate's next holder
+        // must not count it.
         if let Some(l) = self.lease {
-            tokio::spawn(delete_surely(l.session, l.path));
+            let _ = crate::cleanup::delete(l).await;
         }
         let _ = crate::cleanup::delete(self.node).await;
     }
@@ -244,12 +246,14 @@ impl Inner {
         };
         let alive = node.confirm().await?;
         let mut waiters = lock(&self.waiters);
-        let Some(w) = waiters
-            .get_mut(ticket)
-            .filter(|w| w.node.as_ref().is_some_and(|n| n.path == node.path))
-        else {
+        let Some(w) = waiters.get_mut(ticket) else {
             return Ok(None);
         };
+        if !w.node.as_ref().is_some_and(|n| n.path == node.path) {
+            // Moved on meanwhile (a semaphore's waiter, from its gate to
+            // its lease): its grant comes by notice, or is read next time.
+            return Ok(w.node.is_some().then(|| self.queued()));
+        }
         if alive {
             return Ok(Some(match granted {
                 Some(g) => {
@@ -266,6 +270,9 @@ impl Inner {
         }
         w.node = None;
         w.granted = None;
+        if let Some((dir, prefix)) = w.lease.take() {
+            tokio::spawn(find_and_delete(node.session.clone(), dir, prefix));
+        }
         drop(waiters);
         self.forget(key, &node.path);
         Ok(None)
@@ -367,23 +374,34 @@ pub(crate) async fn wait_turn(
     let Some(inner) = inner.upgrade() else {
         return;
     };
+    if let (true, Some(l)) = (first, &lease) {
+        // A semaphore's waiter holds by its lease, recorded before its
+        // gate goes (so a look at the waiter meanwhile finds the lease);
+        // the gate goes before the grant is told, as Curator's does.
+        {
+            let mut waiters = lock(&inner.waiters);
+            let Some(w) = waiters
+                .get_mut(&ticket)
+                .filter(|w| w.node.as_ref().is_some_and(|n| n.path == node.path))
+            else {
+                return;
+            };
+            w.node = Some(l.clone());
+            w.lease = None;
+        }
+        delete_surely(session.clone(), node.path.clone()).await;
+    }
+    let holder = match &lease {
+        Some(l) if first => l.clone(),
+        _ => node.clone(),
+    };
     // A listing that found us first says nothing of a session that has
     // ended since.
     let first = first && !session.is_over();
-    if first && lease.is_some() {
-        // A semaphore's gate goes before the grant is told, as Curator's
-        // does: a caller that acquires again must find it gone.
-        let gated = lock(&inner.waiters)
-            .get(&ticket)
-            .is_some_and(|w| w.node.as_ref().is_some_and(|n| n.path == node.path));
-        if gated {
-            delete_surely(session.clone(), node.path.clone()).await;
-        }
-    }
     let mut waiters = lock(&inner.waiters);
     let current = waiters
         .get_mut(&ticket)
-        .filter(|w| w.node.as_ref().is_some_and(|n| n.path == node.path));
+        .filter(|w| w.node.as_ref().is_some_and(|n| n.path == holder.path));
     let Some(w) = current else {
         // Abandoned meanwhile: the abandon deleted (or deletes) the nodes.
         return;
@@ -394,21 +412,16 @@ pub(crate) async fn wait_turn(
         w.node = None;
         drop(waiters);
         if !session.is_over() {
-            if let Some(l) = lease {
-                tokio::spawn(delete_surely(session.clone(), l.path));
-            }
-            tokio::spawn(delete_surely(session, node.path));
+            tokio::spawn(async move {
+                // The lease first, as Curator returns it.
+                if let Some(l) = lease {
+                    delete_surely(session.clone(), l.path).await;
+                }
+                delete_surely(session, node.path).await;
+            });
         }
         return;
     }
-    // A semaphore's waiter holds by its lease.
-    let holder = match lease {
-        Some(l) => {
-            w.node = Some(l.clone());
-            l
-        }
-        None => node,
-    };
     let grant = holder.grant(1);
     inner.hold(&key, &owner, holder, Some(ticket));
     w.granted = Some(grant);
