@@ -1,6 +1,6 @@
 //! [`SqlBackend`]: the [`LockBackend`] over a table of lease rows.
 
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,13 +12,13 @@ use locksmith_core::{
 };
 use tokio::sync::OnceCell;
 
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::claims::Claims;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::claims_sql::{create_holders, sweep_holders, ClaimsSql};
 use crate::config::{Dialect, Mode, SqlConfig, MIN_TTL};
 use crate::error::{is_missing_column, is_missing_table, map_err};
 use crate::layout::key_hash;
-#[cfg(feature = "sqlite")]
-use crate::layout::{create_holders, sweep_holders};
 #[cfg(feature = "sqlite")]
 use crate::node::use_wal;
 use crate::node::{add_value_column, create, open_pool, probe, Pool};
@@ -64,11 +64,11 @@ pub(crate) struct Inner {
     /// When this client last started a sweep (see [`SqlBackend::sweep`]).
     pub(crate) swept: Mutex<Option<std::time::Instant>>,
     /// Permits and read holds, where the dialect has them (SQLite).
-    #[cfg(feature = "sqlite")]
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) claims: Option<Claims>,
     /// The writers this client marked as waiting for readers (key,
     /// owner): a grant takes the mark away.
-    #[cfg(feature = "sqlite")]
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) marked: Mutex<HashSet<(LockKey, String)>>,
 }
 
@@ -100,13 +100,9 @@ impl SqlBackend {
         let local = LocalReleases::for_scope(format!("{scope}\u{0}{}", config.table));
         // For SQLite the scope is the file's absolute path.
         let file = (config.dialect == Dialect::Sqlite).then(|| std::path::PathBuf::from(&scope));
-        #[cfg(feature = "sqlite")]
-        #[allow(irrefutable_let_patterns)]
-        let claims = if let Pool::Sqlite(p) = &pool {
-            Some(Claims::new(p.clone(), &config.table))
-        } else {
-            None
-        };
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
+        let claims =
+            ClaimsSql::new(config.dialect, &config.table).map(|sql| Claims::new(pool.clone(), sql));
         Ok(SqlBackend {
             inner: Arc::new(Inner {
                 config,
@@ -116,9 +112,9 @@ impl SqlBackend {
                 local,
                 file,
                 swept: Mutex::new(None),
-                #[cfg(feature = "sqlite")]
+                #[cfg(any(feature = "sqlite", feature = "postgres"))]
                 claims,
-                #[cfg(feature = "sqlite")]
+                #[cfg(any(feature = "sqlite", feature = "postgres"))]
                 marked: Mutex::new(HashSet::new()),
             }),
         })
@@ -161,9 +157,11 @@ impl SqlBackend {
                 for stmt in &self.inner.queries.create {
                     create(&self.inner.pool, stmt).await?;
                 }
-                #[cfg(feature = "sqlite")]
+                #[cfg(any(feature = "sqlite", feature = "postgres"))]
                 if self.inner.claims.is_some() {
-                    create(&self.inner.pool, &create_holders(&self.inner.config.table)).await?;
+                    let table = &self.inner.config.table;
+                    let ddl = create_holders(self.inner.config.dialect, table);
+                    create(&self.inner.pool, &ddl).await?;
                 }
                 add_value_column(&self.inner.pool, &self.inner.config.table).await?;
                 Ok::<(), Error>(())
@@ -201,17 +199,20 @@ impl SqlBackend {
                 break;
             }
         }
-        #[cfg(feature = "sqlite")]
-        #[allow(irrefutable_let_patterns)]
-        if let (Some(_), Pool::Sqlite(p)) = (&self.inner.claims, &self.inner.pool) {
-            let stmt = sweep_holders(&self.inner.config.table, SWEEP_BATCH);
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
+        if self.inner.claims.is_some() {
+            let stmt = sweep_holders(
+                self.inner.config.dialect,
+                &self.inner.config.table,
+                SWEEP_BATCH,
+            );
             for _ in 0..100 {
-                let n = sqlx::query(&stmt)
+                let n = on_pool!(&self.inner.pool, p => sqlx::query(&stmt)
                     .bind(retention)
                     .execute(p)
                     .await
                     .map_err(map_err)?
-                    .rows_affected();
+                    .rows_affected());
                 gone += n;
                 if n < SWEEP_BATCH {
                     break;
@@ -248,7 +249,7 @@ impl SqlBackend {
     }
 }
 
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl SqlBackend {
     /// Permits and read holds, where this dialect has them (SQLite).
     fn claims(&self) -> Option<&Claims> {
@@ -263,9 +264,9 @@ impl SqlBackend {
 impl SqlBackend {
     /// This dialect grants permits and read holds.
     fn has_claims(&self) -> bool {
-        #[cfg(feature = "sqlite")]
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
         return self.claims().is_some();
-        #[cfg(not(feature = "sqlite"))]
+        #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
         false
     }
 }
@@ -312,7 +313,7 @@ impl LockBackend for SqlBackend {
             Err(e) if is_missing_table(&e) => None,
             Err(e) => return Err(map_err(e)),
         };
-        #[cfg(feature = "sqlite")]
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
         if let (Some(claims), Some((_, _, _, owner, _))) = (self.claims(), &row) {
             if let Some(status) = claims.inspect(key, owner).await? {
                 return Ok(status);
@@ -339,7 +340,7 @@ impl LockBackend for SqlBackend {
         ttl: Duration,
     ) -> Result<Acquire> {
         if owner.claim() != Claim::MUTEX {
-            #[cfg(feature = "sqlite")]
+            #[cfg(any(feature = "sqlite", feature = "postgres"))]
             if let Some(claims) = self.claims() {
                 self.migrate().await?;
                 self.sweep_now_and_then();
@@ -347,12 +348,12 @@ impl LockBackend for SqlBackend {
             }
             return Err(Error::new(
                 ErrorKind::Unsupported,
-                "semaphores and read-write locks are on SQLite so far; PostgreSQL and MySQL \
+                "semaphores and read-write locks are on SQLite and PostgreSQL so far; MySQL \
                  lease rows refuse them",
             ));
         }
         let acquired = self.lease_acquire(key, owner, ttl).await?;
-        #[cfg(feature = "sqlite")]
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
         if let Some(claims) = self.claims() {
             let mark = (key.clone(), owner.as_str().to_owned());
             match acquired {
@@ -383,7 +384,7 @@ impl LockBackend for SqlBackend {
             Release::NotHeld
         };
         // A permit, a read hold, or a writer's hold that a downgrade moved.
-        #[cfg(feature = "sqlite")]
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
         let r = match (r, self.claims()) {
             (Release::NotHeld, Some(claims)) => claims.release(key, owner).await?,
             (r, _) => r,
@@ -401,7 +402,7 @@ impl LockBackend for SqlBackend {
         } else {
             Renew::NotHeld
         };
-        #[cfg(feature = "sqlite")]
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
         let r = match (r, self.claims()) {
             (Renew::NotHeld, Some(claims)) => claims.renew(key, owner, ttl).await?,
             (r, _) => r,
@@ -411,7 +412,7 @@ impl LockBackend for SqlBackend {
 
     /// A writer giving up takes its mark away, so readers enter again.
     async fn abandon(&self, key: &LockKey, owner: &OwnerToken, _ticket: &OwnerToken) -> Result<()> {
-        #[cfg(feature = "sqlite")]
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
         if let Some(claims) = self.claims() {
             // Only a mark this client left: a mutex's give-up costs nothing.
             if self

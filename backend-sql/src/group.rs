@@ -7,10 +7,11 @@ use std::time::Duration;
 use locksmith_core::backend::{claim_changed, permits_mismatch, MARK_LIFE};
 use locksmith_core::{FencingToken, Holder, LockKey, LockStatus, OwnerToken, Result};
 
-use crate::claims::{left, Claims};
+use crate::claims::{hold_name, in_txn, left, name_row, Claims, NowAndName};
 use crate::error::map_err;
 use crate::layout::{classify, Name, PERMITS, SHARED};
-use crate::queries::{ttl_ms, SQLITE_NOW};
+use crate::node::Pool;
+use crate::queries::ttl_ms;
 
 impl Claims {
     /// After a mutex's or writer's attempt found `key` held: a held
@@ -23,75 +24,60 @@ impl Claims {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<bool> {
-        // Most refusals are a mutex's or writer's: one read, no write lock.
-        let group: Option<String> = sqlx::query_scalar(&format!(
-            "SELECT owner FROM {} WHERE key_hash = ?1 AND expires_at > {SQLITE_NOW}
-                AND substr(owner, 1, 1) = '~'",
-            self.table
-        ))
-        .bind(crate::layout::key_hash(key))
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
+        let hash = crate::layout::key_hash(key);
+        // Most refusals are a mutex's or writer's: one read, no lock.
+        let group: Option<String> = on_pool!(&self.pool, p => sqlx::query_scalar(&self.sql.live_group)
+            .bind(&hash)
+            .fetch_optional(p)
+            .await
+            .map_err(map_err)?);
         if group.is_none() {
             return Ok(false);
         }
-        let (key, owner) = (key.clone(), owner.clone());
-        self.in_txn(move |this, c| {
-            Box::pin(async move {
-                let hash = crate::layout::key_hash(&key);
-                let now = Self::now(&mut *c).await?;
-                let row = this.name_row(&mut *c, &hash).await?;
-                match classify(row.as_ref(), now) {
-                    Name::Permits(kept) => Ok(Err(permits_mismatch(&key, kept, 1))),
-                    Name::Shared => {
-                        let mine: Option<i64> = sqlx::query_scalar(&format!(
-                            "SELECT shared FROM {} WHERE key_hash = ?1 AND owner = ?2
-                                AND holds > 0 AND expires_at > ?3",
-                            this.holders
-                        ))
+        in_txn!(self, c => async {
+            hold_name!(self, c, &hash, Some(key))?;
+            let read: NowAndName = sqlx::query_as(&self.sql.name_and_now)
+                .bind(&hash)
+                .fetch_one(&mut *c)
+                .await?;
+            let now = read.0;
+            match classify(name_row(&read).as_ref(), now) {
+                Name::Permits(kept) => Ok(Err(permits_mismatch(key, kept, 1))),
+                Name::Shared => {
+                    let mine: Option<i64> = sqlx::query_scalar(&self.sql.mine)
                         .bind(&hash)
                         .bind(owner.as_str())
                         .bind(now)
                         .fetch_optional(&mut *c)
                         .await?;
-                        if let Some(shared) = mine {
-                            // A reader asking to write: never an upgrade.
-                            return Ok(Err(claim_changed(&key, shared != 0)));
-                        }
-                        sqlx::query(&format!(
-                            "INSERT INTO {} (key_hash, owner, lock_key, shared, holds, fence,
-                                expires_at) VALUES (?1, ?2, ?3, 0, 0, 0, ?4)
-                             ON CONFLICT (key_hash, owner) DO UPDATE
-                                SET expires_at = excluded.expires_at WHERE holds = 0",
-                            this.holders
-                        ))
+                    if let Some(shared) = mine {
+                        // A reader asking to write: never an upgrade.
+                        return Ok(Err(claim_changed(key, shared != 0)));
+                    }
+                    sqlx::query(&self.sql.mark)
                         .bind(&hash)
                         .bind(owner.as_str())
                         .bind(key.as_str())
                         .bind(now + ttl_ms(ttl.min(MARK_LIFE)))
                         .execute(&mut *c)
                         .await?;
-                        Ok(Ok(true))
-                    }
-                    _ => Ok(Ok(false)),
+                    Ok(Ok(true))
                 }
-            })
-        })
-        .await
+                _ => Ok(Ok(false)),
+            }
+        }.await)
     }
 
     /// Takes away `owner`'s mark on `key`, if it left one.
     pub(crate) async fn unmark(&self, key: &LockKey, owner: &OwnerToken) -> Result<()> {
-        sqlx::query(&format!(
-            "DELETE FROM {} WHERE key_hash = ?1 AND owner = ?2 AND holds = 0",
-            self.holders
-        ))
-        .bind(crate::layout::key_hash(key))
-        .bind(owner.as_str())
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
+        let hash = crate::layout::key_hash(key);
+        on_pool!(&self.pool, p => sqlx::query(&self.sql.unmark)
+            .bind(&hash)
+            .bind(owner.as_str())
+            .execute(p)
+            .await
+            .map_err(map_err)?
+            .rows_affected());
         Ok(())
     }
 
@@ -106,15 +92,11 @@ impl Claims {
             return Ok(None);
         };
         let hash = crate::layout::key_hash(key);
-        let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(&format!(
-            "SELECT owner, shared, holds, fence, expires_at - {SQLITE_NOW} FROM {}
-             WHERE key_hash = ?1 AND holds > 0 AND expires_at > {SQLITE_NOW}",
-            self.holders
-        ))
-        .bind(&hash)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
+        let rows: Vec<(String, i64, i64, i64, i64)> = on_pool!(&self.pool, p => sqlx::query_as(&self.sql.inspect)
+            .bind(&hash)
+            .fetch_all(p)
+            .await
+            .map_err(map_err)?);
         let holders: Vec<Holder> = rows
             .into_iter()
             .map(|(o, shared, holds, fence, left_ms)| {

@@ -120,54 +120,24 @@ pub(crate) fn mysql_lock_name(namespace: &str, key: &LockKey) -> String {
     format!("lsm:{}", &hex::encode(session_digest(namespace, key))[..60])
 }
 
-// Semaphores and read-write locks (SQLite so far): the name row's
+// Semaphores and read-write locks (SQLite and PostgreSQL): the name row's
 // markers while a group holds it, and the holders table (see `claims`).
 
 /// The name row's owner while readers hold it.
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) const SHARED: &str = "~shared";
 /// The prefix of the name row's owner while permits are out.
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) const PERMITS: &str = "~permits:";
 
 /// The holders table of the lease table `t`.
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn holders_table(t: &str) -> String {
     format!("{t}_holders")
 }
 
-/// The DDL creating the holders table of the lease table `t`.
-#[cfg(feature = "sqlite")]
-pub(crate) fn create_holders(t: &str) -> String {
-    let h = holders_table(t);
-    format!(
-        "CREATE TABLE IF NOT EXISTS {h} (
-            key_hash   TEXT    NOT NULL,
-            owner      TEXT    NOT NULL,
-            lock_key   TEXT    NOT NULL,
-            shared     INTEGER NOT NULL,
-            holds      INTEGER NOT NULL,
-            fence      INTEGER NOT NULL,
-            expires_at INTEGER NOT NULL,
-            PRIMARY KEY (key_hash, owner)
-        )"
-    )
-}
-
-/// Deletes up to `batch` rows of the holders table whose lease ended more
-/// than the retention (the parameter, in ms) ago.
-#[cfg(feature = "sqlite")]
-pub(crate) fn sweep_holders(t: &str, batch: u64) -> String {
-    let h = holders_table(t);
-    format!(
-        "DELETE FROM {h} WHERE rowid IN
-            (SELECT rowid FROM {h} WHERE expires_at < {} - ?1 LIMIT {batch})",
-        crate::queries::SQLITE_NOW
-    )
-}
-
 /// Who holds a name, as its row in the lease table says.
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[derive(Debug, PartialEq)]
 pub(crate) enum Name {
     Free,
@@ -177,11 +147,11 @@ pub(crate) enum Name {
 }
 
 /// The name row: (owner, holds, fence, expires_at).
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) type NameRow = (Option<String>, i64, i64, i64);
 
 /// Who holds the name whose row is `row`, at `now` (ms on the database clock).
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn classify(row: Option<&NameRow>, now: i64) -> Name {
     match row {
         Some((Some(owner), _, _, expires)) if *expires > now => {

@@ -103,11 +103,13 @@
 #[macro_use]
 mod node;
 mod backend;
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod claims;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod claims_sql;
 mod config;
 mod error;
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod group;
 mod layout;
 mod lease;

@@ -184,6 +184,9 @@ async fn drop_table(dialect: Dialect, url: &str, table: &str) {
         Dialect::Postgres => {
             let mut c = sqlx::PgConnection::connect(url).await.unwrap();
             sqlx::query(&sql).execute(&mut c).await.unwrap();
+            // The holders table of permits and read holds, made beside it.
+            let holders = format!("DROP TABLE IF EXISTS {table}_holders");
+            sqlx::query(&holders).execute(&mut c).await.unwrap();
         }
         Dialect::MySql => {
             let mut c = sqlx::MySqlConnection::connect(url).await.unwrap();

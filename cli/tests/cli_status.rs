@@ -182,14 +182,15 @@ async fn status_creates_nothing() {
 }
 
 /// `--permits` and `--shared` on a store that cannot grant them (lease rows
-/// on PostgreSQL, for now) are a usage error (64) naming what is missing,
+/// on MySQL, for now) are a usage error (64) naming what is missing,
 /// before the command runs.
 #[test]
 fn permits_and_shared_holds_are_refused_where_the_store_lacks_them() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("ran");
     let touch = format!("touch {}", marker.display());
-    let url = common::postgres_url();
+    // MySQL's lease rows have no claims yet (PostgreSQL's and SQLite's do).
+    let url = common::mysql_url();
     for (flags, says) in [
         (&["--permits", "3"][..], "semaphore's permits"),
         (&["--shared"][..], "shared (read) holds"),
