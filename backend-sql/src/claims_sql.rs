@@ -64,6 +64,9 @@ pub(crate) struct ClaimsSql {
     pub(crate) inspect: String,
 }
 
+/// Rewrites a column or parameter into the dialect's form.
+type Rewrite = dyn Fn(&str) -> String;
+
 /// `$n` parameters as SQLite's `?n`.
 fn sqlite_params(s: String) -> String {
     let mut out = String::with_capacity(s.len());
@@ -84,24 +87,25 @@ impl ClaimsSql {
         let h = holders_table(t);
         // The clock in ms; the name row's expiry read as ms; ms written
         // as the name row's expiry; the larger of two.
-        let (now, exp, at, max): (&str, &dyn Fn(&str) -> String, &dyn Fn(&str) -> String, &str) =
-            match dialect {
-                Dialect::Sqlite => (
-                    crate::queries::SQLITE_NOW,
-                    &|c: &str| c.to_owned(),
-                    &|p: &str| p.to_owned(),
-                    "MAX",
-                ),
-                Dialect::Postgres => (
+        let (now, exp, at, max): (&str, &Rewrite, &Rewrite, &str) = match dialect {
+            Dialect::Sqlite => (
+                crate::queries::SQLITE_NOW,
+                &|c: &str| c.to_owned(),
+                &|p: &str| p.to_owned(),
+                "MAX",
+            ),
+            Dialect::Postgres => {
+                (
                     "(extract(epoch from clock_timestamp()) * 1000)::bigint",
                     &|c: &str| {
                         format!("(extract(epoch from GREATEST({c}, 'epoch'::timestamptz)) * 1000)::bigint")
                     },
                     &|p: &str| format!("to_timestamp(({p})::bigint / 1000.0)"),
                     "GREATEST",
-                ),
-                Dialect::MySql => return None,
-            };
+                )
+            }
+            Dialect::MySql => return None,
+        };
         let live = format!("FROM {h} WHERE key_hash = $1 AND holds > 0 AND expires_at > $2");
         let put_holder = format!(
             "INSERT INTO {h} (key_hash, owner, lock_key, shared, holds, fence, expires_at)
