@@ -184,11 +184,30 @@ impl SqlBackend {
     pub async fn sweep(&self) -> Result<u64> {
         self.migrate().await?;
         let retention = ttl_ms(self.inner.config.retention);
-        let mut gone = 0;
         // Batches keep each statement short; a backlog left by an earlier
         // version is worked off over several sweeps.
+        let gone = self
+            .sweep_with(&self.inner.queries.sweep, retention)
+            .await?;
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
+        let gone = gone
+            + match &self.inner.claims {
+                Some(_) => {
+                    let (dialect, table) = (self.inner.config.dialect, &self.inner.config.table);
+                    let stmt = sweep_holders(dialect, table, SWEEP_BATCH);
+                    self.sweep_with(&stmt, retention).await?
+                }
+                None => 0,
+            };
+        Ok(gone)
+    }
+
+    /// Runs the sweep statement `stmt` (retention in ms) batch after batch
+    /// until one comes back short, or 100 batches.
+    async fn sweep_with(&self, stmt: &str, retention: i64) -> Result<u64> {
+        let mut gone = 0;
         for _ in 0..100 {
-            let n = on_pool!(&self.inner.pool, p => sqlx::query(&self.inner.queries.sweep)
+            let n = on_pool!(&self.inner.pool, p => sqlx::query(stmt)
                 .bind(retention)
                 .execute(p)
                 .await
@@ -197,26 +216,6 @@ impl SqlBackend {
             gone += n;
             if n < SWEEP_BATCH {
                 break;
-            }
-        }
-        #[cfg(any(feature = "sqlite", feature = "postgres"))]
-        if self.inner.claims.is_some() {
-            let stmt = sweep_holders(
-                self.inner.config.dialect,
-                &self.inner.config.table,
-                SWEEP_BATCH,
-            );
-            for _ in 0..100 {
-                let n = on_pool!(&self.inner.pool, p => sqlx::query(&stmt)
-                    .bind(retention)
-                    .execute(p)
-                    .await
-                    .map_err(map_err)?
-                    .rows_affected());
-                gone += n;
-                if n < SWEEP_BATCH {
-                    break;
-                }
             }
         }
         Ok(gone)

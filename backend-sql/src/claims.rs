@@ -235,7 +235,6 @@ macro_rules! acquire_in {
                     .await?;
                 sqlx::query(&this.sql.settle_name)
                     .bind(&hash)
-                    .bind(now)
                     .execute(&mut *$c)
                     .await?;
                 return Ok(Ok(granted(mine.3, mine.2 + 1)));
@@ -325,21 +324,16 @@ impl Claims {
         let me = owner.as_str();
         in_txn!(self, c => async {
             hold_name!(self, c, &hash, None)?;
-            let (now,): (i64,) = sqlx::query_as(&format!("SELECT {}", self.now_sql()))
-                .fetch_one(&mut *c)
-                .await?;
             // The last hold, the common case: gone in one statement.
             let gone: Option<i64> = sqlx::query_scalar(&self.sql.drop_last)
                 .bind(&hash)
                 .bind(me)
-                .bind(now)
                 .fetch_optional(&mut *c)
                 .await?;
             if gone.is_none() {
                 let left: Option<i64> = sqlx::query_scalar(&self.sql.drop_one)
                     .bind(&hash)
                     .bind(me)
-                    .bind(now)
                     .fetch_optional(&mut *c)
                     .await?;
                 return Ok(Ok(match left {
@@ -347,7 +341,7 @@ impl Claims {
                     None => Release::NotHeld,
                 }));
             }
-            sqlx::query(&self.sql.settle_name).bind(&hash).bind(now).execute(&mut *c).await?;
+            sqlx::query(&self.sql.settle_name).bind(&hash).execute(&mut *c).await?;
             Ok(Ok(Release::Freed))
         }.await)
     }
@@ -363,31 +357,17 @@ impl Claims {
         let me = owner.as_str();
         in_txn!(self, c => async {
             hold_name!(self, c, &hash, None)?;
-            let (now,): (i64,) = sqlx::query_as(&format!("SELECT {}", self.now_sql()))
-                .fetch_one(&mut *c)
-                .await?;
             let done = sqlx::query(&self.sql.renew)
                 .bind(&hash)
                 .bind(me)
-                .bind(now)
-                .bind(now + ttl_ms(ttl))
+                .bind(ttl_ms(ttl))
                 .execute(&mut *c)
                 .await?;
             if done.rows_affected() == 0 {
                 return Ok(Ok(Renew::NotHeld));
             }
-            sqlx::query(&self.sql.settle_name).bind(&hash).bind(now).execute(&mut *c).await?;
+            sqlx::query(&self.sql.settle_name).bind(&hash).execute(&mut *c).await?;
             Ok(Ok(Renew::Renewed))
         }.await)
-    }
-
-    /// The database clock in ms, as an expression.
-    pub(crate) fn now_sql(&self) -> &'static str {
-        match &self.pool {
-            #[cfg(feature = "postgres")]
-            Pool::Postgres(_) => "(extract(epoch from clock_timestamp()) * 1000)::bigint",
-            #[allow(unreachable_patterns)]
-            _ => crate::queries::SQLITE_NOW,
-        }
     }
 }

@@ -33,7 +33,7 @@ pub(crate) struct ClaimsSql {
     pub(crate) name_and_now: String,
     /// The live holders rows (key hash, now).
     pub(crate) live_holders: String,
-    /// Sets the name row from its live holders (key hash, now).
+    /// Sets the name row from its live holders (key hash).
     pub(crate) settle_name: String,
     /// Writes a holders row (key hash, owner, key, shared, holds, fence,
     /// expires_at), replacing the owner's.
@@ -45,11 +45,11 @@ pub(crate) struct ClaimsSql {
     /// Writes the name row for a group's grant (key hash, key, marker,
     /// holds, fence, until, now).
     pub(crate) put_name: String,
-    /// Deletes the owner's last hold (key hash, owner, now); returns a row.
+    /// Deletes the owner's last hold (key hash, owner); returns a row.
     pub(crate) drop_last: String,
-    /// Takes one of the owner's holds (key hash, owner, now); returns holds.
+    /// Takes one of the owner's holds (key hash, owner); returns holds.
     pub(crate) drop_one: String,
-    /// Extends the owner's lease (key hash, owner, now, until).
+    /// Extends the owner's lease (key hash, owner, TTL in ms).
     pub(crate) renew: String,
     /// The group marker of a live name row, read without a transaction
     /// (key hash).
@@ -106,7 +106,7 @@ impl ClaimsSql {
             }
             Dialect::MySql => return None,
         };
-        let live = format!("FROM {h} WHERE key_hash = $1 AND holds > 0 AND expires_at > $2");
+        let live = format!("FROM {h} WHERE key_hash = $1 AND holds > 0 AND expires_at > {now}");
         let put_holder = format!(
             "INSERT INTO {h} (key_hash, owner, lock_key, shared, holds, fence, expires_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7)
@@ -152,7 +152,7 @@ impl ClaimsSql {
                     owner = CASE WHEN EXISTS (SELECT 1 {live}) THEN owner ELSE NULL END,
                     value = NULL
                  WHERE key_hash = $1 AND substr(owner, 1, 1) = '~'",
-                at(&format!("COALESCE((SELECT MAX(expires_at) {live}), $2)"))
+                at(&format!("COALESCE((SELECT MAX(expires_at) {live}), {now})"))
             ),
             put_holder,
             name_shared: format!(
@@ -177,15 +177,15 @@ impl ClaimsSql {
             ),
             drop_last: format!(
                 "DELETE FROM {h} WHERE key_hash = $1 AND owner = $2 AND holds = 1
-                    AND expires_at > $3 RETURNING holds"
+                    AND expires_at > {now} RETURNING holds"
             ),
             drop_one: format!(
                 "UPDATE {h} SET holds = holds - 1 WHERE key_hash = $1 AND owner = $2
-                    AND holds > 1 AND expires_at > $3 RETURNING holds"
+                    AND holds > 1 AND expires_at > {now} RETURNING holds"
             ),
             renew: format!(
-                "UPDATE {h} SET expires_at = $4
-                 WHERE key_hash = $1 AND owner = $2 AND holds > 0 AND expires_at > $3"
+                "UPDATE {h} SET expires_at = {now} + $3
+                 WHERE key_hash = $1 AND owner = $2 AND holds > 0 AND expires_at > {now}"
             ),
             live_group: format!(
                 "SELECT owner FROM {t} WHERE key_hash = $1 AND {} > {now}

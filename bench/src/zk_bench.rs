@@ -19,7 +19,26 @@ const TTL: Duration = Duration::from_secs(30);
 const KAZOO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/zk_kazoo.py");
 
 fn kazoo(args: &[&str]) -> Result<serde_json::Value, String> {
-    python(KAZOO, "pip install kazoo==2.10.0", args)
+    python(KAZOO, "pip install kazoo==2.11.0", args)
+}
+
+/// kazoo's uncontended pairs of `recipe` (lock, semaphore, read, write).
+fn kazoo_uncontended(
+    hosts: &str,
+    iterations: u32,
+    recipe: &str,
+) -> Result<serde_json::Value, String> {
+    let n = iterations.to_string();
+    kazoo(&[
+        "--hosts",
+        hosts,
+        "--mode",
+        "uncontended",
+        "--iterations",
+        &n,
+        "--recipe",
+        recipe,
+    ])
 }
 
 async fn raw_pairs(client: &zk::Client, dir: &str, iterations: u32) {
@@ -73,15 +92,6 @@ pub(crate) async fn run(
     let backend = ZkBackend::connect(&url).map_err(|e| e.to_string())?;
     backend.verify().await.map_err(|e| e.chain())?;
     let locker = Locker::new(ZkBackend::connect(&url).map_err(|e| e.to_string())?);
-    let n = iterations.to_string();
-    let kazoo_args = [
-        "--hosts",
-        hosts,
-        "--mode",
-        "uncontended",
-        "--iterations",
-        &n,
-    ];
 
     let mut figures: [Vec<f64>; 4] = Default::default();
     let mut kazoo_version = String::from("kazoo");
@@ -91,7 +101,7 @@ pub(crate) async fn run(
             let r = match path {
                 0 => pairs_per_sec(iterations, || raw_pairs(&raw, &dir, iterations)).await,
                 1 => {
-                    let v = kazoo(&kazoo_args)?;
+                    let v = kazoo_uncontended(hosts, iterations, "lock")?;
                     if let Some(ver) = v["kazoo"].as_str() {
                         kazoo_version = format!("kazoo {ver}");
                     }
@@ -181,7 +191,6 @@ async fn claims_table(
     iterations: u32,
     rounds: u32,
 ) -> Result<(), String> {
-    let n = iterations.to_string();
     let mut ours: [Vec<f64>; 4] = Default::default();
     let mut theirs: [Vec<f64>; 4] = Default::default();
     for round in 0..rounds {
@@ -193,16 +202,7 @@ async fn claims_table(
                 let r = pairs_per_sec(iterations, || claim_pairs(locker, &key, what, iterations));
                 ours[i].push(r.await);
             } else {
-                let v = kazoo(&[
-                    "--hosts",
-                    hosts,
-                    "--mode",
-                    "uncontended",
-                    "--iterations",
-                    &n,
-                    "--recipe",
-                    what,
-                ])?;
+                let v = kazoo_uncontended(hosts, iterations, what)?;
                 let r = v["pairs_per_s"].as_f64().ok_or("kazoo: no pairs_per_s")?;
                 theirs[i % 4].push(r);
             }
