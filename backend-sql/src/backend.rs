@@ -1,20 +1,15 @@
 //! [`SqlBackend`]: the [`LockBackend`] over a table of lease rows.
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use locksmith_core::backend::{Acquire, Capabilities, LockBackend, Release, Renew, Watch};
-use locksmith_core::{
-    Claim, Error, ErrorKind, FencingToken, LockKey, LockStatus, OwnerToken, Result,
-};
+use locksmith_core::{Claim, Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
 use tokio::sync::OnceCell;
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::claims::Claims;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::claims_sql::{create_holders, sweep_holders, ClaimsSql};
 use crate::config::{Dialect, Mode, SqlConfig, MIN_TTL};
 use crate::error::{is_missing_column, is_missing_table, map_err};
@@ -63,12 +58,10 @@ pub(crate) struct Inner {
     pub(crate) file: Option<std::path::PathBuf>,
     /// When this client last started a sweep (see [`SqlBackend::sweep`]).
     pub(crate) swept: Mutex<Option<std::time::Instant>>,
-    /// Permits and read holds, where the dialect has them (SQLite).
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
-    pub(crate) claims: Option<Claims>,
+    /// Permits and read holds.
+    pub(crate) claims: Claims,
     /// The writers this client marked as waiting for readers (key,
     /// owner): a grant takes the mark away.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) marked: Mutex<HashSet<(LockKey, String)>>,
 }
 
@@ -100,9 +93,7 @@ impl SqlBackend {
         let local = LocalReleases::for_scope(format!("{scope}\u{0}{}", config.table));
         // For SQLite the scope is the file's absolute path.
         let file = (config.dialect == Dialect::Sqlite).then(|| std::path::PathBuf::from(&scope));
-        #[cfg(any(feature = "sqlite", feature = "postgres"))]
-        let claims =
-            ClaimsSql::new(config.dialect, &config.table).map(|sql| Claims::new(pool.clone(), sql));
+        let claims = Claims::new(pool.clone(), ClaimsSql::new(config.dialect, &config.table));
         Ok(SqlBackend {
             inner: Arc::new(Inner {
                 config,
@@ -112,9 +103,7 @@ impl SqlBackend {
                 local,
                 file,
                 swept: Mutex::new(None),
-                #[cfg(any(feature = "sqlite", feature = "postgres"))]
                 claims,
-                #[cfg(any(feature = "sqlite", feature = "postgres"))]
                 marked: Mutex::new(HashSet::new()),
             }),
         })
@@ -157,12 +146,9 @@ impl SqlBackend {
                 for stmt in &self.inner.queries.create {
                     create(&self.inner.pool, stmt).await?;
                 }
-                #[cfg(any(feature = "sqlite", feature = "postgres"))]
-                if self.inner.claims.is_some() {
-                    let table = &self.inner.config.table;
-                    let ddl = create_holders(self.inner.config.dialect, table);
-                    create(&self.inner.pool, &ddl).await?;
-                }
+                let table = &self.inner.config.table;
+                let ddl = create_holders(self.inner.config.dialect, table);
+                create(&self.inner.pool, &ddl).await?;
                 add_value_column(&self.inner.pool, &self.inner.config.table).await?;
                 Ok::<(), Error>(())
             })
@@ -189,17 +175,9 @@ impl SqlBackend {
         let gone = self
             .sweep_with(&self.inner.queries.sweep, retention)
             .await?;
-        #[cfg(any(feature = "sqlite", feature = "postgres"))]
-        let gone = gone
-            + match &self.inner.claims {
-                Some(_) => {
-                    let (dialect, table) = (self.inner.config.dialect, &self.inner.config.table);
-                    let stmt = sweep_holders(dialect, table, SWEEP_BATCH);
-                    self.sweep_with(&stmt, retention).await?
-                }
-                None => 0,
-            };
-        Ok(gone)
+        let (dialect, table) = (self.inner.config.dialect, &self.inner.config.table);
+        let stmt = sweep_holders(dialect, table, SWEEP_BATCH);
+        Ok(gone + self.sweep_with(&stmt, retention).await?)
     }
 
     /// Runs the sweep statement `stmt` (retention in ms) batch after batch
@@ -248,25 +226,14 @@ impl SqlBackend {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl SqlBackend {
-    /// Permits and read holds, where this dialect has them (SQLite).
-    fn claims(&self) -> Option<&Claims> {
-        self.inner.claims.as_ref()
+    /// Permits and read holds.
+    fn claims(&self) -> &Claims {
+        &self.inner.claims
     }
 
     fn marks(&self) -> std::sync::MutexGuard<'_, HashSet<(LockKey, String)>> {
         self.inner.marked.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl SqlBackend {
-    /// This dialect grants permits and read holds.
-    fn has_claims(&self) -> bool {
-        #[cfg(any(feature = "sqlite", feature = "postgres"))]
-        return self.claims().is_some();
-        #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
-        false
     }
 }
 
@@ -278,8 +245,8 @@ impl LockBackend for SqlBackend {
         Capabilities::default()
             .with_fencing(true)
             .with_values(true)
-            .with_permits(self.has_claims())
-            .with_shared(self.has_claims())
+            .with_permits(true)
+            .with_shared(true)
             .with_min_ttl(MIN_TTL)
             // Rows go a retention after the lock is free, swept by acquires.
             .with_retention(self.inner.config.retention + self.sweep_every())
@@ -312,9 +279,8 @@ impl LockBackend for SqlBackend {
             Err(e) if is_missing_table(&e) => None,
             Err(e) => return Err(map_err(e)),
         };
-        #[cfg(any(feature = "sqlite", feature = "postgres"))]
-        if let (Some(claims), Some((_, _, _, owner, _))) = (self.claims(), &row) {
-            if let Some(status) = claims.inspect(key, owner).await? {
+        if let Some((_, _, _, owner, _)) = &row {
+            if let Some(status) = self.claims().inspect(key, owner).await? {
                 return Ok(status);
             }
         }
@@ -339,21 +305,13 @@ impl LockBackend for SqlBackend {
         ttl: Duration,
     ) -> Result<Acquire> {
         if owner.claim() != Claim::MUTEX {
-            #[cfg(any(feature = "sqlite", feature = "postgres"))]
-            if let Some(claims) = self.claims() {
-                self.migrate().await?;
-                self.sweep_now_and_then();
-                return claims.acquire(key, owner, ttl).await;
-            }
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                "semaphores and read-write locks are on SQLite and PostgreSQL so far; MySQL \
-                 lease rows refuse them",
-            ));
+            self.migrate().await?;
+            self.sweep_now_and_then();
+            return self.claims().acquire(key, owner, ttl).await;
         }
         let acquired = self.lease_acquire(key, owner, ttl).await?;
-        #[cfg(any(feature = "sqlite", feature = "postgres"))]
-        if let Some(claims) = self.claims() {
+        {
+            let claims = self.claims();
             let mark = (key.clone(), owner.as_str().to_owned());
             match acquired {
                 Acquire::Contended { .. } => {
@@ -383,10 +341,9 @@ impl LockBackend for SqlBackend {
             Release::NotHeld
         };
         // A permit, a read hold, or a writer's hold that a downgrade moved.
-        #[cfg(any(feature = "sqlite", feature = "postgres"))]
-        let r = match (r, self.claims()) {
-            (Release::NotHeld, Some(claims)) => claims.release(key, owner).await?,
-            (r, _) => r,
+        let r = match r {
+            Release::NotHeld => self.claims().release(key, owner).await?,
+            r => r,
         };
         // Waiters in this process try at once.
         if r == Release::Freed {
@@ -401,27 +358,21 @@ impl LockBackend for SqlBackend {
         } else {
             Renew::NotHeld
         };
-        #[cfg(any(feature = "sqlite", feature = "postgres"))]
-        let r = match (r, self.claims()) {
-            (Renew::NotHeld, Some(claims)) => claims.renew(key, owner, ttl).await?,
-            (r, _) => r,
-        };
-        Ok(r)
+        Ok(match r {
+            Renew::NotHeld => self.claims().renew(key, owner, ttl).await?,
+            r => r,
+        })
     }
 
     /// A writer giving up takes its mark away, so readers enter again.
     async fn abandon(&self, key: &LockKey, owner: &OwnerToken, _ticket: &OwnerToken) -> Result<()> {
-        #[cfg(any(feature = "sqlite", feature = "postgres"))]
-        if let Some(claims) = self.claims() {
-            // Only a mark this client left: a mutex's give-up costs nothing.
-            if self
-                .marks()
-                .remove(&(key.clone(), owner.as_str().to_owned()))
-            {
-                claims.unmark(key, owner).await?;
-            }
+        // Only a mark this client left: a mutex's give-up costs nothing.
+        if self
+            .marks()
+            .remove(&(key.clone(), owner.as_str().to_owned()))
+        {
+            self.claims().unmark(key, owner).await?;
         }
-        let _ = (key, owner);
         Ok(())
     }
 

@@ -1,6 +1,6 @@
 //! Semaphore permits and read holds (every claim but the mutex's) on
-//! SQLite and PostgreSQL, each operation one transaction that holds the
-//! name first (see `claims_sql` for how each dialect does).
+//! SQLite, PostgreSQL and MySQL/MariaDB, each operation one transaction
+//! that holds the name first (see `claims_sql` for how each dialect does).
 //!
 //! The lock's row in the lease table stays the one thing every claim on a
 //! name meets, so the mutex keeps its one statement: while permits or read
@@ -28,7 +28,7 @@ use locksmith_core::backend::{
 };
 use locksmith_core::{Claim, LockKey, OwnerToken, Result};
 
-use crate::claims_sql::ClaimsSql;
+use crate::claims_sql::{bound, ClaimsSql};
 use crate::error::map_err;
 use crate::layout::{classify, Name, NameRow, PERMITS, SHARED};
 use crate::lease::granted;
@@ -117,11 +117,25 @@ macro_rules! in_txn {
                 let answer = $body;
                 $crate::claims::finish(tx, answer).await
             }
-            #[allow(unreachable_patterns)]
-            _ => Err(locksmith_core::Error::new(
-                locksmith_core::ErrorKind::Unsupported,
-                "semaphores and read-write locks are not on this dialect",
-            )),
+            #[cfg(feature = "mysql")]
+            Pool::MySql(p) => {
+                let mut tries = 0;
+                loop {
+                    let mut tx = p.begin().await.map_err(map_err)?;
+                    let $c = &mut *tx;
+                    let answer = $body;
+                    match answer {
+                        // InnoDB rolled the deadlock's victim back whole
+                        // (gap locks of neighbouring names can meet).
+                        Err(e) if crate::error::is_mysql_conflict(&e) && tries < 3 => {
+                            tries += 1;
+                            drop(e);
+                            let _ = tx.rollback().await;
+                        }
+                        answer => break $crate::claims::finish(tx, answer).await,
+                    }
+                }
+            }
         }
     }};
 }
@@ -134,9 +148,7 @@ macro_rules! hold_name {
         let sql = &$claims.sql;
         let key: Option<&LockKey> = $key;
         let ensured = match (&sql.ensure_name, key) {
-            (Some(s), Some(k)) => sqlx::query(s)
-                .bind($hash)
-                .bind(k.as_str())
+            (Some(s), Some(k)) => bound!(query, s; $hash, k.as_str())
                 .execute(&mut *$c)
                 .await
                 .map(drop),
@@ -144,7 +156,7 @@ macro_rules! hold_name {
         };
         match (ensured, &sql.lock_name) {
             (Err(e), _) => Err(e),
-            (Ok(()), Some(s)) => sqlx::query(s).bind($hash).execute(&mut *$c).await.map(drop),
+            (Ok(()), Some(s)) => bound!(query, s; $hash).execute(&mut *$c).await.map(drop),
             (Ok(()), None) => Ok(()),
         }
     }};
@@ -162,8 +174,7 @@ macro_rules! acquire_in {
             let me = owner.as_str();
             hold_name!(this, $c, &hash, Some(key))?;
             // The clock and the name row in one statement.
-            let read: NowAndName = sqlx::query_as(&this.sql.name_and_now)
-                .bind(&hash)
+            let read: NowAndName = bound!(query_as, &this.sql.name_and_now; &hash)
                 .fetch_one(&mut *$c)
                 .await?;
             let now = read.0;
@@ -180,18 +191,11 @@ macro_rules! acquire_in {
                 (Name::Token(o), Claim::Shared) if owner.writer() == Some(o.as_str()) => {
                     // A downgrade: the writer's hold moves to a row of its own.
                     let (_, holds, fence, expires) = row.clone().expect("a live row");
-                    sqlx::query(&this.sql.put_holder)
-                        .bind(&hash)
-                        .bind(&o)
-                        .bind(key.as_str())
-                        .bind(0_i64)
-                        .bind(holds)
-                        .bind(fence)
-                        .bind(expires)
-                        .execute(&mut *$c)
-                        .await?;
-                    sqlx::query(&this.sql.name_shared)
-                        .bind(&hash)
+                    bound!(query, &this.sql.put_holder;
+                        &hash, &o, key.as_str(), 0_i64, holds, fence, expires)
+                    .execute(&mut *$c)
+                    .await?;
+                    bound!(query, &this.sql.name_shared; &hash)
                         .execute(&mut *$c)
                         .await?;
                     beside_writer = true;
@@ -218,23 +222,17 @@ macro_rules! acquire_in {
             }
             // Expired rows are left to the sweep: every read here skips
             // them, and a grant replaces its owner's own.
-            let rows: Vec<HolderRow> = sqlx::query_as(&this.sql.live_holders)
-                .bind(&hash)
-                .bind(now)
+            let rows: Vec<HolderRow> = bound!(query_as, &this.sql.live_holders; &hash, now)
                 .fetch_all(&mut *$c)
                 .await?;
             if let Some(mine) = rows.iter().find(|r| r.0 == me && r.2 > 0) {
                 if (mine.1 != 0) != claim.is_shared() {
                     return Ok(Err(claim_changed(key, mine.1 != 0)));
                 }
-                sqlx::query(&this.sql.add_hold)
-                    .bind(&hash)
-                    .bind(me)
-                    .bind(until)
+                bound!(query, &this.sql.add_hold; &hash, me, until)
                     .execute(&mut *$c)
                     .await?;
-                sqlx::query(&this.sql.settle_name)
-                    .bind(&hash)
+                bound!(query, &this.sql.settle_name; &hash)
                     .execute(&mut *$c)
                     .await?;
                 return Ok(Ok(granted(mine.3, mine.2 + 1)));
@@ -273,26 +271,15 @@ macro_rules! acquire_in {
             };
             let last_fence = row.as_ref().map_or(0, |r| r.2);
             let fence: i64 = (now * 1000).max(last_fence + 1);
-            sqlx::query(&this.sql.put_name)
-                .bind(&hash)
-                .bind(key.as_str())
-                .bind(&group)
-                .bind(held.len() as i64 + 1)
-                .bind(fence)
-                .bind(until)
-                .bind(now)
-                .execute(&mut *$c)
-                .await?;
-            sqlx::query(&this.sql.put_holder)
-                .bind(&hash)
-                .bind(me)
-                .bind(key.as_str())
-                .bind(i64::from(claim.is_shared()))
-                .bind(1_i64)
-                .bind(fence)
-                .bind(until)
-                .execute(&mut *$c)
-                .await?;
+            let holders = held.len() as i64 + 1;
+            bound!(query, &this.sql.put_name;
+                &hash, key.as_str(), &group, holders, fence, until, now)
+            .execute(&mut *$c)
+            .await?;
+            bound!(query, &this.sql.put_holder;
+                &hash, me, key.as_str(), i64::from(claim.is_shared()), 1_i64, fence, until)
+            .execute(&mut *$c)
+            .await?;
             Ok(Ok(granted(fence, 1)))
         }
         .await
@@ -325,23 +312,25 @@ impl Claims {
         in_txn!(self, c => async {
             hold_name!(self, c, &hash, None)?;
             // The last hold, the common case: gone in one statement.
-            let gone: Option<i64> = sqlx::query_scalar(&self.sql.drop_last)
-                .bind(&hash)
-                .bind(me)
-                .fetch_optional(&mut *c)
-                .await?;
-            if gone.is_none() {
-                let left: Option<i64> = sqlx::query_scalar(&self.sql.drop_one)
-                    .bind(&hash)
-                    .bind(me)
-                    .fetch_optional(&mut *c)
+            let gone = bound!(query, &self.sql.drop_last; &hash, me)
+                .execute(&mut *c)
+                .await?
+                .rows_affected();
+            if gone == 0 {
+                // No RETURNING on MySQL: a re-entered hold is read after.
+                let taken = bound!(query, &self.sql.drop_one; &hash, me)
+                    .execute(&mut *c)
+                    .await?
+                    .rows_affected();
+                if taken == 0 {
+                    return Ok(Ok(Release::NotHeld));
+                }
+                let left: i64 = bound!(query_scalar, &self.sql.holds; &hash, me)
+                    .fetch_one(&mut *c)
                     .await?;
-                return Ok(Ok(match left {
-                    Some(n) => Release::StillHeld(u32::try_from(n).unwrap_or(u32::MAX)),
-                    None => Release::NotHeld,
-                }));
+                return Ok(Ok(Release::StillHeld(u32::try_from(left).unwrap_or(u32::MAX))));
             }
-            sqlx::query(&self.sql.settle_name).bind(&hash).execute(&mut *c).await?;
+            bound!(query, &self.sql.settle_name; &hash).execute(&mut *c).await?;
             Ok(Ok(Release::Freed))
         }.await)
     }
@@ -357,16 +346,13 @@ impl Claims {
         let me = owner.as_str();
         in_txn!(self, c => async {
             hold_name!(self, c, &hash, None)?;
-            let done = sqlx::query(&self.sql.renew)
-                .bind(&hash)
-                .bind(me)
-                .bind(ttl_ms(ttl))
+            let done = bound!(query, &self.sql.renew; &hash, me, ttl_ms(ttl))
                 .execute(&mut *c)
                 .await?;
             if done.rows_affected() == 0 {
                 return Ok(Ok(Renew::NotHeld));
             }
-            sqlx::query(&self.sql.settle_name).bind(&hash).execute(&mut *c).await?;
+            bound!(query, &self.sql.settle_name; &hash).execute(&mut *c).await?;
             Ok(Ok(Renew::Renewed))
         }.await)
     }

@@ -8,6 +8,7 @@ use locksmith_core::backend::{claim_changed, permits_mismatch, MARK_LIFE};
 use locksmith_core::{FencingToken, Holder, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::claims::{hold_name, in_txn, left, name_row, Claims, NowAndName};
+use crate::claims_sql::bound;
 use crate::error::map_err;
 use crate::layout::{classify, Name, PERMITS, SHARED};
 use crate::node::Pool;
@@ -26,8 +27,7 @@ impl Claims {
     ) -> Result<bool> {
         let hash = crate::layout::key_hash(key);
         // Most refusals are a mutex's or writer's: one read, no lock.
-        let group: Option<String> = on_pool!(&self.pool, p => sqlx::query_scalar(&self.sql.live_group)
-            .bind(&hash)
+        let group: Option<String> = on_pool!(&self.pool, p => bound!(query_scalar, &self.sql.live_group; &hash)
             .fetch_optional(p)
             .await
             .map_err(map_err)?);
@@ -36,29 +36,23 @@ impl Claims {
         }
         in_txn!(self, c => async {
             hold_name!(self, c, &hash, Some(key))?;
-            let read: NowAndName = sqlx::query_as(&self.sql.name_and_now)
-                .bind(&hash)
+            let read: NowAndName = bound!(query_as, &self.sql.name_and_now; &hash)
                 .fetch_one(&mut *c)
                 .await?;
             let now = read.0;
             match classify(name_row(&read).as_ref(), now) {
                 Name::Permits(kept) => Ok(Err(permits_mismatch(key, kept, 1))),
                 Name::Shared => {
-                    let mine: Option<i64> = sqlx::query_scalar(&self.sql.mine)
-                        .bind(&hash)
-                        .bind(owner.as_str())
-                        .bind(now)
-                        .fetch_optional(&mut *c)
+                    let mine: Option<i64> = bound!(query_scalar, &self.sql.mine;
+                        &hash, owner.as_str(), now)
+                    .fetch_optional(&mut *c)
                         .await?;
                     if let Some(shared) = mine {
                         // A reader asking to write: never an upgrade.
                         return Ok(Err(claim_changed(key, shared != 0)));
                     }
-                    sqlx::query(&self.sql.mark)
-                        .bind(&hash)
-                        .bind(owner.as_str())
-                        .bind(key.as_str())
-                        .bind(now + ttl_ms(ttl.min(MARK_LIFE)))
+                    let until = now + ttl_ms(ttl.min(MARK_LIFE));
+                    bound!(query, &self.sql.mark; &hash, owner.as_str(), key.as_str(), until)
                         .execute(&mut *c)
                         .await?;
                     Ok(Ok(true))
@@ -71,9 +65,7 @@ impl Claims {
     /// Takes away `owner`'s mark on `key`, if it left one.
     pub(crate) async fn unmark(&self, key: &LockKey, owner: &OwnerToken) -> Result<()> {
         let hash = crate::layout::key_hash(key);
-        on_pool!(&self.pool, p => sqlx::query(&self.sql.unmark)
-            .bind(&hash)
-            .bind(owner.as_str())
+        on_pool!(&self.pool, p => bound!(query, &self.sql.unmark; &hash, owner.as_str())
             .execute(p)
             .await
             .map_err(map_err)?
@@ -92,8 +84,7 @@ impl Claims {
             return Ok(None);
         };
         let hash = crate::layout::key_hash(key);
-        let rows: Vec<(String, i64, i64, i64, i64)> = on_pool!(&self.pool, p => sqlx::query_as(&self.sql.inspect)
-            .bind(&hash)
+        let rows: Vec<(String, i64, i64, i64, i64)> = on_pool!(&self.pool, p => bound!(query_as, &self.sql.inspect; &hash)
             .fetch_all(p)
             .await
             .map_err(map_err)?);

@@ -120,24 +120,20 @@ pub(crate) fn mysql_lock_name(namespace: &str, key: &LockKey) -> String {
     format!("lsm:{}", &hex::encode(session_digest(namespace, key))[..60])
 }
 
-// Semaphores and read-write locks (SQLite and PostgreSQL): the name row's
+// Semaphores and read-write locks (every dialect): the name row's
 // markers while a group holds it, and the holders table (see `claims`).
 
 /// The name row's owner while readers hold it.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) const SHARED: &str = "~shared";
 /// The prefix of the name row's owner while permits are out.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) const PERMITS: &str = "~permits:";
 
 /// The holders table of the lease table `t`.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn holders_table(t: &str) -> String {
     format!("{t}_holders")
 }
 
 /// Who holds a name, as its row in the lease table says.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[derive(Debug, PartialEq)]
 pub(crate) enum Name {
     Free,
@@ -147,11 +143,9 @@ pub(crate) enum Name {
 }
 
 /// The name row: (owner, holds, fence, expires_at).
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) type NameRow = (Option<String>, i64, i64, i64);
 
 /// Who holds the name whose row is `row`, at `now` (ms on the database clock).
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn classify(row: Option<&NameRow>, now: i64) -> Name {
     match row {
         Some((Some(owner), _, _, expires)) if *expires > now => {

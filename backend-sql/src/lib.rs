@@ -103,13 +103,10 @@
 #[macro_use]
 mod node;
 mod backend;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod claims;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod claims_sql;
 mod config;
 mod error;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod group;
 mod layout;
 mod lease;

@@ -179,7 +179,7 @@ fn postgres(t: &str) -> Queries {
 
 /// `NOW(3)` is fixed for the statement; sqlx pins the session time zone to
 /// UTC, so the epoch arithmetic is exact.
-const MYSQL_NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+pub(crate) const MYSQL_NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
 /// The same in µs, for fences.
 const MYSQL_NOW_US: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)";
 

@@ -181,16 +181,15 @@ async fn status_creates_nothing() {
     assert!(tables.is_empty(), "status created {tables:?}");
 }
 
-/// `--permits` and `--shared` on a store that cannot grant them (lease rows
-/// on MySQL, for now) are a usage error (64) naming what is missing,
+/// `--permits` and `--shared` on a store that cannot grant them
+/// (memcached, for now) are a usage error (64) naming what is missing,
 /// before the command runs.
 #[test]
 fn permits_and_shared_holds_are_refused_where_the_store_lacks_them() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("ran");
     let touch = format!("touch {}", marker.display());
-    // MySQL's lease rows have no claims yet (PostgreSQL's and SQLite's do).
-    let url = common::mysql_url();
+    let url = common::memcached_url();
     for (flags, says) in [
         (&["--permits", "3"][..], "semaphore's permits"),
         (&["--shared"][..], "shared (read) holds"),

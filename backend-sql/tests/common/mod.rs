@@ -111,11 +111,15 @@ pub async fn count_rows(
 ) -> anyhow::Result<u64> {
     use sqlx::Connection;
     let chars = prefix.chars().count() as i64;
+    // The names of lease rows, and of holders of permits and read locks
+    // (rows of their own table), each counted once.
     let n: i64 = match dialect {
         Dialect::Postgres => {
             let mut c = sqlx::PgConnection::connect(url).await?;
             sqlx::query_scalar(&format!(
-                "SELECT count(*) FROM {table} WHERE left(lock_key, $2::int) = $1"
+                "SELECT count(*) FROM (
+                    SELECT lock_key FROM {table} WHERE left(lock_key, $2::int) = $1
+                    UNION SELECT lock_key FROM {table}_holders WHERE left(lock_key, $2::int) = $1) n"
             ))
             .bind(prefix)
             .bind(chars)
@@ -125,16 +129,18 @@ pub async fn count_rows(
         Dialect::MySql => {
             let mut c = sqlx::MySqlConnection::connect(url).await?;
             sqlx::query_scalar(&format!(
-                "SELECT COUNT(*) FROM {table} WHERE LEFT(lock_key, ?) = ?"
+                "SELECT COUNT(*) FROM (
+                    SELECT lock_key FROM {table} WHERE LEFT(lock_key, ?) = ?
+                    UNION SELECT lock_key FROM {table}_holders WHERE LEFT(lock_key, ?) = ?) n"
             ))
+            .bind(chars)
+            .bind(prefix)
             .bind(chars)
             .bind(prefix)
             .fetch_one(&mut c)
             .await?
         }
         _ => {
-            // The names of lease rows, and of holders of permits and read
-            // locks (rows of their own table), each counted once.
             let mut c = sqlx::SqliteConnection::connect(url).await?;
             sqlx::query_scalar(&format!(
                 "SELECT count(*) FROM (
