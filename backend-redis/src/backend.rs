@@ -82,6 +82,8 @@ impl LockBackend for RedisBackend {
             .with_notify(true)
             .with_fair(true)
             .with_values(true)
+            .with_permits(true)
+            .with_shared(true)
     }
 
     async fn verify(&self) -> Result<()> {
@@ -109,7 +111,7 @@ impl LockBackend for RedisBackend {
     ) -> Result<Acquire> {
         self.inner
             .node
-            .acquire(&self.keys(key), owner, ttl, None)
+            .acquire(key, &self.keys(key), owner, ttl, None)
             .await
     }
 
@@ -128,7 +130,7 @@ impl LockBackend for RedisBackend {
         let outcome = self
             .inner
             .node
-            .acquire(&self.keys(key), owner, ttl, Some(waiter))
+            .acquire(key, &self.keys(key), owner, ttl, Some(waiter))
             .await?;
         // Wake to refresh the place in the queue before it lapses.
         Ok(match outcome {

@@ -13,12 +13,16 @@
 //!     the ticket of a hand-off, `~v` the value the holder advertises (an
 //!     election's leader value, raw bytes). A lock with a value is always
 //!     in this form.
+//!   - **held by a group** (semaphore permits, read holds) is the hash
+//!     form too, with `~k` the group's kind and a field per member: see
+//!     [`group`](crate::group).
 //! - **queue**, the waiters in arrival order: a sorted set of tickets, scored
 //!   by arrival time;
 //! - **waiters**, a hash from ticket to its entry,
 //!   `<live-until µs> <ttl ms> <liveness ms> <hub channel> <owner>`, then,
 //!   for an owner that advertises a value, a space and the value's raw
-//!   bytes to the end of the entry (so a hand-off writes it with the grant).
+//!   bytes to the end of the entry (so a hand-off writes it with the grant);
+//!   a permit's or reader's entry starts `c <kind> `.
 //!
 //! A lock that carries a value also has a pub/sub **channel**, the lock's
 //! key name and `:changes`, on which the scripts announce each grant,
@@ -80,3 +84,56 @@ impl Keys {
         call
     }
 }
+
+/// Reads a lock without changing it. KEYS: lock, queue, waiters. Answers
+/// `{holds, fence or -1, pttl ms, queued, owner, value or false, kind,
+/// members}`; a free lock has 0 holds and an empty owner. (`false`, since a
+/// nil would end the reply early.) A group (see [`group`](crate::group)) has its kind (-1
+/// readers, N permits; 0 for a mutex) and its live members, each `{owner,
+/// holds, fence, ms left}`.
+pub(crate) const INSPECT: &str = r"
+local queued = redis.call('zcard', KEYS[2])
+local t = redis.call('type', KEYS[1]).ok
+if t == 'none' then
+  return {0, -1, -2, queued, '', false, 0, {}}
+end
+local pttl = redis.call('pttl', KEYS[1])
+if t == 'string' then
+  local v = redis.call('get', KEYS[1])
+  local owner, s, us = string.match(v, '^(%S+) (%d+) (%d+)$')
+  local fence = -1
+  if owner then
+    fence = s * 1000000 + us
+  else
+    owner = v
+  end
+  return {1, fence, pttl, queued, owner, false, 0, {}}
+end
+local holds, fence, owner, value, kind, members = 0, -1, '', false, 0, {}
+local h = redis.call('hgetall', KEYS[1])
+local tm = redis.call('time')
+local now = tm[1] * 1000 + math.floor(tm[2] / 1000)
+for i = 1, #h, 2 do
+  if h[i] == '~f' then
+    fence = tonumber(h[i + 1])
+  elseif h[i] == '~v' then
+    value = h[i + 1]
+  elseif h[i] == '~k' then
+    if h[i + 1] == 's' then
+      kind = -1
+    elseif h[i + 1] ~= 'm' then
+      kind = tonumber(string.sub(h[i + 1], 2))
+    end
+  elseif string.sub(h[i], 1, 1) ~= '~' then
+    local mh, mf, me = string.match(h[i + 1], '^(%d+) (%d+) (%d+) ')
+    if mh then
+      if tonumber(me) > now then
+        table.insert(members, {h[i], tonumber(mh), tonumber(mf), tonumber(me) - now})
+      end
+    else
+      holds, owner = tonumber(h[i + 1]), h[i]
+    end
+  end
+end
+return {holds, fence, pttl, queued, owner, value, kind, members}
+";

@@ -73,6 +73,25 @@
 //! holds the next waiter up for at most that window plus one refresh
 //! period, not a whole TTL.
 //!
+//! # Semaphores and read-write locks
+//!
+//! A group of holders (permits of a semaphore, or readers) keeps the
+//! lock's key in the hash form: its kind, and one field per holder with
+//! its own holds, fence and lease; the key lives until the latest lease
+//! ends, and a holder whose lease ran out is dropped by the next script
+//! that counts the group. A mutex or writer meets a group as a lock held
+//! by someone else, and waits in the same FIFO queue as everyone: a
+//! release serves the head of the queue, whatever it asks for, and a
+//! group then takes every waiter behind it that joins it (several readers
+//! at once, or permits while there is room), up to the first that does
+//! not. So a waiting writer keeps later readers out, and nobody barges
+//! past the queue. Each holder gets its own fence, above the group's last.
+//! A downgrade turns the writer's hold into a reader's beside the new read
+//! hold. Another N, or a read claim on a semaphore, is `InvalidOptions`;
+//! a semaphore of 1 is the mutex. On Redlock the generic quorum counts
+//! permits over the nodes, and a writer that readers refuse leaves a
+//! short mark on each node, which keeps new readers out while it waits.
+//!
 //! # Leader election
 //!
 //! Both backends keep a value with a lock, so `Locker::election` works on
@@ -112,6 +131,7 @@
 mod backend;
 mod config;
 mod error;
+mod group;
 mod hub;
 mod layout;
 mod node;

@@ -4,13 +4,14 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{Acquire, Grant, RedactedUrl, Release, RenewRequest, Watch};
-use locksmith_core::{Error, FencingToken, LockStatus, OwnerToken, Result};
+use locksmith_core::backend::{Acquire, RedactedUrl, Release, RenewRequest, Watch};
+use locksmith_core::{Claim, Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
 use crate::config::TlsFiles;
 use crate::error::{bad_url, map_err};
+use crate::group;
 use crate::hub::Hub;
 use crate::layout::Keys;
 use crate::scripts;
@@ -175,50 +176,45 @@ impl Node {
     /// that carries a value has it written with its first grant.
     pub(crate) async fn acquire(
         &self,
+        key: &LockKey,
         keys: &Keys,
         owner: &OwnerToken,
         ttl: Duration,
         waiter: Option<Waiter<'_>>,
     ) -> Result<Acquire> {
+        let claim = owner.claim();
         self.bounded(async {
             let value = owner.value();
-            let script = match value {
-                Some(_) => scripts::acquire_valued(self.fenced),
-                None => scripts::acquire(self.fenced),
+            let mut call = if claim != Claim::MUTEX {
+                let mut call = keys.call(scripts::claim_acquire(self.fenced));
+                call.arg(owner.as_str())
+                    .arg(ms(ttl))
+                    .arg(group::kind(claim))
+                    .arg(owner.writer().unwrap_or(""));
+                call
+            } else {
+                let script = match value {
+                    Some(_) => scripts::acquire_valued(self.fenced),
+                    None => scripts::acquire(self.fenced),
+                };
+                let mut call = keys.call(script);
+                call.arg(owner.as_str()).arg(ms(ttl));
+                call
             };
-            let mut call = keys.call(script);
-            call.arg(owner.as_str()).arg(ms(ttl));
             if let Some(w) = waiter {
                 // Listening before queueing, so the grant cannot be missed.
                 let channel = self.hub.listening().await?;
                 call.arg(w.ticket.as_str()).arg(ms(w.liveness)).arg(channel);
             }
-            if let Some(v) = value {
+            if let (Some(v), Claim::MUTEX) = (value, claim) {
                 call.arg(v);
             }
             let mut c = self.conn().await?;
             let reply: AcquireReply = call.invoke_async(&mut c).await.map_err(map_err)?;
-            let grant = |fence: i64, holds: i64| {
-                Acquire::Acquired(Grant {
-                    fence: Some(FencingToken(u64::try_from(fence).unwrap_or(0))),
-                    holds: u32::try_from(holds).unwrap_or(u32::MAX),
-                    lease: None,
-                })
-            };
-            Ok(match reply {
-                AcquireReply::First(fence) => grant(fence, 1),
-                AcquireReply::Full(v) => match v.as_slice() {
-                    [1, fence, holds] => grant(*fence, *holds),
-                    [0, pttl] => Acquire::Contended {
-                        retry_after: u64::try_from(*pttl).ok().map(Duration::from_millis),
-                    },
-                    other => {
-                        return Err(Error::backend(format!(
-                            "unexpected acquire reply {other:?}"
-                        )))
-                    }
-                },
-            })
+            match reply {
+                AcquireReply::First(fence) => group::answer(key, claim, &[1, fence, 1]),
+                AcquireReply::Full(v) => group::answer(key, claim, &v),
+            }
         })
         .await
     }
@@ -317,12 +313,15 @@ impl Node {
     pub(crate) async fn inspect(&self, keys: &Keys) -> Result<LockStatus> {
         self.bounded(async {
             let mut c = self.conn().await?;
-            let (holds, fence, pttl, queued, owner, value): InspectReply = keys
+            let (holds, fence, pttl, queued, owner, value, kind, members): InspectReply = keys
                 .call(scripts::inspect())
                 .invoke_async(&mut c)
                 .await
                 .map_err(map_err)?;
             let queued = Some(u32::try_from(queued).unwrap_or(u32::MAX));
+            if kind != 0 {
+                return Ok(group::status(kind, members).with_waiters(queued));
+            }
             if holds <= 0 {
                 return Ok(LockStatus::free().with_waiters(queued));
             }
@@ -351,8 +350,18 @@ impl Node {
     }
 }
 
-/// The inspect script's answer: holds, fence, pttl, queued, owner, value.
-type InspectReply = (i64, i64, i64, i64, String, Option<Vec<u8>>);
+/// The inspect script's answer: holds, fence, pttl, queued, owner, value,
+/// the group's kind and its members.
+type InspectReply = (
+    i64,
+    i64,
+    i64,
+    i64,
+    String,
+    Option<Vec<u8>>,
+    i64,
+    Vec<group::Member>,
+);
 
 /// The acquire script's answer: the bare fence of a first hold taken in the
 /// common case (one integer is the cheapest reply for the server to make),

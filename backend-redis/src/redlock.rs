@@ -41,16 +41,19 @@ pub(crate) struct QuorumNode {
     prefix: String,
 }
 
-// A node, not a wrapper: `watch`, `try_acquire_waiting`, `abandon` and
-// `alarm` keep the trait's defaults (no notification, no queue, no alarm),
-// which is all a node has to say; the quorum answers those itself and
-// never asks its nodes. `changes` is the node's own: Redlock merges them.
+// A node, not a wrapper: `watch`, `try_acquire_waiting` and `alarm` keep
+// the trait's defaults (no notification, no queue, no alarm), which is all
+// a node has to say; the quorum answers those itself and never asks its
+// nodes. `abandon` takes a writer's mark away. `changes` is the node's own: Redlock merges them.
 #[async_trait]
 impl LockBackend for QuorumNode {
     fn capabilities(&self) -> Capabilities {
         // The quorum sets the limits; a node adds none of its own. It keeps
         // values, so the quorum does (it keeps them when all nodes do).
-        Capabilities::default().with_values(true)
+        Capabilities::default()
+            .with_values(true)
+            .with_permits(true)
+            .with_shared(true)
     }
 
     async fn verify(&self) -> Result<()> {
@@ -64,7 +67,14 @@ impl LockBackend for QuorumNode {
         ttl: Duration,
     ) -> Result<Acquire> {
         self.node
-            .acquire(&Keys::new(&self.prefix, key), owner, ttl, None)
+            .acquire(key, &Keys::new(&self.prefix, key), owner, ttl, None)
+            .await
+    }
+
+    /// A writer giving up takes its mark away (see `group`).
+    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
+        self.node
+            .abandon(&Keys::new(&self.prefix, key), owner, ticket)
             .await
     }
 

@@ -47,6 +47,8 @@ use std::sync::OnceLock;
 
 use redis::Script;
 
+use crate::group;
+
 /// Shared by the scripts that can free or take a lock, after their fast
 /// paths. KEYS: lock, queue, waiters. `fenced` is the variant's constant.
 const COMMON: &str = r"
@@ -110,8 +112,13 @@ local function take(owner, ttl, after, queued, value)
   return fence
 end
 
+";
+
+/// The rest of [`COMMON`], after the group's functions (see [`group`]).
+const COMMON_TAIL: &str = r"
 -- The lock is free: take it for the longest live waiter, unless that is
--- `me`. Returns 'me', the ticket served, or nil when no live waiter is left.
+-- `me`; a claim waiter's group then takes the waiters behind it that join
+-- it. Returns 'me', the ticket served, or nil when no live waiter is left.
 local function hand_off(me, after)
   local now = nil
   while true do
@@ -126,7 +133,18 @@ local function hand_off(me, after)
     local v = redis.call('hget', KEYS[3], head)
     redis.call('hdel', KEYS[3], head)
     local live, ttl, life, hub, owner, value
-    if v then
+    local kind, clive, cttl, clife, chub, cowner =
+      string.match(v or '', '^c (%S+) (%d+) (%d+) (%d+) (%S+) (%S+)$')
+    now = now or now_us()
+    if kind and tonumber(clive) > now then
+      local lease = math.min(tonumber(cttl), tonumber(clife))
+      local ms = now_ms()
+      local fence = join(cowner, kind, lease, ms, after, head)
+      redis.call('publish', chub, head .. ' ' .. string.format('%.0f', fence) .. ' ' .. lease)
+      serve(kind, 1, ms, fence, nil)
+      return head
+    end
+    if v and not kind then
       -- The owner's value, if any, is the rest of the entry, raw.
       local _, e
       _, e, live, ttl, life, hub, owner = string.find(v, '^(%d+) (%d+) (%d+) (%S+) (%S+)')
@@ -134,7 +152,6 @@ local function hand_off(me, after)
         value = string.sub(v, e + 2)
       end
     end
-    now = now or now_us()
     if live and tonumber(live) > now then
       -- The waiter may have died since its last refresh: it gets only its
       -- liveness window, and extends the lease when the message reaches it.
@@ -221,6 +238,11 @@ end
 /// Follows [`ACQUIRE_FAST`] or [`ACQUIRE_VALUED_FAST`], whose locals it uses.
 const ACQUIRE: &str = r"
 local form = redis.call('type', KEYS[1])['ok']
+if form == 'hash' and redis.call('hget', KEYS[1], '~k') == 'm' then
+  -- Only a writer's mark, kept after the readers left (see `group`).
+  redis.call('del', KEYS[1])
+  form = 'none'
+end
 if form == 'string' then
   -- Held in the string form. Someone else's, and we would not queue:
   -- nothing to record. Ours (re-entry), or a waiter to flag: the hash form.
@@ -237,6 +259,11 @@ if form == 'none' then
     return {1, take(owner, ttl, nil, queued, value), 1}
   end
 elseif redis.call('hexists', KEYS[1], owner) == 1 then
+  local group = redis.call('hget', KEYS[1], '~k')
+  if group then
+    -- A member of a group asking to hold it alone.
+    return {3, kind_num(group)}
+  end
   if ticket and redis.call('hget', KEYS[1], '~grant') == ticket then
     -- Handed to us while our notice was lost or still on its way; the
     -- short hand-off lease becomes the full one.
@@ -270,7 +297,13 @@ if ticket then
     redis.call('pexpire', KEYS[3], life)
   end
 end
-return {0, redis.call('pttl', KEYS[1])}
+-- Held in the hash form here: the group's kind, if a group holds it. A
+-- writer readers refuse, with no place in the queue, marks the group.
+local group = redis.call('hget', KEYS[1], '~k')
+if group == 's' and not ticket then
+  redis.call('hset', KEYS[1], '~w' .. owner, now_ms() + math.min(tonumber(ttl), mark_life))
+end
+return {0, redis.call('pttl', KEYS[1]), kind_num(group)}
 ";
 
 /// KEYS: lock, queue, waiters. ARGV: owner.
@@ -292,14 +325,15 @@ elseif form ~= 'hash' then
   return -1
 end
 local v = redis.call('hmget', KEYS[1], owner, '~q', '~f', '~v')
-local holds = tonumber(v[1])
-if not holds then
+if not v[1] then
   return -1
 end
-if holds > 1 then
+-- No count: a member of a group (see `group`), left to `RELEASE`.
+local holds = tonumber(v[1])
+if holds and holds > 1 then
   return redis.call('hincrby', KEYS[1], owner, -1)
 end
-if not v[2] then
+if holds and not v[2] then
   redis.call('del', KEYS[1])
   if v[4] then
     redis.call('publish', KEYS[1] .. ':changes', 'released')
@@ -308,8 +342,12 @@ if not v[2] then
 end
 ";
 
-/// The rest of [`RELEASE_FAST`]: the lock says someone may be queued.
+/// The rest of [`RELEASE_FAST`]: the lock says someone may be queued, or
+/// the owner is a member of a group.
 const RELEASE: &str = r"
+if not holds then
+  return leave(owner, v[1])
+end
 return drop_hold(owner, holds, v[2], tonumber(v[3]), v[4])
 ";
 
@@ -323,11 +361,18 @@ redis.call('hdel', KEYS[3], ARGV[2])
 if redis.call('type', KEYS[1])['ok'] ~= 'hash' then
   return 0
 end
+redis.call('hdel', KEYS[1], '~w' .. ARGV[1])
 local v = redis.call('hmget', KEYS[1], ARGV[1], '~grant', '~f', '~v')
 local holds = tonumber(v[1])
 if holds and v[2] == ARGV[2] then
   redis.call('hdel', KEYS[1], '~grant')
   drop_hold(ARGV[1], holds, true, tonumber(v[3]), v[4])
+  return 1
+end
+-- A group member handed on this ticket.
+local _, _, _, t = member(v[1])
+if t == ARGV[2] then
+  leave(ARGV[1], v[1])
   return 1
 end
 return 0
@@ -365,9 +410,26 @@ for i, key in ipairs(KEYS) do
     local v = redis.call('get', key)
     mine = string.sub(v, 1, #owner) == owner and (#v == #owner or string.byte(v, #owner + 1) == 32)
   elseif form == 'hash' then
-    mine = redis.call('hexists', key, owner) == 1
+    local v = redis.call('hget', key, owner)
+    mine = tonumber(v) ~= nil
+    -- A group member (see `group`): its own lease, and the key's to the latest.
+    local h, f, e, t = string.match(v or '', '^(%d+) (%d+) (%d+) (%S+)$')
+    local ttl = tonumber(ARGV[2 * i])
+    if h then
+      local tm = redis.call('time')
+      local now = tm[1] * 1000 + math.floor(tm[2] / 1000)
+      if tonumber(e) > now then
+        redis.call('hset', key, owner, h .. ' ' .. f .. ' ' .. string.format('%.0f', now + ttl) .. ' ' .. t)
+        if redis.call('pttl', key) < ttl then
+          redis.call('pexpire', key, ttl)
+        end
+        form = 'member'
+      end
+    end
   end
-  if mine then
+  if form == 'member' then
+    out[i] = 1
+  elseif mine then
     redis.call('pexpire', key, ARGV[2 * i])
     out[i] = 1
   else
@@ -400,58 +462,28 @@ impl Variants {
     /// server on every call.
     fn get(&'static self, fenced: bool) -> &'static Script {
         self.cells[usize::from(fenced)].get_or_init(|| {
-            let common = if self.common { COMMON } else { "" };
+            let common = if self.common {
+                [COMMON, group::GROUP, COMMON_TAIL, group::GROUP_TAIL].concat()
+            } else {
+                String::new()
+            };
+            let mark_life = locksmith_core::backend::MARK_LIFE.as_millis();
             Script::new(&format!(
-                "local fenced = {fenced}\n{}{common}{}",
+                "local fenced, mark_life = {fenced}, {mark_life}\n{}{common}{}",
                 self.fast, self.body
             ))
         })
     }
 }
 
-/// Reads a lock without changing it. KEYS: lock, queue, waiters. Answers
-/// `{holds, fence or -1, pttl ms, queued, owner, value or false}`; a free
-/// lock has 0 holds and an empty owner. (`false`, since a nil would end the
-/// reply early.)
-const INSPECT: &str = r"
-local queued = redis.call('zcard', KEYS[2])
-local t = redis.call('type', KEYS[1]).ok
-if t == 'none' then
-  return {0, -1, -2, queued, '', false}
-end
-local pttl = redis.call('pttl', KEYS[1])
-if t == 'string' then
-  local v = redis.call('get', KEYS[1])
-  local owner, s, us = string.match(v, '^(%S+) (%d+) (%d+)$')
-  local fence = -1
-  if owner then
-    fence = s * 1000000 + us
-  else
-    owner = v
-  end
-  return {1, fence, pttl, queued, owner, false}
-end
-local holds, fence, owner, value = 0, -1, '', false
-local h = redis.call('hgetall', KEYS[1])
-for i = 1, #h, 2 do
-  if h[i] == '~f' then
-    fence = tonumber(h[i + 1])
-  elseif h[i] == '~v' then
-    value = h[i + 1]
-  elseif string.sub(h[i], 1, 1) ~= '~' then
-    holds, owner = tonumber(h[i + 1]), h[i]
-  end
-end
-return {holds, fence, pttl, queued, owner, value}
-";
-
 static ACQUIRE_SCRIPT: Variants = Variants::new(ACQUIRE_FAST, ACQUIRE, true);
 static ACQUIRE_VALUED_SCRIPT: Variants = Variants::new(ACQUIRE_VALUED_FAST, ACQUIRE, true);
 static PROCLAIM_SCRIPT: Variants = Variants::new("", PROCLAIM, true);
 static RELEASE_SCRIPT: Variants = Variants::new(RELEASE_FAST, RELEASE, true);
+static CLAIM_ACQUIRE_SCRIPT: Variants = Variants::new("", group::CLAIM_ACQUIRE, true);
 static ABANDON_SCRIPT: Variants = Variants::new("", ABANDON, true);
 static RENEW_SCRIPT: Variants = Variants::new("", RENEW, false);
-static INSPECT_SCRIPT: Variants = Variants::new("", INSPECT, false);
+static INSPECT_SCRIPT: Variants = Variants::new("", crate::layout::INSPECT, false);
 
 /// The acquire script (KEYS: lock, queue, waiters; ARGV: owner, ttl ms).
 pub(crate) fn acquire(fenced: bool) -> &'static Script {
@@ -462,6 +494,11 @@ pub(crate) fn acquire(fenced: bool) -> &'static Script {
 /// acquire, then the value).
 pub(crate) fn acquire_valued(fenced: bool) -> &'static Script {
     ACQUIRE_VALUED_SCRIPT.get(fenced)
+}
+
+/// The acquire script of a permit or a read hold (see [`group::CLAIM_ACQUIRE`]).
+pub(crate) fn claim_acquire(fenced: bool) -> &'static Script {
+    CLAIM_ACQUIRE_SCRIPT.get(fenced)
 }
 
 /// The release script (KEYS as acquire; ARGV: owner).

@@ -1,0 +1,404 @@
+//! Semaphore permits and read holds (every claim but the mutex's): the
+//! Lua they add to the scripts, and what their replies mean.
+//!
+//! A group of holders keeps the lock's key in the hash form, as a mutex
+//! with waiters does, with `~k` its kind (`p<N>`: N permits; `s`: readers)
+//! and one field per member, `<holds> <fence> <lease end, ms> <ticket>`
+//! (the ticket it was handed on, `-` if none). The key lives until the
+//! latest member's lease ends; an expired member is dropped by the next
+//! script that counts the group. So a mutex or writer meets a group as a
+//! hash it has no hold in (contended, and queued if it waits), the mutex's
+//! release and renewal see no count in a member's field, and one queue
+//! orders every waiter of the name: a claim waiter's entry is
+//! `c <kind> <live-until µs> <ttl ms> <liveness ms> <hub> <owner>`. When
+//! the name falls free the head waiter is served, whatever its kind; a
+//! group then serves the waiters behind it that join it (readers, or
+//! permits while there is room), stopping at the first that does not, so
+//! a waiting writer keeps later readers out and nobody barges past the
+//! queue. Each served waiter is told on its hub as a mutex waiter is.
+//!
+//! A writer refused by readers with no place in the queue (a Redlock
+//! node's, which has no queue) leaves a mark in the hash, `~w<owner>`,
+//! the time until which new readers stay out: it lives the writer's TTL
+//! up to [`MARK_LIFE`](locksmith_core::backend::MARK_LIFE), and goes
+//! when the writer gives up. When the last reader leaves a live mark, the
+//! key stays, marked (`~k` = `m`) until the mark's end: a writer or a
+//! mutex takes the name as free, a reader waits.
+//!
+//! A downgrade turns the writer's hold into a member with its lease, and
+//! the name into a group of readers: the writer's release and renewal then
+//! find its member field.
+
+use std::time::Duration;
+
+use locksmith_core::backend::{
+    claim_changed, permits_mismatch, semaphore_or_rwlock, Acquire, Grant,
+};
+use locksmith_core::{Claim, Error, FencingToken, Holder, LockKey, LockStatus, OwnerToken, Result};
+
+/// Functions of the group, defined after the mutex's `take` and before its
+/// `hand_off`, which serves a claim waiter at the head of the queue.
+pub(crate) const GROUP: &str = r"
+local function now_ms()
+  local t = redis.call('time')
+  return t[1] * 1000 + math.floor(t[2] / 1000)
+end
+
+-- A member's field: holds, fence, lease end (ms), ticket.
+local function member(v)
+  local h, f, e, t = string.match(v or '', '^(%d+) (%d+) (%d+) (%S+)$')
+  if h then
+    return tonumber(h), tonumber(f), tonumber(e), t
+  end
+end
+
+local function put_member(owner, h, f, e, t)
+  redis.call('hset', KEYS[1], owner, string.format('%d %.0f %.0f %s', h, f, e, t))
+end
+
+-- The key lives until its latest member's lease ends.
+local function extend(ttl)
+  if redis.call('pttl', KEYS[1]) < ttl then
+    redis.call('pexpire', KEYS[1], ttl)
+  end
+end
+
+-- `owner` joins the group of `kind` for `ttl` ms; its fence rises above
+-- the group's last and `after`. Returns the fence (0 unfenced).
+local function join(owner, kind, ttl, now, after, ticket)
+  local fence = 0
+  if fenced then
+    fence = now_us()
+    local last = tonumber(redis.call('hget', KEYS[1], '~f')) or 0
+    if after and after > last then
+      last = after
+    end
+    if last >= fence then
+      fence = last + 1
+    end
+    redis.call('hset', KEYS[1], '~f', string.format('%.0f', fence))
+  end
+  redis.call('hset', KEYS[1], '~k', kind)
+  put_member(owner, 1, fence, now + ttl, ticket or '-')
+  extend(ttl)
+  return fence
+end
+
+-- How many members `kind` admits (nil: any number of readers).
+local function cap_of(kind)
+  if kind == 's' then
+    return nil
+  end
+  return tonumber(string.sub(kind, 2))
+end
+
+-- The live members (expired ones dropped), the latest lease end, and
+-- whether a writer refused without a place in the queue left a live mark
+-- (`~w<owner>`: until when it keeps new readers out).
+local function members(now)
+  local all = redis.call('hgetall', KEYS[1])
+  local n, last, marked = 0, 0, false
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 2) == '~w' then
+      local until_ms = tonumber(all[i + 1])
+      if until_ms > now then
+        marked = math.max(marked or 0, until_ms)
+      else
+        redis.call('hdel', KEYS[1], all[i])
+      end
+    elseif string.byte(all[i], 1) ~= 126 then
+      local h, _, e = member(all[i + 1])
+      if h and e > now then
+        n = n + 1
+        if e > last then
+          last = e
+        end
+      else
+        redis.call('hdel', KEYS[1], all[i])
+      end
+    end
+  end
+  return n, last, marked
+end
+
+-- Serves the waiters at the head of the queue that join the group of
+-- `kind` (`n` members), dropping dead entries, up to the first that does
+-- not fit. `me` is served without a message. Returns the members, and
+-- the fence of `me`'s grant if it was served.
+local function serve(kind, n, now, after, me)
+  local cap = cap_of(kind)
+  local us, mine = nil, nil
+  while not cap or n < cap do
+    local head = redis.call('zrange', KEYS[2], 0, 0)[1]
+    if not head then
+      break
+    end
+    local v = redis.call('hget', KEYS[3], head) or ''
+    local live = tonumber(string.match(v, '^c %S+ (%d+) ') or string.match(v, '^(%d+) '))
+    us = us or now_us()
+    local k, _, ttl, life, hub, owner =
+      string.match(v, '^c (%S+) (%d+) (%d+) (%d+) (%S+) (%S+)$')
+    if live and live > us and k ~= kind then
+      break
+    end
+    redis.call('zpopmin', KEYS[2])
+    redis.call('hdel', KEYS[3], head)
+    if live and live > us then
+      local lease = math.min(tonumber(ttl), tonumber(life))
+      if head == me then
+        lease = tonumber(ttl)
+      end
+      after = join(owner, kind, lease, now, after, head)
+      n = n + 1
+      if head == me then
+        mine = after
+      else
+        redis.call('publish', hub, head .. ' ' .. string.format('%.0f', after) .. ' ' .. lease)
+      end
+    end
+  end
+  return n, mine
+end
+";
+
+/// Defined after the mutex's `hand_off`, which it calls.
+pub(crate) const GROUP_TAIL: &str = r"
+-- `owner` (its field `v`) drops one hold, leaving the group at its last;
+-- the last member out frees the name and serves the queue, and a member
+-- leaving a semaphore lets the next waiter in. The holds left, or -1 for
+-- no live hold.
+local function leave(owner, v)
+  local h, f, e, t = member(v)
+  local now = now_ms()
+  if not h or e <= now then
+    return -1
+  end
+  if h > 1 then
+    put_member(owner, h - 1, f, e, t)
+    return h - 1
+  end
+  redis.call('hdel', KEYS[1], owner)
+  local n, last, marked = members(now)
+  if n == 0 then
+    local fence = tonumber(redis.call('hget', KEYS[1], '~f'))
+    if marked and redis.call('exists', KEYS[2]) == 0 then
+      -- Readers gone, a writer's mark live: the name stays marked (`m`),
+      -- free to a writer or a mutex, closed to new readers.
+      redis.call('hset', KEYS[1], '~k', 'm')
+      redis.call('pexpire', KEYS[1], math.max(marked - now, 1))
+      return 0
+    end
+    redis.call('del', KEYS[1])
+    if redis.call('exists', KEYS[2]) == 1 then
+      hand_off(nil, fence)
+    end
+    return 0
+  end
+  redis.call('pexpire', KEYS[1], math.max(last - now, 1))
+  if redis.call('exists', KEYS[2]) == 1 then
+    serve(redis.call('hget', KEYS[1], '~k'), n, now, nil, nil)
+  end
+  return 0
+end
+
+-- The group's kind as a number: 0 none (or only a mark), -1 readers, N
+-- permits.
+local function kind_num(k)
+  if not k or k == 'm' then
+    return 0
+  elseif k == 's' then
+    return -1
+  end
+  return tonumber(string.sub(k, 2))
+end
+";
+
+/// KEYS: lock, queue, waiters. ARGV: owner, ttl ms, kind (`p<N>` or `s`),
+/// the writer a read hold is asked beside (a downgrade) or ``; and for a
+/// waiter: ticket, liveness ms, hub channel.
+/// Returns {1, fence, holds} for a grant, {0, pttl} when it must wait (a
+/// waiter is then queued), {2, kind} when the name is held as another kind
+/// (1: a mutex or writer), {3, 0} when this owner holds it exclusively.
+pub(crate) const CLAIM_ACQUIRE: &str = r"
+local owner, ttl, kind, writer, ticket = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
+if writer == '' then
+  writer = nil
+end
+local form = redis.call('type', KEYS[1])['ok']
+if form == 'hash' and redis.call('hget', KEYS[1], '~k') == 'm' then
+  -- Marked by a writer after the readers left: closed to readers while
+  -- the mark lives, gone for anyone else.
+  local _, _, marked = members(now_ms())
+  if kind == 's' and marked then
+    return {0, redis.call('pttl', KEYS[1])}
+  end
+  redis.call('del', KEYS[1])
+  form = 'none'
+end
+if form == 'none' then
+  if writer then
+    -- The writer no longer holds: never a read hold after a gap.
+    return {0, -2}
+  end
+  local served = hand_off(ticket, nil)
+  if served == nil or served == 'me' then
+    local now = now_ms()
+    local fence = join(owner, kind, ttl, now, nil, nil)
+    if redis.call('exists', KEYS[2]) == 1 then
+      serve(kind, 1, now, fence, nil)
+    end
+    return {1, fence, 1}
+  end
+  form = 'hash'
+end
+if form == 'string' then
+  local holder = parse(redis.call('get', KEYS[1]))
+  if holder == owner then
+    return {3, 0}
+  elseif writer ~= holder and kind ~= 's' then
+    return {2, 1}
+  elseif writer ~= holder and not ticket then
+    return {0, redis.call('pttl', KEYS[1])}
+  end
+  to_hash()
+end
+local now = now_ms()
+local k = redis.call('hget', KEYS[1], '~k')
+if not k then
+  -- A mutex or writer holds.
+  local wh = writer and tonumber(redis.call('hget', KEYS[1], writer))
+  if wh then
+    -- A downgrade: the writer's hold becomes a reader beside this one.
+    local f = fence_of()
+    put_member(writer, wh, f, now + redis.call('pttl', KEYS[1]), '-')
+    redis.call('hdel', KEYS[1], '~grant')
+    return {1, join(owner, 's', ttl, now, nil, nil), 1}
+  elseif redis.call('hexists', KEYS[1], owner) == 1 then
+    return {3, 0}
+  elseif kind ~= 's' then
+    return {2, 1}
+  end
+elseif k ~= kind then
+  return {2, kind_num(k)}
+else
+  local h, f, e, t = member(redis.call('hget', KEYS[1], owner))
+  if h and e > now then
+    if ticket and t == ticket then
+      -- Handed to us while the notice was lost or on its way.
+      put_member(owner, h, f, now + ttl, '-')
+    else
+      put_member(owner, h + 1, f, math.max(e, now + ttl), t)
+      h = h + 1
+    end
+    extend(ttl)
+    return {1, f, h}
+  end
+  local n, _, marked = members(now)
+  if writer then
+    -- Beside a writer that downgraded before: whoever waits.
+    if member(redis.call('hget', KEYS[1], writer)) then
+      return {1, join(owner, kind, ttl, now, nil, nil), 1}
+    end
+    return {0, -2}
+  end
+  local mine = nil
+  if redis.call('exists', KEYS[2]) == 1 then
+    n, mine = serve(kind, n, now, nil, ticket)
+  end
+  if mine then
+    return {1, mine, 1}
+  end
+  local cap = cap_of(kind)
+  if (not cap or n < cap) and not marked and redis.call('exists', KEYS[2]) == 0 then
+    return {1, join(owner, kind, ttl, now, nil, nil), 1}
+  end
+end
+if writer then
+  return {0, -2}
+end
+if ticket then
+  local life, hub = tonumber(ARGV[6]), ARGV[7]
+  local us = now_us()
+  redis.call('zadd', KEYS[2], 'NX', us, ticket)
+  redis.call('hset', KEYS[3], ticket,
+    string.format('c %s %.0f %d %d %s %s', kind, us + life * 1000, ttl, life, hub, owner))
+  redis.call('hset', KEYS[1], '~q', 1)
+  if redis.call('pttl', KEYS[2]) < life then
+    redis.call('pexpire', KEYS[2], life)
+    redis.call('pexpire', KEYS[3], life)
+  end
+end
+return {0, redis.call('pttl', KEYS[1])}
+";
+
+/// The script's name for a claim: `p<N>` or `s`.
+pub(crate) fn kind(claim: Claim) -> String {
+    match claim {
+        Claim::Exclusive { permits } => format!("p{permits}"),
+        Claim::Shared => "s".to_owned(),
+    }
+}
+
+/// What an acquire script's reply means for `claim` on `key`: a grant,
+/// contention, or the caller's mistake (another kind, another N, or a
+/// change of claim by a holder).
+pub(crate) fn answer(key: &LockKey, claim: Claim, reply: &[i64]) -> Result<Acquire> {
+    let asked = match claim {
+        Claim::Exclusive { permits } => Some(permits),
+        Claim::Shared => None,
+    };
+    let n = |k: i64| u32::try_from(k).unwrap_or(u32::MAX);
+    match (reply, asked) {
+        ([1, fence, holds], _) => Ok(Acquire::Acquired(Grant {
+            fence: Some(FencingToken(u64::try_from(*fence).unwrap_or(0))),
+            holds: n(*holds),
+            lease: None,
+        })),
+        // A mutex or writer meeting a semaphore.
+        ([0, _, k], Some(1)) if *k > 1 => Err(permits_mismatch(key, n(*k), 1)),
+        ([0, pttl] | [0, pttl, _], _) => Ok(Acquire::Contended {
+            retry_after: u64::try_from(*pttl).ok().map(Duration::from_millis),
+        }),
+        ([2, -1], Some(p)) => Err(semaphore_or_rwlock(key, p, true)),
+        ([2, k], None) => Err(semaphore_or_rwlock(key, n(*k), false)),
+        ([2, k], Some(p)) => Err(permits_mismatch(key, n(*k), p)),
+        // The owner holds the name with another kind of claim.
+        ([3, -1], _) => Err(claim_changed(key, true)),
+        ([3, k], Some(1)) if *k > 1 => Err(permits_mismatch(key, n(*k), 1)),
+        ([3, _], Some(p)) if p > 1 => Err(permits_mismatch(key, 1, p)),
+        ([3, _], _) => Err(claim_changed(key, false)),
+        (other, _) => Err(Error::backend(format!(
+            "unexpected acquire reply {other:?}"
+        ))),
+    }
+}
+
+/// A live member as the inspect script reads it: owner, holds, fence, ms
+/// left.
+pub(crate) type Member = (String, i64, i64, i64);
+
+/// The status of a name a group holds: `kind` -1 for readers, N for N
+/// permits.
+pub(crate) fn status(kind: i64, members: Vec<Member>) -> LockStatus {
+    let shared = kind < 0;
+    let holders: Vec<Holder> = members
+        .into_iter()
+        .map(|(o, holds, fence, left)| {
+            Holder::new(shared, u32::try_from(holds).unwrap_or(u32::MAX))
+                .with_owner(OwnerToken::from_string(o).ok())
+                .with_fence(
+                    u64::try_from(fence)
+                        .ok()
+                        .filter(|f| *f > 0)
+                        .map(FencingToken),
+                )
+                .with_remaining(u64::try_from(left).ok().map(Duration::from_millis))
+        })
+        .collect();
+    let single = (holders.len() == 1)
+        .then(|| holders[0].owner.clone())
+        .flatten();
+    LockStatus::of_holders(holders)
+        .with_permits(u32::try_from(kind).ok())
+        .with_owner(single)
+}
