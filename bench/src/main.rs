@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 
 mod baseline;
+mod claims_bench;
 mod mc_bench;
 mod redis_bench;
 mod zk_bench;
@@ -67,6 +68,18 @@ enum Cli {
         server: String,
         #[command(flatten)]
         load: Load,
+    },
+    /// Any store: a semaphore's permit and read and write holds beside the lock.
+    Claims {
+        /// The store's URL, as `locksmith run --url` takes it.
+        #[arg(long)]
+        url: String,
+        /// Uncontended pairs per kind per round.
+        #[arg(long, default_value_t = 2000)]
+        iterations: u32,
+        /// Rotating rounds; the median is reported.
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
     },
     /// ZooKeeper: our backend and Locker beside Python kazoo and the raw requests.
     Zookeeper {
@@ -124,6 +137,11 @@ async fn main() {
             let run = mc_bench::run(&server, i, r, load.contenders, load.seconds);
             exit_on_error("memcached", run.await);
         }
+        Cli::Claims {
+            url,
+            iterations,
+            rounds,
+        } => exit_on_error("claims", claims_bench::run(&url, iterations, rounds).await),
         Cli::Zookeeper { hosts, load } => {
             let (i, r) = (load.iterations.unwrap_or(2000), load.rounds.unwrap_or(3));
             let run = zk_bench::run(&hosts, i, r, load.contenders, load.seconds);

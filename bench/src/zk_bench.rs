@@ -13,6 +13,7 @@ use locksmith::zookeeper::ZkBackend;
 use locksmith::{Locker, OwnerToken};
 
 use crate::baseline::{contention, python, uncontended_table};
+use crate::claims_bench::claim_pairs;
 use crate::redis_bench::{median, our_pairs, pairs_per_sec};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -165,23 +166,6 @@ const CLAIMS: [(&str, &str); 4] = [
     ("read", "ReadLock"),
     ("write", "WriteLock"),
 ];
-
-/// `iterations` uncontended pairs of `what` through `locker` on `key`.
-async fn claim_pairs(locker: &Locker, key: &str, what: &str, iterations: u32) {
-    let now = locksmith::LockOptions::new().no_wait();
-    let sem = locker.semaphore(key, 3).expect("semaphore");
-    let rw = locker.rwlock(key).expect("rwlock");
-    for _ in 0..iterations {
-        let g = match what {
-            "lock" => locker.try_lock(key).await,
-            "semaphore" => sem.try_acquire(&now).await,
-            "read" => rw.try_read(&now).await,
-            _ => rw.try_write(&now).await,
-        };
-        let g = g.expect("acquire").expect("uncontended");
-        g.release().await.expect("release");
-    }
-}
 
 /// A semaphore's permit and read and write holds, uncontended, beside our
 /// lock and kazoo's recipes, rounds in alternating order.
