@@ -25,9 +25,10 @@
 //! key stays, marked (`~k` = `m`) until the mark's end: a writer or a
 //! mutex takes the name as free, a reader waits.
 //!
-//! A downgrade turns the writer's hold into a member with its lease, and
-//! the name into a group of readers: the writer's release and renewal then
-//! find its member field.
+//! A downgrade turns the writer's holds into a member with its lease,
+//! marked `W` in place of a ticket: still exclusive, so new readers wait
+//! until it goes, and the name into a group of readers beside it: the
+//! writer's release and renewal then find its member field.
 
 use std::time::Duration;
 
@@ -44,7 +45,8 @@ local function now_ms()
   return t[1] * 1000 + math.floor(t[2] / 1000)
 end
 
--- A member's field: holds, fence, lease end (ms), ticket.
+-- A member's field: holds, fence, lease end (ms), ticket ('W': the hold
+-- of a writer that downgraded, still exclusive).
 local function member(v)
   local h, f, e, t = string.match(v or '', '^(%d+) (%d+) (%d+) (%S+)$')
   if h then
@@ -63,9 +65,16 @@ local function extend(ttl)
   end
 end
 
--- `owner` joins the group of `kind` for `ttl` ms; its fence rises above
--- the group's last and `after`. Returns the fence (0 unfenced).
+-- `owner` joins the group of `kind` for `ttl` ms, its fence above the
+-- group's last and `after`; a live member holds once more instead.
+-- Returns the fence (0 unfenced), and whether it is a new member.
 local function join(owner, kind, ttl, now, after, ticket)
+  local h, f, e, t = member(redis.call('hget', KEYS[1], owner))
+  if h and e > now then
+    put_member(owner, h + 1, f, math.max(e, now + ttl), t)
+    extend(ttl)
+    return f, false
+  end
   local fence = 0
   if fenced then
     fence = now_us()
@@ -81,7 +90,7 @@ local function join(owner, kind, ttl, now, after, ticket)
   redis.call('hset', KEYS[1], '~k', kind)
   put_member(owner, 1, fence, now + ttl, ticket or '-')
   extend(ttl)
-  return fence
+  return fence, true
 end
 
 -- How many members `kind` admits (nil: any number of readers).
@@ -93,8 +102,9 @@ local function cap_of(kind)
 end
 
 -- The live members (expired ones dropped), the latest lease end, and
--- whether a writer refused without a place in the queue left a live mark
--- (`~w<owner>`: until when it keeps new readers out).
+-- until when new readers stay out (false: they may enter): a writer
+-- refused without a place in the queue leaves a mark, `~w<owner>`, and a
+-- writer that downgraded keeps them out while its own hold lives.
 local function members(now)
   local all = redis.call('hgetall', KEYS[1])
   local n, last, marked = 0, 0, false
@@ -107,11 +117,12 @@ local function members(now)
         redis.call('hdel', KEYS[1], all[i])
       end
     elseif string.byte(all[i], 1) ~= 126 then
-      local h, _, e = member(all[i + 1])
+      local h, _, e, t = member(all[i + 1])
       if h and e > now then
         n = n + 1
-        if e > last then
-          last = e
+        last = math.max(last, e)
+        if t == 'W' then
+          marked = math.max(marked or 0, e)
         end
       else
         redis.call('hdel', KEYS[1], all[i])
@@ -121,14 +132,30 @@ local function members(now)
   return n, last, marked
 end
 
+-- A group's key with no live member left goes (kept while a live mark
+-- must keep readers out, if `keep_marked`). Returns whether it went, and
+-- the group's last fence, which the next grant must rise above.
+local function settle(keep_marked)
+  if not redis.call('hget', KEYS[1], '~k') then
+    return false
+  end
+  local n, _, marked = members(now_ms())
+  if n > 0 or (marked and keep_marked) then
+    return false
+  end
+  local f = tonumber(redis.call('hget', KEYS[1], '~f'))
+  redis.call('del', KEYS[1])
+  return true, f
+end
+
 -- Serves the waiters at the head of the queue that join the group of
--- `kind` (`n` members), dropping dead entries, up to the first that does
--- not fit. `me` is served without a message. Returns the members, and
--- the fence of `me`'s grant if it was served.
-local function serve(kind, n, now, after, me)
+-- `kind` (`n` members; readers stay out while `marked`), dropping dead
+-- entries, up to the first that does not fit. `me` is served without a
+-- message. Returns the members, and `me`'s fence if it was served.
+local function serve(kind, n, now, after, me, marked)
   local cap = cap_of(kind)
   local us, mine = nil, nil
-  while not cap or n < cap do
+  while (not cap or n < cap) and not (marked and kind == 's') do
     local head = redis.call('zrange', KEYS[2], 0, 0)[1]
     if not head then
       break
@@ -136,24 +163,28 @@ local function serve(kind, n, now, after, me)
     local v = redis.call('hget', KEYS[3], head) or ''
     local live = tonumber(string.match(v, '^c %S+ (%d+) ') or string.match(v, '^(%d+) '))
     us = us or now_us()
+    local alive = head == me or (live and live > us)
     local k, _, ttl, life, hub, owner =
       string.match(v, '^c (%S+) (%d+) (%d+) (%d+) (%S+) (%S+)$')
-    if live and live > us and k ~= kind then
+    if alive and k ~= kind then
       break
     end
     redis.call('zpopmin', KEYS[2])
     redis.call('hdel', KEYS[3], head)
-    if live and live > us then
+    if alive and k then
       local lease = math.min(tonumber(ttl), tonumber(life))
       if head == me then
         lease = tonumber(ttl)
       end
-      after = join(owner, kind, lease, now, after, head)
-      n = n + 1
+      local fence, fresh = join(owner, kind, lease, now, after, head)
+      after = math.max(after or 0, fence)
+      if fresh then
+        n = n + 1
+      end
       if head == me then
-        mine = after
+        mine = fence
       else
-        redis.call('publish', hub, head .. ' ' .. string.format('%.0f', after) .. ' ' .. lease)
+        redis.call('publish', hub, head .. ' ' .. string.format('%.0f', fence) .. ' ' .. lease)
       end
     end
   end
@@ -165,8 +196,8 @@ end
 pub(crate) const GROUP_TAIL: &str = r"
 -- `owner` (its field `v`) drops one hold, leaving the group at its last;
 -- the last member out frees the name and serves the queue, and a member
--- leaving a semaphore lets the next waiter in. The holds left, or -1 for
--- no live hold.
+-- leaving lets the waiters in that now fit. The holds left, or -1 for no
+-- live hold.
 local function leave(owner, v)
   local h, f, e, t = member(v)
   local now = now_ms()
@@ -196,7 +227,7 @@ local function leave(owner, v)
   end
   redis.call('pexpire', KEYS[1], math.max(last - now, 1))
   if redis.call('exists', KEYS[2]) == 1 then
-    serve(redis.call('hget', KEYS[1], '~k'), n, now, nil, nil)
+    serve(redis.call('hget', KEYS[1], '~k'), n, now, nil, nil, marked)
   end
   return 0
 end
@@ -224,30 +255,35 @@ local owner, ttl, kind, writer, ticket = ARGV[1], tonumber(ARGV[2]), ARGV[3], AR
 if writer == '' then
   writer = nil
 end
-local form = redis.call('type', KEYS[1])['ok']
-if form == 'hash' and redis.call('hget', KEYS[1], '~k') == 'm' then
-  -- Marked by a writer after the readers left: closed to readers while
-  -- the mark lives, gone for anyone else.
-  local _, _, marked = members(now_ms())
-  if kind == 's' and marked then
-    return {0, redis.call('pttl', KEYS[1])}
+-- A grant takes the caller's place in the queue away, if it had one.
+local function granted(fence, holds)
+  if ticket then
+    redis.call('zrem', KEYS[2], ticket)
+    redis.call('hdel', KEYS[3], ticket)
   end
-  redis.call('del', KEYS[1])
-  form = 'none'
+  return {1, fence, holds}
+end
+local form = redis.call('type', KEYS[1])['ok']
+local after = nil
+if form == 'hash' then
+  local gone, f = settle(kind == 's')
+  if gone then
+    form, after = 'none', f
+  end
 end
 if form == 'none' then
   if writer then
     -- The writer no longer holds: never a read hold after a gap.
     return {0, -2}
   end
-  local served = hand_off(ticket, nil)
+  local served = hand_off(ticket, after)
   if served == nil or served == 'me' then
     local now = now_ms()
-    local fence = join(owner, kind, ttl, now, nil, nil)
+    local fence = join(owner, kind, ttl, now, after, nil)
     if redis.call('exists', KEYS[2]) == 1 then
-      serve(kind, 1, now, fence, nil)
+      serve(kind, 1, now, fence, nil, false)
     end
-    return {1, fence, 1}
+    return granted(fence, 1)
   end
   form = 'hash'
 end
@@ -268,16 +304,19 @@ if not k then
   -- A mutex or writer holds.
   local wh = writer and tonumber(redis.call('hget', KEYS[1], writer))
   if wh then
-    -- A downgrade: the writer's hold becomes a reader beside this one.
+    -- A downgrade: the writer's holds become a member, still exclusive
+    -- (`W`: new readers wait until it goes), beside this read hold.
     local f = fence_of()
-    put_member(writer, wh, f, now + redis.call('pttl', KEYS[1]), '-')
+    put_member(writer, wh, f, now + redis.call('pttl', KEYS[1]), 'W')
     redis.call('hdel', KEYS[1], '~grant')
-    return {1, join(owner, 's', ttl, now, nil, nil), 1}
+    return granted(join(owner, 's', ttl, now, nil, nil), 1)
   elseif redis.call('hexists', KEYS[1], owner) == 1 then
     return {3, 0}
   elseif kind ~= 's' then
     return {2, 1}
   end
+elseif k == 'm' then
+  -- Marked, with no members: a reader waits for the writer.
 elseif k ~= kind then
   return {2, kind_num(k)}
 else
@@ -291,26 +330,27 @@ else
       h = h + 1
     end
     extend(ttl)
-    return {1, f, h}
+    return granted(f, h)
   end
   local n, _, marked = members(now)
   if writer then
     -- Beside a writer that downgraded before: whoever waits.
-    if member(redis.call('hget', KEYS[1], writer)) then
-      return {1, join(owner, kind, ttl, now, nil, nil), 1}
+    local _, _, we = member(redis.call('hget', KEYS[1], writer))
+    if we and we > now then
+      return granted((join(owner, kind, ttl, now, nil, nil)), 1)
     end
     return {0, -2}
   end
   local mine = nil
   if redis.call('exists', KEYS[2]) == 1 then
-    n, mine = serve(kind, n, now, nil, ticket)
+    n, mine = serve(kind, n, now, nil, ticket, marked)
   end
   if mine then
-    return {1, mine, 1}
+    return granted(mine, 1)
   end
   local cap = cap_of(kind)
   if (not cap or n < cap) and not marked and redis.call('exists', KEYS[2]) == 0 then
-    return {1, join(owner, kind, ttl, now, nil, nil), 1}
+    return granted((join(owner, kind, ttl, now, nil, nil)), 1)
   end
 end
 if writer then
@@ -374,16 +414,16 @@ pub(crate) fn answer(key: &LockKey, claim: Claim, reply: &[i64]) -> Result<Acqui
 }
 
 /// A live member as the inspect script reads it: owner, holds, fence, ms
-/// left.
-pub(crate) type Member = (String, i64, i64, i64);
+/// left, and 1 for a downgraded writer's hold (exclusive).
+pub(crate) type Member = (String, i64, i64, i64, i64);
 
 /// The status of a name a group holds: `kind` -1 for readers, N for N
 /// permits.
 pub(crate) fn status(kind: i64, members: Vec<Member>) -> LockStatus {
-    let shared = kind < 0;
     let holders: Vec<Holder> = members
         .into_iter()
-        .map(|(o, holds, fence, left)| {
+        .map(|(o, holds, fence, left, alone)| {
+            let shared = kind < 0 && alone == 0;
             Holder::new(shared, u32::try_from(holds).unwrap_or(u32::MAX))
                 .with_owner(OwnerToken::from_string(o).ok())
                 .with_fence(

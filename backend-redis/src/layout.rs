@@ -90,7 +90,7 @@ impl Keys {
 /// members}`; a free lock has 0 holds and an empty owner. (`false`, since a
 /// nil would end the reply early.) A group (see [`group`](crate::group)) has its kind (-1
 /// readers, N permits; 0 for a mutex) and its live members, each `{owner,
-/// holds, fence, ms left}`.
+/// holds, fence, ms left, 1 for a downgraded writer's exclusive hold}`.
 pub(crate) const INSPECT: &str = r"
 local queued = redis.call('zcard', KEYS[2])
 local t = redis.call('type', KEYS[1]).ok
@@ -125,10 +125,14 @@ for i = 1, #h, 2 do
       kind = tonumber(string.sub(h[i + 1], 2))
     end
   elseif string.sub(h[i], 1, 1) ~= '~' then
-    local mh, mf, me = string.match(h[i + 1], '^(%d+) (%d+) (%d+) ')
+    local mh, mf, me, mt = string.match(h[i + 1], '^(%d+) (%d+) (%d+) (%S+)$')
     if mh then
       if tonumber(me) > now then
-        table.insert(members, {h[i], tonumber(mh), tonumber(mf), tonumber(me) - now})
+        local alone = 0
+        if mt == 'W' then
+          alone = 1
+        end
+        table.insert(members, {h[i], tonumber(mh), tonumber(mf), tonumber(me) - now, alone})
       end
     else
       holds, owner = tonumber(h[i + 1]), h[i]

@@ -141,7 +141,7 @@ local function hand_off(me, after)
       local ms = now_ms()
       local fence = join(cowner, kind, lease, ms, after, head)
       redis.call('publish', chub, head .. ' ' .. string.format('%.0f', fence) .. ' ' .. lease)
-      serve(kind, 1, ms, fence, nil)
+      serve(kind, 1, ms, fence, nil, false)
       return head
     end
     if v and not kind then
@@ -238,10 +238,14 @@ end
 /// Follows [`ACQUIRE_FAST`] or [`ACQUIRE_VALUED_FAST`], whose locals it uses.
 const ACQUIRE: &str = r"
 local form = redis.call('type', KEYS[1])['ok']
-if form == 'hash' and redis.call('hget', KEYS[1], '~k') == 'm' then
-  -- Only a writer's mark, kept after the readers left (see `group`).
-  redis.call('del', KEYS[1])
-  form = 'none'
+local after = nil
+if form == 'hash' then
+  -- A group with no live member left (or only a writer's mark, which a
+  -- mutex passes): free, its fences still to rise above (see `group`).
+  local gone, f = settle(false)
+  if gone then
+    form, after = 'none', f
+  end
 end
 if form == 'string' then
   -- Held in the string form. Someone else's, and we would not queue:
@@ -253,15 +257,15 @@ if form == 'string' then
   form = 'hash'
 end
 if form == 'none' then
-  local served = hand_off(ticket, nil)
+  local served = hand_off(ticket, after)
   if served == nil or served == 'me' then
     local queued = redis.call('exists', KEYS[2]) == 1
-    return {1, take(owner, ttl, nil, queued, value), 1}
+    return {1, take(owner, ttl, after, queued, value), 1}
   end
 elseif redis.call('hexists', KEYS[1], owner) == 1 then
   local group = redis.call('hget', KEYS[1], '~k')
   if group then
-    -- A member of a group asking to hold it alone.
+    -- A live member (`settle` dropped lapsed ones) asking to hold it alone.
     return {3, kind_num(group)}
   end
   if ticket and redis.call('hget', KEYS[1], '~grant') == ticket then
@@ -374,6 +378,13 @@ local _, _, _, t = member(v[1])
 if t == ARGV[2] then
   leave(ARGV[1], v[1])
   return 1
+end
+-- The waiters behind this one (or behind this writer's mark) may join now.
+local k = redis.call('hget', KEYS[1], '~k')
+if k and k ~= 'm' and redis.call('exists', KEYS[2]) == 1 then
+  local now = now_ms()
+  local n, _, marked = members(now)
+  serve(k, n, now, nil, nil, marked)
 end
 return 0
 ";

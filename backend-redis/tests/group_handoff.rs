@@ -174,3 +174,76 @@ async fn a_released_permit_goes_to_the_head_waiter_at_once() {
     t1.await.unwrap();
     t2.await.unwrap();
 }
+
+/// A writer that holds twice and downgrades one of its holds still holds
+/// the other alone: no new reader enters until it goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgrade_leaves_a_re_entered_write_hold_exclusive() {
+    let k = key("downgrade");
+    let l = locker();
+    let rw = l.rwlock(&k).unwrap();
+    let w = OwnerToken::generate();
+    let opts = LockOptions::new().ttl(TTL);
+    let g1 = rw.write_as(&opts, &w).await.unwrap();
+    let g2 = rw.write_as(&opts, &w).await.unwrap();
+    let r = rw.downgrade(g1).await.unwrap();
+    let other = locker().rwlock(&k).unwrap();
+    let now = LockOptions::new().ttl(TTL).no_wait();
+    let entered = other.try_read(&now).await.unwrap();
+    assert!(entered.is_none(), "a reader entered beside a write hold");
+    g2.release().await.unwrap();
+    let entered = other
+        .try_read(&now)
+        .await
+        .unwrap()
+        .expect("readers only now");
+    entered.release().await.unwrap();
+    r.release().await.unwrap();
+}
+
+/// One owner served twice from the queue holds twice, not once: its first
+/// release leaves it a permit, and the waiters behind get only what is
+/// left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_served_twice_from_the_queue_holds_twice() {
+    let k = key("twice");
+    let opts = LockOptions::new().ttl(TTL);
+    let (a, b) = (locker(), locker());
+    let pa = a.semaphore(&k, 2).unwrap().acquire(&opts).await.unwrap();
+    let pb = b.semaphore(&k, 2).unwrap().acquire(&opts).await.unwrap();
+    let me = OwnerToken::generate();
+    let l = locker();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for tag in ["o1", "o2"] {
+        let (sem, me, tx) = (l.semaphore(&k, 2).unwrap(), me.clone(), tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = sem.acquire_as(&waiting(), &me).await.unwrap();
+            tx.send((tag, g)).unwrap();
+        }));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    pa.release().await.unwrap();
+    let o1 = next(&mut rx, 1).await;
+    pb.release().await.unwrap();
+    let o2 = next(&mut rx, 1).await;
+    tasks.push(queue(&k, Ask::Permit(2), "c", &tx).await);
+    tasks.push(queue(&k, Ask::Permit(2), "d", &tx).await);
+    for (_, g) in o1 {
+        g.release().await.unwrap();
+    }
+    // The owner still holds one permit: one of the two may enter, not both.
+    let c = next(&mut rx, 1).await;
+    assert_eq!(c[0].0, "c");
+    nobody_else(&mut rx).await;
+    for (_, g) in o2.into_iter().chain(c) {
+        g.release().await.unwrap();
+    }
+    let d = next(&mut rx, 1).await;
+    for (_, g) in d {
+        g.release().await.unwrap();
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
