@@ -121,7 +121,7 @@ macro_rules! in_txn {
             Pool::MySql(p) => {
                 let mut tries = 0;
                 loop {
-                    let mut tx = p.begin().await.map_err(map_err)?;
+                    let mut tx = p.begin_with(claims.sql.begin).await.map_err(map_err)?;
                     let $c = &mut *tx;
                     let answer = $body;
                     match answer {
