@@ -79,6 +79,138 @@ pub(crate) fn encode(owner: &OwnerToken, holds: u32, value: Option<&[u8]>) -> Ve
     data
 }
 
+/// The first bytes of a group's item: a name held by several holders (a
+/// semaphore's permits, readers), or only by writers' marks. Its first
+/// line (`#g <kind> 0`) reads to earlier versions as a hold by an owner
+/// that is never theirs, so they see the name held.
+const GROUP: &[u8] = b"#g ";
+
+/// What one member of a group holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tag {
+    /// One of a semaphore's permits.
+    Permit,
+    /// A read hold.
+    Reader,
+    /// A writer that took a read hold beside its own (a downgrade): its
+    /// hold is still exclusive, so new readers wait until it goes.
+    Writer,
+}
+
+/// One holder in a group, with its own lease: it ends when the server's
+/// clock ([`crate::group`]) reaches `end`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Member {
+    pub(crate) owner: String,
+    pub(crate) holds: u32,
+    pub(crate) end: u64,
+    pub(crate) tag: Tag,
+}
+
+/// A name held by a group: its permits (`None`: readers), its members and
+/// the marks of writers waiting for the readers to go (owner, end), every
+/// time on the server's clock.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Group {
+    pub(crate) permits: Option<u32>,
+    pub(crate) members: Vec<Member>,
+    pub(crate) marks: Vec<(String, u64)>,
+}
+
+impl Group {
+    /// Whether `data` is a group's item (not a mutex's).
+    pub(crate) fn is_group(data: &[u8]) -> bool {
+        data.starts_with(GROUP)
+    }
+
+    /// The group an item's data holds; `None` for data that is not one.
+    pub(crate) fn parse(data: &[u8]) -> Option<Group> {
+        let text = std::str::from_utf8(data.strip_prefix(GROUP)?).ok()?;
+        let mut lines = text.split('\n');
+        let mut group = Group::default();
+        match lines.next()?.split(' ').collect::<Vec<_>>()[..] {
+            [kind, "0"] => match kind.strip_prefix('p') {
+                Some(n) => group.permits = Some(n.parse().ok().filter(|&n| n > 1)?),
+                None if kind == "s" || kind == "m" => {}
+                None => return None,
+            },
+            _ => return None,
+        }
+        for line in lines.filter(|l| !l.is_empty()) {
+            match line.split(' ').collect::<Vec<_>>()[..] {
+                ["h", owner, holds, end, tag] => group.members.push(Member {
+                    owner: owner.to_owned(),
+                    holds: holds.parse().ok().filter(|&h| h > 0)?,
+                    end: end.parse().ok()?,
+                    tag: match tag {
+                        "x" => Tag::Permit,
+                        "r" => Tag::Reader,
+                        "w" => Tag::Writer,
+                        _ => return None,
+                    },
+                }),
+                ["m", owner, end] => group.marks.push((owner.to_owned(), end.parse().ok()?)),
+                _ => return None,
+            }
+        }
+        Some(group)
+    }
+
+    /// The item's data.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        use std::fmt::Write;
+        let kind = match (self.permits, self.members.is_empty()) {
+            (Some(n), false) => format!("p{n}"),
+            (None, false) => "s".to_owned(),
+            (_, true) => "m".to_owned(),
+        };
+        let mut text = format!("#g {kind} 0");
+        for m in &self.members {
+            let tag = match m.tag {
+                Tag::Permit => 'x',
+                Tag::Reader => 'r',
+                Tag::Writer => 'w',
+            };
+            let _ = write!(text, "\nh {} {} {} {tag}", m.owner, m.holds, m.end);
+        }
+        for (owner, end) in &self.marks {
+            let _ = write!(text, "\nm {owner} {end}");
+        }
+        text.into_bytes()
+    }
+
+    /// Drops the members and marks whose time ended by `now`.
+    pub(crate) fn prune(&mut self, now: u64) {
+        self.members.retain(|m| m.end > now);
+        self.marks.retain(|(_, end)| *end > now);
+        if self.members.is_empty() {
+            self.permits = None;
+        }
+    }
+
+    /// When the item can go: the last member's or mark's end; `None` when
+    /// nothing is left in it.
+    pub(crate) fn end(&self) -> Option<u64> {
+        let members = self.members.iter().map(|m| m.end);
+        members.chain(self.marks.iter().map(|m| m.1)).max()
+    }
+}
+
+/// A lock item as read: what it holds, its CAS and whole seconds left.
+pub(crate) struct Item {
+    pub(crate) body: Body,
+    pub(crate) cas: u64,
+    pub(crate) left: Option<u64>,
+}
+
+/// What a lock item holds.
+pub(crate) enum Body {
+    /// A mutex's (or writer's) holder.
+    Lock(Holder),
+    /// Several holders: a semaphore's permits, or readers (`group.rs`).
+    Group(Group),
+}
+
 /// The TTL sent: [`CLOCK_LAG`] more than asked, and the wire rounds it up
 /// to whole seconds. The lease then lasts at least the TTL asked for and
 /// at most three seconds more.
@@ -127,6 +259,60 @@ mod tests {
         }
         assert!(Holder::parse(b"no-holds").is_none());
         assert!(Holder::parse(b"owner x\n1").is_none());
+    }
+
+    #[test]
+    fn groups_round_trip_and_read_to_old_versions_as_anothers_hold() {
+        let g = Group {
+            permits: Some(3),
+            members: vec![
+                Member {
+                    owner: "a".repeat(32),
+                    holds: 2,
+                    end: 1_800_000_004,
+                    tag: Tag::Permit,
+                },
+                Member {
+                    owner: "b".repeat(32),
+                    holds: 1,
+                    end: 1_800_000_009,
+                    tag: Tag::Permit,
+                },
+            ],
+            marks: vec![("c".repeat(32), 1_800_000_002)],
+        };
+        let data = g.encode();
+        assert!(Group::is_group(&data));
+        assert_eq!(Group::parse(&data).as_ref(), Some(&g));
+        assert_eq!(g.end(), Some(1_800_000_009));
+        let old = Holder::parse(&data).unwrap();
+        assert_eq!((old.owner.as_str(), old.holds), ("#g p3", 0));
+        let mut readers = g.clone();
+        readers.permits = None;
+        readers.members[1].tag = Tag::Writer;
+        assert_eq!(Group::parse(&readers.encode()), Some(readers.clone()));
+        readers.prune(1_800_000_004);
+        assert_eq!(readers.members.len(), 1);
+        assert!(readers.marks.is_empty());
+        readers.prune(1_800_000_009);
+        assert_eq!(
+            (readers.end(), readers.encode()),
+            (None, b"#g m 0".to_vec())
+        );
+        for bad in [
+            &b"#g p1 0"[..],
+            b"#g q 0",
+            b"#g s 0\nh o 0 5 r",
+            b"#g s 0\nh o 1 5 z",
+            b"#g s 0\nx",
+            b"#g s 1",
+        ] {
+            assert!(
+                Group::parse(bad).is_none(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 
     #[test]

@@ -122,6 +122,7 @@
 mod backend;
 mod config;
 mod error;
+mod group;
 mod layout;
 mod node;
 mod wire;

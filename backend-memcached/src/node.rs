@@ -15,25 +15,26 @@ use async_trait::async_trait;
 use locksmith_core::backend::{
     renew_one, Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
 };
-use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result, MAX_VALUE_LEN};
+use locksmith_core::{Claim, Error, LockKey, LockStatus, OwnerToken, Result, MAX_VALUE_LEN};
 use tokio::sync::watch;
 
 use crate::error::{self, unexpected};
-use crate::layout::{encode, item_key, store_ttl, Holder, CLOCK_LAG};
+use crate::group::renew_in;
+use crate::layout::{encode, item_key, store_ttl, Body, Group, Holder, Item, CLOCK_LAG};
 use crate::wire::{self, Commands, Reply, Server};
 
 /// The shortest TTL: memcached counts whole seconds.
 pub(crate) const MIN_TTL: Duration = Duration::from_secs(2);
 /// How often a read-then-compare-and-write is tried again when the item
 /// changed in between (a re-entry or renewal racing another of ours).
-const CAS_TRIES: usize = 4;
+pub(crate) const CAS_TRIES: usize = 4;
 /// The most renewals sent in one write.
 const MAX_PIPELINE: usize = 256;
 
 /// One memcached server.
 pub(crate) struct Node {
     server: Server,
-    prefix: String,
+    pub(crate) prefix: String,
     timeout: Duration,
     connect_timeout: Duration,
     /// Bumped on every out-of-memory answer (see [`LockBackend::alarm`]).
@@ -47,13 +48,6 @@ impl fmt::Debug for Node {
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
-}
-
-/// A lock item as read: its holder, CAS and whole seconds left.
-struct Item {
-    holder: Holder,
-    cas: u64,
-    left: Option<u64>,
 }
 
 impl Node {
@@ -74,13 +68,16 @@ impl Node {
         }
     }
 
-    fn key(&self, key: &LockKey) -> String {
+    pub(crate) fn key(&self, key: &LockKey) -> String {
         item_key(&self.prefix, key)
     }
 
     /// `fut` within the per-request budget: waiting for a connection, a
     /// redial, and the exchanges.
-    async fn bounded<T>(&self, fut: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    pub(crate) async fn bounded<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
         let budget = self.timeout + self.connect_timeout;
         match tokio::time::timeout(budget, fut).await {
             Ok(r) => r,
@@ -89,7 +86,7 @@ impl Node {
     }
 
     /// The commands' replies, one each.
-    async fn send(&self, commands: &Commands) -> Result<Vec<Reply>> {
+    pub(crate) async fn send(&self, commands: &Commands) -> Result<Vec<Reply>> {
         let replies = self
             .server
             .exchange(commands)
@@ -102,7 +99,7 @@ impl Node {
     }
 
     /// One command's reply.
-    async fn one(&self, commands: &Commands) -> Result<Reply> {
+    pub(crate) async fn one(&self, commands: &Commands) -> Result<Reply> {
         self.send(commands)
             .await?
             .pop()
@@ -110,7 +107,7 @@ impl Node {
     }
 
     /// A full server refused a write ([`error::full`]).
-    fn full(&self, message: &str) -> Error {
+    pub(crate) fn full(&self, message: &str) -> Error {
         error::full(self.server.addr(), message)
     }
 
@@ -119,7 +116,7 @@ impl Node {
     /// meant to replace, so the holders here check their locks now. Not
     /// for a renewal's refusal: it read its lock just before, and the
     /// renewals raising alarms for each other would never rest.
-    fn full_alarm(&self, message: &str) -> Error {
+    pub(crate) fn full_alarm(&self, message: &str) -> Error {
         self.alarm.send_modify(|n| *n += 1);
         self.full(message)
     }
@@ -137,15 +134,20 @@ impl Node {
     }
 
     /// An item from a `mg … v c t` reply; `None` on a miss.
-    fn item(&self, k: &str, reply: Reply) -> Result<Option<Item>> {
+    pub(crate) fn item(&self, k: &str, reply: Reply) -> Result<Option<Item>> {
         match reply {
             Reply::Miss => Ok(None),
             Reply::Value { data, cas, ttl } => {
-                let holder = Holder::parse(&data).ok_or_else(|| {
+                let body = if Group::is_group(&data) {
+                    Group::parse(&data).map(Body::Group)
+                } else {
+                    Holder::parse(&data).map(Body::Lock)
+                };
+                let body = body.ok_or_else(|| {
                     Error::backend(format!("the item {k:?} is not a locksmith lock"))
                 })?;
                 Ok(Some(Item {
-                    holder,
+                    body,
                     cas,
                     left: ttl,
                 }))
@@ -154,15 +156,15 @@ impl Node {
         }
     }
 
-    async fn read(&self, k: &str) -> Result<Option<Item>> {
+    pub(crate) async fn read(&self, k: &str) -> Result<Option<Item>> {
         let reply = self.one(Commands::default().get(k)).await?;
         self.item(k, reply)
     }
 }
 
-// memcached has no notification and no queue: `watch`,
-// `try_acquire_waiting` and `abandon` keep the trait's defaults (waiters
-// poll; an attempt is an attempt), alone or as a quorum's node.
+// memcached has no notification and no queue: `watch` and
+// `try_acquire_waiting` keep the trait's defaults (waiters poll; an
+// attempt is an attempt), alone or as a quorum's node.
 #[async_trait]
 impl LockBackend for Node {
     fn capabilities(&self) -> Capabilities {
@@ -170,6 +172,8 @@ impl LockBackend for Node {
         // with the server (see the crate docs).
         Capabilities::default()
             .with_values(true)
+            .with_permits(true)
+            .with_shared(true)
             .with_min_ttl(MIN_TTL)
             // Whole seconds, on a clock that may skip one.
             .with_ttl_resolution(CLOCK_LAG)
@@ -197,6 +201,9 @@ impl LockBackend for Node {
     ) -> Result<Acquire> {
         Self::check_ttl(ttl)?;
         let k = self.key(key);
+        if owner.claim() != Claim::MUTEX {
+            return self.bounded(self.group_acquire(key, &k, owner, ttl)).await;
+        }
         self.bounded(async {
             for _ in 0..CAS_TRIES {
                 let full = match self
@@ -227,7 +234,12 @@ impl LockBackend for Node {
                     // attempt's answer is "held", and the caller comes back.
                     return Ok(Acquire::Contended { retry_after: None });
                 };
-                if item.holder.owner != owner.as_str() {
+                let holder = match item.body {
+                    Body::Lock(h) => h,
+                    // Permits or readers: their rules (a writer's mark).
+                    Body::Group(_) => return self.group_acquire(key, &k, owner, ttl).await,
+                };
+                if holder.owner != owner.as_str() {
                     if let Some(m) = full {
                         self.full_alarm(&m);
                     }
@@ -236,11 +248,11 @@ impl LockBackend for Node {
                 }
                 // Re-entry: one more hold, and the lease extended; the
                 // value stays (a re-entry is no new grant).
-                let holds = item.holder.holds.saturating_add(1);
+                let holds = holder.holds.saturating_add(1);
                 match self
                     .one(Commands::default().cas(
                         &k,
-                        &encode(owner, holds, item.holder.value.as_deref()),
+                        &encode(owner, holds, holder.value.as_deref()),
                         store_ttl(ttl),
                         item.cas,
                     ))
@@ -267,15 +279,23 @@ impl LockBackend for Node {
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
         let k = self.key(key);
+        if owner.claim() != Claim::MUTEX {
+            return self.bounded(self.group_release(key, &k, owner)).await;
+        }
         self.bounded(async {
             for _ in 0..CAS_TRIES {
                 let Some(item) = self.read(&k).await? else {
                     return Ok(Release::NotHeld);
                 };
-                if item.holder.owner != owner.as_str() {
+                let holder = match item.body {
+                    Body::Lock(h) => h,
+                    // A writer that read beside its hold (a downgrade).
+                    Body::Group(_) => return self.group_release(key, &k, owner).await,
+                };
+                if holder.owner != owner.as_str() {
                     return Ok(Release::NotHeld);
                 }
-                let last = item.holder.holds <= 1;
+                let last = holder.holds <= 1;
                 let mut c = Commands::default();
                 if last {
                     c.delete(&k, item.cas);
@@ -284,14 +304,14 @@ impl LockBackend for Node {
                     let left = Duration::from_secs(item.left.unwrap_or(0));
                     c.cas(
                         &k,
-                        &encode(owner, item.holder.holds - 1, item.holder.value.as_deref()),
+                        &encode(owner, holder.holds - 1, holder.value.as_deref()),
                         store_ttl(left),
                         item.cas,
                     );
                 }
                 match self.one(&c).await? {
                     Reply::Stored if last => return Ok(Release::Freed),
-                    Reply::Stored => return Ok(Release::StillHeld(item.holder.holds - 1)),
+                    Reply::Stored => return Ok(Release::StillHeld(holder.holds - 1)),
                     Reply::NotFound => return Ok(Release::NotHeld),
                     Reply::Exists => {} // changed in between: look again
                     Reply::OutOfMemory(m) => return Err(self.full_alarm(&m)),
@@ -337,24 +357,46 @@ impl LockBackend for Node {
                 if pending.is_empty() {
                     break;
                 }
+                // The server's clock first, for the members of groups.
                 let mut reads = Commands::default();
+                reads.get(&self.clock_key());
                 for &i in &pending {
                     reads.get(&keys[i]);
                 }
-                let replies = self.send(&reads).await?;
+                let mut replies = self.send(&reads).await?.into_iter();
+                let mut now = self.clock_of(replies.next())?;
                 let mut writes = Commands::default();
                 let mut written = Vec::new();
                 for (&i, reply) in pending.iter().zip(replies) {
                     let r = &requests[i];
                     match self.item(&keys[i], reply) {
-                        Ok(Some(item)) if item.holder.owner == r.owner.as_str() => {
+                        Ok(Some(Item {
+                            body: Body::Lock(h),
+                            cas,
+                            ..
+                        })) if h.owner == r.owner.as_str() => {
                             writes.cas(
                                 &keys[i],
-                                &encode(&r.owner, item.holder.holds, item.holder.value.as_deref()),
+                                &encode(&r.owner, h.holds, h.value.as_deref()),
                                 store_ttl(r.ttl),
-                                item.cas,
+                                cas,
                             );
                             written.push(i);
+                        }
+                        Ok(Some(Item {
+                            body: Body::Group(g),
+                            cas,
+                            ..
+                        })) => {
+                            let now = match now {
+                                Some(n) => n,
+                                None => *now.insert(self.set_clock().await?),
+                            };
+                            if renew_in(&mut writes, &keys[i], g, cas, r, now) {
+                                written.push(i);
+                            } else {
+                                results[i] = Some(Ok(Renew::NotHeld));
+                            }
                         }
                         Ok(_) => results[i] = Some(Ok(Renew::NotHeld)),
                         Err(e) => results[i] = Some(Err(e)),
@@ -410,14 +452,22 @@ impl LockBackend for Node {
         self.bounded(async {
             Ok(match self.read(&k).await? {
                 None => LockStatus::free(),
-                Some(item) => {
+                Some(Item {
+                    body: Body::Lock(h),
+                    left,
+                    ..
+                }) => {
                     // `t` seconds left means somewhere in (t − 2, t].
-                    let left = item.left.map(|s| Duration::from_secs(s.saturating_sub(2)));
-                    LockStatus::held(item.holder.holds)
+                    let left = left.map(|s| Duration::from_secs(s.saturating_sub(2)));
+                    LockStatus::held(h.holds)
                         .with_remaining(left)
-                        .with_owner(OwnerToken::from_string(item.holder.owner).ok())
-                        .with_value(item.holder.value)
+                        .with_owner(OwnerToken::from_string(h.owner).ok())
+                        .with_value(h.value)
                 }
+                Some(Item {
+                    body: Body::Group(_),
+                    ..
+                }) => self.group_status(&k).await?,
             })
         })
         .await
@@ -438,15 +488,21 @@ impl LockBackend for Node {
         let k = self.key(key);
         self.bounded(async {
             for _ in 0..CAS_TRIES {
-                let Some(item) = self.read(&k).await? else {
+                // A group's members advertise nothing.
+                let Some(Item {
+                    body: Body::Lock(holder),
+                    cas,
+                    left,
+                }) = self.read(&k).await?
+                else {
                     return Ok(Renew::NotHeld);
                 };
-                if item.holder.owner != owner.as_str() {
+                if holder.owner != owner.as_str() {
                     return Ok(Renew::NotHeld);
                 }
-                let data = encode(owner, item.holder.holds, Some(value));
+                let data = encode(owner, holder.holds, Some(value));
                 match self
-                    .one(Commands::default().cas_keeping(&k, &data, item.left, item.cas))
+                    .one(Commands::default().cas_keeping(&k, &data, left, cas))
                     .await?
                 {
                     Reply::Stored => return Ok(Renew::Renewed),
@@ -463,6 +519,12 @@ impl LockBackend for Node {
             )))
         })
         .await
+    }
+
+    /// Takes away the writer's mark `owner` left on readers, if any.
+    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, _ticket: &OwnerToken) -> Result<()> {
+        let k = self.key(key);
+        self.bounded(self.unmark(&k, owner)).await
     }
 
     fn alarm(&self) -> Option<watch::Receiver<u64>> {

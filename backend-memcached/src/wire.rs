@@ -5,7 +5,8 @@
 //! Only the commands whose failure cannot remove a live lock are sent
 //! (see the crate docs, "A full server"): `add` and `cas` (classic
 //! commands, which leave the item alone when they cannot allocate; the meta
-//! `ms` unlinks it), `mg` and `md` (which allocate nothing) and `mn`.
+//! `ms` unlinks it), `mg`, `md` and `stats` (which allocate nothing; the
+//! last reads the server's clock for groups, see `group.rs`) and `mn`.
 
 use std::io;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -42,6 +43,9 @@ pub(crate) enum Reply {
     NotFound,
     /// `MN`.
     Noop,
+    /// The `time` line of a `stats` reply: the server's clock, as the
+    /// Unix time it compares absolute expiries with.
+    Time(u64),
     /// `SERVER_ERROR out of memory …`: a write refused for want of memory.
     OutOfMemory(String),
     /// Any other error line the server sent for this command.
@@ -113,6 +117,24 @@ impl Commands {
         let exptime = left.map_or(0, |s| exptime(Duration::from_secs(s)));
         self.line(format_args!("cas {key} 0 {exptime} {} {cas}", value.len()));
         self.data(value)
+    }
+
+    /// `add` with an absolute expiry: a time on the server's clock (see
+    /// [`Reply::Time`]), past 30 days and so read as one.
+    pub(crate) fn add_at(&mut self, key: &str, value: &[u8], at: u64) -> &mut Self {
+        self.line(format_args!("add {key} 0 {at} {}", value.len()));
+        self.data(value)
+    }
+
+    /// `cas` with an absolute expiry, as [`add_at`](Self::add_at).
+    pub(crate) fn cas_at(&mut self, key: &str, value: &[u8], at: u64, cas: u64) -> &mut Self {
+        self.line(format_args!("cas {key} 0 {at} {} {cas}", value.len()));
+        self.data(value)
+    }
+
+    /// `stats`: the server's figures, of which its clock is read.
+    pub(crate) fn stats(&mut self) -> &mut Self {
+        self.line(format_args!("stats"))
     }
 
     /// `md <key> C<cas>`: delete only that version.
@@ -235,6 +257,7 @@ impl Conn {
             "EXISTS" | "EX" => Reply::Exists,
             "NOT_FOUND" | "NF" => Reply::NotFound,
             "MN" => Reply::Noop,
+            "STAT" => self.stats(rest).await?,
             "SERVER_ERROR" if rest.contains("out of memory") => Reply::OutOfMemory(rest.to_owned()),
             // Storage commands' data is skipped by the server on these, so
             // the stream stays in step.
@@ -251,6 +274,36 @@ impl Conn {
             }
             _ => return Err(bad("a reply memcached does not send")),
         })
+    }
+}
+
+impl Conn {
+    /// The rest of a `stats` reply, from its first line's `rest` to `END`.
+    async fn stats(&mut self, rest: &str) -> io::Result<Reply> {
+        let mut time = None;
+        let mut line = format!("STAT {rest}");
+        // A bound on the lines, as on their length: memcached sends about 90.
+        for _ in 0..1024 {
+            if line == "END" {
+                return time
+                    .map(Reply::Time)
+                    .ok_or_else(|| bad("stats without the time"));
+            }
+            if let Some(t) = line.strip_prefix("STAT time ") {
+                time = t.parse().ok();
+            }
+            let mut next = Vec::new();
+            (&mut self.stream)
+                .take(MAX_LINE)
+                .read_until(b'\n', &mut next)
+                .await?;
+            line = std::str::from_utf8(&next)
+                .ok()
+                .and_then(|l| l.strip_suffix("\r\n"))
+                .ok_or_else(|| bad("a stats line that is not text"))?
+                .to_owned();
+        }
+        Err(bad("stats without an end"))
     }
 }
 
@@ -362,10 +415,14 @@ mod tests {
         c.cas("k", b"o 2", Duration::from_secs(3), 7)
             .delete("k", 7)
             .noop();
-        assert_eq!(c.len(), 5);
+        c.add_at("k", b"g", 1_800_000_000)
+            .cas_at("k", b"g", 1_800_000_001, 9)
+            .stats();
+        assert_eq!(c.len(), 8);
         assert_eq!(
             String::from_utf8(c.buf).unwrap(),
-            "mg k v c t\r\nadd k 0 3 3\r\no 1\r\ncas k 0 3 3 7\r\no 2\r\nmd k C7\r\nmn\r\n"
+            "mg k v c t\r\nadd k 0 3 3\r\no 1\r\ncas k 0 3 3 7\r\no 2\r\nmd k C7\r\nmn\r\n\
+             add k 0 1800000000 1\r\ng\r\ncas k 0 1800000001 1 9\r\ng\r\nstats\r\n"
         );
         let mut c = Commands::default();
         c.cas_keeping("k", b"o 1\nv", Some(5), 8)

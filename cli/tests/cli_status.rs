@@ -182,14 +182,19 @@ async fn status_creates_nothing() {
 }
 
 /// `--permits` and `--shared` on a store that cannot grant them
-/// (memcached, for now) are a usage error (64) naming what is missing,
+/// (MySQL's session locks) are a usage error (64) naming what is missing,
 /// before the command runs.
 #[test]
 fn permits_and_shared_holds_are_refused_where_the_store_lacks_them() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("ran");
     let touch = format!("touch {}", marker.display());
-    let url = common::memcached_url();
+    let url = common::mysql_url();
+    let url = if url.contains('?') {
+        format!("{url}&mode=session")
+    } else {
+        format!("{url}?mode=session")
+    };
     for (flags, says) in [
         (&["--permits", "3"][..], "semaphore's permits"),
         (&["--shared"][..], "shared (read) holds"),

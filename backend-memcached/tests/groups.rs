@@ -1,0 +1,187 @@
+//! Semaphores and read-write locks on memcached, as only memcached keeps
+//! them: the group's one item, each holder's end on the server's clock,
+//! and the clock item that reads that clock.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use common::{raw, server};
+use locksmith_conformance::kit::unique_prefix;
+use locksmith_core::{ErrorKind, LockOptions, Locker};
+use locksmith_memcached::MemcachedBackend;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+fn locker(prefix: &str) -> Locker {
+    let url = format!("memcache://{}?prefix={prefix}", server());
+    Locker::from_arc(Arc::new(
+        MemcachedBackend::connect(&url).expect("valid URL"),
+    ))
+}
+
+fn now() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(10)).no_wait()
+}
+
+/// The server's clock as `stats` reports it.
+async fn stats_time(server: &str) -> Result<u64> {
+    let mut s = BufReader::new(TcpStream::connect(server).await?);
+    s.get_mut().write_all(b"stats\r\n").await?;
+    let mut time = None;
+    loop {
+        let mut line = String::new();
+        s.read_line(&mut line).await?;
+        match line.trim_end() {
+            "END" => return time.context("stats without the time"),
+            l => {
+                if let Some(t) = l.strip_prefix("STAT time ") {
+                    time = Some(t.parse()?);
+                }
+            }
+        }
+    }
+}
+
+/// A `mg <key> v t` reply: the value and the seconds left.
+async fn value_and_left(key: &str) -> Result<Option<(String, u64)>> {
+    let mut s = BufReader::new(TcpStream::connect(server()).await?);
+    s.get_mut()
+        .write_all(format!("mg {key} v t\r\n").as_bytes())
+        .await?;
+    let mut head = String::new();
+    s.read_line(&mut head).await?;
+    if head.starts_with("EN") {
+        return Ok(None);
+    }
+    let fields: Vec<&str> = head.trim_end().split(' ').collect();
+    let (size, left) = match fields[..] {
+        ["VA", size, t] => (size.parse::<usize>()?, t.trim_start_matches('t').parse()?),
+        _ => bail!("mg {key}: {head:?}"),
+    };
+    let mut value = vec![0; size + 2];
+    tokio::io::AsyncReadExt::read_exact(&mut s, &mut value).await?;
+    value.truncate(size);
+    Ok(Some((String::from_utf8(value)?, left)))
+}
+
+/// The clock item holds its own absolute expiry, a day after the
+/// server's clock when it was added, so that expiry less its seconds left
+/// is the server's clock; once deleted, the next group comes back with it.
+#[tokio::test]
+async fn the_clock_item_reads_the_servers_clock_and_comes_back() -> Result<()> {
+    let prefix = unique_prefix();
+    let clock = format!("{prefix}#clock");
+    let l = locker(&prefix);
+    let sem = l.semaphore("backups", 3)?;
+    let first = sem.acquire(&now()).await?;
+    let (e, left) = value_and_left(&clock).await?.context("no clock item")?;
+    let server_now = stats_time(&server()).await?;
+    let read = e.parse::<u64>()? - left;
+    ensure!(
+        read.abs_diff(server_now) <= 1,
+        "the clock item reads {read}, the server {server_now}"
+    );
+    ensure!(
+        (86_398..=86_401).contains(&left),
+        "the clock item has {left} s left, not a day"
+    );
+
+    let reply = raw(&server(), format!("delete {clock}\r\n").as_bytes()).await?;
+    ensure!(reply == "DELETED\r\n", "{reply:?}");
+    let second = sem.acquire(&now()).await?;
+    ensure!(value_and_left(&clock).await?.is_some(), "no clock again");
+    ensure!(
+        sem.status().await?.holder_count() == 2,
+        "two permits out after the clock came back"
+    );
+    first.release().await?;
+    second.release().await?;
+    Ok(())
+}
+
+/// Each holder's end is a time on the server's clock, its TTL rounded up
+/// and two seconds on, and the group's item expires, as an absolute time,
+/// with its last holder.
+#[tokio::test]
+async fn each_holder_ends_on_the_servers_clock() -> Result<()> {
+    let prefix = unique_prefix();
+    let l = locker(&prefix);
+    let rw = l.rwlock("catalogue")?;
+    let long = rw
+        .read(&LockOptions::new().ttl(Duration::from_secs(20)).no_wait())
+        .await?;
+    let short = rw.read(&now()).await?;
+    let server_now = stats_time(&server()).await?;
+    let (group, left) = value_and_left(&format!("{prefix}catalogue"))
+        .await?
+        .context("no group item")?;
+    let mut lines = group.split('\n');
+    ensure!(lines.next() == Some("#g s 0"), "{group:?}");
+    let ends: Vec<u64> = lines
+        .map(|l| match l.split(' ').collect::<Vec<_>>()[..] {
+            ["h", _, "1", end, "r"] => Ok(end.parse()?),
+            _ => bail!("not a reader's line: {l:?}"),
+        })
+        .collect::<Result<_>>()?;
+    let lasts: Vec<u64> = ends.iter().map(|e| e.saturating_sub(server_now)).collect();
+    ensure!(
+        (21..=22).contains(&lasts[0]) && (11..=12).contains(&lasts[1]),
+        "the readers end {lasts:?} s from now, not 22 and 12"
+    );
+    ensure!(
+        left.abs_diff(lasts[0]) <= 1,
+        "the item expires in {left} s, not with its last reader ({} s)",
+        lasts[0]
+    );
+    long.release().await?;
+    let (_, left) = value_and_left(&format!("{prefix}catalogue"))
+        .await?
+        .context("the group went with a reader still in")?;
+    ensure!(
+        left.abs_diff(lasts[1]) <= 1,
+        "after the longer reader left, the item expires in {left} s, not {} s",
+        lasts[1]
+    );
+    short.release().await?;
+    ensure!(
+        value_and_left(&format!("{prefix}catalogue"))
+            .await?
+            .is_none(),
+        "the group's item stayed after its last reader left"
+    );
+    Ok(())
+}
+
+/// A clock item that is not locksmith's (no expiry, or not a number)
+/// fails a group's acquire with a typed error, and grants nothing.
+#[tokio::test]
+async fn a_clock_item_not_ours_is_an_error_not_a_grant() -> Result<()> {
+    let prefix = unique_prefix();
+    let clock = format!("{prefix}#clock");
+    let l = locker(&prefix);
+    for value in ["1800000000", "soon"] {
+        let set = format!("set {clock} 0 0 {}\r\n{value}\r\n", value.len());
+        ensure!(raw(&server(), set.as_bytes()).await? == "STORED\r\n");
+        match l.semaphore("jobs", 2)?.acquire(&now()).await {
+            Err(e) if e.kind() == ErrorKind::Backend && e.to_string().contains("clock") => {}
+            other => bail!(
+                "a foreign clock item {value:?}: {:?}",
+                other.map(|g| g.holds())
+            ),
+        }
+        ensure!(
+            value_and_left(&format!("{prefix}jobs")).await?.is_none(),
+            "a permit was stored beside a foreign clock"
+        );
+    }
+    raw(&server(), format!("delete {clock}\r\n").as_bytes()).await?;
+    l.semaphore("jobs", 2)?
+        .acquire(&now())
+        .await?
+        .release()
+        .await?;
+    Ok(())
+}
