@@ -24,41 +24,30 @@
 //! its last holder or mark. A holder is gone once the clock reaches its
 //! end, exactly when an item stored until then would have expired; ends
 //! are set as the mutex's TTLs are, rounded up and two seconds more (see
-//! the crate docs, "Time").
-//!
-//! The clock is read with the group, in the same round trip: the item
-//! `<prefix>#clock` holds the absolute expiry it was stored with, `E`,
-//! and `mg` reports its seconds left, `t`, so the server's clock is
-//! `E − t`. It is read before the group's item, so it is never ahead of
-//! the group's read: a holder whose end has come is gone, and one read as
-//! live may have ended less than a second before (never granted over too
-//! soon). When the clock item is missing (the first use, a restart, after
-//! its day), `stats` gives the server's time once and the item is added
-//! again to expire a day later: one small item per prefix, never more.
+//! the crate docs, "Time"). The clock is read with the group, in the same
+//! round trip (`clock.rs`).
 
 use std::time::Duration;
 
 use locksmith_core::backend::{
-    claim_changed, permits_mismatch, semaphore_or_rwlock, Acquire, Grant, Release, RenewRequest,
-    MARK_LIFE,
+    claim_changed, permits_mismatch, semaphore_or_rwlock, Acquire, Grant, Release, Renew,
+    RenewRequest, MARK_LIFE,
 };
 use locksmith_core::{Claim, Error, Holder, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::error::unexpected;
-use crate::layout::{encode, store_ttl, Body, Group, Holder as Lock, Item, Member, Tag};
+use crate::layout::{encode, store_ttl, Body, Group, Holder as Lock, Item, Member, Tag, CLOCK_LAG};
 use crate::node::Node;
 use crate::wire::{Commands, Reply};
 
 /// How often a group's read-then-swap is tried when the item changed in
 /// between: a group is written by every one of its holders, so a busy
 /// one changes far more often than a mutex's item.
-const GROUP_TRIES: usize = 32;
-/// How long the clock item is kept, in seconds.
-const CLOCK_LIFE: u64 = 24 * 3600;
-/// A server clock below this reads as no Unix time: memcached would take
-/// an absolute expiry under 30 days for a relative one.
-const EARLIEST_CLOCK: u64 = 60 * 24 * 3600;
-
+pub(crate) const GROUP_TRIES: usize = 32;
+/// The most holders one group keeps: memcached's items hold 1 MB, and a
+/// holder's line up to about 150 bytes. A semaphore has fewer permits
+/// ([`locksmith_core::MAX_PERMITS`]); a reader past this waits.
+const MAX_MEMBERS: usize = 4096;
 /// Whole seconds, rounded up.
 fn secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
@@ -91,12 +80,17 @@ pub(crate) fn decide(
     let me = owner.as_str();
     let claim = owner.claim();
     let wait = |until: u64| Duration::from_secs(until.saturating_sub(now));
+    // The permits kept: a semaphore's N, or 1 while a downgraded writer
+    // (exclusive) holds.
+    let kept = g
+        .permits
+        .or_else(|| g.members.iter().any(|m| m.tag == Tag::Writer).then_some(1));
     if let Some(m) = g.members.iter_mut().find(|m| m.owner == me) {
         let shared = m.tag == Tag::Reader;
         if shared != claim.is_shared() {
             return Err(claim_changed(key, shared));
         }
-        if let (Some(asked), Some(kept)) = (claim.exclusive_permits(), g.permits) {
+        if let (Some(asked), Some(kept)) = (claim.exclusive_permits(), kept) {
             if asked != kept {
                 return Err(permits_mismatch(key, kept, asked));
             }
@@ -119,15 +113,22 @@ pub(crate) fn decide(
     };
     match claim {
         Claim::Exclusive { permits } => {
-            if let Some(kept) = g.permits.filter(|&kept| kept != permits) {
+            if let Some(kept) = kept.filter(|&kept| kept != permits) {
                 return Err(permits_mismatch(key, kept, permits));
             }
             if readers.is_some() && permits > 1 {
                 return Err(semaphore_or_rwlock(key, permits, true));
             }
             if g.members.is_empty() {
-                if permits == 1 {
+                if permits == 1 && g.marks.iter().all(|(o, _)| o == me) {
                     return Ok(Outcome::Free);
+                }
+                if permits == 1 {
+                    // Other writers wait for readers: holding as a member,
+                    // not a mutex's item, keeps their marks, so readers
+                    // still wait when this writer goes.
+                    g.marks.retain(|(o, _)| o != me);
+                    return join(g, Tag::Writer);
                 }
                 // A semaphore has no use for a writer's marks.
                 g.marks.clear();
@@ -169,7 +170,8 @@ pub(crate) fn decide(
                 });
             }
             let marked = g.marks.iter().map(|m| m.1).max();
-            match writer.or(marked) {
+            let crowded = (g.members.len() >= MAX_MEMBERS).then(|| soonest(&|_| true));
+            match writer.or(marked).or(crowded.flatten()) {
                 Some(until) => Ok(Outcome::Refused {
                     retry_after: wait(until),
                     marked: false,
@@ -180,104 +182,70 @@ pub(crate) fn decide(
     }
 }
 
-/// Queues on `writes` the renewal of `r`'s hold in the group `g` read at
-/// `k` with `cas` (pruned at `now`): its end `r.ttl` from now, the item
-/// expiring with its last holder. Whether `r`'s owner holds there.
-pub(crate) fn renew_in(
-    writes: &mut Commands,
-    k: &str,
-    mut g: Group,
-    cas: u64,
-    r: &RenewRequest,
-    now: u64,
-) -> bool {
-    g.prune(now);
-    let Some(m) = g.members.iter_mut().find(|m| m.owner == r.owner.as_str()) else {
-        return false;
-    };
-    let end = now + secs(store_ttl(r.ttl));
-    m.end = end;
-    writes.cas_at(k, &g.encode(), g.end().unwrap_or(end), cas);
-    true
+/// Where a batch of renewals puts what it found for the groups in it.
+pub(crate) struct GroupRenewal<'a> {
+    pub(crate) requests: &'a [RenewRequest],
+    pub(crate) keys: &'a [String],
+    /// The batch's writes: one `cas` per group.
+    pub(crate) writes: &'a mut Commands,
+    /// For each write, the requests it answers.
+    pub(crate) written: &'a mut Vec<Vec<usize>>,
+    pub(crate) results: &'a mut [Option<Result<Renew>>],
 }
 
 impl Node {
-    /// The key of the item that reads the server's clock.
-    pub(crate) fn clock_key(&self) -> String {
-        format!("{}#clock", self.prefix)
-    }
-
-    /// The server's clock from the clock item's `mg` reply; `None` when
-    /// the item is missing.
-    pub(crate) fn clock_of(&self, reply: Option<Reply>) -> Result<Option<u64>> {
-        match reply {
-            Some(Reply::Miss) => Ok(None),
-            Some(Reply::Value {
-                data, ttl: Some(t), ..
-            }) => std::str::from_utf8(&data)
-                .ok()
-                .and_then(|e| e.parse::<u64>().ok())
-                .and_then(|e| e.checked_sub(t))
-                .map(Some)
-                .ok_or_else(|| {
-                    Error::backend(format!(
-                        "the item {:?} is not locksmith's clock",
-                        self.clock_key()
-                    ))
-                }),
-            Some(Reply::Value { .. }) => Err(Error::backend(format!(
-                "the item {:?} is not locksmith's clock: it never expires",
-                self.clock_key()
-            ))),
-            Some(other) => Err(unexpected(&other)),
-            None => Err(Error::backend("memcached sent too few replies")),
-        }
-    }
-
-    /// The server's clock by `stats`, and the clock item added (if no one
-    /// else just did) to expire a day later.
-    pub(crate) async fn set_clock(&self) -> Result<u64> {
-        let now = match self.one(Commands::default().stats()).await? {
-            Reply::Time(t) => t,
-            other => return Err(unexpected(&other)),
+    /// Renews the holds the batch found in groups (`found`: the request,
+    /// the group read for it, its CAS): one `cas` per group, however many
+    /// of the batch's holders are in it (a `cas` each would undo each
+    /// other). The clock is the one read with the batch, or `stats` when
+    /// the clock item was missing: read after the groups, it can only
+    /// show a hold lapsed, never a lapsed one live.
+    pub(crate) async fn renew_groups(
+        &self,
+        to: GroupRenewal<'_>,
+        found: Vec<(usize, Group, u64)>,
+        clock: Result<Option<u64>>,
+    ) {
+        let now = match clock {
+            Ok(Some(now)) => Ok(now),
+            Ok(None) => self.set_clock().await,
+            Err(e) => Err(e),
         };
-        let at = now + CLOCK_LIFE;
-        if now < EARLIEST_CLOCK || at > i32::MAX as u64 {
-            return Err(Error::backend(format!(
-                "memcached's clock reads {now}, which is no Unix time before 2038: a group's \
-                 holders could not be given their own expiries"
-            )));
-        }
-        let mut c = Commands::default();
-        c.add_at(&self.clock_key(), at.to_string().as_bytes(), at);
-        match self.one(&c).await? {
-            Reply::Stored | Reply::NotStored => Ok(now),
-            Reply::OutOfMemory(m) => Err(self.full_alarm(&m)),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    /// The server's clock, then the item at `k`, in one round trip.
-    pub(crate) async fn read_timed(&self, k: &str) -> Result<(u64, Option<Item>)> {
-        for _ in 0..3 {
-            let mut c = Commands::default();
-            c.get(&self.clock_key()).get(k);
-            let mut replies = self.send(&c).await?.into_iter();
-            let now = self.clock_of(replies.next())?;
-            let item = replies
-                .next()
-                .ok_or_else(|| Error::backend("memcached sent too few replies"))?;
-            match now {
-                Some(now) => return Ok((now, self.item(k, item)?)),
-                None => {
-                    self.set_clock().await?;
+        let now = match now {
+            Ok(now) => now,
+            Err(e) => {
+                for (i, _, _) in found {
+                    to.results[i] = Some(Err(e.clone()));
                 }
+                return;
+            }
+        };
+        let mut by_key: Vec<(&str, Group, u64, Vec<usize>)> = Vec::new();
+        for (i, g, cas) in found {
+            let k = to.keys[i].as_str();
+            match by_key.iter_mut().find(|(key, ..)| *key == k) {
+                Some((.., each)) => each.push(i),
+                None => by_key.push((k, g, cas, vec![i])),
             }
         }
-        Err(Error::unavailable(format!(
-            "memcached dropped the clock item {:?} as soon as it was stored (is it out of memory?)",
-            self.clock_key()
-        )))
+        for (k, mut g, cas, each) in by_key {
+            g.prune(now);
+            let mut renewed = Vec::new();
+            for i in each {
+                let r = &to.requests[i];
+                match g.members.iter_mut().find(|m| m.owner == r.owner.as_str()) {
+                    Some(m) => {
+                        m.end = now + secs(store_ttl(r.ttl));
+                        renewed.push(i);
+                    }
+                    None => to.results[i] = Some(Ok(Renew::NotHeld)),
+                }
+            }
+            if let (false, Some(at)) = (renewed.is_empty(), g.end()) {
+                to.writes.cas_at(k, &g.encode(), at, cas);
+                to.written.push(renewed);
+            }
+        }
     }
 
     /// A claim other than the mutex's, or any claim on a name a group
@@ -385,9 +353,12 @@ impl Node {
             Claim::Exclusive { permits } => Err(permits_mismatch(key, 1, permits)),
             Claim::Shared if h.owner == owner.as_str() => Err(claim_changed(key, false)),
             Claim::Shared if owner.writer() == Some(h.owner.as_str()) => {
-                // The clock was read before the item: its seconds left end
-                // at most a second later than `now + left`.
-                let writer_end = now + left.unwrap_or(0) + 1;
+                // The clock was read before the item, and may have jumped
+                // by two in between: the hold ends by `now + left + 2`.
+                let Some(left) = left else {
+                    return refused(0);
+                };
+                let writer_end = now + left + CLOCK_LAG.as_secs();
                 // The reader joins by the group's rules.
                 let members = vec![Member {
                     owner: h.owner,

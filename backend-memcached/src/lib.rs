@@ -92,6 +92,14 @@
 //! vanished early is noticed at its next renewal, which finds it gone:
 //! the lost signal fires.
 //!
+//! # Semaphores and read-write locks
+//!
+//! A name held by several holders (a semaphore's permits, readers) is
+//! still one item, holding the whole group, changed only by `cas` over
+//! the version read; each holder's lease ends at a time on the server's
+//! own clock, read in the same round trip (the group module has the
+//! layout and the clock).
+//!
 //! # Several servers
 //!
 //! `memcache://h1:11211,h2:11211,h3:11211` (3 or more) is a quorum
@@ -120,6 +128,7 @@
 //! any other is `<prefix>#` and the SHA-256 of the key in hex.
 
 mod backend;
+mod clock;
 mod config;
 mod error;
 mod group;

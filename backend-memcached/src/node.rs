@@ -19,7 +19,7 @@ use locksmith_core::{Claim, Error, LockKey, LockStatus, OwnerToken, Result, MAX_
 use tokio::sync::watch;
 
 use crate::error::{self, unexpected};
-use crate::group::renew_in;
+use crate::group::{GroupRenewal, GROUP_TRIES};
 use crate::layout::{encode, item_key, store_ttl, Body, Group, Holder, Item, CLOCK_LAG};
 use crate::wire::{self, Commands, Reply, Server};
 
@@ -353,10 +353,10 @@ impl LockBackend for Node {
             .filter(|&i| results[i].is_none())
             .collect();
         let run = async {
-            for _ in 0..CAS_TRIES {
-                if pending.is_empty() {
-                    break;
-                }
+            // A group's item has a writer per holder: tried more often.
+            let (mut tries, mut limit) = (0, CAS_TRIES);
+            while !pending.is_empty() && tries < limit {
+                tries += 1;
                 // The server's clock first, for the members of groups.
                 let mut reads = Commands::default();
                 reads.get(&self.clock_key());
@@ -364,9 +364,11 @@ impl LockBackend for Node {
                     reads.get(&keys[i]);
                 }
                 let mut replies = self.send(&reads).await?.into_iter();
-                let mut now = self.clock_of(replies.next())?;
+                // A clock item gone wrong fails only the groups' renewals.
+                let clock = self.clock_of(replies.next());
                 let mut writes = Commands::default();
-                let mut written = Vec::new();
+                let mut written: Vec<Vec<usize>> = Vec::new();
+                let mut groups = Vec::new();
                 for (&i, reply) in pending.iter().zip(replies) {
                     let r = &requests[i];
                     match self.item(&keys[i], reply) {
@@ -381,26 +383,27 @@ impl LockBackend for Node {
                                 store_ttl(r.ttl),
                                 cas,
                             );
-                            written.push(i);
+                            written.push(vec![i]);
                         }
                         Ok(Some(Item {
                             body: Body::Group(g),
                             cas,
                             ..
-                        })) => {
-                            let now = match now {
-                                Some(n) => n,
-                                None => *now.insert(self.set_clock().await?),
-                            };
-                            if renew_in(&mut writes, &keys[i], g, cas, r, now) {
-                                written.push(i);
-                            } else {
-                                results[i] = Some(Ok(Renew::NotHeld));
-                            }
-                        }
+                        })) => groups.push((i, g, cas)),
                         Ok(_) => results[i] = Some(Ok(Renew::NotHeld)),
                         Err(e) => results[i] = Some(Err(e)),
                     }
+                }
+                if !groups.is_empty() {
+                    limit = GROUP_TRIES;
+                    let renewal = GroupRenewal {
+                        requests,
+                        keys: &keys,
+                        writes: &mut writes,
+                        written: &mut written,
+                        results: &mut results,
+                    };
+                    self.renew_groups(renewal, groups, clock).await;
                 }
                 pending.clear();
                 if written.is_empty() {
@@ -408,13 +411,13 @@ impl LockBackend for Node {
                 }
                 let replies = self.send(&writes).await?;
                 let mut full: Option<Error> = None;
-                for (i, reply) in written.into_iter().zip(replies) {
-                    results[i] = match reply {
+                for (each, reply) in written.into_iter().zip(replies) {
+                    let result = match reply {
                         Reply::Stored => Some(Ok(Renew::Renewed)),
                         Reply::NotFound => Some(Ok(Renew::NotHeld)),
                         // Changed in between: read it again.
                         Reply::Exists => {
-                            pending.push(i);
+                            pending.extend(&each);
                             None
                         }
                         Reply::OutOfMemory(m) => {
@@ -422,6 +425,9 @@ impl LockBackend for Node {
                         }
                         other => Some(Err(unexpected(&other))),
                     };
+                    for i in each {
+                        results[i] = result.clone();
+                    }
                 }
             }
             Ok(())

@@ -10,7 +10,8 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use common::{raw, server};
 use locksmith_conformance::kit::unique_prefix;
-use locksmith_core::{ErrorKind, LockOptions, Locker};
+use locksmith_core::backend::{Acquire, LockBackend, Release, Renew, RenewRequest};
+use locksmith_core::{Claim, ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
 use locksmith_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -183,5 +184,107 @@ async fn a_clock_item_not_ours_is_an_error_not_a_grant() -> Result<()> {
         .await?
         .release()
         .await?;
+    Ok(())
+}
+
+/// Several holders of one group renewed in one batch (a `Locker` holding
+/// several of a semaphore's permits) are all renewed: one write for the
+/// group, not one each over the same version, which would undo each other.
+#[tokio::test]
+async fn a_batch_renews_every_holder_of_one_group() -> Result<()> {
+    let prefix = unique_prefix();
+    let url = format!("memcache://{}?prefix={prefix}", server());
+    let backend = MemcachedBackend::connect(&url)?;
+    let key = LockKey::new("pool")?;
+    let ttl = Duration::from_secs(10);
+    let mut requests = Vec::new();
+    for _ in 0..6 {
+        let owner = OwnerToken::generate().with_claim(Claim::permits(8)?);
+        match backend.try_acquire(&key, &owner, ttl).await? {
+            Acquire::Acquired(_) => {}
+            other => bail!("a free permit: {other:?}"),
+        }
+        requests.push(RenewRequest {
+            key: key.clone(),
+            owner,
+            ttl: Duration::from_secs(20),
+        });
+    }
+    let stranger = OwnerToken::generate().with_claim(Claim::permits(8)?);
+    requests.push(RenewRequest {
+        key: key.clone(),
+        owner: stranger,
+        ttl,
+    });
+    let results = backend.renew_many(&requests).await;
+    for (i, r) in results.iter().enumerate().take(6) {
+        ensure!(
+            matches!(r, Ok(Renew::Renewed)),
+            "holder {i} of the batch: {r:?}"
+        );
+    }
+    ensure!(
+        matches!(results[6], Ok(Renew::NotHeld)),
+        "a stranger renewed: {:?}",
+        results[6]
+    );
+    let status = backend.inspect(&key).await?;
+    ensure!(
+        status
+            .holders
+            .iter()
+            .all(|h| h.remaining >= Some(Duration::from_secs(19))),
+        "not every holder has its new lease: {status:?}"
+    );
+    for r in &requests[..6] {
+        backend.release(&key, &r.owner).await?;
+    }
+    Ok(())
+}
+
+/// A writer served while another writer's mark is out holds as a member,
+/// keeping that mark (readers still wait when it goes), and a semaphore's
+/// claim on it is refused as another N, never granted beside it.
+#[tokio::test]
+async fn a_writer_served_beside_marks_keeps_them_and_excludes_permits() -> Result<()> {
+    let prefix = unique_prefix();
+    let url = format!("memcache://{}?prefix={prefix}", server());
+    let backend = MemcachedBackend::connect(&url)?;
+    let key = LockKey::new("catalogue")?;
+    let ttl = Duration::from_secs(10);
+    let reader = OwnerToken::generate().with_claim(Claim::Shared);
+    let (a, b) = (
+        OwnerToken::generate().writing(),
+        OwnerToken::generate().writing(),
+    );
+    let granted = |r: &Acquire| matches!(r, Acquire::Acquired(_));
+    ensure!(granted(&backend.try_acquire(&key, &reader, ttl).await?));
+    for w in [&a, &b] {
+        ensure!(!granted(&backend.try_acquire(&key, w, ttl).await?));
+    }
+    backend.release(&key, &reader).await?;
+    ensure!(
+        granted(&backend.try_acquire(&key, &b, ttl).await?),
+        "the writer was not served once the reader left"
+    );
+    let permit = OwnerToken::generate().with_claim(Claim::permits(3)?);
+    match backend.try_acquire(&key, &permit, ttl).await {
+        Err(e) if e.kind() == ErrorKind::InvalidOptions => {}
+        other => bail!("a permit beside a writer: {other:?}"),
+    }
+    let late = OwnerToken::generate().with_claim(Claim::Shared);
+    ensure!(!granted(&backend.try_acquire(&key, &late, ttl).await?));
+    ensure!(matches!(backend.release(&key, &b).await?, Release::Freed));
+    ensure!(
+        !granted(&backend.try_acquire(&key, &late, ttl).await?),
+        "a reader got in ahead of the writer whose mark was out"
+    );
+    ensure!(
+        granted(&backend.try_acquire(&key, &a, ttl).await?),
+        "the marked writer was not served"
+    );
+    ensure!(matches!(backend.release(&key, &a).await?, Release::Freed));
+    ensure!(granted(&backend.try_acquire(&key, &late, ttl).await?));
+    backend.release(&key, &late).await?;
     Ok(())
 }
