@@ -27,7 +27,7 @@ use crate::wire::{self, Commands, Reply, Server};
 pub(crate) const MIN_TTL: Duration = Duration::from_secs(2);
 /// How often a read-then-compare-and-write is tried again when the item
 /// changed in between (a re-entry or renewal racing another of ours).
-pub(crate) const CAS_TRIES: usize = 4;
+const CAS_TRIES: usize = 4;
 /// The most renewals sent in one write.
 const MAX_PIPELINE: usize = 256;
 
