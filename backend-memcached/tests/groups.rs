@@ -16,11 +16,14 @@ use locksmith_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-fn locker(prefix: &str) -> Locker {
+/// A client of the shared server, its keys under `prefix`.
+fn backend(prefix: &str) -> MemcachedBackend {
     let url = format!("memcache://{}?prefix={prefix}", server());
-    Locker::from_arc(Arc::new(
-        MemcachedBackend::connect(&url).expect("valid URL"),
-    ))
+    MemcachedBackend::connect(&url).expect("valid URL")
+}
+
+fn locker(prefix: &str) -> Locker {
+    Locker::from_arc(Arc::new(backend(prefix)))
 }
 
 fn now() -> LockOptions {
@@ -192,9 +195,7 @@ async fn a_clock_item_not_ours_is_an_error_not_a_grant() -> Result<()> {
 /// group, not one each over the same version, which would undo each other.
 #[tokio::test]
 async fn a_batch_renews_every_holder_of_one_group() -> Result<()> {
-    let prefix = unique_prefix();
-    let url = format!("memcache://{}?prefix={prefix}", server());
-    let backend = MemcachedBackend::connect(&url)?;
+    let backend = backend(&unique_prefix());
     let key = LockKey::new("pool")?;
     let ttl = Duration::from_secs(10);
     let mut requests = Vec::new();
@@ -247,9 +248,7 @@ async fn a_batch_renews_every_holder_of_one_group() -> Result<()> {
 /// claim on it is refused as another N, never granted beside it.
 #[tokio::test]
 async fn a_writer_served_beside_marks_keeps_them_and_excludes_permits() -> Result<()> {
-    let prefix = unique_prefix();
-    let url = format!("memcache://{}?prefix={prefix}", server());
-    let backend = MemcachedBackend::connect(&url)?;
+    let backend = backend(&unique_prefix());
     let key = LockKey::new("catalogue")?;
     let ttl = Duration::from_secs(10);
     let reader = OwnerToken::generate().with_claim(Claim::Shared);
