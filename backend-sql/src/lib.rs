@@ -77,6 +77,13 @@
 //! next renewal (by then the server has already freed the lock, so in this
 //! mode the signal comes *after* the loss, not before).
 //!
+//! On PostgreSQL, session mode also gives read-write locks: a reader holds
+//! the advisory lock shared, and a writer refused keeps new readers out by
+//! holding the name's turnstile (the two-`int4` advisory key made of the
+//! same 64 bits) on a connection of its own while it waits; a new reader
+//! must pass it. Semaphores, and readers on MySQL (`GET_LOCK` has no shared
+//! mode), are `Unsupported`.
+//!
 //! Session mode gives **no fencing tokens**: there is no row to keep a
 //! counter in, and a counter row would add a write to every acquire and
 //! undo the mode's point (it is several times faster than lease mode, as it
@@ -118,6 +125,8 @@ mod session_locks;
 #[cfg(not(any(feature = "postgres", feature = "mysql")))]
 #[path = "session_locks_none.rs"]
 mod session_locks;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod session_sql;
 
 use std::sync::Arc;
 

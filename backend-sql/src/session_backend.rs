@@ -88,9 +88,13 @@ impl LockBackend for SqlSessionBackend {
         // `Unsupported`, and elections are refused), and nothing kept once
         // a lock is free. Releases made by this process
         // wake this process's waiters at once; others are found by polling.
+        // PostgreSQL's shared advisory locks give readers; MySQL has no
+        // shared locks, and neither has a row to count a semaphore's
+        // permits in.
         Capabilities::default()
             .with_min_ttl(MIN_TTL)
             .with_binding(Binding::Session)
+            .with_shared(self.inner.locks.shared())
     }
 
     /// A connection is made and answers.
@@ -125,5 +129,10 @@ impl LockBackend for SqlSessionBackend {
 
     async fn watch(&self, key: &LockKey, _ticket: &OwnerToken) -> Result<Option<Watch>> {
         Ok(Some(self.inner.local.watch(key)))
+    }
+
+    /// Lets go of the turnstile a waiting writer holds, if any.
+    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, _ticket: &OwnerToken) -> Result<()> {
+        self.inner.locks.abandon(key, owner).await
     }
 }

@@ -1,55 +1,88 @@
 //! The server side of session mode: PostgreSQL advisory locks and MySQL
-//! `GET_LOCK`, each held by a dedicated connection for as long as the lock
-//! is held.
+//! `GET_LOCK`, each holder's on a dedicated connection for as long as it
+//! holds. On PostgreSQL, readers hold the lock shared, a writer's
+//! downgrade shares the writer's session, and a waiting writer holds the
+//! name's turnstile on a session of its own (see `session_sql`).
 
 use std::collections::HashMap;
-use std::str::FromStr;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
-use locksmith_core::backend::{Acquire, Grant, Release, Renew};
-use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
+use locksmith_core::backend::{claim_changed, Acquire, Grant, Release, Renew, MARK_LIFE};
+use locksmith_core::{Error, ErrorKind, LockKey, LockStatus, OwnerToken, Result};
 
-use crate::config::{Dialect, SqlConfig};
-use crate::error::{bad_url, map_err};
-use crate::layout;
+use crate::config::SqlConfig;
+use crate::error::map_err;
+use crate::session_sql::{Conn, Got, Name, Options};
 
 /// Idle connections kept for the next attempt; more are closed.
 const MAX_IDLE: usize = 4;
 
-#[derive(Debug, Clone)]
-enum Options {
-    #[cfg(feature = "postgres")]
-    Postgres(sqlx::postgres::PgConnectOptions),
-    #[cfg(feature = "mysql")]
-    MySql(sqlx::mysql::MySqlConnectOptions),
-}
-
 #[derive(Debug)]
-enum Raw {
-    #[cfg(feature = "postgres")]
-    Postgres(sqlx::PgConnection),
-    #[cfg(feature = "mysql")]
-    MySql(sqlx::MySqlConnection),
-}
-
-/// A connection of our own, outside any pool. Dropping it closes the socket,
-/// and the server then ends the session and frees its locks: an acquire
-/// cancelled mid-flight can never leave a lock on a reused connection.
-#[derive(Debug)]
-struct Conn {
-    raw: Raw,
-    server_id: i64,
-}
-
-#[derive(Debug)]
-struct Held {
+struct Holder {
     owner: OwnerToken,
     holds: u32,
-    conn: Conn,
+    shared: bool,
 }
 
-type Slot = Arc<tokio::sync::Mutex<Option<Held>>>;
+/// A server session and the holds it carries: one holder's, or a writer's
+/// and the read hold it downgraded to.
+#[derive(Debug)]
+struct Session {
+    conn: Conn,
+    holders: Vec<Holder>,
+}
+
+/// A waiting writer's turnstile, on a session of its own, kept while the
+/// writer's refused attempts keep coming (at least every quarter of
+/// [`MARK_LIFE`]); a writer gone quiet loses it after `MARK_LIFE`.
+#[derive(Debug)]
+struct Mark {
+    owner: OwnerToken,
+    conn: Conn,
+    renewed: Instant,
+}
+
+/// This process's sessions on one name.
+#[derive(Debug, Default)]
+struct Held {
+    sessions: Vec<Session>,
+    mark: Option<Mark>,
+}
+
+impl Held {
+    /// The session and the place in it of `owner`'s holds.
+    fn find(&self, owner: &OwnerToken) -> Option<(usize, usize)> {
+        self.sessions.iter().enumerate().find_map(|(s, session)| {
+            let h = session.holders.iter().position(|h| h.owner == *owner)?;
+            Some((s, h))
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.sessions.is_empty() && self.mark.is_none()
+    }
+
+    fn writing(&self) -> bool {
+        self.sessions
+            .iter()
+            .any(|s| s.holders.iter().any(|h| !h.shared))
+    }
+
+    /// Drops a mark whose writer went quiet: closing its connection frees
+    /// the turnstile.
+    fn lapse(&mut self) {
+        if self
+            .mark
+            .as_ref()
+            .is_some_and(|m| m.renewed.elapsed() >= MARK_LIFE)
+        {
+            self.mark = None;
+        }
+    }
+}
+
+type Slot = Arc<tokio::sync::Mutex<Held>>;
 
 #[derive(Debug)]
 pub(crate) struct SessionLocks {
@@ -60,28 +93,54 @@ pub(crate) struct SessionLocks {
     slots: Mutex<HashMap<LockKey, Slot>>,
 }
 
+fn granted(holds: u32) -> Result<Acquire> {
+    Ok(Acquire::Acquired(Grant {
+        fence: None,
+        holds,
+        lease: None,
+    }))
+}
+
+fn refused() -> Result<Acquire> {
+    Ok(Acquire::Contended { retry_after: None })
+}
+
+/// A first attempt on a new session: a reader's past the turnstile, a
+/// writer's taking the turnstile when refused (with `mark`).
+async fn first(
+    conn: &mut Conn,
+    n: &Name,
+    shared: bool,
+    mark: bool,
+) -> std::result::Result<Got, sqlx::Error> {
+    if shared {
+        let got = conn.shared(n, true).await?;
+        Ok(if got { Got::Lock } else { Got::Refused })
+    } else {
+        conn.exclusive(n, mark).await
+    }
+}
+
+/// Closes a mark left by a writer that stopped asking, even if nobody in
+/// this process asks for the name again.
+fn lapse_later(slot: Weak<tokio::sync::Mutex<Held>>) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(MARK_LIFE).await;
+            let Some(slot) = slot.upgrade() else { return };
+            let mut held = slot.lock().await;
+            held.lapse();
+            if held.mark.is_none() {
+                return;
+            }
+        }
+    });
+}
+
 impl SessionLocks {
     pub(crate) fn new(config: &SqlConfig) -> Result<Self> {
-        let bad = |e| bad_url(&config.url, e);
-        let options = match config.dialect {
-            #[cfg(feature = "postgres")]
-            Dialect::Postgres => Options::Postgres(
-                sqlx::postgres::PgConnectOptions::from_str(config.url.expose()).map_err(bad)?,
-            ),
-            #[cfg(feature = "mysql")]
-            Dialect::MySql => Options::MySql(
-                sqlx::mysql::MySqlConnectOptions::from_str(config.url.expose()).map_err(bad)?,
-            ),
-            #[allow(unreachable_patterns)]
-            other => {
-                return Err(Error::config(format!(
-                    "{}: {other:?} has no session locks in this build",
-                    config.url
-                )))
-            }
-        };
         Ok(SessionLocks {
-            options,
+            options: Options::new(config)?,
             // Locks of different tables (applications) never meet.
             namespace: config.table.clone(),
             connect_timeout: config.connect_timeout,
@@ -90,21 +149,30 @@ impl SessionLocks {
         })
     }
 
+    /// Whether read holds are granted (PostgreSQL).
+    pub(crate) fn shared(&self) -> bool {
+        self.options.shared()
+    }
+
     pub(crate) fn session_ids(&self) -> Vec<i64> {
         let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        slots
-            .values()
-            .filter_map(|s| {
-                s.try_lock()
-                    .ok()
-                    .and_then(|h| h.as_ref().map(|h| h.conn.server_id))
-            })
-            .collect()
+        let mut ids = Vec::new();
+        for slot in slots.values() {
+            if let Ok(held) = slot.try_lock() {
+                ids.extend(held.sessions.iter().map(|s| s.conn.server_id));
+                ids.extend(held.mark.iter().map(|m| m.conn.server_id));
+            }
+        }
+        ids
     }
 
     fn slot(&self, key: &LockKey) -> Slot {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         slots.entry(key.clone()).or_default().clone()
+    }
+
+    fn name(&self, key: &LockKey) -> Name {
+        Name::new(&self.namespace, key)
     }
 
     /// Forgets an empty slot nobody else is using. Clones are only made under
@@ -121,45 +189,15 @@ impl SessionLocks {
 
     async fn checkout(&self) -> Result<Conn> {
         let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        if let Some(conn) = idle {
-            return Ok(conn);
+        match idle {
+            Some(conn) => Ok(conn),
+            None => self.options.connect(self.connect_timeout).await,
         }
-        let connect = async {
-            let conn: std::result::Result<Conn, sqlx::Error> = match &self.options {
-                #[cfg(feature = "postgres")]
-                Options::Postgres(o) => {
-                    use sqlx::ConnectOptions;
-                    let mut c = o.connect().await?;
-                    let (pid,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
-                        .fetch_one(&mut c)
-                        .await?;
-                    Ok(Conn {
-                        raw: Raw::Postgres(c),
-                        server_id: i64::from(pid),
-                    })
-                }
-                #[cfg(feature = "mysql")]
-                Options::MySql(o) => {
-                    use sqlx::ConnectOptions;
-                    let mut c = o.connect().await?;
-                    let (id,): (u64,) = sqlx::query_as("SELECT CONNECTION_ID()")
-                        .fetch_one(&mut c)
-                        .await?;
-                    Ok(Conn {
-                        raw: Raw::MySql(c),
-                        server_id: id as i64,
-                    })
-                }
-            };
-            conn
-        };
-        match tokio::time::timeout(self.connect_timeout, connect).await {
-            Ok(r) => r.map_err(map_err),
-            Err(_) => Err(Error::unavailable(format!(
-                "no connection to the database within {:?}",
-                self.connect_timeout
-            ))),
-        }
+    }
+
+    async fn checkout_fresh(&self) -> Result<Conn> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.checkout().await
     }
 
     fn checkin(&self, conn: Conn) {
@@ -169,228 +207,239 @@ impl SessionLocks {
         }
     }
 
-    #[cfg(feature = "postgres")]
-    fn pg_id(&self, key: &LockKey) -> i64 {
-        layout::pg_lock_id(&self.namespace, key)
-    }
-
-    #[cfg(feature = "mysql")]
-    fn my_name(&self, key: &LockKey) -> String {
-        layout::mysql_lock_name(&self.namespace, key)
-    }
-
-    async fn lock_once(
-        &self,
-        conn: &mut Conn,
-        key: &LockKey,
-    ) -> std::result::Result<bool, sqlx::Error> {
-        match &mut conn.raw {
-            #[cfg(feature = "postgres")]
-            Raw::Postgres(c) => {
-                sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-                    .bind(self.pg_id(key))
-                    .fetch_one(c)
-                    .await
-            }
-            #[cfg(feature = "mysql")]
-            Raw::MySql(c) => {
-                let r: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
-                    .bind(self.my_name(key))
-                    .fetch_one(c)
-                    .await?;
-                Ok(r == Some(1))
-            }
-        }
-    }
-
-    /// Drops one hold; with `all`, every lock of the session (the last hold).
-    async fn unlock(
-        &self,
-        conn: &mut Conn,
-        key: &LockKey,
-        all: bool,
-    ) -> std::result::Result<bool, sqlx::Error> {
-        match &mut conn.raw {
-            #[cfg(feature = "postgres")]
-            Raw::Postgres(c) => {
-                if all {
-                    sqlx::query("SELECT pg_advisory_unlock_all()")
-                        .execute(c)
-                        .await?;
-                    Ok(true)
-                } else {
-                    sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
-                        .bind(self.pg_id(key))
-                        .fetch_one(c)
-                        .await
-                }
-            }
-            #[cfg(feature = "mysql")]
-            Raw::MySql(c) => {
-                if all {
-                    sqlx::query("SELECT RELEASE_ALL_LOCKS()").execute(c).await?;
-                    Ok(true)
-                } else {
-                    let r: Option<i64> = sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
-                        .bind(self.my_name(key))
-                        .fetch_one(c)
-                        .await?;
-                    Ok(r == Some(1))
-                }
-            }
-        }
-    }
-
-    async fn ping(conn: &mut Conn) -> std::result::Result<(), sqlx::Error> {
-        match &mut conn.raw {
-            #[cfg(feature = "postgres")]
-            Raw::Postgres(c) => sqlx::query("SELECT 1").execute(c).await.map(|_| ()),
-            #[cfg(feature = "mysql")]
-            Raw::MySql(c) => sqlx::query("SELECT 1").execute(c).await.map(|_| ()),
-        }
-    }
-
     pub(crate) async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken) -> Result<Acquire> {
+        let claim = owner.claim();
+        if claim.exclusive_permits().is_some_and(|p| p > 1) || claim.is_shared() && !self.shared() {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "session locks grant exclusive holds, and read holds on PostgreSQL only",
+            ));
+        }
         let slot = self.slot(key);
         let mut held = slot.lock().await;
-        if let Some(h) = held.as_mut() {
-            if h.owner != *owner {
-                return Ok(Acquire::Contended { retry_after: None });
+        held.lapse();
+        let outcome = self.acquire_in(&mut held, &slot, key, owner).await;
+        let empty = held.is_empty();
+        drop(held);
+        self.tidy(key, &slot, empty);
+        outcome
+    }
+
+    async fn acquire_in(
+        &self,
+        held: &mut Held,
+        slot: &Slot,
+        key: &LockKey,
+        owner: &OwnerToken,
+    ) -> Result<Acquire> {
+        let n = self.name(key);
+        let shared = owner.claim().is_shared();
+        if let Some((s, h)) = held.find(owner) {
+            let session = &mut held.sessions[s];
+            if session.holders[h].shared != shared {
+                return Err(claim_changed(key, session.holders[h].shared));
             }
             // Re-entry: the server counts holds per session, so lock again on
-            // the connection that already holds it.
-            return match self.lock_once(&mut h.conn, key).await {
+            // the session that holds it (past the turnstile: it holds).
+            let again = if shared {
+                session.conn.shared(&n, false).await
+            } else {
+                session
+                    .conn
+                    .exclusive(&n, false)
+                    .await
+                    .map(|g| g == Got::Lock)
+            };
+            return match again {
                 Ok(true) => {
-                    h.holds += 1;
-                    Ok(Acquire::Acquired(Grant {
-                        fence: None,
-                        holds: h.holds,
-                        lease: None,
-                    }))
+                    let hold = &mut session.holders[h];
+                    hold.holds += 1;
+                    granted(hold.holds)
                 }
                 Ok(false) => Err(Error::backend(
                     "the server refused a re-entrant session lock",
                 )),
                 Err(e) => {
-                    // The session is broken, and with it the lock.
-                    *held = None;
+                    // The session is broken, and with it its locks.
+                    held.sessions.swap_remove(s);
                     Err(map_err(e))
                 }
             };
         }
+        if let Some(w) = owner.writer() {
+            // A downgrade, on the writer's own session, where the server
+            // grants the shared lock beside the exclusive one whoever waits.
+            let writer = |s: &Session| s.holders.iter().any(|h| !h.shared && h.owner.as_str() == w);
+            let Some(s) = held.sessions.iter().position(writer) else {
+                // Never a read hold after a gap in the writer's.
+                return refused();
+            };
+            let session = &mut held.sessions[s];
+            return match session.conn.shared(&n, false).await {
+                Ok(true) => {
+                    session.holders.push(Holder {
+                        owner: owner.clone(),
+                        holds: 1,
+                        shared: true,
+                    });
+                    granted(1)
+                }
+                Ok(false) => refused(),
+                Err(e) => {
+                    held.sessions.swap_remove(s);
+                    Err(map_err(e))
+                }
+            };
+        }
+        if held.writing() || shared && held.mark.is_some() {
+            // This process writes, or a writer of it waits: the server
+            // would refuse.
+            if let Some(m) = held.mark.as_mut().filter(|m| m.owner == *owner) {
+                m.renewed = Instant::now();
+            }
+            return refused();
+        }
+        if let Some(m) = held.mark.as_mut().filter(|m| m.owner == *owner) {
+            return match m.conn.exclusive(&n, false).await {
+                Ok(Got::Lock) => {
+                    let mut m = held.mark.take().expect("checked above");
+                    // In: the turnstile goes, so readers wait on the lock alone.
+                    m.conn.unmark(&n).await.map_err(map_err)?;
+                    held.sessions.push(Session {
+                        conn: m.conn,
+                        holders: vec![Holder {
+                            owner: owner.clone(),
+                            holds: 1,
+                            shared: false,
+                        }],
+                    });
+                    granted(1)
+                }
+                Ok(_) => {
+                    m.renewed = Instant::now();
+                    refused()
+                }
+                Err(e) => {
+                    held.mark = None;
+                    Err(map_err(e))
+                }
+            };
+        }
+        // A refused writer takes the turnstile unless one of this process
+        // already holds it.
+        let mark = !shared && self.shared() && held.mark.is_none();
         let mut conn = self.checkout().await?;
-        let got = match self.lock_once(&mut conn, key).await {
+        let got = match first(&mut conn, &n, shared, mark).await {
             Ok(got) => got,
             Err(_) => {
                 // An idle connection may have died with a server restart; one
                 // fresh attempt tells that apart from a database that is down.
                 drop(conn);
                 conn = self.checkout_fresh().await?;
-                self.lock_once(&mut conn, key).await.map_err(map_err)?
+                first(&mut conn, &n, shared, mark).await.map_err(map_err)?
             }
         };
-        if got {
-            *held = Some(Held {
-                owner: owner.clone(),
-                holds: 1,
-                conn,
-            });
-            Ok(Acquire::Acquired(Grant {
-                fence: None,
-                holds: 1,
-                lease: None,
-            }))
-        } else {
-            self.checkin(conn);
-            drop(held);
-            self.tidy(key, &slot, true);
-            Ok(Acquire::Contended { retry_after: None })
+        match got {
+            Got::Lock => {
+                held.sessions.push(Session {
+                    conn,
+                    holders: vec![Holder {
+                        owner: owner.clone(),
+                        holds: 1,
+                        shared,
+                    }],
+                });
+                granted(1)
+            }
+            Got::Turnstile => {
+                held.mark = Some(Mark {
+                    owner: owner.clone(),
+                    conn,
+                    renewed: Instant::now(),
+                });
+                lapse_later(Arc::downgrade(slot));
+                refused()
+            }
+            Got::Refused => {
+                self.checkin(conn);
+                refused()
+            }
         }
+    }
+
+    /// Lets go of the turnstile `owner` holds as a waiting writer, if any.
+    pub(crate) async fn abandon(&self, key: &LockKey, owner: &OwnerToken) -> Result<()> {
+        let slot = self.slot(key);
+        let mut held = slot.lock().await;
+        if held.mark.as_ref().is_some_and(|m| m.owner == *owner) {
+            let mut m = held.mark.take().expect("checked above");
+            // Unlocked, the connection is clean for the next attempt;
+            // otherwise dropping it ends the session, and the turnstile.
+            if let Ok(true) = m.conn.unmark(&self.name(key)).await {
+                self.checkin(m.conn);
+            }
+        }
+        let empty = held.is_empty();
+        drop(held);
+        self.tidy(key, &slot, empty);
+        Ok(())
     }
 
     /// A connection is made (or an idle one answers).
     pub(crate) async fn verify(&self) -> Result<()> {
         let mut conn = self.checkout().await?;
-        Self::ping(&mut conn).await.map_err(map_err)?;
+        conn.ping().await.map_err(map_err)?;
         self.checkin(conn);
         Ok(())
     }
 
-    /// Whether any session holds `key`, asked of the server on an idle
-    /// connection of ours (the server cannot count another session's holds).
+    /// Who holds `key`, asked of the server on an idle connection of ours.
     pub(crate) async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
         let mut conn = self.checkout().await?;
-        let held = match &mut conn.raw {
-            #[cfg(feature = "postgres")]
-            Raw::Postgres(c) => {
-                // A bigint advisory key shows as classid (high 32 bits) and
-                // objid (low 32 bits), with objsubid 1.
-                let id = self.pg_id(key) as u64;
-                let n: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
-                       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                       AND objsubid = 1 AND classid::bigint = $1 AND objid::bigint = $2",
-                )
-                .bind((id >> 32) as i64)
-                .bind((id & 0xffff_ffff) as i64)
-                .fetch_one(&mut *c)
-                .await
-                .map_err(map_err)?;
-                n > 0
-            }
-            #[cfg(feature = "mysql")]
-            Raw::MySql(c) => {
-                let used: i64 =
-                    sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) IS NOT NULL AS SIGNED)")
-                        .bind(self.my_name(key))
-                        .fetch_one(&mut *c)
-                        .await
-                        .map_err(map_err)?;
-                used != 0
-            }
-        };
+        let status = conn.status(&self.name(key)).await?;
         self.checkin(conn);
-        Ok(if held {
-            LockStatus::held(1)
-        } else {
-            LockStatus::free()
-        })
-    }
-
-    async fn checkout_fresh(&self) -> Result<Conn> {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        self.checkout().await
+        Ok(status)
     }
 
     pub(crate) async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
         let slot = self.slot(key);
         let mut held = slot.lock().await;
-        let Some(h) = held.as_mut().filter(|h| h.owner == *owner) else {
-            let empty = held.is_none();
-            drop(held);
-            self.tidy(key, &slot, empty);
-            return Ok(Release::NotHeld);
+        let outcome = match held.find(owner) {
+            None => Release::NotHeld,
+            Some((s, h)) => {
+                let session = &mut held.sessions[s];
+                let hold = &session.holders[h];
+                let last = hold.holds == 1 && session.holders.len() == 1;
+                match session
+                    .conn
+                    .unlock(&self.name(key), hold.shared, last)
+                    .await
+                {
+                    Ok(true) if hold.holds > 1 => {
+                        let hold = &mut session.holders[h];
+                        hold.holds -= 1;
+                        return Ok(Release::StillHeld(hold.holds));
+                    }
+                    Ok(true) => {
+                        session.holders.remove(h);
+                        if session.holders.is_empty() {
+                            self.checkin(held.sessions.swap_remove(s).conn);
+                        }
+                        Release::Freed
+                    }
+                    // The session broke (or lost the lock) while held: closing
+                    // the connection ends it, and its locks were not reliably
+                    // ours.
+                    Ok(false) | Err(_) => {
+                        held.sessions.swap_remove(s);
+                        Release::NotHeld
+                    }
+                }
+            }
         };
-        let last = h.holds == 1;
-        let outcome = match self.unlock(&mut h.conn, key, last).await {
-            Ok(true) if !last => {
-                h.holds -= 1;
-                return Ok(Release::StillHeld(h.holds));
-            }
-            Ok(true) => {
-                let h = held.take().expect("checked above");
-                self.checkin(h.conn);
-                Release::Freed
-            }
-            // The session broke (or lost the lock) while held: closing the
-            // connection ends it, and the lock was not reliably ours.
-            Ok(false) | Err(_) => {
-                *held = None;
-                Release::NotHeld
-            }
-        };
+        let empty = held.is_empty();
         drop(held);
-        self.tidy(key, &slot, true);
+        self.tidy(key, &slot, empty);
         Ok(outcome)
     }
 
@@ -399,18 +448,18 @@ impl SessionLocks {
     pub(crate) async fn renew(&self, key: &LockKey, owner: &OwnerToken) -> Result<Renew> {
         let slot = self.slot(key);
         let mut held = slot.lock().await;
-        let outcome = match held.as_mut().filter(|h| h.owner == *owner) {
+        let outcome = match held.find(owner) {
             None => Renew::NotHeld,
-            Some(h) => match Self::ping(&mut h.conn).await {
-                Ok(()) => return Ok(Renew::Renewed),
+            Some((s, _)) => match held.sessions[s].conn.ping().await {
+                Ok(()) => Renew::Renewed,
                 Err(e) => {
                     tracing::warn!(key = %key, error = %e, "session lock's connection failed; the lock is lost");
-                    *held = None;
+                    held.sessions.swap_remove(s);
                     Renew::NotHeld
                 }
             },
         };
-        let empty = held.is_none();
+        let empty = held.is_empty();
         drop(held);
         self.tidy(key, &slot, empty);
         Ok(outcome)

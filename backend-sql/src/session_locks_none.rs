@@ -19,6 +19,12 @@ impl SessionLocks {
     pub(crate) fn session_ids(&self) -> Vec<i64> {
         match *self {}
     }
+    pub(crate) fn shared(&self) -> bool {
+        match *self {}
+    }
+    pub(crate) async fn abandon(&self, _: &LockKey, _: &OwnerToken) -> Result<()> {
+        match *self {}
+    }
     pub(crate) async fn try_acquire(&self, _: &LockKey, _: &OwnerToken) -> Result<Acquire> {
         match *self {}
     }

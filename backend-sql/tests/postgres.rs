@@ -19,3 +19,93 @@ mod session {
         "mode=session"
     ));
 }
+
+/// PostgreSQL session mode's readers and writers, beyond the shared cases:
+/// the turnstile a waiting writer holds keeps new readers out only while
+/// the writer keeps asking.
+mod turnstile {
+    use std::time::{Duration, Instant};
+
+    use locksmith_conformance::kit::servers::postgres_url;
+    use locksmith_conformance::kit::with_params;
+    use locksmith_core::backend::{Acquire, LockBackend, MARK_LIFE};
+    use locksmith_core::{Claim, LockKey, OwnerToken};
+    use locksmith_sql::SqlSessionBackend;
+
+    fn client() -> SqlSessionBackend {
+        SqlSessionBackend::connect(&with_params(&postgres_url(), "mode=session"))
+            .expect("valid URL")
+    }
+
+    fn reader() -> OwnerToken {
+        OwnerToken::generate().with_claim(Claim::Shared)
+    }
+
+    async fn got(b: &SqlSessionBackend, k: &LockKey, o: &OwnerToken) -> bool {
+        let ttl = Duration::from_secs(30);
+        matches!(
+            b.try_acquire(k, o, ttl).await.expect("an answer"),
+            Acquire::Acquired(_)
+        )
+    }
+
+    /// A writer refused by a reader keeps later readers out; once it stops
+    /// asking (a caller that never gave up through the `Locker`), its
+    /// turnstile lapses within a few `MARK_LIFE`s, not with the process.
+    #[tokio::test]
+    async fn a_quiet_writers_turnstile_lapses() {
+        let k = LockKey::new(format!("turnstile/{}", OwnerToken::generate().as_str())).unwrap();
+        let (a, b, c) = (client(), client(), client());
+        let first = reader();
+        assert!(got(&a, &k, &first).await, "the first reader was refused");
+        let writer = OwnerToken::generate().writing();
+        assert!(
+            !got(&b, &k, &writer).await,
+            "a writer got in beside a reader"
+        );
+        assert!(
+            !got(&c, &k, &reader()).await,
+            "a new reader got in while a writer waited"
+        );
+        let start = Instant::now();
+        let late = reader();
+        loop {
+            if got(&c, &k, &late).await {
+                break;
+            }
+            assert!(
+                start.elapsed() < MARK_LIFE * 4,
+                "a writer that stopped asking kept readers out for {:?}",
+                start.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            start.elapsed() >= MARK_LIFE / 2,
+            "the turnstile lapsed after only {:?}",
+            start.elapsed()
+        );
+        // The writer comes back once the readers leave.
+        a.release(&k, &first).await.unwrap();
+        c.release(&k, &late).await.unwrap();
+        assert!(
+            got(&b, &k, &writer).await,
+            "the writer was refused on a free name"
+        );
+        b.release(&k, &writer).await.unwrap();
+    }
+
+    /// `status` counts each session's hold, shared or not.
+    #[tokio::test]
+    async fn status_shows_readers() {
+        let k = LockKey::new(format!("turnstile/{}", OwnerToken::generate().as_str())).unwrap();
+        let (a, b) = (client(), client());
+        let (r1, r2) = (reader(), reader());
+        assert!(got(&a, &k, &r1).await && got(&b, &k, &r2).await);
+        let s = a.inspect(&k).await.unwrap();
+        assert!(s.is_shared() && s.holder_count() == 2, "{s:?}");
+        a.release(&k, &r1).await.unwrap();
+        b.release(&k, &r2).await.unwrap();
+        assert!(!a.inspect(&k).await.unwrap().held);
+    }
+}
