@@ -294,6 +294,18 @@ struct CheckArgs {
     /// lease was valid throughout. Needs a store that keeps values.
     #[arg(long)]
     election: bool,
+    /// Workers hold one of N permits of a semaphore instead of the lock:
+    /// the run checks that no more than N holders' leases were valid at
+    /// once (the workers touch no counter: N holders would race on it).
+    #[arg(long, value_name = "N", conflicts_with_all = ["election", "read_write"],
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    permits: Option<u32>,
+    /// Workers take a read-write lock, two sections in three as readers
+    /// (which only read the counter, with their grant's fence): the run
+    /// checks that no reader began beside a valid writer, nor a writer
+    /// beside anyone, and that no writer's increment was lost.
+    #[arg(long, conflicts_with = "election")]
+    read_write: bool,
     /// Also write the fault run's whole history (every critical section
     /// and resource op, as JSON) to this file, to study a violation.
     #[arg(long)]

@@ -194,6 +194,63 @@ fn election_on_a_store_without_values_is_refused_before_the_run() {
     assert!(!out.contains("fault run:"), "{out}");
 }
 
+/// `check --permits N` and `--read-write` on `url`, with kills and pauses:
+/// the run exits 0, and the most holders at once is within the claims'
+/// rule and above one (the run did share the name).
+fn claims_pass(url: &str, flags: &[&str], most: u64) {
+    let mut args = vec![
+        "check",
+        "--url",
+        url,
+        "--no-conformance",
+        "--duration",
+        "8s",
+    ];
+    args.extend_from_slice(&["--workers", "6", "--faults", "kill,pause", "--json"]);
+    args.extend_from_slice(flags);
+    let (code, out, err) = locksmith(&args);
+    assert_eq!(code, 0, "check {flags:?} on {url}:\n{out}\n{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    let verdict = &v["fault_run"]["verdict"];
+    assert_eq!(verdict["exclusion_violations"].as_u64(), Some(0), "{v}");
+    let seen = verdict["most_at_once"].as_u64().unwrap();
+    assert!(
+        (2..=most).contains(&seen),
+        "{seen} at once with {flags:?}: {v}"
+    );
+}
+
+#[test]
+fn permits_and_readers_redis() {
+    let url = common::redis_url();
+    claims_pass(&url, &["--permits", "3"], 3);
+    claims_pass(&url, &["--read-write"], 6);
+}
+
+#[test]
+fn readers_postgres_session() {
+    let url = format!("{}?mode=session", common::postgres_url());
+    claims_pass(&url, &["--read-write"], 6);
+}
+
+#[test]
+fn claims_a_store_cannot_grant_are_refused_before_the_run() {
+    let url = format!("{}?mode=session", common::mysql_url());
+    for (flag, says) in [
+        (&["--permits", "2"][..], "--permits: this store cannot"),
+        (&["--read-write"][..], "--read-write: this store cannot"),
+    ] {
+        let mut args = vec!["check", "--url", &url, "--no-conformance"];
+        args.extend_from_slice(flag);
+        let (code, out, err) = locksmith(&args);
+        assert_eq!(code, 64, "{out}\n{err}");
+        assert!(err.contains(says), "{err}");
+        assert!(!out.contains("fault run:"), "{out}");
+    }
+    let (code, _, err) = locksmith(&["check", "--permits", "2", "--read-write"]);
+    assert_eq!(code, 64, "--permits with --read-write: {err}");
+}
+
 #[test]
 fn both_commands_share_runs_exit_codes() {
     let dead = format!("redis://127.0.0.1:{}", common::closed_port());

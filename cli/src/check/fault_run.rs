@@ -21,6 +21,7 @@ use super::nemesis::Nemesis;
 use super::observers::{self, Observers};
 use super::report::{print_fault_run_header, print_fault_table, FaultRun};
 use super::resource::Resource;
+use super::worker::Claims;
 use super::workers::{Spawner, Workers};
 use crate::endpoints::Endpoints;
 use crate::CheckArgs;
@@ -51,13 +52,17 @@ pub(crate) async fn fault_run(
         faults.retain(|f| !f.needs_proxy());
     }
 
-    let resource = Resource::default();
+    let claims = Claims::of(args);
+    let resource = match claims {
+        Claims::Permits(n) => Resource::with_permits(n),
+        _ => Resource::default(),
+    };
     let port = resource
         .serve()
         .await
         .map_err(|e| Error::new(locksmith::ErrorKind::Backend, format!("cannot listen: {e}")))?;
     let key = format!("locksmith-check/{}", &OwnerToken::generate().as_str()[..12]);
-    let spawner = Arc::new(Spawner::new(key.clone(), ttl, port, args.election)?);
+    let spawner = Arc::new(Spawner::new(key.clone(), ttl, port, args.election, claims)?);
     // Straight to the store, not through the proxies: the observers are
     // not under the faults, so what they report is the store's own answer.
     let observers = if args.election {
@@ -85,6 +90,7 @@ pub(crate) async fn fault_run(
         print_fault_run_header(
             args.workers,
             args.election,
+            claims,
             ttl,
             &faults,
             args.duration,

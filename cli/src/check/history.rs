@@ -1,5 +1,7 @@
 //! What a fault run records, and the checker that judges it: exclusion
-//! between holders whose leases were valid, increments that were lost,
+//! between holders whose leases were valid (at most N at once for a
+//! semaphore's permits; a reader never beside a writer), increments that
+//! were lost,
 //! writes accepted out of fence order, and the stale writes the fence
 //! stopped (or, without fences, could not stop).
 //!
@@ -60,6 +62,9 @@ pub(crate) struct Section {
     /// The latest deadline the worker reported: until then its lease was
     /// valid by its own (conservative) reckoning.
     pub(crate) deadline: u64,
+    /// A reader's section (a shared hold), which only reads.
+    #[serde(default)]
+    pub(crate) shared: bool,
 }
 
 impl Section {
@@ -105,6 +110,11 @@ pub(crate) struct Op {
 /// resource applied them.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct History {
+    /// How many exclusive holders may be in at once: a semaphore's
+    /// permits, otherwise 1 (0, as a history written before there were
+    /// permits says, is 1).
+    #[serde(default)]
+    pub(crate) permits: u32,
     /// Critical sections.
     pub(crate) sections: Vec<Section>,
     /// Resource ops, in applied order.
@@ -116,8 +126,12 @@ pub(crate) struct History {
 pub(crate) struct Verdict {
     /// Critical sections begun.
     pub(crate) acquisitions: u64,
-    /// Pairs of sections that overlapped while both leases were valid.
+    /// Sections begun while their claim's rule forbade it, on the leases
+    /// valid then: beside another exclusive holder (or N of them, for
+    /// permits), a writer beside a reader, or a reader beside a writer.
     pub(crate) exclusion_violations: u64,
+    /// The most holders whose leases were valid at one time.
+    pub(crate) most_at_once: u64,
     /// Lost increments by holders with valid leases, or fenced writes
     /// accepted out of order or stale.
     pub(crate) data_violations: u64,
@@ -157,42 +171,62 @@ pub(crate) fn check(h: &History) -> Verdict {
         }
     };
 
-    // Exclusion: sweep the valid intervals by start time.
+    // Exclusion: sweep the valid intervals by start time, keeping the ones
+    // still valid at each start.
+    let limit = h.permits.max(1) as usize;
     let mut valid: Vec<&Section> = h
         .sections
         .iter()
         .filter(|s| s.valid_until() > s.start)
         .collect();
     valid.sort_by_key(|s| s.start);
-    let mut reach: Option<&Section> = None;
+    let mut live: Vec<&Section> = Vec::new();
     for s in valid {
-        if let Some(r) = reach {
-            if s.start < r.valid_until() {
-                v.exclusion_violations += 1;
-                let ms = (r.valid_until() - s.start) as f64 / 1e6;
-                let msg = format!(
-                    "exclusion: worker {} section {} (fence {:?}) began {ms:.1} ms before worker \
-                     {} section {} (fence {:?}, held {:.1} ms, {}) stopped believing its lease \
-                     valid",
-                    s.worker,
-                    s.seq,
-                    s.fence,
-                    r.worker,
-                    r.seq,
-                    r.fence,
-                    (r.valid_until() - r.start) as f64 / 1e6,
-                    match r.end {
-                        Some(e) if e <= r.deadline => "ended in time",
-                        Some(_) => "ended after its deadline",
-                        None => "never ended",
-                    }
-                );
-                note(&mut v, msg);
-            }
+        live.retain(|r| r.valid_until() > s.start);
+        let writers = live.iter().filter(|r| !r.shared).count();
+        let readers = live.len() - writers;
+        let broken = if s.shared {
+            writers > 0
+        } else {
+            writers >= limit || readers > 0
+        };
+        // The one it overlaps longest among those its rule forbids.
+        let other = live
+            .iter()
+            .filter(|r| !s.shared || !r.shared)
+            .max_by_key(|r| r.valid_until());
+        if let Some(r) = other.filter(|_| broken) {
+            v.exclusion_violations += 1;
+            let ms = (r.valid_until() - s.start) as f64 / 1e6;
+            let role = |x: &Section| if x.shared { "a reader, " } else { "" };
+            let crowd = if limit > 1 && !s.shared && readers == 0 {
+                format!(", with {writers} of {limit} permits already held")
+            } else {
+                String::new()
+            };
+            let msg = format!(
+                "exclusion: worker {} section {} ({}fence {:?}) began {ms:.1} ms before worker \
+                 {} section {} ({}fence {:?}, held {:.1} ms, {}) stopped believing its lease \
+                 valid{crowd}",
+                s.worker,
+                s.seq,
+                role(s),
+                s.fence,
+                r.worker,
+                r.seq,
+                role(r),
+                r.fence,
+                (r.valid_until() - r.start) as f64 / 1e6,
+                match r.end {
+                    Some(e) if e <= r.deadline => "ended in time",
+                    Some(_) => "ended after its deadline",
+                    None => "never ended",
+                }
+            );
+            note(&mut v, msg);
         }
-        if reach.map_or(true, |r| s.valid_until() > r.valid_until()) {
-            reach = Some(s);
-        }
+        live.push(s);
+        v.most_at_once = v.most_at_once.max(live.len() as u64);
     }
 
     // Data: replay the accepted writes in the order they were applied.
@@ -279,6 +313,7 @@ mod tests {
             start: start * MS,
             end: Some(end * MS),
             deadline: deadline * MS,
+            shared: false,
         }
     }
 
@@ -304,6 +339,7 @@ mod tests {
     fn clean(fences: bool) -> History {
         let f = |n| fences.then_some(n);
         History {
+            permits: 1,
             sections: vec![
                 section(1, f(1), 0, 10, 2000),
                 section(2, f(2), 11, 20, 2011),
@@ -406,6 +442,60 @@ mod tests {
             o.fence = Some(fence);
         }
         assert_eq!(check(&f).data_violations, 2, "{:?}", check(&f));
+    }
+
+    /// Sections of a semaphore's permits or a read-write lock, with no ops:
+    /// `(worker, shared, start, end)`, every lease valid to its end.
+    fn claims(permits: u32, sections: &[(u32, bool, u64, u64)]) -> History {
+        History {
+            permits,
+            sections: sections
+                .iter()
+                .map(|&(w, shared, start, end)| Section {
+                    shared,
+                    ..section(w, None, start, end, end + 1000)
+                })
+                .collect(),
+            ops: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn permits_allow_n_valid_holders_and_no_more() {
+        let three = [(1, false, 0, 10), (2, false, 1, 10), (3, false, 2, 10)];
+        let v = check(&claims(3, &three));
+        assert_eq!((v.exclusion_violations, v.most_at_once), (0, 3), "{v:?}");
+        let mut four = three.to_vec();
+        four.push((4, false, 3, 10));
+        let v = check(&claims(3, &four));
+        assert_eq!((v.exclusion_violations, v.most_at_once), (1, 4), "{v:?}");
+        assert!(v.examples[0].contains("3 of 3 permits"), "{v:?}");
+        // A fourth after one of the three left is fine.
+        four[3] = (4, false, 10, 20);
+        assert_eq!(check(&claims(3, &four)).exclusion_violations, 0);
+        // A history without permits is the lock's: one at a time.
+        assert_eq!(check(&claims(0, &three)).exclusion_violations, 2);
+    }
+
+    #[test]
+    fn readers_share_but_never_beside_a_writer() {
+        let readers = [(1, true, 0, 10), (2, true, 1, 10), (3, true, 2, 10)];
+        let v = check(&claims(1, &readers));
+        assert_eq!((v.exclusion_violations, v.most_at_once), (0, 3), "{v:?}");
+        let mut w = readers.to_vec();
+        w.push((4, false, 5, 12));
+        let v = check(&claims(1, &w));
+        assert_eq!(v.exclusion_violations, 1, "{v:?}");
+        assert!(v.examples[0].contains("a reader, "), "{v:?}");
+        // A reader beginning inside a writer's section.
+        let v = check(&claims(1, &[(1, false, 0, 10), (2, true, 5, 12)]));
+        assert_eq!(v.exclusion_violations, 1, "{v:?}");
+        // One after the other, either way round.
+        let v = check(&claims(
+            1,
+            &[(1, false, 0, 10), (2, true, 10, 12), (3, false, 12, 14)],
+        ));
+        assert_eq!(v.exclusion_violations, 0, "{v:?}");
     }
 
     #[test]

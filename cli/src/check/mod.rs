@@ -51,6 +51,9 @@ pub(crate) const WORKER_SUBCOMMAND: &str = "__check-worker";
 /// Where a worker finds its store URL.
 pub(crate) const WORKER_URL_ENV: &str = "LOCKSMITH_CHECK_WORKER_URL";
 
+/// What a worker takes instead of the lock (`--permits`, `--read-write`).
+pub(crate) const WORKER_CLAIMS_ENV: &str = "LOCKSMITH_CHECK_WORKER_CLAIMS";
+
 /// Set for a worker that campaigns instead of locking (`--election`).
 pub(crate) const WORKER_ELECTION_ENV: &str = "LOCKSMITH_CHECK_WORKER_ELECTION";
 
@@ -90,6 +93,22 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
         return Err(Error::new(
             locksmith::ErrorKind::Unsupported,
             "--election: this store keeps no value with a lock, so it cannot hold an election",
+        ));
+    }
+    let claims = worker::Claims::of(&args);
+    let refused = match claims {
+        worker::Claims::Permits(_) if !caps.permits => {
+            Some("--permits: this store cannot grant a semaphore's permits")
+        }
+        worker::Claims::ReadWrite if !caps.shared => {
+            Some("--read-write: this store cannot grant shared (read) holds")
+        }
+        _ => None,
+    };
+    if let Some(why) = refused.filter(|_| !args.duration.is_zero()) {
+        return Err(Error::new(
+            locksmith::ErrorKind::Unsupported,
+            format!("{why} (see the README's store table)"),
         ));
     }
     let store = locksmith::backend::scheme(&url)?.store;

@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::history::Verdict;
 use super::nemesis::Fault;
 use super::observers::LeaderVerdict;
+use super::worker::Claims;
 
 /// How one conformance case came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -90,6 +91,7 @@ pub(crate) struct Report {
 pub(crate) fn print_fault_run_header(
     workers: u32,
     election: bool,
+    claims: Claims,
     ttl: Duration,
     faults: &[Fault],
     duration: Duration,
@@ -99,10 +101,11 @@ pub(crate) fn print_fault_run_header(
     println!(
         "\nfault run: {} workers {} one key, TTL {}, faults {} for {}{}",
         workers,
-        if election {
-            "campaigning in an election on"
-        } else {
-            "on"
+        match (election, claims) {
+            (true, _) => "campaigning in an election on".to_owned(),
+            (_, Claims::Permits(n)) => format!("each holding one of {n} permits of"),
+            (_, Claims::ReadWrite) => "reading (2 in 3) or writing".to_owned(),
+            (_, Claims::Lock) => "on".to_owned(),
         },
         humantime::format_duration(ttl),
         if list.is_empty() {
@@ -140,6 +143,10 @@ pub(crate) fn print_fault_table(run: &FaultRun, fencing: bool) {
     println!(
         "  {:<24} {:>8}",
         "exclusion violations", v.exclusion_violations
+    );
+    println!(
+        "  {:<24} {:>8}  holders whose leases were valid at one time",
+        "most at once", v.most_at_once
     );
     println!("  {:<24} {:>8}", "data violations", v.data_violations);
     println!(

@@ -29,6 +29,9 @@ pub(crate) enum Request {
         start: u64,
         /// The lease's deadline.
         deadline: u64,
+        /// A reader's section, which only reads.
+        #[serde(default)]
+        shared: bool,
     },
     /// Read the counter.
     Read {
@@ -105,6 +108,17 @@ pub(crate) struct Resource {
 }
 
 impl Resource {
+    /// A resource whose history admits `permits` exclusive holders at once.
+    pub(crate) fn with_permits(permits: u32) -> Self {
+        let r = Resource::default();
+        r.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .history
+            .permits = permits;
+        r
+    }
+
     /// Applies one request.
     pub(crate) fn apply(&self, req: Request) -> Reply {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -125,6 +139,7 @@ impl Resource {
                 fence,
                 start,
                 deadline,
+                shared,
             } => {
                 // Past the end of the run: refused and left out of the
                 // history, so the verdict judges only the run asked for. The
@@ -148,6 +163,7 @@ impl Resource {
                     start,
                     end: died.map(|t| t.max(start)),
                     deadline,
+                    shared,
                 });
                 ok
             }
@@ -159,7 +175,12 @@ impl Resource {
             } => {
                 extend(st, w, s, deadline);
                 let read = st.value;
-                access(st, w, s, OpKind::Read, fence, read, read)
+                let shared = st
+                    .open
+                    .get(&w)
+                    .map(|&i| &st.history.sections[i])
+                    .is_some_and(|sec| sec.seq == s && sec.shared);
+                access(st, w, s, OpKind::Read, fence, read, read, shared)
             }
             Request::Write {
                 w,
@@ -169,7 +190,7 @@ impl Resource {
                 deadline,
             } => {
                 extend(st, w, s, deadline);
-                access(st, w, s, OpKind::Write, fence, read, read + 1)
+                access(st, w, s, OpKind::Write, fence, read, read + 1, false)
             }
             Request::End {
                 w,
@@ -269,7 +290,10 @@ impl Resource {
 }
 
 /// A read or write of the counter: judged by its fence, recorded, and for
-/// an accepted write applied (`value` is what it writes).
+/// an accepted write applied (`value` is what it writes). A reader's read
+/// (`shared`) must carry a fence no lower than any an exclusive holder
+/// used, and raises none: readers hold at once, in any order of fences.
+#[allow(clippy::too_many_arguments)]
 fn access(
     st: &mut State,
     w: u32,
@@ -278,8 +302,13 @@ fn access(
     fence: Option<u64>,
     read: u64,
     value: u64,
+    shared: bool,
 ) -> Reply {
-    let accepted = admits(&mut st.highest, fence);
+    let accepted = if shared {
+        admits(&mut st.highest.clone(), fence)
+    } else {
+        admits(&mut st.highest, fence)
+    };
     st.history.ops.push(Op {
         t: mono_ns(),
         worker: w,

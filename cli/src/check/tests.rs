@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::history::{check, Verdict};
 use super::resource::Resource;
-use super::worker::{rand_below, work};
+use super::worker::{rand_below, work, Claims};
 use locksmith_conformance::faults::{Observed, Observer};
 
 /// Holds every call while frozen: a paused process, seen from the store.
@@ -37,12 +37,20 @@ const TTL: Duration = Duration::from_millis(400);
 /// Four workers for `run_for`; one section in four freezes its holder for
 /// longer than the TTL between its read and its write.
 async fn fault_run(h: &dyn Harness, run_for: Duration) -> Verdict {
+    claims_run(h, run_for, Claims::Lock).await
+}
+
+/// [`fault_run`], the workers making `claims`.
+async fn claims_run(h: &dyn Harness, run_for: Duration, claims: Claims) -> Verdict {
     let key = LockKey::new(format!(
         "check-selftest/{}",
         &OwnerToken::generate().as_str()[..8]
     ))
     .unwrap();
-    let resource = Resource::default();
+    let resource = match claims {
+        Claims::Permits(n) => Resource::with_permits(n),
+        _ => Resource::default(),
+    };
     let stop = CancellationToken::new();
     let mut clients = Vec::new();
     for _ in 0..4 {
@@ -73,9 +81,19 @@ async fn fault_run(h: &dyn Harness, run_for: Duration) -> Verdict {
         let (key, stop, inside) = (key.clone(), stop.clone(), inside.clone());
         let mut ch = resource.clone();
         tasks.push(tokio::spawn(async move {
-            work(&locker, &key, None, TTL, id, &mut ch, &stop, Some(&inside))
-                .await
-                .unwrap();
+            work(
+                &locker,
+                &key,
+                None,
+                claims,
+                TTL,
+                id,
+                &mut ch,
+                &stop,
+                Some(&inside),
+            )
+            .await
+            .unwrap();
         }));
     }
     tokio::time::sleep(run_for).await;
@@ -128,6 +146,57 @@ async fn an_early_takeover_is_caught() {
     assert!(v.exclusion_violations > 0, "{v:?}");
 }
 
+/// Permits and read-write locks on the correct store: never more holders
+/// than the claims allow, and as many as they allow at some point.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_correct_store_passes_with_permits_and_readers() {
+    for (claims, most) in [(Claims::Permits(2), 2), (Claims::ReadWrite, 2)] {
+        let mut seen = 0;
+        for _ in 0..8 {
+            let v = claims_run(&MemoryHarness::new(), Duration::from_secs(3), claims).await;
+            assert_eq!(
+                (v.exclusion_violations, v.data_violations),
+                (0, 0),
+                "{claims:?}: {v:?}"
+            );
+            seen = seen.max(v.most_at_once);
+            if seen >= most {
+                break;
+            }
+        }
+        assert!(
+            seen >= most,
+            "{claims:?}: at most {seen} holders at once in 8 runs"
+        );
+    }
+}
+
+/// Runs a broken store's `claims` until the checker finds an exclusion
+/// violation.
+async fn claims_caught(defect: Defect, claims: Claims) {
+    let h = BrokenHarness::new(MemoryHarness::new(), defect);
+    for _ in 0..4 {
+        if claims_run(&h, Duration::from_secs(3), claims)
+            .await
+            .exclusion_violations
+            > 0
+        {
+            return;
+        }
+    }
+    panic!("the checker never caught {defect:?} with {claims:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_over_grant_is_caught() {
+    claims_caught(Defect::PermitsOverGrant, Claims::Permits(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_beside_readers_is_caught() {
+    claims_caught(Defect::WriterIgnoresReaders, Claims::ReadWrite).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeating_fence_is_caught() {
     let v = caught(Defect::RepeatingFence).await;
@@ -161,6 +230,7 @@ async fn election_run(h: &dyn Harness, run_for: Duration) -> super::observers::L
                 &locker,
                 &key,
                 Some(&election),
+                Claims::Lock,
                 TTL,
                 id,
                 &mut ch,
@@ -244,9 +314,19 @@ async fn no_section_begins_after_the_cut_off_and_one_begun_before_ends_and_is_ju
         let (key, stop, inside) = (key.clone(), stop.clone(), inside.clone());
         let mut ch = resource.clone();
         tasks.push(tokio::spawn(async move {
-            work(&locker, &key, None, TTL, id, &mut ch, &stop, Some(&inside))
-                .await
-                .unwrap();
+            work(
+                &locker,
+                &key,
+                None,
+                Claims::Lock,
+                TTL,
+                id,
+                &mut ch,
+                &stop,
+                Some(&inside),
+            )
+            .await
+            .unwrap();
         }));
     }
     // Never cancelled: the cut-off alone ends the workers.

@@ -3,6 +3,10 @@
 //! reporting each step. It never asks whether its lease is still valid
 //! before writing: a frozen or cut-off holder writes late on purpose, so
 //! the run shows what the fence (or its absence) does about it.
+//!
+//! With `check --permits N` a worker holds one of N permits and touches
+//! no counter (N holders at once would race on it by design); with
+//! `--read-write`, two sections in three are a reader's, which only read.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +19,50 @@ use super::resource::{Channel, Request};
 /// The latest deadline a guard has reported (a lost guard keeps its last).
 fn deadline(guard: &LockGuard, last: u64) -> u64 {
     guard.deadline().map_or(last, |d| instant_ns(d).max(last))
+}
+
+/// What a fault run's workers take instead of the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Claims {
+    /// The lock (or, with `--election`, a leadership).
+    Lock,
+    /// One of a semaphore's N permits.
+    Permits(u32),
+    /// A read-write lock's read or write hold.
+    ReadWrite,
+}
+
+impl Claims {
+    /// What `check`'s flags ask for.
+    pub(crate) fn of(args: &crate::CheckArgs) -> Self {
+        match (args.permits, args.read_write) {
+            (Some(n), _) => Claims::Permits(n),
+            (None, true) => Claims::ReadWrite,
+            (None, false) => Claims::Lock,
+        }
+    }
+
+    /// How a worker's environment says it.
+    pub(crate) fn to_env(self) -> String {
+        match self {
+            Claims::Lock => "lock".to_owned(),
+            Claims::Permits(n) => format!("permits={n}"),
+            Claims::ReadWrite => "read-write".to_owned(),
+        }
+    }
+
+    /// Reads [`to_env`](Self::to_env)'s text back.
+    pub(crate) fn from_env(s: &str) -> Option<Self> {
+        match s {
+            "lock" => Some(Claims::Lock),
+            "read-write" => Some(Claims::ReadWrite),
+            _ => s
+                .strip_prefix("permits=")?
+                .parse()
+                .ok()
+                .map(Claims::Permits),
+        }
+    }
 }
 
 /// How a worker takes the lock: a lock, or a leadership whose guard is the lock.
@@ -39,21 +87,29 @@ impl Hold {
     }
 }
 
-/// Takes the lock, or campaigns for it if `election` is given.
+/// Takes the lock, campaigns for it if `election` is given, or makes
+/// `claims`' claim (a reader's if `shared`).
 async fn take(
     locker: &Locker,
     key: &LockKey,
     election: Option<&Election>,
+    (claims, shared): (Claims, bool),
     id: u32,
     opts: &LockOptions,
 ) -> Result<Hold> {
-    match election {
-        Some(e) => e
+    if let Some(e) = election {
+        return e
             .campaign(super::observers::worker_value(id), opts)
             .await
-            .map(Hold::Lead),
-        None => locker.lock_with(key, opts).await.map(Hold::Lock),
+            .map(Hold::Lead);
     }
+    let guard = match claims {
+        Claims::Lock => locker.lock_with(key, opts).await,
+        Claims::Permits(n) => locker.semaphore(key, n)?.acquire(opts).await,
+        Claims::ReadWrite if shared => locker.rwlock(key)?.read(opts).await,
+        Claims::ReadWrite => locker.rwlock(key)?.write(opts).await,
+    };
+    guard.map(Hold::Lock)
 }
 
 /// What a worker does inside each section, between its read and its write
@@ -62,7 +118,7 @@ pub(crate) type Inside<'a> = &'a (dyn Fn(u32) -> futures::future::BoxFuture<'sta
 
 /// Runs until `stop`, until the resource refuses a new section (the run
 /// is over), or until the resource is gone; campaigning instead of locking
-/// when `election` is given (an election on `key`).
+/// when `election` is given (an election on `key`), or making `claims`.
 ///
 /// # Errors
 /// The resource could not be reached.
@@ -71,6 +127,7 @@ pub(crate) async fn work(
     locker: &Locker,
     key: &LockKey,
     election: Option<&Election>,
+    claims: Claims,
     ttl: Duration,
     id: u32,
     ch: &mut dyn Channel,
@@ -80,8 +137,9 @@ pub(crate) async fn work(
     let opts = LockOptions::new().ttl(ttl).wait_for(ttl * 5);
     let mut seq = 0u64;
     while !stop.is_cancelled() {
+        let shared = claims == Claims::ReadWrite && rand_below(3) != 0;
         let held = tokio::select! {
-            g = take(locker, key, election, id, &opts) => g,
+            g = take(locker, key, election, (claims, shared), id, &opts) => g,
             () = stop.cancelled() => break,
         };
         let held = match held {
@@ -109,6 +167,7 @@ pub(crate) async fn work(
                 fence,
                 start,
                 deadline: dl,
+                shared,
             })
             .await?;
         if !begun.ok {
@@ -117,15 +176,27 @@ pub(crate) async fn work(
             break;
         }
         dl = deadline(guard, dl);
-        let read = ch
-            .call(Request::Read {
-                w: id,
-                s: seq,
-                fence,
-                deadline: dl,
-            })
-            .await?;
-        if read.ok {
+        let read = match claims {
+            // A permit's holder has nothing to itself to write.
+            Claims::Permits(_) => {
+                tokio::time::sleep(Duration::from_micros(5_000 + rand_below(35_000))).await;
+                None
+            }
+            _ => Some(
+                ch.call(Request::Read {
+                    w: id,
+                    s: seq,
+                    fence,
+                    deadline: dl,
+                })
+                .await?,
+            ),
+        };
+        if shared {
+            // A reader reads, stays a while, and leaves.
+            tokio::time::sleep(Duration::from_micros(5_000 + rand_below(35_000))).await;
+        }
+        if let Some(read) = read.filter(|r| r.ok && !shared) {
             // Work that takes a while, 5-40 ms: long enough that a holder
             // the nemesis picks is still between its read and its write when
             // the fault lands, so a frozen or cut-off holder writes late.
@@ -226,10 +297,15 @@ async fn run(url: &str, key: &str, ttl: Duration, port: u16, id: u32) -> i32 {
             Some(_) => Some(locker.election(&key)?),
             None => None,
         };
+        let claims = std::env::var(super::WORKER_CLAIMS_ENV)
+            .ok()
+            .and_then(|c| Claims::from_env(&c))
+            .unwrap_or(Claims::Lock);
         let outcome = work(
             &locker,
             &key,
             election.as_ref(),
+            claims,
             ttl,
             id,
             &mut ch,

@@ -15,7 +15,8 @@ use tokio::sync::Mutex;
 
 use super::history;
 use super::resource::Resource;
-use super::{WORKER_ELECTION_ENV, WORKER_SUBCOMMAND, WORKER_URL_ENV};
+use super::worker::Claims;
+use super::{WORKER_CLAIMS_ENV, WORKER_ELECTION_ENV, WORKER_SUBCOMMAND, WORKER_URL_ENV};
 use crate::endpoints::Endpoints;
 use crate::proxy::{self, Control};
 
@@ -41,13 +42,21 @@ pub(crate) struct Spawner {
     next_id: AtomicU32,
     /// The workers campaign instead of locking (`check --election`).
     election: bool,
+    /// What the workers take instead of the lock.
+    claims: Claims,
 }
 
 impl Spawner {
     /// Workers of this executable on `key` with leases of `ttl`, reporting
     /// to the resource on `port`; candidates in an election on `key` if
     /// `election`.
-    pub(crate) fn new(key: String, ttl: Duration, port: u16, election: bool) -> Result<Spawner> {
+    pub(crate) fn new(
+        key: String,
+        ttl: Duration,
+        port: u16,
+        election: bool,
+        claims: Claims,
+    ) -> Result<Spawner> {
         Ok(Spawner {
             exe: std::env::current_exe()
                 .map_err(|e| Error::new(locksmith::ErrorKind::Backend, format!("{e}")))?,
@@ -56,6 +65,7 @@ impl Spawner {
             port,
             next_id: AtomicU32::new(1),
             election,
+            claims,
         })
     }
 
@@ -76,6 +86,7 @@ impl Spawner {
         if self.election {
             command.env(WORKER_ELECTION_ENV, "1");
         }
+        command.env(WORKER_CLAIMS_ENV, self.claims.to_env());
         command
             .arg(WORKER_SUBCOMMAND)
             .arg(&self.key)
