@@ -38,6 +38,8 @@ struct Session {
 /// [`MARK_LIFE`]); a writer gone quiet loses it after `MARK_LIFE`.
 #[derive(Debug)]
 struct Mark {
+    /// Which of the slot's marks this is, for its timer.
+    id: u64,
     owner: OwnerToken,
     conn: Conn,
     renewed: Instant,
@@ -48,6 +50,7 @@ struct Mark {
 struct Held {
     sessions: Vec<Session>,
     mark: Option<Mark>,
+    marks_made: u64,
 }
 
 impl Held {
@@ -121,17 +124,25 @@ async fn first(
     }
 }
 
-/// Closes a mark left by a writer that stopped asking, even if nobody in
-/// this process asks for the name again.
-fn lapse_later(slot: Weak<tokio::sync::Mutex<Held>>) {
+/// Closes mark `id`, left by a writer that stopped asking, `MARK_LIFE`
+/// after its last renewal, even if nobody in this process asks for the
+/// name again; ends with its mark.
+fn lapse_later(slot: Weak<tokio::sync::Mutex<Held>>, id: u64) {
     tokio::spawn(async move {
         loop {
-            tokio::time::sleep(MARK_LIFE).await;
+            let due = {
+                let Some(slot) = slot.upgrade() else { return };
+                let held = slot.lock().await;
+                match held.mark.as_ref().filter(|m| m.id == id) {
+                    Some(m) => m.renewed + MARK_LIFE,
+                    None => return,
+                }
+            };
+            tokio::time::sleep_until(due.into()).await;
             let Some(slot) = slot.upgrade() else { return };
             let mut held = slot.lock().await;
-            held.lapse();
-            if held.mark.is_none() {
-                return;
+            if held.mark.as_ref().is_some_and(|m| m.id == id) {
+                held.lapse();
             }
         }
     });
@@ -213,7 +224,8 @@ impl SessionLocks {
             return Err(Error::new(
                 ErrorKind::Unsupported,
                 "session locks grant exclusive holds, and read holds on PostgreSQL only",
-            ));
+            )
+            .unapplied());
         }
         let slot = self.slot(key);
         let mut held = slot.lock().await;
@@ -234,11 +246,14 @@ impl SessionLocks {
     ) -> Result<Acquire> {
         let n = self.name(key);
         let shared = owner.claim().is_shared();
+        // A session or mark is out of the slot while the server answers:
+        // dropped mid-request, its connection closes and the server frees
+        // what it holds, where the slot would not know what it held.
         if let Some((s, h)) = held.find(owner) {
-            let session = &mut held.sessions[s];
-            if session.holders[h].shared != shared {
-                return Err(claim_changed(key, session.holders[h].shared));
+            if held.sessions[s].holders[h].shared != shared {
+                return Err(claim_changed(key, held.sessions[s].holders[h].shared));
             }
+            let mut session = held.sessions.swap_remove(s);
             // Re-entry: the server counts holds per session, so lock again on
             // the session that holds it (past the turnstile: it holds).
             let again = if shared {
@@ -250,20 +265,18 @@ impl SessionLocks {
                     .await
                     .map(|g| g == Got::Lock)
             };
-            return match again {
-                Ok(true) => {
-                    let hold = &mut session.holders[h];
-                    hold.holds += 1;
-                    granted(hold.holds)
-                }
-                Ok(false) => Err(Error::backend(
+            // An error: the session is broken, and with it its locks.
+            let again = again.map_err(map_err)?;
+            let holds = &mut session.holders[h].holds;
+            *holds += u32::from(again);
+            let holds = *holds;
+            held.sessions.push(session);
+            return if again {
+                granted(holds)
+            } else {
+                Err(Error::backend(
                     "the server refused a re-entrant session lock",
-                )),
-                Err(e) => {
-                    // The session is broken, and with it its locks.
-                    held.sessions.swap_remove(s);
-                    Err(map_err(e))
-                }
+                ))
             };
         }
         if let Some(w) = owner.writer() {
@@ -274,22 +287,17 @@ impl SessionLocks {
                 // Never a read hold after a gap in the writer's.
                 return refused();
             };
-            let session = &mut held.sessions[s];
-            return match session.conn.shared(&n, false).await {
-                Ok(true) => {
-                    session.holders.push(Holder {
-                        owner: owner.clone(),
-                        holds: 1,
-                        shared: true,
-                    });
-                    granted(1)
-                }
-                Ok(false) => refused(),
-                Err(e) => {
-                    held.sessions.swap_remove(s);
-                    Err(map_err(e))
-                }
-            };
+            let mut session = held.sessions.swap_remove(s);
+            let got = session.conn.shared(&n, false).await.map_err(map_err)?;
+            if got {
+                session.holders.push(Holder {
+                    owner: owner.clone(),
+                    holds: 1,
+                    shared: true,
+                });
+            }
+            held.sessions.push(session);
+            return if got { granted(1) } else { refused() };
         }
         if held.writing() || shared && held.mark.is_some() {
             // This process writes, or a writer of it waits: the server
@@ -299,10 +307,10 @@ impl SessionLocks {
             }
             return refused();
         }
-        if let Some(m) = held.mark.as_mut().filter(|m| m.owner == *owner) {
-            return match m.conn.exclusive(&n, false).await {
+        if held.mark.as_ref().is_some_and(|m| m.owner == *owner) {
+            let mut m = held.mark.take().expect("checked above");
+            match m.conn.exclusive(&n, false).await {
                 Ok(Got::Lock) => {
-                    let mut m = held.mark.take().expect("checked above");
                     // In: the turnstile goes, so readers wait on the lock alone.
                     m.conn.unmark(&n).await.map_err(map_err)?;
                     held.sessions.push(Session {
@@ -313,17 +321,17 @@ impl SessionLocks {
                             shared: false,
                         }],
                     });
-                    granted(1)
+                    return granted(1);
                 }
                 Ok(_) => {
                     m.renewed = Instant::now();
-                    refused()
+                    held.mark = Some(m);
+                    return refused();
                 }
-                Err(e) => {
-                    held.mark = None;
-                    Err(map_err(e))
-                }
-            };
+                // The mark's connection broke, and the turnstile with it:
+                // marked again below, on a fresh connection.
+                Err(_) => {}
+            }
         }
         // A refused writer takes the turnstile unless one of this process
         // already holds it.
@@ -352,12 +360,15 @@ impl SessionLocks {
                 granted(1)
             }
             Got::Turnstile => {
+                held.marks_made += 1;
+                let id = held.marks_made;
                 held.mark = Some(Mark {
+                    id,
                     owner: owner.clone(),
                     conn,
                     renewed: Instant::now(),
                 });
-                lapse_later(Arc::downgrade(slot));
+                lapse_later(Arc::downgrade(slot), id);
                 refused()
             }
             Got::Refused => {
@@ -373,9 +384,9 @@ impl SessionLocks {
         let mut held = slot.lock().await;
         if held.mark.as_ref().is_some_and(|m| m.owner == *owner) {
             let mut m = held.mark.take().expect("checked above");
-            // Unlocked, the connection is clean for the next attempt;
+            // Clean of every lock, the connection serves the next attempt;
             // otherwise dropping it ends the session, and the turnstile.
-            if let Ok(true) = m.conn.unmark(&self.name(key)).await {
+            if let Ok(true) = m.conn.unlock(&self.name(key), false, true).await {
                 self.checkin(m.conn);
             }
         }
@@ -407,33 +418,35 @@ impl SessionLocks {
         let outcome = match held.find(owner) {
             None => Release::NotHeld,
             Some((s, h)) => {
-                let session = &mut held.sessions[s];
+                // Out of the slot while the server answers (see acquire_in).
+                let mut session = held.sessions.swap_remove(s);
                 let hold = &session.holders[h];
                 let last = hold.holds == 1 && session.holders.len() == 1;
-                match session
+                let unlocked = session
                     .conn
                     .unlock(&self.name(key), hold.shared, last)
-                    .await
-                {
-                    Ok(true) if hold.holds > 1 => {
+                    .await;
+                match unlocked {
+                    Ok(true) if session.holders[h].holds > 1 => {
                         let hold = &mut session.holders[h];
                         hold.holds -= 1;
-                        return Ok(Release::StillHeld(hold.holds));
+                        let holds = hold.holds;
+                        held.sessions.push(session);
+                        return Ok(Release::StillHeld(holds));
                     }
                     Ok(true) => {
                         session.holders.remove(h);
                         if session.holders.is_empty() {
-                            self.checkin(held.sessions.swap_remove(s).conn);
+                            self.checkin(session.conn);
+                        } else {
+                            held.sessions.push(session);
                         }
                         Release::Freed
                     }
                     // The session broke (or lost the lock) while held: closing
                     // the connection ends it, and its locks were not reliably
-                    // ours.
-                    Ok(false) | Err(_) => {
-                        held.sessions.swap_remove(s);
-                        Release::NotHeld
-                    }
+                    // ours; another holder on it learns at its next renewal.
+                    Ok(false) | Err(_) => Release::NotHeld,
                 }
             }
         };
