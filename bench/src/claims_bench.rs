@@ -1,5 +1,6 @@
 //! `locksmith-bench claims`: a semaphore's permit and read and write holds
-//! beside the mutex, uncontended, through a `Locker` on any store's URL.
+//! beside the mutex, uncontended, through a `Locker` on any store's URL;
+//! then contended, each client's share of the grants.
 
 use locksmith::{LockOptions, Locker};
 
@@ -52,6 +53,89 @@ pub(crate) async fn run(url: &str, iterations: u32, rounds: u32) -> Result<(), S
     for (i, what) in KINDS.iter().enumerate() {
         let r = median(&mut rates[i]);
         println!("  {:<12} {:>10.0}  {:>11.2}", what, r, r / lock);
+    }
+    Ok(())
+}
+
+/// Clients in each contended run, each with its own `Locker` (connection).
+const CLIENTS: usize = 6;
+
+/// How long a contended holder keeps its hold: long enough that the others
+/// must wait, short enough for many grants.
+const HOLD: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Six clients for `secs` on a semaphore of 3, then three readers and
+/// three writers on a read-write lock: grants per second and each
+/// client's share of them (min..max; a fair store gives each about the
+/// same).
+pub(crate) async fn contended(url: &str, secs: std::time::Duration) -> Result<(), String> {
+    println!(
+        "\ncontended: {CLIENTS} clients, each its own Locker, holding {HOLD:?} per grant, for {secs:?}"
+    );
+    println!(
+        "  {:<24} {:>10}  {:>24}",
+        "", "grants/s", "share per client min..max"
+    );
+    let tag = locksmith::OwnerToken::generate();
+    for sem in [true, false] {
+        let key = format!("bench-contended-{sem}-{}", tag.as_str());
+        let mut tasks = Vec::new();
+        for c in 0..CLIENTS {
+            let locker = locksmith::connect(url).await.map_err(|e| e.to_string())?;
+            let key = key.clone();
+            tasks.push(tokio::spawn(async move {
+                let opts = LockOptions::new().wait_for(std::time::Duration::from_secs(10));
+                let stop = std::time::Instant::now() + secs;
+                let mut n = 0u64;
+                while std::time::Instant::now() < stop {
+                    let g = if sem {
+                        locker.semaphore(&key, 3)?.acquire(&opts).await
+                    } else if c % 2 == 0 {
+                        locker.rwlock(&key)?.read(&opts).await
+                    } else {
+                        locker.rwlock(&key)?.write(&opts).await
+                    }?;
+                    tokio::time::sleep(HOLD).await;
+                    g.release().await?;
+                    n += 1;
+                }
+                let _ = locker.close().await;
+                locksmith::Result::Ok(n)
+            }));
+        }
+        let mut counts = Vec::new();
+        for t in tasks {
+            counts.push(
+                t.await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e: locksmith::Error| e.to_string())?,
+            );
+        }
+        let rows: Vec<(&str, Vec<u64>)> = if sem {
+            vec![("semaphore of 3", counts.clone())]
+        } else {
+            vec![
+                ("readers", counts.iter().step_by(2).copied().collect()),
+                (
+                    "writers",
+                    counts.iter().skip(1).step_by(2).copied().collect(),
+                ),
+            ]
+        };
+        let total: u64 = counts.iter().sum();
+        for (name, group) in rows {
+            let share = |c: u64| 100.0 * c as f64 / total.max(1) as f64;
+            let (min, max) = (
+                group.iter().copied().min().unwrap_or(0),
+                group.iter().copied().max().unwrap_or(0),
+            );
+            println!(
+                "  {:<24} {:>10.0}  {:>23}",
+                name,
+                group.iter().sum::<u64>() as f64 / secs.as_secs_f64(),
+                format!("{:.1}%..{:.1}%", share(min), share(max))
+            );
+        }
     }
     Ok(())
 }

@@ -80,6 +80,10 @@ enum Cli {
         /// Rotating rounds; the median is reported.
         #[arg(long, default_value_t = 5)]
         rounds: u32,
+        /// Seconds of each contended run (6 clients on a semaphore of 3,
+        /// then 3 readers and 3 writers); 0 skips them.
+        #[arg(long, default_value_t = 5)]
+        contended: u64,
     },
     /// ZooKeeper: our backend and Locker beside Python kazoo and the raw requests.
     Zookeeper {
@@ -141,7 +145,14 @@ async fn main() {
             url,
             iterations,
             rounds,
-        } => exit_on_error("claims", claims_bench::run(&url, iterations, rounds).await),
+            contended,
+        } => {
+            exit_on_error("claims", claims_bench::run(&url, iterations, rounds).await);
+            if contended > 0 {
+                let secs = std::time::Duration::from_secs(contended);
+                exit_on_error("claims", claims_bench::contended(&url, secs).await);
+            }
+        }
         Cli::Zookeeper { hosts, load } => {
             let (i, r) = (load.iterations.unwrap_or(2000), load.rounds.unwrap_or(3));
             let run = zk_bench::run(&hosts, i, r, load.contenders, load.seconds);
