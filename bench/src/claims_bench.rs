@@ -79,22 +79,30 @@ pub(crate) async fn contended(url: &str, secs: std::time::Duration) -> Result<()
     let tag = locksmith::OwnerToken::generate();
     for sem in [true, false] {
         let key = format!("bench-contended-{sem}-{}", tag.as_str());
+        // Every client connected before any starts, and all stop together:
+        // none runs alone while the others connect.
+        let mut lockers = Vec::new();
+        for _ in 0..CLIENTS {
+            lockers.push(locksmith::connect(url).await.map_err(|e| e.to_string())?);
+        }
+        let stop = std::time::Instant::now() + secs;
         let mut tasks = Vec::new();
-        for c in 0..CLIENTS {
-            let locker = locksmith::connect(url).await.map_err(|e| e.to_string())?;
+        for (c, locker) in lockers.into_iter().enumerate() {
             let key = key.clone();
             tasks.push(tokio::spawn(async move {
-                let opts = LockOptions::new().wait_for(std::time::Duration::from_secs(10));
-                let stop = std::time::Instant::now() + secs;
+                // Waits end at the run's end: a client starved all through
+                // shows as 0%, and no grant after the end is counted.
                 let mut n = 0u64;
-                while std::time::Instant::now() < stop {
+                while let Some(left) = stop.checked_duration_since(std::time::Instant::now()) {
+                    let opts = LockOptions::new().wait_for(left);
                     let g = if sem {
-                        locker.semaphore(&key, 3)?.acquire(&opts).await
+                        locker.semaphore(&key, 3)?.try_acquire(&opts).await
                     } else if c % 2 == 0 {
-                        locker.rwlock(&key)?.read(&opts).await
+                        locker.rwlock(&key)?.try_read(&opts).await
                     } else {
-                        locker.rwlock(&key)?.write(&opts).await
+                        locker.rwlock(&key)?.try_write(&opts).await
                     }?;
+                    let Some(g) = g else { break };
                     tokio::time::sleep(HOLD).await;
                     g.release().await?;
                     n += 1;

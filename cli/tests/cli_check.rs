@@ -247,8 +247,9 @@ fn claims_a_store_cannot_grant_are_refused_before_the_run() {
         assert!(err.contains(says), "{err}");
         assert!(!out.contains("fault run:"), "{out}");
     }
-    let (code, _, err) = locksmith(&["check", "--permits", "2", "--read-write"]);
+    let (code, _, err) = locksmith(&["check", "--url", &url, "--permits", "2", "--read-write"]);
     assert_eq!(code, 64, "--permits with --read-write: {err}");
+    assert!(err.contains("cannot be used with"), "{err}");
 }
 
 #[test]

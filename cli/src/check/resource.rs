@@ -43,6 +43,9 @@ pub(crate) enum Request {
         fence: Option<u64>,
         /// The lease's deadline now.
         deadline: u64,
+        /// A reader's read (its section is shared).
+        #[serde(default)]
+        shared: bool,
     },
     /// Write `read + 1`.
     Write {
@@ -89,7 +92,10 @@ pub(crate) struct Reply {
 #[derive(Debug, Default)]
 struct State {
     value: u64,
+    /// The highest fence any accepted op carried, a reader's included.
     highest: Option<u64>,
+    /// The highest fence an exclusive holder's accepted op carried.
+    highest_exclusive: Option<u64>,
     history: History,
     /// Index in `history.sections` of each open section, by worker.
     open: std::collections::HashMap<u32, usize>,
@@ -172,14 +178,10 @@ impl Resource {
                 s,
                 fence,
                 deadline,
+                shared,
             } => {
                 extend(st, w, s, deadline);
                 let read = st.value;
-                let shared = st
-                    .open
-                    .get(&w)
-                    .map(|&i| &st.history.sections[i])
-                    .is_some_and(|sec| sec.seq == s && sec.shared);
                 access(st, w, s, OpKind::Read, fence, read, read, shared)
             }
             Request::Write {
@@ -292,7 +294,9 @@ impl Resource {
 /// A read or write of the counter: judged by its fence, recorded, and for
 /// an accepted write applied (`value` is what it writes). A reader's read
 /// (`shared`) must carry a fence no lower than any an exclusive holder
-/// used, and raises none: readers hold at once, in any order of fences.
+/// used (readers hold at once, in any order of fences); an exclusive
+/// holder's op, one no lower than any op used, a reader's included (a
+/// writer granted before a reader is stale once the reader is in).
 #[allow(clippy::too_many_arguments)]
 fn access(
     st: &mut State,
@@ -305,9 +309,17 @@ fn access(
     shared: bool,
 ) -> Reply {
     let accepted = if shared {
-        admits(&mut st.highest.clone(), fence)
+        let ok = admits(&mut st.highest_exclusive.clone(), fence);
+        if ok {
+            st.highest = st.highest.max(fence);
+        }
+        ok
     } else {
-        admits(&mut st.highest, fence)
+        let ok = admits(&mut st.highest, fence);
+        if ok {
+            st.highest_exclusive = st.highest_exclusive.max(fence);
+        }
+        ok
     };
     st.history.ops.push(Op {
         t: mono_ns(),
@@ -389,5 +401,71 @@ impl Channel for Remote {
             .await?
             .ok_or_else(|| std::io::Error::other("the resource closed the connection"))?;
         serde_json::from_str(&line).map_err(std::io::Error::other)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Request, Resource};
+
+    fn begin(r: &Resource, w: u32, fence: u64, shared: bool) {
+        let ok = r.apply(Request::Begin {
+            w,
+            s: 1,
+            fence: Some(fence),
+            start: 1,
+            deadline: u64::MAX,
+            shared,
+        });
+        assert!(ok.ok);
+    }
+
+    fn read(r: &Resource, w: u32, fence: u64, shared: bool) -> bool {
+        r.apply(Request::Read {
+            w,
+            s: 1,
+            fence: Some(fence),
+            deadline: u64::MAX,
+            shared,
+        })
+        .ok
+    }
+
+    fn write(r: &Resource, w: u32, fence: u64) -> bool {
+        r.apply(Request::Write {
+            w,
+            s: 1,
+            fence: Some(fence),
+            read: 0,
+            deadline: u64::MAX,
+        })
+        .ok
+    }
+
+    /// Readers read in any order of their fences, but never below a
+    /// writer's; a writer's op below any fence used, a reader's included,
+    /// is stale.
+    #[test]
+    fn readers_fences_are_judged_by_their_claim() {
+        let r = Resource::default();
+        begin(&r, 1, 5, false);
+        assert!(read(&r, 1, 5, false));
+        begin(&r, 2, 6, true);
+        begin(&r, 3, 7, true);
+        assert!(read(&r, 3, 7, true));
+        assert!(
+            read(&r, 2, 6, true),
+            "a reader below another reader's fence"
+        );
+        assert!(
+            !write(&r, 1, 5),
+            "a writer granted before the readers wrote after them"
+        );
+        begin(&r, 4, 8, false);
+        assert!(read(&r, 4, 8, false) && write(&r, 4, 8));
+        assert!(
+            !read(&r, 3, 7, true),
+            "a reader below a later writer's fence read"
+        );
     }
 }

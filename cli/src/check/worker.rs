@@ -188,6 +188,7 @@ pub(crate) async fn work(
                     s: seq,
                     fence,
                     deadline: dl,
+                    shared,
                 })
                 .await?,
             ),
