@@ -133,9 +133,11 @@ impl LockBackend for SqlSessionBackend {
 
     /// Lets go of the turnstile a waiting writer holds, if any.
     async fn abandon(&self, key: &LockKey, owner: &OwnerToken, _ticket: &OwnerToken) -> Result<()> {
-        self.inner.locks.abandon(key, owner).await?;
-        // Readers of this process that the turnstile kept out.
-        self.inner.local.released(key);
+        // Readers of this process that the turnstile kept out; a waiter
+        // that left no mark wakes nobody.
+        if self.inner.locks.abandon(key, owner).await? {
+            self.inner.local.released(key);
+        }
         Ok(())
     }
 }

@@ -378,11 +378,13 @@ impl SessionLocks {
         }
     }
 
-    /// Lets go of the turnstile `owner` holds as a waiting writer, if any.
-    pub(crate) async fn abandon(&self, key: &LockKey, owner: &OwnerToken) -> Result<()> {
+    /// Lets go of the turnstile `owner` holds as a waiting writer, if any;
+    /// whether it held one.
+    pub(crate) async fn abandon(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool> {
         let slot = self.slot(key);
         let mut held = slot.lock().await;
-        if held.mark.as_ref().is_some_and(|m| m.owner == *owner) {
+        let marked = held.mark.as_ref().is_some_and(|m| m.owner == *owner);
+        if marked {
             let mut m = held.mark.take().expect("checked above");
             // Clean of every lock, the connection serves the next attempt;
             // otherwise dropping it ends the session, and the turnstile.
@@ -393,7 +395,7 @@ impl SessionLocks {
         let empty = held.is_empty();
         drop(held);
         self.tidy(key, &slot, empty);
-        Ok(())
+        Ok(marked)
     }
 
     /// A connection is made (or an idle one answers).

@@ -22,7 +22,7 @@ impl SessionLocks {
     pub(crate) fn shared(&self) -> bool {
         match *self {}
     }
-    pub(crate) async fn abandon(&self, _: &LockKey, _: &OwnerToken) -> Result<()> {
+    pub(crate) async fn abandon(&self, _: &LockKey, _: &OwnerToken) -> Result<bool> {
         match *self {}
     }
     pub(crate) async fn try_acquire(&self, _: &LockKey, _: &OwnerToken) -> Result<Acquire> {
