@@ -11,13 +11,35 @@
 //! soon). When the clock item is missing (the first use, a restart, after
 //! its day), `stats` gives the server's time once and the item is added
 //! again to expire a day later: one small item per prefix, never more.
+//!
+//! A first holder of a name nothing holds is stamped without reading the
+//! clock first (`fresh_group`): by the last reading, plus the seconds
+//! since, rounded up, and one more, so never behind the server's clock
+//! unless that jumped ahead (a restarted server). The clock read after the
+//! `add`, in the same round trip, tells: an end that came out too early is
+//! undone before it is granted.
 
-use locksmith_core::{Error, Result};
+use std::time::{Duration, Instant};
+
+use locksmith_core::{Claim, Error, LockKey, OwnerToken, Result};
 
 use crate::error::unexpected;
-use crate::layout::Item;
+use crate::layout::{store_ttl, Group, Item, CLOCK_LAG};
 use crate::node::Node;
+use crate::rules::{decide, secs, Outcome};
 use crate::wire::{Commands, Reply};
+
+/// How long a reading of the clock stamps fresh groups: the local clock's
+/// drift over it stays far below the second added.
+const CLOCK_REUSE: Duration = Duration::from_secs(60);
+
+/// What the attempt at a fresh group came to.
+pub(crate) enum Fresh {
+    /// The caller is the group's first member.
+    Granted,
+    /// The name is held: the clock and the item, read in that order.
+    Read(u64, Option<Item>),
+}
 
 /// How long the clock item is kept, in seconds.
 const CLOCK_LIFE: u64 = 24 * 3600;
@@ -42,7 +64,7 @@ impl Node {
                 .ok()
                 .and_then(|e| e.parse::<u64>().ok())
                 .and_then(|e| e.checked_sub(t))
-                .map(Some)
+                .map(|now| Some(self.saw_clock(now)))
                 .ok_or_else(|| {
                     Error::backend(format!(
                         "the item {:?} is not locksmith's clock",
@@ -62,6 +84,7 @@ impl Node {
     /// expiries need), and the clock item added for the next reads.
     pub(crate) async fn set_clock(&self) -> Result<u64> {
         let now = stats_clock(self.one(Commands::default().stats()).await?)?;
+        self.saw_clock(now);
         self.add_clock(now).await?;
         Ok(now)
     }
@@ -77,6 +100,76 @@ impl Node {
         match self.one(&c).await? {
             Reply::Stored | Reply::NotStored | Reply::OutOfMemory(_) => Ok(()),
             other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Keeps `now`, the server's clock just read, for fresh groups.
+    fn saw_clock(&self, now: u64) -> u64 {
+        if let Ok(mut c) = self.clock.lock() {
+            *c = Some((now, Instant::now()));
+        }
+        now
+    }
+
+    /// The server's clock or later: the last reading, if recent, plus the
+    /// seconds since, rounded up, and one (a reading is a second's start).
+    fn clock_ahead(&self) -> Option<u64> {
+        let (then, at) = (*self.clock.lock().ok()?)?;
+        let since = at.elapsed();
+        (since < CLOCK_REUSE).then(|| then + secs(since) + 1)
+    }
+
+    /// A permit or read hold on a name nothing holds, in one round trip:
+    /// the fresh group added, stamped by [`clock_ahead`](Self::clock_ahead),
+    /// then the clock and the item read. `None`: no recent reading, another
+    /// kind of claim, or the clock item missing; the caller reads as usual.
+    pub(crate) async fn fresh_group(
+        &self,
+        key: &LockKey,
+        k: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Fresh>> {
+        let Some(now) = self.clock_ahead() else {
+            return Ok(None);
+        };
+        if owner.claim() == Claim::MUTEX || owner.writer().is_some() {
+            return Ok(None);
+        }
+        let lease = secs(store_ttl(ttl));
+        let (mut g, end) = (Group::default(), now + lease);
+        if decide(key, owner, &mut g, now, end, end)? != Outcome::Granted(1) {
+            return Ok(None);
+        }
+        let mut c = Commands::default();
+        c.add_at(k, &g.encode(), end).get(&self.clock_key()).get(k);
+        let mut replies = self.send(&c).await?.into_iter();
+        let (added, clock) = (replies.next(), self.clock_of(replies.next()));
+        match added {
+            // An end as the usual path sets it from a clock read before
+            // the write, or up to the reading's two seconds later (not a
+            // reading of another server behind the same address): granted.
+            Some(Reply::Stored)
+                if clock.as_ref().is_ok_and(|c| {
+                    c.is_some_and(|c| (c + lease..=c + lease + CLOCK_LAG.as_secs()).contains(&end))
+                }) =>
+            {
+                return Ok(Some(Fresh::Granted))
+            }
+            Some(Reply::Stored) => {
+                // The clock is not where the reading said: undone, never
+                // granted.
+                self.group_release(key, k, owner).await?;
+                return Ok(None);
+            }
+            Some(Reply::NotStored) => {}
+            Some(Reply::OutOfMemory(m)) => return Err(self.full_alarm(&m)),
+            Some(other) => return Err(unexpected(&other)),
+            None => return Err(Error::backend("memcached sent too few replies")),
+        }
+        match (clock?, replies.next()) {
+            (Some(now), Some(item)) => Ok(Some(Fresh::Read(now, self.item(k, item)?))),
+            _ => Ok(None),
         }
     }
 
@@ -98,7 +191,7 @@ impl Node {
         let (Some(time), Some(item)) = (replies.next(), replies.next()) else {
             return Err(Error::backend("memcached sent too few replies"));
         };
-        let now = stats_clock(time)?;
+        let now = self.saw_clock(stats_clock(time)?);
         let item = self.item(k, item)?;
         self.add_clock(now).await?;
         Ok((now, item))

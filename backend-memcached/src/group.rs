@@ -9,11 +9,13 @@
 //! (`p<N>` for a semaphore of N permits, `s` for readers, `m` when only
 //! writers' marks are left), then one line per holder, `h <owner> <holds>
 //! <end> <x|r|w>` (a permit, a reader, or a writer that read beside its
-//! hold by a downgrade, still exclusive), and one per writer waiting for
-//! the readers to go, `m <owner> <end>`. A mutex's or writer's attempt
-//! that finds a group reads it as such: another N is refused, and readers
-//! get the writer's mark, which keeps new readers out. Earlier versions
-//! read the first line as a hold by an owner that is never theirs.
+//! hold by a downgrade, still exclusive), and one per waiter in line, in
+//! the order they came: `m <owner> <end>` for a writer waiting for the
+//! readers to go, `m <owner> <end> r` for a reader waiting for a writer
+//! (see `rules.rs`). A mutex's or writer's attempt that finds a group
+//! reads it as such: another N is refused, and readers get the writer's
+//! mark, which keeps new readers out. Earlier versions read the first
+//! line as a hold by an owner that is never theirs.
 //!
 //! # Each holder's lease, on the server's clock
 //!
@@ -30,158 +32,21 @@
 use std::time::Duration;
 
 use locksmith_core::backend::{
-    claim_changed, permits_mismatch, semaphore_or_rwlock, Acquire, Grant, Release, Renew,
-    RenewRequest, MARK_LIFE,
+    claim_changed, permits_mismatch, Acquire, Grant, Release, Renew, RenewRequest, MARK_LIFE,
 };
 use locksmith_core::{Claim, Error, Holder, LockKey, LockStatus, OwnerToken, Result};
 
+use crate::clock::Fresh;
 use crate::error::unexpected;
 use crate::layout::{encode, store_ttl, Body, Group, Holder as Lock, Item, Member, Tag, CLOCK_LAG};
 use crate::node::Node;
+use crate::rules::{decide, secs, Outcome};
 use crate::wire::{Commands, Reply};
 
 /// How often a group's read-then-swap is tried when the item changed in
 /// between: a group is written by every one of its holders, so a busy
 /// one changes far more often than a mutex's item.
 pub(crate) const GROUP_TRIES: usize = 32;
-/// The most holders one group keeps: memcached's items hold 1 MB, and a
-/// holder's line up to about 150 bytes. A semaphore has fewer permits
-/// ([`locksmith_core::MAX_PERMITS`]); a reader past this waits.
-const MAX_MEMBERS: usize = 4096;
-/// Whole seconds, rounded up.
-fn secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
-
-/// What a claim on a group comes to.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    /// Granted: the owner's holds now (the group changed).
-    Granted(u32),
-    /// Nobody holds the name (marks aside): a mutex's or writer's claim
-    /// takes it as a mutex's item.
-    Free,
-    /// Refused until about `retry_after`; `marked`: the group changed (a
-    /// writer's mark) and must be written.
-    Refused { retry_after: Duration, marked: bool },
-}
-
-/// The rules of [`Claim`] applied to a group whose lapsed holders and
-/// marks were pruned at `now`: `end` is a new hold's end, `mark_end` a
-/// writer's mark's.
-pub(crate) fn decide(
-    key: &LockKey,
-    owner: &OwnerToken,
-    g: &mut Group,
-    now: u64,
-    end: u64,
-    mark_end: u64,
-) -> Result<Outcome> {
-    let me = owner.as_str();
-    let claim = owner.claim();
-    let wait = |until: u64| Duration::from_secs(until.saturating_sub(now));
-    // The permits kept: a semaphore's N, or 1 while a downgraded writer
-    // (exclusive) holds.
-    let kept = g
-        .permits
-        .or_else(|| g.members.iter().any(|m| m.tag == Tag::Writer).then_some(1));
-    if let Some(m) = g.members.iter_mut().find(|m| m.owner == me) {
-        let shared = m.tag == Tag::Reader;
-        if shared != claim.is_shared() {
-            return Err(claim_changed(key, shared));
-        }
-        if let (Some(asked), Some(kept)) = (claim.exclusive_permits(), kept) {
-            if asked != kept {
-                return Err(permits_mismatch(key, kept, asked));
-            }
-        }
-        m.holds = m.holds.saturating_add(1);
-        m.end = m.end.max(end);
-        return Ok(Outcome::Granted(m.holds));
-    }
-    let soonest =
-        |f: &dyn Fn(&Member) -> bool| g.members.iter().filter(|m| f(m)).map(|m| m.end).min();
-    let readers = soonest(&|m| m.tag == Tag::Reader);
-    let join = |g: &mut Group, tag| {
-        g.members.push(Member {
-            owner: me.to_owned(),
-            holds: 1,
-            end,
-            tag,
-        });
-        Ok(Outcome::Granted(1))
-    };
-    match claim {
-        Claim::Exclusive { permits } => {
-            if let Some(kept) = kept.filter(|&kept| kept != permits) {
-                return Err(permits_mismatch(key, kept, permits));
-            }
-            if readers.is_some() && permits > 1 {
-                return Err(semaphore_or_rwlock(key, permits, true));
-            }
-            if g.members.is_empty() {
-                if permits == 1 && g.marks.iter().all(|(o, _)| o == me) {
-                    return Ok(Outcome::Free);
-                }
-                if permits == 1 {
-                    // Other writers wait for readers: holding as a member,
-                    // not a mutex's item, keeps their marks, so readers
-                    // still wait when this writer goes.
-                    g.marks.retain(|(o, _)| o != me);
-                    return join(g, Tag::Writer);
-                }
-                // A semaphore has no use for a writer's marks.
-                g.marks.clear();
-                g.permits = Some(permits);
-                return join(g, Tag::Permit);
-            }
-            if let Some(until) = readers {
-                // Stop new readers until this writer is served or gives up.
-                g.marks.retain(|(o, _)| o != me);
-                g.marks.push((me.to_owned(), mark_end));
-                return Ok(Outcome::Refused {
-                    retry_after: wait(until),
-                    marked: true,
-                });
-            }
-            if g.members.len() < permits as usize {
-                return join(g, Tag::Permit);
-            }
-            Ok(Outcome::Refused {
-                retry_after: wait(soonest(&|_| true).unwrap_or(now)),
-                marked: false,
-            })
-        }
-        Claim::Shared => {
-            if let Some(kept) = g.permits {
-                return Err(semaphore_or_rwlock(key, kept, false));
-            }
-            let writer = soonest(&|m| m.tag == Tag::Writer);
-            if let Some(w) = owner.writer() {
-                let writers = g.members.iter().filter(|m| m.tag == Tag::Writer);
-                if writer.is_some() && writers.clone().all(|m| m.owner == w) {
-                    return join(g, Tag::Reader);
-                }
-                // A downgrade whose writer no longer holds: refused, never
-                // a read hold after a gap.
-                return Ok(Outcome::Refused {
-                    retry_after: Duration::ZERO,
-                    marked: false,
-                });
-            }
-            let marked = g.marks.iter().map(|m| m.1).max();
-            let crowded = (g.members.len() >= MAX_MEMBERS).then(|| soonest(&|_| true));
-            match writer.or(marked).or(crowded.flatten()) {
-                Some(until) => Ok(Outcome::Refused {
-                    retry_after: wait(until),
-                    marked: false,
-                }),
-                None => join(g, Tag::Reader),
-            }
-        }
-    }
-}
-
 /// Where a batch of renewals puts what it found for the groups in it.
 pub(crate) struct GroupRenewal<'a> {
     pub(crate) requests: &'a [RenewRequest],
@@ -266,8 +131,16 @@ impl Node {
                 lease: None,
             }))
         };
+        let mut read = match self.fresh_group(key, k, owner, ttl).await? {
+            Some(Fresh::Granted) => return granted(1),
+            Some(Fresh::Read(now, item)) => Some((now, item)),
+            None => None,
+        };
         for _ in 0..GROUP_TRIES {
-            let (now, item) = self.read_timed(k).await?;
+            let (now, item) = match read.take() {
+                Some(read) => read,
+                None => self.read_timed(k).await?,
+            };
             let end = now + secs(store_ttl(ttl));
             let (mut g, cas) = match item {
                 None if claim == Claim::MUTEX => {
@@ -352,14 +225,19 @@ impl Node {
             Claim::Exclusive { permits: 1 } => refused(left.unwrap_or(0)),
             Claim::Exclusive { permits } => Err(permits_mismatch(key, 1, permits)),
             Claim::Shared if h.owner == owner.as_str() => Err(claim_changed(key, false)),
-            Claim::Shared if owner.writer() == Some(h.owner.as_str()) => {
+            // A downgrade, or a reader to wait in line behind this writer
+            // (a writer's value, an election's, stays in its item).
+            Claim::Shared
+                if owner.writer() == Some(h.owner.as_str())
+                    || (owner.writer().is_none() && h.value.is_none()) =>
+            {
                 // The clock was read before the item, and may have jumped
                 // by two in between: the hold ends by `now + left + 2`.
                 let Some(left) = left else {
                     return refused(0);
                 };
                 let writer_end = now + left + CLOCK_LAG.as_secs();
-                // The reader joins by the group's rules.
+                // The reader joins, or waits, by the group's rules.
                 let members = vec![Member {
                     owner: h.owner,
                     holds: h.holds,
@@ -470,7 +348,7 @@ impl Node {
                 return Ok(());
             };
             let before = g.marks.len();
-            g.marks.retain(|(o, _)| o != owner.as_str());
+            g.marks.retain(|m| m.owner != owner.as_str());
             if g.marks.len() == before {
                 return Ok(());
             }

@@ -107,14 +107,24 @@ pub(crate) struct Member {
     pub(crate) tag: Tag,
 }
 
+/// A waiter's place: a writer waiting for the readers to go, or a reader
+/// waiting for a writer, until `end` on the server's clock. Marks keep the
+/// order their waiters first came in, so neither kind starves the other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Mark {
+    pub(crate) owner: String,
+    pub(crate) end: u64,
+    pub(crate) reader: bool,
+}
+
 /// A name held by a group: its permits (`None`: readers), its members and
-/// the marks of writers waiting for the readers to go (owner, end), every
-/// time on the server's clock.
+/// the marks of the waiters of a read-write lock, oldest first, every time
+/// on the server's clock.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Group {
     pub(crate) permits: Option<u32>,
     pub(crate) members: Vec<Member>,
-    pub(crate) marks: Vec<(String, u64)>,
+    pub(crate) marks: Vec<Mark>,
 }
 
 impl Group {
@@ -149,7 +159,15 @@ impl Group {
                         _ => return None,
                     },
                 }),
-                ["m", owner, end] => group.marks.push((owner.to_owned(), end.parse().ok()?)),
+                ["m", owner, end, ref reader @ ..] => group.marks.push(Mark {
+                    owner: owner.to_owned(),
+                    end: end.parse().ok()?,
+                    reader: match reader {
+                        [] => false,
+                        ["r"] => true,
+                        _ => return None,
+                    },
+                }),
                 _ => return None,
             }
         }
@@ -173,8 +191,9 @@ impl Group {
             };
             let _ = write!(text, "\nh {} {} {} {tag}", m.owner, m.holds, m.end);
         }
-        for (owner, end) in &self.marks {
-            let _ = write!(text, "\nm {owner} {end}");
+        for m in &self.marks {
+            let r = if m.reader { " r" } else { "" };
+            let _ = write!(text, "\nm {} {}{r}", m.owner, m.end);
         }
         text.into_bytes()
     }
@@ -182,7 +201,7 @@ impl Group {
     /// Drops the members and marks whose time ended by `now`.
     pub(crate) fn prune(&mut self, now: u64) {
         self.members.retain(|m| m.end > now);
-        self.marks.retain(|(_, end)| *end > now);
+        self.marks.retain(|m| m.end > now);
         if self.members.is_empty() {
             self.permits = None;
         }
@@ -192,7 +211,7 @@ impl Group {
     /// nothing is left in it.
     pub(crate) fn end(&self) -> Option<u64> {
         let members = self.members.iter().map(|m| m.end);
-        members.chain(self.marks.iter().map(|m| m.1)).max()
+        members.chain(self.marks.iter().map(|m| m.end)).max()
     }
 }
 
@@ -279,7 +298,18 @@ mod tests {
                     tag: Tag::Permit,
                 },
             ],
-            marks: vec![("c".repeat(32), 1_800_000_002)],
+            marks: vec![
+                Mark {
+                    owner: "c".repeat(32),
+                    end: 1_800_000_002,
+                    reader: false,
+                },
+                Mark {
+                    owner: "d".repeat(32),
+                    end: 1_800_000_003,
+                    reader: true,
+                },
+            ],
         };
         let data = g.encode();
         assert!(Group::is_group(&data));

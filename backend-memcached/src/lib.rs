@@ -134,6 +134,7 @@ mod error;
 mod group;
 mod layout;
 mod node;
+mod rules;
 mod wire;
 
 pub use backend::MemcachedBackend;

@@ -39,6 +39,8 @@ pub(crate) struct Node {
     connect_timeout: Duration,
     /// Bumped on every out-of-memory answer (see [`LockBackend::alarm`]).
     alarm: Arc<watch::Sender<u64>>,
+    /// The server's clock as last read, and when (see `clock.rs`).
+    pub(crate) clock: std::sync::Mutex<Option<(u64, std::time::Instant)>>,
 }
 
 impl fmt::Debug for Node {
@@ -65,6 +67,7 @@ impl Node {
             timeout,
             connect_timeout,
             alarm,
+            clock: std::sync::Mutex::new(None),
         }
     }
 
@@ -174,6 +177,7 @@ impl LockBackend for Node {
             .with_values(true)
             .with_permits(true)
             .with_shared(true)
+            .with_in_line(true)
             .with_min_ttl(MIN_TTL)
             // Whole seconds, on a clock that may skip one.
             .with_ttl_resolution(CLOCK_LAG)

@@ -287,3 +287,60 @@ async fn a_writer_served_beside_marks_keeps_them_and_excludes_permits() -> Resul
     backend.release(&key, &late).await?;
     Ok(())
 }
+
+/// memcached's waiters poll, so without a place in line a reader waiting
+/// for back-to-back writers could wait for ever: a reader refused by a
+/// writer (a mutex's item, which becomes a group for it) leaves a mark,
+/// and a writer finding it, with none of its own before it, yields; a
+/// writer's mark made while that reader holds keeps later readers out;
+/// a reader that gives up takes its mark away.
+#[tokio::test]
+async fn a_reader_waiting_first_goes_before_later_writers() -> Result<()> {
+    let prefix = unique_prefix();
+    let backend = backend(&prefix);
+    let key = LockKey::new("catalogue")?;
+    let ttl = Duration::from_secs(10);
+    let reader = || OwnerToken::generate().with_claim(Claim::Shared);
+    let (w1, w2, w3) = (
+        OwnerToken::generate().writing(),
+        OwnerToken::generate().writing(),
+        OwnerToken::generate().writing(),
+    );
+    let (r1, r2) = (reader(), reader());
+    let granted = |r: &Acquire| matches!(r, Acquire::Acquired(_));
+    ensure!(granted(&backend.try_acquire(&key, &w1, ttl).await?));
+    ensure!(!granted(&backend.try_acquire(&key, &r1, ttl).await?));
+    ensure!(!granted(&backend.try_acquire(&key, &w2, ttl).await?));
+    // The writer's item, now a group with the reader's mark, is still its.
+    ensure!(matches!(
+        backend.renew(&key, &w1, ttl).await?,
+        Renew::Renewed
+    ));
+    ensure!(matches!(backend.release(&key, &w1).await?, Release::Freed));
+    ensure!(
+        !granted(&backend.try_acquire(&key, &w2, ttl).await?),
+        "a writer got in ahead of a reader that waited first"
+    );
+    ensure!(granted(&backend.try_acquire(&key, &r1, ttl).await?));
+    ensure!(!granted(&backend.try_acquire(&key, &w2, ttl).await?));
+    ensure!(
+        !granted(&backend.try_acquire(&key, &r2, ttl).await?),
+        "a reader got in ahead of a waiting writer"
+    );
+    ensure!(matches!(backend.release(&key, &r1).await?, Release::Freed));
+    ensure!(granted(&backend.try_acquire(&key, &w2, ttl).await?));
+    ensure!(matches!(backend.release(&key, &w2).await?, Release::Freed));
+    backend.abandon(&key, &r2, &OwnerToken::generate()).await?;
+    ensure!(
+        granted(&backend.try_acquire(&key, &w3, ttl).await?),
+        "a reader that gave up still kept a writer out"
+    );
+    ensure!(matches!(backend.release(&key, &w3).await?, Release::Freed));
+    ensure!(
+        value_and_left(&format!("{prefix}catalogue"))
+            .await?
+            .is_none(),
+        "the name's item outlived its last holder and mark"
+    );
+    Ok(())
+}

@@ -81,7 +81,16 @@ pub struct Capabilities {
     /// The store grants shared claims ([`Claim::Shared`](crate::Claim)),
     /// so read-write locks work on it.
     pub shared: bool,
+    /// A store that polls keeps each refused reader's and writer's place
+    /// in line, in the order they came, while they keep asking: the
+    /// `Locker` then asks again at least every [`IN_LINE_POLL`], since the
+    /// name waits for the first in line.
+    pub in_line: bool,
 }
+
+/// How often a waiter with a place in line ([`Capabilities::in_line`])
+/// asks again at most: a free name waits for its poll.
+pub const IN_LINE_POLL: Duration = Duration::from_millis(10);
 
 impl Default for Capabilities {
     fn default() -> Self {
@@ -97,6 +106,7 @@ impl Default for Capabilities {
             values: false,
             permits: false,
             shared: false,
+            in_line: false,
         }
     }
 }
@@ -134,6 +144,14 @@ impl Capabilities {
     #[must_use]
     pub fn with_notify(mut self, notify: bool) -> Self {
         self.notify = notify;
+        self
+    }
+
+    /// Sets [`in_line`](Self::in_line): refused readers and writers keep
+    /// their place in line.
+    #[must_use]
+    pub fn with_in_line(mut self, in_line: bool) -> Self {
+        self.in_line = in_line;
         self
     }
 

@@ -10,7 +10,9 @@ use std::task::{Context, Poll};
 use backon::BackoffBuilder;
 use futures::future::BoxFuture;
 
-use crate::backend::{Acquire, Capabilities, Grant, LockBackend, Notice, Watch, MARK_LIFE};
+use crate::backend::{
+    Acquire, Capabilities, Grant, LockBackend, Notice, Watch, IN_LINE_POLL, MARK_LIFE,
+};
 use crate::background::Background;
 use crate::election::Election;
 use crate::error::{Error, ErrorKind, Result};
@@ -470,8 +472,12 @@ impl Locker {
             fresh_owner,
         );
         // A writer refused while readers hold leaves a mark that keeps new
-        // readers out (no writer starvation); giving up takes it away.
-        let may_mark = self.caps.shared && owner.claim() == Claim::MUTEX;
+        // readers out (no writer starvation), and where the store keeps
+        // places in line a refused reader's keeps it ahead of later
+        // writers; giving up takes it away.
+        let claim = owner.claim();
+        let may_mark =
+            self.caps.shared && (claim == Claim::MUTEX || (claim.is_shared() && self.caps.in_line));
         attempts.may_mark = may_mark;
         let mut watch: Option<Watch> = None;
         let mut subscribed = false;
@@ -537,8 +543,10 @@ impl Locker {
                 backoff.next().unwrap_or(opts.max_poll)
             };
             if attempts.marked {
-                // Renew the mark before it lapses and readers barge in.
-                pause = pause.min(MARK_LIFE / 4);
+                // Renew the mark before it lapses and readers barge in; in
+                // line, the name waits for this waiter's next look.
+                let in_line = self.caps.in_line && (owner.is_writer() || claim.is_shared());
+                pause = pause.min(if in_line { IN_LINE_POLL } else { MARK_LIFE / 4 });
             }
             if let Some(g) = give_up {
                 pause = pause.min(g.saturating_duration_since(now));
@@ -686,12 +694,12 @@ struct Attempts {
     ticket: OwnerToken,
     /// The ticket may be in the store's wait queue.
     queued: bool,
-    /// A writer's refused attempt may have left a mark that keeps new
-    /// readers out: giving up removes it ([`LockBackend::abandon`]).
+    /// A writer's (or reader's) refused attempt may have left a mark that
+    /// keeps its place: giving up removes it ([`LockBackend::abandon`]).
     marked: bool,
-    /// This acquire is a writer's on a store with readers: any refusal,
-    /// one still in flight when the acquire is dropped included, may
-    /// leave a mark.
+    /// This acquire is a writer's or reader's on a store with readers: any
+    /// refusal, one still in flight when the acquire is dropped included,
+    /// may leave a mark.
     may_mark: bool,
     request: Option<BoxFuture<'static, Result<Acquire>>>,
     /// An attempt failed without an answer: it may have been granted.

@@ -181,6 +181,7 @@ impl LockBackend for MemoryBackend {
             values: true,
             permits: true,
             shared: true,
+            in_line: false,
         }
     }
 

@@ -320,6 +320,7 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
             .with_values(self.nodes.iter().all(|n| n.capabilities().values))
             .with_permits(self.nodes.iter().all(|n| n.capabilities().permits))
             .with_shared(self.nodes.iter().all(|n| n.capabilities().shared))
+            .with_in_line(self.nodes.iter().all(|n| n.capabilities().in_line))
     }
 
     /// A quorum of nodes must answer; a node that refuses our credentials
