@@ -244,17 +244,39 @@ local function kind_num(k)
 end
 ";
 
+/// The common case of [`CLAIM_ACQUIRE`], before the shared functions are
+/// made (as the mutex's fast path is, see `scripts`): nothing held and
+/// nobody queued, so the caller is the group's first member.
+pub(crate) const CLAIM_ACQUIRE_FAST: &str = r"
+local owner, ttl, kind, writer, ticket = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
+if writer == '' then
+  writer = nil
+end
+if not writer and redis.call('exists', KEYS[1], KEYS[2]) == 0 then
+  local t = redis.call('time')
+  local fence = 0
+  if fenced then
+    fence = t[1] * 1000000 + t[2]
+    redis.call('hset', KEYS[1], '~f', string.format('%.0f', fence))
+  end
+  local v = string.format('1 %.0f %.0f -', fence, t[1] * 1000 + math.floor(t[2] / 1000) + ttl)
+  redis.call('hset', KEYS[1], '~k', kind, owner, v)
+  redis.call('pexpire', KEYS[1], ttl)
+  if ticket then
+    redis.call('hdel', KEYS[3], ticket)
+  end
+  return {1, fence, 1}
+end
+";
+
 /// KEYS: lock, queue, waiters. ARGV: owner, ttl ms, kind (`p<N>` or `s`),
 /// the writer a read hold is asked beside (a downgrade) or ``; and for a
 /// waiter: ticket, liveness ms, hub channel.
 /// Returns {1, fence, holds} for a grant, {0, pttl} when it must wait (a
 /// waiter is then queued), {2, kind} when the name is held as another kind
 /// (1: a mutex or writer), {3, 0} when this owner holds it exclusively.
+/// Follows [`CLAIM_ACQUIRE_FAST`], whose locals it uses.
 pub(crate) const CLAIM_ACQUIRE: &str = r"
-local owner, ttl, kind, writer, ticket = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
-if writer == '' then
-  writer = nil
-end
 -- A grant takes the caller's place in the queue away, if it had one.
 local function granted(fence, holds)
   if ticket then

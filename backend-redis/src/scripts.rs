@@ -332,7 +332,9 @@ local v = redis.call('hmget', KEYS[1], owner, '~q', '~f', '~v')
 if not v[1] then
   return -1
 end
--- No count: a member of a group (see `group`), left to `RELEASE`.
+-- No count: a member of a group (see `group`), left to `RELEASE` unless
+-- it is the only one, at its last hold, with nothing else in the hash
+-- (its kind and fence aside) and nobody queued.
 local holds = tonumber(v[1])
 if holds and holds > 1 then
   return redis.call('hincrby', KEYS[1], owner, -1)
@@ -343,6 +345,17 @@ if holds and not v[2] then
     redis.call('publish', KEYS[1] .. ':changes', 'released')
   end
   return 0
+end
+if not holds then
+  local e = string.match(v[1], '^1 %d+ (%d+) %S+$')
+  if e and redis.call('hlen', KEYS[1]) == (v[3] and 3 or 2) then
+    local t = redis.call('time')
+    if tonumber(e) > t[1] * 1000 + math.floor(t[2] / 1000)
+        and redis.call('exists', KEYS[2]) == 0 then
+      redis.call('del', KEYS[1])
+      return 0
+    end
+  end
 end
 ";
 
@@ -491,7 +504,8 @@ static ACQUIRE_SCRIPT: Variants = Variants::new(ACQUIRE_FAST, ACQUIRE, true);
 static ACQUIRE_VALUED_SCRIPT: Variants = Variants::new(ACQUIRE_VALUED_FAST, ACQUIRE, true);
 static PROCLAIM_SCRIPT: Variants = Variants::new("", PROCLAIM, true);
 static RELEASE_SCRIPT: Variants = Variants::new(RELEASE_FAST, RELEASE, true);
-static CLAIM_ACQUIRE_SCRIPT: Variants = Variants::new("", group::CLAIM_ACQUIRE, true);
+static CLAIM_ACQUIRE_SCRIPT: Variants =
+    Variants::new(group::CLAIM_ACQUIRE_FAST, group::CLAIM_ACQUIRE, true);
 static ABANDON_SCRIPT: Variants = Variants::new("", ABANDON, true);
 static RENEW_SCRIPT: Variants = Variants::new("", RENEW, false);
 static INSPECT_SCRIPT: Variants = Variants::new("", crate::layout::INSPECT, false);
