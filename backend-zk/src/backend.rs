@@ -67,10 +67,11 @@ impl ZkBackend {
 
     /// The current session's credentials, for tests that end it from outside.
     #[cfg_attr(not(feature = "internals"), allow(dead_code))]
-    pub(crate) fn session_info(&self) -> Option<zookeeper_client::SessionInfo> {
+    pub(crate) async fn session_info(&self) -> Option<zookeeper_client::SessionInfo> {
         self.inner
             .sessions
             .peek()
+            .await
             .map(|s| s.client.session().clone())
     }
 }

@@ -220,8 +220,8 @@ pub mod internals {
     pub use zookeeper_client;
 
     /// The current session of `backend`, if it has one that has not ended.
-    pub fn session(backend: &crate::ZkBackend) -> Option<zookeeper_client::SessionInfo> {
-        backend.session_info()
+    pub async fn session(backend: &crate::ZkBackend) -> Option<zookeeper_client::SessionInfo> {
+        backend.session_info().await
     }
 
     /// The full paths of the nodes `backend`'s waiters last set their watch

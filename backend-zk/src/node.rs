@@ -141,9 +141,10 @@ impl Sessions {
         }))
     }
 
-    /// The session now, if there is one that has not ended.
-    pub(crate) fn peek(&self) -> Option<Arc<Session>> {
-        let current = self.current.try_lock().ok()?;
+    /// The session now, if there is one that has not ended. It waits for
+    /// the slot (a `try_lock` said "none" whenever a caller held it).
+    pub(crate) async fn peek(&self) -> Option<Arc<Session>> {
+        let current = self.current.lock().await;
         current.session.as_ref().filter(|s| !s.is_over()).cloned()
     }
 

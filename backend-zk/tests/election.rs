@@ -263,12 +263,12 @@ async fn a_session_loss_ends_the_reign_and_proclaim_after_it_is_not_held() {
             })
             .await;
         }
-        end_session(&hosts, internals::session(&a).expect("a session"))
+        end_session(&hosts, internals::session(&a).await.expect("a session"))
             .await
             .unwrap();
         // Its client learns that the session ended when it reconnects.
         let start = Instant::now();
-        while internals::session(&a).is_some() {
+        while internals::session(&a).await.is_some() {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
                 "a's client never learnt"
@@ -368,7 +368,7 @@ async fn an_observer_subscribes_again_when_its_session_ends() {
     until(&mut changes, SOON, "a leads", leads("a")).await;
     assert_eq!(counted.subscribed.load(Ordering::SeqCst), 1);
 
-    end_session(&hosts, internals::session(&watching).expect("a session"))
+    end_session(&hosts, internals::session(&watching).await.expect("a session"))
         .await
         .unwrap();
     a.resign().await.unwrap();

@@ -110,7 +110,7 @@ impl Harness for ZkHarness {
             .clients
             .find(client)
             .ok_or_else(|| anyhow::anyhow!("not a client of this harness"))?;
-        let info = internals::session(&typed)
+        let info = internals::session(&typed).await
             .ok_or_else(|| anyhow::anyhow!("the client has no session to end"))?;
         end_session(&self.hosts, info).await?;
         // Each takeover above drops the victim's connection, and its client
@@ -118,7 +118,7 @@ impl Harness for ZkHarness {
         // few rounds): wait until it has learnt that its session ended, so
         // that cases time the backend, not this harness's tug of war.
         let start = std::time::Instant::now();
-        while internals::session(&typed).is_some() {
+        while internals::session(&typed).await.is_some() {
             anyhow::ensure!(
                 start.elapsed() < Duration::from_secs(5),
                 "the victim's client did not learn within 5 s that its session ended"
