@@ -368,9 +368,12 @@ async fn an_observer_subscribes_again_when_its_session_ends() {
     until(&mut changes, SOON, "a leads", leads("a")).await;
     assert_eq!(counted.subscribed.load(Ordering::SeqCst), 1);
 
-    end_session(&hosts, internals::session(&watching).await.expect("a session"))
-        .await
-        .unwrap();
+    end_session(
+        &hosts,
+        internals::session(&watching).await.expect("a session"),
+    )
+    .await
+    .unwrap();
     a.resign().await.unwrap();
     until(&mut changes, SOON, "a resigns", Option::is_none).await;
     // Ending a session from outside is a tug of war with its client, which

@@ -110,7 +110,8 @@ impl Harness for ZkHarness {
             .clients
             .find(client)
             .ok_or_else(|| anyhow::anyhow!("not a client of this harness"))?;
-        let info = internals::session(&typed).await
+        let info = internals::session(&typed)
+            .await
             .ok_or_else(|| anyhow::anyhow!("the client has no session to end"))?;
         end_session(&self.hosts, info).await?;
         // Each takeover above drops the victim's connection, and its client
