@@ -279,8 +279,9 @@ impl LockBackend for SqlBackend {
             Err(e) if is_missing_table(&e) => None,
             Err(e) => return Err(map_err(e)),
         };
-        if let Some((_, _, _, owner, _)) = &row {
-            if let Some(status) = self.claims().inspect(key, owner).await? {
+        if let Some((holds, fence, left_ms, owner, _)) = &row {
+            let lone = (*holds, *fence, *left_ms);
+            if let Some(status) = self.claims().inspect(key, owner, lone).await? {
                 return Ok(status);
             }
         }
@@ -305,8 +306,16 @@ impl LockBackend for SqlBackend {
         ttl: Duration,
     ) -> Result<Acquire> {
         if owner.claim() != Claim::MUTEX {
-            self.migrate().await?;
-            self.sweep_now_and_then();
+            if let Some(marker) = lone_permit(owner) {
+                // A free name's first permit is one statement, the mutex's.
+                let first = self.lease_acquire_as(key, &marker, None, ttl).await?;
+                if matches!(first, Acquire::Acquired(_)) {
+                    return Ok(first);
+                }
+            } else {
+                self.migrate().await?;
+                self.sweep_now_and_then();
+            }
             return self.claims().acquire(key, owner, ttl).await;
         }
         let acquired = self.lease_acquire(key, owner, ttl).await?;
@@ -337,6 +346,8 @@ impl LockBackend for SqlBackend {
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
         let r = if owner.claim() == Claim::MUTEX {
             self.lease_release(key, owner).await?
+        } else if let Some(marker) = lone_permit(owner) {
+            self.lease_release_as(key, &marker).await?
         } else {
             Release::NotHeld
         };
@@ -355,6 +366,8 @@ impl LockBackend for SqlBackend {
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
         let r = if owner.claim() == Claim::MUTEX {
             self.lease_renew(key, owner, ttl).await?
+        } else if let Some(marker) = lone_permit(owner) {
+            self.lease_renew_as(key, &marker, ttl).await?
         } else {
             Renew::NotHeld
         };
@@ -382,5 +395,16 @@ impl LockBackend for SqlBackend {
 
     async fn watch(&self, key: &LockKey, _ticket: &OwnerToken) -> Result<Option<Watch>> {
         Ok(Some(self.inner.local.watch(key)))
+    }
+}
+
+/// The name row's owner while `owner`'s permit is the only one out, for a
+/// semaphore's claim (see [`inline`](crate::layout::inline)).
+fn lone_permit(owner: &OwnerToken) -> Option<String> {
+    match owner.claim() {
+        Claim::Exclusive { permits } if permits > 1 => {
+            crate::layout::inline(permits, owner.as_str())
+        }
+        _ => None,
     }
 }

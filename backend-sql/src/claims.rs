@@ -18,6 +18,14 @@
 //! is granted beside it and the writer's release or renewal, refused by
 //! the mutex's statement, is found here.
 //!
+//! A lone permit (a free name's first) costs what a mutex costs: the
+//! mutex's own statements take, re-enter, renew and release it in the name
+//! row, its owner `~permits:<N>/<token>` (`layout::inline`). A second
+//! claim meets it here, under the row's lock, and moves it to the holders
+//! table first; from then on the row's owner is the group's, so the lone
+//! holder's next release or renewal finds nothing through the mutex's
+//! statement and comes here.
+//!
 //! Rows of the holders table go with the hold, or with the sweep once
 //! their lease has run out longer than the retention ago.
 
@@ -30,7 +38,7 @@ use locksmith_core::{Claim, LockKey, OwnerToken, Result};
 
 use crate::claims_sql::{bound, ClaimsSql};
 use crate::error::map_err;
-use crate::layout::{classify, Name, NameRow, PERMITS, SHARED};
+use crate::layout::{classify, lone_holder, permits_of, Name, NameRow, PERMITS, SHARED};
 use crate::lease::granted;
 use crate::node::Pool;
 use crate::queries::ttl_ms;
@@ -195,7 +203,7 @@ macro_rules! acquire_in {
                         &hash, &o, key.as_str(), 0_i64, holds, fence, expires)
                     .execute(&mut *$c)
                     .await?;
-                    bound!(query, &this.sql.name_shared; &hash)
+                    bound!(query, &this.sql.name_owner; &hash, SHARED)
                         .execute(&mut *$c)
                         .await?;
                     beside_writer = true;
@@ -219,6 +227,21 @@ macro_rules! acquire_in {
                     return Ok(Ok(contended(row.map(|r| r.3), now)));
                 }
                 _ => {}
+            }
+            if let Some((Some(marker), holds, fence, expires)) = row.as_ref().filter(|r| r.3 > now) {
+                if let Some(lone) = lone_holder(marker) {
+                    // The group grows past a lone permit: its holder moves
+                    // to the holders table, and the row's owner becomes the
+                    // group's, so the mutex's statements no longer find it.
+                    bound!(query, &this.sql.put_holder;
+                        &hash, lone, key.as_str(), 0_i64, *holds, *fence, *expires)
+                    .execute(&mut *$c)
+                    .await?;
+                    let group = format!("{PERMITS}{}", permits_of(marker).unwrap_or(0));
+                    bound!(query, &this.sql.name_owner; &hash, &group)
+                        .execute(&mut *$c)
+                        .await?;
+                }
             }
             // Expired rows are left to the sweep: every read here skips
             // them, and a grant replaces its owner's own.

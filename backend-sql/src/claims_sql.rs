@@ -87,8 +87,9 @@ pub(crate) struct ClaimsSql {
     /// Writes a holders row (key hash, owner, key, shared, holds, fence,
     /// expires_at), replacing the owner's.
     pub(crate) put_holder: Stmt,
-    /// The name row's owner becomes the readers' marker (key hash).
-    pub(crate) name_shared: Stmt,
+    /// Sets the name row's owner: the readers' marker at a downgrade, the
+    /// group's when a lone permit moves out (key hash, owner).
+    pub(crate) name_owner: Stmt,
     /// Adds a hold to the owner's row (key hash, owner, until).
     pub(crate) add_hold: Stmt,
     /// Writes the name row for a group's grant (key hash, key, marker,
@@ -272,11 +273,7 @@ impl ClaimsSql {
             )
             .into(),
             put_holder: put_holder.into(),
-            name_shared: format!(
-                "UPDATE {t} SET owner = '{}' WHERE key_hash = $1",
-                crate::layout::SHARED
-            )
-            .into(),
+            name_owner: format!("UPDATE {t} SET owner = $2 WHERE key_hash = $1").into(),
             add_hold: format!(
                 "UPDATE {h} SET holds = holds + 1, expires_at = {max}(expires_at, $3)
                  WHERE key_hash = $1 AND owner = $2"
@@ -360,7 +357,7 @@ impl ClaimsSql {
             live_holders: p(self.live_holders),
             settle_name: p(self.settle_name),
             put_holder: p(self.put_holder),
-            name_shared: p(self.name_shared),
+            name_owner: p(self.name_owner),
             add_hold: p(self.add_hold),
             put_name: p(self.put_name),
             drop_last: p(self.drop_last),

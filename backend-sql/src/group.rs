@@ -10,7 +10,7 @@ use locksmith_core::{FencingToken, Holder, LockKey, LockStatus, OwnerToken, Resu
 use crate::claims::{hold_name, in_txn, left, name_row, Claims, NowAndName};
 use crate::claims_sql::bound;
 use crate::error::map_err;
-use crate::layout::{classify, Name, PERMITS, SHARED};
+use crate::layout::{classify, lone_holder, permits_of, Name, PERMITS, SHARED};
 use crate::node::Pool;
 use crate::queries::ttl_ms;
 
@@ -73,16 +73,36 @@ impl Claims {
         Ok(())
     }
 
-    /// The holders of a name held by a group (`owner` its marker), or
-    /// `None` when the row is a mutex's or writer's.
-    pub(crate) async fn inspect(&self, key: &LockKey, owner: &str) -> Result<Option<LockStatus>> {
+    /// The holders of a name held by a group (`owner` its marker, and
+    /// `lone` the live row's holds, fence and ms left), or `None` when the
+    /// row is a mutex's or writer's.
+    pub(crate) async fn inspect(
+        &self,
+        key: &LockKey,
+        owner: &str,
+        lone: (i64, i64, i64),
+    ) -> Result<Option<LockStatus>> {
         let permits = if owner == SHARED {
             None
-        } else if let Some(n) = owner.strip_prefix(PERMITS) {
-            n.parse::<u32>().ok()
+        } else if owner.starts_with(PERMITS) {
+            permits_of(owner)
         } else {
             return Ok(None);
         };
+        if let Some(holder) = lone_holder(owner) {
+            // A lone permit: the name row is its only holder's.
+            let (holds, fence, left_ms) = lone;
+            let token = OwnerToken::from_string(holder).ok();
+            let only = Holder::new(false, u32::try_from(holds).unwrap_or(u32::MAX))
+                .with_owner(token.clone())
+                .with_fence(u64::try_from(fence).ok().map(FencingToken))
+                .with_remaining(left(left_ms, 0));
+            return Ok(Some(
+                LockStatus::of_holders(vec![only])
+                    .with_permits(permits)
+                    .with_owner(token),
+            ));
+        }
         let hash = crate::layout::key_hash(key);
         let rows: Vec<(String, i64, i64, i64, i64)> = on_pool!(&self.pool, p => bound!(query_as, &self.sql.inspect; &hash)
             .fetch_all(p)

@@ -127,6 +127,34 @@ pub(crate) fn mysql_lock_name(namespace: &str, key: &LockKey) -> String {
 pub(crate) const SHARED: &str = "~shared";
 /// The prefix of the name row's owner while permits are out.
 pub(crate) const PERMITS: &str = "~permits:";
+/// Between N and the token in a lone permit's [`inline`] marker.
+const LONE: char = '/';
+/// The longest owner any dialect's column keeps (MySQL's `VARCHAR(128)`).
+const MAX_OWNER: usize = 128;
+
+/// The name row's owner while `token` holds the only permit of N (a lone
+/// permit, `~permits:<N>/<token>`): the mutex's own statements take,
+/// re-enter, renew and release it, one statement each. `None` when the
+/// marker would not fit every dialect's column (such a permit goes to the
+/// holders table at once).
+pub(crate) fn inline(permits: u32, token: &str) -> Option<String> {
+    let marker = format!("{PERMITS}{permits}{LONE}{token}");
+    (marker.len() <= MAX_OWNER).then_some(marker)
+}
+
+/// The holder of a lone permit whose marker is `owner`, if it is one.
+pub(crate) fn lone_holder(owner: &str) -> Option<&str> {
+    owner
+        .strip_prefix(PERMITS)?
+        .split_once(LONE)
+        .map(|(_, t)| t)
+}
+
+/// The N of a group's `~permits:<N>` or lone permit's marker.
+pub(crate) fn permits_of(owner: &str) -> Option<u32> {
+    let rest = owner.strip_prefix(PERMITS)?;
+    rest.split_once(LONE).map_or(rest, |(n, _)| n).parse().ok()
+}
 
 /// The holders table of the lease table `t`.
 pub(crate) fn holders_table(t: &str) -> String {
@@ -151,8 +179,8 @@ pub(crate) fn classify(row: Option<&NameRow>, now: i64) -> Name {
         Some((Some(owner), _, _, expires)) if *expires > now => {
             if owner == SHARED {
                 Name::Shared
-            } else if let Some(n) = owner.strip_prefix(PERMITS) {
-                Name::Permits(n.parse().unwrap_or(0))
+            } else if owner.starts_with(PERMITS) {
+                Name::Permits(permits_of(owner).unwrap_or(0))
             } else {
                 Name::Token(owner.clone())
             }

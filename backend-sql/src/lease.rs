@@ -24,19 +24,33 @@ impl SqlBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Acquire> {
+        self.lease_acquire_as(key, owner.as_str(), owner.value(), ttl)
+            .await
+    }
+
+    /// [`lease_acquire`](Self::lease_acquire) of the row's owner text
+    /// `owner` (a token, or a lone permit's [`inline`](crate::layout::inline)
+    /// marker) with `value`.
+    pub(crate) async fn lease_acquire_as(
+        &self,
+        key: &LockKey,
+        owner: &str,
+        value: Option<&[u8]>,
+        ttl: Duration,
+    ) -> Result<Acquire> {
         self.migrate().await?;
         self.sweep_now_and_then();
         let q = &self.inner.queries;
         let row: Option<(i64, i64)> = match &self.inner.pool {
             #[cfg(feature = "mysql")]
-            Pool::MySql(p) => return self.mysql_acquire(p, key, owner, ttl).await,
+            Pool::MySql(p) => return self.mysql_acquire(p, key, owner, value, ttl).await,
             #[allow(unreachable_patterns)]
             other => on_pool!(other, p => sqlx::query_as(&q.acquire)
                 .bind(key_hash(key))
                 .bind(key.as_str())
-                .bind(owner.as_str())
+                .bind(owner)
                 .bind(ttl_ms(ttl))
-                .bind(owner.value())
+                .bind(value)
                 .fetch_optional(p)
                 .await
                 .map_err(map_err)?),
@@ -52,7 +66,8 @@ impl SqlBackend {
         &self,
         p: &sqlx::MySqlPool,
         key: &LockKey,
-        owner: &OwnerToken,
+        owner: &str,
+        value: Option<&[u8]>,
         ttl: Duration,
     ) -> Result<Acquire> {
         use crate::queries::MYSQL_REENTRY_FLAG;
@@ -63,9 +78,9 @@ impl SqlBackend {
             let r = sqlx::query(&q.acquire)
                 .bind(&hash)
                 .bind(key.as_str())
-                .bind(owner.as_str())
+                .bind(owner)
                 .bind(ttl_ms(ttl))
-                .bind(owner.value())
+                .bind(value)
                 .execute(p)
                 .await;
             match r {
@@ -90,7 +105,7 @@ impl SqlBackend {
         }
         let (holds,): (i64,) = sqlx::query_as(&q.holds)
             .bind(&hash)
-            .bind(owner.as_str())
+            .bind(owner)
             .fetch_one(p)
             .await
             .map_err(map_err)?;
@@ -98,6 +113,11 @@ impl SqlBackend {
     }
 
     pub(crate) async fn lease_release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+        self.lease_release_as(key, owner.as_str()).await
+    }
+
+    /// [`lease_release`](Self::lease_release) of the row's owner text.
+    pub(crate) async fn lease_release_as(&self, key: &LockKey, owner: &str) -> Result<Release> {
         self.migrate().await?;
         let q = &self.inner.queries;
         let remaining: Option<i64> = match &self.inner.pool {
@@ -105,7 +125,7 @@ impl SqlBackend {
             Pool::MySql(p) => {
                 let done = sqlx::query(&q.release)
                     .bind(key_hash(key))
-                    .bind(owner.as_str())
+                    .bind(owner)
                     .execute(p)
                     .await
                     .map_err(map_err)?;
@@ -114,7 +134,7 @@ impl SqlBackend {
             #[allow(unreachable_patterns)]
             other => on_pool!(other, p => sqlx::query_scalar(&q.release)
                 .bind(key_hash(key))
-                .bind(owner.as_str())
+                .bind(owner)
                 .fetch_optional(p)
                 .await
                 .map_err(map_err)?),
@@ -132,6 +152,16 @@ impl SqlBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Renew> {
+        self.lease_renew_as(key, owner.as_str(), ttl).await
+    }
+
+    /// [`lease_renew`](Self::lease_renew) of the row's owner text.
+    pub(crate) async fn lease_renew_as(
+        &self,
+        key: &LockKey,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Renew> {
         self.migrate().await?;
         let q = &self.inner.queries.renew;
         let changed = match &self.inner.pool {
@@ -140,7 +170,7 @@ impl SqlBackend {
             Pool::MySql(p) => sqlx::query(q)
                 .bind(ttl_ms(ttl))
                 .bind(key_hash(key))
-                .bind(owner.as_str())
+                .bind(owner)
                 .execute(p)
                 .await
                 .map_err(map_err)?
@@ -148,7 +178,7 @@ impl SqlBackend {
             #[allow(unreachable_patterns)]
             other => on_pool!(other, p => sqlx::query(q)
                 .bind(key_hash(key))
-                .bind(owner.as_str())
+                .bind(owner)
                 .bind(ttl_ms(ttl))
                 .execute(p)
                 .await

@@ -16,3 +16,9 @@ mod session {
         "mode=session"
     ));
 }
+
+#[tokio::test]
+async fn a_lone_permit_moves_out_when_the_group_grows() {
+    let url = common::server_url(Dialect::MySql);
+    common::a_lone_permit_moves_out_when_the_group_grows(&url).await;
+}

@@ -109,3 +109,9 @@ mod turnstile {
         assert!(!a.inspect(&k).await.unwrap().held);
     }
 }
+
+#[tokio::test]
+async fn a_lone_permit_moves_out_when_the_group_grows() {
+    let url = common::server_url(Dialect::Postgres);
+    common::a_lone_permit_moves_out_when_the_group_grows(&url).await;
+}

@@ -195,3 +195,9 @@ async fn a_dead_writers_mark_keeps_readers_out_briefly() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test]
+async fn a_lone_permit_moves_out_when_the_group_grows() {
+    let h = SqliteHarness::new();
+    common::a_lone_permit_moves_out_when_the_group_grows(&h.url()).await;
+}

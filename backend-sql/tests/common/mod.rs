@@ -345,3 +345,76 @@ pub async fn has_column(
     };
     Ok(n > 0)
 }
+
+/// A free name's first permit lives in the name row (the mutex's own
+/// statements take it); a second permit moves it to the holders table
+/// under the row's lock, and from then on its holder's re-entry, renewal
+/// and release find it there. Nothing is lost or doubled on the way, and
+/// the name is a lone permit's again once the group has gone.
+pub async fn a_lone_permit_moves_out_when_the_group_grows(url: &str) {
+    use locksmith_core::backend::{Acquire, Grant, Release, Renew};
+    use locksmith_core::{Claim, ErrorKind, LockKey, OwnerToken};
+    let ttl = Duration::from_secs(30);
+    let (a, b) = (
+        SqlBackend::connect(url).expect("valid url"),
+        SqlBackend::connect(url).expect("valid url"),
+    );
+    let k = LockKey::new(format!("lone/{}", OwnerToken::generate().as_str())).unwrap();
+    let permit = || OwnerToken::generate().with_claim(Claim::Exclusive { permits: 3 });
+    let grant = |got: Acquire| -> Grant {
+        match got {
+            Acquire::Acquired(g) => g,
+            other => panic!("refused: {other:?}"),
+        }
+    };
+    let (first, second) = (permit(), permit());
+    let g1 = grant(a.try_acquire(&k, &first, ttl).await.unwrap());
+    assert_eq!(g1.holds, 1);
+    let again = grant(a.try_acquire(&k, &first, ttl).await.unwrap());
+    assert_eq!((again.holds, again.fence), (2, g1.fence), "a lone re-entry");
+    let s = b.inspect(&k).await.unwrap();
+    assert_eq!((s.holder_count(), s.permits), (1, Some(3)), "{s:?}");
+    assert_eq!(s.holders[0].holds, 2);
+    assert_eq!(s.holders[0].fence, g1.fence);
+    assert_eq!(s.owner.as_ref(), Some(&first));
+    // Another N meets the lone permit's N, and a stranger holds nothing.
+    let four = OwnerToken::generate().with_claim(Claim::Exclusive { permits: 4 });
+    let err = b.try_acquire(&k, &four, ttl).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidOptions, "{err}");
+    let stranger = permit();
+    assert_eq!(b.release(&k, &stranger).await.unwrap(), Release::NotHeld);
+    assert_eq!(b.renew(&k, &stranger, ttl).await.unwrap(), Renew::NotHeld);
+
+    let g2 = grant(b.try_acquire(&k, &second, ttl).await.unwrap());
+    assert!(g2.fence > g1.fence, "{g2:?} after {g1:?}");
+    let s = b.inspect(&k).await.unwrap();
+    assert_eq!((s.holder_count(), s.permits), (2, Some(3)), "{s:?}");
+    let moved = s
+        .holders
+        .iter()
+        .find(|h| h.owner.as_ref() == Some(&first))
+        .expect("the lone holder moved to the holders table");
+    assert_eq!((moved.holds, moved.fence), (2, g1.fence));
+    // Its holder goes on through the holders table.
+    let third = grant(a.try_acquire(&k, &first, ttl).await.unwrap());
+    assert_eq!((third.holds, third.fence), (3, g1.fence));
+    assert_eq!(a.renew(&k, &first, ttl).await.unwrap(), Renew::Renewed);
+    for left in [2, 1] {
+        assert_eq!(
+            a.release(&k, &first).await.unwrap(),
+            Release::StillHeld(left)
+        );
+    }
+    assert_eq!(a.release(&k, &first).await.unwrap(), Release::Freed);
+    assert_eq!(a.release(&k, &first).await.unwrap(), Release::NotHeld);
+    assert_eq!(b.inspect(&k).await.unwrap().holder_count(), 1);
+    assert_eq!(b.release(&k, &second).await.unwrap(), Release::Freed);
+    assert!(!b.inspect(&k).await.unwrap().held);
+
+    let next = permit();
+    let g3 = grant(a.try_acquire(&k, &next, ttl).await.unwrap());
+    assert!(g3.fence > g2.fence, "{g3:?} after {g2:?}");
+    assert_eq!(b.inspect(&k).await.unwrap().holder_count(), 1);
+    assert_eq!(a.release(&k, &next).await.unwrap(), Release::Freed);
+    assert!(!b.inspect(&k).await.unwrap().held);
+}
