@@ -92,6 +92,11 @@ impl Inner {
         }
         let session = self.sessions.get().await?;
         let role = Role::of(owner);
+        if let Role::Lease(n) = role {
+            if let Some(grant) = self.permit_at_once(&session, key, owner, n, ticket).await? {
+                return Ok(Ok(grant));
+            }
+        }
         let entered = self.enter(&session, key, owner, role).await?;
         if entered.sem {
             let held = self

@@ -43,13 +43,13 @@ pub(crate) enum Step {
 /// made, when dropped armed: a cancelled acquire leaves neither its gate,
 /// which would stop every semaphore acquirer, nor a lease behind.
 pub(crate) struct Undo {
-    session: Arc<Session>,
-    path: Option<String>,
-    find: Option<(String, String)>,
+    pub(crate) session: Arc<Session>,
+    pub(crate) path: Option<String>,
+    pub(crate) find: Option<(String, String)>,
 }
 
 impl Undo {
-    fn node(node: &Contender) -> Undo {
+    pub(crate) fn node(node: &Contender) -> Undo {
         Undo {
             session: node.session.clone(),
             path: Some(node.path.clone()),
@@ -57,7 +57,7 @@ impl Undo {
         }
     }
 
-    fn disarm(mut self) {
+    pub(crate) fn disarm(mut self) {
         self.path = None;
         self.find = None;
     }
@@ -148,14 +148,8 @@ pub(crate) async fn lease_step(
         .to_owned();
     let (children, watcher) = listed?;
     let (data, stat) = kept?;
-    let others = others?;
-    if let Some(c) = others.iter().find(|c| layout::is_contender(c)) {
-        let reading = c.contains(layout::READ_NAME);
-        return Ok(Step::Refused(if reading {
-            semaphore_or_rwlock(key, n, true)
-        } else {
-            permits_mismatch(key, 1, n)
-        }));
+    if let Some(e) = other_kind(key, n, &others?) {
+        return Ok(Step::Refused(e));
     }
     if !children.contains(&name) {
         return Ok(Step::Gone);
@@ -179,6 +173,17 @@ pub(crate) async fn lease_step(
         Step::Granted
     } else {
         Step::Full(watcher)
+    })
+}
+
+/// The refusal of a semaphore of `n` when `key_dir`'s listing `others`
+/// shows a mutex's or read-write lock's contender.
+pub(crate) fn other_kind(key: &LockKey, n: u32, others: &[String]) -> Option<Error> {
+    let c = others.iter().find(|c| layout::is_contender(c))?;
+    Some(if c.contains(layout::READ_NAME) {
+        semaphore_or_rwlock(key, n, true)
+    } else {
+        permits_mismatch(key, 1, n)
     })
 }
 

@@ -187,6 +187,7 @@ mod error;
 mod layout;
 mod node;
 mod observe;
+mod permit;
 mod queue;
 mod state;
 

@@ -3,6 +3,7 @@
 //! so that dropping the last clone of the backend ends them.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, MutexGuard};
 
 use locksmith_core::backend::Grant;
@@ -20,6 +21,9 @@ pub(crate) struct Inner {
     pub(crate) held: Mutex<HashMap<(LockKey, OwnerToken), Held>>,
     /// Queued waiters, by ticket.
     pub(crate) waiters: Mutex<HashMap<OwnerToken, Waiter>>,
+    /// The server refused a `multiRead` (before ZooKeeper 3.6): every
+    /// permit takes the gate (see `permit`).
+    pub(crate) no_multi_read: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -73,6 +77,7 @@ impl Inner {
             sessions: Sessions::new(config),
             held: Mutex::new(HashMap::new()),
             waiters: Mutex::new(HashMap::new()),
+            no_multi_read: AtomicBool::new(false),
         }
     }
 

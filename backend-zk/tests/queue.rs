@@ -172,3 +172,63 @@ async fn a_waiter_watches_the_node_just_before_its_own() {
         t.abort();
     }
 }
+
+/// A semaphore's permit is taken without the gate only while nobody is at
+/// it: with a permit free but a Java waiter at the gate (Curator keeps a
+/// waiting lease only there), an attempt goes to the gate, behind it, and
+/// its own lease goes at once; it is granted once the gate is clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_permit_never_passes_a_waiter_at_the_gate() {
+    use locksmith_core::Claim;
+    let hosts = server_hosts();
+    let root = root("gate");
+    let (first, second) = (backend(&hosts, &root), backend(&hosts, &root));
+    let raw = raw_client(&hosts).await;
+    let key = LockKey::new("s").unwrap();
+    let permit = || OwnerToken::generate().with_claim(Claim::Exclusive { permits: 2 });
+    let ttl = Duration::from_secs(30);
+    let holder = permit();
+    let got = first.try_acquire(&key, &holder, ttl).await.unwrap();
+    assert!(matches!(got, Acquire::Acquired(_)), "{got:?}");
+    let dir = format!("{root}/{}", internals::dir_name("s", false));
+    let leases = format!("{dir}/leases");
+    assert_eq!(raw.list_children(&leases).await.unwrap().len(), 1);
+    match raw
+        .create(
+            &format!("{dir}/locks"),
+            &[],
+            &zk::CreateMode::Container.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+    {
+        Ok(_) | Err(zk::Error::NodeExists) => {}
+        Err(e) => panic!("make the gate: {e}"),
+    }
+    let waiter = format!("{dir}/locks/_c_0b6ea0a4-52f1-4c3e-9d1b-6a4f3c2e1d00-lock-");
+    let (_, seq) = raw
+        .create(
+            &waiter,
+            &[],
+            &zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+
+    let late = permit();
+    let got = second.try_acquire(&key, &late, ttl).await.unwrap();
+    assert!(
+        matches!(got, Acquire::Contended { .. }),
+        "a permit passed the waiter at the gate: {got:?}"
+    );
+    assert_eq!(
+        raw.list_children(&leases).await.unwrap().len(),
+        1,
+        "the refused attempt's lease stayed"
+    );
+    raw.delete(&format!("{waiter}{seq}"), None).await.unwrap();
+    let got = second.try_acquire(&key, &late, ttl).await.unwrap();
+    assert!(matches!(got, Acquire::Acquired(_)), "{got:?}");
+    assert_eq!(raw.list_children(&leases).await.unwrap().len(), 2);
+    second.release(&key, &late).await.unwrap();
+    first.release(&key, &holder).await.unwrap();
+}
