@@ -82,7 +82,12 @@
 //!   makes its lease node and lists the leases in one round trip; it holds
 //!   a permit when they number N or fewer, its own included, and then
 //!   deletes its gate node. A waiter keeps both and lists again when the
-//!   leases change. Curator keeps N in no node and checks none; ours
+//!   leases change. When nobody is at the gate, a contender first makes
+//!   its lease without it and reads the gate, the leases and their N in
+//!   one `multiRead` (ZooKeeper 3.6 or later), keeping the lease only if
+//!   it is held and the gate was empty (safe without the gate: of N + 1
+//!   leases held at once, the last to list would have counted them all);
+//!   otherwise the lease goes at once and the gate is taken. Curator keeps N in no node and checks none; ours
 //!   writes N as the data of `P/leases` (a container, gone with the last
 //!   lease) and refuses another N while other leases live. A Java peer's
 //!   N is not checked: give every side the same N. A semaphore of 1 is the
