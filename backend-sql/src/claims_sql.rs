@@ -268,7 +268,8 @@ impl ClaimsSql {
                     expires_at = {},
                     owner = CASE WHEN EXISTS (SELECT 1 {live}) THEN owner ELSE NULL END,
                     value = NULL
-                 WHERE key_hash = $1 AND substr(owner, 1, 1) = '~'",
+                 WHERE key_hash = $1 AND substr(owner, 1, 1) = '~'
+                    AND owner NOT LIKE '~permits:%/%'",
                 at(&format!("COALESCE((SELECT MAX(expires_at) {live}), {now})"))
             )
             .into(),

@@ -103,13 +103,28 @@ impl SqlBackend {
         if id < MYSQL_REENTRY_FLAG {
             return Ok(granted(id as i64, 1));
         }
-        let (holds,): (i64,) = sqlx::query_as(&q.holds)
+        let fence = (id - MYSQL_REENTRY_FLAG) as i64;
+        let holds: Option<i64> = sqlx::query_scalar(&q.holds)
             .bind(&hash)
             .bind(owner)
+            .fetch_optional(p)
+            .await
+            .map_err(map_err)?;
+        if let Some(holds) = holds {
+            return Ok(granted(fence, holds));
+        }
+        // A lone permit's re-entry, granted, whose hold a second claim
+        // moved to the holders table before this read.
+        let moved = crate::layout::lone_holder(owner).ok_or_else(|| {
+            Error::backend(format!("the row of {key} changed hands after a re-entry"))
+        })?;
+        let holds: i64 = sqlx::query_scalar(&q.holds_moved)
+            .bind(&hash)
+            .bind(moved)
             .fetch_one(p)
             .await
             .map_err(map_err)?;
-        Ok(granted((id - MYSQL_REENTRY_FLAG) as i64, holds))
+        Ok(granted(fence, holds))
     }
 
     pub(crate) async fn lease_release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {

@@ -34,6 +34,10 @@ pub(crate) struct Queries {
     /// MySQL only: reads the hold count after a re-entrant grant.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) holds: String,
+    /// MySQL only: the same in the holders table, where a lone permit's
+    /// hold moves if a second claim came between the grant and its read.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) holds_moved: String,
 }
 
 impl Queries {
@@ -112,6 +116,7 @@ fn sqlite(t: &str) -> Queries {
              WHERE key_hash = ?1 AND owner IS NOT NULL AND expires_at > {now}"
         ),
         holds: String::new(),
+        holds_moved: String::new(),
     }
 }
 
@@ -174,6 +179,7 @@ fn postgres(t: &str) -> Queries {
              FROM {t} WHERE key_hash = $1 AND owner IS NOT NULL AND expires_at > now()"
         ),
         holds: String::new(),
+        holds_moved: String::new(),
     }
 }
 
@@ -242,6 +248,10 @@ fn mysql(t: &str) -> Queries {
              WHERE key_hash = ? AND owner IS NOT NULL AND expires_at > {now}"
         ),
         holds: format!("SELECT holds FROM {t} WHERE key_hash = ? AND owner = ?"),
+        holds_moved: format!(
+            "SELECT holds FROM {} WHERE key_hash = ? AND owner = ?",
+            crate::layout::holders_table(t)
+        ),
     }
 }
 
