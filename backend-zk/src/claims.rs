@@ -6,8 +6,10 @@
 //! The semaphore's rule is Curator's, to the letter, or Java peers would
 //! miscount: first in the gate's queue (`P/locks`), make the lease node,
 //! then list the lease directory; the lease is held once the listing,
-//! ours included, numbers at most N. Only the gate's holder counts, so at
-//! most one lease beyond the granted ones exists at any time. A waiter
+//! ours included, numbers at most N. Only the gate's holder waits with a
+//! lease, so at most one waiting lease counts against N (besides the
+//! short-lived ones of gate-less attempts, see `permit`, which go at once
+//! unless held; a gate holder that counted one waits for its delete). A waiter
 //! keeps the gate and its lease node, and lists again when the lease
 //! directory's children change. The gate goes as soon as the lease is
 //! held, or given up.

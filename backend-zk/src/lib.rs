@@ -86,7 +86,8 @@
 //!   its lease without it and reads the gate, the leases and their N in
 //!   one `multiRead` (ZooKeeper 3.6 or later), keeping the lease only if
 //!   it is held and the gate was empty (safe without the gate: of N + 1
-//!   leases held at once, the last to list would have counted them all);
+//!   leases held at once, the listing of the one created last would have
+//!   counted them all);
 //!   otherwise the lease goes at once and the gate is taken. Curator keeps N in no node and checks none; ours
 //!   writes N as the data of `P/leases` (a container, gone with the last
 //!   lease) and refuses another N while other leases live. A Java peer's

@@ -3,9 +3,11 @@
 //! way takes three round trips: the gate, the lease, the gate's delete).
 //!
 //! The gate (`P/locks`) is not what keeps the count. A lease is held when
-//! a listing made after it was created numbers at most N, and of any N + 1
-//! leases held at once, the one listed last would have counted them all:
-//! no lease needs the gate to be safe, a Java peer's included. The gate
+//! a listing made after it was created numbers at most N. Of any N + 1
+//! leases held at once, the one created last was listed, in its session's
+//! order, by a server that had applied its create and so every create
+//! before it: that listing counted them all. No lease needs the gate to
+//! be safe, a Java peer's included. The gate
 //! gives order and progress: a waiting lease counts against N, so only
 //! the gate's holder may keep one while it waits. So the attempt here
 //! makes its lease, then reads the gate, the leases, their N and the
@@ -93,13 +95,15 @@ impl Inner {
         let undo = Undo::node(&lease);
         let results = match read {
             Ok(r) => r,
-            Err(e) if is_transient(&e) => return Err(map_err(e)),
-            Err(e) => {
-                // No multiRead on this server: the gate's way from now on.
-                tracing::debug!(error = %e, "no multiRead: semaphores take the gate");
+            Err(ZkError::Unimplemented) => {
+                // No multiRead on this server (before 3.6): the gate's way
+                // from now on. Such a server also drops the connection, so
+                // this one attempt may fail as the store being away.
+                tracing::debug!("no multiRead: semaphores take the gate");
                 self.no_multi_read.store(true, Ordering::Relaxed);
                 return Ok(None);
             }
+            Err(e) => return Err(map_err(e)),
         };
         let children = |i: usize| match results.get(i) {
             Some(MultiReadResult::Children { children }) => Some(children.as_slice()),

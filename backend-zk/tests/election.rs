@@ -263,12 +263,15 @@ async fn a_session_loss_ends_the_reign_and_proclaim_after_it_is_not_held() {
             })
             .await;
         }
-        end_session(&hosts, internals::session(&a).await.expect("a session"))
-            .await
-            .unwrap();
+        let info = internals::session(&a).await.expect("a session");
+        let ended = info.id();
+        end_session(&hosts, info).await.unwrap();
         // Its client learns that the session ended when it reconnects.
         let start = Instant::now();
-        while internals::session(&a).await.is_some() {
+        while internals::session(&a)
+            .await
+            .is_some_and(|s| s.id() == ended)
+        {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
                 "a's client never learnt"

@@ -113,13 +113,19 @@ impl Harness for ZkHarness {
         let info = internals::session(&typed)
             .await
             .ok_or_else(|| anyhow::anyhow!("the client has no session to end"))?;
+        let ended = info.id();
         end_session(&self.hosts, info).await?;
         // Each takeover above drops the victim's connection, and its client
         // reconnects with a growing backoff (up to about a second after a
         // few rounds): wait until it has learnt that its session ended, so
         // that cases time the backend, not this harness's tug of war.
         let start = std::time::Instant::now();
-        while internals::session(&typed).await.is_some() {
+        // A session made since by a request of the client's is not the one
+        // that ended.
+        while internals::session(&typed)
+            .await
+            .is_some_and(|s| s.id() == ended)
+        {
             anyhow::ensure!(
                 start.elapsed() < Duration::from_secs(5),
                 "the victim's client did not learn within 5 s that its session ended"
