@@ -17,6 +17,13 @@
 //! a waiting writer keeps later readers out and nobody barges past the
 //! queue. Each served waiter is told on its hub as a mutex waiter is.
 //!
+//! A semaphore's first permit on a free name with nobody queued is
+//! cheaper: the lock's string form with the kind after the fence (see
+//! [`layout`](crate::layout)), so it is taken, renewed and freed by the
+//! lock's own commands. Every script that meets it as a group would
+//! (a second claim, a waiter, a mutex asking) first makes it the group's
+//! hash, the permit its one member with the key's expiry as its lease.
+//!
 //! A writer refused by readers with no place in the queue (a Redlock
 //! node's, which has no queue) leaves a mark in the hash, `~w<owner>`,
 //! the time until which new readers stay out: it lives the writer's TTL
@@ -252,7 +259,22 @@ local owner, ttl, kind, writer, ticket = ARGV[1], tonumber(ARGV[2]), ARGV[3], AR
 if writer == '' then
   writer = nil
 end
-if not writer and redis.call('exists', KEYS[1], KEYS[2]) == 0 then
+if not writer and string.byte(kind) == 112 then
+  -- A permit: on a free name with nobody queued, the lock's string form.
+  if redis.call('exists', KEYS[2]) == 0 then
+    local fence, v = 0, owner .. ' 0 0 ' .. kind
+    if fenced then
+      local t = redis.call('time')
+      fence, v = t[1] * 1000000 + t[2], owner .. ' ' .. t[1] .. ' ' .. t[2] .. ' ' .. kind
+    end
+    if redis.call('set', KEYS[1], v, 'NX', 'PX', ttl) then
+      if ticket then
+        redis.call('hdel', KEYS[3], ticket)
+      end
+      return fence
+    end
+  end
+elseif not writer and redis.call('exists', KEYS[1], KEYS[2]) == 0 then
   local t = redis.call('time')
   local fence = 0
   if fenced then
@@ -310,8 +332,10 @@ if form == 'none' then
   form = 'hash'
 end
 if form == 'string' then
-  local holder = parse(redis.call('get', KEYS[1]))
-  if holder == owner then
+  local holder, _, k = parse(redis.call('get', KEYS[1]))
+  if k then
+    -- A lone permit: its group's hash form, then as any group.
+  elseif holder == owner then
     return {3, 0}
   elseif writer ~= holder and kind ~= 's' then
     return {2, 1}

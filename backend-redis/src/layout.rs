@@ -15,7 +15,11 @@
 //!     in this form.
 //!   - **held by a group** (semaphore permits, read holds) is the hash
 //!     form too, with `~k` the group's kind and a field per member: see
-//!     [`group`](crate::group).
+//!     [`group`](crate::group). A semaphore's **lone permit** (one
+//!     permit, nobody queued) is the string form with the kind after the
+//!     fence, `<owner> <s> <µs> p<N>` (`0 0` for an unfenced one), taken
+//!     by `SET NX PX` and freed by `DEL` as the lock is; the next claim on
+//!     the name turns it into its group.
 //! - **queue**, the waiters in arrival order: a sorted set of tickets, scored
 //!   by arrival time;
 //! - **waiters**, a hash from ticket to its entry,
@@ -100,6 +104,11 @@ end
 local pttl = redis.call('pttl', KEYS[1])
 if t == 'string' then
   local v = redis.call('get', KEYS[1])
+  local lone, ls, lus, n = string.match(v, '^(%S+) (%d+) (%d+) p(%d+)$')
+  if lone then
+    local f = ls * 1000000 + lus
+    return {0, f > 0 and f or -1, pttl, queued, '', false, tonumber(n), {{lone, 1, f, pttl, 0}}}
+  end
   local owner, s, us = string.match(v, '^(%S+) (%d+) (%d+)$')
   local fence = -1
   if owner then

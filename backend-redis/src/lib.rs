@@ -86,6 +86,9 @@
 //! at once, or permits while there is room), up to the first that does
 //! not. So a waiting writer keeps later readers out, and nobody barges
 //! past the queue. Each holder gets its own fence, above the group's last.
+//! A permit on a free name with nobody queued is the lock's string form
+//! with the semaphore's N after the fence, so an uncontended permit costs
+//! what the lock does; the next claim on the name makes it a group.
 //! A downgrade turns the writer's hold into a reader's beside the new read
 //! hold. Another N, or a read claim on a semaphore, is `InvalidOptions`;
 //! a semaphore of 1 is the mutex. On Redlock the generic quorum counts

@@ -57,28 +57,46 @@ local function now_us()
   return t[1] * 1000000 + t[2]
 end
 
--- The owner of a lock in the string form, and its fence (nil if unfenced).
+-- The owner of a lock in the string form, and its fence (nil if unfenced);
+-- for a semaphore's lone permit (see `group`), also its kind.
 local function parse(v)
   local owner, s, us = string.match(v, '^(%S+) (%d+) (%d+)$')
   if owner then
     return owner, s * 1000000 + us
   end
+  local kind
+  owner, s, us, kind = string.match(v, '^(%S+) (%d+) (%d+) (p%d+)$')
+  if owner then
+    local fence = s * 1000000 + us
+    if fence == 0 then
+      fence = nil
+    end
+    return owner, fence, kind
+  end
   return v, nil
 end
 
--- Turns a string-form lock into its hash form, keeping its expiry.
+-- Turns a string-form lock into its hash form, keeping its expiry: a lone
+-- permit becomes its group, with the permit as its one member.
 local function to_hash()
-  local owner, fence = parse(redis.call('get', KEYS[1]))
-  local pttl = redis.call('pttl', KEYS[1])
+  local owner, fence, kind = parse(redis.call('get', KEYS[1]))
+  -- Always an expiry: in its last millisecond a key still exists with a
+  -- PTTL of 0, and a hash left without one would be held for ever.
+  local pttl = math.max(redis.call('pttl', KEYS[1]), 1)
   redis.call('del', KEYS[1])
-  if fence then
+  if kind then
+    local t = redis.call('time')
+    local e = t[1] * 1000 + math.floor(t[2] / 1000) + pttl
+    redis.call('hset', KEYS[1], '~k', kind, owner, string.format('1 %.0f %.0f -', fence or 0, e))
+    if fence then
+      redis.call('hset', KEYS[1], '~f', string.format('%.0f', fence))
+    end
+  elseif fence then
     redis.call('hset', KEYS[1], owner, 1, '~f', fence)
   else
     redis.call('hset', KEYS[1], owner, 1)
   end
-  -- Always an expiry: in its last millisecond a key still exists with a
-  -- PTTL of 0, and a hash left without one would be held for ever.
-  redis.call('pexpire', KEYS[1], math.max(pttl, 1))
+  redis.call('pexpire', KEYS[1], pttl)
 end
 
 -- Tells election observers that the lock, which carries a value, changed.
@@ -249,9 +267,11 @@ if form == 'hash' then
 end
 if form == 'string' then
   -- Held in the string form. Someone else's, and we would not queue:
-  -- nothing to record. Ours (re-entry), or a waiter to flag: the hash form.
-  if not ticket and parse(redis.call('get', KEYS[1])) ~= owner then
-    return {0, redis.call('pttl', KEYS[1])}
+  -- nothing to record (but a lone permit's N, see `group`). Ours
+  -- (re-entry), or a waiter to flag: the hash form.
+  local holder, _, k = parse(redis.call('get', KEYS[1]))
+  if not ticket and holder ~= owner then
+    return {0, redis.call('pttl', KEYS[1]), kind_num(k)}
   end
   to_hash()
   form = 'hash'
@@ -313,8 +333,9 @@ return {0, redis.call('pttl', KEYS[1]), kind_num(group)}
 /// KEYS: lock, queue, waiters. ARGV: owner.
 /// Returns -1 when not held by this owner, else the holds left (0: freed,
 /// and handed to the longest live waiter if any). The common cases come
-/// before [`COMMON`], as in [`ACQUIRE_FAST`]: the string form, then a hash
-/// with more than one hold or no queue flag.
+/// before [`COMMON`], as in [`ACQUIRE_FAST`]: the string form (a lone
+/// permit's too: nobody queues on it without making it a hash), then a
+/// hash with more than one hold or no queue flag.
 const RELEASE_FAST: &str = r"
 local owner = ARGV[1]
 local form = redis.call('type', KEYS[1])['ok']
@@ -410,7 +431,8 @@ const PROCLAIM: &str = r"
 local owner = ARGV[1]
 local form = redis.call('type', KEYS[1])['ok']
 if form == 'string' then
-  if parse(redis.call('get', KEYS[1])) ~= owner then
+  local holder, _, k = parse(redis.call('get', KEYS[1]))
+  if holder ~= owner or k then
     return 0
   end
   to_hash()

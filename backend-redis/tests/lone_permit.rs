@@ -1,0 +1,177 @@
+//! A semaphore's lone permit (the first on a free name, nobody queued) is
+//! the lock's string form with the semaphore's N after the fence; every
+//! other claim on the name meets it as the group it is, and the next one
+//! to join turns it into the group's hash without losing its lease or
+//! fence.
+
+use std::time::Duration;
+
+use locksmith_conformance::kit::servers::{redis_url, redlock_ports};
+use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
+use locksmith_core::{Claim, ErrorKind, FencingToken, LockKey, OwnerToken};
+use locksmith_redis::{RedisBackend, RedlockBackend};
+
+mod common;
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("lone:{name}:{}", OwnerToken::generate().as_str())).unwrap()
+}
+
+fn permit(n: u32) -> OwnerToken {
+    OwnerToken::generate().with_claim(Claim::permits(n).unwrap())
+}
+
+fn lock_key(k: &LockKey) -> String {
+    format!("locksmith:{{{}}}:lock", k.as_str())
+}
+
+async fn conn(url: &str) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(url).unwrap();
+    client.get_multiplexed_async_connection().await.unwrap()
+}
+
+async fn form(c: &mut redis::aio::MultiplexedConnection, k: &LockKey) -> String {
+    redis::cmd("TYPE")
+        .arg(lock_key(k))
+        .query_async(c)
+        .await
+        .unwrap()
+}
+
+async fn fence_of(b: &dyn LockBackend, k: &LockKey, o: &OwnerToken) -> FencingToken {
+    match b.try_acquire(k, o, TTL).await.unwrap() {
+        Acquire::Acquired(g) => g.fence.expect("a fence"),
+        other => panic!("{} was not granted: {other:?}", o.claim()),
+    }
+}
+
+fn refused(what: &str, r: locksmith_core::Result<Acquire>) {
+    match r {
+        Err(e) if e.kind() == ErrorKind::InvalidOptions => {}
+        other => panic!("{what} on a lone permit ended with {other:?}, not InvalidOptions"),
+    }
+}
+
+#[tokio::test]
+async fn a_lone_permit_is_a_string_until_a_second_claim_makes_it_a_group() {
+    let b = RedisBackend::connect(&redis_url()).unwrap();
+    let mut c = conn(&redis_url()).await;
+    let k = key("second");
+    let (a, other) = (permit(3), permit(3));
+
+    let fa = fence_of(&b, &k, &a).await;
+    assert_eq!(form(&mut c, &k).await, "string");
+    let v: String = redis::cmd("GET")
+        .arg(lock_key(&k))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(v.starts_with(a.as_str()) && v.ends_with(" p3"), "{v}");
+    let s = b.inspect(&k).await.unwrap();
+    assert_eq!((s.permits, s.holders.len()), (Some(3), 1), "{s:?}");
+    assert_eq!(s.holders[0].owner.as_ref(), Some(&a));
+    assert_eq!(s.holders[0].fence, Some(fa));
+    assert_eq!(b.renew(&k, &a, TTL).await.unwrap(), Renew::Renewed);
+    assert_eq!(b.renew(&k, &other, TTL).await.unwrap(), Renew::NotHeld);
+    assert_eq!(b.release(&k, &other).await.unwrap(), Release::NotHeld);
+
+    // A mutex meets a semaphore of 3, told apart from a lock held, and
+    // changes nothing.
+    refused(
+        "a mutex",
+        b.try_acquire(&k, &OwnerToken::generate(), TTL).await,
+    );
+    assert_eq!(form(&mut c, &k).await, "string");
+
+    // The second permit joins: one group of two, the first keeping its
+    // fence and lease, the second's fence above it.
+    let fo = fence_of(&b, &k, &other).await;
+    assert!(fo > fa, "{fo:?} after {fa:?}");
+    assert_eq!(form(&mut c, &k).await, "hash");
+    let s = b.inspect(&k).await.unwrap();
+    assert_eq!((s.permits, s.holders.len()), (Some(3), 2), "{s:?}");
+    let first = s.holders.iter().find(|h| h.owner.as_ref() == Some(&a));
+    let first = first.expect("the lone permit's holder is a member");
+    assert_eq!(first.fence, Some(fa));
+    let left = first.remaining.expect("its lease");
+    assert!(
+        left > TTL - Duration::from_secs(10) && left <= TTL,
+        "{left:?}"
+    );
+    refused("another N", b.try_acquire(&k, &permit(4), TTL).await);
+    refused(
+        "a reader",
+        b.try_acquire(&k, &OwnerToken::generate().with_claim(Claim::Shared), TTL)
+            .await,
+    );
+
+    assert_eq!(b.release(&k, &a).await.unwrap(), Release::Freed);
+    assert_eq!(b.renew(&k, &a, TTL).await.unwrap(), Renew::NotHeld);
+    assert_eq!(b.renew(&k, &other, TTL).await.unwrap(), Renew::Renewed);
+    assert_eq!(b.release(&k, &other).await.unwrap(), Release::Freed);
+    assert_eq!(form(&mut c, &k).await, "none");
+}
+
+#[tokio::test]
+async fn a_lone_permit_taken_again_by_its_owner_holds_twice() {
+    let b = RedisBackend::connect(&redis_url()).unwrap();
+    let mut c = conn(&redis_url()).await;
+    let k = key("again");
+    let a = permit(2);
+    let f = fence_of(&b, &k, &a).await;
+    match b.try_acquire(&k, &a, TTL).await.unwrap() {
+        Acquire::Acquired(g) => assert_eq!((g.fence, g.holds), (Some(f), 2)),
+        other => panic!("re-entry: {other:?}"),
+    }
+    assert_eq!(form(&mut c, &k).await, "hash");
+    assert_eq!(b.release(&k, &a).await.unwrap(), Release::StillHeld(1));
+    // Still one holder of one of 2 permits: another fits beside it.
+    let b2 = permit(2);
+    fence_of(&b, &k, &b2).await;
+    refused(
+        "a third permit's N",
+        b.try_acquire(&k, &permit(3), TTL).await,
+    );
+    assert_eq!(b.release(&k, &a).await.unwrap(), Release::Freed);
+    assert_eq!(b.release(&k, &b2).await.unwrap(), Release::Freed);
+    assert_eq!(form(&mut c, &k).await, "none");
+}
+
+#[tokio::test]
+async fn a_lone_permit_on_redlock_is_an_unfenced_string_on_each_node() {
+    let ports = redlock_ports();
+    let b = RedlockBackend::connect(&common::redlock_url(&ports)).unwrap();
+    let k = key("redlock");
+    let (a, other) = (permit(2), permit(2));
+    assert!(matches!(
+        b.try_acquire(&k, &a, TTL).await.unwrap(),
+        Acquire::Acquired(_)
+    ));
+    for p in &ports {
+        let mut c = conn(&format!("redis://127.0.0.1:{p}")).await;
+        let v: String = redis::cmd("GET")
+            .arg(lock_key(&k))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(v, format!("{} 0 0 p2", a.as_str()), "node {p}");
+    }
+    assert!(matches!(
+        b.try_acquire(&k, &other, TTL).await.unwrap(),
+        Acquire::Acquired(_)
+    ));
+    let s = b.inspect(&k).await.unwrap();
+    assert_eq!((s.permits, s.holders.len()), (Some(2), 2), "{s:?}");
+    assert!(matches!(
+        b.try_acquire(&k, &permit(2), TTL).await.unwrap(),
+        Acquire::Contended { .. }
+    ));
+    assert_eq!(b.release(&k, &a).await.unwrap(), Release::Freed);
+    assert_eq!(b.release(&k, &other).await.unwrap(), Release::Freed);
+    for p in &ports {
+        let mut c = conn(&format!("redis://127.0.0.1:{p}")).await;
+        assert_eq!(form(&mut c, &k).await, "none", "node {p}");
+    }
+}
