@@ -19,13 +19,13 @@ use std::sync::{Arc, Weak};
 use locksmith_core::backend::{
     claim_changed, permits_mismatch, semaphore_or_rwlock, Acquire, Grant,
 };
-use locksmith_core::{Error, Holder, LockKey, LockStatus, OwnerToken, Result};
+use locksmith_core::{Error, LockKey, OwnerToken, Result};
 use zookeeper_client::{CreateMode, Error as ZkError, OneshotWatcher};
 
 use crate::cleanup::{delete_surely, find_and_delete, RETRY_PAUSE};
 use crate::error::{is_transient, map_err};
 use crate::layout::{self, Role, SEM_LEASES};
-use crate::node::{fence_of, Contender, Session};
+use crate::node::{Contender, Session};
 use crate::queue::Entered;
 use crate::state::{lock, Inner};
 
@@ -434,80 +434,6 @@ impl Inner {
         } else {
             permits_mismatch(key, kept, 1)
         }))
-    }
-
-    /// The holders of a semaphore (its leases) or of readers at the head
-    /// of `children` (sorted), or `None` for a mutex's or writer's queue.
-    pub(crate) async fn group_status(
-        &self,
-        session: &Session,
-        dir: &str,
-        children: &[String],
-    ) -> Result<Option<LockStatus>> {
-        let client = &session.client;
-        let (nodes, permits) = if children.iter().any(|c| c == SEM_LEASES) {
-            let leases = format!("{dir}/{SEM_LEASES}");
-            match session.call(client.get_data(&leases)).await {
-                Ok((data, _)) => {
-                    let kept = std::str::from_utf8(&data)
-                        .ok()
-                        .and_then(|t| t.parse::<u32>().ok());
-                    let names = match session.call(client.list_children(&leases)).await {
-                        Ok(c) => c,
-                        Err(ZkError::NoNode) => Vec::new(),
-                        Err(e) => return Err(map_err(e)),
-                    };
-                    let paths: Vec<String> =
-                        names.iter().map(|c| format!("{leases}/{c}")).collect();
-                    (paths, kept)
-                }
-                Err(ZkError::NoNode) => (Vec::new(), None),
-                Err(e) => return Err(map_err(e)),
-            }
-        } else {
-            (Vec::new(), None)
-        };
-        let (paths, shared, waiters) = if !nodes.is_empty() {
-            (nodes, false, None)
-        } else {
-            let readers: Vec<String> = children
-                .iter()
-                .take_while(|c| !layout::is_exclusive_node(c))
-                .filter(|c| c.contains(layout::READ_NAME))
-                .map(|c| format!("{dir}/{c}"))
-                .collect();
-            if readers.is_empty() {
-                return Ok(None);
-            }
-            let behind = children.iter().filter(|c| layout::is_contender(c)).count();
-            let waiters = u32::try_from(behind - readers.len()).ok();
-            (readers, true, waiters)
-        };
-        let mut holders = Vec::new();
-        for path in paths {
-            let stat = match session.call(client.check_stat(&path)).await {
-                Ok(Some(s)) => s,
-                Ok(None) | Err(ZkError::NoNode) => continue,
-                Err(e) => return Err(map_err(e)),
-            };
-            let mine = lock(&self.held)
-                .iter()
-                .find(|(_, h)| h.node.path == path)
-                .map(|((_, o), h)| (o.clone(), h.holds));
-            holders.push(
-                Holder::new(shared, mine.as_ref().map_or(1, |m| m.1))
-                    .with_owner(mine.map(|m| m.0))
-                    .with_fence(Some(fence_of(stat.czxid))),
-            );
-        }
-        if holders.is_empty() {
-            return Ok(None);
-        }
-        holders.sort_by_key(|h| h.fence);
-        let status = LockStatus::of_holders(holders)
-            .with_permits(permits.filter(|_| !shared))
-            .with_waiters(waiters);
-        Ok(Some(status))
     }
 }
 

@@ -196,6 +196,7 @@ mod observe;
 mod permit;
 mod queue;
 mod state;
+mod status;
 
 pub use backend::ZkBackend;
 pub use config::ZkConfig;

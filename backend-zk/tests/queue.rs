@@ -232,3 +232,58 @@ async fn a_permit_never_passes_a_waiter_at_the_gate() {
     second.release(&key, &late).await.unwrap();
     first.release(&key, &holder).await.unwrap();
 }
+
+/// `status` of a semaphore: its first N leases hold, and a client waiting
+/// at the gate (its lease one past them, in Curator's layout) is a waiter,
+/// never one more holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphores_waiter_is_queued_not_a_holder() {
+    let hosts = server_hosts();
+    let root = root("semaphore-status");
+    let lockers: Vec<Locker> = (0..3)
+        .map(|_| Locker::from_arc(backend(&hosts, &root)))
+        .collect();
+    let opts = LockOptions::new().wait_for(Duration::from_secs(30));
+    let a = lockers[0]
+        .semaphore("k", 2)
+        .unwrap()
+        .acquire(&opts)
+        .await
+        .unwrap();
+    let b = lockers[1]
+        .semaphore("k", 2)
+        .unwrap()
+        .acquire(&opts)
+        .await
+        .unwrap();
+    let third = lockers[2].semaphore("k", 2).unwrap();
+    let waiting = tokio::spawn(async move { third.acquire(&opts).await });
+    let start = Instant::now();
+    let s = loop {
+        let s = lockers[0].status("k").await.unwrap();
+        if s.waiters == Some(1) {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never queued: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!((s.permits, s.holders.len()), (Some(2), 2), "{s:?}");
+    let fences: Vec<_> = s.holders.iter().map(|h| h.fence).collect();
+    assert_eq!(fences, vec![a.fence(), b.fence()], "{s:?}");
+
+    a.release().await.unwrap();
+    let c = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("served once a permit came back")
+        .unwrap()
+        .unwrap();
+    let s = lockers[0].status("k").await.unwrap();
+    assert_eq!((s.holders.len(), s.waiters), (2, Some(0)), "{s:?}");
+    let fences: Vec<_> = s.holders.iter().map(|h| h.fence).collect();
+    assert_eq!(fences, vec![b.fence(), c.fence()], "{s:?}");
+    b.release().await.unwrap();
+    c.release().await.unwrap();
+}
