@@ -141,7 +141,7 @@ struct RunArgs {
     #[arg(long)]
     key: String,
     /// Lease length; renewed every third of it while the command runs.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = duration)]
     ttl: Duration,
     /// How long to wait for a held lock: `none` (one attempt), `forever`
     /// (the default), or a duration such as `5s`.
@@ -163,7 +163,7 @@ struct RunArgs {
     /// When renewal fails, how long the command gets between SIGTERM and
     /// SIGKILL [default: a third of the TTL, at most 10s]. Capped so that the
     /// SIGKILL lands before the lease ends.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = duration)]
     kill_after: Option<Duration>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
@@ -200,7 +200,7 @@ struct ElectArgs {
     /// Lease length; renewed every third of it while the command runs. A
     /// leader that dies is replaced once it runs out (ZooKeeper: once its
     /// session times out).
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = duration)]
     ttl: Duration,
     /// How long to wait to lead: `forever` (the default: a candidate
     /// stands until it leads), `none` (one attempt), or a duration such as
@@ -213,7 +213,7 @@ struct ElectArgs {
     /// When renewal fails, how long the command gets between SIGTERM and
     /// SIGKILL [default: a third of the TTL, at most 10s]. Capped so that the
     /// SIGKILL lands before the lease ends.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = duration)]
     kill_after: Option<Duration>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
@@ -238,6 +238,12 @@ struct LeaderArgs {
     /// watch goes on.
     #[arg(long)]
     watch: bool,
+}
+
+/// A duration option: humantime's parser, with its "expected number at 0"
+/// put in words a user can act on.
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|_| "not a duration like 500ms, 30s or 2m".to_owned())
 }
 
 fn parse_wait(s: &str) -> Result<WaitPolicy, String> {
@@ -273,7 +279,7 @@ struct CheckArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// How long the fault run lasts; 0s skips it.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = duration)]
     duration: Duration,
     /// Worker processes in the fault run.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=64))]
@@ -282,7 +288,7 @@ struct CheckArgs {
     #[arg(long, default_value = "kill,pause,partition,latency", value_parser = check::parse_faults)]
     faults: check::Faults,
     /// The workers' lease length (short, so faults outlast it).
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = duration)]
     ttl: Duration,
     /// Skip the conformance cases; only the fault run.
     #[arg(long)]
@@ -324,16 +330,16 @@ struct BenchArgs {
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=256))]
     clients: u32,
     /// How long each throughput run lasts.
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = duration)]
     duration: Duration,
     /// Locks one client holds for the scale run; 0 skips it.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     held: u32,
     /// How long the locks are held in the scale run.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = duration)]
     hold_for: Duration,
     /// The held locks' lease (renewed every third of it).
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = duration)]
     ttl: Duration,
 }
 

@@ -33,6 +33,10 @@ fn line(key: &str, s: &LockStatus) -> String {
             }
         };
         out.push_str(&format!("held by {} {mode}", s.holders.len()));
+        // On the headline: the queue is the name's, not the last holder's.
+        if let Some(w) = s.waiters {
+            out.push_str(&format!(", {w} queued"));
+        }
         for h in &s.holders {
             out.push_str("\n  ");
             out.push_str(if h.shared { "read" } else { "permit" });
@@ -64,10 +68,24 @@ fn line(key: &str, s: &LockStatus) -> String {
     } else {
         out.push_str("free");
     }
-    if let Some(w) = s.waiters {
+    if let (Some(w), false) = (s.waiters, s.held && s.holders.len() > 1) {
         out.push_str(&format!(", {w} queued"));
     }
     out
+}
+
+/// `shared` for readers, `semaphore` for a semaphore's permits (each
+/// holder one of N, not alone), `exclusive` for a lock or a writer.
+fn mode(s: &LockStatus) -> Option<&'static str> {
+    if !s.held {
+        None
+    } else if s.is_shared() {
+        Some("shared")
+    } else if s.permits.is_some_and(|n| n > 1) {
+        Some("semaphore")
+    } else {
+        Some("exclusive")
+    }
 }
 
 /// Milliseconds shown as such; a lease of seconds to the tenth.
@@ -87,7 +105,7 @@ fn json(key: &str, s: &LockStatus) -> serde_json::Value {
         "fence": s.fence.map(|f| f.0),
         "remaining_ms": s.remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         "waiters": s.waiters,
-        "mode": if !s.held { None } else if s.is_shared() { Some("shared") } else { Some("exclusive") },
+        "mode": mode(s),
         "permits": s.permits,
         "holders": s.holders.iter().map(|h| serde_json::json!({
             "shared": h.shared,
@@ -119,7 +137,7 @@ mod tests {
             "\"backups\": held by 2 of 3 permits\n  permit, fence 7, 900ms left\n  permit, fence 9, 2.5s left"
         );
         let j = json("backups", &s);
-        assert_eq!(j["mode"], "exclusive");
+        assert_eq!(j["mode"], "semaphore");
         assert_eq!(j["permits"], 3);
         assert_eq!(j["holders"].as_array().unwrap().len(), 2);
         assert_eq!(j["fence"], 9, "the highest fence");
@@ -130,6 +148,14 @@ mod tests {
             "\"catalogue\": held by 2 readers\n  read\n  read (2 holds)"
         );
         assert_eq!(json("catalogue", &readers)["mode"], "shared");
+        let queued = readers.clone().with_waiters(Some(1));
+        assert_eq!(
+            line("catalogue", &queued),
+            "\"catalogue\": held by 2 readers, 1 queued\n  read\n  read (2 holds)"
+        );
+        let lock = LockStatus::held(1).with_waiters(Some(2));
+        assert_eq!(line("job", &lock), "\"job\": held (1 hold), 2 queued");
+        assert_eq!(json("job", &lock)["mode"], "exclusive");
         let one = LockStatus::of_holders(vec![Holder::new(true, 1)]);
         assert_eq!(
             line("catalogue", &one),

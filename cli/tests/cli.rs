@@ -143,6 +143,18 @@ fn exit_codes_follow_sysexits_and_the_command() {
             String::from_utf8_lossy(&o.stderr)
         );
     }
+    // A mistyped duration is named as one, in words.
+    let o = output(locksmith(
+        d,
+        &[
+            "run", "--url", &u, "--key", "k", "--ttl", "banana", "--", "true",
+        ],
+    ));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        code(&o) == 64 && err.contains("'banana' for '--ttl <TTL>': not a duration like"),
+        "{err}"
+    );
     // A command that cannot be found: 127, and the lock is released.
     let o = output(locksmith(
         d,
