@@ -20,9 +20,11 @@
 //! A semaphore's first permit on a free name with nobody queued is
 //! cheaper: the lock's string form with the kind after the fence (see
 //! [`layout`](crate::layout)), so it is taken, renewed and freed by the
-//! lock's own commands. Every script that meets it as a group would
-//! (a second claim, a waiter, a mutex asking) first makes it the group's
-//! hash, the permit its one member with the key's expiry as its lease.
+//! lock's own commands. A claim on the name (another permit, a re-entry,
+//! a reader, another N) or a waiting mutex first makes it the group's
+//! hash, the permit its one member with the key's expiry as its lease and
+//! its fence kept, then goes on as with any group; a mutex that would not
+//! wait is refused with the semaphore's N and changes nothing.
 //!
 //! A writer refused by readers with no place in the queue (a Redlock
 //! node's, which has no queue) leaves a mark in the hash, `~w<owner>`,
@@ -253,7 +255,9 @@ end
 
 /// The common case of [`CLAIM_ACQUIRE`], before the shared functions are
 /// made (as the mutex's fast path is, see `scripts`): nothing held and
-/// nobody queued, so the caller is the group's first member.
+/// nobody queued, so the caller is the group's first member: a permit as
+/// a lone permit in the string form (`SET NX PX`, answered with the bare
+/// fence, as the mutex's), a read hold as the group's hash.
 pub(crate) const CLAIM_ACQUIRE_FAST: &str = r"
 local owner, ttl, kind, writer, ticket = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
 if writer == '' then
@@ -294,7 +298,8 @@ end
 /// KEYS: lock, queue, waiters. ARGV: owner, ttl ms, kind (`p<N>` or `s`),
 /// the writer a read hold is asked beside (a downgrade) or ``; and for a
 /// waiter: ticket, liveness ms, hub channel.
-/// Returns {1, fence, holds} for a grant, {0, pttl} when it must wait (a
+/// Returns {1, fence, holds} for a grant (the bare fence for a lone
+/// permit taken by [`CLAIM_ACQUIRE_FAST`]), {0, pttl} when it must wait (a
 /// waiter is then queued), {2, kind} when the name is held as another kind
 /// (1: a mutex or writer), {3, 0} when this owner holds it exclusively.
 /// Follows [`CLAIM_ACQUIRE_FAST`], whose locals it uses.

@@ -19,7 +19,7 @@
 //!     permit, nobody queued) is the string form with the kind after the
 //!     fence, `<owner> <s> <µs> p<N>` (`0 0` for an unfenced one), taken
 //!     by `SET NX PX` and freed by `DEL` as the lock is; the next claim on
-//!     the name turns it into its group.
+//!     the name, or a waiting mutex, turns it into its group.
 //! - **queue**, the waiters in arrival order: a sorted set of tickets, scored
 //!   by arrival time;
 //! - **waiters**, a hash from ticket to its entry,

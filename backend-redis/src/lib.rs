@@ -48,6 +48,13 @@
 //! below the tokens new clients handed out, and it does not know the plain
 //! string form: where a new client holds a lock that way, an old client's
 //! attempt on it fails with a `WRONGTYPE` error (never a second grant).
+//! The same goes for a version from before a semaphore's lone permit took
+//! the string form (see below): it reads one as a lock held by an owner it
+//! cannot name, so its claims of the semaphore are refused
+//! (`InvalidOptions`) while the lone permit is held, its status shows a
+//! lock, and its waiting lock or read hold on the name makes the hash that
+//! version knows, where the permit's holder finds no hold of its own and
+//! is told its permit is lost. None of them is ever a second grant.
 //!
 //! # Hand-off: a fair queue, and the lock delivered by message
 //!
@@ -88,7 +95,8 @@
 //! past the queue. Each holder gets its own fence, above the group's last.
 //! A permit on a free name with nobody queued is the lock's string form
 //! with the semaphore's N after the fence, so an uncontended permit costs
-//! what the lock does; the next claim on the name makes it a group.
+//! what the lock does; the next claim on the name, or a waiting mutex,
+//! makes it a group.
 //! A downgrade turns the writer's hold into a reader's beside the new read
 //! hold. Another N, or a read claim on a semaphore, is `InvalidOptions`;
 //! a semaphore of 1 is the mutex. On Redlock the generic quorum counts
