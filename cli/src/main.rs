@@ -59,7 +59,13 @@ enum Command {
     /// waiting.
     Run(RunArgs),
     /// Says whether a key is held: by how many holds, its fence, the lease
-    /// left and queued waiters, where the store has them. Reads only.
+    /// left and queued waiters, where the store has them; for several
+    /// holders (a semaphore's permits, readers), one line each. Reads only.
+    ///
+    /// With --json, `mode` is exclusive, shared or semaphore, `permits` the
+    /// semaphore's N, and `holders` each holder of a semaphore or readers
+    /// (empty for a lock's one holder); the top-level `fence` is then the
+    /// newest holder's and `remaining_ms` the longest lease left.
     ///
     /// Exit status: 0 whether the key is held or free; otherwise as for run.
     Status(StatusArgs),
@@ -152,7 +158,7 @@ struct RunArgs {
     no_wait: bool,
     /// Hold one of N permits: at most N copies of the command run at once
     /// across every host (a cluster-wide `sem`). Every run on the key must
-    /// give the same N.
+    /// give the same N. `--permits 1` is the plain lock.
     #[arg(long, value_name = "N", conflicts_with = "shared",
         value_parser = clap::value_parser!(u32).range(1..=i64::from(locksmith::MAX_PERMITS)))]
     permits: Option<u32>,
