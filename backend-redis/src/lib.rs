@@ -142,6 +142,7 @@
 mod backend;
 mod config;
 mod error;
+mod functions;
 mod group;
 mod hub;
 mod layout;
