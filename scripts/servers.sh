@@ -330,6 +330,102 @@ zk_ensemble_start() {
     for n in 1 2 3; do "zk${n}_ready" || zk_node_start "$n"; done
 }
 
+# --- etcd: a single member, and a private 3-member cluster ----------------
+#
+# Debian's `etcd-server` run by hand (its packaged service is not used: it
+# would take the default ports), on ports of its own, with the default
+# heartbeat (100 ms) and election timeout (1 s). `etcd-client` is etcdctl,
+# which the interop tests drive as Go's `concurrency` package's own user;
+# protoc is what the `etcd-client` crate's build generates its gRPC code with.
+
+ETCD_PORT=${LOCKSMITH_ETCD_PORT:-$ETCD_PORT}
+ETCD_CLUSTER_PORTS=${LOCKSMITH_ETCD_CLUSTER_PORTS:-$ETCD_CLUSTER_PORTS}
+
+etcd_install() { apt_install etcd-server etcd-client protobuf-compiler; }
+# Healthy: the member answers a read that needs its cluster's quorum.
+etcd_port_ready() {
+    command -v etcdctl >/dev/null 2>&1 &&
+        ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$1" --command-timeout 2s \
+            endpoint health >/dev/null 2>&1
+}
+# Whether the member of $1 (its data directory) runs, serving or not.
+etcd_running() { pgrep -f -- "etcd --name [^ ]* --data-dir $1 " >/dev/null 2>&1; }
+# $1: directory, $2: name, $3: client port; the rest: flags beyond the common ones.
+etcd_run() {
+    local dir=$1 name=$2 port=$3
+    shift 3
+    mkdir -p "$dir"
+    setsid etcd --name "$name" --data-dir "$dir/data" \
+        --listen-client-urls "http://127.0.0.1:$port" \
+        --advertise-client-urls "http://127.0.0.1:$port" \
+        --heartbeat-interval 100 --election-timeout 1000 --log-level warn "$@" \
+        </dev/null >>"$dir/log" 2>&1 &
+    echo $! >"$dir/pid"
+}
+# Answers at all (its own status, which needs no quorum).
+etcd_alive() {
+    command -v etcdctl >/dev/null 2>&1 &&
+        ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$1" --command-timeout 2s \
+            endpoint status >/dev/null 2>&1
+}
+etcd_kill() {
+    local dir=$1
+    pkill -9 -f -- "etcd --name [^ ]* --data-dir $dir/data " 2>/dev/null || true
+    for _ in $(seq 40); do
+        etcd_running "$dir/data" || break
+        sleep 0.25
+    done
+    rm -f "$dir/pid"
+}
+
+etcd_ready() { etcd_port_ready "$ETCD_PORT"; }
+etcd_start() {
+    local dir="$STATE_DIR/etcd"
+    etcd_running "$dir/data" && return 0
+    etcd_run "$dir" single "$ETCD_PORT" \
+        --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+        --initial-cluster "single=http://127.0.0.1:$((ETCD_PORT + 1))"
+}
+
+# Cluster member N (1, 2 or 3): the Nth client port of ETCD_CLUSTER_PORTS.
+etcd_node_dir() { echo "$STATE_DIR/etcd-cluster/$1"; }
+etcd_node_port() { set -- "$1" $ETCD_CLUSTER_PORTS; shift "$1"; echo "$1"; }
+etcd_node_start() {
+    local dir port peers="" n p
+    dir=$(etcd_node_dir "$1")
+    etcd_running "$dir/data" && return 0
+    port=$(etcd_node_port "$1")
+    for n in 1 2 3; do
+        p=$(etcd_node_port "$n")
+        peers="$peers${peers:+,}e$n=http://127.0.0.1:$((p + 1))"
+    done
+    # The cluster's flags count only on a member's first start; a restart
+    # finds its data directory and rejoins.
+    etcd_run "$dir" "e$1" "$port" \
+        --listen-peer-urls "http://127.0.0.1:$((port + 1))" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$((port + 1))" \
+        --initial-cluster "$peers" --initial-cluster-token locksmith-test \
+        --initial-cluster-state new
+}
+etcd_node_stop() { etcd_kill "$(etcd_node_dir "$1")"; }
+# A member alone is "ready" once it runs and answers (it serves only in a
+# quorum, which etcd_cluster_ready waits for).
+for n in 1 2 3; do
+    eval "etcd$n""_ready() { etcd_alive \"\$(etcd_node_port $n)\"; }"
+    eval "etcd$n""_install() { etcd_install; }"
+    eval "etcd$n""_start() { etcd_node_start $n; }"
+    eval "etcd$n""_stop() { etcd_node_stop $n; }"
+done
+etcd_cluster_ready() {
+    for p in $ETCD_CLUSTER_PORTS; do etcd_port_ready "$p" || return 1; done
+}
+etcd_cluster_install() { etcd_install; }
+# All three at once: each waits for the others to form its first quorum.
+etcd_cluster_start() {
+    for n in 1 2 3; do etcd_node_start "$n"; done
+}
+
 # --- memcached: the shared server, and three private ones for the quorum ----
 #
 # Debian's `memcached`, run by hand (its packaged service is not used), with

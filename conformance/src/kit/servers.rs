@@ -157,6 +157,21 @@ pub fn zk_ensemble_ports() -> Vec<u16> {
     ports_from("LOCKSMITH_TEST_ZK_ENSEMBLE_PORTS", "ZK_ENSEMBLE_PORTS")
 }
 
+/// The single etcd member: `LOCKSMITH_TEST_ETCD_URL`, else `ETCD_PORT`.
+pub fn etcd_url() -> String {
+    env_or("LOCKSMITH_TEST_ETCD_URL", || {
+        format!("etcd://127.0.0.1:{}", script_port("ETCD_PORT"))
+    })
+}
+
+/// The client ports of the private 3-member etcd cluster, on 127.0.0.1
+/// (`etcd1`, `etcd2`, `etcd3` in that order; each member's peer port is
+/// its client port + 1): `LOCKSMITH_TEST_ETCD_CLUSTER_PORTS`, else
+/// `ETCD_CLUSTER_PORTS`.
+pub fn etcd_cluster_ports() -> Vec<u16> {
+    ports_from("LOCKSMITH_TEST_ETCD_CLUSTER_PORTS", "ETCD_CLUSTER_PORTS")
+}
+
 /// `127.0.0.1:<port>` for each port.
 pub fn loopback(ports: &[u16]) -> Vec<String> {
     ports.iter().map(|p| format!("127.0.0.1:{p}")).collect()
@@ -177,6 +192,7 @@ mod tests {
             "ZK_PORT",
             "MC_PORT",
             "MC_FAULT_PORT",
+            "ETCD_PORT",
         ] {
             assert!(default_of(name).is_some(), "{name}");
             assert_eq!(parse_ports(name, &default_of(name).unwrap()).len(), 1);
@@ -191,6 +207,10 @@ mod tests {
         );
         assert_eq!(
             default_of("MC_QUORUM_PORTS").map(|v| v.split(' ').count()),
+            Some(3)
+        );
+        assert_eq!(
+            default_of("ETCD_CLUSTER_PORTS").map(|v| v.split(' ').count()),
             Some(3)
         );
         assert_eq!(default_of("NO_SUCH_PORT"), None);
