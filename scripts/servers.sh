@@ -336,12 +336,13 @@ zk_ensemble_start() {
 # would take the default ports), on ports of its own, with the default
 # heartbeat (100 ms) and election timeout (1 s). `etcd-client` is etcdctl,
 # which the interop tests drive as Go's `concurrency` package's own user;
-# protoc is what the `etcd-client` crate's build generates its gRPC code with.
+# protoc (and protobuf's own .proto files) is what the `etcd-client`
+# crate's build generates its gRPC code with.
 
 ETCD_PORT=${LOCKSMITH_ETCD_PORT:-$ETCD_PORT}
 ETCD_CLUSTER_PORTS=${LOCKSMITH_ETCD_CLUSTER_PORTS:-$ETCD_CLUSTER_PORTS}
 
-etcd_install() { apt_install etcd-server etcd-client protobuf-compiler; }
+etcd_install() { apt_install etcd-server etcd-client protobuf-compiler libprotobuf-dev; }
 # Healthy: the member answers a read that needs its cluster's quorum.
 etcd_port_ready() {
     command -v etcdctl >/dev/null 2>&1 &&

@@ -43,6 +43,7 @@
 //! | `redis://…`, `rediss://…`, `redis+unix:///path` | one Redis server | `redis` |
 //! | `redis+redlock://h1:p1,h2:p2,h3:p3` | Redlock over independent masters | `redis` |
 //! | `zk://h1:2181,h2:2181,h3:2181/root` | ZooKeeper, Curator-compatible | `zookeeper` |
+//! | `etcd://h1:2379,h2:2379,h3:2379/root` | etcd, Go `concurrency.Mutex`-compatible (locks only, for now) | `etcd` |
 //! | `memcache://h:11211`, `memcache://h1,h2,h3` | memcached: one server, or a quorum | `memcached` |
 //! | `memory://` | this process only (tests) | always |
 
@@ -126,6 +127,13 @@ pub mod backend {
     });
     #[cfg(not(feature = "zookeeper"))]
     const ZOOKEEPER: Option<Built> = None;
+    #[cfg(feature = "etcd")]
+    const ETCD: Option<Built> = Some(Built {
+        schemes: locksmith_etcd::SCHEMES,
+        open: locksmith_etcd::open,
+    });
+    #[cfg(not(feature = "etcd"))]
+    const ETCD: Option<Built> = None;
 
     #[rustfmt::skip]
     const REGISTRY: &[Entry] = &[
@@ -137,6 +145,7 @@ pub mod backend {
         Entry { store: "Redlock", schemes: &["redis+redlock"], feature: "redis", built: REDIS },
         Entry { store: "memcached", schemes: &["memcache", "memcached"], feature: "memcached", built: MEMCACHED },
         Entry { store: "ZooKeeper", schemes: &["zk", "zookeeper"], feature: "zookeeper", built: ZOOKEEPER },
+        Entry { store: "etcd", schemes: &["etcd"], feature: "etcd", built: ETCD },
     ];
 
     /// The registry entry and, when its backend is built in, the scheme as
@@ -228,6 +237,8 @@ pub use locksmith_redis as redis;
 #[cfg(feature = "memcached")]
 pub use locksmith_memcached as memcached;
 
+#[cfg(feature = "etcd")]
+pub use locksmith_etcd as etcd;
 /// The ZooKeeper backend (Curator-compatible locks).
 #[cfg(feature = "zookeeper")]
 pub use locksmith_zk as zookeeper;

@@ -1,0 +1,480 @@
+//! [`EtcdBackend`]: the [`LockBackend`] over leases and create revisions,
+//! in Go's `concurrency.Mutex` layout (see `layout.rs`).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, TxnResponse,
+};
+use locksmith_core::backend::{
+    Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
+};
+use locksmith_core::{FencingToken, LockKey, LockStatus, OwnerToken, Result};
+
+use crate::config::EtcdConfig;
+use crate::layout;
+use crate::node::{lease_gone, lock, Node, Session};
+
+/// The shortest TTL accepted: the TTL only paces renewals here (the
+/// lease, not the TTL, keeps a lock).
+const MIN_TTL: Duration = Duration::from_millis(250);
+
+/// Locks in etcd, as Go's `concurrency.Mutex` takes them (see the crate
+/// docs). Cheap to clone; every clone shares one client and one lease.
+#[derive(Debug, Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    node: Node,
+    /// This backend's holds, by name and owner.
+    held: std::sync::Mutex<HashMap<(LockKey, OwnerToken), Hold>>,
+    /// The contender keys in use (held, being tried, or being cleaned up),
+    /// so no two attempts of this backend share one.
+    keys: Arc<std::sync::Mutex<HashSet<String>>>,
+}
+
+#[derive(Debug, Clone)]
+struct Hold {
+    key: String,
+    rev: i64,
+    session: Arc<Session>,
+    holds: u32,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("lease", &self.id).finish()
+    }
+}
+
+impl EtcdBackend {
+    /// Opens a backend for an `etcd://` URL (see [`EtcdConfig::from_url`]).
+    /// No connection is made until the first request (or
+    /// [`verify`](LockBackend::verify)).
+    ///
+    /// # Errors
+    /// `Config`/`InvalidOptions` for a bad URL.
+    pub fn connect(url: &str) -> Result<Self> {
+        Ok(Self::with_config(EtcdConfig::from_url(url)?))
+    }
+
+    /// Opens a backend from a parsed configuration.
+    pub fn with_config(config: EtcdConfig) -> Self {
+        EtcdBackend {
+            inner: Arc::new(Inner {
+                node: Node::new(config),
+                held: std::sync::Mutex::new(HashMap::new()),
+                keys: Arc::new(std::sync::Mutex::new(HashSet::new())),
+            }),
+        }
+    }
+
+    /// The configuration in use (its URL prints without secrets).
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.node.config
+    }
+
+    /// The lease of the current session, if one was granted.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
+    pub(crate) async fn lease(&self) -> Option<i64> {
+        self.inner.node.current().await.map(|s| s.id)
+    }
+}
+
+/// A contender key reserved for one attempt: released when the attempt
+/// ends without a hold, and, once its put may have reached the cluster,
+/// deleted first (in the background if the attempt was dropped or
+/// failed), so a put whose answer was lost leaves nothing behind.
+struct Attempt {
+    keys: Arc<std::sync::Mutex<HashSet<String>>>,
+    key: String,
+    session: Arc<Session>,
+    sent: bool,
+    kept: bool,
+}
+
+impl Attempt {
+    fn new(inner: &Inner, prefix: &str, session: Arc<Session>) -> Self {
+        let mut keys = lock(&inner.keys);
+        let key = (0..)
+            .map(|n| layout::contender(prefix, session.id, n))
+            .find(|k| !keys.contains(k))
+            .expect("a free key");
+        keys.insert(key.clone());
+        Attempt {
+            keys: inner.keys.clone(),
+            key,
+            session,
+            sent: false,
+            kept: false,
+        }
+    }
+
+    /// Deletes the key if it is still this lease's.
+    async fn delete(&mut self) -> Result<()> {
+        delete_ours(&self.session, &self.key).await?;
+        self.sent = false;
+        Ok(())
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        let keys = self.keys.clone();
+        let key = std::mem::take(&mut self.key);
+        if !self.sent {
+            lock(&keys).remove(&key);
+            return;
+        }
+        let session = self.session.clone();
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(async move {
+            // While the lease lives its keep-alives reach the cluster, and
+            // so does this in time; once it is dead the key is gone with it.
+            while !session.is_dead() {
+                if delete_ours(&session, &key).await.is_ok() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            lock(&keys).remove(&key);
+        });
+    }
+}
+
+/// Deletes `key` if it is on `session`'s lease.
+async fn delete_ours(session: &Session, key: &str) -> Result<()> {
+    let txn = Txn::new()
+        .when([Compare::lease(key, CompareOp::Equal, session.id)])
+        .and_then([TxnOp::delete(key, None)]);
+    session.txn(txn).await.map(drop)
+}
+
+/// The first contender under `prefix`: the holder.
+fn first_created() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+}
+
+/// The key-values of the `i`th answer of a transaction.
+fn got(resp: &TxnResponse, i: usize) -> Vec<KeyValue> {
+    match resp.op_responses().into_iter().nth(i) {
+        Some(TxnOpResponse::Get(g)) => g.kvs().to_vec(),
+        _ => Vec::new(),
+    }
+}
+
+fn fence(rev: i64) -> Option<FencingToken> {
+    Some(FencingToken(u64::try_from(rev).unwrap_or(0)))
+}
+
+impl Inner {
+    fn prefix(&self, key: &LockKey) -> String {
+        layout::prefix(&self.node.config.root, key)
+    }
+
+    /// A re-entry: one more hold on a key still ours.
+    async fn reenter(&self, key: &LockKey, owner: &OwnerToken) -> Result<Option<Grant>> {
+        let id = (key.clone(), owner.clone());
+        let Some(hold) = lock(&self.held).get(&id).cloned() else {
+            return Ok(None);
+        };
+        if !self.still_ours(&hold).await? {
+            self.forget(&id);
+            return Ok(None);
+        }
+        let mut held = lock(&self.held);
+        let Some(h) = held.get_mut(&id) else {
+            return Ok(None);
+        };
+        h.holds += 1;
+        Ok(Some(Grant {
+            fence: fence(h.rev),
+            holds: h.holds,
+            lease: None,
+        }))
+    }
+
+    /// Whether `hold`'s key still exists, made by this grant on its lease.
+    async fn still_ours(&self, hold: &Hold) -> Result<bool> {
+        if hold.session.is_dead() {
+            return Ok(false);
+        }
+        let mut client = self.node.client().await?;
+        let got = self
+            .node
+            .bounded(client.get(hold.key.as_str(), None))
+            .await?;
+        Ok(got
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == hold.rev && kv.lease() == hold.session.id))
+    }
+
+    fn forget(&self, id: &(LockKey, OwnerToken)) {
+        if let Some(h) = lock(&self.held).remove(id) {
+            lock(&self.keys).remove(&h.key);
+        }
+    }
+
+    /// One attempt, as Go's `Mutex.TryLock`: our key made on our lease if
+    /// missing, in the same transaction as reading the first contender.
+    async fn attempt(&self, key: &LockKey, owner: &OwnerToken) -> Result<Acquire> {
+        if let Some(g) = self.reenter(key, owner).await? {
+            return Ok(Acquire::Acquired(g));
+        }
+        let prefix = self.prefix(key);
+        let mut tries = 0;
+        loop {
+            let session = self.node.session().await?;
+            let mut attempt = Attempt::new(self, &prefix, session.clone());
+            let k = attempt.key.clone();
+            let put = PutOptions::new().with_lease(session.id);
+            let txn = Txn::new()
+                .when([Compare::create_revision(k.as_str(), CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::put(k.as_str(), "", Some(put)),
+                    TxnOp::get(prefix.as_str(), Some(first_created())),
+                ])
+                .or_else([
+                    TxnOp::get(k.as_str(), None),
+                    TxnOp::get(prefix.as_str(), Some(first_created())),
+                ]);
+            attempt.sent = true;
+            let resp = match session.txn(txn).await {
+                Ok(r) => r,
+                // Revoked or expired under us: the next session's lease.
+                Err(e) if lease_gone(&e) && tries == 0 => {
+                    attempt.sent = false;
+                    session.mark_dead();
+                    tries += 1;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let mine = if resp.succeeded() {
+                resp.header().map_or(0, |h| h.revision())
+            } else {
+                got(&resp, 0).first().map_or(0, KeyValue::create_revision)
+            };
+            let first = got(&resp, 1).first().map(KeyValue::create_revision);
+            if mine > 0 && first == Some(mine) {
+                attempt.kept = true;
+                let hold = Hold {
+                    key: k,
+                    rev: mine,
+                    session,
+                    holds: 1,
+                };
+                lock(&self.held).insert((key.clone(), owner.clone()), hold);
+                return Ok(Acquire::Acquired(Grant {
+                    fence: fence(mine),
+                    holds: 1,
+                    lease: None,
+                }));
+            }
+            attempt.delete().await?;
+            return Ok(Acquire::Contended { retry_after: None });
+        }
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+        let id = (key.clone(), owner.clone());
+        let hold = {
+            let mut held = lock(&self.held);
+            let Some(h) = held.get_mut(&id) else {
+                return Ok(Release::NotHeld);
+            };
+            if h.holds > 1 {
+                h.holds -= 1;
+                return Ok(Release::StillHeld(h.holds));
+            }
+            held.remove(&id).expect("found above")
+        };
+        // From here the hold is gone from this backend whatever the answer:
+        // an attempt that fails deletes the key in the background.
+        let mut attempt = Attempt {
+            keys: self.keys.clone(),
+            key: hold.key.clone(),
+            session: hold.session.clone(),
+            sent: true,
+            kept: false,
+        };
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                hold.key.as_str(),
+                CompareOp::Equal,
+                hold.rev,
+            )])
+            .and_then([TxnOp::delete(hold.key.as_str(), None)]);
+        let resp = hold.session.txn(txn).await?;
+        attempt.sent = false;
+        Ok(if resp.succeeded() {
+            Release::Freed
+        } else {
+            Release::NotHeld
+        })
+    }
+
+    /// Every renewal of a batch in two round trips at once: one keep-alive
+    /// of the lease, and one read of every key.
+    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        let holds: Vec<Option<Hold>> = {
+            let held = lock(&self.held);
+            requests
+                .iter()
+                .map(|r| held.get(&(r.key.clone(), r.owner.clone())).cloned())
+                .collect()
+        };
+        let live: Vec<&Hold> = holds
+            .iter()
+            .flatten()
+            .filter(|h| !h.session.is_dead())
+            .collect();
+        let Some(session) = live.first().map(|h| h.session.clone()) else {
+            return self.settle(requests, &holds, &[]);
+        };
+        let txn = Txn::new().and_then(
+            live.iter()
+                .map(|h| TxnOp::get(h.key.as_str(), None))
+                .collect::<Vec<_>>(),
+        );
+        let (alive, read) = futures::join!(session.keep_alive(), session.txn(txn));
+        let found = match (alive, read) {
+            (Ok(true), Ok(resp)) => (0..live.len())
+                .filter_map(|i| got(&resp, i).first().cloned())
+                .collect::<Vec<_>>(),
+            (Ok(false), _) => Vec::new(),
+            (Err(e), _) | (_, Err(e)) => return requests.iter().map(|_| Err(e.clone())).collect(),
+        };
+        self.settle(requests, &holds, &found)
+    }
+
+    /// Each request `Renewed` when its hold's key is among `found` as this
+    /// grant made it on a live lease, else `NotHeld` (and forgotten).
+    fn settle(
+        &self,
+        requests: &[RenewRequest],
+        holds: &[Option<Hold>],
+        found: &[KeyValue],
+    ) -> Vec<Result<Renew>> {
+        requests
+            .iter()
+            .zip(holds)
+            .map(|(r, h)| {
+                let ours = h.as_ref().is_some_and(|h| {
+                    !h.session.is_dead()
+                        && found.iter().any(|kv| {
+                            kv.key() == h.key.as_bytes()
+                                && kv.create_revision() == h.rev
+                                && kv.lease() == h.session.id
+                        })
+                });
+                if !ours {
+                    self.forget(&(r.key.clone(), r.owner.clone()));
+                }
+                Ok(if ours { Renew::Renewed } else { Renew::NotHeld })
+            })
+            .collect()
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+        let prefix = self.prefix(key);
+        let mut client = self.node.client().await?;
+        let opts = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let got = self
+            .node
+            .bounded(client.get(prefix.as_str(), Some(opts)))
+            .await?;
+        let Some(first) = got.kvs().first() else {
+            return Ok(LockStatus::free());
+        };
+        let rev = first.create_revision();
+        let holds = lock(&self.held)
+            .iter()
+            .find(|((k, _), h)| k == key && h.rev == rev)
+            .map_or(1, |(_, h)| h.holds);
+        let waiters = u32::try_from(got.kvs().len() - 1).unwrap_or(u32::MAX);
+        Ok(LockStatus::held(holds)
+            .with_fence(fence(rev))
+            .with_waiters(Some(waiters)))
+    }
+}
+
+impl Session {
+    /// `txn` within the request timeout.
+    pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        let mut kv = self.kv();
+        crate::node::within(self.request_timeout(), kv.txn(txn)).await
+    }
+}
+
+#[async_trait]
+impl LockBackend for EtcdBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+            .with_fencing(true)
+            .with_binding(Binding::Session)
+            .with_min_ttl(MIN_TTL)
+            .with_max_lease(Some(self.inner.node.config.lease_ttl))
+    }
+
+    /// Connects, and reads one key: the cluster answers and takes the
+    /// credentials.
+    async fn verify(&self) -> Result<()> {
+        let node = &self.inner.node;
+        let mut client = node.client().await?;
+        let root = node.config.root.clone();
+        let opts = GetOptions::new().with_count_only();
+        node.bounded(client.get(root, Some(opts))).await.map(drop)
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire> {
+        let _ = ttl;
+        self.inner.attempt(key, owner).await
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+        self.inner.release(key, owner).await
+    }
+
+    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
+        let request = RenewRequest {
+            key: key.clone(),
+            owner: owner.clone(),
+            ttl,
+        };
+        let mut answers = self.inner.renew_many(std::slice::from_ref(&request)).await;
+        answers.pop().unwrap_or(Ok(Renew::NotHeld))
+    }
+
+    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        self.inner.renew_many(requests).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+        self.inner.inspect(key).await
+    }
+}

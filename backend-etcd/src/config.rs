@@ -1,0 +1,165 @@
+//! Parsing `etcd://` URLs into an [`EtcdConfig`].
+
+use std::time::Duration;
+
+use locksmith_core::backend::{percent_decode, RedactedUrl, ServerUrl};
+use locksmith_core::{Error, Result};
+
+use crate::SCHEMES;
+
+/// Where the locks live when the URL names no path.
+const DEFAULT_ROOT: &str = "/locksmith";
+
+/// Where the locks live and how the client behaves.
+///
+/// `etcd://[user:password@]host1[:port],host2[:port],…[/root/prefix][?params]`.
+/// The hosts are one cluster: the client balances over them and fails
+/// over by itself. A lock `name` is the keys `<root>/<name>/<lease id in
+/// hex>`, as Go's `concurrency.NewMutex(session, "<root>/<name>")` and
+/// `etcdctl lock <root>/<name>` make them. Without a path the root is
+/// `/locksmith`; with `/` it is the top of the keyspace (so `etcdctl lock
+/// name` shares the lock `name`).
+///
+/// Parameters: `lease_ttl` (the session's lease, default 10s, 2s to 1h:
+/// a crashed holder's lock frees that long after it was last heard from),
+/// `connect_timeout` (default 2s) and `timeout` (how long one request may
+/// wait for its answer before it is `Unavailable`, default 2s). Any other
+/// parameter is refused, so that a misspelt one cannot silently change
+/// behaviour.
+#[derive(Clone)]
+pub struct EtcdConfig {
+    /// The URL as given, printing without its password.
+    pub url: RedactedUrl,
+    /// The cluster's `host:port` endpoints.
+    pub endpoints: Vec<String>,
+    /// The prefix of every lock's keys, without a trailing `/`; `""` is
+    /// the top of the keyspace.
+    pub root: String,
+    /// Credentials (`user`, `password`), percent-decoded.
+    pub auth: Option<(String, String)>,
+    /// The TTL of the lease each backend holds its keys on.
+    pub lease_ttl: Duration,
+    /// How long to wait for a connection.
+    pub connect_timeout: Duration,
+    /// How long one request may wait for its answer.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("url", &self.url)
+            .field("endpoints", &self.endpoints)
+            .field("root", &self.root)
+            .field("user", &self.auth.as_ref().map(|(user, _)| user))
+            .field("lease_ttl", &self.lease_ttl)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl EtcdConfig {
+    /// Parses an `etcd://` URL.
+    ///
+    /// # Errors
+    /// `Config` for another scheme, no host, a bad port, root or
+    /// credentials; `InvalidOptions` for an unknown parameter or a bad value.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let mut u = ServerUrl::parse_for(SCHEMES, url)?;
+        let shown = u.shown().clone();
+        let p = u.params();
+        let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));
+        // etcd raises a shorter TTL to 1.5 election timeouts (2 s by
+        // default): the lost signal must be timed on the lease it keeps.
+        let lease_ttl = p
+            .duration("lease_ttl", Duration::from_secs(2)..=hour)?
+            .unwrap_or(Duration::from_secs(10));
+        let connect_timeout = p
+            .duration("connect_timeout", ms..=hour)?
+            .unwrap_or(Duration::from_secs(2));
+        let timeout = p
+            .duration("timeout", ms..=hour)?
+            .unwrap_or(Duration::from_secs(2));
+        u.finish(&[])?;
+        let auth = match u.user()? {
+            None => None,
+            Some(user) => {
+                let password = u.password()?.ok_or_else(|| {
+                    Error::config(format!("{shown}: a user needs a password (user:password@)"))
+                })?;
+                Some((user, password))
+            }
+        };
+        let endpoints = u
+            .servers("etcd://host:2379")?
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        Ok(EtcdConfig {
+            endpoints,
+            root: root_of(&shown, u.path())?,
+            auth,
+            lease_ttl,
+            connect_timeout,
+            timeout,
+            url: shown,
+        })
+    }
+}
+
+/// The root, from the URL's path: `etcd://h` takes the default, `etcd://h/`
+/// is the top of the keyspace, and a trailing `/` is dropped.
+fn root_of(shown: &RedactedUrl, path: &str) -> Result<String> {
+    match path {
+        "" => return Ok(DEFAULT_ROOT.to_owned()),
+        "/" => return Ok(String::new()),
+        _ => {}
+    }
+    let path = path.strip_suffix('/').unwrap_or(path);
+    percent_decode(path).ok_or_else(|| {
+        Error::config(format!(
+            "{shown}: the root prefix has a bad %-escape or is not UTF-8"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_hosts_root_credentials_and_parameters() {
+        let c = EtcdConfig::from_url(
+            "etcd://u:p%40ss@127.0.0.1:2379,127.0.0.2/apps/locks/?lease_ttl=30s&timeout=500ms",
+        )
+        .unwrap();
+        assert_eq!(c.endpoints, ["127.0.0.1:2379", "127.0.0.2:2379"]);
+        assert_eq!(c.root, "/apps/locks");
+        assert_eq!(c.auth, Some(("u".into(), "p@ss".into())));
+        assert_eq!(c.lease_ttl, Duration::from_secs(30));
+        assert_eq!(c.timeout, Duration::from_millis(500));
+        assert_eq!(c.connect_timeout, Duration::from_secs(2));
+        assert!(!format!("{c:?}").contains("p@ss"));
+        assert_eq!(EtcdConfig::from_url("etcd://h").unwrap().root, "/locksmith");
+        assert_eq!(EtcdConfig::from_url("etcd://h/").unwrap().root, "");
+    }
+
+    #[test]
+    fn bad_urls_are_typed_errors() {
+        use locksmith_core::ErrorKind::{Config, InvalidOptions};
+        for (url, kind) in [
+            ("redis://h", Config),
+            ("etcd://", Config),
+            ("etcd://h:notaport", Config),
+            ("etcd://u@h", Config),
+            ("etcd://h?lease_ttl=1s", InvalidOptions),
+            ("etcd://h?lease_ttl=banana", InvalidOptions),
+            ("etcd://h?ttl=10s", InvalidOptions),
+            ("etcd://h/%zz", Config),
+        ] {
+            let e = EtcdConfig::from_url(url).expect_err(url);
+            assert_eq!(e.kind(), kind, "{url}: {e}");
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! The one mapping of the etcd client's errors onto the core's kinds.
+
+use etcd_client::Error as EtcdError;
+use locksmith_core::Error;
+use tonic::Code;
+
+/// An error of the client as a core error: the cluster out of reach (or
+/// without a leader, or slower than the timeout) is `Unavailable`, refused
+/// credentials are `Config`, anything else `Backend`.
+pub(crate) fn map_err(e: EtcdError) -> Error {
+    let text = e.to_string();
+    match &e {
+        EtcdError::GRpcStatus(s) => match s.code() {
+            Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Cancelled
+            | Code::Aborted
+            | Code::ResourceExhausted
+            | Code::Unknown => Error::unavailable(format!("etcd: {text}")),
+            Code::Unauthenticated | Code::PermissionDenied => {
+                Error::config(format!("etcd refused the credentials: {text}"))
+            }
+            _ => Error::backend(format!("etcd: {text}")),
+        },
+        EtcdError::TransportError(_) | EtcdError::IoError(_) => {
+            Error::unavailable(format!("etcd: {text}"))
+        }
+        _ => Error::backend(format!("etcd: {text}")),
+    }
+    .with_source(e)
+}

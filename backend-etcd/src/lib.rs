@@ -1,0 +1,90 @@
+//! etcd backend for locksmith: a lock is Go's `concurrency.Mutex`.
+//!
+//! `etcd://[user:password@]h1:2379,h2:2379,h3:2379/root?lease_ttl=10s`
+//! (see [`EtcdConfig`]). A lock `name` is the keys `<root>/<name>/<lease
+//! id in hex>`, one per contender, each attached to its backend's lease;
+//! the one with the lowest create revision holds. So a Go service that locks
+//! `<root>/<name>` with `concurrency.NewMutex`, or a shell with `etcdctl
+//! lock <root>/<name>`, and a Rust service that locks `name` on
+//! `etcd://…/<root>` exclude each other, both ways.
+//!
+//! # The lease is the session
+//!
+//! Each backend (each `Locker`'s connection) grants one lease, with the
+//! URL's `lease_ttl`, and keeps it alive in the background every third of
+//! it; its keys live as long as it does. A crashed holder's lock frees
+//! one lease TTL after it was last heard from, and a dropped backend
+//! revokes its lease, so its keys go at once, as Go's `Session.Close`. The
+//! `Locker` renews a hold at least every third of the lease TTL (a
+//! keep-alive and one read of the hold's key, in one round trip each, for
+//! every hold of a batch at once) and trusts it for one lease TTL after the
+//! last confirmed renewal, less drift: its lost signal fires before the
+//! cluster could have let the lease go and given the lock to another. A
+//! lease the cluster says is gone (expired, revoked) loses every hold on
+//! it at the next renewal, and the next acquire grants a new one.
+//!
+//! A name with `/` or `%` has those two %-escaped (`a%2Fb`), so no name's
+//! keys fall under another's prefix (Go's lock `a` waits for ever on the
+//! keys of `a/b`); every other name is its own, as Go's.
+//!
+//! # Fencing
+//!
+//! A grant's token is its key's create revision: the cluster's own total
+//! order of writes, so tokens strictly increase across every name and
+//! every grant, with no state kept per name.
+//!
+//! # What this first version does not do yet
+//!
+//! Waiters poll with backoff (they do not yet watch their predecessor's
+//! delete, nor keep their place in line); semaphores, read-write locks and
+//! elections answer `Unsupported`; `etcds://` (TLS) is not offered.
+//!
+//! One attempt is one transaction, as Go's `TryLock`: the contender's key
+//! is put on the lease if missing and the name's first contender read in
+//! the same step; a contender that is not first deletes its key before it
+//! reports the lock held. A put whose answer was lost (a timeout, a
+//! dropped future) is followed by the delete of the key, in the
+//! background while the lease lives.
+
+mod backend;
+mod config;
+mod error;
+mod layout;
+mod node;
+
+pub use backend::EtcdBackend;
+pub use config::EtcdConfig;
+
+use locksmith_core::backend::Scheme;
+
+/// The URL schemes this crate answers to.
+pub const SCHEMES: &[Scheme] = &[Scheme::new("etcd", "etcd", Some(2379))];
+
+/// Opens the etcd backend for an `etcd://` URL; no connection is made
+/// until the first request.
+///
+/// # Errors
+/// `Config`/`InvalidOptions` for a bad URL.
+pub fn open(
+    url: &str,
+) -> locksmith_core::Result<std::sync::Arc<dyn locksmith_core::backend::LockBackend>> {
+    Ok(std::sync::Arc::new(EtcdBackend::connect(url)?))
+}
+
+/// The lease and the key layout, for tests that revoke a backend's lease
+/// from outside or read its keys. Only with the `internals` feature, and
+/// outside semver.
+#[cfg(feature = "internals")]
+pub mod internals {
+    pub use etcd_client;
+
+    /// The lease of `backend`'s current session, if it was granted one.
+    pub async fn lease(backend: &crate::EtcdBackend) -> Option<i64> {
+        backend.lease().await
+    }
+
+    /// The name whose contender `key` is, under `root`.
+    pub fn name_of(root: &str, key: &str) -> Option<String> {
+        crate::layout::name_of(root, key)
+    }
+}

@@ -1,0 +1,109 @@
+//! Our lock and Go's `concurrency.Mutex`, as the real `etcdctl lock`
+//! (Debian's etcd client) takes it, exclude each other both ways: a lock
+//! `name` on `etcd://…/<root>` is `etcdctl lock <root>/name`.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use common::{raw_client, server_hosts};
+use locksmith_core::{LockOptions, Locker};
+use locksmith_etcd::EtcdBackend;
+
+fn root() -> String {
+    format!("/locksmith-etcdctl-{}", std::process::id())
+}
+
+fn locker(root: &str) -> Locker {
+    let url = format!("etcd://{}{root}?lease_ttl=3s", server_hosts());
+    Locker::new(EtcdBackend::connect(&url).unwrap())
+}
+
+/// `etcdctl lock <name>` on a 3 s session, holding until killed (on drop
+/// too); the key it prints once it holds arrives on `lines`.
+struct Etcdctl {
+    child: Child,
+    lines: Receiver<String>,
+}
+
+impl Etcdctl {
+    fn lock(name: &str) -> Etcdctl {
+        use std::io::{BufRead, BufReader};
+        let mut child = Command::new("etcdctl")
+            .args(["--endpoints", &server_hosts(), "lock", "--ttl", "3", name])
+            .env("ETCDCTL_API", "3")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcdctl runs (scripts/test installs etcd-client)");
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Etcdctl { child, lines }
+    }
+
+    fn held(&self, within: Duration) -> Option<String> {
+        self.lines.recv_timeout(within).ok()
+    }
+}
+
+impl Drop for Etcdctl {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_waits_for_our_lock() {
+    let root = root();
+    let ours = locker(&root);
+    let g = ours.lock("orders").await.unwrap();
+    let theirs = Etcdctl::lock(&format!("{root}/orders"));
+    let early = tokio::task::block_in_place(|| theirs.held(Duration::from_millis(1500)));
+    assert!(early.is_none(), "etcdctl held beside us: {early:?}");
+    g.release().await.unwrap();
+    let key = tokio::task::block_in_place(|| theirs.held(Duration::from_secs(10)))
+        .expect("etcdctl holds once we released");
+    assert!(key.starts_with(&format!("{root}/orders/")), "{key}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn we_wait_for_etcdctl_s_lock() {
+    let root = root();
+    let theirs = Etcdctl::lock(&format!("{root}/jobs"));
+    let key = tokio::task::block_in_place(|| theirs.held(Duration::from_secs(10)))
+        .expect("etcdctl holds");
+    let ours = locker(&root);
+    assert!(
+        ours.try_lock("jobs").await.unwrap().is_none(),
+        "we held beside etcdctl"
+    );
+    // Its key's create revision is the holder's fence, as ours would be.
+    let mut raw = raw_client(&server_hosts()).await;
+    let rev = raw.get(key.as_str(), None).await.unwrap().kvs()[0].create_revision();
+    let s = ours.status("jobs").await.unwrap();
+    assert_eq!(s.fence.map(|f| f.0), u64::try_from(rev).ok(), "{s:?}");
+
+    // Killed, its lease runs out within its 3 s TTL, and we hold.
+    drop(theirs);
+    let start = Instant::now();
+    let opts = LockOptions::new().wait_for(Duration::from_secs(20));
+    let g = ours.lock_with("jobs", &opts).await.unwrap();
+    assert!(g.fence().map(|f| f.0) > u64::try_from(rev).ok());
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    g.release().await.unwrap();
+}
