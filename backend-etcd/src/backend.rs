@@ -214,11 +214,7 @@ impl Inner {
         if hold.session.is_dead() {
             return Ok(false);
         }
-        let mut client = self.node.client().await?;
-        let got = self
-            .node
-            .bounded(client.get(hold.key.as_str(), None))
-            .await?;
+        let got = self.node.get(&hold.key, None).await?;
         Ok(got
             .kvs()
             .first()
@@ -394,15 +390,11 @@ impl Inner {
 
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
         let prefix = self.prefix(key);
-        let mut client = self.node.client().await?;
         let opts = GetOptions::new()
             .with_prefix()
             .with_keys_only()
             .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let got = self
-            .node
-            .bounded(client.get(prefix.as_str(), Some(opts)))
-            .await?;
+        let got = self.node.get(&prefix, Some(opts)).await?;
         let Some(first) = got.kvs().first() else {
             return Ok(LockStatus::free());
         };
@@ -421,8 +413,12 @@ impl Inner {
 impl Session {
     /// `txn` within the request timeout.
     pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        let mut kv = self.kv();
-        crate::node::within(self.request_timeout(), kv.txn(txn)).await
+        let kv = self.kv();
+        crate::node::retrying(self.request_timeout(), || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 }
 
@@ -440,10 +436,8 @@ impl LockBackend for EtcdBackend {
     /// credentials.
     async fn verify(&self) -> Result<()> {
         let node = &self.inner.node;
-        let mut client = node.client().await?;
-        let root = node.config.root.clone();
         let opts = GetOptions::new().with_count_only();
-        node.bounded(client.get(root, Some(opts))).await.map(drop)
+        node.get(&node.config.root, Some(opts)).await.map(drop)
     }
 
     async fn try_acquire(

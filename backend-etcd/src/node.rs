@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper};
+use etcd_client::{
+    Client, ConnectOptions, GetOptions, GetResponse, LeaseKeepAliveStream, LeaseKeeper,
+};
 use locksmith_core::{Error, Result};
 use tokio::sync::{Mutex, OnceCell};
 
@@ -51,13 +53,15 @@ impl Node {
         }
     }
 
-    /// `f` within the request timeout: a cluster slower than that (or out
-    /// of reach) is `Unavailable`.
-    pub(crate) async fn bounded<T>(
-        &self,
-        f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        within(self.config.timeout, f).await
+    /// A read of `key` with `opts`, within the request timeout (see
+    /// [`retrying`]).
+    pub(crate) async fn get(&self, key: &str, opts: Option<GetOptions>) -> Result<GetResponse> {
+        let client = self.client().await?;
+        retrying(self.config.timeout, || {
+            let (mut c, k, o) = (client.clone(), key.to_owned(), opts.clone());
+            async move { c.get(k, o).await }
+        })
+        .await
     }
 
     /// The client, connected on first use (a refused password shows here).
@@ -87,9 +91,13 @@ impl Node {
         if let Some(s) = slot.as_ref().filter(|s| !s.is_dead()) {
             return Ok(s.clone());
         }
-        let mut client = self.client().await?;
+        let client = self.client().await?;
         let ttl = i64::try_from(self.config.lease_ttl.as_secs()).unwrap_or(i64::MAX);
-        let granted = self.bounded(client.lease_grant(ttl, None)).await?;
+        let granted = retrying(self.config.timeout, || {
+            let mut c = client.clone();
+            async move { c.lease_grant(ttl, None).await }
+        })
+        .await?;
         let session = Arc::new(Session {
             id: granted.id(),
             client,
@@ -155,11 +163,26 @@ impl Session {
             return Ok(false);
         }
         let mut slot = self.stream.lock().await;
-        let answer = within(self.timeout, async {
-            if slot.is_none() {
-                let mut client = self.client.clone();
-                *slot = Some(client.lease_keep_alive(self.id).await?);
+        if slot.is_none() {
+            // Opening the stream asks once too: an answer is this call's.
+            let opened = retrying(self.timeout, || {
+                let (mut c, id) = (self.client.clone(), self.id);
+                async move { c.lease_keep_alive(id).await }
+            })
+            .await;
+            match opened {
+                Ok(pair) => {
+                    *slot = Some(pair);
+                    return Ok(true);
+                }
+                Err(e) if lease_gone(&e) => {
+                    self.mark_dead();
+                    return Ok(false);
+                }
+                Err(e) => return Err(e),
             }
+        }
+        let answer = within(self.timeout, async {
             let (keeper, stream) = slot.as_mut().expect("opened above");
             keeper.keep_alive().await?;
             stream.message().await
@@ -168,13 +191,6 @@ impl Session {
         match answer {
             Ok(Some(r)) if r.ttl() > 0 => Ok(true),
             Ok(Some(_)) => {
-                self.mark_dead();
-                Ok(false)
-            }
-            // Opening the stream asks once too, and takes a gone lease's
-            // answer for an error.
-            Err(e) if lease_gone(&e) => {
-                *slot = None;
                 self.mark_dead();
                 Ok(false)
             }
@@ -222,6 +238,41 @@ impl Drop for Node {
             s.revoke_later();
         }
     }
+}
+
+/// `f()` within `limit`, sent again while it is refused before it reaches
+/// any member (a member that is down, which the client's balancer may go
+/// on picking for a while): every request this backend sends may be
+/// repeated (an attempt finds its own key, a release compares the key's
+/// create revision, the rest read or renew). Another error, or the end of
+/// `limit`, ends it.
+pub(crate) async fn retrying<T, F, Fut>(limit: Duration, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, f()).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) if refused(&e) && left > Duration::from_millis(50) => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(Err(e)) => return Err(map_err(e)),
+            Err(_) => {
+                return Err(Error::unavailable(format!(
+                    "etcd did not answer within {limit:?}"
+                )))
+            }
+        }
+    }
+}
+
+/// A request that never left: its connection was refused.
+fn refused(e: &etcd_client::Error) -> bool {
+    let text = format!("{e:?}");
+    text.contains("ConnectionRefused") || text.contains("tcp connect error")
 }
 
 /// `f` within `limit`, its error mapped; a timeout is `Unavailable`.
