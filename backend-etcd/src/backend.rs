@@ -11,13 +11,14 @@ use etcd_client::{
     TxnOpResponse, TxnResponse,
 };
 use locksmith_core::backend::{
-    Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
+    Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest, Watch,
 };
 use locksmith_core::{FencingToken, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::config::EtcdConfig;
 use crate::layout;
 use crate::node::{lease_gone, lock, Node, Session};
+use crate::queue::Waiter;
 
 /// The shortest TTL accepted: the TTL only paces renewals here (the
 /// lease, not the TTL, keeps a lock).
@@ -31,13 +32,15 @@ pub struct EtcdBackend {
 }
 
 #[derive(Debug)]
-struct Inner {
-    node: Node,
+pub(crate) struct Inner {
+    pub(crate) node: Node,
     /// This backend's holds, by name and owner.
     held: std::sync::Mutex<HashMap<(LockKey, OwnerToken), Hold>>,
+    /// The waiters that subscribed, by ticket (see `queue.rs`).
+    pub(crate) waiters: std::sync::Mutex<HashMap<OwnerToken, Waiter>>,
     /// The contender keys in use (held, being tried, or being cleaned up),
     /// so no two attempts of this backend share one.
-    keys: Arc<std::sync::Mutex<HashSet<String>>>,
+    pub(crate) keys: Arc<std::sync::Mutex<HashSet<String>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -71,6 +74,7 @@ impl EtcdBackend {
             inner: Arc::new(Inner {
                 node: Node::new(config),
                 held: std::sync::Mutex::new(HashMap::new()),
+                waiters: std::sync::Mutex::new(HashMap::new()),
                 keys: Arc::new(std::sync::Mutex::new(HashSet::new())),
             }),
         }
@@ -92,12 +96,12 @@ impl EtcdBackend {
 /// ends without a hold, and, once its put may have reached the cluster,
 /// deleted first (in the background if the attempt was dropped or
 /// failed), so a put whose answer was lost leaves nothing behind.
-struct Attempt {
+pub(crate) struct Attempt {
     keys: Arc<std::sync::Mutex<HashSet<String>>>,
-    key: String,
-    session: Arc<Session>,
+    pub(crate) key: String,
+    pub(crate) session: Arc<Session>,
     sent: bool,
-    kept: bool,
+    pub(crate) kept: bool,
 }
 
 impl Attempt {
@@ -118,7 +122,7 @@ impl Attempt {
     }
 
     /// Deletes the key if it is still this lease's.
-    async fn delete(&mut self) -> Result<()> {
+    pub(crate) async fn delete(&mut self) -> Result<()> {
         delete_ours(&self.session, &self.key).await?;
         self.sent = false;
         Ok(())
@@ -155,7 +159,7 @@ impl Drop for Attempt {
 }
 
 /// Deletes `key` if it is on `session`'s lease.
-async fn delete_ours(session: &Session, key: &str) -> Result<()> {
+pub(crate) async fn delete_ours(session: &Session, key: &str) -> Result<()> {
     let txn = Txn::new()
         .when([Compare::lease(key, CompareOp::Equal, session.id)])
         .and_then([TxnOp::delete(key, None)]);
@@ -163,7 +167,7 @@ async fn delete_ours(session: &Session, key: &str) -> Result<()> {
 }
 
 /// The first contender under `prefix`: the holder.
-fn first_created() -> GetOptions {
+pub(crate) fn first_created() -> GetOptions {
     GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend)
@@ -183,12 +187,12 @@ fn fence(rev: i64) -> Option<FencingToken> {
 }
 
 impl Inner {
-    fn prefix(&self, key: &LockKey) -> String {
+    pub(crate) fn prefix(&self, key: &LockKey) -> String {
         layout::prefix(&self.node.config.root, key)
     }
 
     /// A re-entry: one more hold on a key still ours.
-    async fn reenter(&self, key: &LockKey, owner: &OwnerToken) -> Result<Option<Grant>> {
+    pub(crate) async fn reenter(&self, key: &LockKey, owner: &OwnerToken) -> Result<Option<Grant>> {
         let id = (key.clone(), owner.clone());
         let Some(hold) = lock(&self.held).get(&id).cloned() else {
             return Ok(None);
@@ -227,28 +231,26 @@ impl Inner {
         }
     }
 
-    /// One attempt, as Go's `Mutex.TryLock`: our key made on our lease if
-    /// missing, in the same transaction as reading the first contender.
-    async fn attempt(&self, key: &LockKey, owner: &OwnerToken) -> Result<Acquire> {
-        if let Some(g) = self.reenter(key, owner).await? {
-            return Ok(Acquire::Acquired(g));
-        }
-        let prefix = self.prefix(key);
+    /// Our key on `prefix`, made on our lease if missing, in the same
+    /// transaction as reading the name's first contender, as Go's
+    /// `Mutex.Lock` begins: the key (reserved, to be deleted unless kept),
+    /// its create revision, and the first contender's.
+    pub(crate) async fn enter(&self, prefix: &str) -> Result<(Attempt, i64, Option<i64>)> {
         let mut tries = 0;
         loop {
             let session = self.node.session().await?;
-            let mut attempt = Attempt::new(self, &prefix, session.clone());
+            let mut attempt = Attempt::new(self, prefix, session.clone());
             let k = attempt.key.clone();
             let put = PutOptions::new().with_lease(session.id);
             let txn = Txn::new()
                 .when([Compare::create_revision(k.as_str(), CompareOp::Equal, 0)])
                 .and_then([
                     TxnOp::put(k.as_str(), "", Some(put)),
-                    TxnOp::get(prefix.as_str(), Some(first_created())),
+                    TxnOp::get(prefix, Some(first_created())),
                 ])
                 .or_else([
                     TxnOp::get(k.as_str(), None),
-                    TxnOp::get(prefix.as_str(), Some(first_created())),
+                    TxnOp::get(prefix, Some(first_created())),
                 ]);
             attempt.sent = true;
             let resp = match session.txn(txn).await {
@@ -268,24 +270,50 @@ impl Inner {
                 got(&resp, 0).first().map_or(0, KeyValue::create_revision)
             };
             let first = got(&resp, 1).first().map(KeyValue::create_revision);
-            if mine > 0 && first == Some(mine) {
-                attempt.kept = true;
-                let hold = Hold {
-                    key: k,
-                    rev: mine,
-                    session,
-                    holds: 1,
-                };
-                lock(&self.held).insert((key.clone(), owner.clone()), hold);
-                return Ok(Acquire::Acquired(Grant {
-                    fence: fence(mine),
-                    holds: 1,
-                    lease: None,
-                }));
-            }
-            attempt.delete().await?;
-            return Ok(Acquire::Contended { retry_after: None });
+            return Ok((attempt, mine, first));
         }
+    }
+
+    /// Records the hold `attempt`'s key is, made at `rev`, and its grant.
+    pub(crate) fn hold(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        name: String,
+        rev: i64,
+        session: Arc<Session>,
+    ) -> Grant {
+        let hold = Hold {
+            key: name,
+            rev,
+            session,
+            holds: 1,
+        };
+        lock(&self.held).insert((key.clone(), owner.clone()), hold);
+        Grant {
+            fence: fence(rev),
+            holds: 1,
+            lease: None,
+        }
+    }
+
+    /// One attempt, as Go's `Mutex.TryLock`: our key is the first
+    /// contender, or goes again at once.
+    async fn attempt(&self, key: &LockKey, owner: &OwnerToken) -> Result<Acquire> {
+        if let Some(g) = self.reenter(key, owner).await? {
+            return Ok(Acquire::Acquired(g));
+        }
+        let prefix = self.prefix(key);
+        let (mut attempt, mine, first) = self.enter(&prefix).await?;
+        if mine > 0 && first == Some(mine) {
+            attempt.kept = true;
+            let (name, session) = (attempt.key.clone(), attempt.session.clone());
+            return Ok(Acquire::Acquired(
+                self.hold(key, owner, name, mine, session),
+            ));
+        }
+        attempt.delete().await?;
+        Ok(Acquire::Contended { retry_after: None })
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
@@ -430,6 +458,8 @@ impl LockBackend for EtcdBackend {
             .with_binding(Binding::Session)
             .with_min_ttl(MIN_TTL)
             .with_max_lease(Some(self.inner.node.config.lease_ttl))
+            .with_notify(true)
+            .with_fair(true)
     }
 
     /// Connects, and reads one key: the cluster answers and takes the
@@ -452,6 +482,30 @@ impl LockBackend for EtcdBackend {
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
         self.inner.release(key, owner).await
+    }
+
+    /// A waiter's wake-ups: each delete of the key just before its own.
+    async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
+        let _ = key;
+        Ok(Some(self.inner.subscribe(ticket)))
+    }
+
+    /// An attempt that keeps its place in line when refused (see `queue.rs`).
+    async fn try_acquire_waiting(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+        ticket: &OwnerToken,
+    ) -> Result<Acquire> {
+        let _ = ttl;
+        self.inner.attempt_in_line(key, owner, ticket).await
+    }
+
+    /// The waiter's key leaves the line.
+    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
+        let _ = (key, owner);
+        self.inner.give_up(ticket).await
     }
 
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {

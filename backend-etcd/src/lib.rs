@@ -33,11 +33,19 @@
 //! order of writes, so tokens strictly increase across every name and
 //! every grant, with no state kept per name.
 //!
+//! # Waiting in line
+//!
+//! A caller prepared to wait keeps its key: its place in the one line, by
+//! create revision, that Go's and `etcdctl`'s waiters stand in too. It
+//! watches only the delete of the key just before its own, as Go's
+//! `waitDeletes` does, and looks again when it goes; a waiter that gives
+//! up deletes its key. So waiters are served in arrival order, each woken
+//! by its predecessor's release, with no polling.
+//!
 //! # What this first version does not do yet
 //!
-//! Waiters poll with backoff (they do not yet watch their predecessor's
-//! delete, nor keep their place in line); semaphores, read-write locks and
-//! elections answer `Unsupported`; `etcds://` (TLS) is not offered.
+//! Semaphores, read-write locks and elections answer `Unsupported`;
+//! `etcds://` (TLS) is not offered.
 //!
 //! One attempt is one transaction, as Go's `TryLock`: the contender's key
 //! is put on the lease if missing and the name's first contender read in
@@ -51,6 +59,7 @@ mod config;
 mod error;
 mod layout;
 mod node;
+mod queue;
 
 pub use backend::EtcdBackend;
 pub use config::EtcdConfig;

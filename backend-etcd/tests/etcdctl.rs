@@ -107,3 +107,59 @@ async fn we_wait_for_etcdctl_s_lock() {
     );
     g.release().await.unwrap();
 }
+
+/// One line for both: with our lock held, `etcdctl` queues, then a waiter
+/// of ours; the release serves `etcdctl` first, and ours only once it is
+/// gone, woken by that delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_and_our_waiters_share_one_line() {
+    let root = root();
+    let (ours, later) = (locker(&root), locker(&root));
+    let g = ours.lock("line").await.unwrap();
+    let theirs = Etcdctl::lock(&format!("{root}/line"));
+    // etcdctl's key is in line before our waiter queues.
+    let mut raw = raw_client(&server_hosts()).await;
+    let prefix = format!("{root}/line/");
+    let opts = locksmith_etcd::internals::etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_count_only();
+    let start = Instant::now();
+    while raw
+        .get(prefix.as_str(), Some(opts.clone()))
+        .await
+        .unwrap()
+        .count()
+        < 2
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "etcdctl never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let waiting = tokio::spawn(async move {
+        let opts = LockOptions::new().wait_for(Duration::from_secs(30));
+        later.lock_with("line", &opts).await
+    });
+    let start = Instant::now();
+    while ours.status("line").await.unwrap().waiters != Some(2) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "our waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    g.release().await.unwrap();
+    let key = tokio::task::block_in_place(|| theirs.held(Duration::from_secs(10)))
+        .expect("etcdctl, first in line, holds");
+    assert!(key.starts_with(&prefix), "{key}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "our waiter passed etcdctl in line");
+    drop(theirs);
+    let next = tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .expect("ours holds once etcdctl's lease is gone")
+        .unwrap()
+        .unwrap();
+    next.release().await.unwrap();
+}
