@@ -198,7 +198,7 @@ impl Inner {
             return Ok(None);
         };
         if !self.still_ours(&hold).await? {
-            self.forget(&id);
+            self.forget(&id, &hold);
             return Ok(None);
         }
         let mut held = lock(&self.held);
@@ -218,16 +218,27 @@ impl Inner {
         if hold.session.is_dead() {
             return Ok(false);
         }
-        let got = self.node.get(&hold.key, None).await?;
-        Ok(got
-            .kvs()
-            .first()
-            .is_some_and(|kv| kv.create_revision() == hold.rev && kv.lease() == hold.session.id))
+        // A new guard is trusted for a lease from now: the lease is kept
+        // alive in the same round trip (a read or a put does not renew it).
+        let (alive, got) =
+            futures::join!(hold.session.keep_alive(), self.node.get(&hold.key, None));
+        let (alive, got) = (alive?, got?);
+        Ok(alive
+            && got.kvs().first().is_some_and(|kv| {
+                kv.create_revision() == hold.rev && kv.lease() == hold.session.id
+            }))
     }
 
-    fn forget(&self, id: &(LockKey, OwnerToken)) {
-        if let Some(h) = lock(&self.held).remove(id) {
-            lock(&self.keys).remove(&h.key);
+    /// Forgets the hold `id` if it is still `seen` (a release and a new
+    /// grant to the same owner may have come in between: that one stays).
+    fn forget(&self, id: &(LockKey, OwnerToken), seen: &Hold) {
+        let mut held = lock(&self.held);
+        if held
+            .get(id)
+            .is_some_and(|h| h.key == seen.key && h.rev == seen.rev)
+        {
+            held.remove(id);
+            lock(&self.keys).remove(&seen.key);
         }
     }
 
@@ -253,21 +264,37 @@ impl Inner {
                     TxnOp::get(prefix, Some(first_created())),
                 ]);
             attempt.sent = true;
-            let resp = match session.txn(txn).await {
-                Ok(r) => r,
+            // A grant is trusted for a lease from the attempt's start, and a
+            // put does not renew the lease: it is kept alive at once, in the
+            // same round trip.
+            let (alive, resp) = futures::join!(session.keep_alive(), session.txn(txn));
+            let resp = match (alive, resp) {
+                (Ok(true), Ok(r)) => r,
                 // Revoked or expired under us: the next session's lease.
-                Err(e) if lease_gone(&e) && tries == 0 => {
-                    attempt.sent = false;
+                (Ok(false), _) | (_, Err(_)) if session.is_dead() && tries == 0 => {
                     session.mark_dead();
                     tries += 1;
                     continue;
                 }
-                Err(e) => return Err(e),
+                (_, Err(e)) if lease_gone(&e) && tries == 0 => {
+                    session.mark_dead();
+                    tries += 1;
+                    continue;
+                }
+                (Ok(false), _) => {
+                    return Err(locksmith_core::Error::unavailable(
+                        "etcd: the lease ended during the attempt",
+                    ))
+                }
+                (Err(e), _) | (_, Err(e)) => return Err(e),
             };
+            // Our key existed already: nothing of ours should be there (a key
+            // left by an attempt whose delete has not run yet); it is not
+            // taken for a grant, and goes with this attempt.
             let mine = if resp.succeeded() {
                 resp.header().map_or(0, |h| h.revision())
             } else {
-                got(&resp, 0).first().map_or(0, KeyValue::create_revision)
+                0
             };
             let first = got(&resp, 1).first().map(KeyValue::create_revision);
             return Ok((attempt, mine, first));
@@ -323,7 +350,7 @@ impl Inner {
             let Some(h) = held.get_mut(&id) else {
                 return Ok(Release::NotHeld);
             };
-            if h.holds > 1 {
+            if h.holds > 1 && !h.session.is_dead() {
                 h.holds -= 1;
                 return Ok(Release::StillHeld(h.holds));
             }
@@ -408,8 +435,8 @@ impl Inner {
                                 && kv.lease() == h.session.id
                         })
                 });
-                if !ours {
-                    self.forget(&(r.key.clone(), r.owner.clone()));
+                if let (false, Some(h)) = (ours, h) {
+                    self.forget(&(r.key.clone(), r.owner.clone()), h);
                 }
                 Ok(if ours { Renew::Renewed } else { Renew::NotHeld })
             })
@@ -465,9 +492,18 @@ impl LockBackend for EtcdBackend {
     /// Connects, and reads one key: the cluster answers and takes the
     /// credentials.
     async fn verify(&self) -> Result<()> {
+        // A count of the keys under the root (where a role scoped to our
+        // prefix may read), or of all keys for the top of the keyspace.
         let node = &self.inner.node;
-        let opts = GetOptions::new().with_count_only();
-        node.get(&node.config.root, Some(opts)).await.map(drop)
+        let root = &node.config.root;
+        let opts = GetOptions::new().with_count_only().with_limit(1);
+        if root.is_empty() {
+            node.get("\0", Some(opts.with_from_key())).await.map(drop)
+        } else {
+            node.get(&format!("{root}/"), Some(opts.with_prefix()))
+                .await
+                .map(drop)
+        }
     }
 
     async fn try_acquire(

@@ -20,11 +20,21 @@ pub(crate) fn map_err(e: EtcdError) -> Error {
             Code::Unauthenticated | Code::PermissionDenied => {
                 Error::config(format!("etcd refused the credentials: {text}"))
             }
+            // A wrong password, or credentials where auth is off.
+            Code::InvalidArgument | Code::FailedPrecondition
+                if s.message().contains("authentication") || s.message().contains("auth") =>
+            {
+                Error::config(format!("etcd refused the credentials: {text}"))
+            }
             _ => Error::backend(format!("etcd: {text}")),
         },
-        EtcdError::TransportError(_) | EtcdError::IoError(_) => {
-            Error::unavailable(format!("etcd: {text}"))
-        }
+        // A stream that broke with its connection (a member gone) is one
+        // more way of not reaching the cluster; a lease the cluster no
+        // longer has is told apart by its text (`lease not found`).
+        EtcdError::TransportError(_)
+        | EtcdError::IoError(_)
+        | EtcdError::LeaseKeepAliveError(_)
+        | EtcdError::WatchError(_) => Error::unavailable(format!("etcd: {text}")),
         _ => Error::backend(format!("etcd: {text}")),
     }
     .with_source(e)

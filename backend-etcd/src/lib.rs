@@ -20,6 +20,11 @@
 //! every hold of a batch at once) and trusts it for one lease TTL after the
 //! last confirmed renewal, less drift: its lost signal fires before the
 //! cluster could have let the lease go and given the lock to another. A
+//! grant (and a re-entry) is trusted from its attempt on, and a put does
+//! not renew the lease its key is on, so each attempt keeps the lease
+//! alive in the same round trip and grants nothing unless that is
+//! confirmed. A keep-alive answer is read only by the request that asked
+//! for it: a stream left with an answer in flight is dropped. A
 //! lease the cluster says is gone (expired, revoked) loses every hold on
 //! it at the next renewal, and the next acquire grants a new one.
 //!

@@ -77,7 +77,11 @@ impl Node {
                     c.timeout.max(Duration::from_secs(1)),
                 );
             if let Some((user, password)) = &c.auth {
-                opts = opts.with_user(user.clone(), password.clone());
+                // Tokens expire (after 5 idle minutes by default): a new one
+                // is fetched when the server says so.
+                opts = opts
+                    .with_user(user.clone(), password.clone())
+                    .with_auto_token_refresh(true);
             }
             within(limit, Client::connect(&c.endpoints, Some(opts))).await
         });
@@ -92,7 +96,10 @@ impl Node {
             return Ok(s.clone());
         }
         let client = self.client().await?;
-        let ttl = i64::try_from(self.config.lease_ttl.as_secs()).unwrap_or(i64::MAX);
+        // Whole seconds, rounded up: the lease may outlive `lease_ttl`, which
+        // the lost signal is timed on, never the other way round.
+        let ms = self.config.lease_ttl.as_millis();
+        let ttl = i64::try_from(ms.div_ceil(1000)).unwrap_or(i64::MAX);
         let granted = retrying(self.config.timeout, || {
             let mut c = client.clone();
             async move { c.lease_grant(ttl, None).await }
@@ -163,48 +170,44 @@ impl Session {
             return Ok(false);
         }
         let mut slot = self.stream.lock().await;
-        if slot.is_none() {
-            // Opening the stream asks once too: an answer is this call's.
-            let opened = retrying(self.timeout, || {
-                let (mut c, id) = (self.client.clone(), self.id);
-                async move { c.lease_keep_alive(id).await }
+        // Out of the slot while it asks, back only once it has its answer:
+        // a stream left with an answer in flight (this call timed out or
+        // was dropped) would hand that older answer to the next call.
+        if let Some((mut keeper, mut stream)) = slot.take() {
+            let answer = within(self.timeout, async {
+                keeper.keep_alive().await?;
+                stream.message().await
             })
             .await;
-            match opened {
-                Ok(pair) => {
-                    *slot = Some(pair);
+            match answer {
+                Ok(Some(r)) if r.ttl() > 0 => {
+                    *slot = Some((keeper, stream));
                     return Ok(true);
                 }
-                Err(e) if lease_gone(&e) => {
+                Ok(Some(_)) => {
                     self.mark_dead();
                     return Ok(false);
                 }
-                Err(e) => return Err(e),
+                // The stream broke (its member went away): a new one.
+                Ok(None) | Err(_) => {}
             }
         }
-        let answer = within(self.timeout, async {
-            let (keeper, stream) = slot.as_mut().expect("opened above");
-            keeper.keep_alive().await?;
-            stream.message().await
+        // Opening a stream asks once too: its answer is this call's.
+        let opened = retrying(self.timeout, || {
+            let (mut c, id) = (self.client.clone(), self.id);
+            async move { c.lease_keep_alive(id).await }
         })
         .await;
-        match answer {
-            Ok(Some(r)) if r.ttl() > 0 => Ok(true),
-            Ok(Some(_)) => {
+        match opened {
+            Ok(pair) => {
+                *slot = Some(pair);
+                Ok(true)
+            }
+            Err(e) if lease_gone(&e) => {
                 self.mark_dead();
                 Ok(false)
             }
-            Ok(None) | Err(_) => {
-                // A stream that ended or failed mid-request may still carry an
-                // answer to an older request: never read one as this one's.
-                *slot = None;
-                match answer {
-                    Err(e) => Err(e),
-                    _ => Err(Error::unavailable(
-                        "etcd: the lease keep-alive stream ended",
-                    )),
-                }
-            }
+            Err(e) => Err(e),
         }
     }
 

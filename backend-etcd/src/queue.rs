@@ -103,12 +103,22 @@ impl Inner {
             .filter(|q| !q.session.is_dead());
         let (q, first) = match queued {
             Some(q) => {
-                let got = self.node.get(&prefix, Some(first_created())).await?;
+                // As `enter`: the lease kept alive in the same round trip.
+                let (alive, got) = futures::join!(
+                    q.session.keep_alive(),
+                    self.node.get(&prefix, Some(first_created()))
+                );
+                let (alive, got) = (alive?, got?);
                 let first = got.kvs().first().map(KeyValue::create_revision);
-                (q, first)
+                // A dead lease took our key with it: not first, whatever is.
+                (q, first.filter(|_| alive))
             }
             None => {
                 let (mut attempt, mine, first) = self.enter(&prefix).await?;
+                if mine == 0 {
+                    attempt.delete().await?;
+                    return Ok(Acquire::Contended { retry_after: None });
+                }
                 let q = Queued {
                     key: attempt.key.clone(),
                     rev: mine,
