@@ -4,11 +4,10 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use common::{raw_client, server_hosts};
+use locksmith_conformance::kit::etcdctl::EtcdctlLock;
 use locksmith_core::{LockOptions, Locker};
 use locksmith_etcd::EtcdBackend;
 
@@ -21,46 +20,9 @@ fn locker(root: &str) -> Locker {
     Locker::new(EtcdBackend::connect(&url).unwrap())
 }
 
-/// `etcdctl lock <name>` on a 3 s session, holding until killed (on drop
-/// too); the key it prints once it holds arrives on `lines`.
-struct Etcdctl {
-    child: Child,
-    lines: Receiver<String>,
-}
-
-impl Etcdctl {
-    fn lock(name: &str) -> Etcdctl {
-        use std::io::{BufRead, BufReader};
-        let mut child = Command::new("etcdctl")
-            .args(["--endpoints", &server_hosts(), "lock", "--ttl", "3", name])
-            .env("ETCDCTL_API", "3")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("etcdctl runs (scripts/test installs etcd-client)");
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Etcdctl { child, lines }
-    }
-
-    fn held(&self, within: Duration) -> Option<String> {
-        self.lines.recv_timeout(within).ok()
-    }
-}
-
-impl Drop for Etcdctl {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `etcdctl lock <name>` on a 3 s session.
+fn etcdctl_lock(name: &str) -> EtcdctlLock {
+    EtcdctlLock::start(&server_hosts(), name, 3)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,7 +30,7 @@ async fn etcdctl_waits_for_our_lock() {
     let root = root();
     let ours = locker(&root);
     let g = ours.lock("orders").await.unwrap();
-    let theirs = Etcdctl::lock(&format!("{root}/orders"));
+    let theirs = etcdctl_lock(&format!("{root}/orders"));
     let early = tokio::task::block_in_place(|| theirs.held(Duration::from_millis(1500)));
     assert!(early.is_none(), "etcdctl held beside us: {early:?}");
     g.release().await.unwrap();
@@ -80,7 +42,7 @@ async fn etcdctl_waits_for_our_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn we_wait_for_etcdctl_s_lock() {
     let root = root();
-    let theirs = Etcdctl::lock(&format!("{root}/jobs"));
+    let theirs = etcdctl_lock(&format!("{root}/jobs"));
     let key = tokio::task::block_in_place(|| theirs.held(Duration::from_secs(10)))
         .expect("etcdctl holds");
     let ours = locker(&root);
@@ -116,7 +78,7 @@ async fn etcdctl_and_our_waiters_share_one_line() {
     let root = root();
     let (ours, later) = (locker(&root), locker(&root));
     let g = ours.lock("line").await.unwrap();
-    let theirs = Etcdctl::lock(&format!("{root}/line"));
+    let theirs = etcdctl_lock(&format!("{root}/line"));
     // etcdctl's key is in line before our waiter queues.
     let mut raw = raw_client(&server_hosts()).await;
     let prefix = format!("{root}/line/");

@@ -5,9 +5,10 @@
 //! is the key `name/<lease id in hex>`, attached to that lease, with later
 //! contenders waiting until it goes.
 
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use locksmith_conformance::kit::etcdctl::EtcdctlLock;
 use locksmith_conformance::kit::servers::{etcd_cluster_ports, etcd_url, loopback};
 
 /// `host:port` of the single member, from its `etcd://` URL.
@@ -56,50 +57,6 @@ fn unique(what: &str) -> String {
     )
 }
 
-/// `etcdctl lock name`, holding until killed (on drop too), on a 3 s
-/// session; run as itself (a `timeout` around it would leave it running
-/// when killed). Its output's lines arrive on `lines`.
-struct Holder {
-    child: Child,
-    lines: std::sync::mpsc::Receiver<String>,
-}
-
-impl Holder {
-    fn start(endpoint: &str, name: &str) -> Holder {
-        use std::io::{BufRead, BufReader};
-        let mut c = Command::new("etcdctl");
-        c.args(["--endpoints", endpoint, "--dial-timeout", "5s"])
-            .args(["lock", "--ttl", "3", name])
-            .env("ETCDCTL_API", "3")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        let mut child = c.spawn().expect("etcdctl lock starts");
-        let out = child.stdout.take().expect("its output");
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Holder { child, lines }
-    }
-
-    /// The key it printed once it held, within `limit`.
-    fn key(&self, limit: Duration) -> Option<String> {
-        self.lines.recv_timeout(limit).ok()
-    }
-}
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn the_single_member_serves_and_etcdctl_lock_holds_name_slash_lease_hex() {
     let ep = single();
@@ -108,9 +65,9 @@ fn the_single_member_serves_and_etcdctl_lock_holds_name_slash_lease_hex() {
     run(health);
 
     let name = unique("lock");
-    let first = Holder::start(&ep, &name);
+    let first = EtcdctlLock::start(&ep, &name, 3);
     let key = first
-        .key(Duration::from_secs(20))
+        .held(Duration::from_secs(20))
         .expect("the holder's key");
     let key = key.trim().to_owned();
     let lease_hex = key
@@ -127,13 +84,13 @@ fn the_single_member_serves_and_etcdctl_lock_holds_name_slash_lease_hex() {
 
     // A second contender waits while the first holds, and holds once it
     // is gone: killed, its lease ends at its 3 s TTL.
-    let second = Holder::start(&ep, &name);
-    let early = second.key(Duration::from_millis(1500));
+    let second = EtcdctlLock::start(&ep, &name, 3);
+    let early = second.held(Duration::from_millis(1500));
     assert!(early.is_none(), "a second holder at once: {early:?}");
     drop(first);
     let start = Instant::now();
     let key2 = second
-        .key(Duration::from_secs(20))
+        .held(Duration::from_secs(20))
         .expect("the second holds");
     assert!(key2.trim().starts_with(&format!("{name}/")), "{key2}");
     assert_ne!(key2.trim(), key);

@@ -17,6 +17,7 @@
 //! `locksmith-conformance = { workspace = true, features = ["kit"] }`.
 
 pub mod clients;
+pub mod etcdctl;
 pub mod fault_server;
 pub mod forwarding;
 pub mod observe;
