@@ -59,6 +59,7 @@
 //! dropped future) is followed by the delete of the key, in the
 //! background while the lease lives.
 
+mod attempt;
 mod backend;
 mod config;
 mod error;

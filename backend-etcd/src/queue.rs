@@ -12,7 +12,8 @@ use locksmith_core::backend::{Acquire, Watch};
 use locksmith_core::{LockKey, OwnerToken, Result};
 use tokio::sync::watch;
 
-use crate::backend::{delete_ours, first_created, Inner};
+use crate::attempt::{delete_ours, first_created};
+use crate::backend::Inner;
 use crate::node::{lock, Session};
 
 /// A subscribed waiter: its wake-ups, its key while it is in line, and
