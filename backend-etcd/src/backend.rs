@@ -6,10 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnResponse,
-};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
 use locksmith_core::backend::{
     Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest, Watch,
 };
@@ -157,7 +154,11 @@ impl Inner {
     /// transaction as reading the name's first contender, as Go's
     /// `Mutex.Lock` begins: the key (reserved, to be deleted unless kept),
     /// its create revision, and the first contender's.
-    pub(crate) async fn enter(&self, prefix: &str) -> Result<(Attempt, i64, Option<i64>)> {
+    pub(crate) async fn enter(
+        &self,
+        prefix: &str,
+        value: &[u8],
+    ) -> Result<(Attempt, i64, Option<i64>)> {
         let mut tries = 0;
         loop {
             let session = self.node.session().await?;
@@ -167,7 +168,7 @@ impl Inner {
             let txn = Txn::new()
                 .when([Compare::create_revision(k.as_str(), CompareOp::Equal, 0)])
                 .and_then([
-                    TxnOp::put(k.as_str(), "", Some(put)),
+                    TxnOp::put(k.as_str(), value, Some(put)),
                     TxnOp::get(prefix, Some(first_created())),
                 ])
                 .or_else([
@@ -212,6 +213,30 @@ impl Inner {
         }
     }
 
+    /// Sets the value `owner`'s key advertises, if it is still the key of
+    /// its grant (as Go's `Election.Proclaim`: a put compared on the key's
+    /// create revision, on the same lease).
+    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+        let hold = lock(&self.held).get(&(key.clone(), owner.clone())).cloned();
+        let Some(h) = hold.filter(|h| !h.session.is_dead()) else {
+            return Ok(Renew::NotHeld);
+        };
+        let put = PutOptions::new().with_lease(h.session.id);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                h.key.as_str(),
+                CompareOp::Equal,
+                h.rev,
+            )])
+            .and_then([TxnOp::put(h.key.as_str(), value, Some(put))]);
+        let resp = h.session.txn(txn).await?;
+        Ok(if resp.succeeded() {
+            Renew::Renewed
+        } else {
+            Renew::NotHeld
+        })
+    }
+
     /// Records the hold `attempt`'s key is, made at `rev`, and its grant.
     pub(crate) fn hold(
         &self,
@@ -242,7 +267,8 @@ impl Inner {
             return Ok(Acquire::Acquired(g));
         }
         let prefix = self.prefix(key);
-        let (mut attempt, mine, first) = self.enter(&prefix).await?;
+        let value = owner.value().unwrap_or_default();
+        let (mut attempt, mine, first) = self.enter(&prefix, value).await?;
         if mine > 0 && first == Some(mine) {
             attempt.kept = true;
             let (name, session) = (attempt.key.clone(), attempt.session.clone());
@@ -356,23 +382,33 @@ impl Inner {
 
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
         let prefix = self.prefix(key);
-        let opts = GetOptions::new()
-            .with_prefix()
-            .with_keys_only()
-            .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let got = self.node.get(&prefix, Some(opts)).await?;
-        let Some(first) = got.kvs().first() else {
+        // The holder with its value (a leader's proposal), and how many
+        // contenders there are, in one read.
+        let txn = Txn::new().and_then([
+            TxnOp::get(prefix.as_str(), Some(first_created())),
+            TxnOp::get(
+                prefix.as_str(),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            ),
+        ]);
+        let resp = self.node.txn(txn).await?;
+        let Some(first) = got(&resp, 0).into_iter().next() else {
             return Ok(LockStatus::free());
+        };
+        let count = match resp.op_responses().into_iter().nth(1) {
+            Some(etcd_client::TxnOpResponse::Get(g)) => g.count(),
+            _ => 1,
         };
         let rev = first.create_revision();
         let holds = lock(&self.held)
             .iter()
             .find(|((k, _), h)| k == key && h.rev == rev)
             .map_or(1, |(_, h)| h.holds);
-        let waiters = u32::try_from(got.kvs().len() - 1).unwrap_or(u32::MAX);
+        let waiters = u32::try_from(count.saturating_sub(1)).unwrap_or(u32::MAX);
         Ok(LockStatus::held(holds)
             .with_fence(fence(rev))
-            .with_waiters(Some(waiters)))
+            .with_waiters(Some(waiters))
+            .with_value(Some(first.value().to_vec())))
     }
 }
 
@@ -398,6 +434,7 @@ impl LockBackend for EtcdBackend {
             .with_max_lease(Some(self.inner.node.config.lease_ttl))
             .with_notify(true)
             .with_fair(true)
+            .with_values(true)
     }
 
     /// Connects, and reads one key: the cluster answers and takes the
@@ -471,5 +508,14 @@ impl LockBackend for EtcdBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
         self.inner.inspect(key).await
+    }
+
+    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+        self.inner.proclaim(key, owner, value).await
+    }
+
+    /// Every change of the name's contenders (see `observe.rs`).
+    async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+        Ok(Some(self.inner.changes(key).await?))
     }
 }

@@ -47,10 +47,20 @@
 //! up deletes its key. So waiters are served in arrival order, each woken
 //! by its predecessor's release, with no polling.
 //!
-//! # What this first version does not do yet
+//! # Elections
 //!
-//! Semaphores, read-write locks and elections answer `Unsupported`;
-//! `etcds://` (TLS) is not offered.
+//! As Go's `concurrency.Election` on `<root>/<name>`: a candidate's key
+//! carries its value (written with the key, so a waiting candidate's is
+//! there when it comes first), the first contender leads with its key's
+//! create revision as its term, a proclaim rewrites the leader's key in
+//! place on the same lease, compared on its create revision, and an
+//! observer watches the name's prefix. So `etcdctl elect` and a Go
+//! service's `Election` share our elections both ways.
+//!
+//! # What this version does not do yet
+//!
+//! Semaphores and read-write locks answer `Unsupported`; `etcds://` (TLS)
+//! is not offered.
 //!
 //! One attempt is one transaction, as Go's `TryLock`: the contender's key
 //! is put on the lease if missing and the name's first contender read in
@@ -65,6 +75,7 @@ mod config;
 mod error;
 mod layout;
 mod node;
+mod observe;
 mod queue;
 
 pub use backend::EtcdBackend;

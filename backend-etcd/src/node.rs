@@ -9,7 +9,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, ConnectOptions, GetOptions, GetResponse, LeaseKeepAliveStream, LeaseKeeper,
+    Client, ConnectOptions, GetOptions, GetResponse, LeaseKeepAliveStream, LeaseKeeper, Txn,
+    TxnResponse,
 };
 use locksmith_core::{Error, Result};
 use tokio::sync::{Mutex, OnceCell};
@@ -86,6 +87,16 @@ impl Node {
             within(limit, Client::connect(&c.endpoints, Some(opts))).await
         });
         Ok(made.await?.clone())
+    }
+
+    /// A transaction that needs no lease, within the request timeout.
+    pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        let client = self.client().await?;
+        retrying(self.config.timeout, || {
+            let (mut c, t) = (client.clone(), txn.clone());
+            async move { c.txn(t).await }
+        })
+        .await
     }
 
     /// The live session, or a new one: a lease of the configured TTL, kept

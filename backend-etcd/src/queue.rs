@@ -115,7 +115,8 @@ impl Inner {
                 (q, first.filter(|_| alive))
             }
             None => {
-                let (mut attempt, mine, first) = self.enter(&prefix).await?;
+                let value = owner.value().unwrap_or_default();
+                let (mut attempt, mine, first) = self.enter(&prefix, value).await?;
                 if mine == 0 {
                     attempt.delete().await?;
                     return Ok(Acquire::Contended { retry_after: None });

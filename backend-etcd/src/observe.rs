@@ -1,0 +1,49 @@
+//! What an election's observer is woken by: every change of a name's
+//! contenders (a grant, a release, a proclaim, and harmlessly a waiter
+//! that queues or leaves), from one watch on the name's prefix, as Go's
+//! `Election.Observe` watches it.
+
+use locksmith_core::backend::Watch;
+use locksmith_core::{LockKey, Result};
+use tokio::sync::watch;
+
+use crate::backend::Inner;
+use crate::node::within;
+
+/// Ends the task that follows the watch when the observer lets it go.
+struct Following(tokio::task::AbortHandle);
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Inner {
+    /// A watch on `key`'s prefix, made (the cluster answered that it
+    /// watches) before this returns, so no change after it is missed. It
+    /// ends when its stream does: the observer subscribes again.
+    pub(crate) async fn changes(&self, key: &LockKey) -> Result<Watch> {
+        let prefix = self.prefix(key);
+        let mut client = self.node.client().await?;
+        let timeout = self.node.config.timeout;
+        let opts = etcd_client::WatchOptions::new().with_prefix();
+        let mut stream = within(timeout, client.watch(prefix, Some(opts))).await?;
+        within(timeout, stream.message()).await?;
+        let (tx, rx) = watch::channel(0u64);
+        let task = tokio::spawn(async move {
+            while let Ok(Some(resp)) = stream.message().await {
+                if !resp.events().is_empty() {
+                    tx.send_modify(|v| *v = v.wrapping_add(1));
+                }
+                if resp.canceled() {
+                    break;
+                }
+            }
+        });
+        Ok(Watch::new(
+            rx,
+            Some(Box::new(Following(task.abort_handle()))),
+        ))
+    }
+}
