@@ -176,29 +176,15 @@ impl Inner {
                     TxnOp::get(prefix, Some(first_created())),
                 ]);
             attempt.sent = true;
-            // A grant is trusted for a lease from the attempt's start, and a
-            // put does not renew the lease: it is kept alive at once, in the
-            // same round trip.
-            let (alive, resp) = futures::join!(session.keep_alive(), session.txn(txn));
-            let resp = match (alive, resp) {
-                (Ok(true), Ok(r)) => r,
+            let resp = match session.txn(txn).await {
+                Ok(r) => r,
                 // Revoked or expired under us: the next session's lease.
-                (Ok(false), _) | (_, Err(_)) if session.is_dead() && tries == 0 => {
+                Err(e) if lease_gone(&e) && tries == 0 => {
                     session.mark_dead();
                     tries += 1;
                     continue;
                 }
-                (_, Err(e)) if lease_gone(&e) && tries == 0 => {
-                    session.mark_dead();
-                    tries += 1;
-                    continue;
-                }
-                (Ok(false), _) => {
-                    return Err(locksmith_core::Error::unavailable(
-                        "etcd: the lease ended during the attempt",
-                    ))
-                }
-                (Err(e), _) | (_, Err(e)) => return Err(e),
+                Err(e) => return Err(e),
             };
             // Our key existed already: nothing of ours should be there (a key
             // left by an attempt whose delete has not run yet); it is not
@@ -270,6 +256,15 @@ impl Inner {
         let value = owner.value().unwrap_or_default();
         let (mut attempt, mine, first) = self.enter(&prefix, value).await?;
         if mine > 0 && first == Some(mine) {
+            // A grant is trusted for a lease from the attempt's start, and a
+            // put does not renew the lease: it is kept alive now, and the
+            // grant stands only if that is confirmed.
+            if !attempt.session.keep_alive().await? {
+                // The lease ended meanwhile, and the key with it.
+                return Err(locksmith_core::Error::unavailable(
+                    "etcd: the lease ended during the attempt; the next takes a new one",
+                ));
+            }
             attempt.kept = true;
             let (name, session) = (attempt.key.clone(), attempt.session.clone());
             return Ok(Acquire::Acquired(
@@ -416,7 +411,7 @@ impl Session {
     /// `txn` within the request timeout.
     pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
         let kv = self.kv();
-        crate::node::retrying(self.request_timeout(), || {
+        crate::node::retrying(self.request_timeout(), self.members(), || {
             let (mut kv, txn) = (kv.clone(), txn.clone());
             async move { kv.txn(txn).await }
         })

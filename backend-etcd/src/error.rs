@@ -10,6 +10,14 @@ use tonic::Code;
 pub(crate) fn map_err(e: EtcdError) -> Error {
     let text = e.to_string();
     match &e {
+        // A token older than the last change of users or roles: the client
+        // fetches a new one, as Go's does.
+        EtcdError::GRpcStatus(s) if s.message().contains("revision of auth store is old") => {
+            Error::unavailable(format!("etcd: {text}"))
+        }
+        EtcdError::GRpcStatus(s) if s.message().contains("user name is empty") => Error::config(
+            format!("etcd asks for credentials (user:password@): {text}"),
+        ),
         EtcdError::GRpcStatus(s) => match s.code() {
             Code::Unavailable
             | Code::DeadlineExceeded

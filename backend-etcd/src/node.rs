@@ -42,6 +42,8 @@ pub(crate) struct Session {
     stream: Mutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>,
     dead: AtomicBool,
     timeout: Duration,
+    /// How many members the client knows (see [`retrying`]).
+    members: usize,
     task: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
 }
 
@@ -58,7 +60,7 @@ impl Node {
     /// [`retrying`]).
     pub(crate) async fn get(&self, key: &str, opts: Option<GetOptions>) -> Result<GetResponse> {
         let client = self.client().await?;
-        retrying(self.config.timeout, || {
+        retrying(self.config.timeout, self.config.endpoints.len(), || {
             let (mut c, k, o) = (client.clone(), key.to_owned(), opts.clone());
             async move { c.get(k, o).await }
         })
@@ -92,7 +94,7 @@ impl Node {
     /// A transaction that needs no lease, within the request timeout.
     pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
         let client = self.client().await?;
-        retrying(self.config.timeout, || {
+        retrying(self.config.timeout, self.config.endpoints.len(), || {
             let (mut c, t) = (client.clone(), txn.clone());
             async move { c.txn(t).await }
         })
@@ -111,7 +113,7 @@ impl Node {
         // the lost signal is timed on, never the other way round.
         let ms = self.config.lease_ttl.as_millis();
         let ttl = i64::try_from(ms.div_ceil(1000)).unwrap_or(i64::MAX);
-        let granted = retrying(self.config.timeout, || {
+        let granted = retrying(self.config.timeout, self.config.endpoints.len(), || {
             let mut c = client.clone();
             async move { c.lease_grant(ttl, None).await }
         })
@@ -122,6 +124,7 @@ impl Node {
             stream: Mutex::new(None),
             dead: AtomicBool::new(false),
             timeout: self.config.timeout,
+            members: self.config.endpoints.len(),
             task: std::sync::Mutex::new(None),
         });
         let period = self.config.lease_ttl / 3;
@@ -204,7 +207,7 @@ impl Session {
             }
         }
         // Opening a stream asks once too: its answer is this call's.
-        let opened = retrying(self.timeout, || {
+        let opened = retrying(self.timeout, self.members, || {
             let (mut c, id) = (self.client.clone(), self.id);
             async move { c.lease_keep_alive(id).await }
         })
@@ -232,6 +235,11 @@ impl Session {
         self.timeout
     }
 
+    /// How many members the client knows.
+    pub(crate) fn members(&self) -> usize {
+        self.members
+    }
+
     /// Revokes the lease (its keys go at once), in the background.
     pub(crate) fn revoke_later(&self) {
         self.mark_dead();
@@ -255,12 +263,13 @@ impl Drop for Node {
 }
 
 /// `f()` within `limit`, sent again while it is refused before it reaches
-/// any member (a member that is down, which the client's balancer may go
-/// on picking for a while): every request this backend sends may be
-/// repeated (an attempt finds its own key, a release compares the key's
-/// create revision, the rest read or renew). Another error, or the end of
-/// `limit`, ends it.
-pub(crate) async fn retrying<T, F, Fut>(limit: Duration, mut f: F) -> Result<T>
+/// any member and there is another to try (a member that is down, which
+/// the client's balancer may go on picking for a while): every request
+/// this backend sends may be repeated (an attempt finds its own key, a
+/// release compares the key's create revision, the rest read or renew).
+/// Another error, a lone member that refuses, or the end of `limit` ends
+/// it.
+pub(crate) async fn retrying<T, F, Fut>(limit: Duration, members: usize, mut f: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
@@ -270,7 +279,18 @@ where
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         match tokio::time::timeout(left, f()).await {
             Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) if refused(&e) && left > Duration::from_millis(50) => {
+            Ok(Err(e)) if refused(&e) => {
+                if members < 2 || left <= Duration::from_millis(50) {
+                    let word = if members < 2 {
+                        "the member"
+                    } else {
+                        "every member tried"
+                    };
+                    return Err(Error::unavailable(format!(
+                        "etcd: {word} refused the connection (not running, or not on that port)"
+                    ))
+                    .with_source(e));
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Ok(Err(e)) => return Err(map_err(e)),

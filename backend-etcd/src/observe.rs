@@ -29,7 +29,12 @@ impl Inner {
         let timeout = self.node.config.timeout;
         let opts = etcd_client::WatchOptions::new().with_prefix();
         let mut stream = within(timeout, client.watch(prefix, Some(opts))).await?;
-        within(timeout, stream.message()).await?;
+        let made = within(timeout, stream.message()).await?;
+        if made.is_none_or(|r| r.canceled()) {
+            return Err(locksmith_core::Error::unavailable(
+                "etcd refused to watch the name's changes",
+            ));
+        }
         let (tx, rx) = watch::channel(0u64);
         let task = tokio::spawn(async move {
             while let Ok(Some(resp)) = stream.message().await {

@@ -40,6 +40,12 @@ struct Queued {
     session: Arc<Session>,
 }
 
+impl Queued {
+    fn same(&self, other: &Queued) -> bool {
+        self.key == other.key && self.rev == other.rev
+    }
+}
+
 impl Drop for Waiter {
     fn drop(&mut self) {
         if let Some(task) = self.watching.take() {
@@ -100,25 +106,26 @@ impl Inner {
         let prefix = self.prefix(key);
         let queued = lock(&self.waiters)
             .get(ticket)
-            .and_then(|w| w.queued.clone())
-            .filter(|q| !q.session.is_dead());
+            .and_then(|w| w.queued.clone());
+        let queued = match queued {
+            Some(q) if q.session.is_dead() => {
+                // Its key went with its lease: a new place in line.
+                self.unqueue(ticket, &q);
+                None
+            }
+            other => other,
+        };
         let (q, first) = match queued {
             Some(q) => {
-                // As `enter`: the lease kept alive in the same round trip.
-                let (alive, got) = futures::join!(
-                    q.session.keep_alive(),
-                    self.node.get(&prefix, Some(first_created()))
-                );
-                let (alive, got) = (alive?, got?);
-                let first = got.kvs().first().map(KeyValue::create_revision);
-                // A dead lease took our key with it: not first, whatever is.
-                (q, first.filter(|_| alive))
+                let got = self.node.get(&prefix, Some(first_created())).await?;
+                (q, got.kvs().first().map(KeyValue::create_revision))
             }
             None => {
                 let value = owner.value().unwrap_or_default();
                 let (mut attempt, mine, first) = self.enter(&prefix, value).await?;
                 if mine == 0 {
                     attempt.delete().await?;
+                    self.wake(ticket);
                     return Ok(Acquire::Contended { retry_after: None });
                 }
                 let q = Queued {
@@ -136,11 +143,26 @@ impl Inner {
                 (q, first)
             }
         };
-        if q.rev > 0 && first == Some(q.rev) {
-            if let Some(w) = lock(&self.waiters).get_mut(ticket) {
-                w.queued = None;
-                if let Some(task) = w.watching.take() {
-                    task.abort();
+        if first == Some(q.rev) {
+            // First in line. The grant is trusted from this attempt's start:
+            // the lease is kept alive now, and the grant stands only if
+            // that is confirmed, and only while this waiter still stands
+            // in line with this key (one that gave up meanwhile left its
+            // key to `leave_line`).
+            if !q.session.keep_alive().await? {
+                self.wake(ticket);
+                return Ok(Acquire::Contended { retry_after: None });
+            }
+            {
+                let mut waiters = lock(&self.waiters);
+                match waiters.get_mut(ticket) {
+                    Some(w) if w.queued.as_ref().is_some_and(|x| x.same(&q)) => {
+                        w.queued = None;
+                        if let Some(task) = w.watching.take() {
+                            task.abort();
+                        }
+                    }
+                    _ => return Ok(Acquire::Contended { retry_after: None }),
                 }
             }
             return Ok(Acquire::Acquired(
@@ -148,15 +170,40 @@ impl Inner {
             ));
         }
         if !self.watch_predecessor(&prefix, &q, ticket).await? {
-            // Nobody before us, yet not first: our key is gone (deleted
-            // from outside). The next attempt takes a new place in line.
-            if let Some(w) = lock(&self.waiters).get_mut(ticket) {
-                w.queued = None;
-                w.tx.send_modify(|v| *v = v.wrapping_add(1));
+            // Nobody before us now, though we were not first when we
+            // looked: the one before us has just gone (we are first, as Go
+            // checks with its own key), or our key was deleted from outside
+            // (a new place in line). Either way, look again at once.
+            let got = self.node.get(&q.key, None).await?;
+            let ours = got
+                .kvs()
+                .first()
+                .is_some_and(|kv| kv.create_revision() == q.rev && kv.lease() == q.session.id);
+            if !ours {
+                self.unqueue(ticket, &q);
             }
-            lock(&self.keys).remove(&q.key);
+            self.wake(ticket);
         }
         Ok(Acquire::Contended { retry_after: None })
+    }
+
+    /// Wakes waiter `ticket` to ask again at once.
+    fn wake(&self, ticket: &OwnerToken) {
+        if let Some(w) = lock(&self.waiters).get(ticket) {
+            w.tx.send_modify(|v| *v = v.wrapping_add(1));
+        }
+    }
+
+    /// Takes `q` out of line for waiter `ticket` if it still stands there
+    /// with it (else its key is another path's to clean up).
+    fn unqueue(&self, ticket: &OwnerToken, q: &Queued) {
+        let mut waiters = lock(&self.waiters);
+        if let Some(w) = waiters.get_mut(ticket) {
+            if w.queued.as_ref().is_some_and(|x| x.same(q)) {
+                w.queued = None;
+                lock(&self.keys).remove(&q.key);
+            }
+        }
     }
 
     /// Watches the delete of the key just before `q`'s, as Go's
