@@ -5,12 +5,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use common::{raw_client, server_hosts};
+use locksmith_conformance::kit::etcdctl::lines_of;
 use locksmith_core::{LockOptions, Locker};
 use locksmith_etcd::EtcdBackend;
 
@@ -32,15 +32,7 @@ impl Elect {
             .stderr(Stdio::null())
             .spawn()
             .expect("etcdctl runs (scripts/test installs etcd-client)");
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = lines_of(&mut child);
         Elect { child, lines }
     }
 

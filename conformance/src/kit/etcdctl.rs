@@ -20,7 +20,6 @@ impl EtcdctlLock {
     /// # Panics
     /// If `etcdctl` cannot be run (`scripts/test` installs it).
     pub fn start(endpoints: &str, name: &str, ttl: u32) -> EtcdctlLock {
-        use std::io::{BufRead, BufReader};
         let mut child = Command::new("etcdctl")
             .args(["--endpoints", endpoints, "--dial-timeout", "5s"])
             .args(["lock", "--ttl", &ttl.to_string(), name])
@@ -30,15 +29,7 @@ impl EtcdctlLock {
             .stderr(Stdio::null())
             .spawn()
             .expect("etcdctl runs (scripts/test installs etcd-client)");
-        let out = child.stdout.take().expect("its output");
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = lines_of(&mut child);
         EtcdctlLock { child, lines }
     }
 
@@ -47,6 +38,25 @@ impl EtcdctlLock {
     pub fn held(&self, limit: Duration) -> Option<String> {
         self.lines.recv_timeout(limit).ok()
     }
+}
+
+/// The lines `child` prints on its piped standard output, as they come
+/// (read by a thread of their own).
+///
+/// # Panics
+/// If its standard output was not piped, or was taken already.
+pub fn lines_of(child: &mut Child) -> Receiver<String> {
+    use std::io::{BufRead, BufReader};
+    let out = child.stdout.take().expect("a piped standard output");
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
 }
 
 impl Drop for EtcdctlLock {
