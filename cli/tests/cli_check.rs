@@ -195,8 +195,10 @@ fn election_on_a_store_without_values_is_refused_before_the_run() {
 }
 
 /// `check --permits N` and `--read-write` on `url`, with kills and pauses:
-/// the run exits 0, and the most holders at once is within the claims'
-/// rule and above one (the run did share the name).
+/// every run exits 0 with no violation and at most `most` holders at
+/// once, and one of up to three runs shows more than one (the run did
+/// share the name: on a loaded host, kills and pauses can hold the name
+/// for most of a short run, so one run may not get the chance).
 fn claims_pass(url: &str, flags: &[&str], most: u64) {
     let mut args = vec![
         "check",
@@ -208,16 +210,21 @@ fn claims_pass(url: &str, flags: &[&str], most: u64) {
     ];
     args.extend_from_slice(&["--workers", "6", "--faults", "kill,pause", "--json"]);
     args.extend_from_slice(flags);
-    let (code, out, err) = locksmith(&args);
-    assert_eq!(code, 0, "check {flags:?} on {url}:\n{out}\n{err}");
-    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
-    let verdict = &v["fault_run"]["verdict"];
-    assert_eq!(verdict["exclusion_violations"].as_u64(), Some(0), "{v}");
-    let seen = verdict["most_at_once"].as_u64().unwrap();
-    assert!(
-        (2..=most).contains(&seen),
-        "{seen} at once with {flags:?}: {v}"
-    );
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let (code, out, err) = locksmith(&args);
+        assert_eq!(code, 0, "check {flags:?} on {url}:\n{out}\n{err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+        let verdict = &v["fault_run"]["verdict"];
+        assert_eq!(verdict["exclusion_violations"].as_u64(), Some(0), "{v}");
+        let seen = verdict["most_at_once"].as_u64().unwrap();
+        assert!(seen <= most, "{seen} at once with {flags:?}: {v}");
+        if seen >= 2 {
+            return;
+        }
+        runs.push(v);
+    }
+    panic!("never more than one at once with {flags:?} in 3 runs: {runs:?}");
 }
 
 #[test]
