@@ -254,12 +254,22 @@ impl Inner {
         }
         let prefix = self.prefix(key);
         let value = owner.value().unwrap_or_default();
-        let (mut attempt, mine, first) = self.enter(&prefix, value).await?;
+        // A grant is trusted for a lease from the attempt's start, and a put
+        // does not renew the lease: the lease is kept alive beside the
+        // attempt (one round trip, not two, for the common uncontended
+        // case), and the grant stands only if that is confirmed on the
+        // lease the key went onto.
+        let session = self.node.session().await?;
+        let (alive, entered) = futures::join!(session.keep_alive(), self.enter(&prefix, value));
+        let (mut attempt, mine, first) = entered?;
         if mine > 0 && first == Some(mine) {
-            // A grant is trusted for a lease from the attempt's start, and a
-            // put does not renew the lease: it is kept alive now, and the
-            // grant stands only if that is confirmed.
-            if !attempt.session.keep_alive().await? {
+            let confirmed = if attempt.session.id == session.id {
+                alive?
+            } else {
+                // `enter` took a new lease (the old one was gone).
+                attempt.session.keep_alive().await?
+            };
+            if !confirmed {
                 // The lease ended meanwhile, and the key with it.
                 return Err(locksmith_core::Error::unavailable(
                     "etcd: the lease ended during the attempt; the next takes a new one",
