@@ -11,7 +11,7 @@ use crate::backend::{LockBackend, Release, Renew};
 use crate::background::Background;
 use crate::error::{Error, Result};
 use crate::key::{FencingToken, LockKey, OwnerToken};
-use crate::lease::{Lease, LeaseState, LostReason};
+use crate::lease::{wait_lost, Lease, LeaseState, LostReason};
 use crate::watchdog::Watchdog;
 
 /// Proof that a lock is held. While it lives the watchdog renews the lease
@@ -91,9 +91,10 @@ impl LockGuard {
         &self.lease
     }
 
-    /// The current lease state.
+    /// The current lease state. A hold whose deadline has passed reads as
+    /// lost (`Expired`) at once, even if the watchdog has not run since.
     pub fn state(&self) -> LeaseState {
-        *self.state.borrow()
+        self.state.borrow().at(Instant::now())
     }
 
     /// Until when the lock is guaranteed (moves forward with each renewal);
@@ -116,14 +117,7 @@ impl LockGuard {
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
         let mut rx = self.state.clone();
         async move {
-            let lost = match rx.wait_for(|s| matches!(s, LeaseState::Lost(_))).await {
-                Ok(s) => match *s {
-                    LeaseState::Lost(r) => Some(r),
-                    _ => None,
-                },
-                Err(_) => None,
-            };
-            match lost {
+            match wait_lost(&mut rx).await {
                 Some(r) => r,
                 // Released (or the guard is gone): the lock can no longer be lost.
                 None => std::future::pending().await,
@@ -162,11 +156,7 @@ impl LockGuard {
         // Ends when the lock is lost, or when the watchdog stops tracking
         // it (release, leak, close) and drops the sender.
         let watcher = async move {
-            if rx
-                .wait_for(|s| matches!(s, LeaseState::Lost(_)))
-                .await
-                .is_ok()
-            {
+            if wait_lost(&mut rx).await.is_some() {
                 cancel.cancel();
             }
         };
@@ -191,6 +181,10 @@ impl LockGuard {
             .await?;
         self.watchdog.renewed(self.id, sent, outcome);
         match outcome {
+            Renew::Renewed if self.is_lost() => Err(Error::lost(format!(
+                "lock {:?} was renewed only after its deadline",
+                self.lease.key.as_str()
+            ))),
             Renew::Renewed => Ok(()),
             Renew::NotHeld => Err(Error::lost(format!(
                 "lock {:?} is no longer held by this owner",

@@ -32,6 +32,55 @@ pub enum LeaseState {
     Released,
 }
 
+impl LeaseState {
+    /// The state as of `now`: a hold whose deadline has passed is lost
+    /// (`Expired`) even before the watchdog says so, so that a process
+    /// starved of CPU never sees a lock as held past its deadline.
+    pub fn at(self, now: Instant) -> LeaseState {
+        match self {
+            LeaseState::Held { deadline } if deadline <= now => {
+                LeaseState::Lost(LostReason::Expired)
+            }
+            s => s,
+        }
+    }
+}
+
+/// Waits until the lease watched by `rx` is lost, by the watchdog's word
+/// or by its deadline passing, whichever comes first; `None` once it was
+/// released (it can no longer be lost).
+pub(crate) async fn wait_lost(
+    rx: &mut tokio::sync::watch::Receiver<LeaseState>,
+) -> Option<LostReason> {
+    loop {
+        let state = *rx.borrow_and_update();
+        match state.at(Instant::now()) {
+            LeaseState::Lost(r) => return Some(r),
+            LeaseState::Released => return None,
+            LeaseState::Held { deadline } => {
+                tokio::select! {
+                    changed = rx.changed() => {
+                        if changed.is_err() {
+                            // The watchdog let go of it: what it last said
+                            // stands, and a hold still ends at its deadline.
+                            let last = *rx.borrow();
+                            return match last {
+                                LeaseState::Held { deadline } => {
+                                    tokio::time::sleep_until(deadline.into()).await;
+                                    Some(LostReason::Expired)
+                                }
+                                LeaseState::Lost(r) => Some(r),
+                                LeaseState::Released => None,
+                            };
+                        }
+                    }
+                    () = tokio::time::sleep_until(deadline.into()) => {}
+                }
+            }
+        }
+    }
+}
+
 /// One granted lock: who holds what, with which fencing token, until when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {

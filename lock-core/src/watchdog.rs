@@ -219,6 +219,13 @@ impl Watchdog {
             return;
         };
         match outcome {
+            Ok(Renew::Renewed) if e.deadline <= Instant::now() => {
+                // Too late: the guard has read as lost since its deadline
+                // (`LeaseState::at`), and a lost lock stays lost.
+                tracing::warn!(key = %e.request.key, "lock lost: renewed only after its deadline");
+                e.tx.send_replace(LeaseState::Lost(LostReason::Expired));
+                st.entries.remove(&id);
+            }
             Ok(Renew::Renewed) => {
                 e.failures = 0;
                 e.deadline = local_deadline(sent, e.trusted);

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use locksmith_core::backend::{LockBackend, MemoryBackend, Renew, RenewRequest};
-use locksmith_core::{Error, LockOptions, Locker, LostReason, Result};
+use locksmith_core::{Error, LockKey, LockOptions, Locker, LostReason, OwnerToken, Result};
 
 /// Records the size of every `renew_many` call made to a memory store; with
 /// `fail_renewals` set, every renewal fails at once as from a dead store.
@@ -303,4 +303,56 @@ async fn alarms_raised_by_renewals_do_not_make_a_loop() {
     assert!(reasons.iter().all(|r| *r == LostReason::Expired));
     let calls = backend.batches() - before;
     assert!(calls <= 100, "{calls} failing renewal calls in one TTL");
+}
+
+/// A store that says yes to every renewal, even of a lease it let go:
+/// renewals "succeed" whenever they land.
+#[derive(Debug, Default)]
+struct RenewsAnything {
+    inner: MemoryBackend,
+}
+
+locksmith_core::forward_backend! {
+    (self) => self.inner;
+    impl LockBackend for RenewsAnything {
+        async fn renew(&self, _key: &LockKey, _owner: &OwnerToken, _ttl: Duration) -> Result<Renew> {
+            Ok(Renew::Renewed)
+        }
+        async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+            requests.iter().map(|_| Ok(Renew::Renewed)).collect()
+        }
+    }
+}
+
+/// A process starved of CPU past a lease's deadline (here: its only
+/// runtime thread blocked, so neither the watchdog nor any timer runs)
+/// still reads the lock as lost at once, and a renewal answered only
+/// after the deadline does not bring it back.
+#[tokio::test(flavor = "current_thread")]
+async fn a_starved_holder_reads_its_lock_as_lost_at_the_deadline() {
+    let locker = Locker::new(RenewsAnything::default());
+    let ttl = Duration::from_millis(300);
+    let g = locker
+        .lock_with("starved", &LockOptions::new().ttl(ttl).auto_renew(false))
+        .await
+        .unwrap();
+    let lost = g.lost();
+    assert!(!g.is_lost());
+    std::thread::sleep(ttl + Duration::from_millis(50));
+    assert!(g.is_lost(), "held past its deadline: {:?}", g.state());
+    assert_eq!(g.deadline(), None);
+    let token = g.lost_token();
+    let reason = tokio::time::timeout(Duration::from_millis(1), lost)
+        .await
+        .expect("the lost future waits for the watchdog");
+    assert_eq!(reason, LostReason::Expired);
+    tokio::time::timeout(Duration::from_secs(1), token.cancelled())
+        .await
+        .expect("the lost token is not cancelled");
+    let late = g.renew().await;
+    assert!(
+        late.is_err(),
+        "a renewal after the deadline revived the lock"
+    );
+    assert!(g.is_lost() && g.deadline().is_none());
 }
