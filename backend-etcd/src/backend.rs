@@ -8,11 +8,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
 use locksmith_core::backend::{
-    Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest, Watch,
+    claim_changed, Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew,
+    RenewRequest, Watch,
 };
-use locksmith_core::{FencingToken, LockKey, LockStatus, OwnerToken, Result};
+use locksmith_core::{Claim, FencingToken, LockKey, LockStatus, OwnerToken, Result};
 
-use crate::attempt::{first_created, got, Attempt};
+use crate::attempt::{got, Attempt};
+use crate::claims;
 use crate::config::EtcdConfig;
 use crate::layout;
 use crate::node::{lease_gone, lock, Node, Session};
@@ -33,7 +35,7 @@ pub struct EtcdBackend {
 pub(crate) struct Inner {
     pub(crate) node: Node,
     /// This backend's holds, by name and owner.
-    held: std::sync::Mutex<HashMap<(LockKey, OwnerToken), Hold>>,
+    pub(crate) held: std::sync::Mutex<HashMap<(LockKey, OwnerToken), Hold>>,
     /// The waiters that subscribed, by ticket (see `queue.rs`).
     pub(crate) waiters: std::sync::Mutex<HashMap<OwnerToken, Waiter>>,
     /// The contender keys in use (held, being tried, or being cleaned up),
@@ -42,11 +44,16 @@ pub(crate) struct Inner {
 }
 
 #[derive(Debug, Clone)]
-struct Hold {
-    key: String,
-    rev: i64,
-    session: Arc<Session>,
-    holds: u32,
+pub(crate) struct Hold {
+    pub(crate) key: String,
+    pub(crate) rev: i64,
+    pub(crate) session: Arc<Session>,
+    pub(crate) holds: u32,
+    /// Its grant's fence: `rev`, but for a downgrade's reader.
+    pub(crate) fence: i64,
+    /// The claim it was granted for (a downgrade's reader shares its
+    /// writer's key, so one key may carry two holds).
+    pub(crate) claim: Claim,
 }
 
 impl std::fmt::Debug for Session {
@@ -90,7 +97,7 @@ impl EtcdBackend {
     }
 }
 
-fn fence(rev: i64) -> Option<FencingToken> {
+pub(crate) fn fence(rev: i64) -> Option<FencingToken> {
     Some(FencingToken(u64::try_from(rev).unwrap_or(0)))
 }
 
@@ -105,6 +112,9 @@ impl Inner {
         let Some(hold) = lock(&self.held).get(&id).cloned() else {
             return Ok(None);
         };
+        if hold.claim != owner.claim() {
+            return Err(claim_changed(key, hold.claim.is_shared()));
+        }
         if !self.still_ours(&hold).await? {
             self.forget(&id, &hold);
             return Ok(None);
@@ -115,14 +125,14 @@ impl Inner {
         };
         h.holds += 1;
         Ok(Some(Grant {
-            fence: fence(h.rev),
+            fence: fence(h.fence),
             holds: h.holds,
             lease: None,
         }))
     }
 
     /// Whether `hold`'s key still exists, made by this grant on its lease.
-    async fn still_ours(&self, hold: &Hold) -> Result<bool> {
+    pub(crate) async fn still_ours(&self, hold: &Hold) -> Result<bool> {
         if hold.session.is_dead() {
             return Ok(false);
         }
@@ -139,26 +149,30 @@ impl Inner {
 
     /// Forgets the hold `id` if it is still `seen` (a release and a new
     /// grant to the same owner may have come in between: that one stays).
-    fn forget(&self, id: &(LockKey, OwnerToken), seen: &Hold) {
+    pub(crate) fn forget(&self, id: &(LockKey, OwnerToken), seen: &Hold) {
         let mut held = lock(&self.held);
         if held
             .get(id)
             .is_some_and(|h| h.key == seen.key && h.rev == seen.rev)
         {
             held.remove(id);
-            lock(&self.keys).remove(&seen.key);
+            if !held.values().any(|h| h.key == seen.key) {
+                lock(&self.keys).remove(&seen.key);
+            }
         }
     }
 
     /// Our key on `prefix`, made on our lease if missing, in the same
-    /// transaction as reading the name's first contender, as Go's
-    /// `Mutex.Lock` begins: the key (reserved, to be deleted unless kept),
-    /// its create revision, and the first contender's.
+    /// transaction as reading the name's line with `read` (for a mutex,
+    /// its first contender, as Go's `Mutex.Lock` begins): the key
+    /// (reserved, to be deleted unless kept), its create revision (0 if
+    /// it was there already), and the line.
     pub(crate) async fn enter(
         &self,
         prefix: &str,
         value: &[u8],
-    ) -> Result<(Attempt, i64, Option<i64>)> {
+        read: GetOptions,
+    ) -> Result<(Attempt, i64, Vec<KeyValue>)> {
         let mut tries = 0;
         loop {
             let session = self.node.session().await?;
@@ -169,11 +183,11 @@ impl Inner {
                 .when([Compare::create_revision(k.as_str(), CompareOp::Equal, 0)])
                 .and_then([
                     TxnOp::put(k.as_str(), value, Some(put)),
-                    TxnOp::get(prefix, Some(first_created())),
+                    TxnOp::get(prefix, Some(read.clone())),
                 ])
                 .or_else([
                     TxnOp::get(k.as_str(), None),
-                    TxnOp::get(prefix, Some(first_created())),
+                    TxnOp::get(prefix, Some(read.clone())),
                 ]);
             attempt.sent = true;
             let resp = match session.txn(txn).await {
@@ -194,8 +208,7 @@ impl Inner {
             } else {
                 0
             };
-            let first = got(&resp, 1).first().map(KeyValue::create_revision);
-            return Ok((attempt, mine, first));
+            return Ok((attempt, mine, got(&resp, 1)));
         }
     }
 
@@ -237,6 +250,8 @@ impl Inner {
             rev,
             session,
             holds: 1,
+            fence: rev,
+            claim: owner.claim(),
         };
         lock(&self.held).insert((key.clone(), owner.clone()), hold);
         Grant {
@@ -252,17 +267,29 @@ impl Inner {
         if let Some(g) = self.reenter(key, owner).await? {
             return Ok(Acquire::Acquired(g));
         }
+        if let Some(writer) = owner.writer() {
+            return self.beside(key, owner, writer).await;
+        }
         let prefix = self.prefix(key);
-        let value = owner.value().unwrap_or_default();
+        let (claim, value) = (owner.claim(), claims::value_of(owner));
         // A grant is trusted for a lease from the attempt's start, and a put
         // does not renew the lease: the lease is kept alive beside the
         // attempt (one round trip, not two, for the common uncontended
         // case), and the grant stands only if that is confirmed on the
         // lease the key went onto.
         let session = self.node.session().await?;
-        let (alive, entered) = futures::join!(session.keep_alive(), self.enter(&prefix, value));
-        let (mut attempt, mine, first) = entered?;
-        if mine > 0 && first == Some(mine) {
+        let read = claims::line_read(claim);
+        let (alive, entered) =
+            futures::join!(session.keep_alive(), self.enter(&prefix, &value, read));
+        let (mut attempt, mine, line) = entered?;
+        let held = match (mine > 0).then(|| claims::holds(key, claim, mine, &line)) {
+            Some(Err(refused)) => {
+                attempt.delete().await?;
+                return Err(refused);
+            }
+            held => held.is_some_and(|h| h.unwrap_or(false)),
+        };
+        if held {
             let confirmed = if attempt.session.id == session.id {
                 alive?
             } else {
@@ -298,6 +325,20 @@ impl Inner {
             }
             held.remove(&id).expect("found above")
         };
+        // A downgrade's two holds share one key: the reader's goes alone,
+        // and the writer's leaves the key to the reader, rewritten as a
+        // reader's in its place in line.
+        let beside = lock(&self.held)
+            .values()
+            .find(|h| h.key == hold.key && h.rev == hold.rev)
+            .map(|h| h.claim);
+        match beside {
+            Some(Claim::Shared) if !hold.claim.is_shared() => {
+                return self.leave_to_reader(&hold).await
+            }
+            Some(_) => return Ok(Release::Freed),
+            None => {}
+        }
         // From here the hold is gone from this backend whatever the answer:
         // an attempt that fails deletes the key in the background.
         let mut attempt = Attempt {
@@ -384,37 +425,6 @@ impl Inner {
             })
             .collect()
     }
-
-    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
-        let prefix = self.prefix(key);
-        // The holder with its value (a leader's proposal), and how many
-        // contenders there are, in one read.
-        let txn = Txn::new().and_then([
-            TxnOp::get(prefix.as_str(), Some(first_created())),
-            TxnOp::get(
-                prefix.as_str(),
-                Some(GetOptions::new().with_prefix().with_count_only()),
-            ),
-        ]);
-        let resp = self.node.txn(txn).await?;
-        let Some(first) = got(&resp, 0).into_iter().next() else {
-            return Ok(LockStatus::free());
-        };
-        let count = match resp.op_responses().into_iter().nth(1) {
-            Some(etcd_client::TxnOpResponse::Get(g)) => g.count(),
-            _ => 1,
-        };
-        let rev = first.create_revision();
-        let holds = lock(&self.held)
-            .iter()
-            .find(|((k, _), h)| k == key && h.rev == rev)
-            .map_or(1, |(_, h)| h.holds);
-        let waiters = u32::try_from(count.saturating_sub(1)).unwrap_or(u32::MAX);
-        Ok(LockStatus::held(holds)
-            .with_fence(fence(rev))
-            .with_waiters(Some(waiters))
-            .with_value(Some(first.value().to_vec())))
-    }
 }
 
 impl Session {
@@ -440,6 +450,8 @@ impl LockBackend for EtcdBackend {
             .with_notify(true)
             .with_fair(true)
             .with_values(true)
+            .with_permits(true)
+            .with_shared(true)
     }
 
     /// Connects, and reads one key: the cluster answers and takes the

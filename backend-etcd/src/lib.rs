@@ -57,26 +57,45 @@
 //! observer watches the name's prefix. So `etcdctl elect` and a Go
 //! service's `Election` share our elections both ways.
 //!
-//! # What this version does not do yet
+//! # Semaphores and read-write locks
 //!
-//! Semaphores and read-write locks answer `Unsupported`; `etcds://` (TLS)
-//! is not offered.
+//! In the same one line per name, each key saying its kind in its value
+//! (see `claims.rs`): a semaphore's permit is `locksmith:permits=N` and
+//! holds while fewer than N keys are before it; a reader's is
+//! `locksmith:shared` and holds while only readers are before it; a
+//! writer is a mutex (first in line holds), so Go's mutex and `etcdctl
+//! lock` on the name are writers of our read-write lock, and a waiting
+//! writer stops later readers. A claim that meets another kind or another
+//! N is refused, typed, its key deleted first. A writer's downgrade reads
+//! on the writer's own key, rewritten as a reader's when the writer lets
+//! go, so it keeps the writer's place in line. Fences are still create
+//! revisions, but a downgrade's read hold's: the revision of a write of
+//! the writer's key made as it downgrades, above the writer's. A writer
+//! that queued before the downgrade keeps its earlier place, and so its
+//! fence is below the read hold's: fence writes with writers' fences. Semaphore and reader
+//! waiters watch the whole line, not one predecessor (N holders leave in
+//! any order), and read it again at each release.
+//!
+//! # One attempt
 //!
 //! One attempt is one transaction, as Go's `TryLock`: the contender's key
-//! is put on the lease if missing and the name's first contender read in
-//! the same step; a contender that is not first deletes its key before it
-//! reports the lock held. A put whose answer was lost (a timeout, a
+//! is put on the lease if missing and the name's first contender (the
+//! whole line, for a semaphore or reader) read in the same step; a
+//! contender that does not hold deletes its key before it reports the
+//! lock held. A put whose answer was lost (a timeout, a
 //! dropped future) is followed by the delete of the key, in the
 //! background while the lease lives.
 
 mod attempt;
 mod backend;
+mod claims;
 mod config;
 mod error;
 mod layout;
 mod node;
 mod observe;
 mod queue;
+mod status;
 
 pub use backend::EtcdBackend;
 pub use config::EtcdConfig;

@@ -7,13 +7,14 @@
 
 use std::sync::{Arc, Weak};
 
-use etcd_client::{EventType, GetOptions, KeyValue, SortOrder, SortTarget, WatchOptions};
+use etcd_client::{Event, EventType, GetOptions, SortOrder, SortTarget, WatchOptions};
 use locksmith_core::backend::{Acquire, Watch};
-use locksmith_core::{LockKey, OwnerToken, Result};
+use locksmith_core::{Claim, LockKey, OwnerToken, Result};
 use tokio::sync::watch;
 
-use crate::attempt::{delete_ours, first_created};
+use crate::attempt::delete_ours;
 use crate::backend::Inner;
+use crate::claims;
 use crate::node::{lock, Session};
 
 /// A subscribed waiter: its wake-ups, its key while it is in line, and
@@ -103,6 +104,9 @@ impl Inner {
         if let Some(g) = self.reenter(key, owner).await? {
             return Ok(Acquire::Acquired(g));
         }
+        if let Some(writer) = owner.writer() {
+            return self.beside(key, owner, writer).await;
+        }
         let prefix = self.prefix(key);
         let queued = lock(&self.waiters)
             .get(ticket)
@@ -115,14 +119,19 @@ impl Inner {
             }
             other => other,
         };
-        let (q, first) = match queued {
+        let claim = owner.claim();
+        let (q, line) = match queued {
             Some(q) => {
-                let got = self.node.get(&prefix, Some(first_created())).await?;
-                (q, got.kvs().first().map(KeyValue::create_revision))
+                let got = self
+                    .node
+                    .get(&prefix, Some(claims::line_read(claim)))
+                    .await?;
+                (q, got.kvs().to_vec())
             }
             None => {
-                let value = owner.value().unwrap_or_default();
-                let (mut attempt, mine, first) = self.enter(&prefix, value).await?;
+                let value = claims::value_of(owner);
+                let read = claims::line_read(claim);
+                let (mut attempt, mine, line) = self.enter(&prefix, &value, read).await?;
                 if mine == 0 {
                     attempt.delete().await?;
                     self.wake(ticket);
@@ -140,10 +149,19 @@ impl Inner {
                 };
                 attempt.kept = true;
                 w.queued = Some(q.clone());
-                (q, first)
+                (q, line)
             }
         };
-        if first == Some(q.rev) {
+        let held = match claims::holds(key, claim, q.rev, &line) {
+            Ok(held) => held,
+            Err(refused) => {
+                // Another kind of claim is in line: ours leaves it.
+                self.unqueue(ticket, &q);
+                tokio::spawn(leave_line(self.keys.clone(), q));
+                return Err(refused);
+            }
+        };
+        if held {
             // First in line. The grant is trusted from this attempt's start:
             // the lease is kept alive now, and the grant stands only if
             // that is confirmed, and only while this waiter still stands
@@ -169,7 +187,12 @@ impl Inner {
                 self.hold(key, owner, q.key, q.rev, q.session),
             ));
         }
-        if !self.watch_predecessor(&prefix, &q, ticket).await? {
+        let watching = if claim == Claim::MUTEX {
+            self.watch_predecessor(&prefix, &q, ticket).await?
+        } else {
+            self.watch_line(key, claim, &prefix, &q, ticket).await?
+        };
+        if !watching {
             // Nobody before us now, though we were not first when we
             // looked: the one before us has just gone (we are first, as Go
             // checks with its own key), or our key was deleted from outside
@@ -224,25 +247,69 @@ impl Inner {
             return Ok(false);
         };
         let from = got.header().map_or(0, |h| h.revision()) + 1;
-        let watched = before.key().to_vec();
+        let opts = WatchOptions::new().with_start_revision(from);
+        self.wake_on(ticket, before.key().to_vec(), opts, |e| {
+            e.event_type() == EventType::Delete
+        })
+        .await?;
+        Ok(true)
+    }
+
+    /// Watches the line of a semaphore or read-write lock for a change
+    /// that may let `q` hold: a delete, or a key before `q`'s rewritten
+    /// (a downgraded writer's, now a reader's); `false` if `q` may hold
+    /// now. Every such waiter of the name is woken by every release and
+    /// reads the line again: the line is short, and N holders leave in
+    /// any order, so there is no one predecessor to watch.
+    async fn watch_line(
+        &self,
+        key: &LockKey,
+        claim: Claim,
+        prefix: &str,
+        q: &Queued,
+        ticket: &OwnerToken,
+    ) -> Result<bool> {
+        let got = self
+            .node
+            .get(prefix, Some(claims::line_read(claim)))
+            .await?;
+        if claims::holds(key, claim, q.rev, got.kvs()).unwrap_or(true) {
+            return Ok(false);
+        }
+        let from = got.header().map_or(0, |h| h.revision()) + 1;
+        let opts = WatchOptions::new().with_prefix().with_start_revision(from);
+        let mine = q.rev;
+        // A delete's key-value has no create revision (0).
+        self.wake_on(ticket, prefix.as_bytes().to_vec(), opts, move |e| {
+            e.kv().is_some_and(|kv| kv.create_revision() < mine)
+        })
+        .await?;
+        Ok(true)
+    }
+
+    /// Wakes waiter `ticket` at the first event of the watch on `watched`
+    /// that `wakes`, or when the watch ends, from a task that replaces the
+    /// waiter's last one.
+    async fn wake_on(
+        &self,
+        ticket: &OwnerToken,
+        watched: Vec<u8>,
+        opts: WatchOptions,
+        wakes: impl Fn(&Event) -> bool + Send + 'static,
+    ) -> Result<()> {
         let mut client = self.node.client().await?;
         let Some(tx) = lock(&self.waiters).get(ticket).map(|w| w.tx.clone()) else {
-            return Ok(true);
+            return Ok(());
         };
         let task = tokio::spawn(async move {
-            let opts = WatchOptions::new().with_start_revision(from);
             if let Ok(mut stream) = client.watch(watched, Some(opts)).await {
                 while let Ok(Some(resp)) = stream.message().await {
-                    let deleted = resp
-                        .events()
-                        .iter()
-                        .any(|e| e.event_type() == EventType::Delete);
-                    if deleted || resp.canceled() {
+                    if resp.events().iter().any(&wakes) || resp.canceled() {
                         break;
                     }
                 }
             }
-            // Deleted, or the watch ended: look again either way.
+            // Woken, or the watch ended: look again either way.
             tx.send_modify(|v| *v = v.wrapping_add(1));
         });
         if let Some(w) = lock(&self.waiters).get_mut(ticket) {
@@ -252,7 +319,7 @@ impl Inner {
         } else {
             task.abort();
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Waiter `ticket` gives up: its key leaves the line, now, or in the

@@ -125,3 +125,50 @@ async fn etcdctl_and_our_waiters_share_one_line() {
         .unwrap();
     next.release().await.unwrap();
 }
+
+/// `etcdctl lock` (Go's `Mutex`) is a writer of our read-write lock on
+/// the same name: it waits for our readers, and while it holds our
+/// readers wait, and a semaphore on the name is refused, typed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_lock_is_a_writer_of_our_read_write_lock() {
+    let root = root();
+    let (a, b) = (locker(&root), locker(&root));
+    let no_wait = LockOptions::new().no_wait();
+    let (ra, rb) = (
+        a.rwlock("catalogue").unwrap(),
+        b.rwlock("catalogue").unwrap(),
+    );
+    let r1 = ra.read(&no_wait).await.unwrap();
+    let r2 = rb.read(&no_wait).await.unwrap();
+    let theirs = etcdctl_lock(&format!("{root}/catalogue"));
+    let early = tokio::task::block_in_place(|| theirs.held(Duration::from_millis(1500)));
+    assert!(
+        early.is_none(),
+        "etcdctl held beside our readers: {early:?}"
+    );
+    // It waits in line: a reader that comes after it waits too.
+    assert!(
+        ra.try_read(&no_wait).await.unwrap().is_none(),
+        "a reader passed a waiting etcdctl"
+    );
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    tokio::task::block_in_place(|| theirs.held(Duration::from_secs(10)))
+        .expect("etcdctl holds once our readers left");
+    assert!(
+        rb.try_read(&no_wait).await.unwrap().is_none(),
+        "read beside etcdctl's lock"
+    );
+    let sem = a.semaphore("catalogue", 3).unwrap();
+    let refused = sem.try_acquire(&no_wait).await.unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        locksmith_core::ErrorKind::InvalidOptions,
+        "{refused}"
+    );
+    // Once it is gone (its 3 s lease runs out), we read.
+    drop(theirs);
+    let opts = LockOptions::new().wait_for(Duration::from_secs(20));
+    let r = ra.read(&opts).await.unwrap();
+    r.release().await.unwrap();
+}

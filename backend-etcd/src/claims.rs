@@ -1,0 +1,213 @@
+//! Semaphores and read-write locks in the mutex's one line: each
+//! contender's key says its kind in its value, and the line's order by
+//! create revision decides who holds.
+//!
+//! - A mutex's or writer's key (an exclusive claim of one) holds when it
+//!   is first, as Go's `concurrency.Mutex` decides; its value is empty
+//!   (or an election's proposal), as Go's. So a Go mutex or `etcdctl
+//!   lock` on the name is a writer of our read-write lock.
+//! - A semaphore's permit has the value `locksmith:permits=N`, and holds
+//!   while fewer than N keys are before it: the first N hold, and every
+//!   key before ours, waiting or not, is ahead of us (arrival order).
+//! - A reader's key has the value `locksmith:shared`, and holds while
+//!   every key before it is a reader's. A writer in line is before every
+//!   later reader, so a waiting writer stops new readers.
+//! - A writer's downgrade: the reader's hold is the writer's own key, so
+//!   it keeps the writer's place in line; when the writer lets go and the
+//!   reader stays, the key is rewritten in place as a reader's (its create
+//!   revision, and so its place, unchanged), and a writer that queued
+//!   behind ours stays behind it.
+//!
+//! Every key of a name must agree on N (a semaphore's permits, 1 for a
+//! mutex or writer), and a name is a semaphore or a read-write lock: a
+//! claim that meets another kind is refused, its key deleted first.
+
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
+use locksmith_core::backend::{permits_mismatch, semaphore_or_rwlock, Acquire, Release};
+use locksmith_core::{Claim, LockKey, OwnerToken, Result};
+
+use crate::attempt::first_created;
+use crate::backend::{fence, Hold, Inner};
+use crate::node::lock;
+
+/// A reader's key's value.
+pub(crate) const SHARED: &[u8] = b"locksmith:shared";
+/// A semaphore permit's key's value, before its N.
+const PERMITS: &str = "locksmith:permits=";
+
+/// The claim a key in the line makes, read from its value.
+pub(crate) fn claim_of(value: &[u8]) -> Claim {
+    if value == SHARED {
+        return Claim::Shared;
+    }
+    let permits = std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.strip_prefix(PERMITS))
+        .and_then(|n| n.parse::<u32>().ok())
+        .filter(|n| *n > 1);
+    Claim::Exclusive {
+        permits: permits.unwrap_or(1),
+    }
+}
+
+/// The value `owner`'s key carries: its kind, or for a mutex or writer
+/// its advertised value (Go's: empty, or an election's proposal).
+pub(crate) fn value_of(owner: &OwnerToken) -> Vec<u8> {
+    match owner.claim() {
+        Claim::Shared => SHARED.to_vec(),
+        Claim::Exclusive { permits: 1 } => owner.value().unwrap_or_default().to_vec(),
+        Claim::Exclusive { permits } => format!("{PERMITS}{permits}").into_bytes(),
+    }
+}
+
+/// What an attempt reads of the line with its put: the first key for a
+/// mutex or writer (Go's `Mutex.Lock` transaction, to the letter), the
+/// whole line for the others.
+pub(crate) fn line_read(claim: Claim) -> GetOptions {
+    if claim == Claim::MUTEX {
+        first_created()
+    } else {
+        GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+    }
+}
+
+/// Whether our key, made at `mine`, holds a `claim` on `key`, given the
+/// `line` read with [`line_read`] (ours in it, by create revision).
+///
+/// # Errors
+/// `InvalidOptions` ([unapplied](locksmith_core::Error::unapplied)) when
+/// another key of the line makes a claim ours cannot share the name with.
+pub(crate) fn holds(key: &LockKey, claim: Claim, mine: i64, line: &[KeyValue]) -> Result<bool> {
+    for kv in line.iter().filter(|kv| kv.create_revision() != mine) {
+        refuse_other_kind(key, claim, claim_of(kv.value()))?;
+    }
+    let mut ahead = line.iter().filter(|kv| kv.create_revision() < mine);
+    Ok(match claim {
+        Claim::Exclusive { permits } => {
+            ahead.count() < usize::try_from(permits).unwrap_or(usize::MAX)
+        }
+        Claim::Shared => ahead.all(|kv| claim_of(kv.value()) == Claim::Shared),
+    })
+}
+
+/// Refuses a claim `ours` on a name where a key makes the claim `theirs`,
+/// unless the two belong to one kind of lock.
+fn refuse_other_kind(key: &LockKey, ours: Claim, theirs: Claim) -> Result<()> {
+    match (ours, theirs) {
+        (Claim::Exclusive { permits: n }, Claim::Exclusive { permits: m }) if n != m => {
+            Err(permits_mismatch(key, m, n))
+        }
+        (Claim::Exclusive { permits: n }, Claim::Shared) if n > 1 => {
+            Err(semaphore_or_rwlock(key, n, true))
+        }
+        (Claim::Shared, Claim::Exclusive { permits: m }) if m > 1 => {
+            Err(semaphore_or_rwlock(key, m, false))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The keys of `line` (by create revision) that hold now: the first N of
+/// a semaphore's, the readers at its head, or its first key alone.
+pub(crate) fn holders(line: &[KeyValue]) -> &[KeyValue] {
+    let Some(first) = line.first() else {
+        return line;
+    };
+    let n = match claim_of(first.value()) {
+        Claim::Exclusive { permits } => usize::try_from(permits).unwrap_or(usize::MAX),
+        Claim::Shared => line
+            .iter()
+            .take_while(|kv| claim_of(kv.value()) == Claim::Shared)
+            .count(),
+    };
+    &line[..n.min(line.len())]
+}
+
+impl Inner {
+    /// A writer's downgrade: a read hold on `writer`'s own key, held at
+    /// once in the writer's place in line (see the module docs).
+    /// `Contended` if the writer holds no longer. The key is written
+    /// again (as it is, compared on its create revision, with its lease
+    /// kept alive beside), and the write's revision is the read hold's
+    /// fence: above the writer's, as every later grant's is.
+    pub(crate) async fn beside(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        writer: &str,
+    ) -> Result<Acquire> {
+        let no_writer = Acquire::Contended { retry_after: None };
+        let Ok(writer) = OwnerToken::from_string(writer) else {
+            return Ok(no_writer);
+        };
+        let id = (key.clone(), writer);
+        let found = lock(&self.held).get(&id).cloned();
+        let Some(w) = found.filter(|h| h.claim == Claim::MUTEX && !h.session.is_dead()) else {
+            return Ok(no_writer);
+        };
+        let put = PutOptions::new().with_lease(w.session.id);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                w.key.as_str(),
+                CompareOp::Equal,
+                w.rev,
+            )])
+            .and_then([TxnOp::put(w.key.as_str(), "", Some(put))]);
+        let (alive, written) = futures::join!(w.session.keep_alive(), w.session.txn(txn));
+        let (alive, written) = (alive?, written?);
+        if !alive || !written.succeeded() {
+            self.forget(&id, &w);
+            return Ok(no_writer);
+        }
+        let rev = written.header().map_or(w.rev, |h| h.revision());
+        let mut grant = self.hold(key, owner, w.key, w.rev, w.session);
+        grant.fence = fence(rev);
+        if let Some(h) = lock(&self.held).get_mut(&(key.clone(), owner.clone())) {
+            h.fence = rev;
+        }
+        Ok(Acquire::Acquired(grant))
+    }
+
+    /// A downgraded writer lets go: its key stays for the reader beside
+    /// it, rewritten as a reader's (on the same lease, compared on its
+    /// create revision, so its place in line is kept).
+    pub(crate) async fn leave_to_reader(&self, hold: &Hold) -> Result<Release> {
+        let put = PutOptions::new().with_lease(hold.session.id);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                hold.key.as_str(),
+                CompareOp::Equal,
+                hold.rev,
+            )])
+            .and_then([TxnOp::put(hold.key.as_str(), SHARED, Some(put))]);
+        let resp = hold.session.txn(txn).await?;
+        Ok(if resp.succeeded() {
+            Release::Freed
+        } else {
+            Release::NotHeld
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(claim: Claim) -> OwnerToken {
+        OwnerToken::generate().with_claim(claim)
+    }
+
+    #[test]
+    fn values_say_the_claim_and_go_s_are_a_writer_s() {
+        for claim in [Claim::MUTEX, Claim::Shared, Claim::permits(3).unwrap()] {
+            assert_eq!(claim_of(&value_of(&owner(claim))), claim);
+        }
+        assert_eq!(claim_of(b""), Claim::MUTEX);
+        assert_eq!(claim_of(b"an election's proposal"), Claim::MUTEX);
+        assert_eq!(claim_of(b"locksmith:permits=x"), Claim::MUTEX);
+    }
+}

@@ -1,0 +1,78 @@
+//! What `status` reads of a name's line: its first key (a mutex's, a
+//! writer's or a leader's, with the value it advertises), or the holders
+//! of a semaphore or of readers at its head.
+
+use etcd_client::{GetOptions, KeyValue, Txn, TxnOp};
+use locksmith_core::{Claim, Holder, LockKey, LockStatus, Result};
+
+use crate::attempt::{first_created, got};
+use crate::backend::{fence, Inner};
+use crate::claims;
+use crate::node::lock;
+
+impl Inner {
+    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
+        let prefix = self.prefix(key);
+        // The holder with its value (a leader's proposal), and how many
+        // contenders there are, in one read.
+        let txn = Txn::new().and_then([
+            TxnOp::get(prefix.as_str(), Some(first_created())),
+            TxnOp::get(
+                prefix.as_str(),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            ),
+        ]);
+        let resp = self.node.txn(txn).await?;
+        let Some(first) = got(&resp, 0).into_iter().next() else {
+            return Ok(LockStatus::free());
+        };
+        if claims::claim_of(first.value()) != Claim::MUTEX {
+            return self.group_status(key, &prefix).await;
+        }
+        let count = match resp.op_responses().into_iter().nth(1) {
+            Some(etcd_client::TxnOpResponse::Get(g)) => g.count(),
+            _ => 1,
+        };
+        let rev = first.create_revision();
+        let waiters = u32::try_from(count.saturating_sub(1)).unwrap_or(u32::MAX);
+        Ok(LockStatus::held(self.holds_of(key, rev))
+            .with_fence(fence(rev))
+            .with_waiters(Some(waiters))
+            .with_value(Some(first.value().to_vec())))
+    }
+
+    /// A semaphore's or readers' holders, each with its fence, and the
+    /// rest of the line as waiters.
+    async fn group_status(&self, key: &LockKey, prefix: &str) -> Result<LockStatus> {
+        let read = claims::line_read(Claim::Shared);
+        let got = self.node.get(prefix, Some(read)).await?;
+        let line = got.kvs();
+        let holding = claims::holders(line);
+        let holders = holding
+            .iter()
+            .map(|kv: &KeyValue| {
+                let shared = claims::claim_of(kv.value()).is_shared();
+                Holder::new(shared, self.holds_of(key, kv.create_revision()))
+                    .with_fence(fence(kv.create_revision()))
+            })
+            .collect();
+        let waiting = u32::try_from(line.len() - holding.len()).unwrap_or(u32::MAX);
+        let permits = line
+            .first()
+            .and_then(|kv| claims::claim_of(kv.value()).exclusive_permits());
+        Ok(LockStatus::of_holders(holders)
+            .with_waiters(Some(waiting))
+            .with_permits(permits))
+    }
+
+    /// The holds this backend has on the key made at `rev` (1 for
+    /// another's).
+    fn holds_of(&self, key: &LockKey, rev: i64) -> u32 {
+        lock(&self.held)
+            .iter()
+            .filter(|((k, _), h)| k == key && h.rev == rev)
+            .map(|(_, h)| h.holds)
+            .max()
+            .unwrap_or(1)
+    }
+}
