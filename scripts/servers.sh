@@ -338,11 +338,12 @@ zk_ensemble_start() {
 # which the interop tests drive as Go's `concurrency` package's own user;
 # protoc (and protobuf's own .proto files) is what the `etcd-client`
 # crate's build generates its gRPC code with.
+# openssl makes the certificates of the TLS test's private member.
 
 ETCD_PORT=${LOCKSMITH_ETCD_PORT:-$ETCD_PORT}
 ETCD_CLUSTER_PORTS=${LOCKSMITH_ETCD_CLUSTER_PORTS:-$ETCD_CLUSTER_PORTS}
 
-etcd_install() { apt_install etcd-server etcd-client protobuf-compiler libprotobuf-dev; }
+etcd_install() { apt_install etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl; }
 # Healthy: the member answers a read that needs its cluster's quorum.
 etcd_port_ready() {
     command -v etcdctl >/dev/null 2>&1 &&

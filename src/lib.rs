@@ -43,7 +43,7 @@
 //! | `redis://…`, `rediss://…`, `redis+unix:///path` | one Redis server | `redis` |
 //! | `redis+redlock://h1:p1,h2:p2,h3:p3` | Redlock over independent masters | `redis` |
 //! | `zk://h1:2181,h2:2181,h3:2181/root` | ZooKeeper, Curator-compatible | `zookeeper` |
-//! | `etcd://h1:2379,h2:2379,h3:2379/root` | etcd, Go `concurrency.Mutex`- and `Election`-compatible | `etcd` |
+//! | `etcd://h1:2379,h2:2379,h3:2379/root`, `etcds://…` | etcd, Go `concurrency.Mutex`- and `Election`-compatible | `etcd` |
 //! | `memcache://h:11211`, `memcache://h1,h2,h3` | memcached: one server, or a quorum | `memcached` |
 //! | `memory://` | this process only (tests) | always |
 
@@ -145,7 +145,7 @@ pub mod backend {
         Entry { store: "Redlock", schemes: &["redis+redlock"], feature: "redis", built: REDIS },
         Entry { store: "memcached", schemes: &["memcache", "memcached"], feature: "memcached", built: MEMCACHED },
         Entry { store: "ZooKeeper", schemes: &["zk", "zookeeper"], feature: "zookeeper", built: ZOOKEEPER },
-        Entry { store: "etcd", schemes: &["etcd"], feature: "etcd", built: ETCD },
+        Entry { store: "etcd", schemes: &["etcd", "etcds"], feature: "etcd", built: ETCD },
     ];
 
     /// The registry entry and, when its backend is built in, the scheme as

@@ -1,5 +1,6 @@
 //! Parsing `etcd://` URLs into an [`EtcdConfig`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use locksmith_core::backend::{percent_decode, RedactedUrl, ServerUrl};
@@ -23,9 +24,12 @@ const DEFAULT_ROOT: &str = "/locksmith";
 /// Parameters: `lease_ttl` (the session's lease, default 10s, 2s to 1h:
 /// a crashed holder's lock frees that long after it was last heard from),
 /// `connect_timeout` (default 2s) and `timeout` (how long one request may
-/// wait for its answer before it is `Unavailable`, default 2s). Any other
-/// parameter is refused, so that a misspelt one cannot silently change
-/// behaviour.
+/// wait for its answer before it is `Unavailable`, default 2s); for
+/// `etcds://` (TLS), `tls_ca` (a PEM file of root certificates to trust
+/// instead of the system's) and `tls_cert` with `tls_key` (PEM files of a
+/// client certificate and key, for a cluster that authenticates clients).
+/// Any other parameter is refused, so that a misspelt one cannot silently
+/// change behaviour.
 #[derive(Clone)]
 pub struct EtcdConfig {
     /// The URL as given, printing without its password.
@@ -43,6 +47,20 @@ pub struct EtcdConfig {
     pub connect_timeout: Duration,
     /// How long one request may wait for its answer.
     pub timeout: Duration,
+    /// TLS (`etcds://`), with the files it names; `None` for `etcd://`.
+    pub tls: Option<TlsFiles>,
+}
+
+/// PEM files for `etcds://` connections (parameters `tls_ca`, `tls_cert`,
+/// `tls_key`); none given: the system's roots, no client certificate.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// Root certificates to trust instead of the system's.
+    pub ca: Option<PathBuf>,
+    /// Client certificate (with `key`), for a cluster that authenticates clients.
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key.
+    pub key: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for EtcdConfig {
@@ -55,16 +73,19 @@ impl std::fmt::Debug for EtcdConfig {
             .field("lease_ttl", &self.lease_ttl)
             .field("connect_timeout", &self.connect_timeout)
             .field("timeout", &self.timeout)
+            .field("tls", &self.tls)
             .finish()
     }
 }
 
 impl EtcdConfig {
-    /// Parses an `etcd://` URL.
+    /// Parses an `etcd://` or `etcds://` URL.
     ///
     /// # Errors
     /// `Config` for another scheme, no host, a bad port, root or
-    /// credentials; `InvalidOptions` for an unknown parameter or a bad value.
+    /// credentials, or TLS files on an `etcd://` URL or a certificate
+    /// without its key; `InvalidOptions` for an unknown parameter or a bad
+    /// value.
     pub fn from_url(url: &str) -> Result<Self> {
         let mut u = ServerUrl::parse_for(SCHEMES, url)?;
         let shown = u.shown().clone();
@@ -81,7 +102,13 @@ impl EtcdConfig {
         let timeout = p
             .duration("timeout", ms..=hour)?
             .unwrap_or(Duration::from_secs(2));
+        let files = TlsFiles {
+            ca: p.text("tls_ca")?.map(PathBuf::from),
+            cert: p.text("tls_cert")?.map(PathBuf::from),
+            key: p.text("tls_key")?.map(PathBuf::from),
+        };
         u.finish(&[])?;
+        let tls = tls_of(&shown, u.scheme(), files)?;
         let auth = match u.user()? {
             None => None,
             Some(user) => {
@@ -103,9 +130,37 @@ impl EtcdConfig {
             lease_ttl,
             connect_timeout,
             timeout,
+            tls,
             url: shown,
         })
     }
+}
+
+/// The TLS files of an `etcds://` URL; none allowed on `etcd://`.
+fn tls_of(shown: &RedactedUrl, scheme: &str, files: TlsFiles) -> Result<Option<TlsFiles>> {
+    if scheme != "etcds" {
+        if files != TlsFiles::default() {
+            return Err(Error::config(format!(
+                "{shown}: tls_ca, tls_cert and tls_key need an etcds:// URL"
+            )));
+        }
+        return Ok(None);
+    }
+    for (name, path) in [
+        ("tls_ca", &files.ca),
+        ("tls_cert", &files.cert),
+        ("tls_key", &files.key),
+    ] {
+        if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(Error::config(format!("{shown}: {name} needs a file")));
+        }
+    }
+    if files.cert.is_some() != files.key.is_some() {
+        return Err(Error::config(format!(
+            "{shown}: tls_cert and tls_key go together"
+        )));
+    }
+    Ok(Some(files))
 }
 
 /// The root, from the URL's path: `etcd://h` takes the default, `etcd://h/`
@@ -143,6 +198,13 @@ mod tests {
         assert!(!format!("{c:?}").contains("p@ss"));
         assert_eq!(EtcdConfig::from_url("etcd://h").unwrap().root, "/locksmith");
         assert_eq!(EtcdConfig::from_url("etcd://h/").unwrap().root, "");
+        assert_eq!(EtcdConfig::from_url("etcd://h").unwrap().tls, None);
+        let tls = EtcdConfig::from_url("etcds://h?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/c.key")
+            .unwrap()
+            .tls
+            .unwrap();
+        assert_eq!(tls.ca.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(tls.key.as_deref(), Some(std::path::Path::new("/c.key")));
     }
 
     #[test]
@@ -157,6 +219,9 @@ mod tests {
             ("etcd://h?lease_ttl=banana", InvalidOptions),
             ("etcd://h?ttl=10s", InvalidOptions),
             ("etcd://h/%zz", Config),
+            ("etcd://h?tls_ca=/ca.pem", Config),
+            ("etcds://h?tls_cert=/c.pem", Config),
+            ("etcds://h?tls_ca", Config),
         ] {
             let e = EtcdConfig::from_url(url).expect_err(url);
             assert_eq!(e.kind(), kind, "{url}: {e}");

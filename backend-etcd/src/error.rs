@@ -6,7 +6,7 @@ use tonic::Code;
 
 /// An error of the client as a core error: the cluster out of reach (or
 /// without a leader, or slower than the timeout) is `Unavailable`, refused
-/// credentials are `Config`, anything else `Backend`.
+/// credentials or certificates are `Config`, anything else `Backend`.
 pub(crate) fn map_err(e: EtcdError) -> Error {
     let text = e.to_string();
     match &e {
@@ -18,6 +18,11 @@ pub(crate) fn map_err(e: EtcdError) -> Error {
         EtcdError::GRpcStatus(s) if s.message().contains("user name is empty") => Error::config(
             format!("etcd asks for credentials (user:password@): {text}"),
         ),
+        // A TLS handshake that failed on a certificate (an untrusted
+        // server, no client certificate) fails the same way next time.
+        EtcdError::GRpcStatus(s) if is_tls_refusal(s.message()) => Error::config(format!(
+            "etcd: the TLS handshake failed (see tls_ca, tls_cert and tls_key): {text}"
+        )),
         EtcdError::GRpcStatus(s) => match s.code() {
             Code::Unavailable
             | Code::DeadlineExceeded
@@ -46,4 +51,11 @@ pub(crate) fn map_err(e: EtcdError) -> Error {
         _ => Error::backend(format!("etcd: {text}")),
     }
     .with_source(e)
+}
+
+/// A transport failure's text that says a certificate was refused, on
+/// either side.
+fn is_tls_refusal(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("certificate") || m.contains("handshake")
 }

@@ -98,12 +98,15 @@ mod queue;
 mod status;
 
 pub use backend::EtcdBackend;
-pub use config::EtcdConfig;
+pub use config::{EtcdConfig, TlsFiles};
 
 use locksmith_core::backend::Scheme;
 
 /// The URL schemes this crate answers to.
-pub const SCHEMES: &[Scheme] = &[Scheme::new("etcd", "etcd", Some(2379))];
+pub const SCHEMES: &[Scheme] = &[
+    Scheme::new("etcd", "etcd", Some(2379)),
+    Scheme::new("etcds", "etcd", Some(2379)),
+];
 
 /// Opens the etcd backend for an `etcd://` URL; no connection is made
 /// until the first request.

@@ -9,13 +9,14 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, ConnectOptions, GetOptions, GetResponse, LeaseKeepAliveStream, LeaseKeeper, Txn,
-    TxnResponse,
+    Certificate, Client, ConnectOptions, GetOptions, GetResponse, Identity, LeaseKeepAliveStream,
+    LeaseKeeper, TlsOptions, Txn, TxnResponse,
 };
+use locksmith_core::backend::RedactedUrl;
 use locksmith_core::{Error, Result};
 use tokio::sync::{Mutex, OnceCell};
 
-use crate::config::EtcdConfig;
+use crate::config::{EtcdConfig, TlsFiles};
 use crate::error::map_err;
 
 /// The client, made on first use, and the current session.
@@ -85,6 +86,9 @@ impl Node {
                 opts = opts
                     .with_user(user.clone(), password.clone())
                     .with_auto_token_refresh(true);
+            }
+            if let Some(files) = &c.tls {
+                opts = opts.with_tls(tls_options(&c.url, files)?);
             }
             within(limit, Client::connect(&c.endpoints, Some(opts))).await
         });
@@ -310,6 +314,25 @@ fn refused(e: &etcd_client::Error) -> bool {
 }
 
 /// `f` within `limit`, its error mapped; a timeout is `Unavailable`.
+/// The TLS settings `files` name: their roots instead of the system's,
+/// and a client certificate.
+fn tls_options(url: &RedactedUrl, files: &TlsFiles) -> Result<TlsOptions> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| {
+            Error::config(format!("{url}: cannot read {}", path.display())).with_source(e)
+        })
+    };
+    let mut tls = TlsOptions::new();
+    tls = match &files.ca {
+        Some(ca) => tls.ca_certificate(Certificate::from_pem(read(ca)?)),
+        None => tls.with_native_roots(),
+    };
+    if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
+        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(tls)
+}
+
 pub(crate) async fn within<T>(
     limit: Duration,
     f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,

@@ -4,12 +4,12 @@
 //! between two lockers (so the pub/sub hub authenticates too), and shows
 //! that wrong credentials are an error, never "held by someone else".
 
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use locksmith_conformance::kit::free_port;
 use locksmith_conformance::kit::process::ServerProcess;
+use locksmith_conformance::kit::tls::certificates;
 use locksmith_core::{ErrorKind, LockOptions, Locker};
 use locksmith_redis::RedisBackend;
 
@@ -79,81 +79,6 @@ async fn unix_socket_with_acl_user() {
         ErrorKind::Config,
         "a wrong password is not worth retrying"
     );
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let ok = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl is installed (scripts/test installs it)")
-        .success();
-    assert!(ok, "openssl {args:?} failed");
-}
-
-/// A CA, a server certificate for 127.0.0.1 and a client certificate.
-fn certificates(dir: &Path) {
-    std::fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=locksmith test CA",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ],
-    );
-    for name in ["server", "client"] {
-        openssl(
-            dir,
-            &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-subj",
-                &format!("/CN=locksmith test {name}"),
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-            ],
-        );
-        let (csr, pem, ext) = (
-            format!("{name}.csr"),
-            format!("{name}.pem"),
-            format!("{name}.ext"),
-        );
-        let args = [
-            "x509",
-            "-req",
-            "-days",
-            "2",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            &pem,
-            "-extfile",
-            &ext,
-        ];
-        openssl(dir, &args);
-    }
 }
 
 #[tokio::test]

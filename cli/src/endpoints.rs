@@ -30,7 +30,7 @@ impl Endpoints {
         let url = ServerUrl::parse(url, port)?;
         // TLS checks the server's name, which a local proxy would replace.
         let lower = url.url().expose().to_ascii_lowercase();
-        if url.scheme() == "rediss"
+        if matches!(url.scheme(), "rediss" | "etcds")
             || lower.contains("sslmode=verify")
             || lower.contains("ssl-mode=verify")
             || lower.contains("ssl_mode=verify")
@@ -113,6 +113,7 @@ mod tests {
         assert!(Endpoints::of("redis+unix:///tmp/r.sock").unwrap().is_none());
         assert!(Endpoints::of("memory://").unwrap().is_none());
         assert!(Endpoints::of("rediss://h:6380").unwrap().is_none());
+        assert!(Endpoints::of("etcds://h:2379").unwrap().is_none());
         assert!(Endpoints::of("postgres://h/db?sslmode=verify-full")
             .unwrap()
             .is_none());

@@ -10,6 +10,7 @@
 //! - [`clients`]: the typed clients behind a harness's trait objects;
 //! - [`forwarding`]: proof that a wrapper forwards every method it should;
 //! - [`observe`]: election changes heard by a store's notice, not its poll;
+//! - [`tls`]: a private CA and its certificates, for TLS servers;
 //! - [`values`]: leader values a store could mangle;
 //! - below: names no other run shares, free ports, URL pieces.
 //!
@@ -23,6 +24,7 @@ pub mod forwarding;
 pub mod observe;
 pub mod process;
 pub mod servers;
+pub mod tls;
 pub mod values;
 
 /// A prefix no other test run shares (process id and clock), ending in
