@@ -18,9 +18,11 @@
 //!   revision, and so its place, unchanged), and a writer that queued
 //!   behind ours stays behind it.
 //!
-//! Every key of a name must agree on N (a semaphore's permits, 1 for a
-//! mutex or writer), and a name is a semaphore or a read-write lock: a
-//! claim that meets another kind is refused, its key deleted first.
+//! Every holder of a name must agree on N (a semaphore's permits, 1 for
+//! a mutex or writer), and a name is a semaphore or a read-write lock: a
+//! claim that meets holders of another kind is refused, its key deleted
+//! before the refusal is reported. Keys waiting in line do not count: a
+//! claim that agrees with the holders is never turned away by a waiter's.
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -82,7 +84,15 @@ pub(crate) fn line_read(claim: Claim) -> GetOptions {
 /// `InvalidOptions` ([unapplied](locksmith_core::Error::unapplied)) when
 /// another key of the line makes a claim ours cannot share the name with.
 pub(crate) fn holds(key: &LockKey, claim: Claim, mine: i64, line: &[KeyValue]) -> Result<bool> {
-    for kv in line.iter().filter(|kv| kv.create_revision() != mine) {
+    // Only holders keep the name's kind and N: a key waiting in line, or
+    // one of an attempt just refused and not yet deleted, must not turn
+    // away a claim that agrees with the holders.
+    let others: Vec<KeyValue> = line
+        .iter()
+        .filter(|kv| kv.create_revision() != mine)
+        .cloned()
+        .collect();
+    for kv in holders(&others) {
         refuse_other_kind(key, claim, claim_of(kv.value()))?;
     }
     let mut ahead = line.iter().filter(|kv| kv.create_revision() < mine);
@@ -111,20 +121,26 @@ fn refuse_other_kind(key: &LockKey, ours: Claim, theirs: Claim) -> Result<()> {
     }
 }
 
-/// The keys of `line` (by create revision) that hold now: the first N of
-/// a semaphore's, the readers at its head, or its first key alone.
-pub(crate) fn holders(line: &[KeyValue]) -> &[KeyValue] {
+/// The keys of `line` (by create revision) that hold now: of the first
+/// key's kind, the first N of a semaphore's among the first N places (a
+/// key of another kind there is refused, not held), the readers at its
+/// head, or its first key alone.
+pub(crate) fn holders(line: &[KeyValue]) -> Vec<&KeyValue> {
     let Some(first) = line.first() else {
-        return line;
+        return Vec::new();
     };
-    let n = match claim_of(first.value()) {
+    let kind = claim_of(first.value());
+    let places = match kind {
         Claim::Exclusive { permits } => usize::try_from(permits).unwrap_or(usize::MAX),
         Claim::Shared => line
             .iter()
             .take_while(|kv| claim_of(kv.value()) == Claim::Shared)
             .count(),
     };
-    &line[..n.min(line.len())]
+    line.iter()
+        .take(places)
+        .filter(|kv| claim_of(kv.value()) == kind)
+        .collect()
 }
 
 impl Inner {

@@ -155,9 +155,21 @@ impl Inner {
         let held = match claims::holds(key, claim, q.rev, &line) {
             Ok(held) => held,
             Err(refused) => {
-                // Another kind of claim is in line: ours leaves it.
-                self.unqueue(ticket, &q);
-                tokio::spawn(leave_line(self.keys.clone(), q));
+                // Another kind of claim holds: ours leaves the line before
+                // the refusal is told (a caller that exits on it must not
+                // leave a key behind), in the background only if the
+                // cluster does not answer.
+                // The key stays reserved until it is gone: no attempt of
+                // ours may make it again meanwhile.
+                if let Some(w) = lock(&self.waiters).get_mut(ticket) {
+                    if w.queued.as_ref().is_some_and(|x| x.same(&q)) {
+                        w.queued = None;
+                    }
+                }
+                match delete_ours(&q.session, &q.key).await {
+                    Ok(()) => drop(lock(&self.keys).remove(&q.key)),
+                    Err(_) => drop(tokio::spawn(leave_line(self.keys.clone(), q))),
+                }
                 return Err(refused);
             }
         };

@@ -2,7 +2,7 @@
 //! writer's or a leader's, with the value it advertises), or the holders
 //! of a semaphore or of readers at its head.
 
-use etcd_client::{GetOptions, KeyValue, Txn, TxnOp};
+use etcd_client::{GetOptions, Txn, TxnOp};
 use locksmith_core::{Claim, Holder, LockKey, LockStatus, Result};
 
 use crate::attempt::{first_created, got};
@@ -50,7 +50,7 @@ impl Inner {
         let holding = claims::holders(line);
         let holders = holding
             .iter()
-            .map(|kv: &KeyValue| {
+            .map(|kv| {
                 let shared = claims::claim_of(kv.value()).is_shared();
                 Holder::new(shared, self.holds_of(key, kv.create_revision()))
                     .with_fence(fence(kv.create_revision()))

@@ -110,3 +110,57 @@ async fn a_downgrade_keeps_the_writer_s_place_in_line() {
     assert!(fence_r > w2.fence());
     w2.release().await.unwrap();
 }
+
+/// Only holders keep a name's kind: a key of another N waiting in line
+/// (or left by a refused attempt not yet deleted) does not turn away a
+/// claim that agrees with the holders. A refused claim, waiting or not,
+/// has deleted its key by the time it reports the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_holders_keep_the_kind_and_a_refusal_leaves_no_key() {
+    let root = root();
+    let (a, b) = (locker(&root), locker(&root));
+    let prefix = format!("{root}/pool/");
+    let no_wait = LockOptions::new().no_wait();
+    let held = a
+        .semaphore("pool", 3)
+        .unwrap()
+        .acquire(&no_wait)
+        .await
+        .unwrap();
+    // A stray key of another N behind the holder, on a lease of its own.
+    let mut raw = raw_client(&server_hosts()).await;
+    let lease = raw.lease_grant(30, None).await.unwrap().id();
+    let stray = format!("{prefix}{lease:x}");
+    let put = locksmith_etcd::internals::etcd_client::PutOptions::new().with_lease(lease);
+    raw.put(stray.as_str(), "locksmith:permits=2", Some(put))
+        .await
+        .unwrap();
+    let second = b.semaphore("pool", 3).unwrap().try_acquire(&no_wait).await;
+    let second = second
+        .expect("refused for a waiting key's N")
+        .expect("a free permit");
+    raw.lease_revoke(lease).await.unwrap();
+    for opts in [
+        no_wait.clone(),
+        LockOptions::new().wait_for(Duration::from_secs(5)),
+    ] {
+        let refused = b
+            .semaphore("pool", 2)
+            .unwrap()
+            .acquire(&opts)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.kind(),
+            locksmith_core::ErrorKind::InvalidOptions,
+            "{refused}"
+        );
+        assert_eq!(
+            line(&prefix).await.len(),
+            2,
+            "the refused claim's key is still there"
+        );
+    }
+    held.release().await.unwrap();
+    second.release().await.unwrap();
+}

@@ -146,7 +146,10 @@ struct RunArgs {
     /// The lock name.
     #[arg(long)]
     key: String,
-    /// Lease length; renewed every third of it while the command runs.
+    /// Lease length; renewed every third of it while the command runs. On
+    /// ZooKeeper and etcd the session keeps the lock instead: a holder that
+    /// dies frees it once its `session_timeout` or `lease_ttl` (in the URL)
+    /// runs out, and the TTL only paces renewals.
     #[arg(long, default_value = "30s", value_parser = duration)]
     ttl: Duration,
     /// How long to wait for a held lock: `none` (one attempt), `forever`
@@ -204,8 +207,8 @@ struct ElectArgs {
     #[arg(long, value_parser = clap::value_parser!(std::ffi::OsString))]
     value: std::ffi::OsString,
     /// Lease length; renewed every third of it while the command runs. A
-    /// leader that dies is replaced once it runs out (ZooKeeper: once its
-    /// session times out).
+    /// leader that dies is replaced once it runs out (ZooKeeper and etcd:
+    /// once its session's `session_timeout` or `lease_ttl` runs out).
     #[arg(long, default_value = "30s", value_parser = duration)]
     ttl: Duration,
     /// How long to wait to lead: `forever` (the default: a candidate
