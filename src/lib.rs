@@ -237,6 +237,7 @@ pub use locksmith_redis as redis;
 #[cfg(feature = "memcached")]
 pub use locksmith_memcached as memcached;
 
+/// The etcd backend (Go `concurrency.Mutex`- and `Election`-compatible).
 #[cfg(feature = "etcd")]
 pub use locksmith_etcd as etcd;
 /// The ZooKeeper backend (Curator-compatible locks).

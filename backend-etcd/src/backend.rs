@@ -56,6 +56,26 @@ pub(crate) struct Hold {
     pub(crate) claim: Claim,
 }
 
+impl Hold {
+    /// Writes `value` to the hold's key on its lease, if the key is still
+    /// the one its grant made (compared on its create revision, as Go's
+    /// `Election.Proclaim`): the write's revision, or `None`.
+    pub(crate) async fn rewrite(&self, value: &[u8]) -> Result<Option<i64>> {
+        let put = PutOptions::new().with_lease(self.session.id);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.as_str(),
+                CompareOp::Equal,
+                self.rev,
+            )])
+            .and_then([TxnOp::put(self.key.as_str(), value, Some(put))]);
+        let resp = self.session.txn(txn).await?;
+        Ok(resp
+            .succeeded()
+            .then(|| resp.header().map_or(self.rev, |h| h.revision())))
+    }
+}
+
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session").field("lease", &self.id).finish()
@@ -220,16 +240,7 @@ impl Inner {
         let Some(h) = hold.filter(|h| !h.session.is_dead()) else {
             return Ok(Renew::NotHeld);
         };
-        let put = PutOptions::new().with_lease(h.session.id);
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                h.key.as_str(),
-                CompareOp::Equal,
-                h.rev,
-            )])
-            .and_then([TxnOp::put(h.key.as_str(), value, Some(put))]);
-        let resp = h.session.txn(txn).await?;
-        Ok(if resp.succeeded() {
+        Ok(if h.rewrite(value).await?.is_some() {
             Renew::Renewed
         } else {
             Renew::NotHeld

@@ -24,9 +24,7 @@
 //! before the refusal is reported. Keys waiting in line do not count: a
 //! claim that agrees with the holders is never turned away by a waiter's.
 
-use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-};
+use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
 use locksmith_core::backend::{permits_mismatch, semaphore_or_rwlock, Acquire, Release};
 use locksmith_core::{Claim, LockKey, OwnerToken, Result};
 
@@ -165,21 +163,11 @@ impl Inner {
         let Some(w) = found.filter(|h| h.claim == Claim::MUTEX && !h.session.is_dead()) else {
             return Ok(no_writer);
         };
-        let put = PutOptions::new().with_lease(w.session.id);
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                w.key.as_str(),
-                CompareOp::Equal,
-                w.rev,
-            )])
-            .and_then([TxnOp::put(w.key.as_str(), "", Some(put))]);
-        let (alive, written) = futures::join!(w.session.keep_alive(), w.session.txn(txn));
-        let (alive, written) = (alive?, written?);
-        if !alive || !written.succeeded() {
+        let (alive, written) = futures::join!(w.session.keep_alive(), w.rewrite(b""));
+        let (Some(rev), true) = (written?, alive?) else {
             self.forget(&id, &w);
             return Ok(no_writer);
-        }
-        let rev = written.header().map_or(w.rev, |h| h.revision());
+        };
         let mut grant = self.hold(key, owner, w.key, w.rev, w.session);
         grant.fence = fence(rev);
         if let Some(h) = lock(&self.held).get_mut(&(key.clone(), owner.clone())) {
@@ -192,16 +180,7 @@ impl Inner {
     /// it, rewritten as a reader's (on the same lease, compared on its
     /// create revision, so its place in line is kept).
     pub(crate) async fn leave_to_reader(&self, hold: &Hold) -> Result<Release> {
-        let put = PutOptions::new().with_lease(hold.session.id);
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                hold.key.as_str(),
-                CompareOp::Equal,
-                hold.rev,
-            )])
-            .and_then([TxnOp::put(hold.key.as_str(), SHARED, Some(put))]);
-        let resp = hold.session.txn(txn).await?;
-        Ok(if resp.succeeded() {
+        Ok(if hold.rewrite(SHARED).await?.is_some() {
             Release::Freed
         } else {
             Release::NotHeld

@@ -5,42 +5,24 @@
 //! and an unreadable file are errors, never "held by someone else".
 
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use locksmith_conformance::kit::free_port;
 use locksmith_conformance::kit::process::ServerProcess;
-use locksmith_conformance::kit::tls::certificates;
-use locksmith_core::{ErrorKind, LockOptions, Locker};
+use locksmith_conformance::kit::tls::{self, certificates};
+use locksmith_core::{ErrorKind, Locker};
 use locksmith_etcd::EtcdBackend;
+
+fn locker(url: &str) -> Locker {
+    Locker::new(EtcdBackend::connect(url).unwrap())
+}
 
 /// A lock handed from one locker to a waiting one, over `url`.
 async fn hand_off(url: &str) {
-    let (a, b) = (
-        Locker::new(EtcdBackend::connect(url).unwrap()),
-        Locker::new(EtcdBackend::connect(url).unwrap()),
-    );
-    let g = a.lock("transport").await.unwrap();
-    let fence = g.fence().unwrap();
-    let waiter = tokio::spawn(async move {
-        let opts = LockOptions::new().wait_for(Duration::from_secs(10));
-        b.lock_with("transport", &opts).await
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    g.release().await.unwrap();
-    let g2 = waiter.await.unwrap().expect("handed over");
-    assert!(g2.fence().unwrap() > fence);
-    g2.release().await.unwrap();
+    tls::hand_off(locker(url), locker(url)).await;
 }
 
 async fn refused(url: &str) -> ErrorKind {
-    let l = Locker::new(EtcdBackend::connect(url).unwrap());
-    match l.try_lock("transport").await {
-        Ok(g) => panic!("{url} should be refused, got {g:?}"),
-        Err(e) => {
-            eprintln!("{url}: {}", e.chain());
-            e.kind()
-        }
-    }
+    tls::refused(locker(url), url).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,12 +5,11 @@
 //! that wrong credentials are an error, never "held by someone else".
 
 use std::process::Command;
-use std::time::Duration;
 
 use locksmith_conformance::kit::free_port;
 use locksmith_conformance::kit::process::ServerProcess;
-use locksmith_conformance::kit::tls::certificates;
-use locksmith_core::{ErrorKind, LockOptions, Locker};
+use locksmith_conformance::kit::tls::{self, certificates};
+use locksmith_core::{ErrorKind, Locker};
 use locksmith_redis::RedisBackend;
 
 /// The default user off; only `alice` with password `s3cret` may connect.
@@ -29,31 +28,17 @@ fn start(args: &[&str], ready: impl Fn() -> bool) -> ServerProcess {
     )
 }
 
+fn locker(url: &str) -> Locker {
+    Locker::new(RedisBackend::connect(url).unwrap())
+}
+
 /// A lock handed from one locker to a waiting one, over `url`.
 async fn hand_off(url: &str) {
-    let (a, b) = (
-        Locker::new(RedisBackend::connect(url).unwrap()),
-        Locker::new(RedisBackend::connect(url).unwrap()),
-    );
-    let g = a.lock("transport").await.unwrap();
-    let fence = g.fence().unwrap();
-    let waiter = tokio::spawn(async move {
-        let opts = LockOptions::new().wait_for(Duration::from_secs(10));
-        b.lock_with("transport", &opts).await
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    g.release().await.unwrap();
-    let g2 = waiter.await.unwrap().expect("handed over");
-    assert!(g2.fence().unwrap() > fence);
-    g2.release().await.unwrap();
+    tls::hand_off(locker(url), locker(url)).await;
 }
 
 async fn refused(url: &str) -> ErrorKind {
-    let l = Locker::new(RedisBackend::connect(url).unwrap());
-    match l.try_lock("transport").await {
-        Ok(g) => panic!("{url} should be refused, got {g:?}"),
-        Err(e) => e.kind(),
-    }
+    tls::refused(locker(url), url).await
 }
 
 #[tokio::test]

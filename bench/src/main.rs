@@ -19,6 +19,7 @@ use clap::Parser;
 
 mod baseline;
 mod claims_bench;
+mod etcd_bench;
 mod mc_bench;
 mod redis_bench;
 mod zk_bench;
@@ -85,6 +86,14 @@ enum Cli {
         #[arg(long, default_value_t = 5)]
         contended: u64,
     },
+    /// etcd: our backend and Locker beside etcd's lock service (Go's Mutex) and the raw requests.
+    Etcd {
+        /// The cluster's host:port list.
+        #[arg(long, default_value = "127.0.0.1:12379")]
+        hosts: String,
+        #[command(flatten)]
+        load: Load,
+    },
     /// ZooKeeper: our backend and Locker beside Python kazoo and the raw requests.
     Zookeeper {
         /// The ensemble's host:port list.
@@ -98,7 +107,7 @@ enum Cli {
 /// How long and how hard a store's comparison runs.
 #[derive(clap::Args, Debug)]
 struct Load {
-    /// Uncontended pairs per round [default: Redis 5000, memcached 3000, ZooKeeper 2000].
+    /// Uncontended pairs per round [default: Redis 5000, memcached 3000, ZooKeeper and etcd 2000].
     #[arg(long)]
     iterations: Option<u32>,
     /// Interleaved rounds; the median is reported [default: Redis 5, others 3].
@@ -152,6 +161,11 @@ async fn main() {
                 let secs = std::time::Duration::from_secs(contended);
                 exit_on_error("claims", claims_bench::contended(&url, secs).await);
             }
+        }
+        Cli::Etcd { hosts, load } => {
+            let (i, r) = (load.iterations.unwrap_or(2000), load.rounds.unwrap_or(3));
+            let run = etcd_bench::run(&hosts, i, r, load.contenders, load.seconds);
+            exit_on_error("etcd", run.await);
         }
         Cli::Zookeeper { hosts, load } => {
             let (i, r) = (load.iterations.unwrap_or(2000), load.rounds.unwrap_or(3));

@@ -1,8 +1,12 @@
-//! Certificates for the TLS tests' private servers: a CA of their own,
-//! made with `openssl` (`scripts/test` installs it).
+//! The TLS tests' kit: certificates for their private servers (a CA of
+//! their own, made with `openssl`, which `scripts/test` installs), and the
+//! hand-off and refusals they run through them.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use locksmith_core::{ErrorKind, LockOptions, Locker};
 
 fn openssl(dir: &Path, args: &[&str]) {
     let ok = Command::new("openssl")
@@ -81,5 +85,39 @@ pub fn certificates(dir: &Path) {
             &ext,
         ];
         openssl(dir, &args);
+    }
+}
+
+/// A lock handed from `a` to `b`, waiting for it: every connection of a
+/// backend (its notifications' too) goes through the transport under test.
+///
+/// # Panics
+/// If the hand-off fails, or the second fence is not above the first.
+pub async fn hand_off(a: Locker, b: Locker) {
+    let g = a.lock("transport").await.unwrap();
+    let fence = g.fence().unwrap();
+    let waiter = tokio::spawn(async move {
+        let opts = LockOptions::new().wait_for(Duration::from_secs(10));
+        b.lock_with("transport", &opts).await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    g.release().await.unwrap();
+    let g2 = waiter.await.unwrap().expect("handed over");
+    assert!(g2.fence().unwrap() > fence);
+    g2.release().await.unwrap();
+}
+
+/// The kind of error a first attempt through `l` (made from `url`, which
+/// must be refused) ends with.
+///
+/// # Panics
+/// If the attempt is granted.
+pub async fn refused(l: Locker, url: &str) -> ErrorKind {
+    match l.try_lock("transport").await {
+        Ok(g) => panic!("{url} should be refused, got {g:?}"),
+        Err(e) => {
+            eprintln!("{url}: {}", e.chain());
+            e.kind()
+        }
     }
 }
