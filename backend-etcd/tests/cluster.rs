@@ -1,7 +1,9 @@
 //! Faults on the 3-member cluster (`scripts/test` starts it, on the kit's
 //! `etcd_cluster_ports`): the leader killed while a lock is held and
-//! another client waits, then a majority down. One test, because both
-//! steps stop and start the same members.
+//! another client waits, then a majority down (one test, because both
+//! steps stop and start the same members); and a holder cut off from every
+//! member at a TCP proxy. The tests of this file run one at a time
+//! (`.config/nextest.toml`), as the first stops members the second uses.
 
 mod common;
 
@@ -9,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::raw_client;
 use locksmith_conformance::kit::fault_server::{self, Stopped};
+use locksmith_conformance::kit::proxy::{Proxy, CUT, PASS};
 use locksmith_conformance::kit::servers::{etcd_cluster_ports, loopback};
 use locksmith_core::{ErrorKind, LockOptions, Locker};
 use locksmith_etcd::EtcdBackend;
@@ -211,4 +214,86 @@ async fn leader_loss_keeps_locks_and_a_lost_majority_is_unavailable_until_it_ret
         .unwrap()
         .count();
     assert_eq!(left, 0, "keys left under /locksmith-cluster/");
+}
+
+/// A holder cut off from every member at a TCP proxy: its lost signal
+/// fires within one lease TTL, and no other client takes the lock before
+/// the holder reads it as lost; the next grant's fence is higher, and the
+/// holder locks again once its links are back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_cut_off_is_lost_before_another_takes_the_lock() {
+    for n in 1..=3 {
+        if role(n).await.is_none() {
+            fault_server::start(&member(n));
+        }
+    }
+    cluster_serving(Duration::from_secs(60)).await;
+    let mut proxies = Vec::new();
+    for n in 1..=3 {
+        proxies.push(Proxy::start(format!("127.0.0.1:{}", port(n))).await);
+    }
+    let through: Vec<String> = proxies.iter().map(|p| p.addr.to_string()).collect();
+    let params = "lease_ttl=2s&connect_timeout=500ms&timeout=500ms";
+    let holder = Locker::new(
+        EtcdBackend::connect(&format!(
+            "etcd://{}/locksmith-cut?{params}",
+            through.join(",")
+        ))
+        .expect("valid URL"),
+    );
+    let other = Locker::new(
+        EtcdBackend::connect(&format!(
+            "etcd://{}/locksmith-cut?lease_ttl=2s",
+            loopback(&etcd_cluster_ports()).join(",")
+        ))
+        .expect("valid URL"),
+    );
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let guard = holder.lock_with("k", &opts).await.expect("lock");
+    let first = guard.fence().expect("fence");
+    let waiting = tokio::spawn(async move {
+        let opts = LockOptions::new().wait_for(Duration::from_secs(30));
+        let g = other.lock_with("k", &opts).await;
+        (Instant::now(), g)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for p in &proxies {
+        p.set(CUT);
+    }
+    let cut_at = Instant::now();
+    // No renewal lands from now on: the guard reads as lost from this
+    // instant on at the latest.
+    let deadline = guard.deadline().expect("held at the cut");
+    tokio::time::timeout(Duration::from_secs(4), guard.lost())
+        .await
+        .expect("the lost signal fires within the lease TTL of the cut");
+    let fired = Instant::now().min(deadline);
+    assert!(cut_at.elapsed() < Duration::from_secs(4));
+    let (taken_at, next) = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the other client gets the lock once the lease ran out")
+        .expect("waiter task");
+    let next = next.expect("the other client's lock");
+    assert!(
+        taken_at >= fired,
+        "taken {:?} before the holder read its lock as lost",
+        fired - taken_at
+    );
+    assert!(next.fence().expect("fence") > first);
+    next.release().await.expect("release");
+    drop(guard);
+    for p in &proxies {
+        p.set(PASS);
+    }
+    let again = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            match holder.try_lock("k").await {
+                Ok(Some(g)) => break g,
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    })
+    .await
+    .expect("the holder locks again once its links are back");
+    again.release().await.expect("release");
 }

@@ -6,92 +6,14 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::{raw_client, server_hosts};
+use locksmith_conformance::kit::proxy::{Proxy, CUT, MUTE, PASS};
 use locksmith_core::{ErrorKind, LockOptions, Locker};
 use locksmith_zk::internals::zookeeper_client as zk;
 use locksmith_zk::ZkBackend;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-const PASS: u8 = 0;
-/// Connections are closed, and new ones closed as soon as they open.
-const CUT: u8 = 1;
-/// Bytes to the server pass; the server's replies are dropped.
-const MUTE: u8 = 2;
-
-struct Proxy {
-    addr: SocketAddr,
-    mode: Arc<AtomicU8>,
-    accepted: Arc<AtomicUsize>,
-    links: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
-}
-
-impl Proxy {
-    async fn start(upstream: String) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let mode = Arc::new(AtomicU8::new(PASS));
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let links: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
-        let (m, a, l) = (mode.clone(), accepted.clone(), links.clone());
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                a.fetch_add(1, Ordering::SeqCst);
-                if m.load(Ordering::SeqCst) == CUT {
-                    continue;
-                }
-                let Ok(server) = TcpStream::connect(&upstream).await else {
-                    continue;
-                };
-                let mode = m.clone();
-                let task = tokio::spawn(async move {
-                    let (mut cr, mut cw) = client.into_split();
-                    let (mut sr, mut sw) = server.into_split();
-                    let up = async move {
-                        let _ = tokio::io::copy(&mut cr, &mut sw).await;
-                    };
-                    let down = async move {
-                        let mut buf = vec![0u8; 64 * 1024];
-                        loop {
-                            let n = match sr.read(&mut buf).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => n,
-                            };
-                            if mode.load(Ordering::SeqCst) == MUTE {
-                                continue;
-                            }
-                            if cw.write_all(&buf[..n]).await.is_err() {
-                                return;
-                            }
-                        }
-                    };
-                    tokio::select! { () = up => {}, () = down => {} }
-                });
-                l.lock().unwrap().push(task.abort_handle());
-            }
-        });
-        Proxy {
-            addr,
-            mode,
-            accepted,
-            links,
-        }
-    }
-
-    fn set(&self, mode: u8) {
-        self.mode.store(mode, Ordering::SeqCst);
-        if mode == CUT {
-            for link in self.links.lock().unwrap().drain(..) {
-                link.abort();
-            }
-        }
-    }
-}
 
 fn locker(hosts: &str, root: &str, params: &str) -> Locker {
     Locker::new(ZkBackend::connect(&format!("zk://{hosts}{root}?{params}")).expect("valid URL"))

@@ -7,6 +7,7 @@
 //! - [`fault_server`]: stopping and starting the private servers of the
 //!   outage tests;
 //! - [`process`]: a server process of a test's own, killed with the test;
+//! - [`proxy`]: a TCP proxy that cuts or mutes a client's links;
 //! - [`clients`]: the typed clients behind a harness's trait objects;
 //! - [`forwarding`]: proof that a wrapper forwards every method it should;
 //! - [`observe`]: election changes heard by a store's notice, not its poll;
@@ -23,6 +24,7 @@ pub mod fault_server;
 pub mod forwarding;
 pub mod observe;
 pub mod process;
+pub mod proxy;
 pub mod servers;
 pub mod tls;
 pub mod values;
