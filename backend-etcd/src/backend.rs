@@ -283,15 +283,24 @@ impl Inner {
         }
         let prefix = self.prefix(key);
         let (claim, value) = (owner.claim(), claims::value_of(owner));
-        // A grant is trusted for a lease from the attempt's start, and a put
-        // does not renew the lease: the lease is kept alive beside the
-        // attempt (one round trip, not two, for the common uncontended
-        // case), and the grant stands only if that is confirmed on the
-        // lease the key went onto.
+        // A grant is trusted only while the lease it is on is sure to live,
+        // and a put does not renew a lease. A lease confirmed within the
+        // last half of its TTL (the background keep-alive confirms it every
+        // third) lends the grant what it has left: one request. Otherwise
+        // the lease is kept alive beside the attempt (one round trip still),
+        // and the grant stands, for a whole lease from the attempt's start,
+        // only if that is confirmed on the lease the key went onto.
         let session = self.node.session().await?;
+        let left = session.left();
+        let lent = (left >= session.ttl / 2).then_some(left);
         let read = claims::line_read(claim);
-        let (alive, entered) =
-            futures::join!(session.keep_alive(), self.enter(&prefix, &value, read));
+        let keep_alive = async {
+            match lent {
+                Some(_) => Ok(true),
+                None => session.keep_alive().await,
+            }
+        };
+        let (alive, entered) = futures::join!(keep_alive, self.enter(&prefix, &value, read));
         let (mut attempt, mine, line) = entered?;
         let held = match (mine > 0).then(|| claims::holds(key, claim, mine, &line)) {
             Some(Err(refused)) => {
@@ -301,7 +310,8 @@ impl Inner {
             held => held.is_some_and(|h| h.unwrap_or(false)),
         };
         if held {
-            let confirmed = if attempt.session.id == session.id {
+            let same = attempt.session.id == session.id;
+            let confirmed = if same {
                 alive?
             } else {
                 // `enter` took a new lease (the old one was gone).
@@ -314,10 +324,10 @@ impl Inner {
                 ));
             }
             attempt.kept = true;
-            let (name, session) = (attempt.key.clone(), attempt.session.clone());
-            return Ok(Acquire::Acquired(
-                self.hold(key, owner, name, mine, session),
-            ));
+            let (name, held_on) = (attempt.key.clone(), attempt.session.clone());
+            let mut grant = self.hold(key, owner, name, mine, held_on);
+            grant.lease = if same { lent } else { None };
+            return Ok(Acquire::Acquired(grant));
         }
         attempt.delete().await?;
         Ok(Acquire::Contended { retry_after: None })
@@ -373,68 +383,6 @@ impl Inner {
         } else {
             Release::NotHeld
         })
-    }
-
-    /// Every renewal of a batch in two round trips at once: one keep-alive
-    /// of the lease, and one read of every key.
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        let holds: Vec<Option<Hold>> = {
-            let held = lock(&self.held);
-            requests
-                .iter()
-                .map(|r| held.get(&(r.key.clone(), r.owner.clone())).cloned())
-                .collect()
-        };
-        let live: Vec<&Hold> = holds
-            .iter()
-            .flatten()
-            .filter(|h| !h.session.is_dead())
-            .collect();
-        let Some(session) = live.first().map(|h| h.session.clone()) else {
-            return self.settle(requests, &holds, &[]);
-        };
-        let txn = Txn::new().and_then(
-            live.iter()
-                .map(|h| TxnOp::get(h.key.as_str(), None))
-                .collect::<Vec<_>>(),
-        );
-        let (alive, read) = futures::join!(session.keep_alive(), session.txn(txn));
-        let found = match (alive, read) {
-            (Ok(true), Ok(resp)) => (0..live.len())
-                .filter_map(|i| got(&resp, i).first().cloned())
-                .collect::<Vec<_>>(),
-            (Ok(false), _) => Vec::new(),
-            (Err(e), _) | (_, Err(e)) => return requests.iter().map(|_| Err(e.clone())).collect(),
-        };
-        self.settle(requests, &holds, &found)
-    }
-
-    /// Each request `Renewed` when its hold's key is among `found` as this
-    /// grant made it on a live lease, else `NotHeld` (and forgotten).
-    fn settle(
-        &self,
-        requests: &[RenewRequest],
-        holds: &[Option<Hold>],
-        found: &[KeyValue],
-    ) -> Vec<Result<Renew>> {
-        requests
-            .iter()
-            .zip(holds)
-            .map(|(r, h)| {
-                let ours = h.as_ref().is_some_and(|h| {
-                    !h.session.is_dead()
-                        && found.iter().any(|kv| {
-                            kv.key() == h.key.as_bytes()
-                                && kv.create_revision() == h.rev
-                                && kv.lease() == h.session.id
-                        })
-                });
-                if let (false, Some(h)) = (ours, h) {
-                    self.forget(&(r.key.clone(), r.owner.clone()), h);
-                }
-                Ok(if ours { Renew::Renewed } else { Renew::NotHeld })
-            })
-            .collect()
     }
 }
 

@@ -95,6 +95,7 @@ mod layout;
 mod node;
 mod observe;
 mod queue;
+mod renew;
 mod status;
 
 pub use backend::EtcdBackend;

@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use etcd_client::{
     Certificate, Client, ConnectOptions, GetOptions, GetResponse, Identity, LeaseKeepAliveStream,
@@ -46,6 +46,11 @@ pub(crate) struct Session {
     /// How many members the client knows (see [`retrying`]).
     members: usize,
     task: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+    /// The lease's TTL, as asked (the cluster may keep it longer).
+    pub(crate) ttl: Duration,
+    /// When the last keep-alive (or the grant) the cluster confirmed was
+    /// sent: the lease lives at least one `ttl` from then.
+    confirmed: std::sync::Mutex<Instant>,
 }
 
 impl Node {
@@ -117,6 +122,7 @@ impl Node {
         // the lost signal is timed on, never the other way round.
         let ms = self.config.lease_ttl.as_millis();
         let ttl = i64::try_from(ms.div_ceil(1000)).unwrap_or(i64::MAX);
+        let asked = Instant::now();
         let granted = retrying(self.config.timeout, self.config.endpoints.len(), || {
             let mut c = client.clone();
             async move { c.lease_grant(ttl, None).await }
@@ -130,6 +136,8 @@ impl Node {
             timeout: self.config.timeout,
             members: self.config.endpoints.len(),
             task: std::sync::Mutex::new(None),
+            ttl: self.config.lease_ttl,
+            confirmed: std::sync::Mutex::new(asked),
         });
         let period = self.config.lease_ttl / 3;
         let task = tokio::spawn(keep_alive(Arc::downgrade(&session), period));
@@ -187,6 +195,26 @@ impl Session {
         if self.is_dead() {
             return Ok(false);
         }
+        let sent = Instant::now();
+        let alive = self.ask_keep_alive().await;
+        if let Ok(true) = alive {
+            let mut confirmed = lock(&self.confirmed);
+            *confirmed = (*confirmed).max(sent);
+        }
+        alive
+    }
+
+    /// How long the lease is sure to live from now: one TTL from the
+    /// sending of the last keep-alive the cluster confirmed (zero once it
+    /// is dead).
+    pub(crate) fn left(&self) -> Duration {
+        if self.is_dead() {
+            return Duration::ZERO;
+        }
+        (*lock(&self.confirmed) + self.ttl).saturating_duration_since(Instant::now())
+    }
+
+    async fn ask_keep_alive(&self) -> Result<bool> {
         let mut slot = self.stream.lock().await;
         // Out of the slot while it asks, back only once it has its answer:
         // a stream left with an answer in flight (this call timed out or

@@ -212,10 +212,12 @@ pub struct Grant {
     pub fence: Option<FencingToken>,
     /// How many holds the owner has on the key now (1 unless re-entered).
     pub holds: u32,
-    /// The lease the store granted when it is shorter than the TTL asked
-    /// for; `None` means the full TTL. A fair store's direct hand-off grants
-    /// a short lease, so a waiter that died unseen blocks the next one only
-    /// that long; the new holder's watchdog extends it halfway through.
+    /// The lease the store granted, from the attempt's start, when it is
+    /// shorter than the TTL asked for; `None` means the full TTL. A fair
+    /// store's direct hand-off grants a short lease, so a waiter that died
+    /// unseen blocks the next one only that long, and a session store may
+    /// grant what its session has left; the new holder's watchdog extends
+    /// it halfway through.
     pub lease: Option<Duration>,
 }
 

@@ -504,7 +504,11 @@ impl Locker {
             let retry_after = match attempts.attempt(opts.ttl).await? {
                 Acquire::Acquired(grant) => {
                     attempts.done();
-                    let guard = self.guard(&key, &owner, grant, opts, sent, None);
+                    // A store may grant less than the lease it trusts (a
+                    // session store whose lease has that much left).
+                    let trusted = self.caps.trusted_lease(opts.ttl);
+                    let short = grant.lease.filter(|l| *l < trusted);
+                    let guard = self.guard(&key, &owner, grant, opts, sent, short);
                     return self.unless_closed(guard).await.map(Some);
                 }
                 Acquire::Contended { retry_after } => {

@@ -356,3 +356,49 @@ async fn a_starved_holder_reads_its_lock_as_lost_at_the_deadline() {
     );
     assert!(g.is_lost() && g.deadline().is_none());
 }
+
+/// A store that grants a lease shorter than the TTL on every attempt, as
+/// a session store lends what its session has left.
+#[derive(Debug, Default)]
+struct LendsShort {
+    inner: MemoryBackend,
+}
+
+locksmith_core::forward_backend! {
+    (self) => self.inner;
+    impl LockBackend for LendsShort {
+        async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<locksmith_core::backend::Acquire> {
+            let mut got = self.inner.try_acquire(key, owner, ttl).await?;
+            if let locksmith_core::backend::Acquire::Acquired(g) = &mut got {
+                g.lease = Some(Duration::from_millis(400));
+            }
+            Ok(got)
+        }
+        // The test's acquires never wait: none queues.
+        async fn try_acquire_waiting(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration, ticket: &OwnerToken) -> Result<locksmith_core::backend::Acquire> {
+            self.inner.try_acquire_waiting(key, owner, ttl, ticket).await
+        }
+    }
+}
+
+/// A direct grant of a short lease is trusted only that long, and the
+/// watchdog extends it halfway through, so the hold lives on.
+#[tokio::test]
+async fn a_short_direct_grant_is_trusted_that_long_and_extended() {
+    let locker = Locker::new(LendsShort::default());
+    let start = Instant::now();
+    let g = locker
+        .lock_with("lent", &LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let deadline = g.deadline().expect("held");
+    assert!(
+        deadline <= start + Duration::from_millis(400),
+        "trusted {:?} of a 400 ms lease",
+        deadline - start
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!g.is_lost(), "the short lease was not extended");
+    assert!(g.deadline().expect("held") > start + Duration::from_secs(20));
+    g.release().await.unwrap();
+}
