@@ -240,7 +240,7 @@ impl Inner {
         let Some(h) = hold.filter(|h| !h.session.is_dead()) else {
             return Ok(Renew::NotHeld);
         };
-        Ok(if h.rewrite(value).await?.is_some() {
+        Ok(if h.rewrite(claims::check_value(value)?).await?.is_some() {
             Renew::Renewed
         } else {
             Renew::NotHeld
@@ -282,7 +282,7 @@ impl Inner {
             return self.beside(key, owner, writer).await;
         }
         let prefix = self.prefix(key);
-        let (claim, value) = (owner.claim(), claims::value_of(owner));
+        let (claim, value) = (owner.claim(), claims::value_of(owner)?);
         // A grant is trusted only while the lease it is on is sure to live,
         // and a put does not renew a lease. A lease confirmed within the
         // last half of its TTL (the background keep-alive confirms it every

@@ -22,7 +22,9 @@
 //! a mutex or writer), and a name is a semaphore or a read-write lock: a
 //! claim that meets holders of another kind is refused, its key deleted
 //! before the refusal is reported. Keys waiting in line do not count: a
-//! claim that agrees with the holders is never turned away by a waiter's.
+//! claim that agrees with the holders is not turned away by a waiter's
+//! (though a refused key that finds itself first, as the holders leave
+//! in the moment before it is deleted, is taken for the holder then).
 
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
 use locksmith_core::backend::{permits_mismatch, semaphore_or_rwlock, Acquire, Release};
@@ -54,12 +56,33 @@ pub(crate) fn claim_of(value: &[u8]) -> Claim {
 
 /// The value `owner`'s key carries: its kind, or for a mutex or writer
 /// its advertised value (Go's: empty, or an election's proposal).
-pub(crate) fn value_of(owner: &OwnerToken) -> Vec<u8> {
-    match owner.claim() {
+///
+/// # Errors
+/// `InvalidOptions` for an advertised value in this module's own form
+/// (see [`check_value`]).
+pub(crate) fn value_of(owner: &OwnerToken) -> Result<Vec<u8>> {
+    Ok(match owner.claim() {
         Claim::Shared => SHARED.to_vec(),
-        Claim::Exclusive { permits: 1 } => owner.value().unwrap_or_default().to_vec(),
+        Claim::Exclusive { permits: 1 } => check_value(owner.value().unwrap_or_default())?.to_vec(),
         Claim::Exclusive { permits } => format!("{PERMITS}{permits}").into_bytes(),
+    })
+}
+
+/// Refuses an advertised value (a leader's) that starts with
+/// `locksmith:`: it would read as a reader's or a semaphore's key, and
+/// let readers in beside the leader or turn away the name's claims.
+///
+/// # Errors
+/// `InvalidOptions`, [unapplied](locksmith_core::Error::unapplied).
+pub(crate) fn check_value(value: &[u8]) -> Result<&[u8]> {
+    if value.starts_with(b"locksmith:") {
+        return Err(locksmith_core::Error::invalid_options(
+            "on etcd a leader's value may not start with \"locksmith:\": keys with such values \
+             are semaphore permits and readers",
+        )
+        .unapplied());
     }
+    Ok(value)
 }
 
 /// What an attempt reads of the line with its put: the first key for a
@@ -92,6 +115,12 @@ pub(crate) fn holds(key: &LockKey, claim: Claim, mine: i64, line: &[KeyValue]) -
         .collect();
     for kv in holders(&others) {
         refuse_other_kind(key, claim, claim_of(kv.value()))?;
+    }
+    // Our key must be there (first, in a read of the first key alone): a
+    // key deleted from outside (`etcdctl del`) holds nothing, though no
+    // key is before it any more.
+    if !line.iter().any(|kv| kv.create_revision() == mine) {
+        return Ok(false);
     }
     let mut ahead = line.iter().filter(|kv| kv.create_revision() < mine);
     Ok(match claim {
@@ -199,8 +228,15 @@ mod tests {
     #[test]
     fn values_say_the_claim_and_go_s_are_a_writer_s() {
         for claim in [Claim::MUTEX, Claim::Shared, Claim::permits(3).unwrap()] {
-            assert_eq!(claim_of(&value_of(&owner(claim))), claim);
+            assert_eq!(claim_of(&value_of(&owner(claim)).unwrap()), claim);
         }
+        let posing = OwnerToken::generate()
+            .with_value("locksmith:shared")
+            .unwrap();
+        assert!(
+            value_of(&posing).is_err(),
+            "a leader's value posing as a reader's"
+        );
         assert_eq!(claim_of(b""), Claim::MUTEX);
         assert_eq!(claim_of(b"an election's proposal"), Claim::MUTEX);
         assert_eq!(claim_of(b"locksmith:permits=x"), Claim::MUTEX);

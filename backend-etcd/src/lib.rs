@@ -55,7 +55,8 @@
 //! create revision as its term, a proclaim rewrites the leader's key in
 //! place on the same lease, compared on its create revision, and an
 //! observer watches the name's prefix. So `etcdctl elect` and a Go
-//! service's `Election` share our elections both ways.
+//! service's `Election` share our elections both ways. A leader's value
+//! may not start with `locksmith:`: such values mark permits and readers.
 //!
 //! # Semaphores and read-write locks
 //!
@@ -68,11 +69,12 @@
 //! writer stops later readers. A claim that meets another kind or another
 //! N is refused, typed, its key deleted first. A writer's downgrade reads
 //! on the writer's own key, rewritten as a reader's when the writer lets
-//! go, so it keeps the writer's place in line. Fences are still create
-//! revisions, but a downgrade's read hold's: the revision of a write of
-//! the writer's key made as it downgrades, above the writer's. A writer
-//! that queued before the downgrade keeps its earlier place, and so its
-//! fence is below the read hold's: fence writes with writers' fences. Semaphore and reader
+//! go, so it keeps the writer's place in line. Fences are create
+//! revisions, but for a downgrade's read hold, whose fence is the revision
+//! of a write to the writer's key made as it downgrades (above the
+//! writer's). So a writer that queued before the downgrade, and holds after
+//! the reader, has a lower fence than that read hold: a resource that
+//! checks fences should check writers' fences only. Semaphore and reader
 //! waiters watch the whole line, not one predecessor (N holders leave in
 //! any order), and read it again at each release.
 //!

@@ -341,7 +341,6 @@ fn refused(e: &etcd_client::Error) -> bool {
     text.contains("ConnectionRefused") || text.contains("tcp connect error")
 }
 
-/// `f` within `limit`, its error mapped; a timeout is `Unavailable`.
 /// The TLS settings `files` name: their roots instead of the system's,
 /// and a client certificate.
 fn tls_options(url: &RedactedUrl, files: &TlsFiles) -> Result<TlsOptions> {
@@ -361,6 +360,7 @@ fn tls_options(url: &RedactedUrl, files: &TlsFiles) -> Result<TlsOptions> {
     Ok(tls)
 }
 
+/// `f` within `limit`, its error mapped; a timeout is `Unavailable`.
 pub(crate) async fn within<T>(
     limit: Duration,
     f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,

@@ -7,12 +7,14 @@
 
 use std::sync::{Arc, Weak};
 
-use etcd_client::{Event, EventType, GetOptions, SortOrder, SortTarget, WatchOptions};
+use etcd_client::{
+    Compare, CompareOp, Event, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
+    WatchOptions,
+};
 use locksmith_core::backend::{Acquire, Watch};
 use locksmith_core::{Claim, LockKey, OwnerToken, Result};
 use tokio::sync::watch;
 
-use crate::attempt::delete_ours;
 use crate::backend::Inner;
 use crate::claims;
 use crate::node::{lock, Session};
@@ -129,7 +131,7 @@ impl Inner {
                 (q, got.kvs().to_vec())
             }
             None => {
-                let value = claims::value_of(owner);
+                let value = claims::value_of(owner)?;
                 let read = claims::line_read(claim);
                 let (mut attempt, mine, line) = self.enter(&prefix, &value, read).await?;
                 if mine == 0 {
@@ -157,18 +159,17 @@ impl Inner {
             Err(refused) => {
                 // Another kind of claim holds: ours leaves the line before
                 // the refusal is told (a caller that exits on it must not
-                // leave a key behind), in the background only if the
-                // cluster does not answer.
-                // The key stays reserved until it is gone: no attempt of
-                // ours may make it again meanwhile.
-                if let Some(w) = lock(&self.waiters).get_mut(ticket) {
-                    if w.queued.as_ref().is_some_and(|x| x.same(&q)) {
+                // leave a key behind), if it is still this waiter's to take
+                // out (else a give-up or a dropped watch took it already).
+                let ours = match lock(&self.waiters).get_mut(ticket) {
+                    Some(w) if w.queued.as_ref().is_some_and(|x| x.same(&q)) => {
                         w.queued = None;
+                        true
                     }
-                }
-                match delete_ours(&q.session, &q.key).await {
-                    Ok(()) => drop(lock(&self.keys).remove(&q.key)),
-                    Err(_) => drop(tokio::spawn(leave_line(self.keys.clone(), q))),
+                    _ => false,
+                };
+                if ours {
+                    let _ = leave_line_now(self.keys.clone(), q).await;
                 }
                 return Err(refused);
             }
@@ -285,7 +286,10 @@ impl Inner {
             .node
             .get(prefix, Some(claims::line_read(claim)))
             .await?;
-        if claims::holds(key, claim, q.rev, got.kvs()).unwrap_or(true) {
+        // Our key gone (deleted from outside), or holding by now, or the
+        // name taken by another kind: look again at once.
+        let present = got.kvs().iter().any(|kv| kv.create_revision() == q.rev);
+        if !present || claims::holds(key, claim, q.rev, got.kvs()).unwrap_or(true) {
             return Ok(false);
         }
         let from = got.header().map_or(0, |h| h.revision()) + 1;
@@ -342,15 +346,31 @@ impl Inner {
         let Some(q) = waiter.and_then(|w| w.queued.clone()) else {
             return Ok(());
         };
-        match delete_ours(&q.session, &q.key).await {
-            Ok(()) => {
-                lock(&self.keys).remove(&q.key);
-                Ok(())
-            }
-            Err(e) => {
-                tokio::spawn(leave_line(self.keys.clone(), q));
-                Err(e)
-            }
+        leave_line_now(self.keys.clone(), q).await
+    }
+}
+
+/// Takes a waiter's key out of line: deleted now if the cluster answers
+/// in time, else in the background. The work runs in a task of its own,
+/// so a caller dropped while it waits does not leave the key behind.
+async fn leave_line_now(
+    keys: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    q: Queued,
+) -> Result<()> {
+    let (session, key, rev) = (q.session.clone(), q.key.clone(), q.rev);
+    let once = tokio::spawn(async move { delete_made(&session, &key, rev).await });
+    match once.await {
+        Ok(Ok(())) => {
+            lock(&keys).remove(&q.key);
+            Ok(())
+        }
+        Ok(Err(e)) => {
+            tokio::spawn(leave_line(keys, q));
+            Err(e)
+        }
+        Err(_) => {
+            tokio::spawn(leave_line(keys, q));
+            Ok(())
         }
     }
 }
@@ -359,10 +379,23 @@ impl Inner {
 /// (once it is dead the key is gone with it).
 async fn leave_line(keys: Arc<std::sync::Mutex<std::collections::HashSet<String>>>, q: Queued) {
     while !q.session.is_dead() {
-        if delete_ours(&q.session, &q.key).await.is_ok() {
+        if delete_made(&q.session, &q.key, q.rev).await.is_ok() {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     lock(&keys).remove(&q.key);
+}
+
+/// Deletes `key` if it is still the one made at `rev` on `session`'s
+/// lease (a key of the same name made since by another attempt of ours
+/// stays).
+async fn delete_made(session: &Session, key: &str, rev: i64) -> Result<()> {
+    let txn = Txn::new()
+        .when([
+            Compare::lease(key, CompareOp::Equal, session.id),
+            Compare::create_revision(key, CompareOp::Equal, rev),
+        ])
+        .and_then([TxnOp::delete(key, None)]);
+    session.txn(txn).await.map(drop)
 }

@@ -182,8 +182,13 @@ impl LockGuard {
         self.watchdog.renewed(self.id, sent, outcome);
         match outcome {
             Renew::Renewed if self.is_lost() => Err(Error::lost(format!(
-                "lock {:?} was renewed only after its deadline",
-                self.lease.key.as_str()
+                "lock {:?} was lost before this renewal landed ({})",
+                self.lease.key.as_str(),
+                match self.state() {
+                    LeaseState::Lost(LostReason::NotHeld) => "the store said it was not held",
+                    LeaseState::Lost(LostReason::Closed) => "its locker was closed",
+                    _ => "not renewed before its deadline",
+                }
             ))),
             Renew::Renewed => Ok(()),
             Renew::NotHeld => Err(Error::lost(format!(

@@ -509,6 +509,11 @@ impl Locker {
                     let trusted = self.caps.trusted_lease(opts.ttl);
                     let short = grant.lease.filter(|l| *l < trusted);
                     let guard = self.guard(&key, &owner, grant, opts, sent, short);
+                    if short.is_some() && !opts.auto_renew {
+                        // No watchdog will extend it: one renewal now gives
+                        // the caller the whole lease it asked for.
+                        guard.renew().await?;
+                    }
                     return self.unless_closed(guard).await.map(Some);
                 }
                 Acquire::Contended { retry_after } => {

@@ -401,4 +401,11 @@ async fn a_short_direct_grant_is_trusted_that_long_and_extended() {
     assert!(!g.is_lost(), "the short lease was not extended");
     assert!(g.deadline().expect("held") > start + Duration::from_secs(20));
     g.release().await.unwrap();
+    // Without the watchdog, the acquire renews once: the whole TTL.
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .auto_renew(false);
+    let g = locker.lock_with("lent", &opts).await.unwrap();
+    assert!(g.deadline().expect("held") > Instant::now() + Duration::from_secs(20));
+    g.release().await.unwrap();
 }

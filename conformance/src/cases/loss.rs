@@ -78,10 +78,11 @@ pub async fn lost_signal_fires_before_takeover(h: &dyn Harness) -> Result<()> {
     let ttl = short_ttl(a.capabilities()).max(Duration::from_secs(1));
     let g = a.lock_with(&k, &LockOptions::new().ttl(ttl)).await?;
     link.cut();
-    // No renewal can land from now on, so this is the instant the guard
-    // reads as lost (`LeaseState::at`) at the latest, however late the
-    // watchdog or this task get the CPU on a loaded host.
-    let deadline = g
+    // The instant the guard reads as lost at the latest (`LeaseState::at`)
+    // is its deadline, however late the watchdog or this task get the CPU;
+    // a renewal already in flight at the cut may still move it later, so
+    // it is followed until the signal fires.
+    let mut deadline = g
         .deadline()
         .ok_or_else(|| anyhow!("lost at once, before the cut"))?;
     let started = Instant::now();
@@ -96,9 +97,21 @@ pub async fn lost_signal_fires_before_takeover(h: &dyn Harness) -> Result<()> {
             }
         }
     });
-    let reason = tokio::time::timeout(ttl * 3, g.lost())
-        .await
-        .map_err(|_| anyhow!("lost signal did not fire within 3 TTLs of losing the store"))?;
+    let lost = g.lost();
+    tokio::pin!(lost);
+    let reason = loop {
+        tokio::select! {
+            reason = &mut lost => break reason,
+            () = tokio::time::sleep(Duration::from_millis(1)) => {
+                if let Some(d) = g.deadline() {
+                    deadline = deadline.max(d);
+                }
+                if started.elapsed() > ttl * 3 {
+                    bail!("lost signal did not fire within 3 TTLs of losing the store");
+                }
+            }
+        }
+    };
     let fired = Instant::now();
     ensure!(
         g.is_lost(),
