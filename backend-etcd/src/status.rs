@@ -1,6 +1,9 @@
 //! What `status` reads of a name's line: its first key (a mutex's, a
 //! writer's or a leader's, with the value it advertises), or the holders
-//! of a semaphore or of readers at its head.
+//! of a semaphore or of readers at its head; and each holder's lease left,
+//! as the cluster counts it.
+
+use std::time::Duration;
 
 use etcd_client::{GetOptions, Txn, TxnOp};
 use locksmith_core::{Claim, Holder, LockKey, LockStatus, Result};
@@ -8,7 +11,7 @@ use locksmith_core::{Claim, Holder, LockKey, LockStatus, Result};
 use crate::attempt::{first_created, got};
 use crate::backend::{fence, Inner};
 use crate::claims;
-use crate::node::lock;
+use crate::node::{lock, within};
 
 impl Inner {
     pub(crate) async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
@@ -35,10 +38,27 @@ impl Inner {
         };
         let rev = first.create_revision();
         let waiters = u32::try_from(count.saturating_sub(1)).unwrap_or(u32::MAX);
+        let left = self.lease_left(first.lease()).await?;
         Ok(LockStatus::held(self.holds_of(key, rev))
             .with_fence(fence(rev))
+            .with_remaining(left)
             .with_waiters(Some(waiters))
             .with_value(Some(first.value().to_vec())))
+    }
+
+    /// What the cluster says `lease` has left, in whole seconds (as etcd
+    /// counts them); `None` for a key on no lease, or a lease just gone.
+    async fn lease_left(&self, lease: i64) -> Result<Option<Duration>> {
+        if lease == 0 {
+            return Ok(None);
+        }
+        let client = self.node.client().await?;
+        let asked = within(self.node.config.timeout, async move {
+            let mut c = client;
+            c.lease_time_to_live(lease, None).await
+        })
+        .await?;
+        Ok(u64::try_from(asked.ttl()).ok().map(Duration::from_secs))
     }
 
     /// A semaphore's or readers' holders, each with its fence, and the
@@ -48,12 +68,17 @@ impl Inner {
         let got = self.node.get(prefix, Some(read)).await?;
         let line = got.kvs();
         let holding = claims::holders(line);
+        let lefts =
+            futures::future::try_join_all(holding.iter().map(|kv| self.lease_left(kv.lease())))
+                .await?;
         let holders = holding
             .iter()
-            .map(|kv| {
+            .zip(lefts)
+            .map(|(kv, left)| {
                 let shared = claims::claim_of(kv.value()).is_shared();
                 Holder::new(shared, self.holds_of(key, kv.create_revision()))
                     .with_fence(fence(kv.create_revision()))
+                    .with_remaining(left)
             })
             .collect();
         let waiting = u32::try_from(line.len() - holding.len()).unwrap_or(u32::MAX);

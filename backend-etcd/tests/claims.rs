@@ -59,6 +59,9 @@ async fn each_key_says_its_kind_in_its_value() {
         (2, Some(3)),
         "{status:?}"
     );
+    let lease_left =
+        |h: &locksmith_core::Holder| h.remaining.is_some_and(|r| r <= Duration::from_secs(3));
+    assert!(status.holders.iter().all(lease_left), "{status:?}");
     for g in [p1, p2, r] {
         g.release().await.unwrap();
     }

@@ -55,6 +55,11 @@ async fn we_wait_for_etcdctl_s_lock() {
     let rev = raw.get(key.as_str(), None).await.unwrap().kvs()[0].create_revision();
     let s = ours.status("jobs").await.unwrap();
     assert_eq!(s.fence.map(|f| f.0), u64::try_from(rev).ok(), "{s:?}");
+    // And its lease's time left, as the cluster counts it (etcdctl's 3 s).
+    assert!(
+        s.remaining.is_some_and(|r| r <= Duration::from_secs(3)),
+        "{s:?}"
+    );
 
     // Killed, its lease runs out within its 3 s TTL, and we hold.
     drop(theirs);
