@@ -357,22 +357,19 @@ async fn leave_line_now(
     keys: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     q: Queued,
 ) -> Result<()> {
-    let (session, key, rev) = (q.session.clone(), q.key.clone(), q.rev);
-    let once = tokio::spawn(async move { delete_made(&session, &key, rev).await });
-    match once.await {
-        Ok(Ok(())) => {
-            lock(&keys).remove(&q.key);
-            Ok(())
+    let task = tokio::spawn(async move {
+        match delete_made(&q.session, &q.key, q.rev).await {
+            Ok(()) => {
+                lock(&keys).remove(&q.key);
+                Ok(())
+            }
+            Err(e) => {
+                tokio::spawn(leave_line(keys, q));
+                Err(e)
+            }
         }
-        Ok(Err(e)) => {
-            tokio::spawn(leave_line(keys, q));
-            Err(e)
-        }
-        Err(_) => {
-            tokio::spawn(leave_line(keys, q));
-            Ok(())
-        }
-    }
+    });
+    task.await.unwrap_or(Ok(()))
 }
 
 /// Deletes a waiter's key for good, trying again while its lease lives
