@@ -224,6 +224,112 @@ redlock_start() {
     for p in $REDLOCK_PORTS; do redis_port_ready "$p" || redis_start_port "$p"; done
 }
 
+# --- Redis as run in production: under Sentinel, and as a Cluster ---------
+#
+# Debian's redis-server run by hand: `--sentinel` makes it a sentinel (the
+# redis-sentinel package would start a service of its own on 26379). Both
+# setups are test data: a setup that is not whole is wiped and made anew.
+
+REDIS_SENTINEL_DATA_PORTS=${LOCKSMITH_REDIS_SENTINEL_DATA_PORTS:-$REDIS_SENTINEL_DATA_PORTS}
+REDIS_SENTINEL_PORTS=${LOCKSMITH_REDIS_SENTINEL_PORTS:-$REDIS_SENTINEL_PORTS}
+REDIS_CLUSTER_PORTS=${LOCKSMITH_REDIS_CLUSTER_PORTS:-$REDIS_CLUSTER_PORTS}
+SENTINEL_DIR="$STATE_DIR/redis-sentinel"
+CLUSTER_DIR="$STATE_DIR/redis-cluster"
+
+# Stops every redis-server whose working directory is under $1.
+redis_kill_under() {
+    local pid
+    for pid in $(pgrep -x redis-server 2>/dev/null) $(pgrep -f 'redis-server .*\[sentinel\]' 2>/dev/null); do
+        case "$(readlink "/proc/$pid/cwd" 2>/dev/null)" in
+            "$1"/*) kill -9 "$pid" 2>/dev/null || true ;;
+        esac
+    done
+}
+
+# Whole: every data node and sentinel answers, each sentinel names a
+# primary, and that node is a master with two replicas online.
+redis_sentinel_ready() {
+    command -v redis-cli >/dev/null 2>&1 || return 1
+    local p addr primary=""
+    for p in $REDIS_SENTINEL_DATA_PORTS $REDIS_SENTINEL_PORTS; do redis_port_ready "$p" || return 1; done
+    for p in $REDIS_SENTINEL_PORTS; do
+        addr=$(redis-cli -h 127.0.0.1 -p "$p" sentinel get-master-addr-by-name locksmith 2>/dev/null | tail -1)
+        [ -n "$addr" ] || return 1
+        [ -z "$primary" ] || [ "$primary" = "$addr" ] || return 1
+        primary=$addr
+    done
+    redis-cli -h 127.0.0.1 -p "$primary" info replication 2>/dev/null | tr -d '\r' |
+        grep -qx 'connected_slaves:2' &&
+        redis-cli -h 127.0.0.1 -p "$primary" role 2>/dev/null | head -1 | grep -qx master
+}
+redis_sentinel_install() { redis_install; }
+redis_sentinel_start() {
+    redis_kill_under "$SENTINEL_DIR"
+    rm -rf "$SENTINEL_DIR"
+    local p primary="" dir
+    for p in $REDIS_SENTINEL_DATA_PORTS; do
+        dir="$SENTINEL_DIR/data-$p"
+        mkdir -p "$dir"
+        if [ -z "$primary" ]; then
+            primary=$p
+            set -- --port "$p"
+        else
+            set -- --port "$p" --replicaof 127.0.0.1 "$primary"
+        fi
+        (cd "$dir" && redis-server --daemonize yes --bind 127.0.0.1 --save "" --appendonly no \
+            --dir "$dir" --logfile "$dir/log" "$@" </dev/null >/dev/null)
+    done
+    for p in $REDIS_SENTINEL_PORTS; do
+        dir="$SENTINEL_DIR/sentinel-$p"
+        mkdir -p "$dir"
+        # Sentinels rewrite their file as they learn: one each, writable.
+        cat >"$dir/sentinel.conf" <<CONF
+port $p
+bind 127.0.0.1
+daemonize yes
+dir $dir
+logfile $dir/log
+sentinel announce-ip 127.0.0.1
+sentinel monitor locksmith 127.0.0.1 $primary 2
+sentinel down-after-milliseconds locksmith 1000
+sentinel failover-timeout locksmith 5000
+sentinel parallel-syncs locksmith 1
+CONF
+        (cd "$dir" && redis-server "$dir/sentinel.conf" --sentinel </dev/null >/dev/null)
+    done
+}
+redis_sentinel_stop() { redis_kill_under "$SENTINEL_DIR"; }
+
+# Whole: the cluster says ok and knows its six nodes.
+redis_cluster_ready() {
+    command -v redis-cli >/dev/null 2>&1 || return 1
+    local p info
+    for p in $REDIS_CLUSTER_PORTS; do redis_port_ready "$p" || return 1; done
+    set -- $REDIS_CLUSTER_PORTS
+    info=$(redis-cli -h 127.0.0.1 -p "$1" cluster info 2>/dev/null | tr -d '\r')
+    echo "$info" | grep -qx 'cluster_state:ok' && echo "$info" | grep -qx 'cluster_known_nodes:6'
+}
+redis_cluster_install() { redis_install; }
+redis_cluster_start() {
+    redis_kill_under "$CLUSTER_DIR"
+    rm -rf "$CLUSTER_DIR"
+    local p dir nodes=""
+    for p in $REDIS_CLUSTER_PORTS; do
+        dir="$CLUSTER_DIR/node-$p"
+        mkdir -p "$dir"
+        (cd "$dir" && redis-server --daemonize yes --bind 127.0.0.1 --port "$p" --save "" \
+            --appendonly no --dir "$dir" --logfile "$dir/log" --cluster-enabled yes \
+            --cluster-config-file "$dir/nodes.conf" --cluster-node-timeout 2000 </dev/null >/dev/null)
+        nodes="$nodes 127.0.0.1:$p"
+    done
+    for p in $REDIS_CLUSTER_PORTS; do
+        for _ in $(seq 100); do redis_port_ready "$p" && break; sleep 0.1; done
+    done
+    # shellcheck disable=SC2086
+    redis-cli --cluster create $nodes --cluster-replicas 1 --cluster-yes >"$CLUSTER_DIR/create.log" 2>&1
+}
+redis_cluster_stop() { redis_kill_under "$CLUSTER_DIR"; }
+
 # --- ZooKeeper: a standalone server, and a private 3-node ensemble ---------
 #
 # Debian's `zookeeper` package (never `zookeeperd`, whose service would take

@@ -121,6 +121,31 @@ pub fn redlock_ports() -> Vec<u16> {
     ports_from("LOCKSMITH_TEST_REDLOCK_PORTS", "REDLOCK_PORTS")
 }
 
+/// The data nodes of the Redis under Sentinel, on 127.0.0.1 (the first
+/// was the primary when started; a failover may have moved it):
+/// `LOCKSMITH_TEST_REDIS_SENTINEL_DATA_PORTS`, else `REDIS_SENTINEL_DATA_PORTS`.
+pub fn redis_sentinel_data_ports() -> Vec<u16> {
+    ports_from(
+        "LOCKSMITH_TEST_REDIS_SENTINEL_DATA_PORTS",
+        "REDIS_SENTINEL_DATA_PORTS",
+    )
+}
+
+/// The three sentinels watching them as the master `locksmith`:
+/// `LOCKSMITH_TEST_REDIS_SENTINEL_PORTS`, else `REDIS_SENTINEL_PORTS`.
+pub fn redis_sentinel_ports() -> Vec<u16> {
+    ports_from(
+        "LOCKSMITH_TEST_REDIS_SENTINEL_PORTS",
+        "REDIS_SENTINEL_PORTS",
+    )
+}
+
+/// The six nodes of the Redis Cluster (three primaries, a replica each):
+/// `LOCKSMITH_TEST_REDIS_CLUSTER_PORTS`, else `REDIS_CLUSTER_PORTS`.
+pub fn redis_cluster_ports() -> Vec<u16> {
+    ports_from("LOCKSMITH_TEST_REDIS_CLUSTER_PORTS", "REDIS_CLUSTER_PORTS")
+}
+
 /// The shared memcached server: `LOCKSMITH_TEST_MEMCACHED_URL`, else `MC_PORT`.
 pub fn memcached_url() -> String {
     env_or("LOCKSMITH_TEST_MEMCACHED_URL", || {
