@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
 use locksmith_core::backend::{
-    claim_changed, Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew,
+    claim_changed, renew_one, Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew,
     RenewRequest, Watch,
 };
 use locksmith_core::{Claim, FencingToken, LockKey, LockStatus, OwnerToken, Result};
@@ -469,13 +469,7 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        let request = RenewRequest {
-            key: key.clone(),
-            owner: owner.clone(),
-            ttl,
-        };
-        let mut answers = self.inner.renew_many(std::slice::from_ref(&request)).await;
-        answers.pop().unwrap_or(Ok(Renew::NotHeld))
+        renew_one(self, key, owner, ttl).await
     }
 
     async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {

@@ -1,9 +1,8 @@
 //! Parsing `etcd://` URLs into an [`EtcdConfig`].
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use locksmith_core::backend::{percent_decode, RedactedUrl, ServerUrl};
+use locksmith_core::backend::{RedactedUrl, ServerUrl, TlsFiles};
 use locksmith_core::{Error, Result};
 
 use crate::SCHEMES;
@@ -51,18 +50,6 @@ pub struct EtcdConfig {
     pub tls: Option<TlsFiles>,
 }
 
-/// PEM files for `etcds://` connections (parameters `tls_ca`, `tls_cert`,
-/// `tls_key`); none given: the system's roots, no client certificate.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// Root certificates to trust instead of the system's.
-    pub ca: Option<PathBuf>,
-    /// Client certificate (with `key`), for a cluster that authenticates clients.
-    pub cert: Option<PathBuf>,
-    /// The client certificate's private key.
-    pub key: Option<PathBuf>,
-}
-
 impl std::fmt::Debug for EtcdConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdConfig")
@@ -102,13 +89,10 @@ impl EtcdConfig {
         let timeout = p
             .duration("timeout", ms..=hour)?
             .unwrap_or(Duration::from_secs(2));
-        let files = TlsFiles {
-            ca: p.text("tls_ca")?.map(PathBuf::from),
-            cert: p.text("tls_cert")?.map(PathBuf::from),
-            key: p.text("tls_key")?.map(PathBuf::from),
-        };
+        let files = TlsFiles::from_params(p)?;
         u.finish(&[])?;
-        let tls = tls_of(&shown, u.scheme(), files)?;
+        let tls = u.scheme() == "etcds";
+        files.check(&shown, tls, "etcds")?;
         let auth = match u.user()? {
             None => None,
             Some(user) => {
@@ -125,58 +109,15 @@ impl EtcdConfig {
             .collect();
         Ok(EtcdConfig {
             endpoints,
-            root: root_of(&shown, u.path())?,
+            root: u.root(DEFAULT_ROOT)?,
             auth,
             lease_ttl,
             connect_timeout,
             timeout,
-            tls,
+            tls: tls.then_some(files),
             url: shown,
         })
     }
-}
-
-/// The TLS files of an `etcds://` URL; none allowed on `etcd://`.
-fn tls_of(shown: &RedactedUrl, scheme: &str, files: TlsFiles) -> Result<Option<TlsFiles>> {
-    if scheme != "etcds" {
-        if files != TlsFiles::default() {
-            return Err(Error::config(format!(
-                "{shown}: tls_ca, tls_cert and tls_key need an etcds:// URL"
-            )));
-        }
-        return Ok(None);
-    }
-    for (name, path) in [
-        ("tls_ca", &files.ca),
-        ("tls_cert", &files.cert),
-        ("tls_key", &files.key),
-    ] {
-        if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
-            return Err(Error::config(format!("{shown}: {name} needs a file")));
-        }
-    }
-    if files.cert.is_some() != files.key.is_some() {
-        return Err(Error::config(format!(
-            "{shown}: tls_cert and tls_key go together"
-        )));
-    }
-    Ok(Some(files))
-}
-
-/// The root, from the URL's path: `etcd://h` takes the default, `etcd://h/`
-/// is the top of the keyspace, and a trailing `/` is dropped.
-fn root_of(shown: &RedactedUrl, path: &str) -> Result<String> {
-    match path {
-        "" => return Ok(DEFAULT_ROOT.to_owned()),
-        "/" => return Ok(String::new()),
-        _ => {}
-    }
-    let path = path.strip_suffix('/').unwrap_or(path);
-    percent_decode(path).ok_or_else(|| {
-        Error::config(format!(
-            "{shown}: the root prefix has a bad %-escape or is not UTF-8"
-        ))
-    })
 }
 
 #[cfg(test)]

@@ -101,7 +101,8 @@ mod renew;
 mod status;
 
 pub use backend::EtcdBackend;
-pub use config::{EtcdConfig, TlsFiles};
+pub use config::EtcdConfig;
+pub use locksmith_core::backend::TlsFiles;
 
 use locksmith_core::backend::Scheme;
 

@@ -12,11 +12,11 @@ use etcd_client::{
     Certificate, Client, ConnectOptions, GetOptions, GetResponse, Identity, LeaseKeepAliveStream,
     LeaseKeeper, TlsOptions, Txn, TxnResponse,
 };
-use locksmith_core::backend::RedactedUrl;
+use locksmith_core::backend::{RedactedUrl, TlsFiles};
 use locksmith_core::{Error, Result};
 use tokio::sync::{Mutex, OnceCell};
 
-use crate::config::{EtcdConfig, TlsFiles};
+use crate::config::EtcdConfig;
 use crate::error::map_err;
 
 /// The client, made on first use, and the current session.
@@ -344,18 +344,14 @@ fn refused(e: &etcd_client::Error) -> bool {
 /// The TLS settings `files` name: their roots instead of the system's,
 /// and a client certificate.
 fn tls_options(url: &RedactedUrl, files: &TlsFiles) -> Result<TlsOptions> {
-    let read = |path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| {
-            Error::config(format!("{url}: cannot read {}", path.display())).with_source(e)
-        })
-    };
+    let pem = files.read(url)?;
     let mut tls = TlsOptions::new();
-    tls = match &files.ca {
-        Some(ca) => tls.ca_certificate(Certificate::from_pem(read(ca)?)),
+    tls = match pem.ca {
+        Some(ca) => tls.ca_certificate(Certificate::from_pem(ca)),
         None => tls.with_native_roots(),
     };
-    if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
-        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+    if let Some((cert, key)) = pem.identity {
+        tls = tls.identity(Identity::from_pem(cert, key));
     }
     Ok(tls)
 }

@@ -1,9 +1,10 @@
 //! Parsing Redis URLs into a [`RedisConfig`].
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use locksmith_core::backend::{quorum_servers, RedactedUrl, Scheme, ServerUrl, UrlParams};
+use locksmith_core::backend::{
+    quorum_servers, RedactedUrl, Scheme, ServerUrl, TlsFiles, UrlParams,
+};
 use locksmith_core::{Error, Result};
 
 use crate::SCHEMES;
@@ -53,24 +54,6 @@ pub struct RedisConfig {
     pub tls: TlsFiles,
 }
 
-/// PEM files for `rediss://` connections (parameters `tls_ca`, `tls_cert`, `tls_key`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// Root certificates to trust instead of the system's.
-    pub ca: Option<PathBuf>,
-    /// Client certificate (with `key`), for servers that authenticate clients.
-    pub cert: Option<PathBuf>,
-    /// The client certificate's private key.
-    pub key: Option<PathBuf>,
-}
-
-impl TlsFiles {
-    /// No file given: the system trust store, no client certificate.
-    pub fn is_empty(&self) -> bool {
-        *self == TlsFiles::default()
-    }
-}
-
 impl RedisConfig {
     /// Parses `redis://[user:pass@]host:port[/db]`, `rediss://…` (TLS),
     /// `redis+unix:///path/to/sock`, or
@@ -87,7 +70,7 @@ impl RedisConfig {
             // A socket path, not a host list: nothing for `ServerUrl`.
             let mut p = UrlParams::new(url);
             let mut config = Self::read_params(&mut p, redlock)?;
-            config.check_tls(p.shown(), scheme)?;
+            config.tls.check(p.shown(), scheme == "rediss", "rediss")?;
             let driver_url = p.finish(DRIVER_PARAMS_UNIX)?;
             config.nodes.push(RedactedUrl::new(driver_url));
             return Ok(config);
@@ -95,7 +78,7 @@ impl RedisConfig {
         let mut u = ServerUrl::parse_for(SCHEMES, url)?;
         let mut config = Self::read_params(u.params(), redlock)?;
         u.finish(DRIVER_PARAMS_TCP)?;
-        config.check_tls(u.shown(), scheme)?;
+        config.tls.check(u.shown(), scheme == "rediss", "rediss")?;
         let hosts = u.servers("redis://host:6379")?;
         if !redlock {
             if hosts.len() > 1 {
@@ -138,26 +121,8 @@ impl RedisConfig {
             waiter_refresh: p
                 .duration("waiter_refresh", Duration::from_millis(10)..=hour)?
                 .unwrap_or(Duration::from_millis(500)),
-            tls: TlsFiles {
-                ca: p.text("tls_ca")?.map(PathBuf::from),
-                cert: p.text("tls_cert")?.map(PathBuf::from),
-                key: p.text("tls_key")?.map(PathBuf::from),
-            },
+            tls: TlsFiles::from_params(p)?,
         })
-    }
-
-    fn check_tls(&self, shown: &RedactedUrl, scheme: &str) -> Result<()> {
-        if !self.tls.is_empty() && scheme != "rediss" {
-            return Err(Error::config(format!(
-                "{shown}: tls_ca, tls_cert and tls_key need a rediss:// URL"
-            )));
-        }
-        if self.tls.cert.is_some() != self.tls.key.is_some() {
-            return Err(Error::config(format!(
-                "{shown}: tls_cert and tls_key go together"
-            )));
-        }
-        Ok(())
     }
 }
 

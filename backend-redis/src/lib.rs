@@ -209,7 +209,8 @@ pub mod internals {
 }
 
 pub use backend::RedisBackend;
-pub use config::{RedisConfig, TlsFiles};
+pub use config::RedisConfig;
+pub use locksmith_core::backend::TlsFiles;
 pub use redlock::RedlockBackend;
 
 use std::sync::Arc;

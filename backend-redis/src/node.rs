@@ -9,12 +9,12 @@ use locksmith_core::{Claim, Error, FencingToken, LockKey, LockStatus, OwnerToken
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
-use crate::config::TlsFiles;
 use crate::error::{bad_url, map_err};
 use crate::group;
 use crate::hub::Hub;
 use crate::layout::Keys;
 use crate::scripts;
+use locksmith_core::backend::TlsFiles;
 
 /// A waiter's place in a key's queue: its ticket, and how long the place is
 /// kept without a refresh. Its grant is published on the node's hub.
@@ -69,22 +69,15 @@ impl Node {
         let client = if tls.is_empty() {
             redis::Client::open(url.expose()).map_err(bad)?
         } else {
-            let read = |path: &std::path::Path| {
-                std::fs::read(path).map_err(|e| {
-                    Error::config(format!("{url}: cannot read {}", path.display())).with_source(e)
-                })
-            };
-            let client_tls = match (&tls.cert, &tls.key) {
-                (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
-                    client_cert: read(cert)?,
-                    client_key: read(key)?,
-                }),
-                _ => None,
-            };
-            let root_cert = tls.ca.as_deref().map(read).transpose()?;
+            let pem = tls.read(url)?;
             let certs = redis::TlsCertificates {
-                client_tls,
-                root_cert,
+                client_tls: pem
+                    .identity
+                    .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                        client_cert,
+                        client_key,
+                    }),
+                root_cert: pem.ca,
             };
             redis::Client::build_with_tls(url.expose(), certs).map_err(bad)?
         };

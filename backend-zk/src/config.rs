@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{percent_decode, RedactedUrl, ServerUrl};
+use locksmith_core::backend::{RedactedUrl, ServerUrl};
 use locksmith_core::{Error, Result};
 
 use crate::{layout, SCHEMES};
@@ -103,7 +103,7 @@ impl ZkConfig {
             .collect();
         Ok(ZkConfig {
             hosts: hosts.join(","),
-            root: root_path(&shown, u.path())?,
+            root: root_path(&u)?,
             auth,
             session_timeout,
             connect_timeout,
@@ -137,19 +137,12 @@ fn credentials(u: &ServerUrl) -> Result<Option<(String, String)>> {
 /// The root, from the URL's path. It is prefixed to every path we send,
 /// not given to the client as a chroot: a chroot must exist before the
 /// client connects, while the root's missing levels are made on first use.
-fn root_path(shown: &RedactedUrl, path: &str) -> Result<String> {
+fn root_path(u: &ServerUrl) -> Result<String> {
     // `zk://h` takes the default root; `zk://h/` is the top of the tree.
-    match path {
-        "" => return Ok(DEFAULT_ROOT.to_owned()),
-        "/" => return Ok(String::new()),
-        _ => {}
+    let (shown, decoded) = (u.shown(), u.root(DEFAULT_ROOT)?);
+    if decoded.is_empty() {
+        return Ok(decoded);
     }
-    let path = path.strip_suffix('/').unwrap_or(path);
-    let decoded = percent_decode(path).ok_or_else(|| {
-        Error::config(format!(
-            "{shown}: the root path has a bad %-escape or is not UTF-8"
-        ))
-    })?;
     for segment in decoded[1..].split('/') {
         if !layout::is_plain_name(segment) {
             return Err(Error::config(format!(

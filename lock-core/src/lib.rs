@@ -27,6 +27,7 @@ mod options;
 mod params;
 mod permits;
 mod quorum;
+mod tls;
 mod url;
 mod watchdog;
 

@@ -469,6 +469,26 @@ impl ServerUrl {
         &self.path
     }
 
+    /// A key prefix from the path, for a store that keeps its locks under
+    /// a root: no path takes `default`, `/` is the top (`""`), a trailing
+    /// `/` is dropped, and %-escapes are decoded.
+    ///
+    /// # Errors
+    /// `Config` for a bad %-escape or a path that is not UTF-8.
+    pub fn root(&self, default: &str) -> crate::Result<String> {
+        let path = match self.path.as_str() {
+            "" => return Ok(default.to_owned()),
+            "/" => return Ok(String::new()),
+            p => p.strip_suffix('/').unwrap_or(p),
+        };
+        percent_decode(path).ok_or_else(|| {
+            crate::Error::config(format!(
+                "{}: the root path has a bad %-escape or is not UTF-8",
+                self.shown
+            ))
+        })
+    }
+
     /// The query parameters, read by type.
     pub fn params(&mut self) -> &mut UrlParams {
         &mut self.params
