@@ -5,12 +5,12 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use common::{raw_client, server_hosts};
-use locksmith_conformance::kit::etcdctl::lines_of;
+use locksmith_conformance::kit::etcdctl;
 use locksmith_core::{LockOptions, Locker};
 use locksmith_etcd::EtcdBackend;
 
@@ -23,16 +23,10 @@ struct Elect {
 
 impl Elect {
     fn start(args: &[&str]) -> Elect {
-        let mut child = Command::new("etcdctl")
-            .args(["--endpoints", &server_hosts(), "elect"])
-            .args(args)
-            .env("ETCDCTL_API", "3")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("etcdctl runs (scripts/test installs etcd-client)");
-        let lines = lines_of(&mut child);
+        let args: Vec<&str> = std::iter::once("elect")
+            .chain(args.iter().copied())
+            .collect();
+        let (child, lines) = etcdctl::spawn(&server_hosts(), &args);
         Elect { child, lines }
     }
 

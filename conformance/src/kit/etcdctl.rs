@@ -20,16 +20,7 @@ impl EtcdctlLock {
     /// # Panics
     /// If `etcdctl` cannot be run (`scripts/test` installs it).
     pub fn start(endpoints: &str, name: &str, ttl: u32) -> EtcdctlLock {
-        let mut child = Command::new("etcdctl")
-            .args(["--endpoints", endpoints, "--dial-timeout", "5s"])
-            .args(["lock", "--ttl", &ttl.to_string(), name])
-            .env("ETCDCTL_API", "3")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("etcdctl runs (scripts/test installs etcd-client)");
-        let lines = lines_of(&mut child);
+        let (child, lines) = spawn(endpoints, &["lock", "--ttl", &ttl.to_string(), name]);
         EtcdctlLock { child, lines }
     }
 
@@ -40,12 +31,31 @@ impl EtcdctlLock {
     }
 }
 
+/// `etcdctl` (v3 API) on `endpoints` running `args`, and the lines it
+/// prints, as they come.
+///
+/// # Panics
+/// If `etcdctl` cannot be run (`scripts/test` installs it).
+pub fn spawn(endpoints: &str, args: &[&str]) -> (Child, Receiver<String>) {
+    let mut child = Command::new("etcdctl")
+        .args(["--endpoints", endpoints, "--dial-timeout", "5s"])
+        .args(args)
+        .env("ETCDCTL_API", "3")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("etcdctl runs (scripts/test installs etcd-client)");
+    let lines = lines_of(&mut child);
+    (child, lines)
+}
+
 /// The lines `child` prints on its piped standard output, as they come
 /// (read by a thread of their own).
 ///
 /// # Panics
 /// If its standard output was not piped, or was taken already.
-pub fn lines_of(child: &mut Child) -> Receiver<String> {
+fn lines_of(child: &mut Child) -> Receiver<String> {
     use std::io::{BufRead, BufReader};
     let out = child.stdout.take().expect("a piped standard output");
     let (tx, lines) = std::sync::mpsc::channel();
