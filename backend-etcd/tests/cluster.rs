@@ -1,7 +1,7 @@
 //! Faults on the 3-member cluster (`scripts/test` starts it, on the kit's
 //! `etcd_cluster_ports`): the leader killed while a lock is held and
-//! another client waits, then a majority down (one test, because both
-//! steps stop and start the same members); and a holder cut off from every
+//! another client waits, then a majority down (the kit's scenario, which
+//! every 3-member store runs); and a holder cut off from every
 //! member at a TCP proxy. The tests of this file run one at a time
 //! (`.config/nextest.toml`), as the first stops members the second uses.
 
@@ -10,10 +10,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::raw_client;
-use locksmith_conformance::kit::fault_server::{self, Stopped};
+use locksmith_conformance::kit::members::{self, ThreeMembers};
 use locksmith_conformance::kit::proxy::{Proxy, CUT, PASS};
 use locksmith_conformance::kit::servers::{etcd_cluster_ports, loopback};
-use locksmith_core::{ErrorKind, LockOptions, Locker};
+use locksmith_core::{LockOptions, Locker};
 use locksmith_etcd::EtcdBackend;
 
 /// Member `n`'s name for `scripts/fault-server` (`etcd1` …).
@@ -44,165 +44,39 @@ async fn role(n: usize) -> Option<bool> {
     (s.leader() != 0).then_some(s.leader() == me)
 }
 
-async fn leader() -> Option<usize> {
-    for n in 1..=3 {
-        if role(n).await == Some(true) {
-            return Some(n);
-        }
-    }
-    None
-}
+/// The cluster, for the kit's 3-member scenario.
+struct Cluster;
 
-/// Waits until every member answers and one leads.
-async fn cluster_serving(within: Duration) {
-    let start = Instant::now();
-    loop {
-        let mut all = true;
-        for n in 1..=3 {
-            all &= role(n).await.is_some();
-        }
-        if all && leader().await.is_some() {
-            return;
-        }
-        assert!(
-            start.elapsed() < within,
-            "the cluster did not come back within {within:?}"
+#[async_trait::async_trait]
+impl ThreeMembers for Cluster {
+    fn group(&self) -> &'static str {
+        "cluster"
+    }
+
+    fn member(&self, n: usize) -> String {
+        member(n)
+    }
+
+    async fn role(&self, n: usize) -> Option<bool> {
+        role(n).await
+    }
+
+    fn locker(&self) -> Locker {
+        let url = format!(
+            "etcd://{}/locksmith-cluster?lease_ttl=8s&connect_timeout=1s&timeout=2s",
+            loopback(&etcd_cluster_ports()).join(",")
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        Locker::new(EtcdBackend::connect(&url).expect("valid URL"))
     }
-}
 
-fn locker() -> Locker {
-    let url = format!(
-        "etcd://{}/locksmith-cluster?lease_ttl=8s&connect_timeout=1s&timeout=2s",
-        loopback(&etcd_cluster_ports()).join(",")
-    );
-    Locker::new(EtcdBackend::connect(&url).expect("valid URL"))
+    fn waiter_asks_again(&self) -> bool {
+        true
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leader_loss_keeps_locks_and_a_lost_majority_is_unavailable_until_it_returns() {
-    for n in 1..=3 {
-        if role(n).await.is_none() {
-            fault_server::start(&member(n));
-        }
-    }
-    cluster_serving(Duration::from_secs(60)).await;
-    let opts = LockOptions::new().ttl(Duration::from_secs(30));
-
-    // 1. The leader dies while a lock is held and another client waits.
-    let (a, b) = (locker(), locker());
-    let held = a
-        .lock_with("k", &opts)
-        .await
-        .expect("lock on a healthy cluster");
-    let waiting = {
-        let b = b.clone();
-        let opts = opts.clone().wait_for(Duration::from_secs(40));
-        // Its polls meet the election as `Unavailable`, which ends a wait
-        // today (riding it out is the fast-paths issue's): it asks again,
-        // as an application must until then.
-        tokio::spawn(async move {
-            let start = Instant::now();
-            loop {
-                match b.lock_with("k", &opts).await {
-                    Err(e)
-                        if e.kind() == ErrorKind::Unavailable
-                            && start.elapsed() < Duration::from_secs(40) => {}
-                    other => break other,
-                }
-            }
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut stopped = Stopped::new();
-    let old = leader().await.expect("the cluster has a leader");
-    stopped.stop(&member(old));
-    let start = Instant::now();
-    while leader().await.is_none() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no new leader elected"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // Over one lease TTL later, the hold has been confirmed anew.
-    tokio::time::sleep(Duration::from_secs(9)).await;
-    assert!(!held.is_lost(), "the hold was lost when the leader died");
-    held.renew()
-        .await
-        .expect("the hold renews under the new leader");
-    if waiting.is_finished() {
-        let ended = waiting.await.expect("waiter task");
-        panic!(
-            "the waiter ended while the lock was held: {:?}",
-            ended.map(|g| g.fence())
-        );
-    }
-    let first = held.fence().expect("etcd grants carry fences");
-    held.release().await.expect("release under the new leader");
-    let next = tokio::time::timeout(Duration::from_secs(15), waiting)
-        .await
-        .expect("the waiter proceeds after the release")
-        .expect("waiter task")
-        .expect("the waiter gets the lock");
-    let second = next.fence().expect("fence");
-    assert!(
-        second > first,
-        "fences {first:?} then {second:?} across a leader change"
-    );
-    next.release().await.expect("release");
-    stopped.start(&member(old));
-    cluster_serving(Duration::from_secs(60)).await;
-
-    // 2. A majority goes down while a lock is held.
-    let c = locker();
-    let holder = a.lock_with("m", &opts).await.expect("lock");
-    let lead = leader().await;
-    let down: Vec<usize> = (1..=3).filter(|&n| Some(n) != lead).take(2).collect();
-    for &n in &down {
-        stopped.stop(&member(n));
-    }
-    let cut_at = Instant::now();
-    let attempt = tokio::time::timeout(Duration::from_secs(15), c.try_lock("m"))
-        .await
-        .expect("an attempt on a lost majority returns");
-    match attempt {
-        Err(e) => assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}"),
-        Ok(got) => panic!(
-            "a lost majority answered {} instead of Unavailable",
-            if got.is_some() {
-                "acquired"
-            } else {
-                "contended"
-            }
-        ),
-    }
-    // The holder cannot confirm its lease: the lost signal fires within
-    // one lease TTL (8 s) of its last confirmation.
-    tokio::time::timeout(Duration::from_secs(12), holder.lost())
-        .await
-        .expect("the holder's lost signal fires while the majority is gone");
-    assert!(cut_at.elapsed() < Duration::from_secs(12));
-    // As an application would: drop the guard. Its key is deleted once the
-    // cluster answers again (or goes with the lease).
-    drop(holder);
-    for &n in &down {
-        stopped.start(&member(n));
-    }
-    cluster_serving(Duration::from_secs(60)).await;
-    let start = Instant::now();
-    let again = loop {
-        match c.try_lock("m").await {
-            Ok(Some(g)) => break g,
-            Ok(None) | Err(_) if start.elapsed() < Duration::from_secs(40) => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            other => panic!("no lock 40 s after the majority returned: {other:?}"),
-        }
-    };
-    assert!(again.fence() > Some(second), "fences keep rising");
-    again.release().await.expect("release after recovery");
+    members::leader_then_majority_lost(&Cluster).await;
     // Nothing of ours is left in the cluster.
     let mut raw = raw_client(&loopback(&etcd_cluster_ports()).join(",")).await;
     let opts = locksmith_etcd::internals::etcd_client::GetOptions::new()
@@ -222,12 +96,7 @@ async fn leader_loss_keeps_locks_and_a_lost_majority_is_unavailable_until_it_ret
 /// holder locks again once its links are back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_holder_cut_off_is_lost_before_another_takes_the_lock() {
-    for n in 1..=3 {
-        if role(n).await.is_none() {
-            fault_server::start(&member(n));
-        }
-    }
-    cluster_serving(Duration::from_secs(60)).await;
+    members::all_serving(&Cluster).await;
     let mut proxies = Vec::new();
     for n in 1..=3 {
         proxies.push(Proxy::start(format!("127.0.0.1:{}", port(n))).await);

@@ -10,6 +10,7 @@
 //! - [`proxy`]: a TCP proxy that cuts or mutes a client's links;
 //! - [`clients`]: the typed clients behind a harness's trait objects;
 //! - [`forwarding`]: proof that a wrapper forwards every method it should;
+//! - [`members`]: the leader-loss and majority-loss scenario of a 3-member group;
 //! - [`observe`]: election changes heard by a store's notice, not its poll;
 //! - [`tls`]: a private CA and its certificates, for TLS servers;
 //! - [`values`]: leader values a store could mangle;
@@ -22,6 +23,7 @@ pub mod clients;
 pub mod etcdctl;
 pub mod fault_server;
 pub mod forwarding;
+pub mod members;
 pub mod observe;
 pub mod process;
 pub mod proxy;
