@@ -306,7 +306,11 @@ impl Observer {
             self.failing = false;
             let mut next = read_at + self.poll();
             if let Some(left) = leader.as_ref().and_then(|l| l.lease_left) {
-                // Read again just after the lease would end unrenewed.
+                // Read again just after the lease would end unrenewed; not
+                // sooner than 50 ms, so that a store counting a lease in
+                // whole seconds (etcd), which says 0 for its last second,
+                // is not read in a loop meanwhile.
+                let left = left.max(Duration::from_millis(50));
                 next = next.min(read_at + left + Duration::from_millis(1));
             }
             self.next_read = Some(next);
