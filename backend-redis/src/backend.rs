@@ -33,7 +33,8 @@ struct Inner {
 }
 
 impl RedisBackend {
-    /// Opens a backend for `redis://…`, `rediss://…` or `redis+unix://…`.
+    /// Opens a backend for `redis://…`, `rediss://…`, `redis+unix://…` or
+    /// `redis+sentinel://…`.
     /// Connects lazily: a server that is down shows up as `Unavailable` on
     /// first use.
     ///
@@ -46,13 +47,23 @@ impl RedisBackend {
                 "a redis+redlock:// URL needs RedlockBackend (or locksmith::connect)",
             ));
         }
-        let node = Node::new(
-            &config.nodes[0],
-            config.timeout,
-            config.connect_timeout,
-            &config.tls,
-            Role::Single,
-        )?;
+        let node = match &config.sentinel {
+            // The data nodes' replies may wait for the replicas too.
+            Some(s) => Node::sentinel(
+                &config.nodes[0],
+                s.clone(),
+                config.timeout + config.replicas_timeout,
+                config.connect_timeout,
+            ),
+            None => Node::new(
+                &config.nodes[0],
+                config.timeout,
+                config.connect_timeout,
+                &config.tls,
+                Role::Single,
+            )?,
+        }
+        .with_replicas(config.replicas, config.replicas_timeout);
         Ok(RedisBackend {
             inner: Arc::new(Inner { config, node }),
         })
@@ -61,6 +72,11 @@ impl RedisBackend {
     /// The configuration in use (its URL prints without secrets).
     pub fn config(&self) -> &RedisConfig {
         &self.inner.config
+    }
+
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
+    pub(crate) fn node(&self) -> &Node {
+        &self.inner.node
     }
 
     fn keys(&self, key: &LockKey) -> Keys {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use locksmith_core::backend::{
-    quorum_servers, RedactedUrl, Scheme, ServerUrl, TlsFiles, UrlParams,
+    quorum_servers, HostPort, RedactedUrl, Scheme, ServerUrl, TlsFiles, UrlParams,
 };
 use locksmith_core::{Error, Result};
 
@@ -35,6 +35,10 @@ const DEFAULT_REDLOCK_TIMEOUT: Duration = Duration::from_millis(100);
 /// require them). The driver's own `protocol`, `db`, `user` and `pass` pass
 /// through; any other parameter is refused, so that a misspelt `prefx=`
 /// cannot silently put the locks in another namespace.
+///
+/// `replicas=N` (with `replicas_timeout`, default 500ms) makes a grant, a
+/// renewal and a hand-off count only once `WAIT` says N replicas have
+/// them (see the crate docs, "Replicas and failover").
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
     /// One URL per node: one for a single server, N for Redlock.
@@ -52,12 +56,47 @@ pub struct RedisConfig {
     pub waiter_refresh: Duration,
     /// TLS files beyond the system trust store.
     pub tls: TlsFiles,
+    /// The sentinels to ask for the primary (`redis+sentinel://`).
+    pub sentinel: Option<SentinelConfig>,
+    /// Replicas that must acknowledge a grant, a renewal and a hand-off.
+    pub replicas: u32,
+    /// How long to wait for those acknowledgements.
+    pub replicas_timeout: Duration,
+}
+
+/// Where the sentinels are and what they watch (`redis+sentinel://`).
+#[derive(Clone)]
+pub struct SentinelConfig {
+    /// The sentinels, asked together; the freshest answer wins.
+    pub sentinels: Vec<HostPort>,
+    /// The master name the sentinels monitor.
+    pub master: String,
+    /// The user name for the data nodes, if any.
+    pub user: Option<String>,
+    /// The password for the data nodes, if any (never shown).
+    pub password: Option<String>,
+    /// The database on the data nodes.
+    pub db: i64,
+}
+
+impl std::fmt::Debug for SentinelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelConfig")
+            .field("sentinels", &self.sentinels)
+            .field("master", &self.master)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("db", &self.db)
+            .finish()
+    }
 }
 
 impl RedisConfig {
     /// Parses `redis://[user:pass@]host:port[/db]`, `rediss://…` (TLS),
     /// `redis+unix:///path/to/sock`, or
-    /// `redis+redlock://[user:pass@]h1:p1,h2:p2,h3:p3[/db]`.
+    /// `redis+redlock://[user:pass@]h1:p1,h2:p2,h3:p3[/db]`, or
+    /// `redis+sentinel://[user:pass@]s1:26379,s2,s3/<master>[/db]` (the user
+    /// and password are the data nodes'; the sentinels take none).
     ///
     /// # Errors
     /// `Config` for an unknown scheme, an empty host list, or a Redlock with
@@ -77,6 +116,13 @@ impl RedisConfig {
         }
         let mut u = ServerUrl::parse_for(SCHEMES, url)?;
         let mut config = Self::read_params(u.params(), redlock)?;
+        if scheme == "redis+sentinel" {
+            u.finish(&[])?;
+            config.tls.check(u.shown(), false, "rediss")?;
+            config.sentinel = Some(Self::sentinel(&u)?);
+            config.nodes.push(u.url());
+            return Ok(config);
+        }
         u.finish(DRIVER_PARAMS_TCP)?;
         config.tls.check(u.shown(), scheme == "rediss", "rediss")?;
         let hosts = u.servers("redis://host:6379")?;
@@ -91,6 +137,12 @@ impl RedisConfig {
             config.nodes.push(u.url());
             return Ok(config);
         }
+        if config.replicas > 0 {
+            return Err(u.params().invalid(
+                "replicas",
+                "Redlock's masters are independent: no replica acknowledges their writes",
+            ));
+        }
         quorum_servers(&u, "Redlock")?;
         config.redlock = true;
         config.nodes = hosts
@@ -98,6 +150,41 @@ impl RedisConfig {
             .map(|h| u.url_with("redis", std::slice::from_ref(h)))
             .collect();
         Ok(config)
+    }
+
+    /// The sentinels, the master's name and the data nodes' database from
+    /// `redis+sentinel://…/<master>[/db]`.
+    fn sentinel(u: &ServerUrl) -> Result<SentinelConfig> {
+        let sentinels = u
+            .servers("redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster")?
+            .to_vec();
+        let form = || {
+            Error::config(format!(
+                "{}: expected redis+sentinel://sentinel1,sentinel2,…/<master name>[/<db>]",
+                u.shown()
+            ))
+        };
+        let path = u.root("")?;
+        let mut parts = path.strip_prefix('/').unwrap_or(&path).split('/');
+        let master = parts.next().filter(|m| !m.is_empty()).ok_or_else(form)?;
+        let db = match parts.next() {
+            None | Some("") => 0,
+            Some(db) => db
+                .parse::<i64>()
+                .ok()
+                .filter(|d| *d >= 0)
+                .ok_or_else(form)?,
+        };
+        if parts.next().is_some() || master.chars().any(char::is_whitespace) {
+            return Err(form());
+        }
+        Ok(SentinelConfig {
+            sentinels,
+            master: master.to_owned(),
+            user: u.user()?.filter(|u| !u.is_empty()),
+            password: u.password()?,
+            db,
+        })
     }
 
     /// Our own parameters, removed from the URL before the driver sees it.
@@ -122,6 +209,11 @@ impl RedisConfig {
                 .duration("waiter_refresh", Duration::from_millis(10)..=hour)?
                 .unwrap_or(Duration::from_millis(500)),
             tls: TlsFiles::from_params(p)?,
+            sentinel: None,
+            replicas: p.integer("replicas", 0..=64)?.unwrap_or(0),
+            replicas_timeout: p
+                .duration("replicas_timeout", ms..=hour)?
+                .unwrap_or(Duration::from_millis(500)),
         })
     }
 }

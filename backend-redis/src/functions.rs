@@ -12,6 +12,13 @@ local function now_us()
   return t[1] * 1000000 + t[2]
 end
 
+-- A new fencing token: the clock in µs, shifted by the primary's epoch
+-- (see `sentinel`).
+local function fence_now()
+  local t = redis.call('time')
+  return (t[1] + shift) * 1000000 + t[2]
+end
+
 -- The owner of a lock in the string form, and its fence (nil if unfenced);
 -- for a semaphore's lone permit (see `group`), also its kind.
 local function parse(v)
@@ -66,7 +73,7 @@ end
 local function take(owner, ttl, after, queued, value)
   local fence = 0
   if fenced then
-    fence = now_us()
+    fence = fence_now()
     if after and after >= fence then
       fence = after + 1
     end
@@ -163,7 +170,7 @@ local function fence_of()
   end
   local fence = tonumber(redis.call('hget', KEYS[1], '~f'))
   if not fence then
-    fence = now_us()
+    fence = fence_now()
     redis.call('hset', KEYS[1], '~f', fence)
   end
   return fence

@@ -86,7 +86,7 @@ local function join(owner, kind, ttl, now, after, ticket)
   end
   local fence = 0
   if fenced then
-    fence = now_us()
+    fence = fence_now()
     local last = tonumber(redis.call('hget', KEYS[1], '~f')) or 0
     if after and after > last then
       last = after
@@ -269,7 +269,8 @@ if not writer and string.byte(kind) == 112 then
     local fence, v = 0, owner .. ' 0 0 ' .. kind
     if fenced then
       local t = redis.call('time')
-      fence, v = t[1] * 1000000 + t[2], owner .. ' ' .. t[1] .. ' ' .. t[2] .. ' ' .. kind
+      local s = t[1] + shift
+      fence, v = s * 1000000 + t[2], owner .. ' ' .. s .. ' ' .. t[2] .. ' ' .. kind
     end
     if redis.call('set', KEYS[1], v, 'NX', 'PX', ttl) then
       if ticket then
@@ -282,7 +283,7 @@ elseif not writer and redis.call('exists', KEYS[1], KEYS[2]) == 0 then
   local t = redis.call('time')
   local fence = 0
   if fenced then
-    fence = t[1] * 1000000 + t[2]
+    fence = (t[1] + shift) * 1000000 + t[2]
     redis.call('hset', KEYS[1], '~f', string.format('%.0f', fence))
   end
   local v = string.format('1 %.0f %.0f -', fence, t[1] * 1000 + math.floor(t[2] / 1000) + ttl)

@@ -14,6 +14,39 @@ use redis::aio::PubSubSink;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::map_err;
+use crate::sentinel::Sentinel;
+
+/// Where the hub connects: one server, or the primary the sentinels name
+/// now (the hub moves with it: see [`Hub::listening`]).
+// One per backend, made once and never moved about: its size is no cost.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub(crate) enum Source {
+    Fixed(redis::Client),
+    Sentinel(Arc<Sentinel>),
+}
+
+impl Source {
+    /// A client for the server to subscribe on, and its generation.
+    async fn client(&self) -> Result<(redis::Client, u64)> {
+        match self {
+            Source::Fixed(c) => Ok((c.clone(), 0)),
+            Source::Sentinel(s) => {
+                let p = s.primary().await?;
+                Ok((p.client, p.generation))
+            }
+        }
+    }
+
+    /// Whether a connection made for `generation` is still on the server
+    /// in use.
+    fn is_current(&self, generation: u64) -> bool {
+        match self {
+            Source::Fixed(_) => true,
+            Source::Sentinel(s) => s.is_current(generation),
+        }
+    }
+}
 
 type Tickets = Mutex<HashMap<String, mpsc::UnboundedSender<Grant>>>;
 
@@ -37,7 +70,7 @@ pub(crate) struct Hub {
 
 #[derive(Debug)]
 struct Shared {
-    client: redis::Client,
+    source: Source,
     connect_timeout: Duration,
     channel: String,
     /// Held while connecting and while subscribing to or leaving a lock's
@@ -52,6 +85,8 @@ struct Shared {
 struct HubConn {
     sink: PubSubSink,
     number: u64,
+    /// The source's generation it was made for.
+    generation: u64,
     alive: Arc<AtomicBool>,
     /// Dropped with the hub: stops the reader, which closes the connection.
     _stop: oneshot::Sender<()>,
@@ -104,10 +139,10 @@ impl Drop for Observing {
 }
 
 impl Hub {
-    pub(crate) fn new(client: redis::Client, connect_timeout: Duration) -> Self {
+    pub(crate) fn new(source: Source, connect_timeout: Duration) -> Self {
         Hub {
             shared: Arc::new(Shared {
-                client,
+                source,
                 connect_timeout,
                 channel: format!("locksmith:hub:{}", OwnerToken::generate().as_str()),
                 conn: tokio::sync::Mutex::new(None),
@@ -118,8 +153,9 @@ impl Hub {
         }
     }
 
-    /// Subscribes (again, after a dropped connection) if need be; returns
-    /// the channel once the server confirmed it.
+    /// Subscribes (again, after a dropped connection, or on the new
+    /// primary after a failover) if need be; returns the channel once the
+    /// server confirmed it.
     pub(crate) async fn listening(&self) -> Result<&str> {
         let mut conn = self.shared.conn.lock().await;
         self.shared.live(&mut conn).await?;
@@ -178,12 +214,17 @@ impl Hub {
 }
 
 impl Shared {
-    /// The live connection, made anew if there is none or it died.
+    /// The live connection, made anew if there is none, it died, or its
+    /// server is no longer the one in use (a failover: grants are
+    /// published on the new primary).
     async fn live<'a>(self: &Arc<Self>, conn: &'a mut Option<HubConn>) -> Result<&'a HubConn> {
         if !conn
             .as_ref()
-            .is_some_and(|c| c.alive.load(Ordering::SeqCst))
+            .is_some_and(|c| c.alive.load(Ordering::SeqCst) && self.source.is_current(c.generation))
         {
+            // The old connection goes first: its reader ends, and its
+            // observers subscribe again, on the new one.
+            *conn = None;
             *conn = Some(self.connect().await?);
         }
         conn.as_ref()
@@ -223,13 +264,15 @@ impl Shared {
 
     async fn connect(self: &Arc<Self>) -> Result<HubConn> {
         let connecting = async {
-            let pubsub = self.client.get_async_pubsub().await.map_err(map_err)?;
+            let (client, generation) = self.source.client().await?;
+            let pubsub = client.get_async_pubsub().await.map_err(map_err)?;
             let (mut sink, stream) = pubsub.split();
             sink.subscribe(&self.channel).await.map_err(map_err)?;
-            Ok::<_, Error>((sink, stream))
+            Ok::<_, Error>((sink, stream, generation))
         };
-        let (sink, mut stream) = match tokio::time::timeout(self.connect_timeout, connecting).await
-        {
+        // Finding the primary may take the sentinels' round trips too.
+        let limit = self.connect_timeout * 2;
+        let (sink, mut stream, generation) = match tokio::time::timeout(limit, connecting).await {
             Ok(r) => r?,
             Err(_) => return Err(Error::unavailable("pub/sub connect timed out")),
         };
@@ -270,6 +313,7 @@ impl Shared {
         Ok(HubConn {
             sink,
             number,
+            generation,
             alive,
             _stop: stop,
         })

@@ -80,7 +80,7 @@ impl Keys {
     }
 
     /// A call of `script` on all three keys.
-    pub(crate) fn call(&self, script: &'static redis::Script) -> redis::ScriptInvocation<'static> {
+    pub(crate) fn call<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
         let mut call = script.prepare_invoke();
         for k in &self.all {
             call.key(k);

@@ -149,6 +149,7 @@ mod layout;
 mod node;
 mod redlock;
 mod scripts;
+mod sentinel;
 
 /// The key layout and the scripts themselves, for benchmarks that send the
 /// same scripts raw as the floor of this scheme, and for fault tests. Only
@@ -178,6 +179,13 @@ pub mod internals {
     /// holds left, or a negative number when the owner did not hold it.
     pub fn release_script(fenced: bool) -> &'static Script {
         crate::scripts::release(fenced)
+    }
+
+    /// Shifts the fencing tokens' clock of `backend` by `secs` seconds
+    /// (negative: behind), as a primary whose clock is behind would: for
+    /// the tests of tokens across a failover.
+    pub fn skew_clock(backend: &crate::RedisBackend, secs: i64) {
+        backend.node().skew_clock(secs);
     }
 
     /// Redlock's nodes for a `redis+redlock://` URL, one lease backend per
@@ -224,6 +232,7 @@ pub const SCHEMES: &[Scheme] = &[
     Scheme::new("redis+unix", "Redis", None),
     Scheme::new("unix", "Redis", None),
     Scheme::new("redis+redlock", "Redlock", Some(6379)),
+    Scheme::new("redis+sentinel", "Redis Sentinel", Some(26379)),
 ];
 
 /// Opens the backend a Redis URL names: [`RedlockBackend`] for

@@ -1,19 +1,25 @@
-//! One Redis server: the scripts run on a self-reconnecting connection, and
-//! grants to this backend's waiters, and changes of the locks its election
-//! observers watch, arrive on its [`Hub`].
+//! One Redis server, or the primary its sentinels name: the scripts run on
+//! a self-reconnecting connection (with `WAIT` for the replicas where the
+//! URL asks for it), and grants to this backend's waiters, and changes of
+//! the locks its election observers watch, arrive on its [`Hub`].
 
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use locksmith_core::backend::{Acquire, RedactedUrl, Release, RenewRequest, Watch};
 use locksmith_core::{Claim, Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{FromRedisValue, RedisError, ScriptInvocation};
 use tokio::sync::OnceCell;
 
-use crate::error::{bad_url, map_err};
+use crate::config::SentinelConfig;
+use crate::error::{bad_url, io_kind, map_err};
 use crate::group;
-use crate::hub::Hub;
+use crate::hub::{Hub, Source};
 use crate::layout::Keys;
 use crate::scripts;
+use crate::sentinel::{self, Sentinel, EPOCH_SHIFT_SECS};
 use locksmith_core::backend::TlsFiles;
 
 /// A waiter's place in a key's queue: its ticket, and how long the place is
@@ -39,17 +45,46 @@ pub(crate) enum Role {
     Quorum,
 }
 
+/// The server a node talks to.
+// One per node, made once and never moved about: its size is no cost.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum Target {
+    /// One server, at one address for the node's life.
+    Fixed {
+        client: redis::Client,
+        conn: OnceCell<ConnectionManager>,
+    },
+    /// The primary the sentinels name, resolved again after a failover.
+    Sentinel(Arc<Sentinel>),
+}
+
+/// The connection one request runs on: which primary it reached (to drop
+/// that one, and only that one, when it fails), and the shift of the
+/// tokens' clock that primary's epoch gives.
+struct Link {
+    conn: ConnectionManager,
+    generation: u64,
+    shift: i64,
+}
+
 #[derive(Debug)]
 pub(crate) struct Node {
     pub(crate) url: RedactedUrl,
-    client: redis::Client,
-    conn: OnceCell<ConnectionManager>,
+    target: Target,
     timeout: Duration,
     connect_timeout: Duration,
     /// Every request must answer within `timeout`, reconnects included.
     strict: bool,
     /// Grants carry fencing tokens (not under Redlock, which writes none).
     fenced: bool,
+    /// Replicas that must acknowledge a grant, a renewal and a hand-off,
+    /// and how long to wait for them.
+    replicas: u32,
+    replicas_timeout: Duration,
+    /// Seconds added to the tokens' clock beyond the epoch's shift: a
+    /// test's stand-in for a primary whose clock is behind.
+    skew: AtomicI64,
     hub: Hub,
 }
 
@@ -83,30 +118,170 @@ impl Node {
         };
         Ok(Node {
             url: url.clone(),
-            hub: Hub::new(client.clone(), connect_timeout),
-            client,
-            conn: OnceCell::new(),
+            hub: Hub::new(Source::Fixed(client.clone()), connect_timeout),
+            target: Target::Fixed {
+                client,
+                conn: OnceCell::new(),
+            },
             timeout,
             connect_timeout,
             strict,
             fenced,
+            replicas: 0,
+            replicas_timeout: Duration::ZERO,
+            skew: AtomicI64::new(0),
         })
     }
 
-    /// The connection, made on first use; a server that is down now is
-    /// `Unavailable` now and tried again on the next call.
-    async fn conn(&self) -> Result<ConnectionManager> {
-        let conn = self
-            .conn
+    /// The primary of the master `config` names, as its sentinels say.
+    pub(crate) fn sentinel(
+        url: &RedactedUrl,
+        config: SentinelConfig,
+        timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Self {
+        let sentinel = Sentinel::new(config, timeout, connect_timeout);
+        Node {
+            url: url.clone(),
+            hub: Hub::new(Source::Sentinel(sentinel.clone()), connect_timeout),
+            target: Target::Sentinel(sentinel),
+            timeout,
+            connect_timeout,
+            strict: false,
+            fenced: true,
+            replicas: 0,
+            replicas_timeout: Duration::ZERO,
+            skew: AtomicI64::new(0),
+        }
+    }
+
+    /// Waits for `replicas` to acknowledge grants, renewals and hand-offs.
+    pub(crate) fn with_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replicas = replicas;
+        self.replicas_timeout = timeout;
+        self
+    }
+
+    /// Shifts the tokens' clock by `secs` more (tests: a primary whose
+    /// clock is behind).
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
+    pub(crate) fn skew_clock(&self, secs: i64) {
+        self.skew.store(secs, Ordering::Relaxed);
+    }
+
+    /// The connection for one request, made (or the primary found) on
+    /// first use; a server that is down now is `Unavailable` now and tried
+    /// again on the next call.
+    async fn link(&self) -> Result<Link> {
+        let skew = self.skew.load(Ordering::Relaxed);
+        match &self.target {
+            Target::Fixed { client, conn } => Ok(Link {
+                conn: self.fixed(client, conn).await?,
+                generation: 0,
+                shift: skew,
+            }),
+            Target::Sentinel(s) => {
+                let p = s.primary().await?;
+                let epoch = i64::try_from(p.epoch).unwrap_or(i64::MAX / EPOCH_SHIFT_SECS);
+                Ok(Link {
+                    conn: p.conn,
+                    generation: p.generation,
+                    shift: epoch.saturating_mul(EPOCH_SHIFT_SECS).saturating_add(skew),
+                })
+            }
+        }
+    }
+
+    /// Maps a driver error, and drops the primary `link` reached if the
+    /// error says it may have moved. An error that shows the request was
+    /// never carried out is marked so (`unapplied`): a replica refusing a
+    /// write (`READONLY`), or a connection found closed (or refused)
+    /// before the request went out.
+    fn failed(&self, link: &Link, e: RedisError) -> Error {
+        if let Target::Sentinel(s) = &self.target {
+            if sentinel::moved(&e) {
+                s.forget(link.generation);
+            }
+        }
+        let refused = e.code() == Some("READONLY")
+            || e.is_connection_refusal()
+            || matches!(
+                io_kind(&e),
+                Some(std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::NotConnected)
+            );
+        let mapped = map_err(e);
+        if refused {
+            mapped.unapplied()
+        } else {
+            mapped
+        }
+    }
+
+    /// Runs `call` on `link`; where replicas must acknowledge it (`wait`),
+    /// pipelined with `WAIT` on the same connection, since `WAIT` counts
+    /// only the writes of its own connection: then also how many did.
+    async fn run<T: FromRedisValue>(
+        &self,
+        link: &mut Link,
+        call: &ScriptInvocation<'_>,
+        wait: bool,
+    ) -> Result<(T, Option<u32>)> {
+        if !wait || self.replicas == 0 {
+            let r = call.invoke_async(&mut link.conn).await;
+            return Ok((r.map_err(|e| self.failed(link, e))?, None));
+        }
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(call)
+            .cmd("WAIT")
+            .arg(self.replicas)
+            .arg(ms(self.replicas_timeout));
+        let mut r = pipe.query_async::<(T, i64)>(&mut link.conn).await;
+        if matches!(&r, Err(e) if e.code() == Some("NOSCRIPT")) {
+            // A promoted replica starts with no scripts: load, then again.
+            let loaded = call.load_async(&mut link.conn).await;
+            loaded.map_err(|e| self.failed(link, e))?;
+            r = pipe.query_async(&mut link.conn).await;
+        }
+        let (v, acked) = r.map_err(|e| self.failed(link, e))?;
+        let acked = u32::try_from(acked).unwrap_or(0);
+        if acked < self.replicas {
+            // A primary that lost its replicas may have been failed over:
+            // the next request asks the sentinels again.
+            if let Target::Sentinel(s) = &self.target {
+                s.forget(link.generation);
+            }
+        }
+        Ok((v, Some(acked)))
+    }
+
+    /// `Unavailable` unless `acked` (from [`run`](Self::run)) reaches the
+    /// replicas asked for.
+    fn replicated(&self, what: &str, acked: Option<u32>) -> Result<()> {
+        match acked {
+            Some(n) if n < self.replicas => Err(Error::unavailable(format!(
+                "{}: {what} reached {n} of the {} replicas asked for within {:?}",
+                self.url, self.replicas, self.replicas_timeout
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// One server's connection, made on first use.
+    async fn fixed(
+        &self,
+        client: &redis::Client,
+        conn: &OnceCell<ConnectionManager>,
+    ) -> Result<ConnectionManager> {
+        let conn = conn
             .get_or_try_init(|| async {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.connect_timeout))
-                    .set_response_timeout(Some(self.timeout))
+                    .set_response_timeout(Some(self.timeout + self.replicas_timeout))
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_millis(200));
                 match tokio::time::timeout(
                     self.connect_timeout * 2,
-                    ConnectionManager::new_with_config(self.client.clone(), config),
+                    ConnectionManager::new_with_config(client.clone(), config),
                 )
                 .await
                 {
@@ -133,6 +308,24 @@ impl Node {
         self.within(self.timeout, f).await
     }
 
+    /// Runs `attempt` on a link, and once more on a fresh one when the
+    /// store refused it outright (see [`failed`](Self::failed)): after a
+    /// failover, or a restart, that is the usual fate of the first request
+    /// on a connection the server closed. Bounded as [`bounded`](Self::bounded).
+    async fn attempts<T, F, Fut>(&self, mut attempt: F) -> Result<T>
+    where
+        F: FnMut(Link) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        self.bounded(async {
+            match attempt(self.link().await?).await {
+                Err(e) if e.is_unapplied() => attempt(self.link().await?).await,
+                r => r,
+            }
+        })
+        .await
+    }
+
     /// `f`, or `Unavailable` once `limit` has passed.
     async fn within<T>(
         &self,
@@ -154,11 +347,9 @@ impl Node {
     /// password), not a timeout that hides it.
     pub(crate) async fn ping(&self) -> Result<()> {
         let ping = async {
-            let mut conn = self.conn().await?;
-            redis::cmd("PING")
-                .query_async::<()>(&mut conn)
-                .await
-                .map_err(map_err)
+            let mut link = self.link().await?;
+            let r = redis::cmd("PING").query_async::<()>(&mut link.conn).await;
+            r.map_err(|e| self.failed(&link, e))
         };
         self.within(self.connect_timeout * 2 + self.timeout, ping)
             .await
@@ -176,24 +367,21 @@ impl Node {
         waiter: Option<Waiter<'_>>,
     ) -> Result<Acquire> {
         let claim = owner.claim();
-        self.bounded(async {
+        self.attempts(|mut link| async move {
             let value = owner.value();
-            let mut call = if claim != Claim::MUTEX {
-                let mut call = keys.call(scripts::claim_acquire(self.fenced));
-                call.arg(owner.as_str())
-                    .arg(ms(ttl))
-                    .arg(group::kind(claim))
-                    .arg(owner.writer().unwrap_or(""));
-                call
+            let script = if claim != Claim::MUTEX {
+                scripts::claim_acquire_at(self.fenced, link.shift)
+            } else if value.is_some() {
+                scripts::acquire_valued_at(self.fenced, link.shift)
             } else {
-                let script = match value {
-                    Some(_) => scripts::acquire_valued(self.fenced),
-                    None => scripts::acquire(self.fenced),
-                };
-                let mut call = keys.call(script);
-                call.arg(owner.as_str()).arg(ms(ttl));
-                call
+                scripts::acquire_at(self.fenced, link.shift)
             };
+            let mut call = keys.call(&script);
+            call.arg(owner.as_str()).arg(ms(ttl));
+            if claim != Claim::MUTEX {
+                call.arg(group::kind(claim))
+                    .arg(owner.writer().unwrap_or(""));
+            }
             if let Some(w) = waiter {
                 // Listening before queueing, so the grant cannot be missed.
                 let channel = self.hub.listening().await?;
@@ -202,25 +390,42 @@ impl Node {
             if let (Some(v), Claim::MUTEX) = (value, claim) {
                 call.arg(v);
             }
-            let mut c = self.conn().await?;
-            let reply: AcquireReply = call.invoke_async(&mut c).await.map_err(map_err)?;
-            match reply {
+            let (reply, acked): (AcquireReply, _) = self.run(&mut link, &call, true).await?;
+            let answer = match reply {
                 AcquireReply::First(fence) => group::answer(key, claim, &[1, fence, 1]),
                 AcquireReply::Full(v) => group::answer(key, claim, &v),
+            }?;
+            if let (Acquire::Acquired { .. }, Err(short)) =
+                (&answer, self.replicated("the grant", acked))
+            {
+                // Never left granted while reported refused: undone (one
+                // hold: a re-entry keeps the ones before it).
+                let undo = keys
+                    .call(&scripts::release_at(self.fenced, link.shift))
+                    .arg(owner.as_str())
+                    .invoke_async::<i64>(&mut link.conn)
+                    .await;
+                if let Err(e) = undo {
+                    tracing::warn!(url = %self.url, "undoing an unreplicated grant failed: {e}");
+                }
+                return Err(short);
             }
+            Ok(answer)
         })
         .await
     }
 
     pub(crate) async fn release(&self, keys: &Keys, owner: &OwnerToken) -> Result<Release> {
-        self.bounded(async {
-            let mut c = self.conn().await?;
-            let left: i64 = keys
-                .call(scripts::release(self.fenced))
-                .arg(owner.as_str())
-                .invoke_async(&mut c)
-                .await
-                .map_err(map_err)?;
+        self.attempts(|mut link| async move {
+            let script = scripts::release_at(self.fenced, link.shift);
+            let mut call = keys.call(&script);
+            call.arg(owner.as_str());
+            let (left, acked): (i64, _) = self.run(&mut link, &call, true).await?;
+            if let Err(short) = self.replicated("a release (and any hand-off)", acked) {
+                // The release stands: a waiter it was handed to holds it
+                // now, and its own first renewal waits for the replicas.
+                tracing::warn!("{short}");
+            }
             Ok(match left {
                 n if n < 0 => Release::NotHeld,
                 0 => Release::Freed,
@@ -238,15 +443,10 @@ impl Node {
         owner: &OwnerToken,
         value: &[u8],
     ) -> Result<bool> {
-        self.bounded(async {
-            let mut c = self.conn().await?;
-            let set: i64 = keys
-                .call(scripts::proclaim())
-                .arg(owner.as_str())
-                .arg(value)
-                .invoke_async(&mut c)
-                .await
-                .map_err(map_err)?;
+        self.attempts(|mut link| async move {
+            let mut call = keys.call(scripts::proclaim());
+            call.arg(owner.as_str()).arg(value);
+            let (set, _): (i64, _) = self.run(&mut link, &call, false).await?;
             Ok(set == 1)
         })
         .await
@@ -259,15 +459,11 @@ impl Node {
         owner: &OwnerToken,
         ticket: &OwnerToken,
     ) -> Result<()> {
-        self.bounded(async {
-            let mut c = self.conn().await?;
-            let _: i64 = keys
-                .call(scripts::abandon(self.fenced))
-                .arg(owner.as_str())
-                .arg(ticket.as_str())
-                .invoke_async(&mut c)
-                .await
-                .map_err(map_err)?;
+        self.attempts(|mut link| async move {
+            let script = scripts::abandon_at(self.fenced, link.shift);
+            let mut call = keys.call(&script);
+            call.arg(owner.as_str()).arg(ticket.as_str());
+            let _: (i64, _) = self.run(&mut link, &call, false).await?;
             Ok(())
         })
         .await
@@ -279,8 +475,7 @@ impl Node {
         prefix: &str,
         requests: &[RenewRequest],
     ) -> Result<Vec<bool>> {
-        self.bounded(async {
-            let mut c = self.conn().await?;
+        self.attempts(|mut link| async move {
             let script = scripts::renew();
             let mut call = script.prepare_invoke();
             for r in requests {
@@ -288,7 +483,11 @@ impl Node {
                     .arg(r.owner.as_str())
                     .arg(ms(r.ttl));
             }
-            let out: Vec<i64> = call.invoke_async(&mut c).await.map_err(map_err)?;
+            let (out, acked): (Vec<i64>, _) = self.run(&mut link, &call, true).await?;
+            // Renewed on the primary only: failed, so the watchdog tries
+            // again, and the hold is lost at its deadline if the replicas
+            // never catch up.
+            self.replicated("a renewal", acked)?;
             if out.len() != requests.len() {
                 return Err(Error::backend(
                     "renew script answered for the wrong number of keys",
@@ -304,13 +503,10 @@ impl Node {
     /// tells reigns apart by it; `Locker::status` never shows it) and the
     /// value it advertises.
     pub(crate) async fn inspect(&self, keys: &Keys) -> Result<LockStatus> {
-        self.bounded(async {
-            let mut c = self.conn().await?;
-            let (holds, fence, pttl, queued, owner, value, kind, members): InspectReply = keys
-                .call(scripts::inspect())
-                .invoke_async(&mut c)
-                .await
-                .map_err(map_err)?;
+        self.attempts(|mut link| async move {
+            let call = keys.call(scripts::inspect());
+            let (reply, _): (InspectReply, _) = self.run(&mut link, &call, false).await?;
+            let (holds, fence, pttl, queued, owner, value, kind, members) = reply;
             let queued = Some(u32::try_from(queued).unwrap_or(u32::MAX));
             if kind != 0 {
                 return Ok(group::status(kind, members).with_waiters(queued));

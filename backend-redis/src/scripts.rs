@@ -43,7 +43,7 @@
 //! the hash form: a failed call counts as an error in the server's
 //! statistics, which users watch.)
 
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use redis::Script;
 
@@ -61,8 +61,9 @@ local owner, ttl, ticket, value = ARGV[1], ARGV[2], ARGV[3]
 if redis.call('exists', KEYS[2]) == 0 then
   if fenced then
     local t = redis.call('time')
-    if redis.call('set', KEYS[1], owner .. ' ' .. t[1] .. ' ' .. t[2], 'NX', 'PX', ttl) then
-      return t[1] * 1000000 + t[2]
+    local s = t[1] + shift
+    if redis.call('set', KEYS[1], owner .. ' ' .. s .. ' ' .. t[2], 'NX', 'PX', ttl) then
+      return s * 1000000 + t[2]
     end
   elseif redis.call('set', KEYS[1], owner, 'NX', 'PX', ttl) then
     return 0
@@ -320,12 +321,34 @@ end
 return out
 ";
 
-/// One script in its two variants, fenced and unfenced, each made once.
+/// One script in its two variants, fenced and unfenced, each made once;
+/// and, for a Sentinel primary whose config epoch shifts the tokens' clock
+/// (see [`sentinel`](crate::sentinel)), its shifted variants, made when a
+/// new shift is first asked for.
 struct Variants {
     fast: &'static str,
     body: &'static str,
     common: bool,
     cells: [OnceLock<Script>; 2],
+    /// The shifted variants last made: a failover's new epoch replaces
+    /// them, so a long-lived process keeps a few, not one per epoch.
+    shifted: Mutex<Vec<(bool, i64, Arc<Script>)>>,
+}
+
+/// A script to run: one of the unshifted variants, or a shifted one.
+pub(crate) enum Scripted {
+    Plain(&'static Script),
+    Shifted(Arc<Script>),
+}
+
+impl std::ops::Deref for Scripted {
+    type Target = Script;
+    fn deref(&self) -> &Script {
+        match self {
+            Scripted::Plain(s) => s,
+            Scripted::Shifted(s) => s,
+        }
+    }
 }
 
 impl Variants {
@@ -335,25 +358,44 @@ impl Variants {
             body,
             common,
             cells: [OnceLock::new(), OnceLock::new()],
+            shifted: Mutex::new(Vec::new()),
         }
     }
 
-    /// `fenced` as a constant, `fast`, then the shared functions, then
-    /// `body`. A constant rather than an argument: every argument costs the
-    /// server on every call.
+    /// `fenced` and the clock's `shift` (seconds) as constants, `fast`,
+    /// then the shared functions, then `body`. Constants rather than
+    /// arguments: every argument costs the server on every call.
+    fn make(&self, fenced: bool, shift: i64) -> Script {
+        let common = if self.common {
+            [COMMON, group::GROUP, COMMON_TAIL, group::GROUP_TAIL].concat()
+        } else {
+            String::new()
+        };
+        let mark_life = locksmith_core::backend::MARK_LIFE.as_millis();
+        Script::new(&format!(
+            "local fenced, mark_life, shift = {fenced}, {mark_life}, {shift}\n{}{common}{}",
+            self.fast, self.body
+        ))
+    }
+
     fn get(&'static self, fenced: bool) -> &'static Script {
-        self.cells[usize::from(fenced)].get_or_init(|| {
-            let common = if self.common {
-                [COMMON, group::GROUP, COMMON_TAIL, group::GROUP_TAIL].concat()
-            } else {
-                String::new()
-            };
-            let mark_life = locksmith_core::backend::MARK_LIFE.as_millis();
-            Script::new(&format!(
-                "local fenced, mark_life = {fenced}, {mark_life}\n{}{common}{}",
-                self.fast, self.body
-            ))
-        })
+        self.cells[usize::from(fenced)].get_or_init(|| self.make(fenced, 0))
+    }
+
+    fn at(&'static self, fenced: bool, shift: i64) -> Scripted {
+        if shift == 0 || !fenced {
+            return Scripted::Plain(self.get(fenced));
+        }
+        let mut shifted = self.shifted.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, _, s)) = shifted.iter().find(|(f, n, _)| *f == fenced && *n == shift) {
+            return Scripted::Shifted(s.clone());
+        }
+        let script = Arc::new(self.make(fenced, shift));
+        if shifted.len() >= 4 {
+            shifted.remove(0);
+        }
+        shifted.push((fenced, shift, script.clone()));
+        Scripted::Shifted(script)
     }
 }
 
@@ -367,29 +409,42 @@ static ABANDON_SCRIPT: Variants = Variants::new("", ABANDON, true);
 static RENEW_SCRIPT: Variants = Variants::new("", RENEW, false);
 static INSPECT_SCRIPT: Variants = Variants::new("", crate::layout::INSPECT, false);
 
-/// The acquire script (KEYS: lock, queue, waiters; ARGV: owner, ttl ms).
+/// The acquire script (KEYS: lock, queue, waiters; ARGV: owner, ttl ms),
+/// unshifted.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub(crate) fn acquire(fenced: bool) -> &'static Script {
     ACQUIRE_SCRIPT.get(fenced)
 }
 
-/// The acquire script for an owner that advertises a value (ARGV as
-/// acquire, then the value).
-pub(crate) fn acquire_valued(fenced: bool) -> &'static Script {
-    ACQUIRE_VALUED_SCRIPT.get(fenced)
-}
-
-/// The acquire script of a permit or a read hold (see [`group::CLAIM_ACQUIRE`]).
-pub(crate) fn claim_acquire(fenced: bool) -> &'static Script {
-    CLAIM_ACQUIRE_SCRIPT.get(fenced)
-}
-
-/// The release script (KEYS as acquire; ARGV: owner).
+/// The release script (KEYS as acquire; ARGV: owner), unshifted.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub(crate) fn release(fenced: bool) -> &'static Script {
     RELEASE_SCRIPT.get(fenced)
 }
 
-pub(crate) fn abandon(fenced: bool) -> &'static Script {
-    ABANDON_SCRIPT.get(fenced)
+/// The acquire script, its tokens' clock shifted by `shift` seconds.
+pub(crate) fn acquire_at(fenced: bool, shift: i64) -> Scripted {
+    ACQUIRE_SCRIPT.at(fenced, shift)
+}
+
+/// The acquire script for an owner that advertises a value (ARGV as
+/// acquire, then the value).
+pub(crate) fn acquire_valued_at(fenced: bool, shift: i64) -> Scripted {
+    ACQUIRE_VALUED_SCRIPT.at(fenced, shift)
+}
+
+/// The acquire script of a permit or a read hold (see [`group::CLAIM_ACQUIRE`]).
+pub(crate) fn claim_acquire_at(fenced: bool, shift: i64) -> Scripted {
+    CLAIM_ACQUIRE_SCRIPT.at(fenced, shift)
+}
+
+/// The release script, which may hand the lock on and so make a token.
+pub(crate) fn release_at(fenced: bool, shift: i64) -> Scripted {
+    RELEASE_SCRIPT.at(fenced, shift)
+}
+
+pub(crate) fn abandon_at(fenced: bool, shift: i64) -> Scripted {
+    ABANDON_SCRIPT.at(fenced, shift)
 }
 
 /// The proclaim script (KEYS as acquire; ARGV: owner, value). It writes

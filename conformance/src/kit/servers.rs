@@ -140,6 +140,22 @@ pub fn redis_sentinel_ports() -> Vec<u16> {
     )
 }
 
+/// The master the sentinels watch, as `scripts/test` names it.
+pub const REDIS_SENTINEL_MASTER: &str = "locksmith";
+
+/// A `redis+sentinel://` URL over the three sentinels, for the master
+/// `locksmith`.
+pub fn redis_sentinel_url() -> String {
+    let sentinels: Vec<String> = redis_sentinel_ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    format!(
+        "redis+sentinel://{}/{REDIS_SENTINEL_MASTER}",
+        sentinels.join(",")
+    )
+}
+
 /// The six nodes of the Redis Cluster (three primaries, a replica each):
 /// `LOCKSMITH_TEST_REDIS_CLUSTER_PORTS`, else `REDIS_CLUSTER_PORTS`.
 pub fn redis_cluster_ports() -> Vec<u16> {

@@ -1,0 +1,428 @@
+//! Redis under Sentinel: the primary the sentinels name, found again after
+//! a failover, and known to be the primary on the very connection that
+//! carries the scripts.
+//!
+//! The sentinels are asked together (`SENTINEL MASTER <name>`), and the
+//! answer with the highest config epoch wins, so a sentinel that has not
+//! heard of the last failover yet is outvoted by one that has. The node it
+//! names is then connected to and asked `ROLE` on that connection: a node
+//! that is not (or no longer) a primary is never written to. The epoch
+//! also shifts the fencing tokens (see the crate docs), which is why it
+//! comes with the address from the same answer.
+//!
+//! A failover is heard of as it ends: a task listens for `+switch-master`
+//! on one sentinel (the next one, when that one goes away) and drops the
+//! primary in use, so every request after it resolves again. That matters
+//! more than it seems: the old primary keeps taking writes until the
+//! sentinels get round to demoting it, seconds later, and a client still
+//! on it would hold locks the new primary knows nothing of. A message
+//! can be missed while no sentinel is listened to: the primary is then
+//! dropped again once a subscription is made.
+//!
+//! A target also goes stale on anything that says the primary may have moved:
+//! an I/O error, a timeout, a dropped connection, `READONLY` (a demoted
+//! primary refusing a write, which therefore did not happen), `MASTERDOWN`
+//! or `LOADING`. The next request resolves again. A write whose reply was
+//! lost stays the caller's to undo, as on one server.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use locksmith_core::backend::HostPort;
+use locksmith_core::{Error, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, RedisError};
+
+use crate::config::SentinelConfig;
+use crate::error::map_err;
+
+/// Seconds added to the fencing tokens' clock per config epoch: a
+/// promoted replica's clock may be behind the old primary's by up to this
+/// much and its tokens still rise. An hour, so 2^53 µs holds two million
+/// epochs beyond today's clock.
+pub(crate) const EPOCH_SHIFT_SECS: i64 = 3600;
+
+/// The primary in use: its connection, its address, the config epoch the
+/// sentinels named it in, and a number that tells it from the ones
+/// before it.
+#[derive(Clone)]
+pub(crate) struct Primary {
+    pub(crate) conn: ConnectionManager,
+    pub(crate) client: redis::Client,
+    pub(crate) addr: HostPort,
+    pub(crate) epoch: u64,
+    pub(crate) generation: u64,
+}
+
+/// The sentinels of one master, and the primary they last named.
+pub(crate) struct Sentinel {
+    config: SentinelConfig,
+    timeout: Duration,
+    connect_timeout: Duration,
+    current: Mutex<Option<Primary>>,
+    /// One resolution at a time: a failover seen by many requests at once
+    /// asks the sentinels once.
+    resolving: tokio::sync::Mutex<()>,
+    generations: AtomicU64,
+    /// The highest config epoch resolved so far: a sentinel that answers
+    /// alone and late cannot move the tokens' shift back.
+    highest: AtomicU64,
+    /// Ends the `+switch-master` listener when the node goes; set once it
+    /// runs.
+    listener: std::sync::OnceLock<tokio::sync::oneshot::Sender<()>>,
+    me: Weak<Sentinel>,
+}
+
+impl std::fmt::Debug for Sentinel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let current = lock(&self.current)
+            .as_ref()
+            .map(|p| (p.addr.to_string(), p.epoch));
+        f.debug_struct("Sentinel")
+            .field("config", &self.config)
+            .field("current", &current)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether `e` says the primary may have moved (see the module docs).
+pub(crate) fn moved(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
+}
+
+/// A sentinel's `SENTINEL MASTER` fields and its
+/// `get-master-addr-by-name` answer.
+type MasterAnswer = (Vec<String>, Option<(String, u16)>);
+
+/// What one sentinel says of the master: its address, whether it holds
+/// it for down, and the config epoch of that answer.
+struct Named {
+    addr: HostPort,
+    down: bool,
+    epoch: u64,
+}
+
+impl Sentinel {
+    pub(crate) fn new(
+        config: SentinelConfig,
+        timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|me| Sentinel {
+            config,
+            timeout,
+            connect_timeout,
+            current: Mutex::new(None),
+            resolving: tokio::sync::Mutex::new(()),
+            generations: AtomicU64::new(1),
+            highest: AtomicU64::new(0),
+            listener: std::sync::OnceLock::new(),
+            me: me.clone(),
+        })
+    }
+
+    /// The primary in use, resolved if there is none.
+    pub(crate) async fn primary(&self) -> Result<Primary> {
+        if let Some(p) = lock(&self.current).clone() {
+            return Ok(p);
+        }
+        self.listen();
+        let _one = self.resolving.lock().await;
+        if let Some(p) = lock(&self.current).clone() {
+            return Ok(p);
+        }
+        let p = self.resolve().await?;
+        *lock(&self.current) = Some(p.clone());
+        Ok(p)
+    }
+
+    /// Whether `generation` is the primary in use.
+    pub(crate) fn is_current(&self, generation: u64) -> bool {
+        lock(&self.current)
+            .as_ref()
+            .is_some_and(|p| p.generation == generation)
+    }
+
+    /// Drops the primary of `generation` if it is still the one in use:
+    /// the next request asks the sentinels again.
+    pub(crate) fn forget(&self, generation: u64) {
+        let mut current = lock(&self.current);
+        if current.as_ref().is_some_and(|p| p.generation == generation) {
+            *current = None;
+        }
+    }
+
+    /// Drops the primary in use, whichever it is.
+    fn forget_any(&self) {
+        *lock(&self.current) = None;
+    }
+
+    /// Starts the failover listeners, once: one per sentinel, since only
+    /// the sentinel that leads a failover announces the promotion (see the
+    /// module docs).
+    fn listen(&self) {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        if self.listener.set(stop).is_err() {
+            return;
+        }
+        let listeners =
+            (0..self.config.sentinels.len()).map(|i| Self::switches(self.me.clone(), i));
+        let all = futures::future::join_all(listeners);
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = all => {}
+                _ = stopped => {}
+            }
+        });
+    }
+
+    /// Listens on sentinel `at` for the promotion of a replica of our
+    /// master (`+promoted-slave`, sent by the sentinel leading the
+    /// failover as soon as the replica is a primary) and for the end of a
+    /// failover (`+switch-master`, sent by every sentinel), for ever.
+    async fn switches(me: Weak<Sentinel>, at: usize) {
+        loop {
+            let Some(s) = me.upgrade() else {
+                return;
+            };
+            let sentinel = s.config.sentinels[at].clone();
+            let master = s.config.master.clone();
+            let limit = s.connect_timeout + s.timeout;
+            drop(s);
+            let subscribing = async {
+                let info = ConnectionAddr::Tcp(sentinel.host().to_owned(), sentinel.port())
+                    .into_connection_info()?;
+                let mut pubsub = redis::Client::open(info)?.get_async_pubsub().await?;
+                pubsub
+                    .subscribe(&["+switch-master", "+promoted-slave"])
+                    .await?;
+                Ok::<_, RedisError>(pubsub)
+            };
+            if let Ok(Ok(pubsub)) = tokio::time::timeout(limit, subscribing).await {
+                // A failover may have come while nobody listened.
+                if let Some(s) = me.upgrade() {
+                    s.forget_any();
+                }
+                let mut messages = pubsub.into_on_message();
+                while let Some(msg) = messages.next().await {
+                    let payload: String = msg.get_payload().unwrap_or_default();
+                    // `<master> <old ip> <old port> <new ip> <new port>`, or
+                    // `slave <name> <ip> <port> @ <master> <ip> <port>`.
+                    let name = match payload.split_once(" @ ") {
+                        Some((_, m)) => m.split(' ').next(),
+                        None => payload.split(' ').next(),
+                    };
+                    if name != Some(master.as_str()) {
+                        continue;
+                    }
+                    let Some(s) = me.upgrade() else {
+                        return;
+                    };
+                    tracing::info!(
+                        master = %master,
+                        "{}: {payload}",
+                        msg.get_channel_name()
+                    );
+                    s.forget_any();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Asks every sentinel, takes the freshest answer, connects to the
+    /// node it names and checks it is the primary.
+    async fn resolve(&self) -> Result<Primary> {
+        let asked = self.config.sentinels.iter().map(|s| self.ask(s));
+        let answers = futures::future::join_all(asked).await;
+        let mut best: Option<Named> = None;
+        let mut unknown = 0;
+        let mut last_error = None;
+        for a in answers {
+            match a {
+                Ok(Some(n)) if best.as_ref().map_or(true, |b| n.epoch > b.epoch) => {
+                    best = Some(n);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => unknown += 1,
+                Err(e) => last_error = Some(e),
+            }
+        }
+        let master = &self.config.master;
+        let Some(named) = best else {
+            if unknown > 0 && last_error.is_none() {
+                return Err(Error::config(format!(
+                    "the sentinels watch no master named {master:?}"
+                )));
+            }
+            let e = last_error.unwrap_or_else(|| Error::unavailable("no sentinel answered"));
+            return Err(about(
+                format!("no sentinel named the primary of {master:?}"),
+                e,
+            ));
+        };
+        if named.down {
+            return Err(Error::unavailable(format!(
+                "the sentinels hold the primary of {master:?} ({}) for down; a failover may be under way",
+                named.addr
+            )));
+        }
+        let (client, conn) = self.connect(&named.addr).await?;
+        let mut check = conn.clone();
+        let role: redis::Value = redis::cmd("ROLE")
+            .query_async(&mut check)
+            .await
+            .map_err(map_err)?;
+        if role_name(&role).as_deref() != Some("master") {
+            return Err(Error::unavailable(format!(
+                "{} is not the primary of {master:?} (yet): a failover is under way",
+                named.addr
+            )));
+        }
+        let epoch = named
+            .epoch
+            .max(self.highest.fetch_max(named.epoch, Ordering::SeqCst));
+        Ok(Primary {
+            conn,
+            client,
+            addr: named.addr,
+            epoch,
+            generation: self.generations.fetch_add(1, Ordering::SeqCst),
+        })
+    }
+
+    /// One sentinel's answer, `None` if it watches no such master.
+    async fn ask(&self, sentinel: &HostPort) -> Result<Option<Named>> {
+        let info = ConnectionAddr::Tcp(sentinel.host().to_owned(), sentinel.port())
+            .into_connection_info()
+            .map_err(map_err)?;
+        let client = redis::Client::open(info).map_err(map_err)?;
+        let asking = async {
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(self.connect_timeout))
+                .set_response_timeout(Some(self.timeout));
+            let mut c = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map_err(map_err)?;
+            let mut pipe = redis::pipe();
+            pipe.cmd("SENTINEL")
+                .arg("MASTER")
+                .arg(&self.config.master)
+                .cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(&self.config.master);
+            let reply: redis::RedisResult<MasterAnswer> = pipe.query_async(&mut c).await;
+            match reply {
+                Ok(answer) => Ok(Some(answer)),
+                Err(e) if e.to_string().contains("No such master") => Ok(None),
+                Err(e) => Err(map_err(e)),
+            }
+        };
+        let fields = match tokio::time::timeout(self.connect_timeout + self.timeout, asking).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(Error::unavailable(format!(
+                    "sentinel {sentinel}: no answer in time"
+                )))
+            }
+        };
+        let Some((fields, promoted)) = fields else {
+            return Ok(None);
+        };
+        let field = |name: &str| {
+            fields
+                .chunks(2)
+                .find(|kv| kv[0] == name)
+                .and_then(|kv| kv.get(1))
+                .cloned()
+        };
+        let (Some(ip), Some(Ok(port))) = (field("ip"), field("port").map(|p| p.parse::<u16>()))
+        else {
+            return Err(Error::backend(format!(
+                "sentinel {sentinel}: SENTINEL MASTER answered without an address"
+            )));
+        };
+        let flags = field("flags").unwrap_or_default();
+        let epoch = field("config-epoch")
+            .and_then(|e| e.parse().ok())
+            .unwrap_or(0);
+        let addr = HostPort::new(ip, port);
+        // Mid-failover, once the replica is promoted and the others are
+        // being moved to it, the leading sentinel names it here while its
+        // master record still has the old address (its epoch is already
+        // the new one's).
+        if let Some((ip, port)) = promoted {
+            let named = HostPort::new(ip, port);
+            if named != addr {
+                return Ok(Some(Named {
+                    addr: named,
+                    down: false,
+                    epoch,
+                }));
+            }
+        }
+        Ok(Some(Named {
+            addr,
+            down: flags.split(',').any(|f| f == "s_down" || f == "o_down"),
+            epoch,
+        }))
+    }
+
+    /// A connection to the data node at `addr`, with the URL's user,
+    /// password and database.
+    async fn connect(&self, addr: &HostPort) -> Result<(redis::Client, ConnectionManager)> {
+        let mut settings = RedisConnectionInfo::default().set_db(self.config.db);
+        if let Some(u) = &self.config.user {
+            settings = settings.set_username(u);
+        }
+        if let Some(p) = &self.config.password {
+            settings = settings.set_password(p);
+        }
+        let info = ConnectionAddr::Tcp(addr.host().to_owned(), addr.port())
+            .into_connection_info()
+            .map_err(map_err)?
+            .set_redis_settings(settings);
+        let client = redis::Client::open(info).map_err(map_err)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        let connecting = ConnectionManager::new_with_config(client.clone(), config);
+        match tokio::time::timeout(self.connect_timeout * 2, connecting).await {
+            Ok(Ok(conn)) => Ok((client, conn)),
+            Ok(Err(e)) => Err(about(format!("the primary at {addr}"), map_err(e))),
+            Err(_) => Err(Error::unavailable(format!(
+                "the primary at {addr}: connect timed out"
+            ))),
+        }
+    }
+}
+
+/// `e` under a message of its own kind saying what was being done.
+fn about(what: String, e: Error) -> Error {
+    Error::new(e.kind(), what).with_source(e)
+}
+
+/// The role a `ROLE` reply names (`master`, `slave`, `sentinel`).
+fn role_name(v: &redis::Value) -> Option<String> {
+    match v {
+        redis::Value::Array(items) => match items.first()? {
+            redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            redis::Value::SimpleString(s) => Some(s.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
