@@ -33,8 +33,8 @@ struct Inner {
 }
 
 impl RedisBackend {
-    /// Opens a backend for `redis://…`, `rediss://…`, `redis+unix://…` or
-    /// `redis+sentinel://…`.
+    /// Opens a backend for `redis://…`, `rediss://…`, `redis+unix://…`,
+    /// `redis+sentinel://…` or `redis+cluster://…`.
     /// Connects lazily: a server that is down shows up as `Unavailable` on
     /// first use.
     ///
@@ -47,14 +47,21 @@ impl RedisBackend {
                 "a redis+redlock:// URL needs RedlockBackend (or locksmith::connect)",
             ));
         }
+        // The data nodes' replies may wait for the replicas too.
+        let answer_within = config.timeout + config.replicas_timeout;
         let node = match &config.sentinel {
-            // The data nodes' replies may wait for the replicas too.
             Some(s) => Node::sentinel(
                 &config.nodes[0],
                 s.clone(),
-                config.timeout + config.replicas_timeout,
+                answer_within,
                 config.connect_timeout,
             ),
+            None if !config.cluster.is_empty() => Node::cluster(
+                &config.nodes[0],
+                &config.cluster,
+                answer_within,
+                config.connect_timeout,
+            )?,
             None => Node::new(
                 &config.nodes[0],
                 config.timeout,
@@ -80,7 +87,7 @@ impl RedisBackend {
     }
 
     fn keys(&self, key: &LockKey) -> Keys {
-        Keys::new(&self.inner.config.prefix, key)
+        Keys::new(&self.inner.config.prefix, key, self.inner.node.is_cluster())
     }
 }
 

@@ -58,6 +58,9 @@ pub struct RedisConfig {
     pub tls: TlsFiles,
     /// The sentinels to ask for the primary (`redis+sentinel://`).
     pub sentinel: Option<SentinelConfig>,
+    /// The Cluster nodes to start from (`redis+cluster://`), each a
+    /// `redis://` URL; empty for other schemes.
+    pub cluster: Vec<RedactedUrl>,
     /// Replicas that must acknowledge a grant, a renewal and a hand-off.
     pub replicas: u32,
     /// How long to wait for those acknowledgements.
@@ -96,7 +99,9 @@ impl RedisConfig {
     /// `redis+unix:///path/to/sock`, or
     /// `redis+redlock://[user:pass@]h1:p1,h2:p2,h3:p3[/db]`, or
     /// `redis+sentinel://[user:pass@]s1:26379,s2,s3/<master>[/db]` (the user
-    /// and password are the data nodes'; the sentinels take none).
+    /// and password are the data nodes'; the sentinels take none), or
+    /// `redis+cluster://[user:pass@]h1:7000,h2:7001,…` (any nodes of the
+    /// Cluster; it finds the rest).
     ///
     /// # Errors
     /// `Config` for an unknown scheme, an empty host list, or a Redlock with
@@ -120,6 +125,40 @@ impl RedisConfig {
             u.finish(&[])?;
             config.tls.check(u.shown(), false, "rediss")?;
             config.sentinel = Some(Self::sentinel(&u)?);
+            config.nodes.push(u.url());
+            return Ok(config);
+        }
+        if scheme == "redis+cluster" {
+            u.finish(&[])?;
+            config.tls.check(u.shown(), false, "rediss")?;
+            if !matches!(u.path(), "" | "/") {
+                return Err(Error::config(format!(
+                    "{}: a Cluster has one database: expected redis+cluster://h1:7000,h2:7001",
+                    u.shown()
+                )));
+            }
+            if config.prefix.contains(['{', '}']) {
+                return Err(u.params().invalid(
+                    "prefix",
+                    "on a Cluster the prefix may not hold { or }: the lock name is the keys' hash tag",
+                ));
+            }
+            let seeds = u
+                .servers("redis+cluster://127.0.0.1:7000,127.0.0.1:7001")?
+                .to_vec();
+            config.cluster = seeds
+                .iter()
+                .map(|h| {
+                    let mut one = u
+                        .url_with("redis", std::slice::from_ref(h))
+                        .expose()
+                        .to_owned();
+                    if one.ends_with('/') {
+                        one.pop();
+                    }
+                    RedactedUrl::new(one)
+                })
+                .collect();
             config.nodes.push(u.url());
             return Ok(config);
         }
@@ -210,6 +249,7 @@ impl RedisConfig {
                 .unwrap_or(Duration::from_millis(500)),
             tls: TlsFiles::from_params(p)?,
             sentinel: None,
+            cluster: Vec::new(),
             replicas: p.integer("replicas", 0..=64)?.unwrap_or(0),
             replicas_timeout: p
                 .duration("replicas_timeout", ms..=hour)?

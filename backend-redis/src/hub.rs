@@ -16,24 +16,37 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::error::map_err;
 use crate::sentinel::Sentinel;
 
-/// Where the hub connects: one server, or the primary the sentinels name
-/// now (the hub moves with it: see [`Hub::listening`]).
+/// Where the hub connects: a server (the first of the seeds that answers:
+/// a Cluster's nodes each pass on every message published on any of
+/// them), or the primary the sentinels name now (the hub moves with it:
+/// see [`Hub::listening`]).
 // One per backend, made once and never moved about: its size is no cost.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub(crate) enum Source {
-    Fixed(redis::Client),
+    Seeds(Vec<redis::Client>),
     Sentinel(Arc<Sentinel>),
 }
 
 impl Source {
-    /// A client for the server to subscribe on, and its generation.
-    async fn client(&self) -> Result<(redis::Client, u64)> {
+    /// A subscriber's connection to the server to subscribe on, and its
+    /// generation.
+    async fn pubsub(&self) -> Result<(redis::aio::PubSub, u64)> {
         match self {
-            Source::Fixed(c) => Ok((c.clone(), 0)),
+            Source::Seeds(seeds) => {
+                let mut last = None;
+                for c in seeds {
+                    match c.get_async_pubsub().await {
+                        Ok(p) => return Ok((p, 0)),
+                        Err(e) => last = Some(e),
+                    }
+                }
+                Err(last.map_or_else(|| Error::backend("no server to subscribe on"), map_err))
+            }
             Source::Sentinel(s) => {
                 let p = s.primary().await?;
-                Ok((p.client, p.generation))
+                let pubsub = p.client.get_async_pubsub().await.map_err(map_err)?;
+                Ok((pubsub, p.generation))
             }
         }
     }
@@ -42,7 +55,7 @@ impl Source {
     /// in use.
     fn is_current(&self, generation: u64) -> bool {
         match self {
-            Source::Fixed(_) => true,
+            Source::Seeds(_) => true,
             Source::Sentinel(s) => s.is_current(generation),
         }
     }
@@ -264,8 +277,7 @@ impl Shared {
 
     async fn connect(self: &Arc<Self>) -> Result<HubConn> {
         let connecting = async {
-            let (client, generation) = self.source.client().await?;
-            let pubsub = client.get_async_pubsub().await.map_err(map_err)?;
+            let (pubsub, generation) = self.source.pubsub().await?;
             let (mut sink, stream) = pubsub.split();
             sink.subscribe(&self.channel).await.map_err(map_err)?;
             Ok::<_, Error>((sink, stream, generation))

@@ -50,11 +50,15 @@ pub(crate) struct Keys {
 }
 
 impl Keys {
-    pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
-        let base = format!("{prefix}{{{}}}", key.as_str());
+    /// The keys of `key` under `prefix`; on a `cluster`, the name's tag
+    /// opens with `{=`, so that it is never empty (a name starting with
+    /// `}` would make `{}`, which Redis does not take as a tag, and
+    /// scatter the lock's keys over slots).
+    pub(crate) fn new(prefix: &str, key: &LockKey, cluster: bool) -> Self {
+        let base = format!("{prefix}{}{}}}", open(cluster), key.as_str());
         Keys {
             all: [
-                Self::lock(prefix, key),
+                Self::lock(prefix, key, cluster),
                 format!("{base}:queue"),
                 format!("{base}:waiters"),
             ],
@@ -68,8 +72,8 @@ impl Keys {
     }
 
     /// The lock's own key, all a renewal touches.
-    pub(crate) fn lock(prefix: &str, key: &LockKey) -> String {
-        format!("{prefix}{{{}}}:lock", key.as_str())
+    pub(crate) fn lock(prefix: &str, key: &LockKey, cluster: bool) -> String {
+        format!("{prefix}{}{}}}:lock", open(cluster), key.as_str())
     }
 
     /// The channel on which the scripts announce the changes of a lock
@@ -86,6 +90,15 @@ impl Keys {
             call.key(k);
         }
         call
+    }
+}
+
+/// What opens a name's hash tag (see [`Keys::new`]).
+fn open(cluster: bool) -> &'static str {
+    if cluster {
+        "{="
+    } else {
+        "{"
     }
 }
 

@@ -141,6 +141,7 @@
 
 mod backend;
 mod config;
+mod conn;
 mod error;
 mod functions;
 mod group;
@@ -166,7 +167,7 @@ pub mod internals {
     /// The Redis keys of `key` under `prefix`: lock, queue, waiters, in the
     /// order the scripts take them.
     pub fn key_names(prefix: &str, key: &LockKey) -> [String; 3] {
-        crate::layout::Keys::new(prefix, key).names().clone()
+        crate::layout::Keys::new(prefix, key, false).names().clone()
     }
 
     /// The acquire script (KEYS: [`key_names`]; ARGV: owner, TTL in ms);
@@ -233,6 +234,7 @@ pub const SCHEMES: &[Scheme] = &[
     Scheme::new("unix", "Redis", None),
     Scheme::new("redis+redlock", "Redlock", Some(6379)),
     Scheme::new("redis+sentinel", "Redis Sentinel", Some(26379)),
+    Scheme::new("redis+cluster", "Redis Cluster", Some(6379)),
 ];
 
 /// Opens the backend a Redis URL names: [`RedlockBackend`] for

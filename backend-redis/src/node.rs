@@ -3,23 +3,22 @@
 //! URL asks for it), and grants to this backend's waiters, and changes of
 //! the locks its election observers watch, arrive on its [`Hub`].
 
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use locksmith_core::backend::{Acquire, RedactedUrl, Release, RenewRequest, Watch};
 use locksmith_core::{Claim, Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{FromRedisValue, RedisError, ScriptInvocation};
+use redis::cluster::ClusterClient;
+use redis::cluster_routing::Slot;
 use tokio::sync::OnceCell;
 
 use crate::config::SentinelConfig;
-use crate::error::{bad_url, io_kind, map_err};
+use crate::conn::{Connector, Link, Target};
+use crate::error::bad_url;
 use crate::group;
 use crate::hub::{Hub, Source};
 use crate::layout::Keys;
 use crate::scripts;
-use crate::sentinel::{self, Sentinel, EPOCH_SHIFT_SECS};
+use crate::sentinel::Sentinel;
 use locksmith_core::backend::TlsFiles;
 
 /// A waiter's place in a key's queue: its ticket, and how long the place is
@@ -45,46 +44,14 @@ pub(crate) enum Role {
     Quorum,
 }
 
-/// The server a node talks to.
-// One per node, made once and never moved about: its size is no cost.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-enum Target {
-    /// One server, at one address for the node's life.
-    Fixed {
-        client: redis::Client,
-        conn: OnceCell<ConnectionManager>,
-    },
-    /// The primary the sentinels name, resolved again after a failover.
-    Sentinel(Arc<Sentinel>),
-}
-
-/// The connection one request runs on: which primary it reached (to drop
-/// that one, and only that one, when it fails), and the shift of the
-/// tokens' clock that primary's epoch gives.
-struct Link {
-    conn: ConnectionManager,
-    generation: u64,
-    shift: i64,
-}
-
 #[derive(Debug)]
 pub(crate) struct Node {
     pub(crate) url: RedactedUrl,
-    target: Target,
-    timeout: Duration,
-    connect_timeout: Duration,
+    conn: Connector,
     /// Every request must answer within `timeout`, reconnects included.
     strict: bool,
     /// Grants carry fencing tokens (not under Redlock, which writes none).
     fenced: bool,
-    /// Replicas that must acknowledge a grant, a renewal and a hand-off,
-    /// and how long to wait for them.
-    replicas: u32,
-    replicas_timeout: Duration,
-    /// Seconds added to the tokens' clock beyond the epoch's shift: a
-    /// test's stand-in for a primary whose clock is behind.
-    skew: AtomicI64,
     hub: Hub,
 }
 
@@ -116,20 +83,16 @@ impl Node {
             };
             redis::Client::build_with_tls(url.expose(), certs).map_err(bad)?
         };
+        let target = Target::Fixed {
+            client: client.clone(),
+            conn: OnceCell::new(),
+        };
         Ok(Node {
             url: url.clone(),
-            hub: Hub::new(Source::Fixed(client.clone()), connect_timeout),
-            target: Target::Fixed {
-                client,
-                conn: OnceCell::new(),
-            },
-            timeout,
-            connect_timeout,
+            hub: Hub::new(Source::Seeds(vec![client]), connect_timeout),
+            conn: Connector::new(url, target, timeout, connect_timeout),
             strict,
             fenced,
-            replicas: 0,
-            replicas_timeout: Duration::ZERO,
-            skew: AtomicI64::new(0),
         })
     }
 
@@ -141,24 +104,59 @@ impl Node {
         connect_timeout: Duration,
     ) -> Self {
         let sentinel = Sentinel::new(config, timeout, connect_timeout);
+        let target = Target::Sentinel(sentinel.clone());
         Node {
             url: url.clone(),
-            hub: Hub::new(Source::Sentinel(sentinel.clone()), connect_timeout),
-            target: Target::Sentinel(sentinel),
-            timeout,
-            connect_timeout,
+            hub: Hub::new(Source::Sentinel(sentinel), connect_timeout),
+            conn: Connector::new(url, target, timeout, connect_timeout),
             strict: false,
             fenced: true,
-            replicas: 0,
-            replicas_timeout: Duration::ZERO,
-            skew: AtomicI64::new(0),
         }
+    }
+
+    /// A Cluster reached through `seeds` (each a `redis://` URL with the
+    /// user and password), its requests answered within `timeout`.
+    pub(crate) fn cluster(
+        url: &RedactedUrl,
+        seeds: &[RedactedUrl],
+        timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Result<Self> {
+        let bad = |e| bad_url(url, e);
+        let urls: Vec<&str> = seeds.iter().map(RedactedUrl::expose).collect();
+        // The driver's retries (redirects, a node that went away) are kept
+        // few and short: a lock's request must fail well inside a lease,
+        // not after the driver's default of 16 retries from 1.28 s each.
+        let client = ClusterClient::builder(urls.clone())
+            .retries(3)
+            .min_retry_wait(20)
+            .max_retry_wait(200)
+            .connection_timeout(connect_timeout)
+            .response_timeout(timeout)
+            .build()
+            .map_err(bad)?;
+        let hub = urls
+            .iter()
+            .map(|u| redis::Client::open(*u))
+            .collect::<redis::RedisResult<Vec<_>>>()
+            .map_err(bad)?;
+        let target = Target::Cluster {
+            client,
+            conn: OnceCell::new(),
+        };
+        Ok(Node {
+            url: url.clone(),
+            hub: Hub::new(Source::Seeds(hub), connect_timeout),
+            conn: Connector::new(url, target, timeout, connect_timeout),
+            strict: false,
+            fenced: true,
+        })
     }
 
     /// Waits for `replicas` to acknowledge grants, renewals and hand-offs.
     pub(crate) fn with_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
-        self.replicas = replicas;
-        self.replicas_timeout = timeout;
+        self.conn.replicas = replicas;
+        self.conn.replicas_timeout = timeout;
         self
     }
 
@@ -166,134 +164,13 @@ impl Node {
     /// clock is behind).
     #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub(crate) fn skew_clock(&self, secs: i64) {
-        self.skew.store(secs, Ordering::Relaxed);
+        self.conn.skew_clock(secs);
     }
 
-    /// The connection for one request, made (or the primary found) on
-    /// first use; a server that is down now is `Unavailable` now and tried
-    /// again on the next call.
-    async fn link(&self) -> Result<Link> {
-        let skew = self.skew.load(Ordering::Relaxed);
-        match &self.target {
-            Target::Fixed { client, conn } => Ok(Link {
-                conn: self.fixed(client, conn).await?,
-                generation: 0,
-                shift: skew,
-            }),
-            Target::Sentinel(s) => {
-                let p = s.primary().await?;
-                let epoch = i64::try_from(p.epoch).unwrap_or(i64::MAX / EPOCH_SHIFT_SECS);
-                Ok(Link {
-                    conn: p.conn,
-                    generation: p.generation,
-                    shift: epoch.saturating_mul(EPOCH_SHIFT_SECS).saturating_add(skew),
-                })
-            }
-        }
-    }
-
-    /// Maps a driver error, and drops the primary `link` reached if the
-    /// error says it may have moved. An error that shows the request was
-    /// never carried out is marked so (`unapplied`): a replica refusing a
-    /// write (`READONLY`), or a connection found closed (or refused)
-    /// before the request went out.
-    fn failed(&self, link: &Link, e: RedisError) -> Error {
-        if let Target::Sentinel(s) = &self.target {
-            if sentinel::moved(&e) {
-                s.forget(link.generation);
-            }
-        }
-        let refused = e.code() == Some("READONLY")
-            || e.is_connection_refusal()
-            || matches!(
-                io_kind(&e),
-                Some(std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::NotConnected)
-            );
-        let mapped = map_err(e);
-        if refused {
-            mapped.unapplied()
-        } else {
-            mapped
-        }
-    }
-
-    /// Runs `call` on `link`; where replicas must acknowledge it (`wait`),
-    /// pipelined with `WAIT` on the same connection, since `WAIT` counts
-    /// only the writes of its own connection: then also how many did.
-    async fn run<T: FromRedisValue>(
-        &self,
-        link: &mut Link,
-        call: &ScriptInvocation<'_>,
-        wait: bool,
-    ) -> Result<(T, Option<u32>)> {
-        if !wait || self.replicas == 0 {
-            let r = call.invoke_async(&mut link.conn).await;
-            return Ok((r.map_err(|e| self.failed(link, e))?, None));
-        }
-        let mut pipe = redis::pipe();
-        pipe.invoke_script(call)
-            .cmd("WAIT")
-            .arg(self.replicas)
-            .arg(ms(self.replicas_timeout));
-        let mut r = pipe.query_async::<(T, i64)>(&mut link.conn).await;
-        if matches!(&r, Err(e) if e.code() == Some("NOSCRIPT")) {
-            // A promoted replica starts with no scripts: load, then again.
-            let loaded = call.load_async(&mut link.conn).await;
-            loaded.map_err(|e| self.failed(link, e))?;
-            r = pipe.query_async(&mut link.conn).await;
-        }
-        let (v, acked) = r.map_err(|e| self.failed(link, e))?;
-        let acked = u32::try_from(acked).unwrap_or(0);
-        if acked < self.replicas {
-            // A primary that lost its replicas may have been failed over:
-            // the next request asks the sentinels again.
-            if let Target::Sentinel(s) = &self.target {
-                s.forget(link.generation);
-            }
-        }
-        Ok((v, Some(acked)))
-    }
-
-    /// `Unavailable` unless `acked` (from [`run`](Self::run)) reaches the
-    /// replicas asked for.
-    fn replicated(&self, what: &str, acked: Option<u32>) -> Result<()> {
-        match acked {
-            Some(n) if n < self.replicas => Err(Error::unavailable(format!(
-                "{}: {what} reached {n} of the {} replicas asked for within {:?}",
-                self.url, self.replicas, self.replicas_timeout
-            ))),
-            _ => Ok(()),
-        }
-    }
-
-    /// One server's connection, made on first use.
-    async fn fixed(
-        &self,
-        client: &redis::Client,
-        conn: &OnceCell<ConnectionManager>,
-    ) -> Result<ConnectionManager> {
-        let conn = conn
-            .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
-                    .set_response_timeout(Some(self.timeout + self.replicas_timeout))
-                    .set_number_of_retries(1)
-                    .set_max_delay(Duration::from_millis(200));
-                match tokio::time::timeout(
-                    self.connect_timeout * 2,
-                    ConnectionManager::new_with_config(client.clone(), config),
-                )
-                .await
-                {
-                    Ok(r) => r.map_err(map_err),
-                    Err(_) => Err(Error::unavailable(format!(
-                        "{}: connect timed out",
-                        self.url
-                    ))),
-                }
-            })
-            .await?;
-        Ok(conn.clone())
+    /// Whether this node is a Cluster (its keys take a tag of their own:
+    /// see [`layout`](crate::layout)).
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.conn.is_cluster()
     }
 
     /// Bounds a request by the per-node timeout where that is a hard budget
@@ -305,7 +182,7 @@ impl Node {
         if !self.strict {
             return f.await;
         }
-        self.within(self.timeout, f).await
+        self.within(self.conn.timeout, f).await
     }
 
     /// Runs `attempt` on a link, and once more on a fresh one when the
@@ -318,8 +195,8 @@ impl Node {
         Fut: std::future::Future<Output = Result<T>>,
     {
         self.bounded(async {
-            match attempt(self.link().await?).await {
-                Err(e) if e.is_unapplied() => attempt(self.link().await?).await,
+            match attempt(self.conn.link().await?).await {
+                Err(e) if e.is_unapplied() => attempt(self.conn.link().await?).await,
                 r => r,
             }
         })
@@ -347,11 +224,11 @@ impl Node {
     /// password), not a timeout that hides it.
     pub(crate) async fn ping(&self) -> Result<()> {
         let ping = async {
-            let mut link = self.link().await?;
+            let mut link = self.conn.link().await?;
             let r = redis::cmd("PING").query_async::<()>(&mut link.conn).await;
-            r.map_err(|e| self.failed(&link, e))
+            r.map_err(|e| self.conn.failed(&link, e))
         };
-        self.within(self.connect_timeout * 2 + self.timeout, ping)
+        self.within(self.conn.connect_timeout * 2 + self.conn.timeout, ping)
             .await
     }
 
@@ -390,13 +267,13 @@ impl Node {
             if let (Some(v), Claim::MUTEX) = (value, claim) {
                 call.arg(v);
             }
-            let (reply, acked): (AcquireReply, _) = self.run(&mut link, &call, true).await?;
+            let (reply, acked): (AcquireReply, _) = self.conn.run(&mut link, &call, true).await?;
             let answer = match reply {
                 AcquireReply::First(fence) => group::answer(key, claim, &[1, fence, 1]),
                 AcquireReply::Full(v) => group::answer(key, claim, &v),
             }?;
             if let (Acquire::Acquired { .. }, Err(short)) =
-                (&answer, self.replicated("the grant", acked))
+                (&answer, self.conn.replicated("the grant", acked))
             {
                 // Never left granted while reported refused: undone (one
                 // hold: a re-entry keeps the ones before it).
@@ -420,8 +297,8 @@ impl Node {
             let script = scripts::release_at(self.fenced, link.shift);
             let mut call = keys.call(&script);
             call.arg(owner.as_str());
-            let (left, acked): (i64, _) = self.run(&mut link, &call, true).await?;
-            if let Err(short) = self.replicated("a release (and any hand-off)", acked) {
+            let (left, acked): (i64, _) = self.conn.run(&mut link, &call, true).await?;
+            if let Err(short) = self.conn.replicated("a release (and any hand-off)", acked) {
                 // The release stands: a waiter it was handed to holds it
                 // now, and its own first renewal waits for the replicas.
                 tracing::warn!("{short}");
@@ -446,7 +323,7 @@ impl Node {
         self.attempts(|mut link| async move {
             let mut call = keys.call(scripts::proclaim());
             call.arg(owner.as_str()).arg(value);
-            let (set, _): (i64, _) = self.run(&mut link, &call, false).await?;
+            let (set, _): (i64, _) = self.conn.run(&mut link, &call, false).await?;
             Ok(set == 1)
         })
         .await
@@ -463,7 +340,7 @@ impl Node {
             let script = scripts::abandon_at(self.fenced, link.shift);
             let mut call = keys.call(&script);
             call.arg(owner.as_str()).arg(ticket.as_str());
-            let _: (i64, _) = self.run(&mut link, &call, false).await?;
+            let _: (i64, _) = self.conn.run(&mut link, &call, false).await?;
             Ok(())
         })
         .await
@@ -475,19 +352,53 @@ impl Node {
         prefix: &str,
         requests: &[RenewRequest],
     ) -> Result<Vec<bool>> {
+        let cluster = self.is_cluster();
+        let keys: Vec<String> = requests
+            .iter()
+            .map(|r| Keys::lock(prefix, &r.key, cluster))
+            .collect();
+        if !cluster {
+            return self.renew_batch(&keys, requests).await;
+        }
+        // One script may only touch one slot of a Cluster: a batch per
+        // slot, all at once.
+        let mut slots: Vec<(Slot, Vec<usize>)> = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            let slot = Slot::for_key(k);
+            match slots.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, at)) => at.push(i),
+                None => slots.push((slot, vec![i])),
+            }
+        }
+        let batches = slots.iter().map(|(_, at)| {
+            let keys: Vec<String> = at.iter().map(|&i| keys[i].clone()).collect();
+            let requests: Vec<RenewRequest> = at.iter().map(|&i| requests[i].clone()).collect();
+            async move { self.renew_batch(&keys, &requests).await }
+        });
+        let answers = futures::future::join_all(batches).await;
+        let mut out = vec![false; requests.len()];
+        for ((_, at), answer) in slots.iter().zip(answers) {
+            for (&i, renewed) in at.iter().zip(answer?) {
+                out[i] = renewed;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Renews the leases of `requests`, whose lock keys are `keys`, in one
+    /// script call.
+    async fn renew_batch(&self, keys: &[String], requests: &[RenewRequest]) -> Result<Vec<bool>> {
         self.attempts(|mut link| async move {
             let script = scripts::renew();
             let mut call = script.prepare_invoke();
-            for r in requests {
-                call.key(Keys::lock(prefix, &r.key))
-                    .arg(r.owner.as_str())
-                    .arg(ms(r.ttl));
+            for (k, r) in keys.iter().zip(requests) {
+                call.key(k).arg(r.owner.as_str()).arg(ms(r.ttl));
             }
-            let (out, acked): (Vec<i64>, _) = self.run(&mut link, &call, true).await?;
+            let (out, acked): (Vec<i64>, _) = self.conn.run(&mut link, &call, true).await?;
             // Renewed on the primary only: failed, so the watchdog tries
             // again, and the hold is lost at its deadline if the replicas
             // never catch up.
-            self.replicated("a renewal", acked)?;
+            self.conn.replicated("a renewal", acked)?;
             if out.len() != requests.len() {
                 return Err(Error::backend(
                     "renew script answered for the wrong number of keys",
@@ -505,7 +416,7 @@ impl Node {
     pub(crate) async fn inspect(&self, keys: &Keys) -> Result<LockStatus> {
         self.attempts(|mut link| async move {
             let call = keys.call(scripts::inspect());
-            let (reply, _): (InspectReply, _) = self.run(&mut link, &call, false).await?;
+            let (reply, _): (InspectReply, _) = self.conn.run(&mut link, &call, false).await?;
             let (holds, fence, pttl, queued, owner, value, kind, members) = reply;
             let queued = Some(u32::try_from(queued).unwrap_or(u32::MAX));
             if kind != 0 {
@@ -528,7 +439,7 @@ impl Node {
     /// subscribed on the hub (see [`Hub`]). Bounded as [`ping`](Self::ping):
     /// it may have to connect.
     pub(crate) async fn changes(&self, keys: &Keys) -> Result<Watch> {
-        let limit = self.connect_timeout * 2 + self.timeout;
+        let limit = self.conn.connect_timeout * 2 + self.conn.timeout;
         self.within(limit, self.hub.changes(keys.changes())).await
     }
 

@@ -67,20 +67,20 @@ impl LockBackend for QuorumNode {
         ttl: Duration,
     ) -> Result<Acquire> {
         self.node
-            .acquire(key, &Keys::new(&self.prefix, key), owner, ttl, None)
+            .acquire(key, &Keys::new(&self.prefix, key, false), owner, ttl, None)
             .await
     }
 
     /// A writer giving up takes its mark away (see `group`).
     async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
         self.node
-            .abandon(&Keys::new(&self.prefix, key), owner, ticket)
+            .abandon(&Keys::new(&self.prefix, key, false), owner, ticket)
             .await
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
         self.node
-            .release(&Keys::new(&self.prefix, key), owner)
+            .release(&Keys::new(&self.prefix, key, false), owner)
             .await
     }
 
@@ -102,19 +102,21 @@ impl LockBackend for QuorumNode {
     /// With the holder's owner token, which the quorum groups nodes by, and
     /// its value, which the quorum reports where a quorum of them agree.
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
-        self.node.inspect(&Keys::new(&self.prefix, key)).await
+        self.node
+            .inspect(&Keys::new(&self.prefix, key, false))
+            .await
     }
 
     async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
         let set = self
             .node
-            .proclaim(&Keys::new(&self.prefix, key), owner, value)
+            .proclaim(&Keys::new(&self.prefix, key, false), owner, value)
             .await?;
         Ok(if set { Renew::Renewed } else { Renew::NotHeld })
     }
 
     async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
-        let keys = Keys::new(&self.prefix, key);
+        let keys = Keys::new(&self.prefix, key, false);
         Ok(Some(self.node.changes(&keys).await?))
     }
 }

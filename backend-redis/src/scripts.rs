@@ -332,7 +332,20 @@ struct Variants {
     cells: [OnceLock<Script>; 2],
     /// The shifted variants last made: a failover's new epoch replaces
     /// them, so a long-lived process keeps a few, not one per epoch.
-    shifted: Mutex<Vec<(bool, i64, Arc<Script>)>>,
+    shifted: Mutex<Vec<(bool, Shift, Arc<Script>)>>,
+}
+
+/// How far a script shifts the clock its fencing tokens are made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shift {
+    /// Seconds the client knows: 0 on one server, the config epoch's hours
+    /// under Sentinel (see [`sentinel`](crate::sentinel)).
+    Const(i64),
+    /// On a Cluster the script reads its own node's config epoch (`CLUSTER
+    /// INFO`, `cluster_my_epoch`), which a failover or a slot's move makes
+    /// the greatest, and shifts by its hours; plus these seconds (a test's
+    /// skew).
+    Cluster(i64),
 }
 
 /// A script to run: one of the unshifted variants, or a shifted one.
@@ -365,25 +378,33 @@ impl Variants {
     /// `fenced` and the clock's `shift` (seconds) as constants, `fast`,
     /// then the shared functions, then `body`. Constants rather than
     /// arguments: every argument costs the server on every call.
-    fn make(&self, fenced: bool, shift: i64) -> Script {
+    fn make(&self, fenced: bool, shift: Shift) -> Script {
         let common = if self.common {
             [COMMON, group::GROUP, COMMON_TAIL, group::GROUP_TAIL].concat()
         } else {
             String::new()
         };
         let mark_life = locksmith_core::backend::MARK_LIFE.as_millis();
+        let shift = match shift {
+            Shift::Const(secs) => secs.to_string(),
+            Shift::Cluster(secs) => format!(
+                "tonumber(string.match(redis.call('cluster', 'info'), \
+                 'cluster_my_epoch:(%d+)')) * {} + {secs}",
+                crate::sentinel::EPOCH_SHIFT_SECS
+            ),
+        };
         Script::new(&format!(
-            "local fenced, mark_life, shift = {fenced}, {mark_life}, {shift}\n{}{common}{}",
+            "local fenced, mark_life = {fenced}, {mark_life}\nlocal shift = {shift}\n{}{common}{}",
             self.fast, self.body
         ))
     }
 
     fn get(&'static self, fenced: bool) -> &'static Script {
-        self.cells[usize::from(fenced)].get_or_init(|| self.make(fenced, 0))
+        self.cells[usize::from(fenced)].get_or_init(|| self.make(fenced, Shift::Const(0)))
     }
 
-    fn at(&'static self, fenced: bool, shift: i64) -> Scripted {
-        if shift == 0 || !fenced {
+    fn at(&'static self, fenced: bool, shift: Shift) -> Scripted {
+        if shift == Shift::Const(0) || !fenced {
             return Scripted::Plain(self.get(fenced));
         }
         let mut shifted = self.shifted.lock().unwrap_or_else(|e| e.into_inner());
@@ -423,27 +444,27 @@ pub(crate) fn release(fenced: bool) -> &'static Script {
 }
 
 /// The acquire script, its tokens' clock shifted by `shift` seconds.
-pub(crate) fn acquire_at(fenced: bool, shift: i64) -> Scripted {
+pub(crate) fn acquire_at(fenced: bool, shift: Shift) -> Scripted {
     ACQUIRE_SCRIPT.at(fenced, shift)
 }
 
 /// The acquire script for an owner that advertises a value (ARGV as
 /// acquire, then the value).
-pub(crate) fn acquire_valued_at(fenced: bool, shift: i64) -> Scripted {
+pub(crate) fn acquire_valued_at(fenced: bool, shift: Shift) -> Scripted {
     ACQUIRE_VALUED_SCRIPT.at(fenced, shift)
 }
 
 /// The acquire script of a permit or a read hold (see [`group::CLAIM_ACQUIRE`]).
-pub(crate) fn claim_acquire_at(fenced: bool, shift: i64) -> Scripted {
+pub(crate) fn claim_acquire_at(fenced: bool, shift: Shift) -> Scripted {
     CLAIM_ACQUIRE_SCRIPT.at(fenced, shift)
 }
 
 /// The release script, which may hand the lock on and so make a token.
-pub(crate) fn release_at(fenced: bool, shift: i64) -> Scripted {
+pub(crate) fn release_at(fenced: bool, shift: Shift) -> Scripted {
     RELEASE_SCRIPT.at(fenced, shift)
 }
 
-pub(crate) fn abandon_at(fenced: bool, shift: i64) -> Scripted {
+pub(crate) fn abandon_at(fenced: bool, shift: Shift) -> Scripted {
     ABANDON_SCRIPT.at(fenced, shift)
 }
 

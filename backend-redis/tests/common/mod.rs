@@ -177,3 +177,214 @@ pub mod sentinel {
             .expect("INFO server has process_id")
     }
 }
+
+/// The Redis Cluster that `scripts/test` starts: which node serves a key,
+/// failovers and slot moves that wait until the Cluster is whole again.
+pub mod cluster {
+    use std::time::{Duration, Instant};
+
+    use locksmith_conformance::kit::servers::redis_cluster_ports;
+
+    use super::sentinel::query;
+
+    /// How long a failover or a slot's move may take on a loaded host.
+    pub const PATIENCE: Duration = Duration::from_secs(90);
+
+    /// One node as `CLUSTER NODES` lists it.
+    #[derive(Debug, Clone)]
+    pub struct Node {
+        pub id: String,
+        pub port: u16,
+        pub primary: bool,
+        /// The primary it replicates (`-` for a primary).
+        pub of: String,
+        /// Its slots, as written (`0-5460`).
+        pub slots: Vec<String>,
+    }
+
+    /// The nodes, as the first node that answers lists them.
+    pub async fn nodes() -> Vec<Node> {
+        for p in redis_cluster_ports() {
+            let Ok(text) = query::<String>(p, redis::cmd("CLUSTER").arg("NODES")).await else {
+                continue;
+            };
+            return text
+                .lines()
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split(' ').collect();
+                    let port = f
+                        .get(1)?
+                        .split('@')
+                        .next()?
+                        .rsplit(':')
+                        .next()?
+                        .parse()
+                        .ok()?;
+                    Some(Node {
+                        id: f[0].to_owned(),
+                        port,
+                        primary: f.get(2)?.contains("master"),
+                        of: f.get(3)?.to_string(),
+                        slots: f.iter().skip(8).map(|s| s.to_string()).collect(),
+                    })
+                })
+                .collect();
+        }
+        panic!("no Cluster node answered");
+    }
+
+    /// The slot of `key`.
+    pub async fn slot(key: &str) -> u16 {
+        query(
+            redis_cluster_ports()[0],
+            redis::cmd("CLUSTER").arg("KEYSLOT").arg(key),
+        )
+        .await
+        .unwrap()
+    }
+
+    fn serves(n: &Node, slot: u16) -> bool {
+        n.primary
+            && n.slots.iter().any(|r| {
+                let mut ends = r.split('-').filter_map(|x| x.parse::<u16>().ok());
+                match (ends.next(), ends.next()) {
+                    (Some(a), Some(b)) => (a..=b).contains(&slot),
+                    (Some(a), None) => a == slot,
+                    _ => false,
+                }
+            })
+    }
+
+    /// The primary serving `slot`.
+    pub async fn primary_of(slot: u16) -> Node {
+        nodes()
+            .await
+            .into_iter()
+            .find(|n| serves(n, slot))
+            .unwrap_or_else(|| panic!("no primary serves slot {slot}"))
+    }
+
+    /// Waits until every node says the Cluster is ok and every primary has
+    /// a replica online.
+    pub async fn wait_whole() {
+        let start = Instant::now();
+        loop {
+            let mut ok = true;
+            for p in redis_cluster_ports() {
+                let info: String = query(p, redis::cmd("CLUSTER").arg("INFO"))
+                    .await
+                    .unwrap_or_default();
+                ok &= info.contains("cluster_state:ok");
+            }
+            let nodes = nodes().await;
+            for n in nodes.iter().filter(|n| n.primary && !n.slots.is_empty()) {
+                let info: String = query(n.port, redis::cmd("INFO").arg("replication"))
+                    .await
+                    .unwrap_or_default();
+                ok &= info.contains("connected_slaves:1");
+            }
+            if ok {
+                return;
+            }
+            assert!(
+                start.elapsed() < PATIENCE,
+                "the Cluster did not become whole within {PATIENCE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// `CLUSTER FAILOVER` on the replica of the primary serving `slot`;
+    /// the old primary's port and the new one's, once every node agrees.
+    pub async fn failover(slot: u16) -> (u16, u16) {
+        wait_whole().await;
+        let old = primary_of(slot).await;
+        let replica = nodes()
+            .await
+            .into_iter()
+            .find(|n| n.of == old.id)
+            .expect("the primary has a replica");
+        let _: () = query(replica.port, redis::cmd("CLUSTER").arg("FAILOVER"))
+            .await
+            .unwrap();
+        let start = Instant::now();
+        loop {
+            let mut agreed = true;
+            for p in redis_cluster_ports() {
+                let text: String = query(p, redis::cmd("CLUSTER").arg("NODES"))
+                    .await
+                    .unwrap_or_default();
+                agreed &= text.lines().any(|l| {
+                    l.starts_with(&replica.id)
+                        && l.split(' ').nth(2).is_some_and(|f| f.contains("master"))
+                });
+            }
+            if agreed {
+                break;
+            }
+            assert!(start.elapsed() < PATIENCE, "the failover did not finish");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        wait_whole().await;
+        (old.port, replica.port)
+    }
+
+    /// Moves `slot`, keys and all, from its primary to another one (as
+    /// `redis-cli --cluster reshard` does); the old and the new primary's
+    /// ports.
+    pub async fn move_slot(slot: u16) -> (u16, u16) {
+        wait_whole().await;
+        let from = primary_of(slot).await;
+        let to = nodes()
+            .await
+            .into_iter()
+            .find(|n| n.primary && n.id != from.id && !n.slots.is_empty())
+            .expect("another primary");
+        let setslot = |what: &str, id: &str| {
+            let mut c = redis::cmd("CLUSTER");
+            c.arg("SETSLOT").arg(slot).arg(what).arg(id);
+            c
+        };
+        let _: () = query(to.port, &setslot("IMPORTING", &from.id))
+            .await
+            .unwrap();
+        let _: () = query(from.port, &setslot("MIGRATING", &to.id))
+            .await
+            .unwrap();
+        loop {
+            let keys: Vec<String> = query(
+                from.port,
+                redis::cmd("CLUSTER")
+                    .arg("GETKEYSINSLOT")
+                    .arg(slot)
+                    .arg(100),
+            )
+            .await
+            .unwrap();
+            if keys.is_empty() {
+                break;
+            }
+            let _: () = query(
+                from.port,
+                redis::cmd("MIGRATE")
+                    .arg("127.0.0.1")
+                    .arg(to.port)
+                    .arg("")
+                    .arg(0)
+                    .arg(5000)
+                    .arg("KEYS")
+                    .arg(&keys),
+            )
+            .await
+            .unwrap();
+        }
+        for p in [to.port, from.port] {
+            let _: () = query(p, &setslot("NODE", &to.id)).await.unwrap();
+        }
+        for n in nodes().await.iter().filter(|n| n.primary) {
+            let _: redis::RedisResult<()> = query(n.port, &setslot("NODE", &to.id)).await;
+        }
+        wait_whole().await;
+        (from.port, to.port)
+    }
+}

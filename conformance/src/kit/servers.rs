@@ -162,6 +162,15 @@ pub fn redis_cluster_ports() -> Vec<u16> {
     ports_from("LOCKSMITH_TEST_REDIS_CLUSTER_PORTS", "REDIS_CLUSTER_PORTS")
 }
 
+/// A `redis+cluster://` URL over the Cluster's six nodes.
+pub fn redis_cluster_url() -> String {
+    let nodes: Vec<String> = redis_cluster_ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    format!("redis+cluster://{}", nodes.join(","))
+}
+
 /// The shared memcached server: `LOCKSMITH_TEST_MEMCACHED_URL`, else `MC_PORT`.
 pub fn memcached_url() -> String {
     env_or("LOCKSMITH_TEST_MEMCACHED_URL", || {

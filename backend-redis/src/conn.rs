@@ -1,0 +1,295 @@
+//! The connection a request runs on: one server's, the primary's its
+//! sentinels name now, or a Cluster's (routed by slot); with `WAIT` for the
+//! replicas where the URL asks for it, and the errors that say the primary
+//! moved or the request never ran.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use locksmith_core::backend::RedactedUrl;
+use locksmith_core::{Error, Result};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
+use tokio::sync::OnceCell;
+
+use crate::error::{io_kind, map_err};
+use crate::scripts::Shift;
+use crate::sentinel::{self, Sentinel, EPOCH_SHIFT_SECS};
+
+/// The servers a node talks to.
+// One per node, made once and never moved about: its size is no cost.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Target {
+    /// One server, at one address for the node's life.
+    Fixed {
+        client: redis::Client,
+        conn: OnceCell<ConnectionManager>,
+    },
+    /// The primary the sentinels name, resolved again after a failover.
+    Sentinel(Arc<Sentinel>),
+    /// A Cluster: each script goes to the primary of its keys' slot.
+    Cluster {
+        client: ClusterClient,
+        conn: OnceCell<ClusterConnection>,
+    },
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Fixed { client, .. } => f.debug_tuple("Fixed").field(client).finish(),
+            Target::Sentinel(s) => f.debug_tuple("Sentinel").field(s).finish(),
+            Target::Cluster { .. } => f.write_str("Cluster"),
+        }
+    }
+}
+
+/// A connection of either kind; the driver's calls take both.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The connection one request runs on: which primary it reached (to drop
+/// that one, and only that one, when it fails), and the shift of the
+/// tokens' clock that primary's epoch gives.
+pub(crate) struct Link {
+    pub(crate) conn: Conn,
+    generation: u64,
+    pub(crate) shift: Shift,
+}
+
+/// Makes and keeps a node's connections.
+#[derive(Debug)]
+pub(crate) struct Connector {
+    pub(crate) url: RedactedUrl,
+    pub(crate) target: Target,
+    pub(crate) timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    /// Replicas that must acknowledge a grant, a renewal and a hand-off,
+    /// and how long to wait for them.
+    pub(crate) replicas: u32,
+    pub(crate) replicas_timeout: Duration,
+    /// Seconds added to the tokens' clock beyond the epoch's shift: a
+    /// test's stand-in for a primary whose clock is behind.
+    skew: AtomicI64,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis().max(1)).unwrap_or(u64::MAX / 4)
+}
+
+impl Connector {
+    pub(crate) fn new(
+        url: &RedactedUrl,
+        target: Target,
+        timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Self {
+        Connector {
+            url: url.clone(),
+            target,
+            timeout,
+            connect_timeout,
+            replicas: 0,
+            replicas_timeout: Duration::ZERO,
+            skew: AtomicI64::new(0),
+        }
+    }
+
+    /// Shifts the tokens' clock by `secs` more (tests: a primary whose
+    /// clock is behind).
+    pub(crate) fn skew_clock(&self, secs: i64) {
+        self.skew.store(secs, Ordering::Relaxed);
+    }
+
+    /// Whether this is a Cluster (whose keys take a tag of their own).
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster { .. })
+    }
+
+    /// The connection for one request, made (or the primary found) on
+    /// first use; a server that is down now is `Unavailable` now and tried
+    /// again on the next call.
+    pub(crate) async fn link(&self) -> Result<Link> {
+        let skew = self.skew.load(Ordering::Relaxed);
+        match &self.target {
+            Target::Fixed { client, conn } => Ok(Link {
+                conn: Conn::Single(self.fixed(client, conn).await?),
+                generation: 0,
+                shift: Shift::Const(skew),
+            }),
+            Target::Sentinel(s) => {
+                let p = s.primary().await?;
+                let epoch = i64::try_from(p.epoch).unwrap_or(i64::MAX / EPOCH_SHIFT_SECS);
+                Ok(Link {
+                    conn: Conn::Single(p.conn),
+                    generation: p.generation,
+                    shift: Shift::Const(
+                        epoch.saturating_mul(EPOCH_SHIFT_SECS).saturating_add(skew),
+                    ),
+                })
+            }
+            Target::Cluster { client, conn } => Ok(Link {
+                conn: Conn::Cluster(self.cluster(client, conn).await?),
+                generation: 0,
+                shift: Shift::Cluster(skew),
+            }),
+        }
+    }
+
+    /// Maps a driver error, and drops the primary `link` reached if the
+    /// error says it may have moved. An error that shows the request was
+    /// never carried out is marked so (`unapplied`): a replica refusing a
+    /// write (`READONLY`), or a connection found closed (or refused)
+    /// before the request went out.
+    pub(crate) fn failed(&self, link: &Link, e: RedisError) -> Error {
+        if let Target::Sentinel(s) = &self.target {
+            if sentinel::moved(&e) {
+                s.forget(link.generation);
+            }
+        }
+        let refused = e.code() == Some("READONLY")
+            || e.is_connection_refusal()
+            || matches!(
+                io_kind(&e),
+                Some(std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::NotConnected)
+            );
+        let mapped = map_err(e);
+        if refused {
+            mapped.unapplied()
+        } else {
+            mapped
+        }
+    }
+
+    /// Runs `call` on `link`; where replicas must acknowledge it (`wait`),
+    /// pipelined with `WAIT` on the same connection, since `WAIT` counts
+    /// only the writes of its own connection (on a Cluster the pipeline
+    /// goes whole to the script's slot): then also how many did.
+    pub(crate) async fn run<T: FromRedisValue>(
+        &self,
+        link: &mut Link,
+        call: &ScriptInvocation<'_>,
+        wait: bool,
+    ) -> Result<(T, Option<u32>)> {
+        if !wait || self.replicas == 0 {
+            let r = call.invoke_async(&mut link.conn).await;
+            return Ok((r.map_err(|e| self.failed(link, e))?, None));
+        }
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(call)
+            .cmd("WAIT")
+            .arg(self.replicas)
+            .arg(ms(self.replicas_timeout));
+        let mut r = pipe.query_async::<(T, i64)>(&mut link.conn).await;
+        if matches!(&r, Err(e) if e.code() == Some("NOSCRIPT")) {
+            // A promoted replica starts with no scripts: load, then again.
+            let loaded = call.load_async(&mut link.conn).await;
+            loaded.map_err(|e| self.failed(link, e))?;
+            r = pipe.query_async(&mut link.conn).await;
+        }
+        let (v, acked) = r.map_err(|e| self.failed(link, e))?;
+        let acked = u32::try_from(acked).unwrap_or(0);
+        if acked < self.replicas {
+            // A primary that lost its replicas may have been failed over:
+            // the next request asks the sentinels again.
+            if let Target::Sentinel(s) = &self.target {
+                s.forget(link.generation);
+            }
+        }
+        Ok((v, Some(acked)))
+    }
+
+    /// `Unavailable` unless `acked` (from [`run`](Self::run)) reaches the
+    /// replicas asked for.
+    pub(crate) fn replicated(&self, what: &str, acked: Option<u32>) -> Result<()> {
+        match acked {
+            Some(n) if n < self.replicas => Err(Error::unavailable(format!(
+                "{}: {what} reached {n} of the {} replicas asked for within {:?}",
+                self.url, self.replicas, self.replicas_timeout
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// One server's connection, made on first use.
+    async fn fixed(
+        &self,
+        client: &redis::Client,
+        conn: &OnceCell<ConnectionManager>,
+    ) -> Result<ConnectionManager> {
+        let conn = conn
+            .get_or_try_init(|| async {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_response_timeout(Some(self.timeout + self.replicas_timeout))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(200));
+                let connecting = ConnectionManager::new_with_config(client.clone(), config);
+                match tokio::time::timeout(self.connect_timeout * 2, connecting).await {
+                    Ok(r) => r.map_err(map_err),
+                    Err(_) => Err(Error::unavailable(format!(
+                        "{}: connect timed out",
+                        self.url
+                    ))),
+                }
+            })
+            .await?;
+        Ok(conn.clone())
+    }
+
+    /// The Cluster's connection (one per node, the driver's), made on
+    /// first use.
+    async fn cluster(
+        &self,
+        client: &ClusterClient,
+        conn: &OnceCell<ClusterConnection>,
+    ) -> Result<ClusterConnection> {
+        let conn = conn
+            .get_or_try_init(|| async {
+                let connecting = client.get_async_connection();
+                match tokio::time::timeout(self.connect_timeout * 2, connecting).await {
+                    Ok(r) => r.map_err(map_err),
+                    Err(_) => Err(Error::unavailable(format!(
+                        "{}: connect timed out",
+                        self.url
+                    ))),
+                }
+            })
+            .await?;
+        Ok(conn.clone())
+    }
+}
