@@ -42,6 +42,8 @@
 //! | `mysql://…`, `mariadb://…` | MySQL/MariaDB (add `?mode=session` for `GET_LOCK`) | `mysql` |
 //! | `redis://…`, `rediss://…`, `redis+unix:///path` | one Redis server | `redis` |
 //! | `redis+redlock://h1:p1,h2:p2,h3:p3` | Redlock over independent masters | `redis` |
+//! | `redis+sentinel://s1:26379,s2,s3/<master>` | Redis under Sentinel, following failovers | `redis` |
+//! | `redis+cluster://h1:7000,h2:7001,h3:7002` | Redis Cluster | `redis` |
 //! | `zk://h1:2181,h2:2181,h3:2181/root` | ZooKeeper, Curator-compatible | `zookeeper` |
 //! | `etcd://h1:2379,h2:2379,h3:2379/root`, `etcds://…` | etcd, Go `concurrency.Mutex`- and `Election`-compatible | `etcd` |
 //! | `memcache://h:11211`, `memcache://h1,h2,h3` | memcached: one server, or a quorum | `memcached` |
@@ -143,6 +145,8 @@ pub mod backend {
         Entry { store: "MySQL/MariaDB", schemes: &["mysql", "mariadb"], feature: "mysql", built: MYSQL },
         Entry { store: "Redis", schemes: &["redis", "rediss", "redis+unix", "unix"], feature: "redis", built: REDIS },
         Entry { store: "Redlock", schemes: &["redis+redlock"], feature: "redis", built: REDIS },
+        Entry { store: "Redis Sentinel", schemes: &["redis+sentinel"], feature: "redis", built: REDIS },
+        Entry { store: "Redis Cluster", schemes: &["redis+cluster"], feature: "redis", built: REDIS },
         Entry { store: "memcached", schemes: &["memcache", "memcached"], feature: "memcached", built: MEMCACHED },
         Entry { store: "ZooKeeper", schemes: &["zk", "zookeeper"], feature: "zookeeper", built: ZOOKEEPER },
         Entry { store: "etcd", schemes: &["etcd", "etcds"], feature: "etcd", built: ETCD },
@@ -185,6 +189,32 @@ pub mod backend {
     /// whose cargo feature is off (the message names the feature).
     pub fn scheme(url: &str) -> Result<Scheme> {
         lookup(url).map(|(scheme, _)| scheme)
+    }
+
+    /// Fails the deployment `url` names over to a replica and waits until
+    /// the new primary serves; says which node took over from which.
+    /// Redis under Sentinel (`SENTINEL FAILOVER`) and a Redis Cluster
+    /// (`CLUSTER FAILOVER` on a replica of one of its primaries) only. It
+    /// changes the deployment: `locksmith check --faults …,failover` makes
+    /// failovers with it only when asked.
+    ///
+    /// # Errors
+    /// As [`scheme`]; `Unsupported` for any other store; `Unavailable` when
+    /// no failover could be made, or it did not finish within a minute.
+    pub async fn failover(url: &str) -> Result<String> {
+        let (scheme, _) = lookup(url)?;
+        #[cfg(feature = "redis")]
+        if matches!(scheme.name, "redis+sentinel" | "redis+cluster") {
+            return locksmith_redis::failover(url).await;
+        }
+        Err(Error::new(
+            crate::ErrorKind::Unsupported,
+            format!(
+                "{}: no failover to make on {}; it needs a redis+sentinel:// or redis+cluster:// URL",
+                RedactedUrl::new(url),
+                scheme.store
+            ),
+        ))
     }
 
     /// Opens the backend a URL names, without a [`Locker`](crate::Locker) on top.

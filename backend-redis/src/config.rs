@@ -321,4 +321,46 @@ mod tests {
         assert_eq!(r.timeout, DEFAULT_REDLOCK_TIMEOUT);
         assert!(RedisConfig::from_url("redis://h/0?protocol=resp3").is_ok());
     }
+
+    #[test]
+    fn sentinel_and_cluster_urls() {
+        let c = RedisConfig::from_url(
+            "redis+sentinel://app:pw@s1,s2:26380/mymaster/2?replicas=1&replicas_timeout=200ms",
+        )
+        .unwrap();
+        let s = c.sentinel.as_ref().unwrap();
+        let hosts: Vec<String> = s.sentinels.iter().map(ToString::to_string).collect();
+        assert_eq!(hosts, ["s1:26379", "s2:26380"]);
+        assert_eq!((s.master.as_str(), s.db), ("mymaster", 2));
+        assert_eq!(
+            (s.user.as_deref(), s.password.as_deref()),
+            (Some("app"), Some("pw"))
+        );
+        assert_eq!(
+            (c.replicas, c.replicas_timeout),
+            (1, Duration::from_millis(200))
+        );
+        assert!(!format!("{c:?}").contains("pw"), "{c:?}");
+
+        let c = RedisConfig::from_url("redis+cluster://:pw@h1:7000,h2:7001?timeout=300ms").unwrap();
+        let seeds: Vec<&str> = c.cluster.iter().map(|u| u.expose()).collect();
+        assert_eq!(seeds, ["redis://:pw@h1:7000", "redis://:pw@h2:7001"]);
+        assert!(c.sentinel.is_none());
+
+        for bad in [
+            "redis+sentinel://s1",
+            "redis+sentinel://s1/",
+            "redis+sentinel://s1/m/x",
+            "redis+sentinel://s1/m/0/1",
+            "redis+sentinel://s1/m?protocol=resp3",
+            "redis+sentinel://s1/m?tls_ca=/ca.pem",
+            "redis+cluster://h1/3",
+            "redis+cluster://h1?prefix=app{x}:",
+            "redis+cluster://h1?db=1",
+            "redis+redlock://h1,h2,h3?replicas=1",
+            "redis://h?replicas=65",
+        ] {
+            assert!(RedisConfig::from_url(bad).is_err(), "{bad}");
+        }
+    }
 }

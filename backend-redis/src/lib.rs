@@ -143,6 +143,7 @@ mod backend;
 mod config;
 mod conn;
 mod error;
+mod failover;
 mod functions;
 mod group;
 mod hub;
@@ -219,6 +220,7 @@ pub mod internals {
 
 pub use backend::RedisBackend;
 pub use config::RedisConfig;
+pub use failover::failover;
 pub use locksmith_core::backend::TlsFiles;
 pub use redlock::RedlockBackend;
 

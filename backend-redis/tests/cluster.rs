@@ -2,7 +2,7 @@
 //! replica each that `scripts/test` starts: the whole conformance suite,
 //! with and without `replicas=1`, a `CLUSTER FAILOVER` under a held lock
 //! with a waiter queued, and the slot of a held lock moved to another
-//! primary. Every test here runs alone (nextest group `redis-cluster`): a
+//! primary. Every test here runs alone (nextest group `bulk`): a
 //! failover or a slot's move would fail the cases running beside it.
 
 mod common;

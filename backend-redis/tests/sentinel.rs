@@ -2,7 +2,7 @@
 //! and three sentinels `scripts/test` starts: the whole conformance suite,
 //! with and without `replicas=1`, and failovers under a held lock with a
 //! waiter queued. Every test here runs alone (nextest group
-//! `redis-sentinel`): a failover would fail the cases running beside it.
+//! `bulk`): a failover would fail the cases running beside it.
 
 mod common;
 

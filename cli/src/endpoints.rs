@@ -28,10 +28,14 @@ impl Endpoints {
             return Ok(None);
         };
         let url = ServerUrl::parse(url, port)?;
-        // TLS checks the server's name, which a local proxy would replace.
+        // TLS checks the server's name, which a local proxy would replace;
+        // sentinels and a Cluster's nodes name the servers the client then
+        // goes to, past any proxy.
         let lower = url.url().expose().to_ascii_lowercase();
-        if matches!(url.scheme(), "rediss" | "etcds")
-            || lower.contains("sslmode=verify")
+        if matches!(
+            url.scheme(),
+            "rediss" | "etcds" | "redis+sentinel" | "redis+cluster"
+        ) || lower.contains("sslmode=verify")
             || lower.contains("ssl-mode=verify")
             || lower.contains("ssl_mode=verify")
             || url.hosts().is_empty()
@@ -113,6 +117,12 @@ mod tests {
         assert!(Endpoints::of("redis+unix:///tmp/r.sock").unwrap().is_none());
         assert!(Endpoints::of("memory://").unwrap().is_none());
         assert!(Endpoints::of("rediss://h:6380").unwrap().is_none());
+        assert!(Endpoints::of("redis+sentinel://h:26379/m")
+            .unwrap()
+            .is_none());
+        assert!(Endpoints::of("redis+cluster://h:7000,h:7001")
+            .unwrap()
+            .is_none());
         assert!(Endpoints::of("etcds://h:2379").unwrap().is_none());
         assert!(Endpoints::of("postgres://h/db?sslmode=verify-full")
             .unwrap()

@@ -293,7 +293,11 @@ struct CheckArgs {
     /// Worker processes in the fault run.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=64))]
     workers: u32,
-    /// Faults to inject: any of kill, pause, partition, latency, or none.
+    /// Faults to inject: any of kill, pause, partition, latency, failover,
+    /// or none. `failover` (Redis Sentinel and Cluster URLs only, never on
+    /// by default) fails the deployment's primary over to a replica every
+    /// few seconds: it changes your deployment, so run it against one you
+    /// may change.
     #[arg(long, default_value = "kill,pause,partition,latency", value_parser = check::parse_faults)]
     faults: check::Faults,
     /// The workers' lease length (short, so faults outlast it).

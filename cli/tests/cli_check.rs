@@ -29,8 +29,8 @@ fn locksmith(args: &[&str]) -> (i32, String, String) {
 }
 
 /// The numbers in the summary line: passed, skipped, failed, acquisitions,
-/// faults, exclusion violations, data violations.
-fn summary(stdout: &str) -> [u64; 7] {
+/// faults, exclusion violations, data violations, fence regressions.
+fn summary(stdout: &str) -> [u64; 8] {
     let last = stdout.lines().last().unwrap_or_default();
     assert!(last.starts_with("check: "), "last line: {last:?}");
     let nums: Vec<u64> = last
@@ -39,17 +39,17 @@ fn summary(stdout: &str) -> [u64; 7] {
         .map(|s| s.parse().unwrap())
         .collect();
     nums.try_into()
-        .unwrap_or_else(|n| panic!("seven numbers in {last:?}, got {n:?}"))
+        .unwrap_or_else(|n| panic!("eight numbers in {last:?}, got {n:?}"))
 }
 
 /// The whole check (conformance, then 15 s of faults) exits 0 on `url`.
 fn check_passes(url: &str) {
     let (code, out, err) =
         locksmith(&["check", "--url", url, "--duration", "15s", "--workers", "6"]);
-    let [passed, _skipped, failed, acquisitions, faults, x, d] = summary(&out);
+    let [passed, _skipped, failed, acquisitions, faults, x, d, r] = summary(&out);
     assert_eq!(
-        (code, failed, x, d),
-        (0, 0, 0, 0),
+        (code, failed, x, d, r),
+        (0, 0, 0, 0, 0),
         "check on {url}:\n{out}\n{err}"
     );
     assert!(passed >= 20, "only {passed} cases ran:\n{out}");
@@ -89,6 +89,64 @@ fn mysql_session() {
 #[test]
 fn redis() {
     check_passes(&common::redis_url());
+}
+
+/// `--faults failover` on Redis under Sentinel with `replicas=1`: the
+/// primary is failed over again and again while workers are killed, and
+/// nothing breaks exclusion or the order of fences.
+#[test]
+fn failovers_under_sentinel() {
+    let url = format!(
+        "{}?replicas=1",
+        locksmith_conformance::kit::servers::redis_sentinel_url()
+    );
+    failovers_pass(&url);
+}
+
+/// The same on the Cluster (`CLUSTER FAILOVER` on a replica of a random
+/// primary: the lock's own, a third of the time).
+#[test]
+fn failovers_on_the_cluster() {
+    let url = format!(
+        "{}?replicas=1",
+        locksmith_conformance::kit::servers::redis_cluster_url()
+    );
+    failovers_pass(&url);
+}
+
+fn failovers_pass(url: &str) {
+    let (code, out, err) = locksmith(&[
+        "check",
+        "--url",
+        url,
+        "--no-conformance",
+        "--duration",
+        "30s",
+        "--workers",
+        "6",
+        "--faults",
+        "failover,kill",
+    ]);
+    let [_, _, _, acquisitions, _, x, d, r] = summary(&out);
+    assert_eq!(
+        (code, x, d, r),
+        (0, 0, 0, 0),
+        "check on {url}:\n{out}\n{err}"
+    );
+    assert!(acquisitions > 0, "an idle fault run:\n{out}");
+    // "faults injected   N  failover F, kill K"
+    let failovers: u64 = out
+        .lines()
+        .find(|l| l.contains("faults injected"))
+        .and_then(|l| {
+            l.split([',', ' '])
+                .skip_while(|w| *w != "failover")
+                .nth(1)?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no failover count in:\n{out}"));
+    assert!(failovers >= 2, "only {failovers} failovers:\n{out}\n{err}");
 }
 
 #[test]
@@ -464,7 +522,7 @@ fn a_fault_run_begins_no_section_after_its_duration() {
         "{out:?}\n{err:?}"
     );
     let starts = section_starts(&history);
-    let [.., acquisitions, _, _, _] = summary(&out);
+    let [.., acquisitions, _, _, _, _] = summary(&out);
     assert_eq!(acquisitions, starts.len() as u64, "{out}");
     let span = starts.iter().max().unwrap() - starts.iter().min().unwrap();
     assert!(

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::history::{self, Verdict};
-use super::nemesis::Nemesis;
+use super::nemesis::{Fault, Nemesis};
 use super::observers::{self, Observers};
 use super::report::{print_fault_run_header, print_fault_table, FaultRun};
 use super::resource::Resource;
@@ -51,6 +51,11 @@ pub(crate) async fn fault_run(
         }
         faults.retain(|f| !f.needs_proxy());
     }
+    let scheme = locksmith::backend::scheme(url)?.name;
+    if !matches!(scheme, "redis+sentinel" | "redis+cluster") && faults.contains(&Fault::Failover) {
+        not_possible.push(Fault::Failover.name());
+        faults.retain(|f| *f != Fault::Failover);
+    }
 
     let claims = Claims::of(args);
     let resource = match claims {
@@ -71,7 +76,7 @@ pub(crate) async fn fault_run(
     } else {
         None
     };
-    let nemesis = Nemesis::new(faults.clone(), args.workers, outlast);
+    let nemesis = Nemesis::new(faults.clone(), args.workers, outlast, url);
     let interrupts = Interrupts::watch(&resource);
     // The run starts before its first worker, which may take the lock at
     // once. The end is fixed now, not when the nemesis loop next looks at

@@ -148,11 +148,54 @@ pub(crate) struct Verdict {
     pub(crate) accepted_writes: u64,
     /// Increments the counter lost (accepted writes less its final value).
     pub(crate) increments_lost: u64,
+    /// Exclusive grants whose fence is below that of a grant made before
+    /// them (a store that lost its fence's order, at a failover say).
+    pub(crate) fence_regressions: u64,
     /// A few of the violations, described.
     pub(crate) examples: Vec<String>,
 }
 
 const EXAMPLES: usize = 5;
+
+/// Counts the exclusive grants whose fence is below that of one granted
+/// before them. "Before" by the sections' starts, but only where the
+/// lower one's lease was still valid when the higher one began: a holder
+/// frozen between its grant and the start it recorded (its lease run out
+/// meanwhile, and the lock granted on) is stale, not a regression.
+fn order_of_fences(h: &History) -> Vec<(&Section, &Section)> {
+    if h.permits > 1 {
+        return Vec::new();
+    }
+    let mut exclusive: Vec<&Section> = h
+        .sections
+        .iter()
+        .filter(|s| !s.shared && s.fence.is_some())
+        .collect();
+    exclusive.sort_by_key(|s| s.start);
+    let mut out = Vec::new();
+    for (i, s) in exclusive.iter().enumerate() {
+        let earlier = exclusive[..i]
+            .iter()
+            .filter(|r| r.fence > s.fence && s.deadline > r.start)
+            .max_by_key(|r| r.fence);
+        if let Some(r) = earlier {
+            out.push((*r, *s));
+        }
+    }
+    out
+}
+
+fn fence_order(h: &History, v: &mut Verdict, note: impl Fn(&mut Verdict, String)) {
+    for (r, s) in order_of_fences(h) {
+        v.fence_regressions += 1;
+        let msg = format!(
+            "fence regression: worker {} section {} was granted fence {:?} after worker {} \
+             section {} had fence {:?}",
+            s.worker, s.seq, s.fence, r.worker, r.seq, r.fence
+        );
+        note(v, msg);
+    }
+}
 
 /// Judges a history.
 pub(crate) fn check(h: &History) -> Verdict {
@@ -294,6 +337,7 @@ pub(crate) fn check(h: &History) -> Verdict {
         }
     }
     v.fenced_out = fenced_sections.len() as u64;
+    fence_order(h, &mut v, note);
     let last = writes.last().map_or(0, |(_, w)| w.value);
     v.increments_lost = v.accepted_writes.saturating_sub(last);
     v
@@ -351,6 +395,32 @@ mod tests {
                 op(2, OpKind::Write, 15, f(2), 1, 1),
             ],
         }
+    }
+
+    #[test]
+    fn a_lower_fence_granted_later_is_a_regression_and_a_frozen_holder_is_not() {
+        let section = |worker, fence, start, deadline| Section {
+            worker,
+            seq: 1,
+            fence: Some(fence),
+            start,
+            end: Some(start + 10),
+            deadline,
+            shared: false,
+        };
+        let mut h = History {
+            permits: 1,
+            ..History::default()
+        };
+        // Granted 20 at 100, then 10 at 200 (the lost grant's successor).
+        h.sections = vec![section(1, 20, 100, 150), section(2, 10, 200, 250)];
+        let v = check(&h);
+        assert_eq!(v.fence_regressions, 1, "{v:?}");
+        assert!(v.examples[0].contains("fence regression"), "{v:?}");
+        // Granted 10 (lease to 150), frozen past it; 20 granted at 160;
+        // the frozen one records its start at 170.
+        h.sections = vec![section(1, 10, 170, 150), section(2, 20, 160, 260)];
+        assert_eq!(check(&h).fence_regressions, 0);
     }
 
     #[test]

@@ -185,12 +185,13 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
         count(CaseOutcome::Skip),
         count(CaseOutcome::Fail),
     );
-    let (a, k, x, d) = fault_run.as_ref().map_or((0, 0, 0, 0), |f| {
+    let (a, k, x, d, r) = fault_run.as_ref().map_or((0, 0, 0, 0, 0), |f| {
         (
             f.verdict.acquisitions,
             f.faults_total,
             f.verdict.exclusion_violations,
             f.verdict.data_violations,
+            f.verdict.fence_regressions,
         )
     });
     let leaders = fault_run
@@ -199,14 +200,15 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
         .map(|e| e.violations);
     let summary = format!(
         "check: {passed} cases passed, {skipped} skipped, {failed} failed; fault run: {a} \
-         acquisitions, {k} faults, {x} exclusion violations, {d} data violations{}",
+         acquisitions, {k} faults, {x} exclusion violations, {d} data violations, {r} fence \
+         regressions{}",
         leaders.map_or(String::new(), |l| format!(", {l} leader violations"))
     );
     // A fault run that never got the lock proved nothing.
     let idle = fault_run.as_ref().is_some_and(|f| {
         f.verdict.acquisitions == 0 || f.election.as_ref().is_some_and(|e| e.sightings == 0)
     });
-    let code = if failed == 0 && x == 0 && d == 0 && leaders.unwrap_or(0) == 0 && !idle {
+    let code = if failed == 0 && x == 0 && d == 0 && r == 0 && leaders.unwrap_or(0) == 0 && !idle {
         0
     } else {
         EX_FOUND

@@ -30,6 +30,9 @@ pub(crate) enum Fault {
     Partition,
     /// Slow a worker's traffic to the store for a few seconds.
     Latency,
+    /// Fail the store's primary over to a replica (Redis Sentinel and
+    /// Cluster): the whole deployment, not one worker.
+    Failover,
 }
 
 impl Fault {
@@ -40,6 +43,7 @@ impl Fault {
             Fault::Pause => "pause",
             Fault::Partition => "partition",
             Fault::Latency => "latency",
+            Fault::Failover => "failover",
         }
     }
 
@@ -70,9 +74,11 @@ pub(crate) fn parse_faults(s: &str) -> std::result::Result<Faults, String> {
             "pause" => Fault::Pause,
             "partition" => Fault::Partition,
             "latency" => Fault::Latency,
+            "failover" => Fault::Failover,
             other => {
                 return Err(format!(
-                    "unknown fault {other:?}; known: kill, pause, partition, latency, or none"
+                    "unknown fault {other:?}; known: kill, pause, partition, latency, failover, \
+                     or none"
                 ))
             }
         };
@@ -89,8 +95,13 @@ pub(crate) fn parse_faults(s: &str) -> std::result::Result<Faults, String> {
 /// The nemesis: a new fault every 50-250 ms while fewer than half the
 /// workers are under one, so the rest keep taking the lock.
 pub(crate) struct Nemesis {
-    /// The faults it may inject (those possible on this store).
+    /// The faults it may inject into workers (those possible on this store).
     faults: Vec<Fault>,
+    /// The store whose primary it fails over now and then, if asked.
+    failover: Option<String>,
+    /// Failovers made, and attempts that failed.
+    failovers: Arc<AtomicU64>,
+    failovers_failed: Arc<AtomicU64>,
     /// How long a pause or partition lasts at least: past the lease.
     outlast: Duration,
     /// The most workers under a fault at once.
@@ -104,10 +115,18 @@ pub(crate) struct Nemesis {
 }
 
 impl Nemesis {
-    /// A nemesis for `workers` workers.
-    pub(crate) fn new(faults: Vec<Fault>, workers: u32, outlast: Duration) -> Nemesis {
+    /// A nemesis for `workers` workers; with [`Fault::Failover`] among
+    /// `faults`, it fails the primary of the store at `url` over too.
+    pub(crate) fn new(faults: Vec<Fault>, workers: u32, outlast: Duration, url: &str) -> Nemesis {
+        let failover = faults.contains(&Fault::Failover).then(|| url.to_owned());
         Nemesis {
-            faults,
+            faults: faults
+                .into_iter()
+                .filter(|f| *f != Fault::Failover)
+                .collect(),
+            failover,
+            failovers: Arc::default(),
+            failovers_failed: Arc::default(),
             outlast,
             max_busy: (workers as usize / 2).max(1),
             counts: BTreeMap::new(),
@@ -131,6 +150,17 @@ impl Nemesis {
         stop: &CancellationToken,
     ) -> u64 {
         let mut exited = 0u64;
+        if let Some(url) = self.failover.clone() {
+            let (made, failed, total) = (
+                self.failovers.clone(),
+                self.failovers_failed.clone(),
+                self.total.clone(),
+            );
+            let stop = stop.clone();
+            self.tasks.push(tokio::spawn(async move {
+                failovers(&url, end, &stop, &made, &failed, &total).await;
+            }));
+        }
         while Instant::now() < end && !stop.is_cancelled() {
             let tick = Duration::from_millis(50 + rand_below(200));
             tokio::select! {
@@ -223,7 +253,51 @@ impl Nemesis {
         for t in self.tasks {
             let _ = t.await;
         }
-        (self.counts, self.total.load(Ordering::Relaxed))
+        let mut counts = self.counts;
+        if self.failover.is_some() {
+            counts.insert("failover", self.failovers.load(Ordering::Relaxed));
+            let failed = self.failovers_failed.load(Ordering::Relaxed);
+            if failed > 0 {
+                counts.insert("failover (failed)", failed);
+            }
+        }
+        (counts, self.total.load(Ordering::Relaxed))
+    }
+}
+
+/// Fails the primary of the store at `url` over, one failover after
+/// another four to eight seconds apart (time for the replicas to catch
+/// up), until `end` or `stop`.
+async fn failovers(
+    url: &str,
+    end: Instant,
+    stop: &CancellationToken,
+    made: &AtomicU64,
+    failed: &AtomicU64,
+    total: &AtomicU64,
+) {
+    loop {
+        let pause = Duration::from_millis(4000 + rand_below(4000));
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = tokio::time::sleep_until(end.into()) => return,
+            () = stop.cancelled() => return,
+        }
+        match tokio::time::timeout(Duration::from_secs(70), locksmith::backend::failover(url)).await
+        {
+            Ok(Ok(what)) => {
+                tracing::info!("failover: {what}");
+                made.fetch_add(1, Ordering::Relaxed);
+                total.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Err(e)) => {
+                tracing::warn!("failover failed: {}", e.chain());
+                failed.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -268,5 +342,7 @@ async fn inject(
             tokio::time::sleep(Duration::from_secs(1) + jitter() * 2).await;
             slot.ctl.set_latency(Duration::ZERO);
         }
+        // The whole store's, made by `failovers`.
+        Fault::Failover => {}
     }
 }

@@ -149,6 +149,12 @@ pub(crate) fn print_fault_table(run: &FaultRun, fencing: bool) {
         "most at once", v.most_at_once
     );
     println!("  {:<24} {:>8}", "data violations", v.data_violations);
+    if fencing {
+        println!(
+            "  {:<24} {:>8}  grants whose fence was below an earlier grant's",
+            "fence regressions", v.fence_regressions
+        );
+    }
     println!(
         "  {:<24} {:>8}  {}",
         "fenced-out writes",
