@@ -155,7 +155,7 @@ impl Connector {
                 let p = s.primary().await?;
                 let epoch = i64::try_from(p.epoch).unwrap_or(i64::MAX / EPOCH_SHIFT_SECS);
                 Ok(Link {
-                    conn: Conn::Single(p.conn),
+                    conn: Conn::Single(p.conn.clone()),
                     generation: p.generation,
                     shift: Shift::Const(
                         epoch.saturating_mul(EPOCH_SHIFT_SECS).saturating_add(skew),

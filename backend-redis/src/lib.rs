@@ -32,10 +32,19 @@
 //! script. Every grant of a key is a separate command, and Redis takes more
 //! than a microsecond per command, so tokens strictly increase across
 //! release, expiry, takeover and a restart that lost the data, **provided
-//! the server's clock does not step back** (NTP slews rather than steps; a
-//! failover to a replica whose clock is behind could repeat tokens for the
-//! size of the difference). The token is kept in the lock's key only while
-//! the lock lives.
+//! the server's clock does not step back** (NTP slews rather than steps).
+//! The token is kept in the lock's key only while the lock lives.
+//!
+//! Under Sentinel and on a Cluster the clock is shifted by an hour per
+//! *config epoch*, which every failover raises: the epoch the sentinels
+//! name the primary in (read with its address), or on a Cluster the
+//! granting node's own (`cluster_my_epoch`, read by the script itself, which
+//! a failover or a slot moved to the node makes the greatest). So a
+//! promoted replica's tokens are above the old primary's even when its
+//! clock is up to an hour behind. The assumption becomes: **within one
+//! epoch the primary's clock does not step back, and a new primary's clock
+//! is less than an hour behind the old one's.** 2^53 µs leaves room for
+//! two million epochs beyond today's clock.
 //!
 //! Earlier versions kept a counter key `…{name}:fence` per name, for
 //! ever. They are no longer read or written: their values (seeded from the
@@ -114,6 +123,65 @@
 //! `proclaim` is one owner-checked script, and the value goes with the key
 //! on release and at expiry. Under Redlock the value is set on every node
 //! and reported where a quorum of the holder's nodes agree on it.
+//!
+//! # Redis under Sentinel
+//!
+//! `redis+sentinel://[user:password@]s1:26379,s2,s3/<master>[/<db>]`: the
+//! user and password are the data nodes' (the sentinels take none here).
+//! The sentinels are all asked, and the answer with the highest config
+//! epoch names the primary; `ROLE` on the connection that then carries the
+//! scripts must say `master`, so a demoted node is never written to. The
+//! backend listens on every sentinel for `+promoted-slave` (sent by the
+//! sentinel leading a failover the moment the replica is a primary) and
+//! `+switch-master`, and moves to the new primary at once: the old one
+//! keeps taking writes until the sentinels get round to demoting it,
+//! seconds later, and a client left on it would hold locks the new primary
+//! never sees. `READONLY`, a dropped connection or a timeout also make it
+//! ask again; a request the server never saw (`READONLY`, a connection
+//! found closed) is sent once more to the new primary. Waiters move with
+//! it: the grant channel is subscribed again there, and a grant published
+//! while it moved is found by the waiter's next refresh.
+//!
+//! # Redis Cluster
+//!
+//! `redis+cluster://[user:password@]h1:7000,h2:7001,…`: any nodes; the
+//! driver finds the rest and routes each script to the primary of its
+//! keys' slot, following `MOVED` and `ASK` (a resharding, a failover) with
+//! a few short retries rather than the driver's default of sixteen from
+//! 1.28 s. A lock's keys carry the tag `{=<name>}`, so all of them (lock,
+//! queue, waiters, its change channel) share one slot whatever the name;
+//! a prefix holding `{` or `}` is refused. The watchdog's renewal batch is
+//! split by slot, a script per slot, all at once. Grants and changes are
+//! published on ordinary pub/sub, which every node of a Cluster passes on,
+//! so the backend's one subscription on any node hears them all (sharded
+//! pub/sub would send each message to one shard only, at the price of a
+//! subscription per lock, moved by hand at every failover and slot move;
+//! not done yet). Locks across slots: the core's ordered `lock_all`.
+//!
+//! # Replicas and failover
+//!
+//! Replication is asynchronous: a primary that fails before passing a
+//! grant on takes it with it, and the promoted replica lets someone else
+//! take the lock. The holder hears of it at its next renewal on the new
+//! primary (its lost signal, `NotHeld`), and the new grant's fence is
+//! higher (above), so a resource that checks fences refuses the old
+//! holder; one that does not may see both.
+//!
+//! `?replicas=N&replicas_timeout=500ms` (any Redis URL but Redlock's)
+//! sends `WAIT N timeout` in one pipeline with each grant, renewal and
+//! release, on the same connection (`WAIT` counts that connection's
+//! writes only). A grant fewer than N replicas acknowledged is undone and
+//! reported `Unavailable`; such a renewal fails (the watchdog tries again,
+//! and the lock is lost at its deadline if the replicas never catch up);
+//! a release stands, and the waiter it handed the lock to must get its
+//! own renewal acknowledged. What this promises: a failover to one of the
+//! N replicas that acknowledged keeps every grant and renewal. What it
+//! does not: `WAIT` is not consensus. The sentinels (or the Cluster) may
+//! promote a replica that had not acknowledged yet, a write is in memory
+//! and not on disk, and a write counted as short still happened on the
+//! primary (so it is undone by hand, as Redisson's `checkLockSyncedSlaves`
+//! does). With N = 1 and two replicas, a failover loses a grant only when
+//! the one replica that had it is not the one promoted.
 //!
 //! # Schemes not shipped, and why
 //!

@@ -47,7 +47,6 @@ pub(crate) const EPOCH_SHIFT_SECS: i64 = 3600;
 /// The primary in use: its connection, its address, the config epoch the
 /// sentinels named it in, and a number that tells it from the ones
 /// before it.
-#[derive(Clone)]
 pub(crate) struct Primary {
     pub(crate) conn: ConnectionManager,
     pub(crate) client: redis::Client,
@@ -61,7 +60,7 @@ pub(crate) struct Sentinel {
     config: SentinelConfig,
     timeout: Duration,
     connect_timeout: Duration,
-    current: Mutex<Option<Primary>>,
+    current: Mutex<Option<Arc<Primary>>>,
     /// One resolution at a time: a failover seen by many requests at once
     /// asks the sentinels once.
     resolving: tokio::sync::Mutex<()>,
@@ -132,7 +131,7 @@ impl Sentinel {
     }
 
     /// The primary in use, resolved if there is none.
-    pub(crate) async fn primary(&self) -> Result<Primary> {
+    pub(crate) async fn primary(&self) -> Result<Arc<Primary>> {
         if let Some(p) = lock(&self.current).clone() {
             return Ok(p);
         }
@@ -141,7 +140,7 @@ impl Sentinel {
         if let Some(p) = lock(&self.current).clone() {
             return Ok(p);
         }
-        let p = self.resolve().await?;
+        let p = Arc::new(self.resolve().await?);
         *lock(&self.current) = Some(p.clone());
         Ok(p)
     }
