@@ -215,7 +215,7 @@ impl LockBackend for RedisBackend {
         Ok(Some(self.inner.node.changes(&self.keys(key)).await?))
     }
 
-    async fn watch(&self, _key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
-        Ok(Some(self.inner.node.watch(ticket).await?))
+    async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
+        Ok(Some(self.inner.node.watch(&self.keys(key), ticket).await?))
     }
 }

@@ -9,13 +9,15 @@ use std::time::Duration;
 
 use locksmith_core::backend::RedactedUrl;
 use locksmith_core::{Error, Result};
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
 use tokio::sync::OnceCell;
 
-use crate::error::{io_kind, map_err};
+use crate::error::map_err;
 use crate::scripts::Shift;
 use crate::sentinel::{self, Sentinel, EPOCH_SHIFT_SECS};
 
@@ -51,6 +53,7 @@ impl std::fmt::Debug for Target {
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(ConnectionManager),
+    Plain(MultiplexedConnection),
     Cluster(ClusterConnection),
 }
 
@@ -58,6 +61,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Plain(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -70,6 +74,7 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Plain(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
@@ -77,6 +82,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
+            Conn::Plain(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
         }
     }
@@ -155,7 +161,7 @@ impl Connector {
                 let p = s.primary().await?;
                 let epoch = i64::try_from(p.epoch).unwrap_or(i64::MAX / EPOCH_SHIFT_SECS);
                 Ok(Link {
-                    conn: Conn::Single(p.conn.clone()),
+                    conn: Conn::Plain(p.conn.clone()),
                     generation: p.generation,
                     shift: Shift::Const(
                         epoch.saturating_mul(EPOCH_SHIFT_SECS).saturating_add(skew),
@@ -173,20 +179,17 @@ impl Connector {
     /// Maps a driver error, and drops the primary `link` reached if the
     /// error says it may have moved. An error that shows the request was
     /// never carried out is marked so (`unapplied`): a replica refusing a
-    /// write (`READONLY`), or a connection found closed (or refused)
-    /// before the request went out.
+    /// write (`READONLY`: it runs none of a script's writes), or a
+    /// connection refused. A connection that broke is not proof: the
+    /// driver fails every request still waiting for its reply so, and the
+    /// server may have run them.
     pub(crate) fn failed(&self, link: &Link, e: RedisError) -> Error {
         if let Target::Sentinel(s) = &self.target {
             if sentinel::moved(&e) {
                 s.forget(link.generation);
             }
         }
-        let refused = e.code() == Some("READONLY")
-            || e.is_connection_refusal()
-            || matches!(
-                io_kind(&e),
-                Some(std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::NotConnected)
-            );
+        let refused = e.code() == Some("READONLY") || e.is_connection_refusal();
         let mapped = map_err(e);
         if refused {
             mapped.unapplied()
@@ -225,9 +228,16 @@ impl Connector {
         let acked = u32::try_from(acked).unwrap_or(0);
         if acked < self.replicas {
             // A primary that lost its replicas may have been failed over:
-            // the next request asks the sentinels again.
+            // if it says it is one no more, the next request asks the
+            // sentinels again (a replica merely slow to answer does not
+            // cost a lookup per request).
             if let Target::Sentinel(s) = &self.target {
-                s.forget(link.generation);
+                let role: redis::RedisResult<Vec<Value>> =
+                    redis::cmd("ROLE").query_async(&mut link.conn).await;
+                let primary = matches!(&role, Ok(r) if matches!(r.first(), Some(Value::BulkString(b)) if b == b"master"));
+                if !primary {
+                    s.forget(link.generation);
+                }
             }
         }
         Ok((v, Some(acked)))

@@ -21,20 +21,6 @@ fn is_tls_refusal(e: &(dyn std::error::Error + 'static)) -> bool {
     inner.is::<rustls::Error>()
 }
 
-/// The kind of the I/O error under `e`, if it is one, found through the
-/// layers the driver wraps it in.
-pub(crate) fn io_kind(e: &RedisError) -> Option<std::io::ErrorKind> {
-    type Shared = Arc<dyn std::error::Error + Send + Sync>;
-    let source = std::error::Error::source(e)?;
-    let inner = match source.downcast_ref::<Shared>() {
-        Some(shared) => &**shared as &(dyn std::error::Error + 'static),
-        None => source,
-    };
-    inner
-        .downcast_ref::<std::io::Error>()
-        .map(std::io::Error::kind)
-}
-
 /// Maps driver errors onto the contract's kinds, in one place.
 pub(crate) fn map_err(e: RedisError) -> Error {
     let transient_code = matches!(

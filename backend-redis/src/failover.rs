@@ -15,10 +15,18 @@ use redis::IntoConnectionInfo;
 /// How long a failover may take before it is reported as failed.
 const PATIENCE: Duration = Duration::from_secs(60);
 
+/// A connection to `at`: a sentinel (which takes no password here), or a
+/// Cluster node, with the user and password of the URL's first node.
 async fn conn(at: &HostPort, config: &RedisConfig) -> Result<redis::aio::MultiplexedConnection> {
-    let info = redis::ConnectionAddr::Tcp(at.host().to_owned(), at.port())
-        .into_connection_info()
-        .map_err(map_err)?;
+    let addr = redis::ConnectionAddr::Tcp(at.host().to_owned(), at.port());
+    let info = match config.cluster.first() {
+        Some(seed) => seed
+            .expose()
+            .into_connection_info()
+            .map_err(map_err)?
+            .set_addr(addr),
+        None => addr.into_connection_info().map_err(map_err)?,
+    };
     let c = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(config.connect_timeout))
         .set_response_timeout(Some(config.timeout.max(Duration::from_secs(2))));

@@ -61,9 +61,19 @@ local function to_hash()
   redis.call('pexpire', KEYS[1], pttl)
 end
 
+-- Tells a waiter its grant: on its hub's channel, or on a Cluster on the
+-- lock's own (sharded: it lives in the lock's slot).
+local function tell(hub, msg)
+  if sharded then
+    redis.call('spublish', KEYS[1] .. ':grants', msg)
+  else
+    redis.call('publish', hub, msg)
+  end
+end
+
 -- Tells election observers that the lock, which carries a value, changed.
 local function announce(what)
-  redis.call('publish', KEYS[1] .. ':changes', what)
+  redis.call(sharded and 'spublish' or 'publish', KEYS[1] .. ':changes', what)
 end
 
 -- Takes the free lock for `owner`, in the hash form, with the `value` it
@@ -120,7 +130,7 @@ local function hand_off(me, after)
       local lease = math.min(tonumber(cttl), tonumber(clife))
       local ms = now_ms()
       local fence = join(cowner, kind, lease, ms, after, head)
-      redis.call('publish', chub, head .. ' ' .. string.format('%.0f', fence) .. ' ' .. lease)
+      tell(chub, head .. ' ' .. string.format('%.0f', fence) .. ' ' .. lease)
       serve(kind, 1, ms, fence, nil, false)
       return head
     end
@@ -139,7 +149,7 @@ local function hand_off(me, after)
       local queued = redis.call('exists', KEYS[2]) == 1
       local fence = take(owner, lease, after, queued, value)
       redis.call('hset', KEYS[1], '~grant', head)
-      redis.call('publish', hub, head .. ' ' .. string.format('%.0f', fence) .. ' ' .. lease)
+      tell(hub, head .. ' ' .. string.format('%.0f', fence) .. ' ' .. lease)
       return head
     end
   end

@@ -193,7 +193,7 @@ local function serve(kind, n, now, after, me, marked)
       if head == me then
         mine = fence
       else
-        redis.call('publish', hub, head .. ' ' .. string.format('%.0f', fence) .. ' ' .. lease)
+        tell(hub, head .. ' ' .. string.format('%.0f', fence) .. ' ' .. lease)
       end
     end
   end

@@ -83,6 +83,13 @@ impl Keys {
         format!("{}:changes", self.all[0])
     }
 
+    /// The channel on which, on a Cluster, the scripts publish the grants
+    /// of this lock to its waiters (sharded pub/sub: see
+    /// [`shards`](crate::shards)).
+    pub(crate) fn grants(&self) -> String {
+        format!("{}:grants", self.all[0])
+    }
+
     /// A call of `script` on all three keys.
     pub(crate) fn call<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
         let mut call = script.prepare_invoke();

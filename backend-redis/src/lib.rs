@@ -39,12 +39,17 @@
 //! *config epoch*, which every failover raises: the epoch the sentinels
 //! name the primary in (read with its address), or on a Cluster the
 //! granting node's own (`cluster_my_epoch`, read by the script itself, which
-//! a failover or a slot moved to the node makes the greatest). So a
+//! a failover, or a slot moved to the node through `IMPORTING` as
+//! `redis-cli --cluster reshard` does, makes the greatest). So a
 //! promoted replica's tokens are above the old primary's even when its
 //! clock is up to an hour behind. The assumption becomes: **within one
 //! epoch the primary's clock does not step back, and a new primary's clock
 //! is less than an hour behind the old one's.** 2^53 µs leaves room for
-//! two million epochs beyond today's clock.
+//! two million epochs beyond today's clock. Not covered: sentinels that
+//! start again without their config (or `SENTINEL RESET`, a new
+//! `MONITOR`) count epochs from 0 again, and slots given to a node by
+//! hand (`ADDSLOTS`, `SETSLOT … NODE` without `IMPORTING`) leave its epoch
+//! as it was; after either, tokens can fall below earlier ones.
 //!
 //! Earlier versions kept a counter key `…{name}:fence` per name, for
 //! ever. They are no longer read or written: their values (seeded from the
@@ -137,8 +142,13 @@
 //! keeps taking writes until the sentinels get round to demoting it,
 //! seconds later, and a client left on it would hold locks the new primary
 //! never sees. `READONLY`, a dropped connection or a timeout also make it
-//! ask again; a request the server never saw (`READONLY`, a connection
-//! found closed) is sent once more to the new primary. Waiters move with
+//! ask again (its connection to a primary does not reconnect by itself,
+//! so it is never back on a node without a fresh `ROLE`). A write a
+//! demoted primary refused (`READONLY`) is sent once more to the new one,
+//! and so is a request that may run twice to the same effect (a renewal,
+//! a read) whose connection broke; an acquire or a release whose reply
+//! was lost is not (it may have run), and is the caller's to undo, as on
+//! one server. Waiters move with
 //! it: the grant channel is subscribed again there, and a grant published
 //! while it moved is found by the waiter's next refresh.
 //!
@@ -151,12 +161,16 @@
 //! 1.28 s. A lock's keys carry the tag `{=<name>}`, so all of them (lock,
 //! queue, waiters, its change channel) share one slot whatever the name;
 //! a prefix holding `{` or `}` is refused. The watchdog's renewal batch is
-//! split by slot, a script per slot, all at once. Grants and changes are
-//! published on ordinary pub/sub, which every node of a Cluster passes on,
-//! so the backend's one subscription on any node hears them all (sharded
-//! pub/sub would send each message to one shard only, at the price of a
-//! subscription per lock, moved by hand at every failover and slot move;
-//! not done yet). Locks across slots: the core's ordered `lock_all`.
+//! split by slot, a script per slot, all at once. Grants and changes go
+//! by sharded pub/sub (`SPUBLISH` in the script, to `<lock key>:grants`
+//! and `<lock key>:changes`, in the lock's slot), so a message reaches the
+//! shard that serves the lock, not every node; a waiter subscribes
+//! (`SSUBSCRIBE`) to its lock's grant channel before it queues, on a
+//! connection of the backend's own, and grants to other waiters of that
+//! lock are ignored by their ticket. A failover or a slot's move drops the
+//! shard's subscribers; the channel is subscribed again by the waiter's
+//! next refresh, which also finds a grant sent meanwhile. Locks across
+//! slots: the core's ordered `lock_all`.
 //!
 //! # Replicas and failover
 //!
@@ -220,6 +234,7 @@ mod node;
 mod redlock;
 mod scripts;
 mod sentinel;
+mod shards;
 
 /// The key layout and the scripts themselves, for benchmarks that send the
 /// same scripts raw as the floor of this scheme, and for fault tests. Only

@@ -19,6 +19,7 @@ use crate::hub::{Hub, Source};
 use crate::layout::Keys;
 use crate::scripts;
 use crate::sentinel::Sentinel;
+use crate::shards::{Notify, Shards};
 use locksmith_core::backend::TlsFiles;
 
 /// A waiter's place in a key's queue: its ticket, and how long the place is
@@ -52,7 +53,7 @@ pub(crate) struct Node {
     strict: bool,
     /// Grants carry fencing tokens (not under Redlock, which writes none).
     fenced: bool,
-    hub: Hub,
+    hub: Notify,
 }
 
 impl Node {
@@ -89,7 +90,7 @@ impl Node {
         };
         Ok(Node {
             url: url.clone(),
-            hub: Hub::new(Source::Seeds(vec![client]), connect_timeout),
+            hub: Notify::Hub(Hub::new(Source::Seeds(vec![client]), connect_timeout)),
             conn: Connector::new(url, target, timeout, connect_timeout),
             strict,
             fenced,
@@ -107,7 +108,7 @@ impl Node {
         let target = Target::Sentinel(sentinel.clone());
         Node {
             url: url.clone(),
-            hub: Hub::new(Source::Sentinel(sentinel), connect_timeout),
+            hub: Notify::Hub(Hub::new(Source::Sentinel(sentinel), connect_timeout)),
             conn: Connector::new(url, target, timeout, connect_timeout),
             strict: false,
             fenced: true,
@@ -135,18 +136,14 @@ impl Node {
             .response_timeout(timeout)
             .build()
             .map_err(bad)?;
-        let hub = urls
-            .iter()
-            .map(|u| redis::Client::open(*u))
-            .collect::<redis::RedisResult<Vec<_>>>()
-            .map_err(bad)?;
+        let shards = Shards::new(&urls, connect_timeout).map_err(bad)?;
         let target = Target::Cluster {
             client,
             conn: OnceCell::new(),
         };
         Ok(Node {
             url: url.clone(),
-            hub: Hub::new(Source::Seeds(hub), connect_timeout),
+            hub: Notify::Shards(shards),
             conn: Connector::new(url, target, timeout, connect_timeout),
             strict: false,
             fenced: true,
@@ -186,17 +183,26 @@ impl Node {
     }
 
     /// Runs `attempt` on a link, and once more on a fresh one when the
-    /// store refused it outright (see [`failed`](Self::failed)): after a
-    /// failover, or a restart, that is the usual fate of the first request
-    /// on a connection the server closed. Bounded as [`bounded`](Self::bounded).
-    async fn attempts<T, F, Fut>(&self, mut attempt: F) -> Result<T>
+    /// store refused it outright (see [`Connector::failed`]), or, for an
+    /// `idempotent` request, when the store could not be reached: after a
+    /// failover, or a restart, the first request on a connection the
+    /// server closed fails so. A request that may have run (its reply lost
+    /// with the connection) is not sent again unless running it twice is
+    /// running it once: an acquire would count a second hold. Bounded as
+    /// [`bounded`](Self::bounded).
+    async fn attempts<T, F, Fut>(&self, idempotent: bool, mut attempt: F) -> Result<T>
     where
         F: FnMut(Link) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
         self.bounded(async {
             match attempt(self.conn.link().await?).await {
-                Err(e) if e.is_unapplied() => attempt(self.conn.link().await?).await,
+                Err(e)
+                    if e.is_unapplied()
+                        || (idempotent && e.kind() == locksmith_core::ErrorKind::Unavailable) =>
+                {
+                    attempt(self.conn.link().await?).await
+                }
                 r => r,
             }
         })
@@ -244,7 +250,7 @@ impl Node {
         waiter: Option<Waiter<'_>>,
     ) -> Result<Acquire> {
         let claim = owner.claim();
-        self.attempts(|mut link| async move {
+        self.attempts(false, |mut link| async move {
             let value = owner.value();
             let script = if claim != Claim::MUTEX {
                 scripts::claim_acquire_at(self.fenced, link.shift)
@@ -261,7 +267,7 @@ impl Node {
             }
             if let Some(w) = waiter {
                 // Listening before queueing, so the grant cannot be missed.
-                let channel = self.hub.listening().await?;
+                let channel = self.hub.listening(keys).await?;
                 call.arg(w.ticket.as_str()).arg(ms(w.liveness)).arg(channel);
             }
             if let (Some(v), Claim::MUTEX) = (value, claim) {
@@ -293,7 +299,7 @@ impl Node {
     }
 
     pub(crate) async fn release(&self, keys: &Keys, owner: &OwnerToken) -> Result<Release> {
-        self.attempts(|mut link| async move {
+        self.attempts(false, |mut link| async move {
             let script = scripts::release_at(self.fenced, link.shift);
             let mut call = keys.call(&script);
             call.arg(owner.as_str());
@@ -320,8 +326,9 @@ impl Node {
         owner: &OwnerToken,
         value: &[u8],
     ) -> Result<bool> {
-        self.attempts(|mut link| async move {
-            let mut call = keys.call(scripts::proclaim());
+        self.attempts(true, |mut link| async move {
+            let script = scripts::proclaim_at(link.shift);
+            let mut call = keys.call(&script);
             call.arg(owner.as_str()).arg(value);
             let (set, _): (i64, _) = self.conn.run(&mut link, &call, false).await?;
             Ok(set == 1)
@@ -336,7 +343,7 @@ impl Node {
         owner: &OwnerToken,
         ticket: &OwnerToken,
     ) -> Result<()> {
-        self.attempts(|mut link| async move {
+        self.attempts(true, |mut link| async move {
             let script = scripts::abandon_at(self.fenced, link.shift);
             let mut call = keys.call(&script);
             call.arg(owner.as_str()).arg(ticket.as_str());
@@ -388,7 +395,7 @@ impl Node {
     /// Renews the leases of `requests`, whose lock keys are `keys`, in one
     /// script call.
     async fn renew_batch(&self, keys: &[String], requests: &[RenewRequest]) -> Result<Vec<bool>> {
-        self.attempts(|mut link| async move {
+        self.attempts(true, |mut link| async move {
             let script = scripts::renew();
             let mut call = script.prepare_invoke();
             for (k, r) in keys.iter().zip(requests) {
@@ -414,7 +421,7 @@ impl Node {
     /// tells reigns apart by it; `Locker::status` never shows it) and the
     /// value it advertises.
     pub(crate) async fn inspect(&self, keys: &Keys) -> Result<LockStatus> {
-        self.attempts(|mut link| async move {
+        self.attempts(true, |mut link| async move {
             let call = keys.call(scripts::inspect());
             let (reply, _): (InspectReply, _) = self.conn.run(&mut link, &call, false).await?;
             let (holds, fence, pttl, queued, owner, value, kind, members) = reply;
@@ -440,13 +447,12 @@ impl Node {
     /// it may have to connect.
     pub(crate) async fn changes(&self, keys: &Keys) -> Result<Watch> {
         let limit = self.conn.connect_timeout * 2 + self.conn.timeout;
-        self.within(limit, self.hub.changes(keys.changes())).await
+        self.within(limit, self.hub.changes(keys)).await
     }
 
     /// Where grants to `ticket` will arrive (see [`Hub`]).
-    pub(crate) async fn watch(&self, ticket: &OwnerToken) -> Result<Watch> {
-        self.hub.listening().await?;
-        Ok(self.hub.register(ticket))
+    pub(crate) async fn watch(&self, keys: &Keys, ticket: &OwnerToken) -> Result<Watch> {
+        self.hub.watch(keys, ticket).await
     }
 }
 

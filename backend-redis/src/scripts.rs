@@ -199,7 +199,7 @@ end
 if holds and not v[2] then
   redis.call('del', KEYS[1])
   if v[4] then
-    redis.call('publish', KEYS[1] .. ':changes', 'released')
+    redis.call(sharded and 'spublish' or 'publish', KEYS[1] .. ':changes', 'released')
   end
   return 0
 end
@@ -342,7 +342,8 @@ pub(crate) enum Shift {
     /// under Sentinel (see [`sentinel`](crate::sentinel)).
     Const(i64),
     /// On a Cluster the script reads its own node's config epoch (`CLUSTER
-    /// INFO`, `cluster_my_epoch`), which a failover or a slot's move makes
+    /// INFO`, `cluster_my_epoch`), which a failover or a slot's move (by
+    /// `IMPORTING`) makes
     /// the greatest, and shifts by its hours; plus these seconds (a test's
     /// skew).
     Cluster(i64),
@@ -385,6 +386,7 @@ impl Variants {
             String::new()
         };
         let mark_life = locksmith_core::backend::MARK_LIFE.as_millis();
+        let sharded = matches!(shift, Shift::Cluster(_));
         let shift = match shift {
             Shift::Const(secs) => secs.to_string(),
             Shift::Cluster(secs) => format!(
@@ -394,7 +396,8 @@ impl Variants {
             ),
         };
         Script::new(&format!(
-            "local fenced, mark_life = {fenced}, {mark_life}\nlocal shift = {shift}\n{}{common}{}",
+            "local fenced, mark_life, sharded = {fenced}, {mark_life}, {sharded}\n\
+             local shift = {shift}\n{}{common}{}",
             self.fast, self.body
         ))
     }
@@ -469,9 +472,13 @@ pub(crate) fn abandon_at(fenced: bool, shift: Shift) -> Scripted {
 }
 
 /// The proclaim script (KEYS as acquire; ARGV: owner, value). It writes
-/// no fence, so one variant serves both roles.
-pub(crate) fn proclaim() -> &'static Script {
-    PROCLAIM_SCRIPT.get(false)
+/// no fence, so one variant serves both roles; but a Cluster's announces
+/// on sharded pub/sub.
+pub(crate) fn proclaim_at(shift: Shift) -> Scripted {
+    match shift {
+        Shift::Cluster(_) => PROCLAIM_SCRIPT.at(true, shift),
+        Shift::Const(_) => Scripted::Plain(PROCLAIM_SCRIPT.get(false)),
+    }
 }
 
 pub(crate) fn renew() -> &'static Script {

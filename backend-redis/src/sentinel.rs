@@ -32,7 +32,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use locksmith_core::backend::HostPort;
 use locksmith_core::{Error, Result};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::MultiplexedConnection;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, RedisError};
 
 use crate::config::SentinelConfig;
@@ -48,7 +48,9 @@ pub(crate) const EPOCH_SHIFT_SECS: i64 = 3600;
 /// sentinels named it in, and a number that tells it from the ones
 /// before it.
 pub(crate) struct Primary {
-    pub(crate) conn: ConnectionManager,
+    /// A plain connection, not one that reconnects by itself: once it
+    /// breaks, the next request asks the sentinels again.
+    pub(crate) conn: MultiplexedConnection,
     pub(crate) client: redis::Client,
     pub(crate) addr: HostPort,
     pub(crate) epoch: u64,
@@ -65,6 +67,11 @@ pub(crate) struct Sentinel {
     /// asks the sentinels once.
     resolving: tokio::sync::Mutex<()>,
     generations: AtomicU64,
+    /// How many listeners have tried to subscribe once.
+    listening: tokio::sync::watch::Sender<usize>,
+    /// Bumped each time the primary in use is dropped: a lookup that saw
+    /// it move under it looks again rather than install what it found.
+    forgets: AtomicU64,
     /// The highest config epoch resolved so far: a sentinel that answers
     /// alone and late cannot move the tokens' shift back.
     highest: AtomicU64,
@@ -124,6 +131,8 @@ impl Sentinel {
             current: Mutex::new(None),
             resolving: tokio::sync::Mutex::new(()),
             generations: AtomicU64::new(1),
+            forgets: AtomicU64::new(0),
+            listening: tokio::sync::watch::channel(0).0,
             highest: AtomicU64::new(0),
             listener: std::sync::OnceLock::new(),
             me: me.clone(),
@@ -137,12 +146,35 @@ impl Sentinel {
         }
         self.listen();
         let _one = self.resolving.lock().await;
+        // The listeners first: a failover between a lookup and their
+        // subscriptions would go unheard. (A sentinel that cannot be
+        // reached is waited for no longer than its connect.)
+        let mut listening = self.listening.subscribe();
+        let all = self.config.sentinels.len();
+        let _ = tokio::time::timeout(
+            self.connect_timeout + self.timeout,
+            listening.wait_for(|n| *n >= all),
+        )
+        .await;
         if let Some(p) = lock(&self.current).clone() {
             return Ok(p);
         }
-        let p = Arc::new(self.resolve().await?);
-        *lock(&self.current) = Some(p.clone());
-        Ok(p)
+        // A failover announced while the sentinels were asked may have
+        // been answered with the old primary (not demoted yet, so its ROLE
+        // still says master): then ask again.
+        for _ in 0..3 {
+            let seen = self.forgets.load(Ordering::SeqCst);
+            let p = Arc::new(self.resolve().await?);
+            let mut current = lock(&self.current);
+            if self.forgets.load(Ordering::SeqCst) == seen {
+                *current = Some(p.clone());
+                return Ok(p);
+            }
+        }
+        Err(Error::unavailable(format!(
+            "the primary of {:?} kept moving while it was looked up",
+            self.config.master
+        )))
     }
 
     /// Whether `generation` is the primary in use.
@@ -158,12 +190,15 @@ impl Sentinel {
         let mut current = lock(&self.current);
         if current.as_ref().is_some_and(|p| p.generation == generation) {
             *current = None;
+            self.forgets.fetch_add(1, Ordering::SeqCst);
         }
     }
 
     /// Drops the primary in use, whichever it is.
     fn forget_any(&self) {
-        *lock(&self.current) = None;
+        let mut current = lock(&self.current);
+        *current = None;
+        self.forgets.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Starts the failover listeners, once: one per sentinel, since only
@@ -190,6 +225,7 @@ impl Sentinel {
     /// failover as soon as the replica is a primary) and for the end of a
     /// failover (`+switch-master`, sent by every sentinel), for ever.
     async fn switches(me: Weak<Sentinel>, at: usize) {
+        let mut first = true;
         loop {
             let Some(s) = me.upgrade() else {
                 return;
@@ -207,11 +243,18 @@ impl Sentinel {
                     .await?;
                 Ok::<_, RedisError>(pubsub)
             };
-            if let Ok(Ok(pubsub)) = tokio::time::timeout(limit, subscribing).await {
-                // A failover may have come while nobody listened.
-                if let Some(s) = me.upgrade() {
+            let subscribed = tokio::time::timeout(limit, subscribing).await;
+            if let Some(s) = me.upgrade() {
+                if first {
+                    // The first lookup waits for this (see `primary`).
+                    s.listening.send_modify(|n| *n += 1);
+                } else if matches!(subscribed, Ok(Ok(_))) {
+                    // A failover may have come while nobody listened.
                     s.forget_any();
                 }
+            }
+            first = false;
+            if let Ok(Ok(pubsub)) = subscribed {
                 let mut messages = pubsub.into_on_message();
                 while let Some(msg) = messages.next().await {
                     let payload: String = msg.get_payload().unwrap_or_default();
@@ -380,7 +423,7 @@ impl Sentinel {
 
     /// A connection to the data node at `addr`, with the URL's user,
     /// password and database.
-    async fn connect(&self, addr: &HostPort) -> Result<(redis::Client, ConnectionManager)> {
+    async fn connect(&self, addr: &HostPort) -> Result<(redis::Client, MultiplexedConnection)> {
         let mut settings = RedisConnectionInfo::default().set_db(self.config.db);
         if let Some(u) = &self.config.user {
             settings = settings.set_username(u);
@@ -393,12 +436,10 @@ impl Sentinel {
             .map_err(map_err)?
             .set_redis_settings(settings);
         let client = redis::Client::open(info).map_err(map_err)?;
-        let config = ConnectionManagerConfig::new()
+        let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(200));
-        let connecting = ConnectionManager::new_with_config(client.clone(), config);
+            .set_response_timeout(Some(self.timeout));
+        let connecting = client.get_multiplexed_async_connection_with_config(&config);
         match tokio::time::timeout(self.connect_timeout * 2, connecting).await {
             Ok(Ok(conn)) => Ok((client, conn)),
             Ok(Err(e)) => Err(about(format!("the primary at {addr}"), map_err(e))),

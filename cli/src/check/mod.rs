@@ -208,12 +208,19 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
     let idle = fault_run.as_ref().is_some_and(|f| {
         f.verdict.acquisitions == 0 || f.election.as_ref().is_some_and(|e| e.sightings == 0)
     });
+    // Nor did one asked to fail the primary over that never could.
+    let no_failover = fault_run
+        .as_ref()
+        .is_some_and(|f| f.faults.get("failover") == Some(&0));
+    let idle = idle || no_failover;
     let code = if failed == 0 && x == 0 && d == 0 && r == 0 && leaders.unwrap_or(0) == 0 && !idle {
         0
     } else {
         EX_FOUND
     };
-    if idle {
+    if no_failover {
+        eprintln!("locksmith check: no failover could be made (see `locksmith -v check` for why)");
+    } else if idle {
         eprintln!(
             "locksmith check: the fault run never acquired the lock, or its observers never \
              read the leader"
