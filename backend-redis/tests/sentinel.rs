@@ -240,7 +240,9 @@ fn signal(pid: u32, sig: &str) {
 /// A Redis under Sentinel of the test's own, on free ports: a primary, two
 /// replicas that replicate through proxies the test can mute (so a write
 /// can reach the primary and no replica), and three sentinels watching
-/// the master `own`.
+/// the master `own`. A sentinel "fixes" a replica that replicates from
+/// another address than the primary's (the proxy) once `failover-timeout`
+/// has passed since it met it: a minute here, longer than the test.
 struct Private {
     primary: ServerProcess,
     _replicas: Vec<ServerProcess>,
@@ -274,7 +276,7 @@ impl Private {
                     "port {sp}\nbind 127.0.0.1\nsentinel announce-ip 127.0.0.1\n\
                      sentinel monitor own 127.0.0.1 {port} 2\n\
                      sentinel down-after-milliseconds own 1000\n\
-                     sentinel failover-timeout own 5000\n"
+                     sentinel failover-timeout own 60000\n"
                 ),
             )
             .unwrap();
