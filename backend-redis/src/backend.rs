@@ -61,6 +61,7 @@ impl RedisBackend {
                 &config.cluster,
                 answer_within,
                 config.connect_timeout,
+                config.waiter_refresh,
             )?,
             None => Node::new(
                 &config.nodes[0],

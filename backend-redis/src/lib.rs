@@ -154,7 +154,8 @@
 //!
 //! # Redis Cluster
 //!
-//! `redis+cluster://[user:password@]h1:7000,h2:7001,…`: any nodes; the
+//! `redis+cluster://[user:password@]h1:7000,h2:7001,…` (Redis 7.0 or
+//! later, for sharded pub/sub): any nodes; the
 //! driver finds the rest and routes each script to the primary of its
 //! keys' slot, following `MOVED` and `ASK` (a resharding, a failover) with
 //! a few short retries rather than the driver's default of sixteen from

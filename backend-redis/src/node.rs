@@ -116,12 +116,14 @@ impl Node {
     }
 
     /// A Cluster reached through `seeds` (each a `redis://` URL with the
-    /// user and password), its requests answered within `timeout`.
+    /// user and password), its requests answered within `timeout`; its
+    /// waiters refresh their places every `waiter_refresh`.
     pub(crate) fn cluster(
         url: &RedactedUrl,
         seeds: &[RedactedUrl],
         timeout: Duration,
         connect_timeout: Duration,
+        waiter_refresh: Duration,
     ) -> Result<Self> {
         let bad = |e| bad_url(url, e);
         let urls: Vec<&str> = seeds.iter().map(RedactedUrl::expose).collect();
@@ -136,7 +138,7 @@ impl Node {
             .response_timeout(timeout)
             .build()
             .map_err(bad)?;
-        let shards = Shards::new(&urls, connect_timeout).map_err(bad)?;
+        let shards = Shards::new(&urls, connect_timeout, waiter_refresh).map_err(bad)?;
         let target = Target::Cluster {
             client,
             conn: OnceCell::new(),

@@ -30,7 +30,8 @@ use crate::layout::Keys;
 /// the lock's own channel instead: anything without a space.
 const NO_HUB: &str = "-";
 
-/// A shard channel not used for this long is left.
+/// A grant channel not asked for this long is left, at the least (a
+/// waiter asks at each refresh of its place: see [`Shards::new`]).
 const IDLE: Duration = Duration::from_secs(30);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -98,6 +99,8 @@ struct State {
 struct Shared {
     client: ClusterClient,
     connect_timeout: Duration,
+    /// How long a grant channel nobody asked for is kept.
+    idle: Duration,
     conn: tokio::sync::Mutex<Option<ClusterConnection>>,
     /// The pushes, taken by the reader once connected.
     pushes: Mutex<Option<mpsc::UnboundedReceiver<PushInfo>>>,
@@ -126,8 +129,14 @@ impl Drop for Registration {
 
 impl Shards {
     /// Sharded subscriptions on the Cluster at `seeds`, on RESP3 (the
-    /// driver delivers a Cluster's pushes only so).
-    pub(crate) fn new(seeds: &[&str], connect_timeout: Duration) -> redis::RedisResult<Self> {
+    /// driver delivers a Cluster's pushes only so). A grant channel is
+    /// kept while asked for within `refresh` (the waiters' refresh period)
+    /// four times over, and 30 s at the least.
+    pub(crate) fn new(
+        seeds: &[&str],
+        connect_timeout: Duration,
+        refresh: Duration,
+    ) -> redis::RedisResult<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
         let client = ClusterClient::builder(seeds.to_vec())
             .use_protocol(redis::ProtocolVersion::RESP3)
@@ -142,6 +151,7 @@ impl Shards {
             shared: Arc::new(Shared {
                 client,
                 connect_timeout,
+                idle: IDLE.max(refresh.saturating_mul(4)),
                 conn: tokio::sync::Mutex::new(None),
                 pushes: Mutex::new(Some(rx)),
                 state: Mutex::default(),
@@ -192,22 +202,41 @@ impl Shards {
             let idle = st
                 .grants
                 .iter()
-                .filter(|(_, at)| now.duration_since(**at) > IDLE)
+                .filter(|(_, at)| now.duration_since(**at) > self.shared.idle)
                 .map(|(c, _)| c.clone())
                 .collect::<Vec<_>>();
             for c in &idle {
                 st.grants.remove(c);
             }
+            // Recorded before it is subscribed: a `sunsubscribe` of an
+            // earlier subscription, read meanwhile, then removes it, and
+            // the next request subscribes again.
+            st.grants.insert(channel.clone(), now);
             idle
         };
-        let mut c = self.conn().await?;
-        if !idle.is_empty() {
-            // Best effort: a channel left subscribed wakes nobody.
-            let _ = tokio::time::timeout(self.shared.connect_timeout, c.sunsubscribe(&idle)).await;
+        let mut c = match self.conn().await {
+            Ok(c) => c,
+            Err(e) => {
+                lock(&self.shared.state).grants.remove(&channel);
+                return Err(e);
+            }
+        };
+        self.leave(&mut c, &idle).await;
+        if let Err(e) = self.subscribe(&mut c, &channel).await {
+            lock(&self.shared.state).grants.remove(&channel);
+            return Err(e);
         }
-        self.subscribe(&mut c, &channel).await?;
-        lock(&self.shared.state).grants.insert(channel, now);
         Ok(())
+    }
+
+    /// Leaves `channels`, one command each (they are in different slots,
+    /// on different shards). Best effort: a channel left subscribed wakes
+    /// nobody.
+    async fn leave(&self, c: &mut ClusterConnection, channels: &[String]) {
+        for channel in channels {
+            let _ =
+                tokio::time::timeout(self.shared.connect_timeout, c.sunsubscribe(channel)).await;
+        }
     }
 
     async fn subscribe(&self, c: &mut ClusterConnection, channel: &str) -> Result<()> {
@@ -218,12 +247,27 @@ impl Shards {
     }
 
     /// A watch on the change channel `channel`, once subscribed. It ends
-    /// when the Cluster drops the subscription.
+    /// when the Cluster drops the subscription. Change channels no
+    /// observer watches any more are left on the way.
     async fn changes(&self, channel: String) -> Result<Watch> {
-        if let Some(tx) = lock(&self.shared.state).changes.get(&channel) {
-            return Ok(Watch::new(tx.subscribe(), None));
-        }
+        let unwatched: Vec<String> = {
+            let mut st = lock(&self.shared.state);
+            if let Some(tx) = st.changes.get(&channel) {
+                return Ok(Watch::new(tx.subscribe(), None));
+            }
+            let unwatched: Vec<String> = st
+                .changes
+                .iter()
+                .filter(|(_, tx)| tx.receiver_count() == 0)
+                .map(|(c, _)| c.clone())
+                .collect();
+            for c in &unwatched {
+                st.changes.remove(c);
+            }
+            unwatched
+        };
         let mut c = self.conn().await?;
+        self.leave(&mut c, &unwatched).await;
         self.subscribe(&mut c, &channel).await?;
         let mut st = lock(&self.shared.state);
         let tx = st
