@@ -269,13 +269,7 @@ impl Connector {
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_millis(200));
                 let connecting = ConnectionManager::new_with_config(client.clone(), config);
-                match tokio::time::timeout(self.connect_timeout * 2, connecting).await {
-                    Ok(r) => r.map_err(map_err),
-                    Err(_) => Err(Error::unavailable(format!(
-                        "{}: connect timed out",
-                        self.url
-                    ))),
-                }
+                self.connecting(connecting).await
             })
             .await?;
         Ok(conn.clone())
@@ -289,17 +283,23 @@ impl Connector {
         conn: &OnceCell<ClusterConnection>,
     ) -> Result<ClusterConnection> {
         let conn = conn
-            .get_or_try_init(|| async {
-                let connecting = client.get_async_connection();
-                match tokio::time::timeout(self.connect_timeout * 2, connecting).await {
-                    Ok(r) => r.map_err(map_err),
-                    Err(_) => Err(Error::unavailable(format!(
-                        "{}: connect timed out",
-                        self.url
-                    ))),
-                }
-            })
+            .get_or_try_init(|| async { self.connecting(client.get_async_connection()).await })
             .await?;
         Ok(conn.clone())
+    }
+
+    /// A connection being made, or `Unavailable` once twice the connect
+    /// timeout has passed (a reconnect and its retry included).
+    async fn connecting<C>(
+        &self,
+        f: impl std::future::Future<Output = redis::RedisResult<C>>,
+    ) -> Result<C> {
+        match tokio::time::timeout(self.connect_timeout * 2, f).await {
+            Ok(r) => r.map_err(map_err),
+            Err(_) => Err(Error::unavailable(format!(
+                "{}: connect timed out",
+                self.url
+            ))),
+        }
     }
 }

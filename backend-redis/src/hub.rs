@@ -61,7 +61,45 @@ impl Source {
     }
 }
 
-type Tickets = Mutex<HashMap<String, mpsc::UnboundedSender<Grant>>>;
+/// The waiters of one backend by ticket, each told its grant on its
+/// own channel: shared by the [`Hub`] and a Cluster's
+/// [`Shards`](crate::shards::Shards).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Tickets(Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Grant>>>>);
+
+impl Tickets {
+    /// A watch on the grants to `ticket`; dropping it unregisters it.
+    pub(crate) fn register(&self, ticket: &OwnerToken) -> Watch {
+        let (tx, rx) = mpsc::unbounded_channel();
+        lock(&self.0).insert(ticket.as_str().to_owned(), tx);
+        let registration = Registration {
+            ticket: ticket.as_str().to_owned(),
+            tickets: Arc::downgrade(&self.0),
+        };
+        Watch::grants(rx, Some(Box::new(registration)))
+    }
+
+    /// Hands a grant message, `<ticket> <fence> <lease ms>`, to the
+    /// waiter it names, if it is one of ours.
+    pub(crate) fn granted(&self, payload: &str) {
+        let mut fields = payload.split(' ');
+        let (Some(ticket), Some(Ok(fence)), lease) = (
+            fields.next(),
+            fields.next().map(str::parse::<u64>),
+            fields.next().and_then(|l| l.parse::<u64>().ok()),
+        ) else {
+            return;
+        };
+        let sender = lock(&self.0).get(ticket).cloned();
+        if let Some(s) = sender {
+            let _ = s.send(Grant {
+                fence: Some(FencingToken(fence)),
+                holds: 1,
+                lease: lease.map(Duration::from_millis),
+            });
+        }
+    }
+}
 
 /// Observers' subscriptions, by lock channel: the connection (by number)
 /// that subscribed it, and the counter its messages bump.
@@ -121,13 +159,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Unregisters a ticket when its watch is dropped.
 struct Registration {
     ticket: String,
-    shared: Weak<Shared>,
+    tickets: Weak<Mutex<HashMap<String, mpsc::UnboundedSender<Grant>>>>,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if let Some(s) = self.shared.upgrade() {
-            lock(&s.tickets).remove(&self.ticket);
+        if let Some(t) = self.tickets.upgrade() {
+            lock(&t).remove(&self.ticket);
         }
     }
 }
@@ -160,7 +198,7 @@ impl Hub {
                 channel: format!("locksmith:hub:{}", OwnerToken::generate().as_str()),
                 conn: tokio::sync::Mutex::new(None),
                 connections: AtomicU64::new(0),
-                tickets: Mutex::default(),
+                tickets: Tickets::default(),
                 changes: Mutex::default(),
             }),
         }
@@ -176,13 +214,7 @@ impl Hub {
     }
 
     pub(crate) fn register(&self, ticket: &OwnerToken) -> Watch {
-        let (tx, rx) = mpsc::unbounded_channel();
-        lock(&self.shared.tickets).insert(ticket.as_str().to_owned(), tx);
-        let registration = Registration {
-            ticket: ticket.as_str().to_owned(),
-            shared: Arc::downgrade(&self.shared),
-        };
-        Watch::grants(rx, Some(Box::new(registration)))
+        self.shared.tickets.register(ticket)
     }
 
     /// A watch on `channel`, a lock's change channel, once the server
@@ -310,7 +342,8 @@ impl Shared {
                     break;
                 };
                 if msg.get_channel_name() == own {
-                    shared.granted(&msg);
+                    let payload: String = msg.get_payload().unwrap_or_default();
+                    shared.tickets.granted(&payload);
                 } else if let Some((_, tx)) = lock(&shared.changes).get(msg.get_channel_name()) {
                     tx.send_modify(|v| *v = v.wrapping_add(1));
                 }
@@ -329,26 +362,5 @@ impl Shared {
             alive,
             _stop: stop,
         })
-    }
-
-    /// Hands a grant message to the waiter it names.
-    fn granted(&self, msg: &redis::Msg) {
-        let payload: String = msg.get_payload().unwrap_or_default();
-        let mut fields = payload.split(' ');
-        let (Some(ticket), Some(Ok(fence)), lease) = (
-            fields.next(),
-            fields.next().map(str::parse::<u64>),
-            fields.next().and_then(|l| l.parse::<u64>().ok()),
-        ) else {
-            return;
-        };
-        let sender = lock(&self.tickets).get(ticket).cloned();
-        if let Some(s) = sender {
-            let _ = s.send(Grant {
-                fence: Some(FencingToken(fence)),
-                holds: 1,
-                lease: lease.map(Duration::from_millis),
-            });
-        }
     }
 }

@@ -15,15 +15,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use locksmith_core::backend::{Grant, Watch};
-use locksmith_core::{Error, FencingToken, OwnerToken, Result};
+use locksmith_core::backend::Watch;
+use locksmith_core::{Error, OwnerToken, Result};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, watch};
 
 use crate::error::map_err;
-use crate::hub::Hub;
+use crate::hub::{Hub, Tickets};
 use crate::layout::Keys;
 
 /// What a waiter's entry names as its hub on a Cluster, where grants go to
@@ -93,11 +93,11 @@ struct State {
     grants: HashMap<String, Instant>,
     /// Change channels subscribed, and the counter their messages bump.
     changes: HashMap<String, watch::Sender<u64>>,
-    tickets: HashMap<String, mpsc::UnboundedSender<Grant>>,
 }
 
 struct Shared {
     client: ClusterClient,
+    tickets: Tickets,
     connect_timeout: Duration,
     /// How long a grant channel nobody asked for is kept.
     idle: Duration,
@@ -110,20 +110,6 @@ struct Shared {
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shards").finish_non_exhaustive()
-    }
-}
-
-/// Unregisters a ticket when its watch is dropped.
-struct Registration {
-    ticket: String,
-    shared: Weak<Shared>,
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        if let Some(s) = self.shared.upgrade() {
-            lock(&s.state).tickets.remove(&self.ticket);
-        }
     }
 }
 
@@ -150,6 +136,7 @@ impl Shards {
         Ok(Shards {
             shared: Arc::new(Shared {
                 client,
+                tickets: Tickets::default(),
                 connect_timeout,
                 idle: IDLE.max(refresh.saturating_mul(4)),
                 conn: tokio::sync::Mutex::new(None),
@@ -160,15 +147,7 @@ impl Shards {
     }
 
     fn register(&self, ticket: &OwnerToken) -> Watch {
-        let (tx, rx) = mpsc::unbounded_channel();
-        lock(&self.shared.state)
-            .tickets
-            .insert(ticket.as_str().to_owned(), tx);
-        let registration = Registration {
-            ticket: ticket.as_str().to_owned(),
-            shared: Arc::downgrade(&self.shared),
-        };
-        Watch::grants(rx, Some(Box::new(registration)))
+        self.shared.tickets.register(ticket)
     }
 
     /// The subscription connection, made (and its reader started) on first use.
@@ -303,7 +282,7 @@ async fn read(mut rx: mpsc::UnboundedReceiver<PushInfo>, shared: Weak<Shared>) {
                 if let Some(tx) = st.changes.get(&channel) {
                     tx.send_modify(|v| *v = v.wrapping_add(1));
                 } else {
-                    granted(&st, &payload);
+                    shared.tickets.granted(&payload);
                 }
             }
             PushKind::SUnsubscribe => {
@@ -319,24 +298,5 @@ async fn read(mut rx: mpsc::UnboundedReceiver<PushInfo>, shared: Weak<Shared>) {
             }
             _ => {}
         }
-    }
-}
-
-/// Hands a grant message, `<ticket> <fence> <lease ms>`, to its waiter.
-fn granted(st: &State, payload: &str) {
-    let mut fields = payload.split(' ');
-    let (Some(ticket), Some(Ok(fence)), lease) = (
-        fields.next(),
-        fields.next().map(str::parse::<u64>),
-        fields.next().and_then(|l| l.parse::<u64>().ok()),
-    ) else {
-        return;
-    };
-    if let Some(tx) = st.tickets.get(ticket) {
-        let _ = tx.send(Grant {
-            fence: Some(FencingToken(fence)),
-            holds: 1,
-            lease: lease.map(Duration::from_millis),
-        });
     }
 }
