@@ -224,6 +224,17 @@ redlock_start() {
     for p in $REDLOCK_PORTS; do redis_port_ready "$p" || redis_start_port "$p"; done
 }
 
+# The private server the outage tests stop. It keeps nothing on disk, so a
+# restart forgets every lock, as a real Redis without persistence would.
+REDIS_FAULT_PORT=${LOCKSMITH_REDIS_FAULT_PORT:-$REDIS_FAULT_PORT}
+redis_fault_ready() { command -v redis-cli >/dev/null 2>&1 && redis_port_ready "$REDIS_FAULT_PORT"; }
+redis_fault_install() { redis_install; }
+redis_fault_start() { redis_start_port "$REDIS_FAULT_PORT"; }
+redis_fault_stop() {
+    pkill -9 -f -- "redis-server 127.0.0.1:$REDIS_FAULT_PORT\$" 2>/dev/null || true
+    for _ in $(seq 40); do redis_port_ready "$REDIS_FAULT_PORT" || break; sleep 0.25; done
+}
+
 # --- Redis as run in production: under Sentinel, and as a Cluster ---------
 #
 # Debian's redis-server run by hand: `--sentinel` makes it a sentinel (the

@@ -68,10 +68,6 @@ impl ThreeMembers for Cluster {
         );
         Locker::new(EtcdBackend::connect(&url).expect("valid URL"))
     }
-
-    fn waiter_asks_again(&self) -> bool {
-        true
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -181,3 +181,20 @@ async fn a_dropped_backend_closes_its_hub() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The private server (`redis_fault`) stopped for a few seconds under a
+/// waiter with a long wait: it gets the lock after the restart; a short
+/// wait ends with `Unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_rides_out_a_restart() {
+    let url = format!(
+        "{}?timeout=500ms&connect_timeout=500ms",
+        locksmith_conformance::kit::servers::redis_fault_url()
+    );
+    locksmith_conformance::kit::outage::waiter_rides_out_a_stop(
+        "redis_fault",
+        Duration::from_secs(3),
+        || Locker::new(RedisBackend::connect(&url).unwrap()),
+    )
+    .await;
+}

@@ -40,7 +40,7 @@ async fn outage(server: &str, base_url: &str) {
         let e = b
             .lock_with(
                 "outage/other",
-                &LockOptions::new().wait_for(Duration::from_secs(10)),
+                &LockOptions::new().wait_for(Duration::from_secs(2)),
             )
             .await
             .expect_err("lock on a stopped server");
@@ -95,4 +95,29 @@ async fn postgres_stopped_while_held() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_stopped_while_held() {
     outage("my_fault", &mysql_fault_url()).await;
+}
+
+/// The server stopped for a few seconds under a waiter with a long wait:
+/// it gets the lock after the restart; a short wait ends `Unavailable`.
+async fn waiter_rides_out(server: &str, base_url: &str) {
+    for mode in ["lease", "session"] {
+        let url = format!("{base_url}?mode={mode}&connect_timeout=1s");
+        eprintln!("{server} {mode}");
+        locksmith_conformance::kit::outage::waiter_rides_out_a_stop(
+            server,
+            Duration::from_secs(3),
+            || Locker::from_arc(locksmith_sql::open(&url).unwrap()),
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_rides_out_a_postgres_restart() {
+    waiter_rides_out("pg_fault", &postgres_fault_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_rides_out_a_mariadb_restart() {
+    waiter_rides_out("my_fault", &mysql_fault_url()).await;
 }

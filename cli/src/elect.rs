@@ -32,12 +32,12 @@ pub(crate) async fn elect(args: ElectArgs) -> Result<i32> {
         ttl: args.ttl,
         kill_after: args.kill_after,
         command: &args.command,
+        wait: wait_policy(args.no_wait, args.wait),
     };
-    let opts = LockOptions::new()
-        .ttl(args.ttl)
-        .wait(wait_policy(args.no_wait, args.wait));
+    let ttl = args.ttl;
     let key = args.key.as_str();
-    supervise::under_lease(&spec, |locker| async move {
+    supervise::under_lease(&spec, |locker, wait| async move {
+        let opts = LockOptions::new().ttl(ttl).wait(wait);
         // A store that keeps no values fails here (Unsupported) as any
         // acquire error does: nothing taken, nothing run.
         let election = locker.election(key)?;

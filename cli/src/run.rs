@@ -16,15 +16,17 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32> {
         ttl: args.ttl,
         kill_after: args.kill_after,
         command: &args.command,
+        wait: args.wait_policy(),
     };
-    let opts = LockOptions::new().ttl(args.ttl).wait(args.wait_policy());
+    let ttl = args.ttl;
     let key = args.key.as_str();
     let claim = match (args.permits, args.shared) {
         (_, true) => Claim::Shared,
         (Some(n), false) => Claim::permits(n)?,
         (None, false) => Claim::MUTEX,
     };
-    supervise::under_lease(&spec, |locker| async move {
+    supervise::under_lease(&spec, |locker, wait| async move {
+        let opts = LockOptions::new().ttl(ttl).wait(wait);
         match claim {
             Claim::Shared => locker.rwlock(key)?.read(&opts).await,
             Claim::Exclusive { permits: 1 } => locker.lock_with(key, &opts).await,

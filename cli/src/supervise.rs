@@ -16,7 +16,7 @@ use std::future::Future;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use locksmith::{Error, ErrorKind, Leadership, LockGuard, Locker, LostReason, Result};
+use locksmith::{Error, ErrorKind, Leadership, LockGuard, Locker, LostReason, Result, WaitPolicy};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -117,6 +117,40 @@ pub(crate) struct Spec<'a> {
     pub(crate) kill_after: Option<Duration>,
     /// The command and its arguments (at least the command).
     pub(crate) command: &'a [String],
+    /// How long to wait for the lease, connecting included.
+    pub(crate) wait: WaitPolicy,
+}
+
+/// Connects to `url`; a caller prepared to wait rides out a store that
+/// cannot be reached yet (a restart, an election) as the acquire itself
+/// does, and reports the last error only when the wait is over. Returns
+/// the locker and what is left of the wait.
+async fn connect_within(url: &str, wait: WaitPolicy) -> Result<(Locker, WaitPolicy)> {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let error = match locksmith::connect(url).await {
+            Ok(locker) => {
+                let left = match wait {
+                    WaitPolicy::For(d) => WaitPolicy::For(d.saturating_sub(start.elapsed())),
+                    other => other,
+                };
+                return Ok((locker, left));
+            }
+            Err(e) => e,
+        };
+        let left = match wait {
+            WaitPolicy::NoWait => Duration::ZERO,
+            WaitPolicy::For(d) => d.saturating_sub(start.elapsed()),
+            WaitPolicy::Forever => Duration::MAX,
+        };
+        if error.kind() != ErrorKind::Unavailable || left.is_zero() {
+            return Err(error);
+        }
+        tracing::debug!(error = %error.chain(), "store unavailable; connecting again within the wait");
+        tokio::time::sleep(pause.min(left)).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
 }
 
 /// When to signal the command as the lease runs out.
@@ -139,16 +173,23 @@ impl Timeline {
     }
 }
 
-/// Connects, takes the lease with `acquire` (given the locker), runs the
-/// command while the lease is held, gives it up: the exit code.
+/// Connects, takes the lease with `acquire` (given the locker and what is
+/// left of the wait), runs the command while the lease is held, gives it
+/// up: the exit code.
 pub(crate) async fn under_lease<H, A, F>(spec: &Spec<'_>, acquire: A) -> Result<i32>
 where
     H: Held,
-    A: FnOnce(Locker) -> F,
+    A: FnOnce(Locker, WaitPolicy) -> F,
     F: Future<Output = Result<H>>,
 {
     let mut signals = Signals::new()?;
-    let locker = locksmith::connect(spec.url).await?;
+    let (locker, wait) = tokio::select! {
+        r = connect_within(spec.url, spec.wait) => r?,
+        sig = signals.recv() => {
+            super::die_by_signal_on_exit(sig);
+            return Ok(128 + sig as i32);
+        }
+    };
     // A session-bound store trusts a hold for its session timeout at most,
     // whatever the TTL: the command's timeline follows the shorter.
     let lease = locker.capabilities().trusted_lease(spec.ttl);
@@ -163,7 +204,7 @@ where
     // Dropping the acquire on a signal leaves the queue and undoes a grant
     // in flight; settle() waits for that before we exit.
     let acquired = tokio::select! {
-        r = acquire(locker.clone()) => r,
+        r = acquire(locker.clone(), wait) => r,
         sig = signals.recv() => {
             locker.settle(SETTLE).await;
             super::die_by_signal_on_exit(sig);

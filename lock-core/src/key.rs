@@ -264,6 +264,15 @@ impl OwnerToken {
         }
     }
 
+    /// A new random token making the same claim, with the same value: the
+    /// same acquire, by an owner that holds nothing yet.
+    pub(crate) fn redrawn(&self) -> Self {
+        OwnerToken {
+            token: Self::generate().token,
+            ..self.clone()
+        }
+    }
+
     /// The token as text (32 lowercase hex digits when generated).
     pub fn as_str(&self) -> &str {
         &self.token

@@ -29,6 +29,12 @@ const CLOSE_PATIENCE: Duration = Duration::from_secs(5);
 /// The shortest sleep between polling attempts.
 const MIN_POLL: Duration = Duration::from_millis(1);
 
+/// The first and longest pause before a waiting acquire tries a store that
+/// was unreachable again: long enough not to hammer a store that is coming
+/// back (a ZooKeeper election, a PostgreSQL restart take seconds), short
+/// enough to take the lock soon after it is back.
+const OUTAGE_PAUSE: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(2));
+
 /// A handle on one lock store. Cheap to clone; clones share one connection
 /// pool and one renewal watchdog.
 ///
@@ -444,7 +450,7 @@ impl Locker {
     async fn acquire_owned(
         &self,
         key: LockKey,
-        owner: OwnerToken,
+        mut owner: OwnerToken,
         fresh_owner: bool,
         opts: &LockOptions,
     ) -> Result<Option<LockGuard>> {
@@ -481,11 +487,18 @@ impl Locker {
         attempts.may_mark = may_mark;
         let mut watch: Option<Watch> = None;
         let mut subscribed = false;
+        let mut outage = Outage::new(opts.wait != WaitPolicy::NoWait);
         // A fair store queues waiters, so a caller prepared to wait listens
         // first and queues with its very first attempt.
         if self.caps.fair && opts.wait != WaitPolicy::NoWait {
             subscribed = true;
-            watch = self.subscribe(&mut attempts).await?;
+            match self.subscribe(&mut attempts).await {
+                Ok(w) => watch = w,
+                Err(e) => {
+                    outage.ride(e, &key, give_up, &mut attempts).await?;
+                    subscribed = false;
+                }
+            }
         }
         // When the first attempt that found the key held was sent: any grant
         // delivered later was made after that. Not the latest such attempt: a
@@ -500,8 +513,31 @@ impl Locker {
                 attempts.abandon().await;
                 return Err(closed());
             }
+            if !subscribed && self.caps.fair && opts.wait != WaitPolicy::NoWait {
+                // Queue again after an outage made the first subscription fail.
+                subscribed = true;
+                match self.subscribe(&mut attempts).await {
+                    Ok(w) => watch = w,
+                    Err(e) => {
+                        outage.ride(e, &key, give_up, &mut attempts).await?;
+                        subscribed = false;
+                        continue;
+                    }
+                }
+            }
             let sent = Instant::now();
-            let retry_after = match attempts.attempt(opts.ttl).await? {
+            let attempt = match attempts.attempt(opts.ttl).await {
+                Ok(a) => {
+                    outage.over(&key);
+                    a
+                }
+                Err(e) => {
+                    outage.ride(e, &key, give_up, &mut attempts).await?;
+                    owner = attempts.owner.clone();
+                    continue;
+                }
+            };
+            let retry_after = match attempt {
                 Acquire::Acquired(grant) => {
                     attempts.done();
                     // A store may grant less than the lease it trusts (a
@@ -535,7 +571,14 @@ impl Locker {
             }
             if !subscribed {
                 subscribed = true;
-                watch = self.subscribe(&mut attempts).await?;
+                watch = match self.subscribe(&mut attempts).await {
+                    Ok(w) => w,
+                    Err(e) => {
+                        outage.ride(e, &key, give_up, &mut attempts).await?;
+                        subscribed = false;
+                        continue;
+                    }
+                };
                 if watch.is_some() {
                     // The holder may have released between our attempt and the
                     // subscription; look again before sleeping.
@@ -761,6 +804,21 @@ impl Attempts {
         })
     }
 
+    /// Undoes, in the background, whatever the last attempt may have been
+    /// granted unseen, and goes on under a fresh owner with the same claim.
+    fn redraw_owner(&mut self) {
+        let fresh = self.owner.redrawn();
+        let old = std::mem::replace(&mut self.owner, fresh);
+        let (backend, key) = (self.backend.clone(), self.key.clone());
+        self.background.spawn(async move {
+            let undo = retry_briefly(|| async { backend.release(&key, &old).await.map(drop) });
+            if let Err(e) = undo.await {
+                tracing::warn!(key = %key, error = %e.chain(),
+                    "could not undo an attempt cut off by an outage; if it was granted, the lock frees at its TTL");
+            }
+        });
+    }
+
     /// The lock is ours: nothing to undo.
     fn done(&mut self) {
         self.queued = false;
@@ -826,6 +884,81 @@ impl Drop for Attempts {
             }
         });
     }
+}
+
+/// A waiting acquire's ride through a store that cannot be reached: the
+/// attempt is made again, after a growing pause, until the wait ends, and
+/// only then is the last store error reported (not `Timeout`, which would
+/// hide an outage). An acquire that does not wait fails at once.
+struct Outage {
+    rides: bool,
+    since: Option<Instant>,
+    pause: Duration,
+}
+
+impl Outage {
+    fn new(rides: bool) -> Self {
+        Outage {
+            rides,
+            since: None,
+            pause: OUTAGE_PAUSE.0,
+        }
+    }
+
+    /// Returns `error` unless it is worth waiting out and the wait has time
+    /// left; else sleeps (no further than `give_up`) and returns `Ok`. An
+    /// attempt that may have been granted unseen is undone in the
+    /// background, and the acquire goes on under a fresh owner, so the undo
+    /// cannot take away the hold it goes on to get; an owner the caller
+    /// chose cannot be swapped, so its acquire reports the error instead (a
+    /// retry could add a hold it does not know of).
+    async fn ride(
+        &mut self,
+        error: Error,
+        key: &LockKey,
+        give_up: Option<Instant>,
+        attempts: &mut Attempts,
+    ) -> Result<()> {
+        let retryable = error.kind() == ErrorKind::Unavailable;
+        let uncertain = std::mem::take(&mut attempts.uncertain);
+        let swappable = attempts.fresh_owner || !uncertain;
+        let now = Instant::now();
+        let left = give_up.map(|g| g.saturating_duration_since(now));
+        if !(self.rides && retryable && swappable) || left.is_some_and(|l| l.is_zero()) {
+            attempts.uncertain = uncertain;
+            attempts.abandon().await;
+            return Err(error);
+        }
+        if uncertain {
+            attempts.redraw_owner();
+        }
+        let since = *self.since.get_or_insert(now);
+        tracing::debug!(key = %key, error = %error.chain(), down_for = ?since.elapsed(),
+            "store unavailable while waiting for the lock; trying again");
+        let jitter = 0.5 + f64::from(rand_below(1000)) / 2000.0;
+        let pause = self
+            .pause
+            .mul_f64(jitter)
+            .min(left.unwrap_or(Duration::MAX));
+        self.pause = (self.pause * 2).min(OUTAGE_PAUSE.1);
+        tokio::time::sleep(pause).await;
+        Ok(())
+    }
+
+    /// The store answered again.
+    fn over(&mut self, key: &LockKey) {
+        if let Some(since) = self.since.take() {
+            tracing::debug!(key = %key, down_for = ?since.elapsed(),
+                "store reachable again; waiting for the lock goes on");
+        }
+        self.pause = OUTAGE_PAUSE.0;
+    }
+}
+
+/// A number below `n` from the OS RNG (0 if it fails): jitter, not secrets.
+fn rand_below(n: u32) -> u32 {
+    let mut b = [0u8; 4];
+    getrandom::fill(&mut b).map_or(0, |()| u32::from_le_bytes(b) % n.max(1))
 }
 
 /// How long leaving a wait queue keeps trying a store that is unreachable

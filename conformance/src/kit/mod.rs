@@ -25,6 +25,7 @@ pub mod fault_server;
 pub mod forwarding;
 pub mod members;
 pub mod observe;
+pub mod outage;
 pub mod process;
 pub mod proxy;
 pub mod servers;

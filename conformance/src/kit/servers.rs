@@ -108,6 +108,14 @@ pub fn mysql_fault_url() -> String {
     })
 }
 
+/// The private Redis server the outage tests stop (`redis_fault`):
+/// `LOCKSMITH_TEST_REDIS_FAULT_URL`, else `REDIS_FAULT_PORT`.
+pub fn redis_fault_url() -> String {
+    env_or("LOCKSMITH_TEST_REDIS_FAULT_URL", || {
+        format!("redis://127.0.0.1:{}", script_port("REDIS_FAULT_PORT"))
+    })
+}
+
 /// The shared Redis server: `LOCKSMITH_TEST_REDIS_URL`, else `REDIS_PORT`.
 pub fn redis_url() -> String {
     env_or("LOCKSMITH_TEST_REDIS_URL", || {
@@ -239,6 +247,7 @@ mod tests {
             "PG_FAULT_PORT",
             "MY_FAULT_PORT",
             "REDIS_PORT",
+            "REDIS_FAULT_PORT",
             "ZK_PORT",
             "MC_PORT",
             "MC_FAULT_PORT",
