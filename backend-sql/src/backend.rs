@@ -22,7 +22,8 @@ use crate::queries::{ttl_ms, Queries, SWEEP_BATCH};
 
 /// The statements of lease mode. Parameters: acquire (key hash, key, owner,
 /// TTL in ms, the value a first grant writes or `NULL`); release (key hash,
-/// owner); renew (key hash, owner, TTL in ms; on MySQL the TTL comes
+/// owner; on PostgreSQL also the channel that a release freeing the name
+/// notifies); renew (key hash, owner, TTL in ms; on MySQL the TTL comes
 /// first). The key hash is the lowercase hex SHA-256 of the key.
 #[derive(Debug, Clone)]
 pub struct LeaseStatements {
@@ -90,7 +91,12 @@ impl SqlBackend {
         }
         let (pool, scope) = open_pool(&config)?;
         let queries = Queries::new(config.dialect, &config.table);
-        let local = LocalReleases::for_scope(format!("{scope}\u{0}{}", config.table));
+        let local = LocalReleases::for_scope(
+            &scope,
+            &config.table,
+            #[cfg(feature = "postgres")]
+            crate::node::listener(&config)?,
+        );
         // For SQLite the scope is the file's absolute path.
         let file = (config.dialect == Dialect::Sqlite).then(|| std::path::PathBuf::from(&scope));
         let claims = Claims::new(pool.clone(), ClaimsSql::new(config.dialect, &config.table));
@@ -228,6 +234,24 @@ impl SqlBackend {
 
 impl SqlBackend {
     /// Permits and read holds.
+    /// PostgreSQL: tells every process's waiters that `key` was freed by a
+    /// statement that did not say so itself (a permit's or read hold's).
+    /// The release stands either way: a waiter that misses it polls.
+    async fn notify(&self, key: &LockKey) {
+        #[cfg(feature = "postgres")]
+        if let Pool::Postgres(p) = &self.inner.pool {
+            let sent = sqlx::query("SELECT pg_notify($1, '')")
+                .bind(self.inner.local.channel(key))
+                .execute(p)
+                .await;
+            if let Err(e) = sent {
+                tracing::debug!(key = %key, error = %e, "release not announced; waiters poll");
+            }
+        }
+        #[cfg(not(feature = "postgres"))]
+        let _ = key;
+    }
+
     fn claims(&self) -> &Claims {
         &self.inner.claims
     }
@@ -240,8 +264,9 @@ impl SqlBackend {
 #[async_trait]
 impl LockBackend for SqlBackend {
     fn capabilities(&self) -> Capabilities {
-        // Releases made by this process wake this process's waiters at
-        // once; other processes are found by polling: no `notify`.
+        // Releases wake this process's waiters at once, and on PostgreSQL
+        // every process's (`NOTIFY`); a lease that ran out is found by
+        // polling, which stays beside it: no `notify`.
         Capabilities::default()
             .with_fencing(true)
             .with_values(true)
@@ -352,13 +377,17 @@ impl LockBackend for SqlBackend {
             Release::NotHeld
         };
         // A permit, a read hold, or a writer's hold that a downgrade moved.
-        let r = match r {
-            Release::NotHeld => self.claims().release(key, owner).await?,
-            r => r,
+        let (r, notified) = match r {
+            Release::NotHeld => (self.claims().release(key, owner).await?, false),
+            // The name row's release statement notified other processes.
+            r => (r, true),
         };
-        // Waiters in this process try at once.
+        // Waiters in this process try at once; on PostgreSQL, everyone's.
         if r == Release::Freed {
             self.inner.local.released(key);
+            if !notified {
+                self.notify(key).await;
+            }
         }
         Ok(r)
     }

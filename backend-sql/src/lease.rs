@@ -146,6 +146,15 @@ impl SqlBackend {
                     .map_err(map_err)?;
                 (done.rows_affected() == 1).then_some(done.last_insert_id() as i64)
             }
+            // The freed name's channel is notified by the same statement.
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(p) => sqlx::query_scalar(&q.release)
+                .bind(key_hash(key))
+                .bind(owner)
+                .bind(self.inner.local.channel(key))
+                .fetch_optional(p)
+                .await
+                .map_err(map_err)?,
             #[allow(unreachable_patterns)]
             other => on_pool!(other, p => sqlx::query_scalar(&q.release)
                 .bind(key_hash(key))

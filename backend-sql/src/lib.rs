@@ -117,6 +117,8 @@ mod error;
 mod group;
 mod layout;
 mod lease;
+#[cfg(feature = "postgres")]
+mod listen;
 mod notify;
 mod queries;
 mod session_backend;

@@ -47,6 +47,29 @@ macro_rules! on_pool {
     };
 }
 
+/// PostgreSQL: the listener that wakes this process's waiters when a
+/// release anywhere notifies (see [`listen`](crate::listen)); `None` on
+/// the other databases, which have no such channel.
+#[cfg(feature = "postgres")]
+pub(crate) fn listener(config: &SqlConfig) -> Result<Option<crate::listen::Remote>> {
+    use sqlx::postgres::PgConnectOptions;
+    use std::str::FromStr;
+    if config.dialect != Dialect::Postgres {
+        return Ok(None);
+    }
+    let opts =
+        PgConnectOptions::from_str(config.url.expose()).map_err(|e| bad_url(&config.url, e))?;
+    // Named for `pg_stat_activity`, unless the URL names its connections.
+    let opts = match opts.get_application_name() {
+        Some(_) => opts,
+        None => opts.application_name("locksmith-listen"),
+    };
+    Ok(Some(crate::listen::Remote::new(
+        opts,
+        config.connect_timeout,
+    )))
+}
+
 /// Builds the pool for a dialect, and a scope naming the database so that
 /// backends of one process on one database share release notifications.
 pub(crate) fn open_pool(config: &SqlConfig) -> Result<(Pool, String)> {

@@ -1,56 +1,129 @@
-//! Release notifications within one process: a waiter hears a release made
-//! by another client of the same database and table at once, not at its
-//! next poll.
+//! Release notifications: a waiter hears a release made by another client
+//! of the same database and table at once, not at its next poll. Within
+//! one process through a channel per name; on PostgreSQL across processes
+//! too, through `LISTEN`/`NOTIFY` ([`listen`](crate::listen)).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use locksmith_core::backend::Watch;
 use locksmith_core::LockKey;
+use sha2::{Digest, Sha256};
 use tokio::sync::watch;
+
+#[cfg(feature = "postgres")]
+use crate::listen::{Listening, Remote};
+
+/// The notification channel of `key` in `table`: a PostgreSQL identifier
+/// (at most 63 bytes), the same in every process, and the map key of this
+/// process's waiters. Two names sharing one would only wake each other's
+/// waiters for nothing.
+pub(crate) fn channel(table: &str, key: &LockKey) -> String {
+    let mut h = Sha256::new();
+    h.update(table.as_bytes());
+    h.update([0]);
+    h.update(key.as_str().as_bytes());
+    format!("locksmith_{}", &hex::encode(h.finalize())[..40])
+}
+
+/// One name's waiters in this process; it goes with the last of them.
+#[derive(Debug)]
+struct Waiters {
+    sender: watch::Sender<u64>,
+    /// Listening on the database's channel while anyone here waits.
+    #[cfg(feature = "postgres")]
+    _listening: Option<Listening>,
+}
 
 /// Release notifications between backends of one process that share a
 /// database and table: a waiter here hears a release made here at once,
-/// instead of at its next poll. Channels are dropped with their last watcher.
-#[derive(Debug, Default)]
+/// instead of at its next poll; on PostgreSQL, one made anywhere.
+/// Channels are dropped with their last watcher.
+#[derive(Debug)]
 pub(crate) struct LocalReleases {
-    channels: Mutex<HashMap<LockKey, Weak<watch::Sender<u64>>>>,
+    table: String,
+    channels: Mutex<HashMap<String, Weak<Waiters>>>,
+    /// PostgreSQL: the one connection that listens for this scope.
+    #[cfg(feature = "postgres")]
+    remote: Option<Remote>,
 }
 
 impl LocalReleases {
-    pub(crate) fn for_scope(scope: String) -> Arc<Self> {
+    /// The scope's notifier, shared by every backend of this process on
+    /// `scope` (the database) and `table`. `remote` listens on PostgreSQL;
+    /// the first backend's is kept.
+    pub(crate) fn for_scope(
+        scope: &str,
+        table: &str,
+        #[cfg(feature = "postgres")] remote: Option<Remote>,
+    ) -> Arc<Self> {
         static SCOPES: OnceLock<Mutex<HashMap<String, Weak<LocalReleases>>>> = OnceLock::new();
         let mut scopes = SCOPES
             .get_or_init(Default::default)
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         scopes.retain(|_, w| w.strong_count() > 0);
-        if let Some(existing) = scopes.get(&scope).and_then(Weak::upgrade) {
+        let id = format!("{scope}\u{0}{table}");
+        if let Some(existing) = scopes.get(&id).and_then(Weak::upgrade) {
             return existing;
         }
-        let fresh = Arc::new(LocalReleases::default());
-        scopes.insert(scope, Arc::downgrade(&fresh));
+        let fresh = Arc::new(LocalReleases {
+            table: table.to_owned(),
+            channels: Mutex::default(),
+            #[cfg(feature = "postgres")]
+            remote,
+        });
+        #[cfg(feature = "postgres")]
+        if let Some(r) = &fresh.remote {
+            r.serve(Arc::downgrade(&fresh));
+        }
+        scopes.insert(id, Arc::downgrade(&fresh));
         fresh
     }
 
+    /// `key`'s notification channel here.
+    pub(crate) fn channel(&self, key: &LockKey) -> String {
+        channel(&self.table, key)
+    }
+
     pub(crate) fn watch(&self, key: &LockKey) -> Watch {
+        let name = self.channel(key);
         let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         channels.retain(|_, w| w.strong_count() > 0);
-        let sender = match channels.get(key).and_then(Weak::upgrade) {
-            Some(s) => s,
+        let waiters = match channels.get(&name).and_then(Weak::upgrade) {
+            Some(w) => w,
             None => {
-                let s = Arc::new(watch::channel(0u64).0);
-                channels.insert(key.clone(), Arc::downgrade(&s));
-                s
+                let w = Arc::new(Waiters {
+                    sender: watch::channel(0u64).0,
+                    #[cfg(feature = "postgres")]
+                    _listening: self.remote.as_ref().and_then(|r| r.listen(&name)),
+                });
+                channels.insert(name, Arc::downgrade(&w));
+                w
             }
         };
-        Watch::new(sender.subscribe(), Some(Box::new(sender)))
+        Watch::new(waiters.sender.subscribe(), Some(Box::new(waiters)))
     }
 
     pub(crate) fn released(&self, key: &LockKey) {
+        self.wake(&self.channel(key));
+    }
+
+    /// Wakes the waiters of channel `name`, if any wait here.
+    pub(crate) fn wake(&self, name: &str) {
         let channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = channels.get(key).and_then(Weak::upgrade) {
-            s.send_modify(|v| *v += 1);
+        if let Some(w) = channels.get(name).and_then(Weak::upgrade) {
+            w.sender.send_modify(|v| *v += 1);
+        }
+    }
+
+    /// Wakes every waiter here: notifications may have been missed (the
+    /// listening connection was lost).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn wake_all(&self) {
+        let channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        for w in channels.values().filter_map(Weak::upgrade) {
+            w.sender.send_modify(|v| *v += 1);
         }
     }
 }

@@ -144,14 +144,18 @@ fn postgres(t: &str) -> Queries {
              WHERE l.owner IS NULL OR l.expires_at <= now() OR l.owner = EXCLUDED.owner
              RETURNING fence, holds"
         ),
+        // A release that frees the name notifies its channel ($3), in the
+        // same round trip: waiters in every process try again at once.
+        // CASE, so a re-entrant hold's release notifies nobody.
         release: format!(
-            "UPDATE {t} SET
+            "WITH r AS (UPDATE {t} SET
                 holds = holds - 1,
                 owner = CASE WHEN holds > 1 THEN owner ELSE NULL END,
                 value = CASE WHEN holds > 1 THEN value ELSE NULL END,
                 expires_at = CASE WHEN holds > 1 THEN expires_at ELSE now() END
              WHERE key_hash = $1 AND owner = $2 AND expires_at > now()
-             RETURNING holds"
+             RETURNING holds)
+             SELECT holds, CASE WHEN holds = 0 THEN pg_notify($3, '') IS NULL END FROM r"
         ),
         renew: format!(
             "UPDATE {t} SET expires_at = now() + $3::bigint * interval '1 millisecond'

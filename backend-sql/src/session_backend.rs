@@ -53,11 +53,14 @@ impl SqlSessionBackend {
             )));
         }
         let locks = SessionLocks::new(&config)?;
-        let local = LocalReleases::for_scope(format!(
-            "{}\u{0}session\u{0}{}",
-            config.url.expose(),
-            config.table
-        ));
+        // Session locks notify only this process's waiters: a lock freed
+        // with its connection sends nothing anyway.
+        let local = LocalReleases::for_scope(
+            &format!("{}\u{0}session", config.url.expose()),
+            &config.table,
+            #[cfg(feature = "postgres")]
+            None,
+        );
         Ok(SqlSessionBackend {
             inner: Arc::new(Inner {
                 config,

@@ -215,6 +215,7 @@ async fn raw_pairs(pool: &RawPool, s: &LeaseStatements, key: &str, iterations: u
                 let left: Option<i64> = sqlx::query_scalar(&s.release)
                     .bind(&h)
                     .bind(&owner)
+                    .bind("locksmith_bench")
                     .fetch_optional(p)
                     .await
                     .expect("release");

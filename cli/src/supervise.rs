@@ -126,8 +126,9 @@ pub(crate) struct Spec<'a> {
 /// does, and reports the last error only when the wait is over. Returns
 /// the locker and what is left of the wait.
 async fn connect_within(url: &str, wait: WaitPolicy) -> Result<(Locker, WaitPolicy)> {
+    const FIRST_PAUSE: Duration = Duration::from_millis(50);
     let start = Instant::now();
-    let mut pause = Duration::from_millis(50);
+    let mut pause = FIRST_PAUSE;
     loop {
         let error = match locksmith::connect(url).await {
             Ok(locker) => {
@@ -147,7 +148,13 @@ async fn connect_within(url: &str, wait: WaitPolicy) -> Result<(Locker, WaitPoli
         if error.kind() != ErrorKind::Unavailable || left.is_zero() {
             return Err(error);
         }
-        tracing::debug!(error = %error.chain(), "store unavailable; connecting again within the wait");
+        if pause == FIRST_PAUSE {
+            // Once: a wrong address must not look like a long queue.
+            tracing::warn!(error = %error.chain(),
+                "cannot reach the store; trying again until the wait ({wait}) ends");
+        } else {
+            tracing::debug!(error = %error.chain(), "cannot reach the store; trying again");
+        }
         tokio::time::sleep(pause.min(left)).await;
         pause = (pause * 2).min(Duration::from_secs(2));
     }

@@ -322,24 +322,29 @@ fn run_works_unchanged_on_redis() {
         ],
     ));
     assert_eq!(code(&o), 3, "{}", String::from_utf8_lossy(&o.stderr));
-    let o = output(locksmith(
-        dir.path(),
-        &[
-            "run",
-            "--url",
-            "redis://127.0.0.1:1",
-            "--key",
-            &key,
-            "--",
-            "true",
-        ],
-    ));
-    assert_eq!(
-        code(&o),
-        69,
-        "a Redis that is down: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    // A store that is down: a wait tries until it ends, then says so.
+    for wait in ["--no-wait", "--wait=1s"] {
+        let start = std::time::Instant::now();
+        let o = output(locksmith(
+            dir.path(),
+            &[
+                "run",
+                "--url",
+                "redis://127.0.0.1:1",
+                "--key",
+                &key,
+                wait,
+                "--",
+                "true",
+            ],
+        ));
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(code(&o), 69, "a Redis that is down, {wait}: {stderr}");
+        if wait == "--wait=1s" {
+            assert!(start.elapsed() >= Duration::from_secs(1), "{stderr}");
+            assert!(stderr.contains("trying again"), "{stderr}");
+        }
+    }
 }
 
 /// A TTL the store cannot keep is refused up front; the shortest one it

@@ -522,8 +522,18 @@ fn bad_input_is_refused_with_runs_codes_and_leaves_nothing() {
         (down.as_str(), 69),
     ] {
         for args in [
+            // A wait would ride out the store that is down until it ends.
             &[
-                "elect", "--url", url, "--key", "k", "--value", "v", "--", "true",
+                "elect",
+                "--url",
+                url,
+                "--key",
+                "k",
+                "--value",
+                "v",
+                "--no-wait",
+                "--",
+                "true",
             ][..],
             &["leader", "--url", url, "--key", "k"],
             &["leader", "--url", url, "--key", "k", "--watch", "--json"],

@@ -637,8 +637,9 @@ mod on_redis {
     }
 }
 
-/// A waiter caught in a store stall gives up with 69; it leaves the queue
-/// once the store answers again, so the next release goes to the waiter
+/// A waiter whose wait ends in a store stall gives up with 69 (it rode
+/// the stall out until then); it leaves the queue once the store answers
+/// again, so the next release goes to the waiter
 /// behind it at once, not to the one that gave up (which would hold the
 /// lock, unused, until its lease ran out).
 #[cfg(feature = "redis")]
@@ -669,12 +670,13 @@ fn a_waiter_that_gives_up_in_a_store_stall_holds_nobody_up() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    // W's requests time out within the stall, so it gives up in it.
+    // W's requests time out within the stall, and its wait ends in it.
     let hasty = format!("{u}?timeout=200ms");
+    let w_started = Instant::now();
     let mut w = spawn(locksmith(
         d,
         &[
-            "run", "--url", &hasty, "--key", &key, "--ttl", "30s", "--wait", "60s", "--", "true",
+            "run", "--url", &hasty, "--key", &key, "--ttl", "30s", "--wait", "4s", "--", "true",
         ],
     ));
     while queued_at(server.port, &key) != 1 {
@@ -693,9 +695,13 @@ fn a_waiter_that_gives_up_in_a_store_stall_holds_nobody_up() {
         assert!(start.elapsed() < Duration::from_secs(10), "C never queued");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // The stall covers W's deadline: from 3.2 s after it started to 5.7 s.
+    let stall_at = w_started + Duration::from_millis(3200);
+    assert!(Instant::now() < stall_at, "W and C queued too late");
+    std::thread::sleep(stall_at - Instant::now());
     let redis_pid = Pid::from_raw(server.pid());
     kill(redis_pid, Signal::SIGSTOP).unwrap();
-    std::thread::sleep(Duration::from_millis(1300));
+    std::thread::sleep(Duration::from_millis(2500));
     kill(redis_pid, Signal::SIGCONT).unwrap();
     assert_eq!(
         wait_exit(&mut w, Duration::from_secs(10)),

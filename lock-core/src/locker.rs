@@ -925,16 +925,23 @@ impl Outage {
         let now = Instant::now();
         let left = give_up.map(|g| g.saturating_duration_since(now));
         if !(self.rides && retryable && swappable) || left.is_some_and(|l| l.is_zero()) {
+            // Dropping `attempts` undoes an unseen grant and leaves the
+            // queue in the background, retrying while the store comes back.
             attempts.uncertain = uncertain;
-            attempts.abandon().await;
             return Err(error);
         }
         if uncertain {
             attempts.redraw_owner();
         }
-        let since = *self.since.get_or_insert(now);
-        tracing::debug!(key = %key, error = %error.chain(), down_for = ?since.elapsed(),
-            "store unavailable while waiting for the lock; trying again");
+        match self.since {
+            None => {
+                self.since = Some(now);
+                tracing::info!(key = %key, error = %error.chain(),
+                    "store unavailable while waiting for the lock; trying again until the wait ends");
+            }
+            Some(since) => tracing::debug!(key = %key, error = %error.chain(),
+                down_for = ?since.elapsed(), "store still unavailable; trying again"),
+        }
         let jitter = 0.5 + f64::from(rand_below(1000)) / 2000.0;
         let pause = self
             .pause
@@ -948,7 +955,7 @@ impl Outage {
     /// The store answered again.
     fn over(&mut self, key: &LockKey) {
         if let Some(since) = self.since.take() {
-            tracing::debug!(key = %key, down_for = ?since.elapsed(),
+            tracing::info!(key = %key, down_for = ?since.elapsed(),
                 "store reachable again; waiting for the lock goes on");
         }
         self.pause = OUTAGE_PAUSE.0;

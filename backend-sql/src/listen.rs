@@ -1,0 +1,231 @@
+//! PostgreSQL `LISTEN`: one connection per database and table in a process
+//! listens on the channel of every name a waiter here waits for, and wakes
+//! them when a release anywhere sends `NOTIFY` (the release statement does,
+//! in the same round trip). Polling stays beside it as the fallback: a
+//! notification lost with the connection, or a lease that simply ran out,
+//! is found at the next poll as before, and a lost connection wakes every
+//! waiter here to look at once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use tokio::sync::mpsc;
+
+use crate::notify::LocalReleases;
+
+/// What the listening task is asked to do.
+#[derive(Debug)]
+enum Ask {
+    Listen(String),
+    Unlisten(String),
+}
+
+/// The listening connection of one scope: started on the first waiter,
+/// and again if the runtime that ran it has gone.
+#[derive(Debug)]
+pub(crate) struct Remote {
+    opts: PgConnectOptions,
+    connect_timeout: Duration,
+    task: Mutex<Option<mpsc::UnboundedSender<Ask>>>,
+    scope: Mutex<Weak<LocalReleases>>,
+    /// The channels listened on, with their waiters' count: what a new
+    /// task listens on first.
+    wanted: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// Listening on one channel; dropping it stops (once no one else here waits
+/// on that channel).
+#[derive(Debug)]
+pub(crate) struct Listening {
+    channel: String,
+    task: mpsc::UnboundedSender<Ask>,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        let _ = self
+            .task
+            .send(Ask::Unlisten(std::mem::take(&mut self.channel)));
+    }
+}
+
+impl Remote {
+    /// A listener for the database `opts` connect to; nothing connects
+    /// until a waiter needs it.
+    pub(crate) fn new(opts: PgConnectOptions, connect_timeout: Duration) -> Self {
+        Remote {
+            opts,
+            connect_timeout,
+            task: Mutex::new(None),
+            scope: Mutex::new(Weak::new()),
+            wanted: Arc::default(),
+        }
+    }
+
+    /// Notifications go to `scope`'s waiters.
+    pub(crate) fn serve(&self, scope: Weak<LocalReleases>) {
+        *self.scope.lock().unwrap_or_else(|e| e.into_inner()) = scope;
+    }
+
+    /// Listens on `channel` until the result is dropped. Called with the
+    /// scope's channel map locked, so one name is asked for once at a time.
+    pub(crate) fn listen(&self, channel: &str) -> Option<Listening> {
+        let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
+        let live = task.as_ref().filter(|t| !t.is_closed()).cloned();
+        let tx = match live {
+            Some(tx) => tx,
+            None => {
+                // No runtime here (a backend used outside tokio): the
+                // waiters poll, as on the other stores.
+                let runtime = tokio::runtime::Handle::try_current().ok()?;
+                let (tx, rx) = mpsc::unbounded_channel();
+                let scope = self.scope.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                runtime.spawn(run(
+                    self.opts.clone(),
+                    self.connect_timeout,
+                    rx,
+                    scope,
+                    self.wanted.clone(),
+                ));
+                *task = Some(tx.clone());
+                tx
+            }
+        };
+        let _ = tx.send(Ask::Listen(channel.to_owned()));
+        Some(Listening {
+            channel: channel.to_owned(),
+            task: tx,
+        })
+    }
+}
+
+/// What ended one wait of the listening task.
+enum Event {
+    Asked(Option<Ask>),
+    Heard(Result<Option<String>, sqlx::Error>),
+}
+
+/// The listening task: (re)connects, keeps `LISTEN` in step with the
+/// channels wanted, and wakes the waiters of each channel it hears. Ends
+/// when every backend of the scope is gone.
+async fn run(
+    opts: PgConnectOptions,
+    connect_timeout: Duration,
+    mut asks: mpsc::UnboundedReceiver<Ask>,
+    scope: Weak<LocalReleases>,
+    wanted: Arc<Mutex<HashMap<String, usize>>>,
+) {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(connect_timeout)
+        .connect_lazy_with(opts);
+    let mut listener: Option<PgListener> = None;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        if listener.is_none() {
+            match connect(&pool, &wanted).await {
+                Ok(l) => {
+                    listener = Some(l);
+                    pause = Duration::from_millis(100);
+                    // Anything released while no one listened.
+                    match scope.upgrade() {
+                        Some(s) => s.wake_all(),
+                        None => return,
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot listen for releases; waiters poll meanwhile");
+                    // Keep count of the asks meanwhile, and retry.
+                    let wait = tokio::time::sleep(pause);
+                    tokio::pin!(wait);
+                    loop {
+                        tokio::select! {
+                            () = &mut wait => break,
+                            ask = asks.recv() => match ask {
+                                Some(ask) => { count(&wanted, &ask); }
+                                None => return,
+                            },
+                        }
+                    }
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            }
+        }
+        let Some(l) = listener.as_mut() else { continue };
+        let event = tokio::select! {
+            ask = asks.recv() => Event::Asked(ask),
+            heard = l.try_recv() => Event::Heard(heard.map(|n| n.map(|n| n.channel().to_owned()))),
+        };
+        let Some(scope) = scope.upgrade() else { return };
+        match event {
+            Event::Asked(None) => return,
+            Event::Asked(Some(ask)) => {
+                let change = count(&wanted, &ask);
+                let done = match (change, &ask) {
+                    (Some(true), Ask::Listen(c)) => l.listen(c).await,
+                    (Some(false), Ask::Unlisten(c)) => l.unlisten(c).await,
+                    _ => Ok(()),
+                };
+                if let Err(e) = done {
+                    tracing::debug!(error = %e, "the listening connection failed; connecting again");
+                    listener = None;
+                    scope.wake_all();
+                }
+            }
+            Event::Heard(Ok(Some(channel))) => scope.wake(&channel),
+            // Lost and connected again (listening as before): what was sent
+            // meanwhile is lost, so every waiter looks now.
+            Event::Heard(Ok(None)) => scope.wake_all(),
+            Event::Heard(Err(e)) => {
+                tracing::debug!(error = %e, "the listening connection failed; connecting again");
+                listener = None;
+                scope.wake_all();
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+}
+
+/// Counts `ask` in `wanted`: `Some(true)` when the channel is wanted now
+/// and was not, `Some(false)` when it was and is no more.
+fn count(wanted: &Mutex<HashMap<String, usize>>, ask: &Ask) -> Option<bool> {
+    let mut wanted = wanted.lock().unwrap_or_else(|e| e.into_inner());
+    match ask {
+        Ask::Listen(c) => {
+            let n = wanted.entry(c.clone()).or_insert(0);
+            *n += 1;
+            (*n == 1).then_some(true)
+        }
+        Ask::Unlisten(c) => {
+            let n = wanted.get_mut(c)?;
+            *n -= 1;
+            if *n == 0 {
+                wanted.remove(c);
+                return Some(false);
+            }
+            None
+        }
+    }
+}
+
+/// A listening connection, on every channel wanted now.
+async fn connect(
+    pool: &sqlx::PgPool,
+    wanted: &Mutex<HashMap<String, usize>>,
+) -> Result<PgListener, sqlx::Error> {
+    let mut l = PgListener::connect_with(pool).await?;
+    // Its own reconnects (after `Ok(None)`) listen again by themselves.
+    let channels: Vec<String> = wanted
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .keys()
+        .cloned()
+        .collect();
+    if !channels.is_empty() {
+        l.listen_all(channels.iter().map(String::as_str)).await?;
+    }
+    Ok(l)
+}
