@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::backend::{Acquire, Capabilities, LockBackend, Release, Renew, Watch};
+use locksmith_core::backend::{
+    Acquire, Capabilities, LockBackend, Release, Renew, RenewRequest, Watch,
+};
 use locksmith_core::{Claim, Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
 use tokio::sync::OnceCell;
 
@@ -404,6 +406,52 @@ impl LockBackend for SqlBackend {
             Renew::NotHeld => self.claims().renew(key, owner, ttl).await?,
             r => r,
         })
+    }
+
+    /// Mutexes' and lone permits' leases in one statement per 100 (on
+    /// PostgreSQL and SQLite returning which were renewed; on MySQL, the
+    /// rare batch with one no longer held is asked again lease by lease);
+    /// permits and read holds each as [`renew`](LockBackend::renew) does.
+    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        let markers: Vec<Option<String>> = requests
+            .iter()
+            .map(|r| match r.owner.claim() {
+                Claim::MUTEX => Some(r.owner.as_str().to_owned()),
+                _ => lone_permit(&r.owner),
+            })
+            .collect();
+        let rows: Vec<(usize, (&LockKey, &str, Duration))> = requests
+            .iter()
+            .zip(&markers)
+            .enumerate()
+            .filter_map(|(i, (r, m))| m.as_deref().map(|m| (i, (&r.key, m, r.ttl))))
+            .collect();
+        let mut out: Vec<Option<Result<Renew>>> = vec![None; requests.len()];
+        if !rows.is_empty() {
+            let batch: Vec<_> = rows.iter().map(|(_, row)| *row).collect();
+            match self.lease_renew_many(&batch).await {
+                Ok(renewed) => {
+                    for (n, (i, _)) in rows.iter().enumerate() {
+                        if renewed.contains(&n) {
+                            out[*i] = Some(Ok(Renew::Renewed));
+                        }
+                    }
+                }
+                Err(e) => {
+                    for (i, _) in &rows {
+                        out[*i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        // Not renewed on the name row: held another way, or not at all.
+        let rest = requests.iter().zip(&out).map(|(r, done)| async move {
+            match done {
+                Some(d) => d.clone(),
+                None => self.claims().renew(&r.key, &r.owner, r.ttl).await,
+            }
+        });
+        futures::future::join_all(rest).await
     }
 
     /// A writer giving up takes its mark away, so readers enter again.

@@ -4,6 +4,7 @@
 //! [`queries`](crate::queries); this is how each dialect sends them and
 //! reads the answer.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use locksmith_core::backend::{Acquire, Grant, Release, Renew};
@@ -15,7 +16,10 @@ use crate::error::is_mysql_conflict;
 use crate::error::map_err;
 use crate::layout::key_hash;
 use crate::node::Pool;
-use crate::queries::ttl_ms;
+use crate::queries::{renew_batch, ttl_ms};
+
+/// Leases one renewal statement carries at most.
+const RENEW_BATCH: usize = 100;
 
 impl SqlBackend {
     pub(crate) async fn lease_acquire(
@@ -214,6 +218,85 @@ impl SqlBackend {
         } else {
             Renew::NotHeld
         })
+    }
+
+    /// Renews the name rows `rows` (key, the row's owner text, TTL) in one
+    /// statement per [`RENEW_BATCH`]: the indexes of those renewed. A row
+    /// not renewed may still be held another way (a moved writer's hold,
+    /// a permit): the caller asks the holders table about it.
+    pub(crate) async fn lease_renew_many(
+        &self,
+        rows: &[(&LockKey, &str, Duration)],
+    ) -> Result<HashSet<usize>> {
+        self.migrate().await?;
+        let mut renewed = HashSet::new();
+        let mut from = 0;
+        for chunk in rows.chunks(RENEW_BATCH) {
+            for i in self.lease_renew_chunk(chunk).await? {
+                renewed.insert(from + i);
+            }
+            from += chunk.len();
+        }
+        Ok(renewed)
+    }
+
+    async fn lease_renew_chunk(&self, rows: &[(&LockKey, &str, Duration)]) -> Result<Vec<usize>> {
+        let hashes: Vec<String> = rows.iter().map(|(k, _, _)| key_hash(k)).collect();
+        let config = &self.inner.config;
+        let back: Vec<(String, String)> = match &self.inner.pool {
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(p) => sqlx::query_as(&self.inner.queries.renew_many)
+                .bind(&hashes)
+                .bind(rows.iter().map(|(_, o, _)| *o).collect::<Vec<_>>())
+                .bind(rows.iter().map(|(_, _, t)| ttl_ms(*t)).collect::<Vec<_>>())
+                .fetch_all(p)
+                .await
+                .map_err(map_err)?,
+            #[cfg(feature = "sqlite")]
+            Pool::Sqlite(p) => {
+                let sql = renew_batch(config.dialect, &config.table, rows.len());
+                let mut q = sqlx::query_as(&sql);
+                for ((_, owner, ttl), hash) in rows.iter().zip(&hashes) {
+                    q = q.bind(hash).bind(*owner).bind(ttl_ms(*ttl));
+                }
+                q.fetch_all(p).await.map_err(map_err)?
+            }
+            #[cfg(feature = "mysql")]
+            Pool::MySql(p) => {
+                let sql = renew_batch(config.dialect, &config.table, rows.len());
+                let mut q = sqlx::query(&sql);
+                for ((_, owner, ttl), hash) in rows.iter().zip(&hashes) {
+                    q = q.bind(hash).bind(*owner).bind(ttl_ms(*ttl));
+                }
+                let matched = q.execute(p).await.map_err(map_err)?.rows_affected();
+                let distinct: HashSet<(&String, &str)> =
+                    hashes.iter().zip(rows.iter().map(|(_, o, _)| *o)).collect();
+                if matched == distinct.len() as u64 {
+                    return Ok((0..rows.len()).collect());
+                }
+                // Some lease was not ours any more: which, one at a time
+                // (rare; renewing the others again does no harm).
+                let each = rows.iter().map(|(k, o, t)| self.lease_renew_as(k, o, *t));
+                let outcomes = futures::future::join_all(each).await;
+                let mut renewed = Vec::new();
+                for (i, r) in outcomes.into_iter().enumerate() {
+                    if r? == Renew::Renewed {
+                        renewed.push(i);
+                    }
+                }
+                return Ok(renewed);
+            }
+        };
+        let back: HashSet<(String, String)> = back.into_iter().collect();
+        Ok(rows
+            .iter()
+            .zip(&hashes)
+            .enumerate()
+            .filter(|(_, ((_, owner, _), hash))| {
+                back.contains(&((*hash).clone(), (*owner).to_owned()))
+            })
+            .map(|(i, _)| i)
+            .collect())
     }
 
     /// One owner-checked `UPDATE` of the value; the lease is left alone.

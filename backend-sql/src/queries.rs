@@ -19,6 +19,10 @@ pub(crate) struct Queries {
     pub(crate) acquire: String,
     pub(crate) release: String,
     pub(crate) renew: String,
+    /// Renews a batch of leases in one statement, owner-checked. PostgreSQL:
+    /// arrays of key hashes, owners and TTLs in ms, returning the key hash
+    /// and owner of each lease renewed. The others: see [`renew_batch`].
+    pub(crate) renew_many: String,
     /// Sets the holder's value, owner-checked, leaving the lease alone
     /// (parameters: key hash, owner, value; on MySQL the value first).
     pub(crate) proclaim: String,
@@ -98,6 +102,7 @@ fn sqlite(t: &str) -> Queries {
             "UPDATE {t} SET expires_at = {now} + ?3
              WHERE key_hash = ?1 AND owner = ?2 AND expires_at > {now}"
         ),
+        renew_many: String::new(),
         proclaim: format!(
             "UPDATE {t} SET value = ?3
              WHERE key_hash = ?1 AND owner = ?2 AND expires_at > {now}"
@@ -160,6 +165,12 @@ fn postgres(t: &str) -> Queries {
         renew: format!(
             "UPDATE {t} SET expires_at = now() + $3::bigint * interval '1 millisecond'
              WHERE key_hash = $1 AND owner = $2 AND expires_at > now()"
+        ),
+        renew_many: format!(
+            "UPDATE {t} AS l SET expires_at = now() + r.ttl * interval '1 millisecond'
+             FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(key_hash, owner, ttl)
+             WHERE l.key_hash = r.key_hash AND l.owner = r.owner AND l.expires_at > now()
+             RETURNING l.key_hash, l.owner"
         ),
         proclaim: format!(
             "UPDATE {t} SET value = $3
@@ -236,6 +247,7 @@ fn mysql(t: &str) -> Queries {
             "UPDATE {t} SET expires_at = {now} + ?
              WHERE key_hash = ? AND owner = ? AND expires_at > {now}"
         ),
+        renew_many: String::new(),
         // Matched rows: a value set again to what it was still counts.
         proclaim: format!(
             "UPDATE {t} SET value = ?
@@ -256,6 +268,42 @@ fn mysql(t: &str) -> Queries {
             "SELECT holds FROM {} WHERE key_hash = ? AND owner = ?",
             crate::layout::holders_table(t)
         ),
+    }
+}
+
+/// The statement renewing `n` leases at once where its text depends on
+/// the batch's size; parameters: key hash, owner, TTL in ms for each lease.
+/// SQLite returns the key hash and owner of each lease renewed. MySQL
+/// cannot return rows from an `UPDATE`: the count of leases matched (sqlx
+/// sets `CLIENT_FOUND_ROWS`) says whether all were renewed.
+pub(crate) fn renew_batch(dialect: Dialect, t: &str, n: usize) -> String {
+    match dialect {
+        Dialect::Sqlite => {
+            let now = SQLITE_NOW;
+            let rows = vec!["(?, ?, ?)"; n].join(", ");
+            format!(
+                "WITH r(key_hash, owner, ttl) AS (VALUES {rows})
+                 UPDATE {t} SET expires_at = {now} + r.ttl FROM r
+                 WHERE {t}.key_hash = r.key_hash AND {t}.owner = r.owner
+                   AND {t}.expires_at > {now}
+                 RETURNING {t}.key_hash, {t}.owner"
+            )
+        }
+        Dialect::MySql => {
+            let now = MYSQL_NOW;
+            let first = "SELECT ? AS key_hash, ? AS owner, ? AS ttl";
+            let rows = std::iter::once(first)
+                .chain(std::iter::repeat("SELECT ?, ?, ?").take(n.saturating_sub(1)))
+                .collect::<Vec<_>>()
+                .join(" UNION ALL ");
+            format!(
+                "UPDATE {t} AS l JOIN ({rows}) AS r
+                   ON l.key_hash = r.key_hash AND l.owner = r.owner
+                 SET l.expires_at = {now} + r.ttl
+                 WHERE l.expires_at > {now}"
+            )
+        }
+        Dialect::Postgres => String::new(),
     }
 }
 

@@ -83,6 +83,8 @@ pub enum Defect {
     AbandonIgnored,
     /// Keeps a record of every name a semaphore or read-write lock used.
     LeaksClaimedNames,
+    /// Answers a renewal batch "renewed" for every name held, by whomever.
+    BatchRenewsAnyHolder,
 }
 
 /// How long `CampaignGrantLandsLate` keeps a contended request to grant.
@@ -90,7 +92,7 @@ const LATE_GRANT_KEPT: Duration = Duration::from_secs(2);
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 27] = [
+    pub const ALL: [Defect; 28] = [
         Defect::ReleaseWithoutOwnerCheck,
         Defect::NoExpiry,
         Defect::RenewReleases,
@@ -118,6 +120,7 @@ impl Defect {
         Defect::DowngradeGap,
         Defect::AbandonIgnored,
         Defect::LeaksClaimedNames,
+        Defect::BatchRenewsAnyHolder,
     ];
 }
 
@@ -492,7 +495,16 @@ locksmith_core::forward_backend! {
         /// Each lease through `renew` above, defects and all: the watchdog
         /// renews in batches.
         async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-            join_all(requests.iter().map(|r| self.renew(&r.key, &r.owner, r.ttl))).await
+            join_all(requests.iter().map(|r| async move {
+                let someone_elses = |s: LockStatus| s.held && s.owner.as_ref() != Some(&r.owner);
+                if self.defect == Defect::BatchRenewsAnyHolder
+                    && self.inner.inspect(&r.key).await.is_ok_and(someone_elses)
+                {
+                    return Ok(Renew::Renewed);
+                }
+                self.renew(&r.key, &r.owner, r.ttl).await
+            }))
+            .await
         }
 
         /// A plain attempt through `try_acquire` above, defects and all:

@@ -105,6 +105,7 @@ macro_rules! __case_list {
             Renewal renewal {
                 renew_extends_lease,
                 renewal_watchdog_keeps_lock,
+                a_renewal_batch_answers_for_each_lease,
             }
             Ownership ownership {
                 stale_owner_cannot_renew_or_release,

@@ -296,3 +296,12 @@ async fn an_untimed_quorum_is_caught_by_the_late_answer_case_alone() {
         .expect_err("the late-answer case should catch the untimed quorum");
     assert!(format!("{e:#}").contains("past the"), "{e:#}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_that_renews_any_holder_is_caught() {
+    caught_by_alone(
+        Defect::BatchRenewsAnyHolder,
+        "a_renewal_batch_answers_for_each_lease",
+    )
+    .await;
+}

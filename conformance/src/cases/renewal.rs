@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use anyhow::{ensure, Result};
-use locksmith_core::backend::{LockBackend, Release, Renew};
-use locksmith_core::{LockOptions, Locker, OwnerToken};
+use anyhow::{bail, ensure, Result};
+use locksmith_core::backend::{Binding, LockBackend, Release, Renew, RenewRequest};
+use locksmith_core::{LockKey, LockOptions, Locker, OwnerToken};
 
 use super::{acquired, contended, key, past_expiry, short_ttl, LONG_TTL};
 use crate::Harness;
@@ -50,5 +50,89 @@ pub async fn renewal_watchdog_keeps_lock(h: &dyn Harness) -> Result<()> {
     }
     ensure!(!g.is_lost(), "guard reported lost while renewals succeeded");
     g.release().await?;
+    Ok(())
+}
+
+/// A batch of renewals answers for each lease on its own: every lease the
+/// owner holds is renewed, however many (more than one statement's worth
+/// where a store batches by the hundred), and a lease it released, one
+/// another owner holds and one never taken are `NotHeld`, the other
+/// owner's hold untouched and the untaken name left free.
+pub async fn a_renewal_batch_answers_for_each_lease(h: &dyn Harness) -> Result<()> {
+    let case = "a_renewal_batch_answers_for_each_lease";
+    let (a, b) = (h.client().await, h.client().await);
+    let (mine, theirs) = (OwnerToken::generate(), OwnerToken::generate());
+    // A session-bound SQL lock holds a server connection each: fewer there.
+    let n = match a.capabilities().binding {
+        Binding::Session => 20,
+        Binding::Lease => 120,
+    };
+    let held: Vec<LockKey> = (0..n).map(|i| key(case, &format!("mine-{i}"))).collect();
+    let taken = futures::future::join_all(held.iter().map(|k| acquired(&*a, k, &mine, LONG_TTL)));
+    for t in taken.await {
+        t?;
+    }
+    let (released, other, never) = (
+        key(case, "released"),
+        key(case, "theirs"),
+        key(case, "never"),
+    );
+    acquired(&*a, &released, &mine, LONG_TTL).await?;
+    ensure!(
+        a.release(&released, &mine).await? == Release::Freed,
+        "release"
+    );
+    acquired(&*b, &other, &theirs, LONG_TTL).await?;
+
+    let mut requests: Vec<RenewRequest> = held
+        .iter()
+        .map(|k| RenewRequest {
+            key: k.clone(),
+            owner: mine.clone(),
+            ttl: LONG_TTL,
+        })
+        .collect();
+    // The ones not held in the middle, so a batch split by the hundred has
+    // them in its first part.
+    for k in [&released, &other, &never] {
+        let at = requests.len() / 2;
+        requests.insert(
+            at,
+            RenewRequest {
+                key: k.clone(),
+                owner: mine.clone(),
+                ttl: LONG_TTL,
+            },
+        );
+    }
+    let answers = a.renew_many(&requests).await;
+    ensure!(
+        answers.len() == requests.len(),
+        "{} answers to {} requests",
+        answers.len(),
+        requests.len()
+    );
+    for (r, answer) in requests.iter().zip(answers) {
+        let want = if held.contains(&r.key) {
+            Renew::Renewed
+        } else {
+            Renew::NotHeld
+        };
+        match answer {
+            Ok(got) => ensure!(got == want, "{:?}: {got:?}, not {want:?}", r.key),
+            Err(e) => bail!("{:?}: {e}", r.key),
+        }
+    }
+    contended(&*a, &other, "its owner's hold, untouched by a batch").await?;
+    ensure!(
+        b.release(&other, &theirs).await? == Release::Freed,
+        "the other owner's hold was changed"
+    );
+    acquired(&*b, &never, &theirs, LONG_TTL).await?;
+    b.release(&never, &theirs).await?;
+    let freed = futures::future::join_all(held.iter().map(|k| a.release(k, &mine)));
+    for f in freed.await {
+        ensure!(f? == Release::Freed, "a renewed lease did not release");
+    }
     Ok(())
 }
