@@ -18,7 +18,7 @@ use crate::error::{is_missing_column, is_missing_table, map_err};
 use crate::layout::key_hash;
 #[cfg(feature = "sqlite")]
 use crate::node::use_wal;
-use crate::node::{add_value_column, create, open_pool, probe, Pool};
+use crate::node::{add_value_column, create, open_pool, probe, Pool, Renewer};
 use crate::notify::LocalReleases;
 use crate::queries::{ttl_ms, Queries, SWEEP_BATCH};
 
@@ -66,6 +66,9 @@ pub(crate) struct Inner {
     /// The writers this client marked as waiting for readers (key,
     /// owner): a grant takes the mark away.
     pub(crate) marked: Mutex<HashSet<(LockKey, String)>>,
+    /// The connection renewal batches go over.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) renewer: Renewer,
 }
 
 impl SqlBackend {
@@ -113,6 +116,7 @@ impl SqlBackend {
                 swept: Mutex::new(None),
                 claims,
                 marked: Mutex::new(HashSet::new()),
+                renewer: Renewer::default(),
             }),
         })
     }
@@ -241,6 +245,7 @@ impl SqlBackend {
     /// The release stands either way: a waiter that misses it polls.
     async fn notify(&self, key: &LockKey) {
         #[cfg(feature = "postgres")]
+        #[allow(irrefutable_let_patterns)]
         if let Pool::Postgres(p) = &self.inner.pool {
             let sent = sqlx::query("SELECT pg_notify($1, '')")
                 .bind(self.inner.local.channel(key))

@@ -16,7 +16,11 @@ use crate::error::is_mysql_conflict;
 use crate::error::map_err;
 use crate::layout::key_hash;
 use crate::node::Pool;
-use crate::queries::{renew_batch, ttl_ms};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use crate::node::{dial, Dedicated};
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+use crate::queries::renew_batch;
+use crate::queries::ttl_ms;
 
 /// Leases one renewal statement carries at most.
 const RENEW_BATCH: usize = 100;
@@ -61,8 +65,24 @@ impl SqlBackend {
         };
         Ok(match row {
             Some((fence, holds)) => granted(fence, holds),
-            None => Acquire::Contended { retry_after: None },
+            None => Acquire::Contended {
+                retry_after: self.due(key).await,
+            },
         })
+    }
+
+    /// SQLite: when the holder's lease is due, read at once (the file is
+    /// local; a waiter looks again then). PostgreSQL's waiters are woken
+    /// by `NOTIFY` instead, and a read would cost a round trip.
+    async fn due(&self, key: &LockKey) -> Option<Duration> {
+        if self.inner.config.dialect != crate::config::Dialect::Sqlite {
+            return None;
+        }
+        let row = self
+            .read_row(&self.inner.queries.inspect, &key_hash(key))
+            .await;
+        let left = row.ok().flatten()?.2;
+        Some(Duration::from_millis(u64::try_from(left).unwrap_or(0)))
     }
 
     #[cfg(feature = "mysql")]
@@ -103,6 +123,12 @@ impl SqlBackend {
         let id = done.last_insert_id();
         if id == 0 {
             return Ok(Acquire::Contended { retry_after: None });
+        }
+        if (crate::queries::MYSQL_HELD_FLAG..MYSQL_REENTRY_FLAG).contains(&id) {
+            let left = id - crate::queries::MYSQL_HELD_FLAG;
+            return Ok(Acquire::Contended {
+                retry_after: Some(Duration::from_millis(left)),
+            });
         }
         if id < MYSQL_REENTRY_FLAG {
             return Ok(granted(id as i64, 1));
@@ -240,18 +266,38 @@ impl SqlBackend {
         Ok(renewed)
     }
 
+    // MySQL's arm answers by itself: built with MySQL alone, the end is
+    // never reached.
+    #[allow(unreachable_code, unused_variables)]
     async fn lease_renew_chunk(&self, rows: &[(&LockKey, &str, Duration)]) -> Result<Vec<usize>> {
         let hashes: Vec<String> = rows.iter().map(|(k, _, _)| key_hash(k)).collect();
         let config = &self.inner.config;
         let back: Vec<(String, String)> = match &self.inner.pool {
             #[cfg(feature = "postgres")]
-            Pool::Postgres(p) => sqlx::query_as(&self.inner.queries.renew_many)
-                .bind(&hashes)
-                .bind(rows.iter().map(|(_, o, _)| *o).collect::<Vec<_>>())
-                .bind(rows.iter().map(|(_, _, t)| ttl_ms(*t)).collect::<Vec<_>>())
-                .fetch_all(p)
-                .await
-                .map_err(map_err)?,
+            Pool::Postgres(p) => {
+                let q = sqlx::query_as(&self.inner.queries.renew_many)
+                    .bind(&hashes)
+                    .bind(rows.iter().map(|(_, o, _)| *o).collect::<Vec<_>>())
+                    .bind(rows.iter().map(|(_, _, t)| ttl_ms(*t)).collect::<Vec<_>>());
+                let mut slot = self.inner.renewer.0.lock().await;
+                let conn = match slot.take() {
+                    Some(Dedicated::Pg(c)) => c,
+                    _ => dial(p, config.connect_timeout).await?,
+                };
+                let conn = slot.insert(Dedicated::Pg(conn));
+                #[allow(irrefutable_let_patterns)]
+                let Dedicated::Pg(c) = conn
+                else {
+                    unreachable!("just set")
+                };
+                match q.fetch_all(&mut *c).await {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        *slot = None;
+                        return Err(map_err(e));
+                    }
+                }
+            }
             #[cfg(feature = "sqlite")]
             Pool::Sqlite(p) => {
                 let sql = renew_batch(config.dialect, &config.table, rows.len());
@@ -268,7 +314,23 @@ impl SqlBackend {
                 for ((_, owner, ttl), hash) in rows.iter().zip(&hashes) {
                     q = q.bind(hash).bind(*owner).bind(ttl_ms(*ttl));
                 }
-                let matched = q.execute(p).await.map_err(map_err)?.rows_affected();
+                let mut slot = self.inner.renewer.0.lock().await;
+                let conn = match slot.take() {
+                    Some(Dedicated::My(c)) => c,
+                    _ => dial(p, config.connect_timeout).await?,
+                };
+                #[allow(irrefutable_let_patterns)]
+                let Dedicated::My(c) = slot.insert(Dedicated::My(conn)) else {
+                    unreachable!("just set")
+                };
+                let matched = match q.execute(&mut *c).await {
+                    Ok(done) => done.rows_affected(),
+                    Err(e) => {
+                        *slot = None;
+                        return Err(map_err(e));
+                    }
+                };
+                drop(slot);
                 let distinct: HashSet<(&String, &str)> =
                     hashes.iter().zip(rows.iter().map(|(_, o, _)| *o)).collect();
                 if matched == distinct.len() as u64 {

@@ -7,7 +7,6 @@
 //! its connection, so each held lock takes a connection of its own, out
 //! of any pool, in `session_locks`.
 
-#[cfg(feature = "sqlite")]
 use std::time::Duration;
 
 use locksmith_core::{Error, Result};
@@ -70,6 +69,63 @@ pub(crate) fn listener(config: &SqlConfig) -> Result<Option<crate::listen::Remot
     )))
 }
 
+/// A pooled connection idle this long is pinged before it is used again.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const PING_IF_IDLE: Duration = Duration::from_secs(1);
+
+/// Pings only a connection that sat idle for [`PING_IF_IDLE`], not every
+/// one taken from the pool (sqlx's default): a statement on a connection
+/// in steady use is one round trip, not two. A long-idle connection is
+/// the one a restart or an idle timeout has most likely cut; one cut in
+/// the last second fails its statement as `Unavailable`, and is dropped.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn pinged_when_idle<DB: sqlx::Database>(
+    options: sqlx::pool::PoolOptions<DB>,
+) -> sqlx::pool::PoolOptions<DB> {
+    options
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_IF_IDLE {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
+/// The one connection renewal batches go over, outside the pool: sqlx
+/// pings every connection given back to its pool (another round trip per
+/// statement), and a batch would pay for it. Dialed on first use, and
+/// again after any error on it.
+#[derive(Debug, Default)]
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) struct Renewer(pub(crate) tokio::sync::Mutex<Option<Dedicated>>);
+
+/// [`Renewer`]'s connection.
+#[derive(Debug)]
+pub(crate) enum Dedicated {
+    #[cfg(feature = "postgres")]
+    Pg(sqlx::PgConnection),
+    #[cfg(feature = "mysql")]
+    My(sqlx::MySqlConnection),
+}
+
+/// A connection of `pool`'s database of its own, dialed within `within`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn dial<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    within: Duration,
+) -> Result<DB::Connection> {
+    use sqlx::ConnectOptions;
+    match tokio::time::timeout(within, pool.connect_options().connect()).await {
+        Ok(c) => c.map_err(map_err),
+        Err(_) => Err(Error::unavailable(format!(
+            "no connection to the database within {within:?}"
+        ))),
+    }
+}
+
 /// Builds the pool for a dialect, and a scope naming the database so that
 /// backends of one process on one database share release notifications.
 pub(crate) fn open_pool(config: &SqlConfig) -> Result<(Pool, String)> {
@@ -100,7 +156,7 @@ pub(crate) fn open_pool(config: &SqlConfig) -> Result<(Pool, String)> {
             use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
             use std::str::FromStr;
             let opts = PgConnectOptions::from_str(config.url.expose()).map_err(bad)?;
-            let pool = PgPoolOptions::new()
+            let pool = pinged_when_idle(PgPoolOptions::new())
                 .max_connections(config.pool_max)
                 .acquire_timeout(config.connect_timeout)
                 .connect_lazy_with(opts);
@@ -112,7 +168,7 @@ pub(crate) fn open_pool(config: &SqlConfig) -> Result<(Pool, String)> {
             use sqlx::Executor;
             use std::str::FromStr;
             let opts = MySqlConnectOptions::from_str(config.url.expose()).map_err(bad)?;
-            let pool = MySqlPoolOptions::new()
+            let pool = pinged_when_idle(MySqlPoolOptions::new())
                 .max_connections(config.pool_max)
                 .acquire_timeout(config.connect_timeout)
                 // Fewer gap locks, so concurrent upserts of one key rarely deadlock.

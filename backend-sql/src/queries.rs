@@ -11,6 +11,10 @@ use crate::layout::create_table;
 /// "granted, with this fence" and "it was a re-entry".
 pub(crate) const MYSQL_REENTRY_FLAG: u64 = 1 << 62;
 
+/// Added to the ms left of another owner's lease, reported the same way
+/// when the name is held: a waiter looks again when it is due.
+pub(crate) const MYSQL_HELD_FLAG: u64 = 1 << 61;
+
 /// Statements for one dialect and table, built once per backend. The table
 /// name was validated as a plain identifier before it got here.
 #[derive(Debug, Clone)]
@@ -22,6 +26,7 @@ pub(crate) struct Queries {
     /// Renews a batch of leases in one statement, owner-checked. PostgreSQL:
     /// arrays of key hashes, owners and TTLs in ms, returning the key hash
     /// and owner of each lease renewed. The others: see [`renew_batch`].
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) renew_many: String,
     /// Sets the holder's value, owner-checked, leaving the lease alone
     /// (parameters: key hash, owner, value; on MySQL the value first).
@@ -209,6 +214,7 @@ fn mysql(t: &str) -> Queries {
     let us = MYSQL_NOW_US;
     let batch = SWEEP_BATCH;
     let flag = MYSQL_REENTRY_FLAG;
+    let held = MYSQL_HELD_FLAG;
     let mine = format!("(owner = VALUES(owner) AND expires_at > {now})");
     let free = format!("(owner IS NULL OR expires_at <= {now})");
     Queries {
@@ -220,7 +226,8 @@ fn mysql(t: &str) -> Queries {
         // outcome comes back in the OK packet through LAST_INSERT_ID(expr):
         // the clock's µs from the VALUES list on a fresh insert (evaluated on duplicates
         // too, hence the explicit reset), the new fence on takeover, the fence
-        // plus a flag on re-entry, and 0 when someone else holds the key.
+        // plus a flag on re-entry, and the ms left of the holder's lease
+        // plus another flag when someone else holds the key.
         acquire: format!(
             "INSERT INTO {t} (key_hash, lock_key, owner, holds, fence, expires_at, value)
              VALUES (?, ?, ?, 1, LAST_INSERT_ID({us}), {now} + ?, ?)
@@ -228,7 +235,7 @@ fn mysql(t: &str) -> Queries {
                 holds = IF({mine}, holds + 1, IF({free}, 1, holds)),
                 fence = IF({mine}, LAST_INSERT_ID(fence + {flag}) - {flag},
                         IF({free}, LAST_INSERT_ID(GREATEST(fence + 1, {us})),
-                           fence + LAST_INSERT_ID(0))),
+                           fence + LAST_INSERT_ID({held} + GREATEST(expires_at - {now}, 0)) * 0)),
                 value = IF({mine}, value, IF({free}, VALUES(value), value)),
                 owner = IF({mine} OR {free}, VALUES(owner), owner),
                 expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at)"
@@ -276,6 +283,7 @@ fn mysql(t: &str) -> Queries {
 /// SQLite returns the key hash and owner of each lease renewed. MySQL
 /// cannot return rows from an `UPDATE`: the count of leases matched (sqlx
 /// sets `CLIENT_FOUND_ROWS`) says whether all were renewed.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn renew_batch(dialect: Dialect, t: &str, n: usize) -> String {
     match dialect {
         Dialect::Sqlite => {

@@ -135,6 +135,12 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
         contended(&lockers, d),
     )
     .await?;
+    let procs = timed(
+        "contended, 2 processes",
+        d,
+        super::bench_procs::run(&lockers[0], &url, &run_key("processes"), d),
+    )
+    .await?;
     // Semaphores and read-write locks beside the mutex, one client each,
     // where the store has them.
     let mut claims = Vec::new();
@@ -208,6 +214,17 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
         percentile(&gaps, 0.99),
         lo * 100.0,
         hi * 100.0
+    );
+    println!(
+        "  {:<34} {:>8.0} locks/s  hand-off p50 {}  p99 {}  share {:.1}%/{:.1}%  (held {} ms, {} ms between turns)",
+        "contended, 2 processes, one key",
+        procs.rate,
+        percentile(&procs.handoffs, 0.50),
+        percentile(&procs.handoffs, 0.99),
+        procs.shares[0] * 100.0,
+        procs.shares[1] * 100.0,
+        super::bench_procs::HOLD.as_millis(),
+        super::bench_procs::THINK.as_millis()
     );
     match election {
         Some(e) => println!(

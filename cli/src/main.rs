@@ -14,6 +14,7 @@ use locksmith::{Error, WaitPolicy};
 
 mod bench;
 mod bench_election;
+mod bench_procs;
 mod check;
 mod demo;
 mod elect;
@@ -97,6 +98,9 @@ enum Command {
     /// Internal: kills a command's process group if `locksmith run` dies.
     #[command(name = "__watch-group", hide = true)]
     WatchGroup,
+    /// Internal: `bench`'s peer process, contending for its key.
+    #[command(name = "__bench-peer", hide = true)]
+    BenchPeer(BenchPeerArgs),
     /// N workers on separate connections contend for one lock around a
     /// read-modify-write of a shared counter; reports locks/s, hand-off
     /// latency and whether mutual exclusion held.
@@ -356,6 +360,17 @@ struct BenchArgs {
     ttl: Duration,
 }
 
+/// `__bench-peer`: what `bench` tells its peer process.
+#[derive(Args, Debug)]
+struct BenchPeerArgs {
+    #[arg(long)]
+    url: String,
+    #[arg(long)]
+    key: String,
+    #[arg(long, value_parser = duration)]
+    duration: Duration,
+}
+
 /// The exit status for an error that ends the command: the one table,
 /// [`locksmith::ErrorKind::exit_code`].
 pub(crate) fn exit_code(e: &Error) -> i32 {
@@ -442,6 +457,7 @@ fn run_command() -> i32 {
             Command::Elect(args) => elect::elect(args).await,
             Command::Leader(args) => elect::leader(args).await,
             Command::WatchGroup => Ok(group::watcher_main()),
+            Command::BenchPeer(args) => bench_procs::peer(args).await,
             Command::Check(args) => check::check(args).await,
             Command::Bench(args) => bench::bench(args).await,
         }

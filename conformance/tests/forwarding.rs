@@ -88,6 +88,9 @@ fn broken(defect: Defect, m: Method) -> Expect {
             Expect::As(Method::Release)
         }
         Method::Renew => Expect::Forwarded,
+        // The defect itself: a batch that looks who holds, and answers
+        // "renewed" for a holder (the recorder's) other than the caller.
+        Method::RenewMany if defect == Defect::BatchRenewsAnyHolder => Expect::As(Method::Inspect),
         Method::RenewMany => Expect::As(Method::Renew),
         Method::TryAcquireWaiting => Expect::As(Method::TryAcquire),
         // The defect itself: a waiter giving up is ignored.

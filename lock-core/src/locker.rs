@@ -29,6 +29,10 @@ const CLOSE_PATIENCE: Duration = Duration::from_secs(5);
 /// The shortest sleep between polling attempts.
 const MIN_POLL: Duration = Duration::from_millis(1);
 
+/// How long after a holder's lease is due a polling waiter looks: the
+/// store's clock and ours tick apart by about this much.
+const DUE_MARGIN: Duration = Duration::from_millis(2);
+
 /// The first and longest pause before a waiting acquire tries a store that
 /// was unreachable again: long enough not to hammer a store that is coming
 /// back (a ZooKeeper election, a PostgreSQL restart take seconds), short
@@ -589,10 +593,15 @@ impl Locker {
             // holder's lease could run out (or a queued waiter must refresh
             // its place); a watch that only hears this process's releases is
             // a hint beside the backoff, not instead of it.
+            // A polling waiter looks again no later than the holder's
+            // lease is due to end, where the store said when that is: a
+            // holder that died is taken over at its lease's end, not up to
+            // a whole poll later.
             let mut pause = if self.caps.notify && watch.is_some() {
                 retry_after.unwrap_or(opts.max_poll).max(MIN_POLL)
             } else {
-                backoff.next().unwrap_or(opts.max_poll)
+                let next = backoff.next().unwrap_or(opts.max_poll);
+                retry_after.map_or(next, |r| next.min((r + DUE_MARGIN).max(MIN_POLL)))
             };
             if attempts.marked {
                 // Renew the mark before it lapses and readers barge in; in
