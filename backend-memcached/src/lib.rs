@@ -132,6 +132,7 @@ mod clock;
 mod config;
 mod error;
 mod group;
+mod known;
 mod layout;
 mod node;
 mod rules;

@@ -13,13 +13,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use locksmith_core::backend::{
-    renew_one, Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
+    renew_one, Acquire, Capabilities, LockBackend, Release, Renew, RenewRequest,
 };
 use locksmith_core::{Claim, Error, LockKey, LockStatus, OwnerToken, Result, MAX_VALUE_LEN};
 use tokio::sync::watch;
 
 use crate::error::{self, unexpected};
 use crate::group::{GroupRenewal, GROUP_TRIES};
+use crate::known::{grant, KnownCas};
 use crate::layout::{encode, item_key, store_ttl, Body, Group, Holder, Item, CLOCK_LAG};
 use crate::wire::{self, Commands, Reply, Server};
 
@@ -33,7 +34,7 @@ const MAX_PIPELINE: usize = 256;
 
 /// One memcached server.
 pub(crate) struct Node {
-    server: Server,
+    pub(crate) server: Server,
     pub(crate) prefix: String,
     timeout: Duration,
     connect_timeout: Duration,
@@ -41,6 +42,8 @@ pub(crate) struct Node {
     alarm: Arc<watch::Sender<u64>>,
     /// The server's clock as last read, and when (see `clock.rs`).
     pub(crate) clock: std::sync::Mutex<Option<(u64, std::time::Instant)>>,
+    /// Our locks' last versions (see `known.rs`).
+    pub(crate) known: KnownCas,
 }
 
 impl fmt::Debug for Node {
@@ -68,6 +71,7 @@ impl Node {
             connect_timeout,
             alarm,
             clock: std::sync::Mutex::new(None),
+            known: KnownCas::default(),
         }
     }
 
@@ -193,10 +197,9 @@ impl LockBackend for Node {
         .await
     }
 
-    /// `add` first: one round trip when the lock is free. When it is not
-    /// (or the server is too full to store it), the item is read, and a
-    /// lock held by another owner is `Contended` whatever the server's
-    /// memory: a full server refuses new locks, never hands out a held one.
+    /// `add`, and a read of the item in the same round trip. A lock held by
+    /// another owner is `Contended` whatever the server's memory: a full
+    /// server refuses new locks, never hands out a held one.
     async fn try_acquire(
         &self,
         key: &LockKey,
@@ -210,26 +213,23 @@ impl LockBackend for Node {
         }
         self.bounded(async {
             for _ in 0..CAS_TRIES {
-                let full = match self
-                    .one(Commands::default().add(
-                        &k,
-                        &encode(owner, 1, owner.value()),
-                        store_ttl(ttl),
-                    ))
-                    .await?
-                {
+                // The read rides with the `add`: our new item's CAS for a
+                // fast release, or the holder, in one round trip.
+                let mut c = Commands::default();
+                c.add(&k, &encode(owner, 1, owner.value()), store_ttl(ttl))
+                    .get(&k);
+                let (added, read, opened) = self.write_and_read(&c).await?;
+                let read = self.item(&k, read)?;
+                let full = match added {
                     Reply::Stored => {
-                        return Ok(Acquire::Acquired(Grant {
-                            fence: None,
-                            holds: 1,
-                            lease: None,
-                        }))
+                        self.known.note(&k, owner, 1, read.as_ref(), opened);
+                        return Ok(grant(1));
                     }
                     Reply::NotStored => None,
                     Reply::OutOfMemory(m) => Some(m),
                     other => return Err(unexpected(&other)),
                 };
-                let Some(item) = self.read(&k).await? else {
+                let Some(item) = read else {
                     if let Some(m) = full {
                         return Err(self.full_alarm(&m));
                     }
@@ -253,21 +253,15 @@ impl LockBackend for Node {
                 // Re-entry: one more hold, and the lease extended; the
                 // value stays (a re-entry is no new grant).
                 let holds = holder.holds.saturating_add(1);
-                match self
-                    .one(Commands::default().cas(
-                        &k,
-                        &encode(owner, holds, holder.value.as_deref()),
-                        store_ttl(ttl),
-                        item.cas,
-                    ))
-                    .await?
-                {
+                let mut c = Commands::default();
+                let data = encode(owner, holds, holder.value.as_deref());
+                c.cas(&k, &data, store_ttl(ttl), item.cas).get(&k);
+                let (stored, read, opened) = self.write_and_read(&c).await?;
+                match stored {
                     Reply::Stored => {
-                        return Ok(Acquire::Acquired(Grant {
-                            fence: None,
-                            holds,
-                            lease: None,
-                        }))
+                        let read = self.item(&k, read).ok().flatten();
+                        self.known.note(&k, owner, holds, read.as_ref(), opened);
+                        return Ok(grant(holds));
                     }
                     Reply::Exists | Reply::NotFound => {}
                     Reply::OutOfMemory(m) => return Err(self.full_alarm(&m)),
@@ -287,6 +281,11 @@ impl LockBackend for Node {
             return self.bounded(self.group_release(key, &k, owner)).await;
         }
         self.bounded(async {
+            match self.release_known(&k, owner).await? {
+                Some(true) => return Ok(Release::Freed),
+                Some(false) => return Ok(Release::NotHeld),
+                None => {}
+            }
             for _ in 0..CAS_TRIES {
                 let Some(item) = self.read(&k).await? else {
                     return Ok(Release::NotHeld);
@@ -353,6 +352,7 @@ impl LockBackend for Node {
             .iter()
             .map(|r| Self::check_ttl(r.ttl).err().map(Err))
             .collect();
+        self.renew_known(requests, &keys, &mut results).await;
         let mut pending: Vec<usize> = (0..requests.len())
             .filter(|&i| results[i].is_none())
             .collect();

@@ -2,6 +2,10 @@
 //! connections to one server, each carrying one exchange at a time, and
 //! exchanges that send many commands in one write (pipelined).
 //!
+//! Each connection keeps its place in the order they were opened, so a
+//! CAS value a server process answered is used again only over
+//! connections that a restart of it would have broken (`known.rs`).
+//!
 //! Only the commands whose failure cannot remove a live lock are sent
 //! (see the crate docs, "A full server"): `add` and `cas` (classic
 //! commands, which leave the item alone when they cannot allocate; the meta
@@ -185,6 +189,8 @@ pub(crate) fn fits(ttl: Duration) -> bool {
 /// One open connection.
 struct Conn {
     stream: BufReader<TcpStream>,
+    /// Its place in the order connections to this server were opened.
+    serial: u64,
 }
 
 impl Conn {
@@ -320,6 +326,8 @@ pub(crate) struct Server {
     connect_timeout: Duration,
     permits: Semaphore,
     idle: std::sync::Mutex<Vec<Conn>>,
+    /// Connections opened so far.
+    dials: std::sync::atomic::AtomicU64,
 }
 
 impl Server {
@@ -335,6 +343,7 @@ impl Server {
             connect_timeout,
             permits: Semaphore::new(connections.max(1)),
             idle: std::sync::Mutex::new(Vec::new()),
+            dials: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -351,15 +360,19 @@ impl Server {
             Err(_) => return Err(Failure::DialTimeout(self.connect_timeout)),
         };
         let _ = stream.set_nodelay(true);
+        let serial = self.dials.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         Ok(Conn {
             stream: BufReader::new(stream),
+            serial,
         })
     }
 
-    /// An idle connection still fit for use, if any.
-    fn idle(&self) -> Option<Conn> {
+    /// An idle connection still fit for use, if any, opened no later than
+    /// the `bound`th.
+    fn idle(&self, bound: u64) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some(c) = idle.pop() {
+        while let Some(at) = idle.iter().rposition(|c| c.serial <= bound) {
+            let c = idle.swap_remove(at);
             if c.reusable() {
                 return Some(c);
             }
@@ -375,11 +388,50 @@ impl Server {
         &self,
         commands: &Commands,
     ) -> std::result::Result<Vec<Reply>, Failure> {
+        self.exchange_noting(commands).await.map(|(r, _)| r)
+    }
+
+    /// [`exchange`](Self::exchange), and how many connections had been
+    /// opened when it was sent: any of them still open later reaches this
+    /// same server process, or one that came before it and is gone, never
+    /// one started since. What the server answered (a CAS value) may be
+    /// relied on over those connections only ([`exchange_within`](Self::exchange_within)).
+    pub(crate) async fn exchange_noting(
+        &self,
+        commands: &Commands,
+    ) -> std::result::Result<(Vec<Reply>, u64), Failure> {
         let _permit = self.permits.acquire().await.map_err(|_| Failure::Closed)?;
-        let mut conn = match self.idle() {
+        let conn = match self.idle(u64::MAX) {
             Some(c) => c,
             None => self.dial().await?,
         };
+        let opened = self.dials.load(std::sync::atomic::Ordering::SeqCst);
+        self.run(conn, commands).await.map(|r| (r, opened))
+    }
+
+    /// [`exchange_noting`](Self::exchange_noting) over a connection among
+    /// the first `bound` opened, if one is idle; `None` (nothing sent)
+    /// if not. A server restarted since breaks such a connection, so a
+    /// CAS value it answered before cannot meet the same number given to
+    /// another item by the new server process.
+    pub(crate) async fn exchange_within(
+        &self,
+        commands: &Commands,
+        bound: u64,
+    ) -> std::result::Result<Option<(Vec<Reply>, u64)>, Failure> {
+        let _permit = self.permits.acquire().await.map_err(|_| Failure::Closed)?;
+        let Some(conn) = self.idle(bound) else {
+            return Ok(None);
+        };
+        let opened = self.dials.load(std::sync::atomic::Ordering::SeqCst);
+        self.run(conn, commands).await.map(|r| Some((r, opened)))
+    }
+
+    async fn run(
+        &self,
+        mut conn: Conn,
+        commands: &Commands,
+    ) -> std::result::Result<Vec<Reply>, Failure> {
         match tokio::time::timeout(self.timeout, conn.exchange(commands)).await {
             Ok(Ok(replies)) => {
                 self.idle

@@ -275,3 +275,46 @@ async fn a_rolling_restart_of_the_quorum_keeps_the_lock() {
     );
     guard.release().await.expect("release");
 }
+
+/// A restarted server counts CAS values from the start again, and may give
+/// the next holder's item the very number the old holder remembers from
+/// its own write. The old holder's renewal and release, which skip the
+/// read when they know their item's version, must not take that number
+/// for theirs: `NotHeld`, and the new holder's item untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cas_remembered_from_before_a_restart_changes_nothing() {
+    let mut own = OwnServer::start(free_port(), 64);
+    let url = format!("memcache://{}?prefix=rs:", own.addr());
+    let ttl = Duration::from_secs(30);
+    let (renewed, released) = (LockKey::new("k1").unwrap(), LockKey::new("k2").unwrap());
+    let (old, new) = (OwnerToken::generate(), OwnerToken::generate());
+    let a = MemcachedBackend::connect(&url).unwrap();
+    for k in [&renewed, &released] {
+        assert!(acquired(&a.try_acquire(k, &old, ttl).await.unwrap()));
+    }
+    let before = [
+        raw_item(&own.addr(), "rs:k1").await.unwrap().1,
+        raw_item(&own.addr(), "rs:k2").await.unwrap().1,
+    ];
+    own.restart();
+    let b = MemcachedBackend::connect(&url).unwrap();
+    for k in [&renewed, &released] {
+        assert!(acquired(&b.try_acquire(k, &new, ttl).await.unwrap()));
+    }
+    let after = [
+        raw_item(&own.addr(), "rs:k1").await.unwrap(),
+        raw_item(&own.addr(), "rs:k2").await.unwrap(),
+    ];
+    assert_eq!(
+        before,
+        [after[0].1, after[1].1],
+        "the restarted server gave other CAS values: this test shows nothing"
+    );
+    assert_eq!(a.renew(&renewed, &old, ttl).await.unwrap(), Renew::NotHeld);
+    assert_eq!(a.release(&released, &old).await.unwrap(), Release::NotHeld);
+    let now = [
+        raw_item(&own.addr(), "rs:k1").await.unwrap(),
+        raw_item(&own.addr(), "rs:k2").await.unwrap(),
+    ];
+    assert_eq!(now, after, "the old holder changed the new holder's items");
+}
