@@ -15,9 +15,11 @@ use crate::backend::SqlBackend;
 use crate::error::is_mysql_conflict;
 use crate::error::map_err;
 use crate::layout::key_hash;
-use crate::node::Pool;
+#[cfg(feature = "postgres")]
+use crate::node::dial;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-use crate::node::{dial, Dedicated};
+use crate::node::Dedicated;
+use crate::node::Pool;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use crate::queries::renew_batch;
 use crate::queries::ttl_ms;
@@ -279,24 +281,17 @@ impl SqlBackend {
                     .bind(&hashes)
                     .bind(rows.iter().map(|(_, o, _)| *o).collect::<Vec<_>>())
                     .bind(rows.iter().map(|(_, _, t)| ttl_ms(*t)).collect::<Vec<_>>());
+                // Out of its slot while in use: a batch cut off (the
+                // watchdog's timeout) or failed drops it, and the next one
+                // dials afresh rather than write to a dead connection.
                 let mut slot = self.inner.renewer.0.lock().await;
-                let conn = match slot.take() {
+                let mut c = match slot.take() {
                     Some(Dedicated::Pg(c)) => c,
                     _ => dial(p, config.connect_timeout).await?,
                 };
-                let conn = slot.insert(Dedicated::Pg(conn));
-                #[allow(irrefutable_let_patterns)]
-                let Dedicated::Pg(c) = conn
-                else {
-                    unreachable!("just set")
-                };
-                match q.fetch_all(&mut *c).await {
-                    Ok(rows) => rows,
-                    Err(e) => {
-                        *slot = None;
-                        return Err(map_err(e));
-                    }
-                }
+                let rows = q.fetch_all(&mut c).await.map_err(map_err)?;
+                *slot = Some(Dedicated::Pg(c));
+                rows
             }
             #[cfg(feature = "sqlite")]
             Pool::Sqlite(p) => {
@@ -315,21 +310,12 @@ impl SqlBackend {
                     q = q.bind(hash).bind(*owner).bind(ttl_ms(*ttl));
                 }
                 let mut slot = self.inner.renewer.0.lock().await;
-                let conn = match slot.take() {
+                let mut c = match slot.take() {
                     Some(Dedicated::My(c)) => c,
-                    _ => dial(p, config.connect_timeout).await?,
+                    _ => crate::node::dial_mysql(p, config.connect_timeout).await?,
                 };
-                #[allow(irrefutable_let_patterns)]
-                let Dedicated::My(c) = slot.insert(Dedicated::My(conn)) else {
-                    unreachable!("just set")
-                };
-                let matched = match q.execute(&mut *c).await {
-                    Ok(done) => done.rows_affected(),
-                    Err(e) => {
-                        *slot = None;
-                        return Err(map_err(e));
-                    }
-                };
+                let matched = q.execute(&mut c).await.map_err(map_err)?.rows_affected();
+                *slot = Some(Dedicated::My(c));
                 drop(slot);
                 let distinct: HashSet<(&String, &str)> =
                     hashes.iter().zip(rows.iter().map(|(_, o, _)| *o)).collect();

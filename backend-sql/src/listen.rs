@@ -7,7 +7,7 @@
 //! waiter here to look at once.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Mutex, Weak};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
@@ -30,9 +30,6 @@ pub(crate) struct Remote {
     connect_timeout: Duration,
     task: Mutex<Option<mpsc::UnboundedSender<Ask>>>,
     scope: Mutex<Weak<LocalReleases>>,
-    /// The channels listened on, with their waiters' count: what a new
-    /// task listens on first.
-    wanted: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 /// Listening on one channel; dropping it stops (once no one else here waits
@@ -60,7 +57,6 @@ impl Remote {
             connect_timeout,
             task: Mutex::new(None),
             scope: Mutex::new(Weak::new()),
-            wanted: Arc::default(),
         }
     }
 
@@ -82,13 +78,7 @@ impl Remote {
                 let runtime = tokio::runtime::Handle::try_current().ok()?;
                 let (tx, rx) = mpsc::unbounded_channel();
                 let scope = self.scope.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                runtime.spawn(run(
-                    self.opts.clone(),
-                    self.connect_timeout,
-                    rx,
-                    scope,
-                    self.wanted.clone(),
-                ));
+                runtime.spawn(run(self.opts.clone(), self.connect_timeout, rx, scope));
                 *task = Some(tx.clone());
                 tx
             }
@@ -109,14 +99,16 @@ enum Event {
 
 /// The listening task: (re)connects, keeps `LISTEN` in step with the
 /// channels wanted, and wakes the waiters of each channel it hears. Ends
-/// when every backend of the scope is gone.
+/// when every backend of the scope is gone. The counts of waiters per
+/// channel are its own: a task started again (its runtime gone) counts
+/// afresh, and waiters listening through the old one poll.
 async fn run(
     opts: PgConnectOptions,
     connect_timeout: Duration,
     mut asks: mpsc::UnboundedReceiver<Ask>,
     scope: Weak<LocalReleases>,
-    wanted: Arc<Mutex<HashMap<String, usize>>>,
 ) {
+    let wanted: Mutex<HashMap<String, usize>> = Mutex::default();
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(connect_timeout)

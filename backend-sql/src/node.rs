@@ -126,6 +126,23 @@ pub(crate) async fn dial<DB: sqlx::Database>(
     }
 }
 
+/// [`dial`] for MySQL, set up as the pool's connections are.
+#[cfg(feature = "mysql")]
+pub(crate) async fn dial_mysql(
+    pool: &sqlx::MySqlPool,
+    within: Duration,
+) -> Result<sqlx::MySqlConnection> {
+    let mut c = dial(pool, within).await?;
+    sqlx::Executor::execute(&mut c, MYSQL_SESSION)
+        .await
+        .map_err(map_err)?;
+    Ok(c)
+}
+
+/// Fewer gap locks, so concurrent upserts of one key rarely deadlock.
+#[cfg(feature = "mysql")]
+const MYSQL_SESSION: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
 /// Builds the pool for a dialect, and a scope naming the database so that
 /// backends of one process on one database share release notifications.
 pub(crate) fn open_pool(config: &SqlConfig) -> Result<(Pool, String)> {
@@ -171,13 +188,8 @@ pub(crate) fn open_pool(config: &SqlConfig) -> Result<(Pool, String)> {
             let pool = pinged_when_idle(MySqlPoolOptions::new())
                 .max_connections(config.pool_max)
                 .acquire_timeout(config.connect_timeout)
-                // Fewer gap locks, so concurrent upserts of one key rarely deadlock.
                 .after_connect(|conn, _| {
-                    Box::pin(async move {
-                        conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                            .await
-                            .map(|_| ())
-                    })
+                    Box::pin(async move { conn.execute(MYSQL_SESSION).await.map(|_| ()) })
                 })
                 .connect_lazy_with(opts);
             Ok((Pool::MySql(pool), config.url.expose().to_owned()))

@@ -1,8 +1,8 @@
 //! `locksmith-bench memcached`: our memcached locks beside Python sherlock's
 //! `MCLock` and pymemcache's bare `add`/`delete` (run as subprocesses,
 //! `bench/mc_sherlock.py`), and the floor: the same commands our backend
-//! sends (`add` to take, `mg v c` then `md C` to give back), written raw on
-//! one socket.
+//! sends (`add` and `mg v c` in one write to take, `md C` to give back),
+//! written raw on one socket: two round trips.
 
 use std::time::Duration;
 
@@ -40,14 +40,20 @@ async fn ask(conn: &mut BufReader<TcpStream>, command: &str) -> String {
     reply
 }
 
+/// The floor our owner-checked lock can reach: two round trips, the
+/// `add` and a read of its CAS in one write, then `md` over that CAS.
 async fn raw_pairs(conn: &mut BufReader<TcpStream>, key: &str, iterations: u32) {
     let owner = OwnerToken::generate();
     let value = format!("{} 1", owner.as_str());
-    let add = format!("add {key} 0 31 {}\r\n{value}\r\n", value.len());
-    let get = format!("mg {key} v c\r\n");
+    let add = format!(
+        "add {key} 0 31 {}\r\n{value}\r\nmg {key} v c\r\n",
+        value.len()
+    );
     for _ in 0..iterations {
         assert_eq!(ask(conn, &add).await, "STORED\r\n", "uncontended");
-        let got = ask(conn, &get).await;
+        let mut got = String::new();
+        conn.read_line(&mut got).await.expect("read");
+        conn.read_line(&mut got).await.expect("read");
         assert!(got.ends_with(&format!("{value}\r\n")), "{got:?}");
         let cas = got
             .split_whitespace()
@@ -109,7 +115,7 @@ pub(crate) async fn run(
     uncontended_table(
         "sherlock",
         &[
-            "raw add; mg v c + md C (floor)",
+            "raw add + mg v c; md C (floor)",
             "sherlock MCLock",
             "pymemcache add/delete (unsafe)",
             "MemcachedBackend",

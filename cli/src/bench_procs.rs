@@ -88,8 +88,9 @@ pub(crate) async fn run(locker: &Locker, url: &str, key: &str, d: Duration) -> R
     let exe = std::env::current_exe()
         .map_err(|e| Error::backend(format!("cannot find this program to start a peer: {e}")))?;
     let mut child = tokio::process::Command::new(exe)
-        .args(["__bench-peer", "--url", url, "--key", key, "--duration"])
+        .args(["__bench-peer", "--key", key, "--duration"])
         .arg(humantime::format_duration(d).to_string())
+        .env("LOCKSMITH_URL", url)
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()

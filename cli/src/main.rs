@@ -363,7 +363,8 @@ struct BenchArgs {
 /// `__bench-peer`: what `bench` tells its peer process.
 #[derive(Args, Debug)]
 struct BenchPeerArgs {
-    #[arg(long)]
+    /// From the environment: a command line can be read by other users.
+    #[arg(long, env = "LOCKSMITH_URL", hide_env_values = true)]
     url: String,
     #[arg(long)]
     key: String,

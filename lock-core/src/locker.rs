@@ -499,7 +499,9 @@ impl Locker {
             match self.subscribe(&mut attempts).await {
                 Ok(w) => watch = w,
                 Err(e) => {
-                    outage.ride(e, &key, give_up, &mut attempts).await?;
+                    outage
+                        .ride(e, &key, give_up, &mut attempts, &self.watchdog)
+                        .await?;
                     subscribed = false;
                 }
             }
@@ -523,7 +525,9 @@ impl Locker {
                 match self.subscribe(&mut attempts).await {
                     Ok(w) => watch = w,
                     Err(e) => {
-                        outage.ride(e, &key, give_up, &mut attempts).await?;
+                        outage
+                            .ride(e, &key, give_up, &mut attempts, &self.watchdog)
+                            .await?;
                         subscribed = false;
                         continue;
                     }
@@ -533,11 +537,21 @@ impl Locker {
             let attempt = match attempts.attempt(opts.ttl).await {
                 Ok(a) => {
                     outage.over(&key);
+                    attempts.settle().await;
                     a
                 }
                 Err(e) => {
-                    outage.ride(e, &key, give_up, &mut attempts).await?;
+                    let ride = outage
+                        .ride(e, &key, give_up, &mut attempts, &self.watchdog)
+                        .await?;
                     owner = attempts.owner.clone();
+                    if ride == Ride::Requeue {
+                        // The old subscription and its grants were the
+                        // retired owner's.
+                        watch = None;
+                        subscribed = false;
+                        queued_at = None;
+                    }
                     continue;
                 }
             };
@@ -578,7 +592,9 @@ impl Locker {
                 watch = match self.subscribe(&mut attempts).await {
                     Ok(w) => w,
                     Err(e) => {
-                        outage.ride(e, &key, give_up, &mut attempts).await?;
+                        outage
+                            .ride(e, &key, give_up, &mut attempts, &self.watchdog)
+                            .await?;
                         subscribed = false;
                         continue;
                     }
@@ -594,14 +610,20 @@ impl Locker {
             // its place); a watch that only hears this process's releases is
             // a hint beside the backoff, not instead of it.
             // A polling waiter looks again no later than the holder's
-            // lease is due to end, where the store said when that is: a
-            // holder that died is taken over at its lease's end, not up to
-            // a whole poll later.
+            // lease is due to end, where the store says when that is to the
+            // millisecond: a holder that died is taken over at its lease's
+            // end, not up to a whole poll later. (A store that counts whole
+            // seconds would have it poll through the last one.)
             let mut pause = if self.caps.notify && watch.is_some() {
                 retry_after.unwrap_or(opts.max_poll).max(MIN_POLL)
             } else {
                 let next = backoff.next().unwrap_or(opts.max_poll);
-                retry_after.map_or(next, |r| next.min((r + DUE_MARGIN).max(MIN_POLL)))
+                match retry_after {
+                    Some(r) if self.caps.ttl_resolution <= DUE_MARGIN => {
+                        next.min((r + DUE_MARGIN).max(MIN_POLL))
+                    }
+                    _ => next,
+                }
             };
             if attempts.marked {
                 // Renew the mark before it lapses and readers barge in; in
@@ -765,6 +787,28 @@ struct Attempts {
     request: Option<BoxFuture<'static, Result<Acquire>>>,
     /// An attempt failed without an answer: it may have been granted.
     uncertain: bool,
+    /// Owners given up after an outage, still to undo.
+    retired: Vec<Retired>,
+}
+
+/// An owner a waiting acquire gave up after an attempt of it failed unseen.
+#[derive(Debug)]
+struct Retired {
+    owner: OwnerToken,
+    ticket: OwnerToken,
+    /// It may be queued, or have left a writer's mark.
+    queue: bool,
+}
+
+impl Retired {
+    /// Releases whatever it may hold and leaves its place.
+    async fn undo(&self, backend: &dyn LockBackend, key: &LockKey) -> Result<()> {
+        backend.release(key, &self.owner).await?;
+        if self.queue {
+            backend.abandon(key, &self.owner, &self.ticket).await?;
+        }
+        Ok(())
+    }
 }
 
 impl Attempts {
@@ -787,6 +831,7 @@ impl Attempts {
             may_mark: false,
             request: None,
             uncertain: false,
+            retired: Vec::new(),
         }
     }
 
@@ -813,19 +858,42 @@ impl Attempts {
         })
     }
 
-    /// Undoes, in the background, whatever the last attempt may have been
-    /// granted unseen, and goes on under a fresh owner with the same claim.
-    fn redraw_owner(&mut self) {
+    /// Retires the owner whose last attempt may have been granted unseen
+    /// (and its ticket, if it may be queued or have left a mark), and goes
+    /// on under a fresh owner with the same claim. The retired ones are
+    /// undone once the store answers again ([`settle`](Self::settle)), or
+    /// in the background when the acquire ends.
+    fn redraw_owner(&mut self) -> Ride {
+        let queue = self.queued || self.marked || self.may_mark;
         let fresh = self.owner.redrawn();
-        let old = std::mem::replace(&mut self.owner, fresh);
-        let (backend, key) = (self.backend.clone(), self.key.clone());
-        self.background.spawn(async move {
-            let undo = retry_briefly(|| async { backend.release(&key, &old).await.map(drop) });
-            if let Err(e) = undo.await {
-                tracing::warn!(key = %key, error = %e.chain(),
-                    "could not undo an attempt cut off by an outage; if it was granted, the lock frees at its TTL");
-            }
+        let owner = std::mem::replace(&mut self.owner, fresh);
+        let ticket = if queue {
+            self.queued = false;
+            self.marked = false;
+            std::mem::replace(&mut self.ticket, OwnerToken::generate())
+        } else {
+            self.ticket.clone()
+        };
+        self.retired.push(Retired {
+            owner,
+            ticket,
+            queue,
         });
+        if queue {
+            Ride::Requeue
+        } else {
+            Ride::Same
+        }
+    }
+
+    /// Undoes the retired owners now that the store answers: their holds
+    /// released, their places left. One that fails stays for later.
+    async fn settle(&mut self) {
+        for r in std::mem::take(&mut self.retired) {
+            if r.undo(&*self.backend, &self.key).await.is_err() {
+                self.retired.push(r);
+            }
+        }
     }
 
     /// The lock is ours: nothing to undo.
@@ -853,6 +921,15 @@ impl Attempts {
 
 impl Drop for Attempts {
     fn drop(&mut self) {
+        for r in std::mem::take(&mut self.retired) {
+            let (backend, key) = (self.backend.clone(), self.key.clone());
+            self.background.spawn(async move {
+                if let Err(e) = retry_briefly(|| r.undo(&*backend, &key)).await {
+                    tracing::warn!(key = %key, error = %e.chain(),
+                        "could not undo an attempt cut off by an outage; if it was granted, the lock frees at its TTL");
+                }
+            });
+        }
         let request = self.request.take();
         let undo = self.fresh_owner && self.uncertain;
         if request.is_none() && !self.queued && !self.marked && !undo {
@@ -905,6 +982,16 @@ struct Outage {
     pause: Duration,
 }
 
+/// How a waiting acquire goes on after an outage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ride {
+    /// As before.
+    Same,
+    /// Under a fresh owner, queued afresh: the old subscription and any
+    /// grant it delivers were the retired owner's.
+    Requeue,
+}
+
 impl Outage {
     fn new(rides: bool) -> Self {
         Outage {
@@ -915,19 +1002,21 @@ impl Outage {
     }
 
     /// Returns `error` unless it is worth waiting out and the wait has time
-    /// left; else sleeps (no further than `give_up`) and returns `Ok`. An
-    /// attempt that may have been granted unseen is undone in the
-    /// background, and the acquire goes on under a fresh owner, so the undo
-    /// cannot take away the hold it goes on to get; an owner the caller
-    /// chose cannot be swapped, so its acquire reports the error instead (a
-    /// retry could add a hold it does not know of).
+    /// left; else sleeps (no further than `give_up`) and says how to go on.
+    /// An attempt that may have been granted unseen is retired: the acquire
+    /// goes on under a fresh owner (and, if it was queued, a fresh ticket),
+    /// so undoing the old one cannot take away the hold it goes on to get,
+    /// and a hand-off to the old one cannot be mistaken for its own. An
+    /// owner the caller chose cannot be swapped, so its acquire reports the
+    /// error instead (a retry could add a hold it does not know of).
     async fn ride(
         &mut self,
         error: Error,
         key: &LockKey,
         give_up: Option<Instant>,
         attempts: &mut Attempts,
-    ) -> Result<()> {
+        closed: &Watchdog,
+    ) -> Result<Ride> {
         let retryable = error.kind() == ErrorKind::Unavailable;
         let uncertain = std::mem::take(&mut attempts.uncertain);
         let swappable = attempts.fresh_owner || !uncertain;
@@ -939,9 +1028,11 @@ impl Outage {
             attempts.uncertain = uncertain;
             return Err(error);
         }
-        if uncertain {
-            attempts.redraw_owner();
-        }
+        let ride = if uncertain {
+            attempts.redraw_owner()
+        } else {
+            Ride::Same
+        };
         match self.since {
             None => {
                 self.since = Some(now);
@@ -957,8 +1048,11 @@ impl Outage {
             .mul_f64(jitter)
             .min(left.unwrap_or(Duration::MAX));
         self.pause = (self.pause * 2).min(OUTAGE_PAUSE.1);
-        tokio::time::sleep(pause).await;
-        Ok(())
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = closed.closed() => {}
+        }
+        Ok(ride)
     }
 
     /// The store answered again.

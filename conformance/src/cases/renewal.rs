@@ -54,7 +54,7 @@ pub async fn renewal_watchdog_keeps_lock(h: &dyn Harness) -> Result<()> {
 }
 
 /// A batch of renewals answers for each lease on its own: every lease the
-/// owner holds is renewed, however many (more than one statement's worth
+/// owner holds is renewed (past the lease it was taken for), however many (more than one statement's worth
 /// where a store batches by the hundred), and a lease it released, one
 /// another owner holds and one never taken are `NotHeld`, the other
 /// owner's hold untouched and the untaken name left free.
@@ -68,7 +68,10 @@ pub async fn a_renewal_batch_answers_for_each_lease(h: &dyn Harness) -> Result<(
         Binding::Lease => 120,
     };
     let held: Vec<LockKey> = (0..n).map(|i| key(case, &format!("mine-{i}"))).collect();
-    let taken = futures::future::join_all(held.iter().map(|k| acquired(&*a, k, &mine, LONG_TTL)));
+    // Taken for a lease the batch must extend, long enough to take them all.
+    let caps = a.capabilities();
+    let first = short_ttl(&caps).max(Duration::from_secs(3));
+    let taken = futures::future::join_all(held.iter().map(|k| acquired(&*a, k, &mine, first)));
     for t in taken.await {
         t?;
     }
@@ -121,6 +124,12 @@ pub async fn a_renewal_batch_answers_for_each_lease(h: &dyn Harness) -> Result<(
         match answer {
             Ok(got) => ensure!(got == want, "{:?}: {got:?}, not {want:?}", r.key),
             Err(e) => bail!("{:?}: {e}", r.key),
+        }
+    }
+    if caps.binding == Binding::Lease {
+        tokio::time::sleep(past_expiry(&caps, first)).await;
+        for k in [&held[0], &held[n - 1]] {
+            contended(&*b, k, "renewed by the batch past its first lease").await?;
         }
     }
     contended(&*a, &other, "its owner's hold, untouched by a batch").await?;
