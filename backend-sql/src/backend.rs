@@ -25,7 +25,8 @@ use crate::queries::{ttl_ms, Queries, SWEEP_BATCH};
 /// The statements of lease mode. Parameters: acquire (key hash, key, owner,
 /// TTL in ms, the value a first grant writes or `NULL`); release (key hash,
 /// owner; on PostgreSQL also the channel that a release freeing the name
-/// notifies); renew (key hash, owner, TTL in ms; on MySQL the TTL comes
+/// notifies if someone waits, and the advisory lock key waiters hold
+/// shared); renew (key hash, owner, TTL in ms; on MySQL the TTL comes
 /// first). The key hash is the lowercase hex SHA-256 of the key.
 #[derive(Debug, Clone)]
 pub struct LeaseStatements {
@@ -247,10 +248,15 @@ impl SqlBackend {
         #[cfg(feature = "postgres")]
         #[allow(irrefutable_let_patterns)]
         if let Pool::Postgres(p) = &self.inner.pool {
-            let sent = sqlx::query("SELECT pg_notify($1, '')")
-                .bind(self.inner.local.channel(key))
-                .execute(p)
-                .await;
+            let channel = self.inner.local.channel(key);
+            let sent = sqlx::query(
+                "SELECT CASE WHEN NOT pg_try_advisory_xact_lock($2)
+                             THEN pg_notify($1, '') IS NULL END",
+            )
+            .bind(&channel)
+            .bind(crate::notify::waited_key(&channel))
+            .execute(p)
+            .await;
             if let Err(e) = sent {
                 tracing::debug!(key = %key, error = %e, "release not announced; waiters poll");
             }

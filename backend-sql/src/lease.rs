@@ -184,6 +184,7 @@ impl SqlBackend {
                 .bind(key_hash(key))
                 .bind(owner)
                 .bind(self.inner.local.channel(key))
+                .bind(crate::notify::waited_key(&self.inner.local.channel(key)))
                 .fetch_optional(p)
                 .await
                 .map_err(map_err)?,

@@ -1,7 +1,10 @@
 //! PostgreSQL `LISTEN`: one connection per database and table in a process
 //! listens on the channel of every name a waiter here waits for, and wakes
 //! them when a release anywhere sends `NOTIFY` (the release statement does,
-//! in the same round trip). Polling stays beside it as the fallback: a
+//! in the same round trip). It also holds a shared advisory lock per name
+//! waited on, which the release looks for first: a release nobody waits
+//! for sends nothing (a `NOTIFY`'s commit is serialized database-wide;
+//! unconditional, it halved 8 clients' release rate). Polling stays beside it as the fallback: a
 //! notification lost with the connection, or a lease that simply ran out,
 //! is found at the next poll as before, and a lost connection wakes every
 //! waiter here to look at once.
@@ -13,7 +16,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::mpsc;
 
-use crate::notify::LocalReleases;
+use crate::notify::{waited_key, LocalReleases};
 
 /// What the listening task is asked to do.
 #[derive(Debug)]
@@ -157,8 +160,8 @@ async fn run(
             Event::Asked(Some(ask)) => {
                 let change = count(&wanted, &ask);
                 let done = match (change, &ask) {
-                    (Some(true), Ask::Listen(c)) => l.listen(c).await,
-                    (Some(false), Ask::Unlisten(c)) => l.unlisten(c).await,
+                    (Some(true), Ask::Listen(c)) => listen(l, c).await,
+                    (Some(false), Ask::Unlisten(c)) => unlisten(l, c).await,
                     _ => Ok(()),
                 };
                 if let Err(e) = done {
@@ -168,9 +171,12 @@ async fn run(
                 }
             }
             Event::Heard(Ok(Some(channel))) => scope.wake(&channel),
-            // Lost and connected again (listening as before): what was sent
-            // meanwhile is lost, so every waiter looks now.
-            Event::Heard(Ok(None)) => scope.wake_all(),
+            // Lost: what was sent meanwhile is lost, so every waiter looks
+            // now, and a new connection listens and marks the names again.
+            Event::Heard(Ok(None)) => {
+                listener = None;
+                scope.wake_all();
+            }
             Event::Heard(Err(e)) => {
                 tracing::debug!(error = %e, "the listening connection failed; connecting again");
                 listener = None;
@@ -209,15 +215,36 @@ async fn connect(
     wanted: &Mutex<HashMap<String, usize>>,
 ) -> Result<PgListener, sqlx::Error> {
     let mut l = PgListener::connect_with(pool).await?;
-    // Its own reconnects (after `Ok(None)`) listen again by themselves.
+    // A lost connection is replaced here, where the names are marked again.
+    l.eager_reconnect(false);
     let channels: Vec<String> = wanted
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .keys()
         .cloned()
         .collect();
-    if !channels.is_empty() {
-        l.listen_all(channels.iter().map(String::as_str)).await?;
+    for c in &channels {
+        listen(&mut l, c).await?;
     }
     Ok(l)
+}
+
+/// Listens on `channel`, and marks it waited on (the shared advisory lock
+/// a release looks for before it notifies; see `notify::waited_key`).
+async fn listen(l: &mut PgListener, channel: &str) -> Result<(), sqlx::Error> {
+    l.listen(channel).await?;
+    sqlx::query("SELECT pg_advisory_lock_shared($1)")
+        .bind(waited_key(channel))
+        .execute(&mut *l)
+        .await
+        .map(drop)
+}
+
+/// Stops listening on `channel`, and takes its mark away.
+async fn unlisten(l: &mut PgListener, channel: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_unlock_shared($1)")
+        .bind(waited_key(channel))
+        .execute(&mut *l)
+        .await?;
+    l.unlisten(channel).await
 }

@@ -26,6 +26,18 @@ pub(crate) fn channel(table: &str, key: &LockKey) -> String {
     format!("locksmith_{}", &hex::encode(h.finalize())[..40])
 }
 
+/// The advisory lock key that marks `channel` as waited on: a listening
+/// connection holds it shared while anyone in its process waits, and a
+/// release notifies only if it cannot take it exclusively (someone
+/// waits), so a lock nobody waits for costs no `NOTIFY`, whose commit
+/// PostgreSQL serializes database-wide.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn waited_key(channel: &str) -> i64 {
+    let hex = channel.strip_prefix("locksmith_").unwrap_or(channel);
+    // 64 bits of the channel's hash, read as the signed key PostgreSQL takes.
+    u64::from_str_radix(hex.get(..16).unwrap_or("0"), 16).unwrap_or(0) as i64
+}
+
 /// One name's waiters in this process; it goes with the last of them.
 #[derive(Debug)]
 struct Waiters {

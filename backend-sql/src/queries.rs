@@ -155,8 +155,9 @@ fn postgres(t: &str) -> Queries {
              RETURNING fence, holds"
         ),
         // A release that frees the name notifies its channel ($3), in the
-        // same round trip: waiters in every process try again at once.
-        // CASE, so a re-entrant hold's release notifies nobody.
+        // same round trip, if someone waits (holds $4 shared; see
+        // `notify::waited_key`): waiters in every process try again at
+        // once. CASE, so a re-entrant hold's release notifies nobody.
         release: format!(
             "WITH r AS (UPDATE {t} SET
                 holds = holds - 1,
@@ -165,7 +166,8 @@ fn postgres(t: &str) -> Queries {
                 expires_at = CASE WHEN holds > 1 THEN expires_at ELSE now() END
              WHERE key_hash = $1 AND owner = $2 AND expires_at > now()
              RETURNING holds)
-             SELECT holds, CASE WHEN holds = 0 THEN pg_notify($3, '') IS NULL END FROM r"
+             SELECT holds, CASE WHEN holds = 0 AND NOT pg_try_advisory_xact_lock($4)
+                                THEN pg_notify($3, '') IS NULL END FROM r"
         ),
         renew: format!(
             "UPDATE {t} SET expires_at = now() + $3::bigint * interval '1 millisecond'

@@ -103,7 +103,8 @@ async fn the_listener_comes_back_after_its_connection_is_killed() {
     listening(&a, &mut w, &key).await;
     let killed: Vec<bool> = sqlx::query_scalar(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-         WHERE application_name = 'notify-d' AND query LIKE 'LISTEN%'
+         WHERE application_name = 'notify-d'
+           AND (query LIKE 'LISTEN%' OR query LIKE '%pg_advisory_lock_shared%')
            AND datname = current_database()",
     )
     .fetch_all(&sqlx::PgPool::connect(&postgres_url()).await.unwrap())

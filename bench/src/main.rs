@@ -216,6 +216,7 @@ async fn raw_pairs(pool: &RawPool, s: &LeaseStatements, key: &str, iterations: u
                     .bind(&h)
                     .bind(&owner)
                     .bind("locksmith_bench")
+                    .bind(0i64)
                     .fetch_optional(p)
                     .await
                     .expect("release");
