@@ -59,6 +59,11 @@ struct State {
     /// [`Watchdog::close`] ran: nothing new is tracked, and the task exits
     /// as soon as its last renewal in flight is back.
     closed: bool,
+    /// When the task will look at the entries next, as it decided with
+    /// them in view; `None` when it waits to be woken (idle, or not
+    /// started). A new lease due no sooner needs no wake-up: taking and
+    /// releasing locks one after another then costs the task nothing.
+    sleeping_until: Option<Instant>,
 }
 
 pub(crate) struct Watchdog {
@@ -135,12 +140,16 @@ impl Watchdog {
                 tx,
             },
         );
+        let due = renew_every.map_or(deadline, |_| first_renew.min(deadline));
+        let wake = !st.running || st.sleeping_until.map_or(true, |t| due < t);
         if !st.running {
             st.running = true;
             tokio::spawn(Self::run(Arc::downgrade(self), self.wake.clone()));
         }
         drop(st);
-        self.wake.notify_one();
+        if wake {
+            self.wake.notify_one();
+        }
         (id, rx)
     }
 
@@ -155,9 +164,8 @@ impl Watchdog {
                 }
                 held
             });
-            // Lets the task exit when nothing is left, dropping its handle on
-            // the backend (and whatever connections that keeps open).
-            self.wake.notify_one();
+            // No wake-up: an entry gone never makes the task's next look
+            // sooner, and the task sleeps holding only a weak handle.
         }
     }
 
@@ -359,6 +367,15 @@ impl Watchdog {
                     }
                     next_wake = Some(next_wake.map_or(wake_at, |w| w.min(wake_at)));
                 }
+                // Decided with the entries in view: a register from now on
+                // compares its lease with this.
+                st.sleeping_until = if idle {
+                    None
+                } else if due.is_empty() {
+                    Some(sleep_time(next_wake, sweep_at, now))
+                } else {
+                    Some(now)
+                };
             }
             if idle {
                 let mut st = strong.lock();
@@ -405,13 +422,13 @@ impl Watchdog {
                 }));
                 continue;
             }
-            let sleep_until = next_wake
-                .into_iter()
-                .chain(sweep_at)
-                .min()
-                .unwrap_or(now + Duration::from_secs(3600));
+            let sleep_until = sleep_time(next_wake, sweep_at, now);
+            // Asleep on a weak handle only: a dropped Locker lets go of its
+            // backend without waiting for this task to wake.
+            drop(strong);
             tokio::select! {
                 Some((ids, sent, results)) = in_flight.next(), if !in_flight.is_empty() => {
+                    let Some(strong) = this.upgrade() else { return };
                     let mut st = strong.lock();
                     let mut results = results.into_iter();
                     for id in ids {
@@ -432,6 +449,15 @@ impl Watchdog {
             }
         }
     }
+}
+
+/// When the task looks next: the earliest lease or sweep due, or in an hour.
+fn sleep_time(next_wake: Option<Instant>, sweep_at: Option<Instant>, now: Instant) -> Instant {
+    next_wake
+        .into_iter()
+        .chain(sweep_at)
+        .min()
+        .unwrap_or(now + Duration::from_secs(3600))
 }
 
 /// A random duration between half of `d` and `d`.
