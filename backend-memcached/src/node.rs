@@ -29,6 +29,8 @@ pub(crate) const MIN_TTL: Duration = Duration::from_secs(2);
 /// How often a read-then-compare-and-write is tried again when the item
 /// changed in between (a re-entry or renewal racing another of ours).
 const CAS_TRIES: usize = 4;
+/// How often a waiter looks at most (see `Capabilities::max_poll`).
+const MAX_POLL: Duration = Duration::from_millis(10);
 /// The most renewals sent in one write.
 const MAX_PIPELINE: usize = 256;
 
@@ -182,6 +184,8 @@ impl LockBackend for Node {
             .with_permits(true)
             .with_shared(true)
             .with_in_line(true)
+            // Waiters race each release: looking this often, each gets its share.
+            .with_max_poll(Some(MAX_POLL))
             .with_min_ttl(MIN_TTL)
             // Whole seconds, on a clock that may skip one.
             .with_ttl_resolution(CLOCK_LAG)

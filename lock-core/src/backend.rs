@@ -87,6 +87,11 @@ pub struct Capabilities {
     /// `Locker` then asks again at least every [`IN_LINE_POLL`], since the
     /// name waits for the first in line.
     pub in_line: bool,
+    /// A store whose waiters poll and race each release (no queue, no
+    /// notification) has them look at least this often, so that each gets
+    /// its share of a busy lock; `None`: the caller's
+    /// [`max_poll`](crate::LockOptions::max_poll) alone.
+    pub max_poll: Option<Duration>,
 }
 
 /// How often a waiter with a place in line ([`Capabilities::in_line`])
@@ -108,11 +113,19 @@ impl Default for Capabilities {
             permits: false,
             shared: false,
             in_line: false,
+            max_poll: None,
         }
     }
 }
 
 impl Capabilities {
+    /// Sets [`max_poll`](Self::max_poll).
+    #[must_use]
+    pub fn with_max_poll(mut self, max_poll: Option<Duration>) -> Self {
+        self.max_poll = max_poll;
+        self
+    }
+
     /// Sets [`fencing`](Self::fencing): grants carry strictly increasing fencing tokens.
     #[must_use]
     pub fn with_fencing(mut self, fencing: bool) -> Self {

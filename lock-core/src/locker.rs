@@ -467,9 +467,10 @@ impl Locker {
             WaitPolicy::For(d) => start.checked_add(d),
             WaitPolicy::Forever => None,
         };
+        let max_poll = self.caps.max_poll.map_or(opts.max_poll, |m| m.min(opts.max_poll));
         let mut backoff = backon::ExponentialBuilder::default()
             .with_min_delay(MIN_POLL)
-            .with_max_delay(opts.max_poll.max(MIN_POLL))
+            .with_max_delay(max_poll.max(MIN_POLL))
             .with_factor(2.0)
             .with_jitter()
             .without_max_times()

@@ -182,6 +182,7 @@ impl LockBackend for MemoryBackend {
             permits: true,
             shared: true,
             in_line: false,
+            max_poll: None,
         }
     }
 
