@@ -152,13 +152,19 @@ impl Connector {
     pub(crate) async fn link(&self) -> Result<Link> {
         let skew = self.skew.load(Ordering::Relaxed);
         match &self.target {
+            // Connecting, and asking sentinels, are boxed: their futures
+            // are large, and unboxed they would make every request's as
+            // large (kilobytes moved on each call).
             Target::Fixed { client, conn } => Ok(Link {
-                conn: Conn::Single(self.fixed(client, conn).await?),
+                conn: Conn::Single(match conn.get() {
+                    Some(c) => c.clone(),
+                    None => Box::pin(self.fixed(client, conn)).await?,
+                }),
                 generation: 0,
                 shift: Shift::Const(skew),
             }),
             Target::Sentinel(s) => {
-                let p = s.primary().await?;
+                let p = Box::pin(s.primary()).await?;
                 let epoch = i64::try_from(p.epoch).unwrap_or(i64::MAX / EPOCH_SHIFT_SECS);
                 Ok(Link {
                     conn: Conn::Plain(p.conn.clone()),
@@ -169,7 +175,7 @@ impl Connector {
                 })
             }
             Target::Cluster { client, conn } => Ok(Link {
-                conn: Conn::Cluster(self.cluster(client, conn).await?),
+                conn: Conn::Cluster(Box::pin(self.cluster(client, conn)).await?),
                 generation: 0,
                 shift: Shift::Cluster(skew),
             }),
@@ -212,6 +218,16 @@ impl Connector {
             let r = call.invoke_async(&mut link.conn).await;
             return Ok((r.map_err(|e| self.failed(link, e))?, None));
         }
+        Box::pin(self.run_acked(link, call)).await
+    }
+
+    /// [`run`](Self::run) with `WAIT` for the replicas (boxed there: the
+    /// common request does not carry this path's state).
+    async fn run_acked<T: FromRedisValue>(
+        &self,
+        link: &mut Link,
+        call: &ScriptInvocation<'_>,
+    ) -> Result<(T, Option<u32>)> {
         let mut pipe = redis::pipe();
         pipe.invoke_script(call)
             .cmd("WAIT")

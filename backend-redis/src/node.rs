@@ -269,7 +269,10 @@ impl Node {
             }
             if let Some(w) = waiter {
                 // Listening before queueing, so the grant cannot be missed.
-                let channel = self.hub.listening(keys).await?;
+                // Boxed (as the undo below): a waiter's subscription and
+                // the undo are rare, and their state would make every
+                // attempt's future kilobytes larger.
+                let channel = Box::pin(self.hub.listening(keys)).await?;
                 call.arg(w.ticket.as_str()).arg(ms(w.liveness)).arg(channel);
             }
             if let (Some(v), Claim::MUTEX) = (value, claim) {
@@ -285,11 +288,10 @@ impl Node {
             {
                 // Never left granted while reported refused: undone (one
                 // hold: a re-entry keeps the ones before it).
-                let undo = keys
-                    .call(&scripts::release_at(self.fenced, link.shift))
-                    .arg(owner.as_str())
-                    .invoke_async::<i64>(&mut link.conn)
-                    .await;
+                let script = scripts::release_at(self.fenced, link.shift);
+                let mut undo = keys.call(&script);
+                undo.arg(owner.as_str());
+                let undo = Box::pin(undo.invoke_async::<i64>(&mut link.conn)).await;
                 if let Err(e) = undo {
                     tracing::warn!(url = %self.url, "undoing an unreplicated grant failed: {e}");
                 }
