@@ -221,10 +221,15 @@ impl Locker {
         self.lock_with(key, &opts).await
     }
 
-    /// Acquires with explicit options.
+    /// Acquires with explicit options. A store that cannot be reached is
+    /// tried again, with a growing pause, until the wait ends (a restart,
+    /// a failover, an election ridden out); a lock taken meanwhile by an
+    /// attempt whose answer was lost is given back.
     ///
     /// # Errors
-    /// `Timeout` when the wait runs out, `InvalidOptions` for options the
+    /// `Timeout` when the wait runs out while the lock is held by another
+    /// owner; `Unavailable` (the last store error) when it runs out while
+    /// the store cannot be reached; `InvalidOptions` for options the
     /// backend cannot honour; otherwise as [`try_lock`](Self::try_lock).
     pub async fn lock_with(&self, key: impl IntoLockKey, opts: &LockOptions) -> Result<LockGuard> {
         let key = key.into_lock_key()?;
@@ -467,7 +472,10 @@ impl Locker {
             WaitPolicy::For(d) => start.checked_add(d),
             WaitPolicy::Forever => None,
         };
-        let max_poll = self.caps.max_poll.map_or(opts.max_poll, |m| m.min(opts.max_poll));
+        let max_poll = self
+            .caps
+            .max_poll
+            .map_or(opts.max_poll, |m| m.min(opts.max_poll));
         let mut backoff = backon::ExponentialBuilder::default()
             .with_min_delay(MIN_POLL)
             .with_max_delay(max_poll.max(MIN_POLL))

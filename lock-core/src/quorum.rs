@@ -321,7 +321,12 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
             .with_permits(self.nodes.iter().all(|n| n.capabilities().permits))
             .with_shared(self.nodes.iter().all(|n| n.capabilities().shared))
             .with_in_line(self.nodes.iter().all(|n| n.capabilities().in_line))
-            .with_max_poll(self.nodes.iter().filter_map(|n| n.capabilities().max_poll).min())
+            .with_max_poll(
+                self.nodes
+                    .iter()
+                    .filter_map(|n| n.capabilities().max_poll)
+                    .min(),
+            )
     }
 
     /// A quorum of nodes must answer; a node that refuses our credentials
