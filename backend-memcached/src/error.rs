@@ -18,12 +18,15 @@ use crate::wire::{Failure, Reply};
 /// An exchange with the server at `addr` that failed.
 pub(crate) fn wire(addr: &str, failure: Failure) -> Error {
     match failure {
-        Failure::Dial(e) => {
-            Error::unavailable(format!("cannot reach memcached at {addr}")).with_source(e)
-        }
+        // Nothing was sent: unapplied, so a waiter riding an outage need
+        // not retire its owner for each attempt that found no server.
+        Failure::Dial(e) => Error::unavailable(format!("cannot reach memcached at {addr}"))
+            .with_source(e)
+            .unapplied(),
         Failure::DialTimeout(within) => Error::unavailable(format!(
             "no connection to memcached at {addr} within {within:?}"
-        )),
+        ))
+        .unapplied(),
         Failure::Broken(e) => {
             Error::unavailable(format!("the connection to memcached at {addr} failed"))
                 .with_source(e)

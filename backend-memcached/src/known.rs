@@ -84,7 +84,9 @@ impl KnownCas {
                 body: Body::Lock(h),
                 cas,
                 ..
-            }) if h.owner == owner.as_str() && h.holds == holds => self.put(
+            // A server run with CAS off (`-C`) answers 0 for every item: a
+            // write over it would match anyone's.
+            }) if h.owner == owner.as_str() && h.holds == holds && *cas != 0 => self.put(
                 k,
                 owner,
                 Known {

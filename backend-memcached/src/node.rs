@@ -223,9 +223,11 @@ impl LockBackend for Node {
                 c.add(&k, &encode(owner, 1, owner.value()), store_ttl(ttl))
                     .get(&k);
                 let (added, read, opened) = self.write_and_read(&c).await?;
-                let read = self.item(&k, read)?;
+                let read = self.item(&k, read);
                 let full = match added {
+                    // Granted, whatever the read after it says.
                     Reply::Stored => {
+                        let read = read.ok().flatten();
                         self.known.note(&k, owner, 1, read.as_ref(), opened);
                         return Ok(grant(1));
                     }
@@ -233,7 +235,7 @@ impl LockBackend for Node {
                     Reply::OutOfMemory(m) => Some(m),
                     other => return Err(unexpected(&other)),
                 };
-                let Some(item) = read else {
+                let Some(item) = read? else {
                     if let Some(m) = full {
                         return Err(self.full_alarm(&m));
                     }

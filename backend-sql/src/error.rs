@@ -22,7 +22,16 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
     if permanent {
         Error::config("the database refused the configuration").with_source(e)
     } else if unavailable {
-        Error::unavailable("cannot reach the database").with_source(e)
+        // No connection was had (none free in time, or the server refused
+        // one): the statement was never sent.
+        let unsent = matches!(&e, E::PoolTimedOut)
+            || matches!(&e, E::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused);
+        let error = Error::unavailable("cannot reach the database").with_source(e);
+        if unsent {
+            error.unapplied()
+        } else {
+            error
+        }
     } else if matches!(e, E::Configuration(_)) {
         Error::config("the database driver refused the configuration").with_source(e)
     } else {

@@ -217,6 +217,11 @@ async fn connect(
     let mut l = PgListener::connect_with(pool).await?;
     // A lost connection is replaced here, where the names are marked again.
     l.eager_reconnect(false);
+    // The pool may give back the connection a failed listener had, with
+    // its marks still on: start from none.
+    sqlx::query("SELECT pg_advisory_unlock_all()")
+        .execute(&mut l)
+        .await?;
     let channels: Vec<String> = wanted
         .lock()
         .unwrap_or_else(|e| e.into_inner())

@@ -31,11 +31,17 @@ pub(crate) fn channel(table: &str, key: &LockKey) -> String {
 /// release notifies only if it cannot take it exclusively (someone
 /// waits), so a lock nobody waits for costs no `NOTIFY`, whose commit
 /// PostgreSQL serializes database-wide.
+/// Hashed apart from the channel (and so from session locks' keys, which
+/// hash the same table and name): a waiter's mark must never be a lock.
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn waited_key(channel: &str) -> i64 {
-    let hex = channel.strip_prefix("locksmith_").unwrap_or(channel);
-    // 64 bits of the channel's hash, read as the signed key PostgreSQL takes.
-    u64::from_str_radix(hex.get(..16).unwrap_or("0"), 16).unwrap_or(0) as i64
+    let mut h = Sha256::new();
+    h.update(b"locksmith-waited\0");
+    h.update(channel.as_bytes());
+    let d = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&d[..8]);
+    i64::from_be_bytes(first)
 }
 
 /// One name's waiters in this process; it goes with the last of them.

@@ -546,7 +546,7 @@ impl Locker {
             let attempt = match attempts.attempt(opts.ttl).await {
                 Ok(a) => {
                     outage.over(&key);
-                    attempts.settle().await;
+                    attempts.settle();
                     a
                 }
                 Err(e) => {
@@ -895,14 +895,30 @@ impl Attempts {
         }
     }
 
-    /// Undoes the retired owners now that the store answers: their holds
-    /// released, their places left. One that fails stays for later.
-    async fn settle(&mut self) {
-        for r in std::mem::take(&mut self.retired) {
-            if r.undo(&*self.backend, &self.key).await.is_err() {
-                self.retired.push(r);
-            }
+    /// Undoes the retired owners in the background now that the store
+    /// answers (their holds released, their places left): the acquire
+    /// goes on at once, and a cancelled one cannot drop them.
+    fn settle(&mut self) {
+        self.undo_retired();
+    }
+
+    /// Hands the retired owners to a background task that undoes them,
+    /// trying again for a while if the store falters.
+    fn undo_retired(&mut self) {
+        let retired = std::mem::take(&mut self.retired);
+        if retired.is_empty() {
+            return;
         }
+        let (backend, key) = (self.backend.clone(), self.key.clone());
+        self.background.spawn(async move {
+            let undone = retired.iter().map(|r| retry_briefly(|| r.undo(&*backend, &key)));
+            for outcome in futures::future::join_all(undone).await {
+                if let Err(e) = outcome {
+                    tracing::warn!(key = %key, error = %e.chain(),
+                        "could not undo an attempt cut off by an outage; if it was granted, the lock frees at its TTL");
+                }
+            }
+        });
     }
 
     /// The lock is ours: nothing to undo.
@@ -930,15 +946,7 @@ impl Attempts {
 
 impl Drop for Attempts {
     fn drop(&mut self) {
-        for r in std::mem::take(&mut self.retired) {
-            let (backend, key) = (self.backend.clone(), self.key.clone());
-            self.background.spawn(async move {
-                if let Err(e) = retry_briefly(|| r.undo(&*backend, &key)).await {
-                    tracing::warn!(key = %key, error = %e.chain(),
-                        "could not undo an attempt cut off by an outage; if it was granted, the lock frees at its TTL");
-                }
-            });
-        }
+        self.undo_retired();
         let request = self.request.take();
         let undo = self.fresh_owner && self.uncertain;
         if request.is_none() && !self.queued && !self.marked && !undo {
