@@ -180,14 +180,18 @@ impl SqlBackend {
             }
             // The freed name's channel is notified by the same statement.
             #[cfg(feature = "postgres")]
-            Pool::Postgres(p) => sqlx::query_scalar(&q.release)
-                .bind(key_hash(key))
-                .bind(owner)
-                .bind(self.inner.local.channel(key))
-                .bind(crate::notify::waited_key(&self.inner.local.channel(key)))
-                .fetch_optional(p)
-                .await
-                .map_err(map_err)?,
+            Pool::Postgres(p) => {
+                let channel = self.inner.local.channel(key);
+                let waited = crate::notify::waited_key(&channel);
+                sqlx::query_scalar(&q.release)
+                    .bind(key_hash(key))
+                    .bind(owner)
+                    .bind(channel)
+                    .bind(waited)
+                    .fetch_optional(p)
+                    .await
+                    .map_err(map_err)?
+            }
             #[allow(unreachable_patterns)]
             other => on_pool!(other, p => sqlx::query_scalar(&q.release)
                 .bind(key_hash(key))
