@@ -501,20 +501,6 @@ impl Locker {
         let mut watch: Option<Watch> = None;
         let mut subscribed = false;
         let mut outage = Outage::new(opts.wait != WaitPolicy::NoWait);
-        // A fair store queues waiters, so a caller prepared to wait listens
-        // first and queues with its very first attempt.
-        if self.caps.fair && opts.wait != WaitPolicy::NoWait {
-            subscribed = true;
-            match self.subscribe(&mut attempts).await {
-                Ok(w) => watch = w,
-                Err(e) => {
-                    outage
-                        .ride(e, &key, give_up, &mut attempts, &self.watchdog)
-                        .await?;
-                    subscribed = false;
-                }
-            }
-        }
         // When the first attempt that found the key held was sent: any grant
         // delivered later was made after that. Not the latest such attempt: a
         // grant made before it can be delivered after it (a paused process,
@@ -529,7 +515,9 @@ impl Locker {
                 return Err(closed());
             }
             if !subscribed && self.caps.fair && opts.wait != WaitPolicy::NoWait {
-                // Queue again after an outage made the first subscription fail.
+                // A fair store queues waiters, so a caller prepared to wait
+                // listens first and queues with its very first attempt (and
+                // again after an outage made a subscription fail).
                 subscribed = true;
                 match self.subscribe(&mut attempts).await {
                     Ok(w) => watch = w,
