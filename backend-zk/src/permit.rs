@@ -22,7 +22,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use locksmith_core::backend::Grant;
+use locksmith_core::backend::{permits_mismatch, Grant};
 use locksmith_core::{LockKey, OwnerToken, Result};
 use zookeeper_client::{CreateMode, Error as ZkError, MultiReadResult};
 
@@ -118,6 +118,15 @@ impl Inner {
             _ => None,
         };
         let name = lease.path.rsplit('/').next().unwrap_or_default();
+        // Live leases kept with another N refuse us here, as at the gate:
+        // a holder's gate node whose delete is still in flight must not
+        // turn a refusal into contention.
+        let others_hold = children(1).is_some_and(|c| c.iter().any(|c| c != name));
+        if let Some(k) = kept.and_then(|t| t.parse::<u32>().ok()) {
+            if k != n && others_hold {
+                return Err(permits_mismatch(key, k, n));
+            }
+        }
         let held =
             children(1).is_some_and(|c| c.len() <= n as usize && c.iter().any(|c| c == name));
         undo.disarm();
