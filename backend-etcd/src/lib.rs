@@ -88,6 +88,8 @@
 //! dropped future) is followed by the delete of the key, in the
 //! background while the lease lives.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod attempt;
 mod backend;
 mod claims;

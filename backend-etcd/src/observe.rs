@@ -30,7 +30,7 @@ impl Inner {
         let opts = etcd_client::WatchOptions::new().with_prefix();
         let mut stream = within(timeout, client.watch(prefix, Some(opts))).await?;
         let made = within(timeout, stream.message()).await?;
-        if !made.is_some_and(|r| !r.canceled()) {
+        if made.is_none_or(|r| r.canceled()) {
             return Err(locksmith_core::Error::unavailable(
                 "etcd refused to watch the name's changes",
             ));

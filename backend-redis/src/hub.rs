@@ -291,7 +291,7 @@ impl Shared {
             let mut changes = lock(&self.changes);
             let idle = changes
                 .get(channel)
-                .map_or(true, |(_, tx)| tx.receiver_count() == 0);
+                .is_none_or(|(_, tx)| tx.receiver_count() == 0);
             if idle {
                 changes.remove(channel);
             }

@@ -222,6 +222,8 @@
 //! therefore keep no fencing state at all: a Redlock grant writes the owner
 //! token only, and a failed one leaves no key of any kind behind.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod backend;
 mod config;
 mod conn;

@@ -292,7 +292,7 @@ impl Sentinel {
         let mut last_error = None;
         for a in answers {
             match a {
-                Ok(Some(n)) if best.as_ref().map_or(true, |b| n.epoch > b.epoch) => {
+                Ok(Some(n)) if best.as_ref().is_none_or(|b| n.epoch > b.epoch) => {
                     best = Some(n);
                 }
                 Ok(Some(_)) => {}

@@ -107,6 +107,8 @@
 //! # Ok(()) }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 #[macro_use]
 mod node;
 mod backend;

@@ -303,7 +303,7 @@ pub(crate) fn renew_batch(dialect: Dialect, t: &str, n: usize) -> String {
             let now = MYSQL_NOW;
             let first = "SELECT ? AS key_hash, ? AS owner, ? AS ttl";
             let rows = std::iter::once(first)
-                .chain(std::iter::repeat("SELECT ?, ?, ?").take(n.saturating_sub(1)))
+                .chain(std::iter::repeat_n("SELECT ?, ?, ?", n.saturating_sub(1)))
                 .collect::<Vec<_>>()
                 .join(" UNION ALL ");
             format!(

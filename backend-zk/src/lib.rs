@@ -185,6 +185,8 @@
 //!
 //! Connection URLs are read by [`ZkConfig::from_url`].
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod backend;
 mod claims;
 mod cleanup;

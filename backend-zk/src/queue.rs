@@ -249,7 +249,7 @@ impl Inner {
         let Some(w) = waiters.get_mut(ticket) else {
             return Ok(None);
         };
-        if !w.node.as_ref().is_some_and(|n| n.path == node.path) {
+        if w.node.as_ref().is_none_or(|n| n.path != node.path) {
             // Moved on meanwhile (a semaphore's waiter, from its gate to
             // its lease): its grant comes by notice, or is read next time.
             return Ok(w.node.is_some().then(|| self.queued()));

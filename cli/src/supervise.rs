@@ -228,9 +228,10 @@ where
     // A fair store's hand-off grants a short lease, which would put the
     // command inside its kill grace from the start: extend it to the TTL
     // before the command runs.
-    let short = held.guard().deadline().map_or(true, |d| {
-        d.saturating_duration_since(Instant::now()) < lease / 2
-    });
+    let short = held
+        .guard()
+        .deadline()
+        .is_none_or(|d| d.saturating_duration_since(Instant::now()) < lease / 2);
     if short {
         if let Err(e) = held.guard().renew().await {
             locker.settle(SETTLE).await;

@@ -23,6 +23,8 @@
 //! the suite: where the test servers are, the outage tests' private
 //! servers, and the check that a wrapper forwards every method.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod broken;
 pub mod cases;
 pub mod faults;

@@ -64,7 +64,7 @@ impl RedactedUrl {
         match secret_param(rest).filter(|&(start, _)| start < at) {
             // A secret parameter before the last '@': its value may run on
             // past that '@', so nothing after it is shown.
-            Some((start, value)) if colon.map_or(true, |c| start < c) => {
+            Some((start, value)) if colon.is_none_or(|c| start < c) => {
                 out.push_str(&rest[..value]);
                 out.push_str("***");
             }
@@ -713,7 +713,7 @@ mod tests {
             let mut pw = format!("Zq{case}Zq");
             for _ in 0..(next() % 8) {
                 let r = next() as usize;
-                if r % 3 == 0 {
+                if r.is_multiple_of(3) {
                     pw.push(char::from(b'a' + (r % 26) as u8));
                 } else {
                     pw.push(char::from(RESERVED[r % RESERVED.len()]));

@@ -144,7 +144,7 @@ impl Harness for ZkHarness {
         };
         Ok(dirs
             .iter()
-            .filter(|d| internals::key_of(d).map_or(true, |k| k.starts_with(prefix)))
+            .filter(|d| internals::key_of(d).is_none_or(|k| k.starts_with(prefix)))
             .count() as u64)
     }
 }

@@ -32,7 +32,7 @@ pub(crate) fn instant_ns(at: std::time::Instant) -> u64 {
             let now = std::time::Instant::now();
             let after = mono_ns();
             let gap = after.saturating_sub(before);
-            if best.map_or(true, |(g, _, _)| gap < g) {
+            if best.is_none_or(|(g, _, _)| gap < g) {
                 best = Some((gap, now, before + gap / 2));
             }
         }
@@ -278,7 +278,7 @@ pub(crate) fn check(h: &History) -> Verdict {
     let stale = |op: &Op| {
         sections
             .get(&(op.worker, op.seq))
-            .map_or(true, |s| op.t > s.valid_until())
+            .is_none_or(|s| op.t > s.valid_until())
     };
     let mut highest: Option<u64> = None;
     let mut fenced_sections = std::collections::HashSet::new();

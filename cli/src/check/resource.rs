@@ -210,7 +210,7 @@ impl Resource {
             }
             Request::Error { w, what } => {
                 // Errors of workers being stopped are not the run's.
-                if !st.cutoff.is_some_and(|c| mono_ns() >= c) {
+                if st.cutoff.is_none_or(|c| mono_ns() < c) {
                     st.errors.push(format!("worker {w}: {what}"));
                 }
                 ok
