@@ -49,12 +49,17 @@
 //! | `memcache://h:11211`, `memcache://h1,h2,h3` | memcached: one server, or a quorum | `memcached` |
 //! | `memory://` | this process only (tests) | always |
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub use locksmith_core::{
     Claim, Election, Error, ErrorKind, FencingToken, Holder, IntoLockKey, Leader, Leadership,
     Lease, LeaseState, LockGuard, LockKey, LockOptions, LockStatus, Locker, LostReason, MultiGuard,
-    OwnerToken, ReadWriteLock, Result, Semaphore, WaitPolicy, MAX_KEY_LEN, MAX_PERMITS, MAX_TTL,
-    MAX_VALUE_LEN, OBSERVE_EVERY,
+    OwnerToken, ReadWriteLock, RenewalFailure, Result, Semaphore, WaitPolicy, MAX_KEY_LEN,
+    MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, OBSERVE_EVERY,
 };
+
+/// The names of the metrics locksmith records (see the README's table).
+pub use locksmith_core::meter;
 
 /// For backend authors and tools: the [`LockBackend`](backend::LockBackend) contract, the
 /// helpers backends share, and the registry: [`open`](backend::open), which
@@ -286,9 +291,10 @@ pub const DEFAULT_URL: &str = "sqlite://locksmith.db";
 /// As [`backend::open`]; then `Unavailable` if the store cannot be reached,
 /// `Config` if it refuses the credentials, database or certificate.
 pub async fn connect(url: &str) -> Result<Locker> {
+    let store = backend::scheme(url)?.name;
     let backend = backend::open(url).await?;
     backend.verify().await?;
-    Ok(Locker::from_arc(backend))
+    Ok(Locker::from_arc(backend).with_store_label(store))
 }
 
 /// Opens a [`Locker`] like [`connect`] but without talking to the store:
@@ -299,7 +305,8 @@ pub async fn connect(url: &str) -> Result<Locker> {
 /// # Errors
 /// As [`backend::open`]: only a malformed URL or bad parameters.
 pub async fn connect_lazy(url: &str) -> Result<Locker> {
-    Ok(Locker::from_arc(backend::open(url).await?))
+    let store = backend::scheme(url)?.name;
+    Ok(Locker::from_arc(backend::open(url).await?).with_store_label(store))
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use futures::Stream;
+use tracing::Instrument;
 
 use crate::backend::{Renew, Watch};
 use crate::error::{Error, ErrorKind, Result};
@@ -154,13 +155,28 @@ impl Election {
     ) -> Result<Option<Leadership>> {
         let value = check_value(value.into())?;
         let owner = OwnerToken::generate().with_value(value.clone())?;
-        let Some(guard) = self
+        let span = tracing::info_span!("locksmith.campaign", name = %self.key,
+            store = self.locker.store_label(), owner = crate::guard::short(&owner),
+            outcome = tracing::field::Empty, term = tracing::field::Empty);
+        let won = self
             .locker
             .acquire_fresh(self.key.clone(), owner.clone(), opts)
-            .await?
-        else {
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "outcome",
+            match &won {
+                Ok(Some(_)) => "leading",
+                Ok(None) => "not_leading",
+                Err(_) => "error",
+            },
+        );
+        let Some(guard) = won? else {
             return Ok(None);
         };
+        if let Some(term) = guard.fence() {
+            span.record("term", term.0);
+        }
         // No second write of the value: a store with values writes it with
         // every first grant, a hand-off from a fair queue included (the
         // contract; the conformance cases read it back after a hand-off).

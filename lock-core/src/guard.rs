@@ -9,10 +9,54 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{LockBackend, Release, Renew};
 use crate::background::Background;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::key::{FencingToken, LockKey, OwnerToken};
 use crate::lease::{wait_lost, Lease, LeaseState, LostReason};
+use crate::meter::HoldMeter;
 use crate::watchdog::Watchdog;
+
+/// A renewal-failure callback, as the watchdog keeps it.
+pub(crate) type FailureHook = Arc<dyn Fn(&RenewalFailure) + Send + Sync>;
+
+/// A renewal that failed while the lock was still held: the watchdog keeps
+/// trying until the lease's deadline, and the lock is lost only then (or
+/// when the store says so). Passed to
+/// [`on_renewal_failure`](LockGuard::on_renewal_failure) callbacks.
+#[derive(Debug, Clone)]
+pub struct RenewalFailure {
+    pub(crate) key: LockKey,
+    pub(crate) kind: ErrorKind,
+    pub(crate) error: String,
+    pub(crate) failures: u32,
+    pub(crate) remaining: Duration,
+}
+
+impl RenewalFailure {
+    /// The lock whose renewal failed.
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// What kind of error the store gave (usually `Unavailable`).
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The error, with its causes.
+    pub fn error(&self) -> &str {
+        &self.error
+    }
+
+    /// Renewals failed in a row, this one included.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// How long the lock is still guaranteed without a renewal.
+    pub fn remaining(&self) -> Duration {
+        self.remaining
+    }
+}
 
 /// Proof that a lock is held. While it lives the watchdog renews the lease
 /// (unless turned off); dropping it releases the lock in the background, and
@@ -31,10 +75,14 @@ pub struct LockGuard {
     background: Background,
     id: u64,
     armed: bool,
+    meter: Arc<HoldMeter>,
 }
 
 impl LockGuard {
     /// `first_renew`: when the watchdog first renews (with `renew_every`).
+    // Each argument is a separate part of the hold; a struct would only
+    // rename them.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         lease: Lease,
         trusted: Duration,
@@ -43,14 +91,21 @@ impl LockGuard {
         background: Background,
         renew_every: Option<Duration>,
         first_renew: Instant,
+        meter: Arc<HoldMeter>,
     ) -> Self {
         let request = crate::backend::RenewRequest {
             key: lease.key.clone(),
             owner: lease.owner.clone(),
             ttl: lease.ttl,
         };
-        let (id, state) =
-            watchdog.register(request, trusted, renew_every, first_renew, lease.deadline);
+        let (id, state) = watchdog.register(
+            request,
+            trusted,
+            renew_every,
+            first_renew,
+            lease.deadline,
+            meter.clone(),
+        );
         LockGuard {
             lease,
             state,
@@ -59,6 +114,7 @@ impl LockGuard {
             background,
             id,
             armed: true,
+            meter,
         }
     }
 
@@ -168,6 +224,48 @@ impl LockGuard {
         token
     }
 
+    /// Calls `f` once, from a task, if the lock is lost (never after a
+    /// release): for code that does not select on [`lost`](Self::lost).
+    /// Keep it short and non-blocking; it cannot stop the loss, only react
+    /// (stop the work, alert). Outside a Tokio runtime it is called at
+    /// once if the lock is lost already, and otherwise never.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> locksmith_core::Result<()> {
+    /// # use locksmith_core::{backend::MemoryBackend, Locker};
+    /// # let locker = Locker::new(MemoryBackend::new());
+    /// let guard = locker.lock("nightly-report").await?;
+    /// guard.on_lost(|reason| eprintln!("nightly-report lock lost ({reason:?}); stopping"));
+    /// guard.on_renewal_failure(|f| eprintln!("renewal failed {} times: {}", f.failures(), f.error()));
+    /// guard.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn on_lost(&self, f: impl FnOnce(LostReason) + Send + 'static) {
+        let mut rx = self.state.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn(async move {
+                if let Some(reason) = wait_lost(&mut rx).await {
+                    f(reason);
+                }
+            })),
+            Err(_) => {
+                if let LeaseState::Lost(reason) = self.state() {
+                    f(reason);
+                }
+            }
+        }
+    }
+
+    /// Calls `f` with each renewal of this lock that fails while it is
+    /// still held (the watchdog keeps trying until the deadline): for
+    /// alerting before a loss. Called on the watchdog's task: keep it short
+    /// and non-blocking. A panic in it is caught and logged.
+    pub fn on_renewal_failure(&self, f: impl Fn(&RenewalFailure) + Send + Sync + 'static) {
+        self.watchdog.on_failure(self.id, Arc::new(f));
+    }
+
     /// Renews the lease now, outside the watchdog's schedule.
     ///
     /// # Errors
@@ -211,11 +309,28 @@ impl LockGuard {
             return Ok(());
         }
         self.watchdog.unregister(self.id);
-        match self
-            .backend
-            .release(&self.lease.key, &self.lease.owner)
-            .await?
-        {
+        self.meter.end();
+        let span = tracing::info_span!("locksmith.release", name = %self.lease.key,
+            store = self.meter.labels().store(), primitive = self.meter.labels().primitive(),
+            owner = short(&self.lease.owner), fence = self.lease.fence.map(|f| f.0),
+            outcome = tracing::field::Empty);
+        let released = tracing::Instrument::instrument(
+            self.backend.release(&self.lease.key, &self.lease.owner),
+            span.clone(),
+        )
+        .await;
+        span.record(
+            "outcome",
+            match &released {
+                Ok(Release::NotHeld) => "not_held",
+                Ok(_) => "released",
+                Err(_) => "error",
+            },
+        );
+        if let Err(e) = &released {
+            self.meter.labels().store_error(e.kind());
+        }
+        match released? {
             Release::Freed | Release::StillHeld(_) => {
                 tracing::debug!(key = %self.lease.key, "lock released");
                 Ok(())
@@ -232,6 +347,7 @@ impl LockGuard {
     pub fn leak(mut self) -> Lease {
         self.armed = false;
         self.watchdog.unregister(self.id);
+        self.meter.end();
         self.lease.clone()
     }
 }
@@ -249,6 +365,7 @@ impl Drop for LockGuard {
             return;
         }
         self.watchdog.unregister(self.id);
+        self.meter.end();
         spawn_release(
             &self.background,
             &self.backend,
@@ -256,6 +373,13 @@ impl Drop for LockGuard {
             &self.lease.owner,
         );
     }
+}
+
+/// An owner token as spans show it: its first 8 characters, enough to
+/// tell holders apart in a trace.
+pub(crate) fn short(owner: &OwnerToken) -> &str {
+    let t = owner.as_str();
+    t.get(..8).unwrap_or(t)
 }
 
 /// Releases in the background; used where `Drop` cannot await. Outside a

@@ -23,6 +23,7 @@ mod key;
 mod lease;
 mod locker;
 mod memory;
+pub mod meter;
 mod options;
 mod params;
 mod permits;
@@ -33,7 +34,7 @@ mod watchdog;
 
 pub use election::{Election, Leader, Leadership, OBSERVE_EVERY};
 pub use error::{Error, ErrorKind, Result};
-pub use guard::{LockGuard, MultiGuard};
+pub use guard::{LockGuard, MultiGuard, RenewalFailure};
 pub use key::{
     Claim, FencingToken, IntoLockKey, LockKey, OwnerToken, MAX_KEY_LEN, MAX_PERMITS, MAX_VALUE_LEN,
 };

@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 
 use backon::BackoffBuilder;
 use futures::future::BoxFuture;
+use tracing::Instrument;
 
 use crate::backend::{
     Acquire, Capabilities, Grant, LockBackend, Notice, Watch, IN_LINE_POLL, MARK_LIFE,
@@ -16,9 +17,10 @@ use crate::backend::{
 use crate::background::Background;
 use crate::election::Election;
 use crate::error::{Error, ErrorKind, Result};
-use crate::guard::{LockGuard, MultiGuard};
+use crate::guard::{short, LockGuard, MultiGuard};
 use crate::key::{Claim, IntoLockKey, LockKey, OwnerToken};
 use crate::lease::{local_deadline, Lease, LockStatus};
+use crate::meter::{self, AcquireMeter, HoldMeter, Labels, Outcome};
 use crate::options::{LockOptions, WaitPolicy};
 use crate::permits::{supports, ReadWriteLock, Semaphore};
 use crate::watchdog::Watchdog;
@@ -64,6 +66,10 @@ pub struct Locker {
     watchdog: Arc<Watchdog>,
     background: Background,
     options: LockOptions,
+    /// The `store` label of this locker's metrics.
+    store: &'static str,
+    /// Metrics carry each lock's name too.
+    name_label: bool,
 }
 
 impl Locker {
@@ -80,7 +86,31 @@ impl Locker {
             backend,
             background: Background::default(),
             options: LockOptions::default(),
+            store: "unknown",
+            name_label: false,
         }
+    }
+
+    /// Labels this locker's metrics with `store` (the facade's `connect`
+    /// sets the URL's scheme, such as `redis` or `postgres`).
+    #[must_use]
+    pub fn with_store_label(mut self, store: &'static str) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// The `store` label of this locker's metrics.
+    pub(crate) fn store_label(&self) -> &'static str {
+        self.store
+    }
+
+    /// Labels this locker's metrics with each lock's name as well (`name`).
+    /// Off by default: every name becomes a series of its own, so turn it
+    /// on only for a small, fixed set of names.
+    #[must_use]
+    pub fn with_name_label(mut self, on: bool) -> Self {
+        self.name_label = on;
+        self
     }
 
     /// Waits, at most `within`, for this locker's clean-ups that run in the
@@ -344,7 +374,7 @@ impl Locker {
         owner: OwnerToken,
         opts: &LockOptions,
     ) -> Result<Option<LockGuard>> {
-        self.acquire_owned(key, owner, true, opts).await
+        self.metered(key, owner, true, opts, true).await
     }
 
     /// Acquires several keys all-or-nothing, in one global (sorted) order so
@@ -453,15 +483,81 @@ impl Locker {
         self.acquire_owned(key, owner, fresh_owner, opts).await
     }
 
+    /// [`acquire_loop`](Self::acquire_loop), timed and counted in metrics.
+    async fn acquire_owned(
+        &self,
+        key: LockKey,
+        owner: OwnerToken,
+        fresh_owner: bool,
+        opts: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        self.metered(key, owner, fresh_owner, opts, false).await
+    }
+
+    /// The acquire in a `locksmith.acquire` span, with its metrics;
+    /// `election`: a campaign's.
+    async fn metered(
+        &self,
+        key: LockKey,
+        owner: OwnerToken,
+        fresh_owner: bool,
+        opts: &LockOptions,
+        election: bool,
+    ) -> Result<Option<LockGuard>> {
+        let labels = Labels::new(
+            self.store,
+            meter::primitive(&owner, election),
+            &key,
+            self.name_label,
+        );
+        let span = tracing::info_span!(
+            "locksmith.acquire",
+            name = %key,
+            store = self.store,
+            primitive = labels.primitive(),
+            owner = short(&owner),
+            wait = %opts.wait,
+            outcome = tracing::field::Empty,
+            fence = tracing::field::Empty,
+            waited_seconds = tracing::field::Empty,
+        );
+        let meter = AcquireMeter::start(labels);
+        let mut handed = false;
+        let result = self
+            .acquire_loop(key, owner, fresh_owner, opts, meter.labels(), &mut handed)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &result {
+            Ok(Some(_)) => Outcome::Acquired,
+            Ok(None) if opts.wait == WaitPolicy::NoWait => Outcome::Busy,
+            Ok(None) => Outcome::TimedOut,
+            Err(e) if e.kind() == ErrorKind::Unavailable => Outcome::Unavailable,
+            Err(_) => Outcome::Failed,
+        };
+        let waited = meter.finish(outcome, handed);
+        span.record("outcome", outcome.as_str());
+        span.record("waited_seconds", waited);
+        if let Ok(Some(g)) = &result {
+            if let Some(f) = g.fence() {
+                span.record("fence", f.0);
+            }
+        }
+        result
+    }
+
     /// The loop itself. `fresh_owner`: the owner holds nothing yet (it was
     /// just drawn), so whatever an abandoned attempt may have been granted
     /// is released, where a caller's own owner may hold holds to keep.
-    async fn acquire_owned(
+    /// `handed` is set once an attempt found the lock held, so that a grant
+    /// after it counts as a hand-off.
+    async fn acquire_loop(
         &self,
         key: LockKey,
         mut owner: OwnerToken,
         fresh_owner: bool,
         opts: &LockOptions,
+        labels: &Labels,
+        handed: &mut bool,
     ) -> Result<Option<LockGuard>> {
         self.refuse_if_closed()?;
         opts.validate(&self.caps)?;
@@ -538,6 +634,7 @@ impl Locker {
                     a
                 }
                 Err(e) => {
+                    labels.store_error(e.kind());
                     let ride = outage
                         .ride(e, &key, give_up, &mut attempts, &self.watchdog)
                         .await?;
@@ -559,7 +656,7 @@ impl Locker {
                     // session store whose lease has that much left).
                     let trusted = self.caps.trusted_lease(opts.ttl);
                     let short = grant.lease.filter(|l| *l < trusted);
-                    let guard = self.guard(&key, &owner, grant, opts, sent, short);
+                    let guard = self.guard(&key, &owner, grant, opts, sent, short, labels);
                     if short.is_some() && !opts.auto_renew {
                         // No watchdog will extend it: one renewal now gives
                         // the caller the whole lease it asked for.
@@ -568,6 +665,8 @@ impl Locker {
                     return self.unless_closed(guard).await.map(Some);
                 }
                 Acquire::Contended { retry_after } => {
+                    labels.contended();
+                    *handed = true;
                     queued_at.get_or_insert(sent);
                     attempts.marked |= may_mark;
                     retry_after
@@ -648,7 +747,7 @@ impl Locker {
                 }
             };
             if let (Some(Notice::Granted(grant)), Some(queued_at)) = (notice, queued_at) {
-                if let Some(guard) = self.handed(&key, &owner, grant, opts, queued_at) {
+                if let Some(guard) = self.handed(&key, &owner, grant, opts, queued_at, labels) {
                     attempts.done();
                     return self.unless_closed(guard).await.map(Some);
                 }
@@ -700,6 +799,7 @@ impl Locker {
         grant: Grant,
         opts: &LockOptions,
         queued_at: Instant,
+        labels: &Labels,
     ) -> Option<LockGuard> {
         // A store that trusts a hold for less than the TTL (a session that
         // may expire sooner) hands over no more than that.
@@ -708,7 +808,7 @@ impl Locker {
         let left = local_deadline(queued_at, granted).saturating_duration_since(Instant::now());
         if left >= granted / 2 && (granted == trusted || opts.auto_renew) {
             let short = (granted < trusted).then_some(granted);
-            return Some(self.guard(key, owner, grant, opts, queued_at, short));
+            return Some(self.guard(key, owner, grant, opts, queued_at, short, labels));
         }
         None
     }
@@ -716,6 +816,9 @@ impl Locker {
     /// A guard for a lease granted after `sent`. `short`: the store granted
     /// only this lease, and the watchdog extends it to the TTL halfway
     /// through it (or at the usual period, if that comes first).
+    // Each argument is a separate part of the hold; a struct would only
+    // rename them.
+    #[allow(clippy::too_many_arguments)]
     fn guard(
         &self,
         key: &LockKey,
@@ -724,6 +827,7 @@ impl Locker {
         opts: &LockOptions,
         sent: Instant,
         short: Option<Duration>,
+        labels: &Labels,
     ) -> LockGuard {
         // A store may trust a hold for less than the TTL (a session that
         // expires sooner): deadlines and renewals keep within that.
@@ -752,6 +856,7 @@ impl Locker {
             self.background.clone(),
             renew_every,
             first_renew,
+            HoldMeter::start(labels.clone()),
         )
     }
 }

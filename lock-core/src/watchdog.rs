@@ -11,7 +11,9 @@ use tokio::sync::{watch, Notify};
 
 use crate::backend::{LockBackend, Renew, RenewRequest};
 use crate::error::Result;
+use crate::guard::{FailureHook, RenewalFailure};
 use crate::lease::{local_deadline, LeaseState, LostReason};
+use crate::meter::HoldMeter;
 
 /// Renewals due within this fraction of their period are sent together, so a
 /// locker holding many locks makes few round trips.
@@ -49,7 +51,13 @@ struct Entry {
     /// backoff instead of joining an early batch.
     failures: u32,
     tx: watch::Sender<LeaseState>,
+    meter: Arc<HoldMeter>,
+    /// Called (outside the lock) with each failed renewal.
+    hooks: Vec<FailureHook>,
 }
+
+/// Hooks to call, once the state's lock is let go, with what failed.
+type Calls = Option<(Vec<FailureHook>, RenewalFailure)>;
 
 #[derive(Default)]
 struct State {
@@ -117,6 +125,7 @@ impl Watchdog {
         renew_every: Option<Duration>,
         first_renew: Instant,
         deadline: Instant,
+        meter: Arc<HoldMeter>,
     ) -> (u64, watch::Receiver<LeaseState>) {
         let (tx, rx) = watch::channel(LeaseState::Held { deadline });
         let mut st = self.lock();
@@ -138,10 +147,12 @@ impl Watchdog {
                 in_flight: false,
                 failures: 0,
                 tx,
+                meter,
+                hooks: Vec::new(),
             },
         );
         let due = renew_every.map_or(deadline, |_| first_renew.min(deadline));
-        let wake = !st.running || st.sleeping_until.map_or(true, |t| due < t);
+        let wake = !st.running || st.sleeping_until.is_none_or(|t| due < t);
         if !st.running {
             st.running = true;
             tokio::spawn(Self::run(Arc::downgrade(self), self.wake.clone()));
@@ -151,6 +162,13 @@ impl Watchdog {
             self.wake.notify_one();
         }
         (id, rx)
+    }
+
+    /// Calls `hook` with each failed renewal of lease `id` from now on.
+    pub(crate) fn on_failure(&self, id: u64, hook: FailureHook) {
+        if let Some(e) = self.lock().entries.get_mut(&id) {
+            e.hooks.push(hook);
+        }
     }
 
     /// Stops tracking a lease; its state becomes `Released` unless it was lost.
@@ -186,6 +204,7 @@ impl Watchdog {
                     let held = matches!(s, LeaseState::Held { .. });
                     if held {
                         *s = LeaseState::Lost(LostReason::Closed);
+                        e.meter.lost(LostReason::Closed);
                     }
                     held
                 });
@@ -217,22 +236,34 @@ impl Watchdog {
     /// Records the outcome of a renewal made outside the watchdog.
     pub(crate) fn renewed(&self, id: u64, sent: Instant, outcome: Renew) {
         let mut st = self.lock();
-        Self::apply(&mut st, id, sent, Ok(outcome));
+        let calls = Self::apply(&mut st, id, sent, Ok(outcome));
         drop(st);
+        call(calls);
         self.wake.notify_one();
     }
 
-    fn apply(st: &mut State, id: u64, sent: Instant, outcome: Result<Renew>) {
-        let Some(e) = st.entries.get_mut(&id) else {
-            return;
-        };
+    /// Applies a renewal's outcome; returns the failure hooks to call
+    /// once the lock is let go (user code must not run under it).
+    fn apply(st: &mut State, id: u64, sent: Instant, outcome: Result<Renew>) -> Calls {
+        let e = st.entries.get_mut(&id)?;
+        let labels = e.meter.labels();
+        match &outcome {
+            Ok(Renew::Renewed) => labels.renewal("renewed"),
+            Ok(Renew::NotHeld) => labels.renewal("not_held"),
+            Err(err) => {
+                labels.renewal("failed");
+                labels.store_error(err.kind());
+            }
+        }
         match outcome {
             Ok(Renew::Renewed) if e.deadline <= Instant::now() => {
                 // Too late: the guard has read as lost since its deadline
                 // (`LeaseState::at`), and a lost lock stays lost.
                 tracing::warn!(key = %e.request.key, "lock lost: renewed only after its deadline");
                 e.tx.send_replace(LeaseState::Lost(LostReason::Expired));
+                e.meter.lost(LostReason::Expired);
                 st.entries.remove(&id);
+                None
             }
             Ok(Renew::Renewed) => {
                 e.failures = 0;
@@ -249,11 +280,14 @@ impl Watchdog {
                 e.tx.send_replace(LeaseState::Held {
                     deadline: e.deadline,
                 });
+                None
             }
             Ok(Renew::NotHeld) => {
                 tracing::warn!(key = %e.request.key, "lock lost: the store says it is no longer held");
                 e.tx.send_replace(LeaseState::Lost(LostReason::NotHeld));
+                e.meter.lost(LostReason::NotHeld);
                 st.entries.remove(&id);
+                None
             }
             Err(err) => {
                 // Keep trying until the deadline decides, but back off: an
@@ -270,6 +304,16 @@ impl Watchdog {
                 tracing::warn!(key = %e.request.key, error = %err.chain(),
                     retry_in = ?retry, "lock renewal failed; retrying");
                 e.next_renew = now + retry;
+                (!e.hooks.is_empty()).then(|| {
+                    let failure = RenewalFailure {
+                        key: e.request.key.clone(),
+                        kind: err.kind(),
+                        error: err.chain().to_string(),
+                        failures: e.failures,
+                        remaining: left,
+                    };
+                    (e.hooks.clone(), failure)
+                })
             }
         }
     }
@@ -342,6 +386,7 @@ impl Watchdog {
                     if e.deadline <= now {
                         tracing::warn!(key = %e.request.key, "lock lost: not renewed before its deadline");
                         e.tx.send_replace(LeaseState::Lost(LostReason::Expired));
+                        e.meter.lost(LostReason::Expired);
                         false
                     } else {
                         true
@@ -404,22 +449,45 @@ impl Watchdog {
             }
             if !due.is_empty() {
                 let backend = strong.backend.clone();
-                in_flight.push(Box::pin(async move {
-                    let (ids, requests): (Vec<u64>, Vec<RenewRequest>) = due.into_iter().unzip();
-                    // A call stuck on a dead connection must not stall later renewals
-                    // once the store is back.
-                    let limit = requests.iter().map(|r| r.ttl / 2).min().unwrap_or_default();
-                    let sent = Instant::now();
-                    let results =
-                        match tokio::time::timeout(limit, backend.renew_many(&requests)).await {
+                let span = tracing::info_span!(
+                    "locksmith.renew",
+                    leases = due.len(),
+                    store = strong
+                        .lock()
+                        .entries
+                        .get(&due[0].0)
+                        .map(|e| e.meter.labels().store()),
+                    renewed = tracing::field::Empty
+                );
+                in_flight.push(Box::pin(tracing::Instrument::instrument(
+                    async move {
+                        let (ids, requests): (Vec<u64>, Vec<RenewRequest>) =
+                            due.into_iter().unzip();
+                        // A call stuck on a dead connection must not stall later renewals
+                        // once the store is back.
+                        let limit = requests.iter().map(|r| r.ttl / 2).min().unwrap_or_default();
+                        let sent = Instant::now();
+                        let results = match tokio::time::timeout(
+                            limit,
+                            backend.renew_many(&requests),
+                        )
+                        .await
+                        {
                             Ok(results) => results,
                             Err(_) => requests
                                 .iter()
                                 .map(|_| Err(crate::Error::unavailable("renewal timed out")))
                                 .collect(),
                         };
-                    (ids, sent, results)
-                }));
+                        let renewed = results
+                            .iter()
+                            .filter(|r| matches!(r, Ok(Renew::Renewed)))
+                            .count();
+                        tracing::Span::current().record("renewed", renewed);
+                        (ids, sent, results)
+                    },
+                    span,
+                )));
                 continue;
             }
             let sleep_until = sleep_time(next_wake, sweep_at, now);
@@ -431,6 +499,7 @@ impl Watchdog {
                     let Some(strong) = this.upgrade() else { return };
                     let mut st = strong.lock();
                     let mut results = results.into_iter();
+                    let mut calls = Vec::new();
                     for id in ids {
                         if let Some(e) = st.entries.get_mut(&id) {
                             e.in_flight = false;
@@ -438,8 +507,10 @@ impl Watchdog {
                         let outcome = results.next().unwrap_or_else(|| {
                             Err(crate::Error::backend("renew_many returned too few results"))
                         });
-                        Self::apply(&mut st, id, sent, outcome);
+                        calls.push(Self::apply(&mut st, id, sent, outcome));
                     }
+                    drop(st);
+                    calls.into_iter().for_each(call);
                 }
                 _ = tokio::time::sleep_until(sleep_until.into()) => {}
                 _ = wake.notified() => {}
@@ -447,6 +518,20 @@ impl Watchdog {
                     alarmed_at = Some(Instant::now());
                 }
             }
+        }
+    }
+}
+
+/// Calls each failure hook; a hook that panics is caught and logged, so
+/// that it cannot stop the renewals of every other lock.
+fn call(calls: Calls) {
+    let Some((hooks, failure)) = calls else {
+        return;
+    };
+    for hook in hooks {
+        let run = std::panic::AssertUnwindSafe(|| hook(&failure));
+        if std::panic::catch_unwind(run).is_err() {
+            tracing::error!(key = %failure.key, "a renewal-failure callback panicked");
         }
     }
 }
