@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use futures::stream::{self, StreamExt};
 use locksmith::backend::RedactedUrl;
 use locksmith::{Error, LockGuard, LockOptions, Locker, OwnerToken, Result};
-use locksmith_cli::timing::{percentile, HandOffs};
+use locksmith_cli::timing::{percentile, percentile_ms, HandOffs};
+use serde::Serialize;
+use serde_json::json;
 
 use super::endpoints::Endpoints;
 use super::proxy::{self, Control};
@@ -87,9 +89,13 @@ fn run_key(tag: &str) -> String {
     )
 }
 
+/// `locksmith bench`: the table on stdout, or with `--json` one JSON
+/// document (progress and notices on stderr either way).
 pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
     let url = args.store.shared_url()?.to_owned();
     let shown = RedactedUrl::new(&url);
+    let scheme = locksmith::backend::scheme(&url)?;
+    let text = !args.json;
     let n = args.clients as usize;
     if args.held > 0 && args.hold_for < Duration::from_secs(1) {
         return Err(Error::invalid_options("--hold-for must be at least 1s"));
@@ -112,10 +118,15 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
             args.ttl, caps.min_ttl
         )));
     }
-    println!(
+    let header = format!(
         "locksmith bench: {shown} ({n} clients, {} per throughput run)",
         humantime::format_duration(args.duration)
     );
+    if text {
+        println!("{header}");
+    } else {
+        eprintln!("{header}");
+    }
     let mut lockers = vec![first];
     for _ in 1..n {
         lockers.push(locksmith::connect(&url).await?);
@@ -172,80 +183,161 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
     }
     drop(lockers);
 
-    println!("  {:<34} figures", "run");
-    println!(
-        "  {:<34} {:>8.0} pairs/s  pair p50 {}  p99 {}",
-        "uncontended, 1 client",
-        one,
-        percentile(&lat, 0.50),
-        percentile(&lat, 0.99)
-    );
-    println!(
-        "  {:<34} {:>8.0} pairs/s  ({:.2}x one client)",
-        format!("uncontended, {n} clients"),
-        many,
-        many / one.max(f64::MIN_POSITIVE)
-    );
-    for (label, rate, lat) in &claims {
-        println!(
-            "  {:<34} {:>8.0} pairs/s  pair p50 {}  p99 {}  ({:.2}x the lock)",
-            label,
-            rate,
-            percentile(lat, 0.50),
-            percentile(lat, 0.99),
-            rate / one.max(f64::MIN_POSITIVE)
-        );
-    }
-    if claims.is_empty() {
-        println!(
-            "  {:<34} this store has neither: no such runs",
-            "semaphores, read-write locks"
-        );
-    }
     let (rate, gaps, shares) = contended;
     let (lo, hi) = shares
         .iter()
         .fold((f64::MAX, 0.0f64), |(lo, hi), s| (lo.min(*s), hi.max(*s)));
-    println!(
-        "  {:<34} {:>8.0} locks/s  hand-off p50 {}  p99 {}  share {:.1}%..{:.1}%",
-        format!("contended, {n} clients, one key"),
-        rate,
-        percentile(&gaps, 0.50),
-        percentile(&gaps, 0.99),
-        lo * 100.0,
-        hi * 100.0
-    );
-    println!(
-        "  {:<34} {:>8.0} locks/s  hand-off p50 {}  p99 {}  share {:.1}%/{:.1}%  (held {} ms, {} ms between turns)",
-        "contended, 2 processes, one key",
-        procs.rate,
-        percentile(&procs.handoffs, 0.50),
-        percentile(&procs.handoffs, 0.99),
-        procs.shares[0] * 100.0,
-        procs.shares[1] * 100.0,
-        super::bench_procs::HOLD.as_millis(),
-        super::bench_procs::THINK.as_millis()
-    );
-    match election {
-        Some(e) => println!(
-            "  {:<34} resign to next leader p50 {}  p99 {};  observed p50 {}  p99 {} ({} of {} \
-             reigns; polls every {} ms)",
-            "election, 2 candidates",
-            percentile(&e.handoffs, 0.50),
-            percentile(&e.handoffs, 0.99),
-            percentile(&e.observed, 0.50),
-            percentile(&e.observed, 0.99),
-            e.observed.len(),
-            e.observed.len() + e.missed,
-            locksmith::OBSERVE_EVERY.as_millis()
-        ),
-        None => println!(
-            "  {:<34} this store keeps no values: no elections",
-            "election"
-        ),
+    if text {
+        println!("  {:<34} figures", "run");
+        println!(
+            "  {:<34} {:>8.0} pairs/s  pair p50 {}  p99 {}",
+            "uncontended, 1 client",
+            one,
+            percentile(&lat, 0.50),
+            percentile(&lat, 0.99)
+        );
+        println!(
+            "  {:<34} {:>8.0} pairs/s  ({:.2}x one client)",
+            format!("uncontended, {n} clients"),
+            many,
+            many / one.max(f64::MIN_POSITIVE)
+        );
+        for (label, rate, lat) in &claims {
+            println!(
+                "  {:<34} {:>8.0} pairs/s  pair p50 {}  p99 {}  ({:.2}x the lock)",
+                label,
+                rate,
+                percentile(lat, 0.50),
+                percentile(lat, 0.99),
+                rate / one.max(f64::MIN_POSITIVE)
+            );
+        }
+        if claims.is_empty() {
+            println!(
+                "  {:<34} this store has neither: no such runs",
+                "semaphores, read-write locks"
+            );
+        }
+        println!(
+            "  {:<34} {:>8.0} locks/s  hand-off p50 {}  p99 {}  share {:.1}%..{:.1}%",
+            format!("contended, {n} clients, one key"),
+            rate,
+            percentile(&gaps, 0.50),
+            percentile(&gaps, 0.99),
+            lo * 100.0,
+            hi * 100.0
+        );
+        println!(
+            "  {:<34} {:>8.0} locks/s  hand-off p50 {}  p99 {}  share {:.1}%/{:.1}%  (held {} ms, {} ms between turns)",
+            "contended, 2 processes, one key",
+            procs.rate,
+            percentile(&procs.handoffs, 0.50),
+            percentile(&procs.handoffs, 0.99),
+            procs.shares[0] * 100.0,
+            procs.shares[1] * 100.0,
+            super::bench_procs::HOLD.as_millis(),
+            super::bench_procs::THINK.as_millis()
+        );
+        match &election {
+            Some(e) => println!(
+                "  {:<34} resign to next leader p50 {}  p99 {};  observed p50 {}  p99 {} ({} of {} \
+                 reigns; polls every {} ms)",
+                "election, 2 candidates",
+                percentile(&e.handoffs, 0.50),
+                percentile(&e.handoffs, 0.99),
+                percentile(&e.observed, 0.50),
+                percentile(&e.observed, 0.99),
+                e.observed.len(),
+                e.observed.len() + e.missed,
+                locksmith::OBSERVE_EVERY.as_millis()
+            ),
+            None => println!(
+                "  {:<34} this store keeps no values: no elections",
+                "election"
+            ),
+        }
     }
-    if args.held > 0 {
-        held(&url, &args, &caps).await?;
+    let held_run = if args.held > 0 {
+        Some(held(&url, &args, &caps, text).await?)
+    } else {
+        None
+    };
+    if let Some(h) = held_run.as_ref().filter(|_| text) {
+        h.print();
+    }
+    if args.json {
+        let vs_one = |rate: f64| rate / one.max(f64::MIN_POSITIVE);
+        let mut runs = vec![
+            json!({
+                "scenario": "uncontended, 1 client",
+                "clients": 1,
+                "pairs_per_sec": one,
+                "p50_ms": percentile_ms(&lat, 0.50),
+                "p99_ms": percentile_ms(&lat, 0.99),
+            }),
+            json!({
+                "scenario": format!("uncontended, {n} clients"),
+                "clients": n,
+                "pairs_per_sec": many,
+                "vs_one_client": vs_one(many),
+            }),
+        ];
+        for (label, rate, lat) in &claims {
+            runs.push(json!({
+                "scenario": label,
+                "clients": 1,
+                "pairs_per_sec": rate,
+                "p50_ms": percentile_ms(lat, 0.50),
+                "p99_ms": percentile_ms(lat, 0.99),
+                "vs_lock": vs_one(*rate),
+            }));
+        }
+        runs.push(json!({
+            "scenario": format!("contended, {n} clients, one key"),
+            "clients": n,
+            "locks_per_sec": rate,
+            "handoff_p50_ms": percentile_ms(&gaps, 0.50),
+            "handoff_p99_ms": percentile_ms(&gaps, 0.99),
+            "share_min_pct": lo * 100.0,
+            "share_max_pct": hi * 100.0,
+        }));
+        runs.push(json!({
+            "scenario": "contended, 2 processes, one key",
+            "processes": 2,
+            "locks_per_sec": procs.rate,
+            "handoff_p50_ms": percentile_ms(&procs.handoffs, 0.50),
+            "handoff_p99_ms": percentile_ms(&procs.handoffs, 0.99),
+            "shares_pct": procs.shares.map(|s| s * 100.0),
+            "hold_ms": u64::try_from(super::bench_procs::HOLD.as_millis()).unwrap_or(u64::MAX),
+            "think_ms": u64::try_from(super::bench_procs::THINK.as_millis()).unwrap_or(u64::MAX),
+        }));
+        if let Some(e) = &election {
+            runs.push(json!({
+                "scenario": "election, 2 candidates",
+                "candidates": 2,
+                "resign_to_leader_p50_ms": percentile_ms(&e.handoffs, 0.50),
+                "resign_to_leader_p99_ms": percentile_ms(&e.handoffs, 0.99),
+                "observed_p50_ms": percentile_ms(&e.observed, 0.50),
+                "observed_p99_ms": percentile_ms(&e.observed, 0.99),
+                "reigns_observed": e.observed.len(),
+                "reigns": e.observed.len() + e.missed,
+                "observe_every_ms":
+                    u64::try_from(locksmith::OBSERVE_EVERY.as_millis()).unwrap_or(u64::MAX),
+            }));
+        }
+        let doc = json!({
+            "url": shown.to_string(),
+            "url_scheme": scheme.name,
+            "store": scheme.store,
+            "clients": n,
+            "duration_seconds": d.as_secs_f64(),
+            "runs": runs,
+            "held": held_run,
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+        );
     }
     Ok(0)
 }
@@ -380,9 +472,114 @@ fn rss() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The held-lock run's figures, as the table shows them and as `--json`
+/// writes them; `None` (null) where there is no figure.
+#[derive(Debug, Serialize)]
+struct Held {
+    /// Locks held.
+    locks: usize,
+    /// How long they were held.
+    #[serde(skip)]
+    hold_for: Duration,
+    /// Their lease.
+    #[serde(skip)]
+    ttl: Duration,
+    /// How often each lease was renewed (to the ms).
+    #[serde(skip)]
+    period: Duration,
+    hold_for_seconds: f64,
+    ttl_seconds: f64,
+    renewed_every_ms: u64,
+    /// Renewal batches (one store call each) per renewal period.
+    renewal_batches_per_period: f64,
+    /// The same, per 100 held locks.
+    renewal_batches_per_period_per_100_locks: f64,
+    /// Leases a batch carried.
+    leases_per_batch: f64,
+    /// The renewals' network round trips per period, counted at a local
+    /// proxy: none for a store not reached over TCP.
+    renewal_round_trips_per_period: Option<f64>,
+    /// The same, per 100 held locks.
+    renewal_round_trips_per_period_per_100_locks: Option<f64>,
+    /// Round trips per held lock per minute.
+    round_trips_per_lock_per_minute: Option<f64>,
+    /// The most connections open to the store at once, to all servers,
+    /// while taking, holding and releasing.
+    connections_to_store: Option<u64>,
+    /// Resident memory growth per held lock.
+    client_memory_per_lock_bytes: Option<f64>,
+    /// Resident memory growth for all of them (may be negative).
+    rss_growth_bytes: Option<f64>,
+    /// Locks lost while held.
+    locks_lost: usize,
+}
+
+impl Held {
+    /// The held-lock run's lines of the table.
+    fn print(&self) {
+        let n = self.locks;
+        println!(
+            "  {:<34} {n} locks held for {}, TTL {} (renewed every {})",
+            "held locks",
+            humantime::format_duration(self.hold_for),
+            humantime::format_duration(self.ttl),
+            humantime::format_duration(self.period)
+        );
+        println!(
+            "  {:<34} {:>8.1}  ({:.2} per 100 held locks; {:.1} leases per batch, one store call each)",
+            "  renewal batches / period",
+            self.renewal_batches_per_period,
+            self.renewal_batches_per_period_per_100_locks,
+            self.leases_per_batch
+        );
+        match (
+            self.renewal_round_trips_per_period,
+            self.renewal_round_trips_per_period_per_100_locks,
+            self.round_trips_per_lock_per_minute,
+            self.connections_to_store,
+        ) {
+            (Some(per_period), Some(per_100), Some(per_minute), Some(connections)) => {
+                println!(
+                    "  {:<34} {:>8.1}  ({:.2} per 100 held locks; requests sent together share one)",
+                    "  renewal round trips / period", per_period, per_100
+                );
+                println!(
+                    "  {:<34} {:>8.3}",
+                    "  round trips / lock / minute", per_minute
+                );
+                println!(
+                    "  {:<34} {:>8}  (most open at once, to all servers, while taking, holding and releasing)",
+                    "  connections to the store",
+                    connections
+                );
+            }
+            _ => println!(
+                "  {:<34} {:>8}  (the store is not reached over TCP, so there is no proxy to count at)",
+                "  renewal round trips / period", "n/a"
+            ),
+        }
+        match (self.client_memory_per_lock_bytes, self.rss_growth_bytes) {
+            (Some(per_lock), Some(growth)) => println!(
+                "  {:<34} {:>8.0} B  (RSS {:+.1} MiB for {n} locks)",
+                "  client memory / held lock",
+                per_lock,
+                growth / (1024.0 * 1024.0)
+            ),
+            _ => println!("  {:<34} {:>8}", "  client memory / held lock", "n/a"),
+        }
+        println!("  {:<34} {:>8}", "  locks lost while held", self.locks_lost);
+    }
+}
+
 /// One client holds `--held` locks for `--hold-for`: renewal round trips
 /// (through a counting proxy, for a store reached over TCP) and memory.
-async fn held(url: &str, args: &BenchArgs, caps: &locksmith::backend::Capabilities) -> Result<()> {
+/// A notice goes to stdout if `text`, else to stderr.
+async fn held(
+    url: &str,
+    args: &BenchArgs,
+    caps: &locksmith::backend::Capabilities,
+    text: bool,
+) -> Result<Held> {
     let mut n = args.held as usize;
     // SQL session locks each keep a server connection (ZooKeeper's share
     // one session).
@@ -392,10 +589,15 @@ async fn held(url: &str, args: &BenchArgs, caps: &locksmith::backend::Capabiliti
             "PostgreSQL" | "MySQL/MariaDB"
         );
     if per_connection && n > SESSION_HELD {
-        println!(
+        let notice = format!(
             "  held locks: SQL session locks each keep a server connection of their own, \
              so {SESSION_HELD} instead of {n} (more would exhaust the server's connections)"
         );
+        if text {
+            println!("{notice}");
+        } else {
+            eprintln!("{notice}");
+        }
         n = SESSION_HELD;
     }
     let ctl = Control::new();
@@ -440,7 +642,7 @@ async fn held(url: &str, args: &BenchArgs, caps: &locksmith::backend::Capabiliti
         .buffer_unordered(FILL_CONCURRENCY);
     while let Some(g) = acquiring.next().await {
         guards.push(g?);
-        if guards.len() % 500 == 0 {
+        if guards.len().is_multiple_of(500) {
             bar.show(guards.len() as f64 / n as f64);
         }
     }
@@ -477,54 +679,31 @@ async fn held(url: &str, args: &BenchArgs, caps: &locksmith::backend::Capabiliti
     // (the TTL, or a ZooKeeper session when that is shorter).
     let period = caps.trusted_lease(args.ttl) / 3;
     let periods = args.hold_for.as_secs_f64() / period.as_secs_f64();
-    println!(
-        "  {:<34} {n} locks held for {}, TTL {} (renewed every {})",
-        "held locks",
-        humantime::format_duration(args.hold_for),
-        humantime::format_duration(args.ttl),
-        humantime::format_duration(Duration::from_millis(period.as_millis() as u64))
-    );
-    let per_period = calls as f64 / periods;
-    println!(
-        "  {:<34} {:>8.1}  ({:.2} per 100 held locks; {:.1} leases per batch, one store call each)",
-        "  renewal batches / period",
-        per_period,
-        per_period / (n as f64 / 100.0),
-        leases as f64 / calls.max(1) as f64
-    );
-    if counted.is_some() {
-        let per_period = round_trips as f64 / periods;
-        println!(
-            "  {:<34} {:>8.1}  ({:.2} per 100 held locks; requests sent together share one)",
-            "  renewal round trips / period",
-            per_period,
-            per_period / (n as f64 / 100.0)
-        );
-        println!(
-            "  {:<34} {:>8.3}",
-            "  round trips / lock / minute",
-            round_trips as f64 / n as f64 / (args.hold_for.as_secs_f64() / 60.0)
-        );
-        println!(
-            "  {:<34} {:>8}  (most open at once, to all servers, while taking, holding and releasing)",
-            "  connections to the store",
-            ctl.most_open()
-        );
-    } else {
-        println!(
-            "  {:<34} {:>8}  (the store is not reached over TCP, so there is no proxy to count at)",
-            "  renewal round trips / period", "n/a"
-        );
-    }
-    match (before, after) {
-        (Some(b), Some(a)) => println!(
-            "  {:<34} {:>8.0} B  (RSS {:+.1} MiB for {n} locks)",
-            "  client memory / held lock",
-            a.saturating_sub(b) as f64 / n as f64,
-            (a as f64 - b as f64) / (1024.0 * 1024.0)
-        ),
-        _ => println!("  {:<34} {:>8}", "  client memory / held lock", "n/a"),
-    }
-    println!("  {:<34} {:>8}", "  locks lost while held", lost);
-    Ok(())
+    let per_100 = |per_period: f64| per_period / (n as f64 / 100.0);
+    let batches = calls as f64 / periods;
+    let round_trips_per_period = counted.as_ref().map(|_| round_trips as f64 / periods);
+    let renewed_every_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
+    Ok(Held {
+        locks: n,
+        hold_for: args.hold_for,
+        ttl: args.ttl,
+        period: Duration::from_millis(renewed_every_ms),
+        hold_for_seconds: args.hold_for.as_secs_f64(),
+        ttl_seconds: args.ttl.as_secs_f64(),
+        renewed_every_ms,
+        renewal_batches_per_period: batches,
+        renewal_batches_per_period_per_100_locks: per_100(batches),
+        leases_per_batch: leases as f64 / calls.max(1) as f64,
+        renewal_round_trips_per_period: round_trips_per_period,
+        renewal_round_trips_per_period_per_100_locks: round_trips_per_period.map(per_100),
+        round_trips_per_lock_per_minute: counted
+            .as_ref()
+            .map(|_| round_trips as f64 / n as f64 / (args.hold_for.as_secs_f64() / 60.0)),
+        connections_to_store: counted.as_ref().map(|_| ctl.most_open()),
+        client_memory_per_lock_bytes: before
+            .zip(after)
+            .map(|(b, a)| a.saturating_sub(b) as f64 / n as f64),
+        rss_growth_bytes: before.zip(after).map(|(b, a)| a as f64 - b as f64),
+        locks_lost: lost,
+    })
 }

@@ -333,8 +333,8 @@ struct CheckArgs {
     /// and resource op, as JSON) to this file, to study a violation.
     #[arg(long)]
     history: Option<std::path::PathBuf>,
-    /// One JSON object on stdout instead of tables (the summary line still
-    /// ends stderr).
+    /// Write the figures as one JSON document on stdout, for dashboards
+    /// (the summary line still ends stderr).
     #[arg(long)]
     json: bool,
 }
@@ -358,6 +358,9 @@ struct BenchArgs {
     /// The held locks' lease (renewed every third of it).
     #[arg(long, default_value = "30s", value_parser = duration)]
     ttl: Duration,
+    /// Write the figures as one JSON document on stdout, for dashboards.
+    #[arg(long)]
+    json: bool,
 }
 
 /// `__bench-peer`: what `bench` tells its peer process.

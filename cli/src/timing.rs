@@ -43,9 +43,15 @@ impl HandOffs {
 
 /// The `p` quantile (0..=1) of sorted durations, in ms, or "n/a".
 pub fn percentile(sorted: &[Duration], p: f64) -> String {
+    percentile_ms(sorted, p).map_or_else(|| "n/a".to_owned(), |ms| format!("{ms:.2} ms"))
+}
+
+/// The `p` quantile (0..=1) of sorted durations, in ms as a number (what
+/// [`percentile`] shows), or `None` if there are none.
+pub fn percentile_ms(sorted: &[Duration], p: f64) -> Option<f64> {
     if sorted.is_empty() {
-        return "n/a".into();
+        return None;
     }
     let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    format!("{:.2} ms", sorted[i].as_secs_f64() * 1000.0)
+    Some(sorted[i].as_secs_f64() * 1000.0)
 }

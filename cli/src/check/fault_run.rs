@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::history::{self, Verdict};
 use super::nemesis::{Fault, Nemesis};
 use super::observers::{self, Observers};
-use super::report::{print_fault_run_header, print_fault_table, FaultRun};
+use super::report::{fault_run_result, print_fault_run_header, print_fault_table, FaultRun};
 use super::resource::Resource;
 use super::worker::Claims;
 use super::workers::{Spawner, Workers};
@@ -165,6 +165,7 @@ pub(crate) async fn fault_run(
             crate::die_by_signal_on_exit(sig);
         }
     }
+    let result = fault_run_result(&judged.verdict, &counts, election.as_ref());
     let run = FaultRun {
         seconds,
         workers: args.workers,
@@ -178,6 +179,7 @@ pub(crate) async fn fault_run(
         workers_exited: exited,
         left_held,
         election,
+        result,
     };
     if text {
         print_fault_table(&run, caps.fencing);

@@ -111,7 +111,8 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
             format!("{why} (see the README's store table)"),
         ));
     }
-    let store = locksmith::backend::scheme(&url)?.store;
+    let scheme = locksmith::backend::scheme(&url)?;
+    let (store, url_scheme) = (scheme.store, scheme.name);
     let endpoints = Endpoints::of(&url)?;
     let text = !args.json;
     if text {
@@ -213,7 +214,18 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
         .as_ref()
         .is_some_and(|f| f.faults.get("failover") == Some(&0));
     let idle = idle || no_failover;
-    let code = if failed == 0 && x == 0 && d == 0 && r == 0 && leaders.unwrap_or(0) == 0 && !idle {
+    // The fault run's result counts the same violations, and fails an
+    // idle run or a failover never made.
+    let result = if failed == 0
+        && fault_run
+            .as_ref()
+            .is_none_or(|f| f.result == CaseOutcome::Pass)
+    {
+        CaseOutcome::Pass
+    } else {
+        CaseOutcome::Fail
+    };
+    let code = if result == CaseOutcome::Pass {
         0
     } else {
         EX_FOUND
@@ -229,8 +241,13 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
     if args.json {
         let report = Report {
             url: shown,
+            url_scheme: url_scheme.to_owned(),
             store: store.to_string(),
             fencing: caps.fencing,
+            result,
+            cases_passed: passed,
+            cases_skipped: skipped,
+            cases_failed: failed,
             conformance,
             fault_run,
             summary: summary.clone(),
@@ -238,7 +255,8 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
         };
         println!(
             "{}",
-            serde_json::to_string(&report).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+            serde_json::to_string_pretty(&report)
+                .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
         );
         eprintln!("{summary}");
     } else {

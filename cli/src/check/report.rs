@@ -72,14 +72,51 @@ pub(crate) struct FaultRun {
     /// What the observers saw (`--election`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) election: Option<LeaderVerdict>,
+    /// `pass` or `fail`, by [`fault_run_result`].
+    pub(crate) result: CaseOutcome,
+}
+
+/// A fault run's result: a pass only if it found no exclusion, data or
+/// leader violation and no fence regression, and proved something: it
+/// acquired the lock, its observers (`--election`) read the leader, and a
+/// failover asked for was made.
+pub(crate) fn fault_run_result(
+    verdict: &Verdict,
+    faults: &BTreeMap<&'static str, u64>,
+    election: Option<&LeaderVerdict>,
+) -> CaseOutcome {
+    let clean = verdict.exclusion_violations == 0
+        && verdict.data_violations == 0
+        && verdict.fence_regressions == 0
+        && election.is_none_or(|e| e.violations == 0);
+    let idle = verdict.acquisitions == 0
+        || election.is_some_and(|e| e.sightings == 0)
+        || faults.get("failover") == Some(&0);
+    if clean && !idle {
+        CaseOutcome::Pass
+    } else {
+        CaseOutcome::Fail
+    }
 }
 
 /// The whole report, as `--json` prints it.
 #[derive(Debug, Serialize)]
 pub(crate) struct Report {
+    /// The URL with its secrets redacted.
     pub(crate) url: String,
+    /// The URL's scheme (`redis`, `postgres`, …).
+    pub(crate) url_scheme: String,
     pub(crate) store: String,
     pub(crate) fencing: bool,
+    /// The overall verdict: `pass` (exit status 0) if every case that ran
+    /// passed and so did the fault run, else `fail`.
+    pub(crate) result: CaseOutcome,
+    /// Conformance cases that passed.
+    pub(crate) cases_passed: usize,
+    /// Conformance cases skipped (they cannot run here).
+    pub(crate) cases_skipped: usize,
+    /// Conformance cases that failed.
+    pub(crate) cases_failed: usize,
     pub(crate) conformance: Vec<CaseResult>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) fault_run: Option<FaultRun>,
