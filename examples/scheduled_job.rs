@@ -1,0 +1,327 @@
+//! A scheduled job that runs at most once per period across a fleet, ShedLock-style.
+//!
+//! Every node fires the same schedule; `run_at_most_once` lets one of them run
+//! each occurrence, with two durations:
+//!
+//! - **lock at most for** (`at_most`): the lease's TTL. The lock is taken with
+//!   renewal off, so a node that crashes mid-run frees it after this long. Pick
+//!   it well above the longest run: a run still going after it may overlap the
+//!   next holder's.
+//! - **lock at least for** (`at_least`): the lock stays held at least this long
+//!   after it was taken, even when the run is short, so a node whose clock is a
+//!   little behind, and so fires the same occurrence a moment later, finds it
+//!   still held instead of running the job a second time. Pick it longer than
+//!   the clock skew between nodes and shorter than the period minus that skew.
+//!
+//! The demo runs three nodes (three `Locker`s on one store, as tasks) whose
+//! clocks are 0, 150 and 300 ms behind, each firing every second for five
+//! periods; the job counts its runs per period, by the period its node's clock
+//! says. It checks that no period ran more than once and that at least four
+//! ran, then shows for contrast what the same fleet does without "at least
+//! for". It exits 0 only if the property held.
+//!
+//! ```sh
+//! cargo run -p locksmith --example scheduled_job                # an SQLite file in the temp dir
+//! cargo run -p locksmith --example scheduled_job -- sqlite:///tmp/jobs.db
+//! cargo run -p locksmith --features redis --example scheduled_job -- redis://127.0.0.1:6379
+//! ```
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use locksmith::backend::{Binding, RedactedUrl, Renew};
+use locksmith::{Error, ErrorKind, LockGuard, LockOptions, Locker};
+
+/// How far behind each node's clock is.
+const BEHIND_MS: [u64; 3] = [0, 150, 300];
+/// The schedule: every node fires once per period.
+const PERIOD: Duration = Duration::from_secs(1);
+/// Lock at least for: longer than the skew, shorter than the period minus it.
+const AT_LEAST: Duration = Duration::from_millis(800);
+/// Lock at most for: the lease a crashed run leaves behind.
+const AT_MOST: Duration = Duration::from_secs(5);
+/// Periods in the demo.
+const PERIODS: u32 = 5;
+/// How long one run of the job takes.
+const JOB_TAKES: Duration = Duration::from_millis(50);
+
+/// Runs `job` unless another node holds `name`: `Ok(Some(output))` when this
+/// node ran it, `Ok(None)` when another node holds the lock (this occurrence
+/// is theirs). The lock is held for at least `at_least` from when it was
+/// taken, and at most `at_most` if this node dies or the run hangs.
+///
+/// # Errors
+/// `InvalidOptions` if `at_least` exceeds `at_most`; the store's errors
+/// (`Unavailable`, ...) from the attempt to take the lock, never reported as
+/// "someone else runs it".
+async fn run_at_most_once<F, Fut, T>(
+    locker: &Locker,
+    name: &str,
+    at_least: Duration,
+    at_most: Duration,
+    job: F,
+) -> locksmith::Result<Option<T>>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = T>,
+{
+    if at_least > at_most {
+        return Err(Error::new(
+            ErrorKind::InvalidOptions,
+            format!("lock at least for ({at_least:?}) exceeds lock at most for ({at_most:?})"),
+        ));
+    }
+    // `at_most` is the lease's TTL, with the renewal watchdog off: a run that
+    // hangs must not keep the job locked for ever. No waiting either: if
+    // another node holds the lock, this occurrence is theirs.
+    let opts = LockOptions::new().ttl(at_most).auto_renew(false).no_wait();
+    let Some(guard) = locker.try_lock_with(name, &opts).await? else {
+        return Ok(None);
+    };
+    // Taken once the grant is back, so that the time left computed from it
+    // below errs towards holding the lock a little longer, never shorter.
+    let acquired = Instant::now();
+
+    // With renewal off the lock is lost only when a run outlives `at_most`:
+    // another node may then run the job beside this one. Say so. (`finished`
+    // keeps the lease's planned end, after the run, from being reported.)
+    let finished = Arc::new(AtomicBool::new(false));
+    {
+        let finished = finished.clone();
+        let name = name.to_owned();
+        guard.on_lost(move |reason| {
+            if !finished.load(Ordering::SeqCst) {
+                eprintln!(
+                    "warning: job {name:?} outlived its lock-at-most-for ({reason:?}); \
+                     another node may be running it too"
+                );
+            }
+        });
+    }
+
+    let output = job().await;
+    finished.store(true, Ordering::SeqCst);
+    let elapsed = acquired.elapsed();
+
+    match at_least.checked_sub(elapsed) {
+        // The run took at least `at_least` (or outlived its lease): free the
+        // lock now. The release is owner-checked, so a lock someone else
+        // took after our lease ran out is left alone.
+        None => release_or_warn(guard).await,
+        Some(left) if left.is_zero() || guard.is_lost() => release_or_warn(guard).await,
+        Some(left) => keep_for(locker, guard, left).await,
+    }
+    Ok(Some(output))
+}
+
+/// Leaves the lock held for `left` more, without this task waiting for it.
+async fn keep_for(locker: &Locker, guard: LockGuard, left: Duration) {
+    let caps = locker.capabilities();
+    if caps.binding == Binding::Session {
+        // A session-bound lock (ZooKeeper, etcd, SQL `?mode=session`) lives
+        // as long as its session, not a TTL, so it cannot be left to expire
+        // on its own: a task holds the guard and releases it when `at_least`
+        // is up. If the process dies first, the session ends and frees it.
+        tokio::spawn(async move {
+            tokio::time::sleep(left).await;
+            release_or_warn(guard).await;
+        });
+        return;
+    }
+    // A lease-bound lock: set its remaining time to `left`, ShedLock's
+    // `lock_until = locked_at + at_least`, and walk away.
+    //
+    // `LockGuard::renew` renews for the TTL the lock was taken with
+    // (`at_most`); the guard has no per-call TTL. The store's own renew,
+    // `LockBackend::renew(key, owner, ttl)`, takes any TTL and is
+    // owner-checked in the store. So: first `leak` the guard (it then never
+    // releases, not on drop and not in `Locker::close`, and the watchdog
+    // forgets it), then renew its lease, as its owner, for `left` from now on
+    // the store's clock. Rounded up to the store's shortest TTL: rounding up
+    // only holds the lock longer. No sleep anywhere: the store's clock ends
+    // the lease.
+    let ttl = left.max(caps.min_ttl);
+    let lease = guard.leak();
+    match locker.backend().renew(&lease.key, &lease.owner, ttl).await {
+        Ok(Renew::Renewed) => {}
+        Ok(Renew::NotHeld) => eprintln!(
+            "warning: {:?} was no longer held when its run ended (lease expired or taken over)",
+            lease.key.as_str()
+        ),
+        // Nothing changed in the store, or we cannot know: either way the
+        // lease ends no later than `at_most` after it was taken.
+        Err(e) => eprintln!(
+            "warning: could not shorten the lease of {:?} ({e}); it is held until its TTL",
+            lease.key.as_str()
+        ),
+    }
+}
+
+/// Releases, reporting what went wrong.
+async fn release_or_warn(guard: LockGuard) {
+    match guard.release().await {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::Lost => {
+            eprintln!("warning: {e}: the run outlived its lock");
+        }
+        Err(e) => eprintln!("warning: release failed ({e}); the lock frees at its TTL"),
+    }
+}
+
+/// Who ran the job in which period: period (by the node's own clock) to the
+/// nodes that ran it.
+type Runs = BTreeMap<u32, Vec<usize>>;
+
+/// Runs the fleet for `periods` periods with the given lock-at-least-for.
+async fn fleet(
+    lockers: &[Locker],
+    name: &str,
+    at_least: Duration,
+    periods: u32,
+) -> anyhow::Result<Runs> {
+    let runs: Arc<Mutex<Runs>> = Arc::default();
+    let start = Instant::now() + Duration::from_millis(100);
+    let mut nodes = tokio::task::JoinSet::new();
+    for (node, locker) in lockers.iter().enumerate() {
+        let (locker, runs, name) = (locker.clone(), runs.clone(), name.to_owned());
+        let behind = Duration::from_millis(BEHIND_MS[node]);
+        nodes.spawn(async move {
+            for period in 0..periods {
+                // This node's clock reads the start of `period` `behind` late.
+                tokio::time::sleep_until((start + PERIOD * period + behind).into()).await;
+                let on_my_clock = period_on_clock(start, behind);
+                let runs = runs.clone();
+                let job = move || async move {
+                    tokio::time::sleep(JOB_TAKES).await; // the job's work
+                    let mut runs = runs.lock().unwrap_or_else(|e| e.into_inner());
+                    runs.entry(on_my_clock).or_default().push(node);
+                };
+                run_at_most_once(&locker, &name, at_least, AT_MOST, job).await?;
+            }
+            Ok::<(), locksmith::Error>(())
+        });
+    }
+    while let Some(node) = nodes.join_next().await {
+        node??;
+    }
+    let runs = std::mem::take(&mut *runs.lock().unwrap_or_else(|e| e.into_inner()));
+    Ok(runs)
+}
+
+/// The period a node's clock says it is: time since `start`, less how far
+/// behind the node's clock is.
+fn period_on_clock(start: Instant, behind: Duration) -> u32 {
+    let on_clock = start.elapsed().saturating_sub(behind);
+    u32::try_from(on_clock.as_millis() / PERIOD.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// Prints one line per period.
+fn show(runs: &Runs, periods: u32) {
+    for period in 0..periods {
+        match runs.get(&period) {
+            Some(nodes) if nodes.len() == 1 => {
+                println!("    period {period}: ran once (node {})", nodes[0]);
+            }
+            Some(nodes) => println!(
+                "    period {period}: ran {} times (nodes {nodes:?})",
+                nodes.len()
+            ),
+            None => println!("    period {period}: did not run"),
+        }
+    }
+}
+
+/// Separate clients of one store, one per node. `memory://` is private to
+/// each `connect`, so its clients share one in-process store instead.
+async fn clients(url: &str, n: usize) -> locksmith::Result<Vec<Locker>> {
+    if url.starts_with("memory:") {
+        let shared = locksmith::backend::open(url).await?;
+        return Ok((0..n).map(|_| Locker::from_arc(shared.clone())).collect());
+    }
+    let mut lockers = Vec::with_capacity(n);
+    for _ in 0..n {
+        lockers.push(locksmith::connect(url).await?);
+    }
+    Ok(lockers)
+}
+
+/// The store: the first argument that is not a flag, else an SQLite file in
+/// the temp dir (created if missing).
+fn store_url() -> String {
+    std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with("--"))
+        .unwrap_or_else(|| {
+            let file = std::env::temp_dir().join("locksmith-example-scheduled_job.db");
+            format!("sqlite://{}", file.display())
+        })
+}
+
+/// Tells this run's lock names from an earlier run's, whose leases may still
+/// be in the store.
+fn run_id() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{}-{nanos}", std::process::id())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let url = store_url();
+    let run = run_id();
+    println!(
+        "scheduled_job: {} nodes with clocks {BEHIND_MS:?} ms behind fire every {PERIOD:?}; \
+         lock at least for {AT_LEAST:?}, at most for {AT_MOST:?}; store {}",
+        BEHIND_MS.len(),
+        RedactedUrl::new(&url)
+    );
+    let lockers = clients(&url, BEHIND_MS.len()).await?;
+
+    let runs = fleet(
+        &lockers,
+        &format!("example-scheduled-job/{run}"),
+        AT_LEAST,
+        PERIODS,
+    )
+    .await?;
+    println!("  with lock at least for {AT_LEAST:?}:");
+    show(&runs, PERIODS);
+
+    // The same fleet, releasing as soon as a run ends: the nodes whose clocks
+    // are behind find the lock free and run the same period again.
+    let contrast_periods = 2;
+    let contrast = fleet(
+        &lockers,
+        &format!("example-scheduled-job/{run}/no-at-least"),
+        Duration::ZERO,
+        contrast_periods,
+    )
+    .await?;
+    println!("  for contrast, released as soon as each run ends (no lock at least for):");
+    show(&contrast, contrast_periods);
+
+    for locker in &lockers {
+        locker.close().await?;
+    }
+
+    let repeated: Vec<u32> = runs
+        .iter()
+        .filter(|(_, nodes)| nodes.len() > 1)
+        .map(|(period, _)| *period)
+        .collect();
+    let ran = runs.keys().filter(|p| **p < PERIODS).count();
+    if !repeated.is_empty() {
+        anyhow::bail!("scheduled_job: FAILED: periods {repeated:?} ran more than once");
+    }
+    if ran < 4 {
+        anyhow::bail!(
+            "scheduled_job: FAILED: only {ran} of {PERIODS} periods ran (expected at least 4)"
+        );
+    }
+    println!("scheduled_job: OK: {ran} of {PERIODS} periods ran, none more than once");
+    Ok(())
+}
