@@ -20,6 +20,8 @@ struct Faulty {
     inner: Arc<dyn LockBackend>,
     fail_acquire: AtomicBool,
     fail_renew: AtomicBool,
+    /// Renewals answer that someone else holds the lock.
+    renew_not_held: AtomicBool,
 }
 
 fn refused() -> Error {
@@ -50,12 +52,18 @@ locksmith_core::forward_backend! {
             if self.fail_renew.load(Ordering::SeqCst) {
                 return Err(refused());
             }
+            if self.renew_not_held.load(Ordering::SeqCst) {
+                return Ok(Renew::NotHeld);
+            }
             self.inner.renew(key, owner, ttl).await
         }
         // As renew, for each lease.
         async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
             if self.fail_renew.load(Ordering::SeqCst) {
                 return requests.iter().map(|_| Err(refused())).collect();
+            }
+            if self.renew_not_held.load(Ordering::SeqCst) {
+                return requests.iter().map(|_| Ok(Renew::NotHeld)).collect();
             }
             self.inner.renew_many(requests).await
         }
@@ -140,13 +148,15 @@ impl Seen {
             .sum()
     }
 
-    /// True if some series of `name` carries the label `key`.
-    fn labelled(&self, name: &str, key: &str) -> bool {
+    /// True if some series of `name` on `store` carries the label `key`.
+    fn labelled(&self, name: &str, store: &str, key: &str) -> bool {
         self.update();
         let totals = self.totals.lock().unwrap();
-        totals
-            .keys()
-            .any(|(_, n, l)| n == name && l.iter().any(|(k, _)| k == key))
+        totals.keys().any(|(_, n, l)| {
+            n == name
+                && l.iter().any(|(k, v)| k == "store" && v == store)
+                && l.iter().any(|(k, _)| k == key)
+        })
     }
 }
 
@@ -171,6 +181,7 @@ async fn exercise(url: &str, store: &'static str) {
         inner: inner.clone(),
         fail_acquire: AtomicBool::new(false),
         fail_renew: AtomicBool::new(false),
+        renew_not_held: AtomicBool::new(false),
     });
     let a = Locker::from_arc(faulty.clone()).with_store_label(store);
     let b = Locker::from_arc(inner)
@@ -186,14 +197,24 @@ async fn exercise(url: &str, store: &'static str) {
     let held = m.get(meter::HELD, &[s, lock]);
     let (acquired, busy, contended) = (outcome("acquired"), outcome("busy"), 0.0);
     let contended = contended + m.get(meter::CONTENDED, &[s, lock]);
+    let handoffs = m.get(meter::HANDOFFS, &[s, lock]);
+    assert!(
+        !m.labelled(meter::ACQUIRE_WAIT, store, "name"),
+        "no name label unless asked for"
+    );
     let g = a.lock(name.as_str()).await.expect("a free lock");
     assert_eq!(outcome("acquired"), acquired + 1.0);
+    assert_eq!(
+        m.get(meter::HANDOFFS, &[s, lock]),
+        handoffs,
+        "a free lock is no hand-off"
+    );
     assert_eq!(m.get(meter::HELD, &[s, lock]), held + 1.0);
     assert!(b.try_lock(name.as_str()).await.unwrap().is_none());
     assert_eq!(outcome("busy"), busy + 1.0);
     assert!(m.get(meter::CONTENDED, &[s, lock]) > contended);
     assert!(
-        m.labelled(meter::ACQUIRE_WAIT, "name"),
+        m.labelled(meter::ACQUIRE_WAIT, store, "name"),
         "opted in: series by name"
     );
 
@@ -213,7 +234,7 @@ async fn exercise(url: &str, store: &'static str) {
     g.release().await.unwrap();
     let g = waiter.await.unwrap().expect("handed over");
     assert_eq!(m.get(meter::HANDOFFS, &[s, lock]), handoffs + 1.0);
-    assert!(m.get(meter::HELD_TIME, &[s, lock]) > held_times);
+    assert_eq!(m.get(meter::HELD_TIME, &[s, lock]), held_times + 1.0);
 
     // A wait that runs out, and one the caller gives up (cancelled).
     let (timed_out, cancelled) = (outcome("timed_out"), outcome("cancelled"));
@@ -274,6 +295,49 @@ async fn exercise(url: &str, store: &'static str) {
         "nothing held any more"
     );
 
+    // The store says someone else holds it: lost, `not_held`.
+    let (not_held, lost_not_held) = (
+        renewed("not_held"),
+        m.get(meter::LOST, &[s, ("reason", "not_held")]),
+    );
+    let g = a.lock_with(name.as_str(), &opts).await.unwrap();
+    faulty.renew_not_held.store(true, Ordering::SeqCst);
+    eventually("a renewal answered not held", || {
+        renewed("not_held") > not_held
+    })
+    .await;
+    eventually("the loss, not held", || {
+        m.get(meter::LOST, &[s, ("reason", "not_held")]) == lost_not_held + 1.0
+    })
+    .await;
+    faulty.renew_not_held.store(false, Ordering::SeqCst);
+    drop(g);
+
+    // The other primitives carry their own label.
+    let sem = a.semaphore(format!("{name}-sem").as_str(), 2).unwrap();
+    let permits = m.get(meter::ACQUIRE_WAIT, &[s, ("primitive", "semaphore")]);
+    let p = sem.try_acquire(&LockOptions::new()).await.unwrap().unwrap();
+    assert_eq!(
+        m.get(meter::ACQUIRE_WAIT, &[s, ("primitive", "semaphore")]),
+        permits + 1.0
+    );
+    p.release().await.unwrap();
+    if a.capabilities().shared {
+        let rw = a.rwlock(format!("{name}-rw").as_str()).unwrap();
+        for (primitive, write) in [("read", false), ("write", true)] {
+            let before = m.get(meter::ACQUIRE_WAIT, &[s, ("primitive", primitive)]);
+            let opts = LockOptions::new();
+            let g = if write {
+                rw.try_write(&opts).await
+            } else {
+                rw.try_read(&opts).await
+            };
+            g.unwrap().unwrap().release().await.unwrap();
+            let after = m.get(meter::ACQUIRE_WAIT, &[s, ("primitive", primitive)]);
+            assert_eq!(after, before + 1.0, "{primitive}");
+        }
+    }
+
     // A store cut off for a whole wait: `unavailable`.
     let unavailable = outcome("unavailable");
     faulty.fail_acquire.store(true, Ordering::SeqCst);
@@ -301,8 +365,14 @@ async fn exercise(url: &str, store: &'static str) {
         l.resign().await.unwrap();
         assert_eq!(m.get(meter::LEADER, &[s]), leading);
     }
+    // Closing the locker under a hold: lost, `closed`; nothing held after.
+    let closed = m.get(meter::LOST, &[s, ("reason", "closed")]);
+    let g = a.lock(name.as_str()).await.unwrap();
     a.close().await.unwrap();
+    assert_eq!(m.get(meter::LOST, &[s, ("reason", "closed")]), closed + 1.0);
+    drop(g);
     b.close().await.unwrap();
+    assert_eq!(m.get(meter::HELD, &[s]), 0.0, "every hold ended");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -252,7 +252,10 @@ impl LockGuard {
             })),
             Err(_) => {
                 if let LeaseState::Lost(reason) = self.state() {
-                    f(reason);
+                    let call = std::panic::AssertUnwindSafe(|| f(reason));
+                    if std::panic::catch_unwind(call).is_err() {
+                        tracing::error!(key = %self.lease.key, "a lost-lock callback panicked");
+                    }
                 }
             }
         }
@@ -276,7 +279,12 @@ impl LockGuard {
         let outcome = self
             .backend
             .renew(&self.lease.key, &self.lease.owner, self.lease.ttl)
-            .await?;
+            .await
+            .inspect_err(|e| {
+                let labels = self.meter.labels();
+                labels.renewal("failed");
+                labels.store_error(e.kind());
+            })?;
         self.watchdog.renewed(self.id, sent, outcome);
         match outcome {
             Renew::Renewed if self.is_lost() => Err(Error::lost(format!(
@@ -308,8 +316,12 @@ impl LockGuard {
         if self.closed() {
             return Ok(());
         }
+        // A deadline passed unseen (a stalled process) is a loss.
+        let lost = self.state();
         self.watchdog.unregister(self.id);
-        self.meter.end();
+        if let LeaseState::Lost(reason) = lost {
+            self.meter.lost(reason);
+        }
         let span = tracing::info_span!("locksmith.release", name = %self.lease.key,
             store = self.meter.labels().store(), primitive = self.meter.labels().primitive(),
             owner = short(&self.lease.owner), fence = self.lease.fence.map(|f| f.0),
@@ -319,6 +331,8 @@ impl LockGuard {
             span.clone(),
         )
         .await;
+        // No await from here: the rest is logged inside the release's span.
+        let _inside = span.enter();
         span.record(
             "outcome",
             match &released {
@@ -327,9 +341,12 @@ impl LockGuard {
                 Err(_) => "error",
             },
         );
-        if let Err(e) = &released {
-            self.meter.labels().store_error(e.kind());
+        match &released {
+            Err(e) => self.meter.labels().store_error(e.kind()),
+            Ok(Release::NotHeld) => self.meter.lost(LostReason::NotHeld),
+            Ok(_) => {}
         }
+        self.meter.end();
         match released? {
             Release::Freed | Release::StillHeld(_) => {
                 tracing::debug!(key = %self.lease.key, "lock released");
@@ -346,13 +363,23 @@ impl LockGuard {
     /// the lock until its TTL runs out. Returns the lease for later use.
     pub fn leak(mut self) -> Lease {
         self.armed = false;
-        self.watchdog.unregister(self.id);
-        self.meter.end();
+        self.end_hold();
         self.lease.clone()
     }
 }
 
 impl LockGuard {
+    /// Stops tracking the hold and ends its meter: as lost if its deadline
+    /// passed unseen (a stalled process), as ended otherwise.
+    fn end_hold(&self) {
+        let state = self.state();
+        self.watchdog.unregister(self.id);
+        match state {
+            LeaseState::Lost(reason) => self.meter.lost(reason),
+            _ => self.meter.end(),
+        }
+    }
+
     /// [`Locker::close`](crate::Locker::close) released this lock already.
     fn closed(&self) -> bool {
         matches!(*self.state.borrow(), LeaseState::Lost(LostReason::Closed))
@@ -364,13 +391,13 @@ impl Drop for LockGuard {
         if !self.armed || self.closed() {
             return;
         }
-        self.watchdog.unregister(self.id);
-        self.meter.end();
+        self.end_hold();
         spawn_release(
             &self.background,
             &self.backend,
             &self.lease.key,
             &self.lease.owner,
+            &self.meter,
         );
     }
 }
@@ -389,10 +416,13 @@ fn spawn_release(
     backend: &Arc<dyn LockBackend>,
     key: &LockKey,
     owner: &OwnerToken,
+    meter: &Arc<HoldMeter>,
 ) {
     let (backend, key2, owner) = (backend.clone(), key.clone(), owner.clone());
+    let meter = meter.clone();
     let spawned = background.spawn(async move {
         if let Err(e) = backend.release(&key2, &owner).await {
+            meter.labels().store_error(e.kind());
             tracing::warn!(key = %key2, error = %e.chain(), "background release failed; the lock frees at its TTL");
         }
     });

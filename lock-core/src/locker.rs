@@ -155,6 +155,12 @@ impl Locker {
             futures::future::join_all(held.iter().map(|r| self.backend.release(&r.key, &r.owner)))
                 .await;
         self.background.settle(CLOSE_PATIENCE).await;
+        for (r, e) in held.iter().zip(&released) {
+            if let Err(e) = e {
+                let primitive = meter::primitive(&r.owner, false);
+                Labels::new(self.store, primitive, &r.key, self.name_label).store_error(e.kind());
+            }
+        }
         let failed = released.iter().filter(|r| r.is_err()).count();
         match released.into_iter().find_map(|r| r.err()) {
             Some(e) => Err(Error::new(
@@ -534,7 +540,7 @@ impl Locker {
             Err(e) if e.kind() == ErrorKind::Unavailable => Outcome::Unavailable,
             Err(_) => Outcome::Failed,
         };
-        let waited = meter.finish(outcome, handed);
+        let waited = span.in_scope(|| meter.finish(outcome, handed));
         span.record("outcome", outcome.as_str());
         span.record("waited_seconds", waited);
         if let Ok(Some(g)) = &result {
@@ -618,6 +624,7 @@ impl Locker {
                 match self.subscribe(&mut attempts).await {
                     Ok(w) => watch = w,
                     Err(e) => {
+                        labels.store_error(e.kind());
                         outage
                             .ride(e, &key, give_up, &mut attempts, &self.watchdog)
                             .await?;
@@ -688,6 +695,7 @@ impl Locker {
                 watch = match self.subscribe(&mut attempts).await {
                     Ok(w) => w,
                     Err(e) => {
+                        labels.store_error(e.kind());
                         outage
                             .ride(e, &key, give_up, &mut attempts, &self.watchdog)
                             .await?;

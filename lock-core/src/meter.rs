@@ -79,10 +79,24 @@ impl Labels {
         labels
     }
 
+    /// The `-v` line of a metric that moved by `value`, its extra label
+    /// under its own name.
+    fn log(&self, metric: &'static str, extra: Option<(&'static str, &'static str)>, value: f64) {
+        let (store, primitive) = (self.store, self.primitive);
+        match extra {
+            Some(("outcome", outcome)) => tracing::debug!(target: "locksmith::metrics",
+                metric, store, primitive, outcome, value),
+            Some(("reason", reason)) => tracing::debug!(target: "locksmith::metrics",
+                metric, store, primitive, reason, value),
+            Some((_, kind)) => tracing::debug!(target: "locksmith::metrics",
+                metric, store, primitive, kind, value),
+            None => tracing::debug!(target: "locksmith::metrics", metric, store, primitive, value),
+        }
+    }
+
     /// Counts one more of `metric`.
     fn count(&self, metric: &'static str, extra: Option<(&'static str, &'static str)>) {
-        tracing::debug!(target: "locksmith::metrics", metric, store = self.store,
-            primitive = self.primitive, label = extra.map(|e| e.1), "+1");
+        self.log(metric, extra, 1.0);
         metrics::counter!(metric, self.with(extra)).increment(1);
     }
 
@@ -93,12 +107,12 @@ impl Labels {
         extra: Option<(&'static str, &'static str)>,
         seconds: f64,
     ) {
-        tracing::debug!(target: "locksmith::metrics", metric, store = self.store,
-            primitive = self.primitive, label = extra.map(|e| e.1), seconds);
+        self.log(metric, extra, seconds);
         metrics::histogram!(metric, self.with(extra)).record(seconds);
     }
 
     fn gauge(&self, metric: &'static str, delta: f64) {
+        self.log(metric, None, delta);
         let g = metrics::gauge!(metric, self.with(None));
         if delta >= 0.0 {
             g.increment(delta);
@@ -126,7 +140,7 @@ impl Labels {
 /// The primitive a claim belongs to, as its metrics name it.
 pub(crate) fn primitive(owner: &OwnerToken, election: bool) -> &'static str {
     match owner.claim() {
-        _ if election => "election",
+        _ if election => ELECTION,
         Claim::Shared => "read",
         Claim::Exclusive { permits: 1 } if owner.is_writer() => "write",
         Claim::Exclusive { permits: 1 } => "lock",
@@ -231,23 +245,36 @@ impl Drop for AcquireMeter {
 
 /// One hold, from its grant until it ends once: by release, by a drop, or
 /// by its loss (whichever comes first).
-#[derive(Debug)]
 pub(crate) struct HoldMeter {
     labels: Labels,
     start: Instant,
     ended: AtomicBool,
+    /// `locksmith_held`'s handle, registered once for both of its moves.
+    held: metrics::Gauge,
+}
+
+impl std::fmt::Debug for HoldMeter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HoldMeter")
+            .field("labels", &self.labels)
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
 }
 
 impl HoldMeter {
     pub(crate) fn start(labels: Labels) -> Arc<Self> {
-        labels.gauge(HELD, 1.0);
-        if labels.primitive == "election" {
+        labels.log(HELD, None, 1.0);
+        let held = metrics::gauge!(HELD, labels.with(None));
+        held.increment(1.0);
+        if labels.primitive == ELECTION {
             labels.gauge(LEADER, 1.0);
         }
         Arc::new(HoldMeter {
             labels,
             start: Instant::now(),
             ended: AtomicBool::new(false),
+            held,
         })
     }
 
@@ -255,22 +282,17 @@ impl HoldMeter {
         &self.labels
     }
 
-    /// The hold ended (released, or the guard dropped).
+    /// The hold ended (released, leaked, or the guard dropped); only the
+    /// first end (or loss) counts.
     pub(crate) fn end(&self) {
-        if self.ended.swap(true, Ordering::AcqRel) {
-            return;
+        if !self.ended.swap(true, Ordering::AcqRel) {
+            self.close();
         }
-        self.labels.gauge(HELD, -1.0);
-        if self.labels.primitive == "election" {
-            self.labels.gauge(LEADER, -1.0);
-        }
-        self.labels
-            .time(HELD_TIME, None, self.start.elapsed().as_secs_f64());
     }
 
-    /// The hold was lost for `reason`.
+    /// The hold was lost for `reason`, unless it had ended already.
     pub(crate) fn lost(&self, reason: LostReason) {
-        if self.ended.load(Ordering::Acquire) {
+        if self.ended.swap(true, Ordering::AcqRel) {
             return;
         }
         let reason = match reason {
@@ -279,6 +301,27 @@ impl HoldMeter {
             LostReason::Closed => "closed",
         };
         self.labels.count(LOST, Some(("reason", reason)));
+        self.close();
+    }
+
+    fn close(&self) {
+        self.labels.log(HELD, None, -1.0);
+        self.held.decrement(1.0);
+        if self.labels.primitive == ELECTION {
+            self.labels.gauge(LEADER, -1.0);
+        }
+        self.labels
+            .time(HELD_TIME, None, self.start.elapsed().as_secs_f64());
+    }
+}
+
+impl Drop for HoldMeter {
+    /// A hold whose guard was never finished (a panic while it was made)
+    /// ends here, so the gauges come back down.
+    fn drop(&mut self) {
         self.end();
     }
 }
+
+/// The primitive label of a campaign's hold.
+const ELECTION: &str = "election";

@@ -178,7 +178,13 @@ impl Watchdog {
             e.tx.send_if_modified(|s| {
                 let held = matches!(s, LeaseState::Held { .. });
                 if held {
-                    *s = LeaseState::Released;
+                    // Past its deadline it was lost, not released, even if
+                    // nobody looked in time (a stalled process): the lost
+                    // signal still fires.
+                    *s = match s.at(Instant::now()) {
+                        LeaseState::Held { .. } => LeaseState::Released,
+                        lost => lost,
+                    };
                 }
                 held
             });
