@@ -21,6 +21,7 @@ mod baseline;
 mod claims_bench;
 mod etcd_bench;
 mod mc_bench;
+mod metrics_bench;
 mod redis_bench;
 mod zk_bench;
 use locksmith::backend::LockBackend;
@@ -94,6 +95,18 @@ enum Cli {
         #[command(flatten)]
         load: Load,
     },
+    /// What recording metrics costs: Locker pairs with a Prometheus recorder and without.
+    Metrics {
+        /// Store URLs, each measured in turn.
+        #[arg(long, num_args = 1.., default_values_t = ["redis://127.0.0.1:6379".to_owned(), "sqlite://bench-metrics.db".to_owned()])]
+        url: Vec<String>,
+        /// Uncontended pairs per block.
+        #[arg(long, default_value_t = 50)]
+        iterations: u32,
+        /// Alternating blocks of each mode.
+        #[arg(long, default_value_t = 400)]
+        rounds: u32,
+    },
     /// ZooKeeper: our backend and Locker beside Python kazoo and the raw requests.
     Zookeeper {
         /// The ensemble's host:port list.
@@ -166,6 +179,16 @@ async fn main() {
             let (i, r) = (load.iterations.unwrap_or(2000), load.rounds.unwrap_or(3));
             let run = etcd_bench::run(&hosts, i, r, load.contenders, load.seconds);
             exit_on_error("etcd", run.await);
+        }
+        Cli::Metrics {
+            url,
+            iterations,
+            rounds,
+        } => {
+            exit_on_error(
+                "metrics",
+                metrics_bench::run(&url, iterations, rounds).await,
+            );
         }
         Cli::Zookeeper { hosts, load } => {
             let (i, r) = (load.iterations.unwrap_or(2000), load.rounds.unwrap_or(3));
