@@ -96,15 +96,7 @@ impl Node {
 
     /// The commands' replies, one each.
     pub(crate) async fn send(&self, commands: &Commands) -> Result<Vec<Reply>> {
-        let replies = self
-            .server
-            .exchange(commands)
-            .await
-            .map_err(|f| error::wire(self.server.addr(), f))?;
-        if replies.len() != commands.len() {
-            return Err(Error::backend("memcached sent too few replies"));
-        }
-        Ok(replies)
+        self.send_noting(commands).await.map(|(replies, _)| replies)
     }
 
     /// One command's reply.

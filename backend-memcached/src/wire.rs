@@ -380,19 +380,11 @@ impl Server {
         None
     }
 
-    /// Sends `commands` in one write and reads one reply each, in order.
+    /// Sends `commands` in one write and reads one reply each, in order,
+    /// and says how many connections had been opened when it was sent.
     /// The connection is kept only after a whole exchange: one that failed,
     /// timed out or was cancelled midway may hold half a reply, and is
-    /// closed.
-    pub(crate) async fn exchange(
-        &self,
-        commands: &Commands,
-    ) -> std::result::Result<Vec<Reply>, Failure> {
-        self.exchange_noting(commands).await.map(|(r, _)| r)
-    }
-
-    /// [`exchange`](Self::exchange), and how many connections had been
-    /// opened when it was sent: any of them still open later reaches this
+    /// closed. Of the connections counted, any still open later reaches this
     /// same server process, or one that came before it and is gone, never
     /// one started since. What the server answered (a CAS value) may be
     /// relied on over those connections only ([`exchange_within`](Self::exchange_within)).
