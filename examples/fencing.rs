@@ -27,12 +27,14 @@
 //! cargo run -p locksmith --features redis --example fencing -- redis://127.0.0.1:6379
 //! ```
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use locksmith::backend::{Binding, RedactedUrl};
-use locksmith::{ErrorKind, FencingToken, LockOptions, Locker};
+use locksmith::{ErrorKind, FencingToken, LockOptions};
 
 /// The storage service the lock protects. It remembers the highest fencing
 /// token it has accepted and refuses any write with a lower one: that writer
@@ -73,45 +75,14 @@ impl Storage {
     }
 }
 
-/// Two separate clients of one store. `memory://` is private to each
-/// `connect`, so its clients share one in-process store instead.
-async fn two_clients(url: &str) -> locksmith::Result<(Locker, Locker)> {
-    if url.starts_with("memory:") {
-        let shared = locksmith::backend::open(url).await?;
-        return Ok((Locker::from_arc(shared.clone()), Locker::from_arc(shared)));
-    }
-    Ok((
-        locksmith::connect(url).await?,
-        locksmith::connect(url).await?,
-    ))
-}
-
-/// The store: the first argument that is not a flag, else an SQLite file in
-/// the temp dir (created if missing).
-fn store_url() -> String {
-    std::env::args()
-        .skip(1)
-        .find(|a| !a.starts_with("--"))
-        .unwrap_or_else(|| {
-            let file = std::env::temp_dir().join("locksmith-example-fencing.db");
-            format!("sqlite://{}", file.display())
-        })
-}
-
-/// Tells this run's lock from an earlier run's, whose lease may still be in
-/// the store.
-fn run_id() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("{}-{nanos}", std::process::id())
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let url = store_url();
+    let url = common::store_url("fencing");
     let shown = RedactedUrl::new(&url);
-    let (a, b) = two_clients(&url).await?;
+    let mut pair = common::clients(&url, 2).await?.into_iter();
+    let (Some(a), Some(b)) = (pair.next(), pair.next()) else {
+        unreachable!("two clients were asked for");
+    };
     let caps = a.capabilities().clone();
     if !caps.fencing {
         println!(
@@ -137,7 +108,7 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
 
-    let name = format!("example-fencing/{}", run_id());
+    let name = format!("example-fencing/{}", common::run_id());
     let storage = Arc::new(Storage::default());
     println!("fencing: on {shown}");
 

@@ -30,10 +30,12 @@
 //! over when the leader resigns, and that `/metrics` shows locksmith's
 //! metrics; it exits 0 only if all of that held.
 
+mod common;
+
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use axum::extract::State;
@@ -352,13 +354,13 @@ async fn wait_for_one_leader(instances: &[Instance], within: Duration) -> anyhow
 
 /// The self-check: two instances in this process, on one store.
 async fn demo(url: &str, metrics: PrometheusHandle) -> anyhow::Result<()> {
-    let election = format!("{ELECTION}/demo-{}", run_id());
+    let election = format!("{ELECTION}/demo-{}", common::run_id());
     println!(
         "leader_service demo: two instances, store {}",
         RedactedUrl::new(url)
     );
     let mut instances = Vec::new();
-    for locker in clients(url, 2).await? {
+    for locker in common::clients(url, 2).await? {
         let instance =
             Instance::start(locker.with_name_label(true), &election, 0, metrics.clone()).await?;
         println!("  instance at {}", instance.me);
@@ -426,28 +428,6 @@ async fn demo_checks(instances: &[Instance]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Separate clients of one store. `memory://` is private to each `connect`,
-/// so its clients share one in-process store instead.
-async fn clients(url: &str, n: usize) -> locksmith::Result<Vec<Locker>> {
-    if url.starts_with("memory:") {
-        let shared = locksmith::backend::open(url).await?;
-        return Ok((0..n).map(|_| Locker::from_arc(shared.clone())).collect());
-    }
-    let mut lockers = Vec::with_capacity(n);
-    for _ in 0..n {
-        lockers.push(locksmith::connect(url).await?);
-    }
-    Ok(lockers)
-}
-
-/// Tells the demo's election from an earlier run's.
-fn run_id() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("{}-{nanos}", std::process::id())
-}
-
 /// Completes on Ctrl-C, or SIGTERM on Unix.
 async fn shutdown_signal() {
     #[cfg(unix)]
@@ -472,10 +452,9 @@ async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let demo_mode = args.iter().any(|a| a == "--demo");
     let mut positional = args.iter().filter(|a| !a.starts_with("--")).cloned();
-    let url = positional.next().unwrap_or_else(|| {
-        let file = std::env::temp_dir().join("locksmith-example-leader_service.db");
-        format!("sqlite://{}", file.display())
-    });
+    let url = positional
+        .next()
+        .unwrap_or_else(|| common::default_url("leader_service"));
     let port = positional.next().or_else(|| std::env::var("PORT").ok());
     let port: u16 = match port {
         Some(port) => port

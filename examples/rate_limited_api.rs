@@ -16,9 +16,11 @@
 //! cargo run -p locksmith --features redis --example rate_limited_api -- redis://127.0.0.1:6379
 //! ```
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use locksmith::backend::RedactedUrl;
 use locksmith::{LockOptions, Locker};
@@ -84,51 +86,16 @@ async fn worker(
     Ok(waited)
 }
 
-/// Separate clients of one store, one per worker. `memory://` is private to
-/// each `connect`, so its clients share one in-process store instead.
-async fn clients(url: &str, n: usize) -> locksmith::Result<Vec<Locker>> {
-    if url.starts_with("memory:") {
-        let shared = locksmith::backend::open(url).await?;
-        return Ok((0..n).map(|_| Locker::from_arc(shared.clone())).collect());
-    }
-    let mut lockers = Vec::with_capacity(n);
-    for _ in 0..n {
-        lockers.push(locksmith::connect(url).await?);
-    }
-    Ok(lockers)
-}
-
-/// The store: the first argument that is not a flag, else an SQLite file in
-/// the temp dir (created if missing).
-fn store_url() -> String {
-    std::env::args()
-        .skip(1)
-        .find(|a| !a.starts_with("--"))
-        .unwrap_or_else(|| {
-            let file = std::env::temp_dir().join("locksmith-example-rate_limited_api.db");
-            format!("sqlite://{}", file.display())
-        })
-}
-
-/// Tells this run's semaphore from an earlier run's, whose permits may still
-/// be in the store.
-fn run_id() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("{}-{nanos}", std::process::id())
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let url = store_url();
-    let name = format!("example-rate-limited-api/{}", run_id());
+    let url = common::store_url("rate_limited_api");
+    let name = format!("example-rate-limited-api/{}", common::run_id());
     println!(
         "rate_limited_api: {WORKERS} workers, one call of {CALL_TAKES:?} each, through a semaphore \
          of {LIMIT}; store {}",
         RedactedUrl::new(&url)
     );
-    let lockers = clients(&url, WORKERS).await?;
+    let lockers = common::clients(&url, WORKERS).await?;
     let api = Arc::new(FakeApi::default());
 
     let started = Instant::now();

@@ -26,11 +26,13 @@
 //! cargo run -p locksmith --features redis --example scheduled_job -- redis://127.0.0.1:6379
 //! ```
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use locksmith::backend::{Binding, RedactedUrl, Renew};
 use locksmith::{Error, ErrorKind, LockGuard, LockOptions, Locker};
@@ -234,52 +236,17 @@ fn show(runs: &Runs, periods: u32) {
     }
 }
 
-/// Separate clients of one store, one per node. `memory://` is private to
-/// each `connect`, so its clients share one in-process store instead.
-async fn clients(url: &str, n: usize) -> locksmith::Result<Vec<Locker>> {
-    if url.starts_with("memory:") {
-        let shared = locksmith::backend::open(url).await?;
-        return Ok((0..n).map(|_| Locker::from_arc(shared.clone())).collect());
-    }
-    let mut lockers = Vec::with_capacity(n);
-    for _ in 0..n {
-        lockers.push(locksmith::connect(url).await?);
-    }
-    Ok(lockers)
-}
-
-/// The store: the first argument that is not a flag, else an SQLite file in
-/// the temp dir (created if missing).
-fn store_url() -> String {
-    std::env::args()
-        .skip(1)
-        .find(|a| !a.starts_with("--"))
-        .unwrap_or_else(|| {
-            let file = std::env::temp_dir().join("locksmith-example-scheduled_job.db");
-            format!("sqlite://{}", file.display())
-        })
-}
-
-/// Tells this run's lock names from an earlier run's, whose leases may still
-/// be in the store.
-fn run_id() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("{}-{nanos}", std::process::id())
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let url = store_url();
-    let run = run_id();
+    let url = common::store_url("scheduled_job");
+    let run = common::run_id();
     println!(
         "scheduled_job: {} nodes with clocks {BEHIND_MS:?} ms behind fire every {PERIOD:?}; \
          lock at least for {AT_LEAST:?}, at most for {AT_MOST:?}; store {}",
         BEHIND_MS.len(),
         RedactedUrl::new(&url)
     );
-    let lockers = clients(&url, BEHIND_MS.len()).await?;
+    let lockers = common::clients(&url, BEHIND_MS.len()).await?;
 
     let runs = fleet(
         &lockers,
