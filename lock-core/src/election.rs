@@ -156,7 +156,7 @@ impl Election {
         let value = check_value(value.into())?;
         let owner = OwnerToken::generate().with_value(value.clone())?;
         let span = tracing::info_span!("locksmith.campaign", name = %self.key,
-            store = self.locker.store_label(), owner = crate::guard::short(&owner),
+            store = self.locker.store_label(), owner = owner.short(),
             outcome = tracing::field::Empty, term = tracing::field::Empty);
         let won = self
             .locker

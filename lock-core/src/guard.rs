@@ -324,7 +324,7 @@ impl LockGuard {
         }
         let span = tracing::info_span!("locksmith.release", name = %self.lease.key,
             store = self.meter.labels().store(), primitive = self.meter.labels().primitive(),
-            owner = short(&self.lease.owner), fence = self.lease.fence.map(|f| f.0),
+            owner = self.lease.owner.short(), fence = self.lease.fence.map(|f| f.0),
             outcome = tracing::field::Empty);
         let released = tracing::Instrument::instrument(
             self.backend.release(&self.lease.key, &self.lease.owner),
@@ -400,13 +400,6 @@ impl Drop for LockGuard {
             &self.meter,
         );
     }
-}
-
-/// An owner token as spans show it: its first 8 characters, enough to
-/// tell holders apart in a trace.
-pub(crate) fn short(owner: &OwnerToken) -> &str {
-    let t = owner.as_str();
-    t.get(..8).unwrap_or(t)
 }
 
 /// Releases in the background; used where `Drop` cannot await. Outside a

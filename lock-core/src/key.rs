@@ -359,10 +359,17 @@ pub(crate) fn check_value(value: Vec<u8>) -> Result<Vec<u8>> {
     Ok(value)
 }
 
+impl OwnerToken {
+    /// The token's first 8 characters, as logs, `Debug` and spans show it:
+    /// enough to tell tokens apart, not enough to forge one.
+    pub(crate) fn short(&self) -> &str {
+        self.token.get(..8).unwrap_or(&self.token)
+    }
+}
+
 impl fmt::Debug for OwnerToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Enough to tell tokens apart in logs, not enough to forge one.
-        write!(f, "OwnerToken({}…)", &self.token[..8])
+        write!(f, "OwnerToken({}…)", self.short())
     }
 }
 

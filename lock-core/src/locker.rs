@@ -17,7 +17,7 @@ use crate::backend::{
 use crate::background::Background;
 use crate::election::Election;
 use crate::error::{Error, ErrorKind, Result};
-use crate::guard::{short, LockGuard, MultiGuard};
+use crate::guard::{LockGuard, MultiGuard};
 use crate::key::{Claim, IntoLockKey, LockKey, OwnerToken};
 use crate::lease::{local_deadline, Lease, LockStatus};
 use crate::meter::{self, AcquireMeter, HoldMeter, Labels, Outcome};
@@ -521,7 +521,7 @@ impl Locker {
             name = %key,
             store = self.store,
             primitive = labels.primitive(),
-            owner = short(&owner),
+            owner = owner.short(),
             wait = %opts.wait,
             outcome = tracing::field::Empty,
             fence = tracing::field::Empty,
