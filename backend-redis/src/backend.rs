@@ -219,4 +219,12 @@ impl LockBackend for RedisBackend {
     async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
         Ok(Some(self.inner.node.watch(&self.keys(key), ticket).await?))
     }
+
+    /// Raised when the pub/sub connection, kept up while locks are held,
+    /// ends or is made again: a Redis without persistence comes back from
+    /// a restart empty, and every lease is re-verified at once rather than
+    /// at its next renewal.
+    fn alarm(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner.node.alarm()
+    }
 }

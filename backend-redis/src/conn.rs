@@ -229,19 +229,40 @@ impl Connector {
         call: &ScriptInvocation<'_>,
     ) -> Result<(T, Option<u32>)> {
         let mut pipe = redis::pipe();
+        // Each reply on its own: a script that ran must be seen as run
+        // even when the `WAIT` after it failed.
         pipe.invoke_script(call)
             .cmd("WAIT")
             .arg(self.replicas)
-            .arg(ms(self.replicas_timeout));
-        let mut r = pipe.query_async::<(T, i64)>(&mut link.conn).await;
-        if matches!(&r, Err(e) if e.code() == Some("NOSCRIPT")) {
+            .arg(ms(self.replicas_timeout))
+            .ignore_errors();
+        let mut replies = self.replies(link, &pipe).await?;
+        if matches!(&replies.0, Value::ServerError(e) if e.code() == "NOSCRIPT") {
             // A promoted replica starts with no scripts: load, then again.
             let loaded = call.load_async(&mut link.conn).await;
             loaded.map_err(|e| self.failed(link, e))?;
-            r = pipe.query_async(&mut link.conn).await;
+            replies = self.replies(link, &pipe).await?;
         }
-        let (v, acked) = r.map_err(|e| self.failed(link, e))?;
-        let acked = u32::try_from(acked).unwrap_or(0);
+        let (script, wait) = replies;
+        let script = script.extract_error().map_err(|e| self.failed(link, e))?;
+        let v = T::from_redis_value(script).map_err(|e| self.failed(link, e.into()))?;
+        let acked = match wait {
+            Value::Int(n) => u32::try_from(n).unwrap_or(0),
+            Value::ServerError(e) => {
+                // The script ran; its `WAIT` was cut short (`UNBLOCKED`:
+                // its node became a replica in a failover) or refused. No
+                // replica is known to have it: counted as none, so a grant
+                // is undone and reported `Unavailable`, as a short count is.
+                tracing::debug!(url = %self.url, "WAIT failed after the script ran: {e}");
+                0
+            }
+            other => {
+                let e = RedisError::from(redis::ParsingError::from(format!(
+                    "WAIT answered {other:?}"
+                )));
+                return Err(self.failed(link, e));
+            }
+        };
         if acked < self.replicas {
             // A primary that lost its replicas may have been failed over:
             // if it says it is one no more, the next request asks the
@@ -257,6 +278,20 @@ impl Connector {
             }
         }
         Ok((v, Some(acked)))
+    }
+
+    /// The two replies of a script pipelined with `WAIT`, each as the
+    /// server gave it (errors included).
+    async fn replies(&self, link: &mut Link, pipe: &Pipeline) -> Result<(Value, Value)> {
+        let r = pipe.query_async::<Vec<Value>>(&mut link.conn).await;
+        let mut replies = r.map_err(|e| self.failed(link, e))?.into_iter();
+        match (replies.next(), replies.next()) {
+            (Some(script), Some(wait)) => Ok((script, wait)),
+            _ => Err(Error::backend(format!(
+                "{}: a script with WAIT gave fewer than two replies",
+                self.url
+            ))),
+        }
     }
 
     /// `Unavailable` unless `acked` (from [`run`](Self::run)) reaches the

@@ -21,12 +21,44 @@ fn is_tls_refusal(e: &(dyn std::error::Error + 'static)) -> bool {
     inner.is::<rustls::Error>()
 }
 
+/// Server error codes that a restart, a failover or a slot's move gives
+/// while it lasts: the request did not complete, and the same request a
+/// little later will find the new primary (or the loaded data). Each one's
+/// place here is checked by a test:
+/// - `LOADING`: a restarted server still reading its data set;
+/// - `MASTERDOWN`: a replica whose primary is gone (`replica-serve-stale-data no`);
+/// - `READONLY`: a write sent to a node demoted to replica;
+/// - `BUSY`: a script still running on the server;
+/// - `TRYAGAIN`, `CLUSTERDOWN`, `MOVED`, `ASK`: a Cluster resharding or
+///   failing over, past the driver's own redirects and retries;
+/// - `UNBLOCKED`: a blocking command (the `WAIT` sent with a grant) cut
+///   short because its node became a replica (`CLUSTER FAILOVER FORCE`).
+pub(crate) const TRANSIENT_CODES: [&str; 9] = [
+    "LOADING",
+    "MASTERDOWN",
+    "READONLY",
+    "BUSY",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "MOVED",
+    "ASK",
+    "UNBLOCKED",
+];
+
+/// The server's error codes in `e`: its own, or each failed command's in
+/// a pipeline (where the driver reports no single code).
+fn codes(e: &RedisError) -> Vec<String> {
+    match e.clone().into_server_errors() {
+        Some(items) => items.iter().map(|(_, s)| s.code().to_owned()).collect(),
+        None => e.code().map(str::to_owned).into_iter().collect(),
+    }
+}
+
 /// Maps driver errors onto the contract's kinds, in one place.
 pub(crate) fn map_err(e: RedisError) -> Error {
-    let transient_code = matches!(
-        e.code(),
-        Some("LOADING" | "MASTERDOWN" | "READONLY" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN")
-    );
+    let transient_code = codes(&e)
+        .iter()
+        .any(|c| TRANSIENT_CODES.contains(&c.as_str()));
     let msg = e.to_string();
     // Refused credentials or certificates will not get better by retrying.
     let refused_tls = std::error::Error::source(&e).is_some_and(is_tls_refusal);

@@ -131,6 +131,13 @@ struct Shared {
     connections: AtomicU64,
     tickets: Tickets,
     changes: Changes,
+    /// Bumped when the connection ends unasked and when it is made again
+    /// (see [`Hub::alarm`]).
+    alarm: watch::Sender<u64>,
+    /// A lock was granted through this backend: the connection is kept up
+    /// (made again after it ends), so that a server that goes away is
+    /// noticed at once rather than at the next renewal.
+    kept: AtomicBool,
 }
 
 struct HubConn {
@@ -200,7 +207,31 @@ impl Hub {
                 connections: AtomicU64::new(0),
                 tickets: Tickets::default(),
                 changes: Mutex::default(),
+                alarm: watch::channel(0).0,
+                kept: AtomicBool::new(false),
             }),
+        }
+    }
+
+    /// Bumped whenever the server may have forgotten this backend's locks:
+    /// the pub/sub connection ended without being asked to (the server
+    /// died, restarted, or dropped it), and again when it is made anew.
+    /// Redis run without persistence comes back from a restart empty, so
+    /// the watchdog re-verifies every lease on either (see
+    /// `LockBackend::alarm`).
+    pub(crate) fn alarm(&self) -> watch::Receiver<u64> {
+        self.shared.alarm.subscribe()
+    }
+
+    /// From the first grant on, keeps the connection up: made now in the
+    /// background if it is not, and again whenever it ends. A holder that
+    /// never waited then still hears at once that its server went away.
+    /// Costs the first grant one spawned task, later grants an atomic load.
+    pub(crate) fn keep(&self) {
+        if !self.shared.kept.load(Ordering::Relaxed)
+            && !self.shared.kept.swap(true, Ordering::SeqCst)
+        {
+            rejoin(Arc::downgrade(&self.shared), Duration::ZERO);
         }
     }
 
@@ -321,6 +352,10 @@ impl Shared {
             Err(_) => return Err(Error::unavailable("pub/sub connect timed out")),
         };
         let number = self.connections.fetch_add(1, Ordering::SeqCst);
+        if number > 0 {
+            // Made again: the server may be a new one, or restarted empty.
+            self.alarm.send_modify(|n| *n = n.wrapping_add(1));
+        }
         // No lock channel of an earlier connection is subscribed on this
         // one (and none is subscribed anew without the lock held here).
         lock(&self.changes).clear();
@@ -330,10 +365,14 @@ impl Shared {
         let own = self.channel.clone();
         let shared = Arc::downgrade(self);
         tokio::spawn(async move {
+            let mut asked = false;
             loop {
                 let msg = tokio::select! {
                     msg = stream.next() => msg,
-                    _ = &mut stopped => None,
+                    _ = &mut stopped => {
+                        asked = true;
+                        None
+                    }
                 };
                 let Some(msg) = msg else {
                     break;
@@ -351,8 +390,16 @@ impl Shared {
             // Waiters fall back to their refresh, observers subscribe
             // again; the next request reconnects.
             flag.store(false, Ordering::SeqCst);
-            if let Some(shared) = shared.upgrade() {
-                shared.forget(number);
+            if let Some(strong) = shared.upgrade() {
+                strong.forget(number);
+                if !asked {
+                    // The server went away, or dropped us: its locks may be
+                    // gone with it.
+                    strong.alarm.send_modify(|n| *n = n.wrapping_add(1));
+                    if strong.kept.load(Ordering::SeqCst) {
+                        rejoin(shared, REJOIN_PAUSE.0);
+                    }
+                }
             }
         });
         Ok(HubConn {
@@ -363,4 +410,32 @@ impl Shared {
             _stop: stop,
         })
     }
+}
+
+/// The first and the longest pause between attempts to make a kept
+/// connection again.
+const REJOIN_PAUSE: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(1));
+
+/// Makes a kept hub connection again, after `first`, then with a doubling
+/// pause, until it is up or the backend is gone. Once up, the connection's
+/// reader calls this again when it ends.
+fn rejoin(shared: Weak<Shared>, first: Duration) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    rt.spawn(async move {
+        let mut pause = first;
+        loop {
+            tokio::time::sleep(pause).await;
+            let Some(strong) = shared.upgrade() else {
+                return;
+            };
+            let mut conn = strong.conn.lock().await;
+            match strong.live(&mut conn).await {
+                Ok(_) => return,
+                Err(e) => tracing::debug!("the pub/sub connection is not back yet: {e}"),
+            }
+            pause = (pause * 2).clamp(REJOIN_PAUSE.0, REJOIN_PAUSE.1);
+        }
+    });
 }

@@ -269,6 +269,16 @@ pub mod internals {
         crate::scripts::release(fenced)
     }
 
+    /// The contract's kind for a driver error, as every request maps it:
+    /// for the tests that classify each error a failover can give.
+    pub fn map_error(e: redis::RedisError) -> locksmith_core::Error {
+        crate::error::map_err(e)
+    }
+
+    /// The server error codes that a restart or failover gives while it
+    /// lasts, each mapped to `Unavailable`.
+    pub const TRANSIENT_CODES: &[&str] = &crate::error::TRANSIENT_CODES;
+
     /// Shifts the fencing tokens' clock of `backend` by `secs` seconds
     /// (negative: behind), as a primary whose clock is behind would: for
     /// the tests of tokens across a failover.

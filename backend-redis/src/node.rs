@@ -252,7 +252,7 @@ impl Node {
         waiter: Option<Waiter<'_>>,
     ) -> Result<Acquire> {
         let claim = owner.claim();
-        self.attempts(false, |mut link| async move {
+        let outcome = self.attempts(false, |mut link| async move {
             let value = owner.value();
             let script = if claim != Claim::MUTEX {
                 scripts::claim_acquire_at(self.fenced, link.shift)
@@ -299,7 +299,24 @@ impl Node {
             }
             Ok(answer)
         })
-        .await
+        .await;
+        if !self.strict && matches!(outcome, Ok(Acquire::Acquired(_))) {
+            // A holder hears at once when the server goes away (and may
+            // come back without the lock). Not on Redlock's nodes: the
+            // quorum rides out one node's restart by design.
+            self.hub.keep();
+        }
+        outcome
+    }
+
+    /// The hub's alarm, on a node whose hub is kept up (see
+    /// [`Notify::alarm`]); none on Redlock's nodes.
+    pub(crate) fn alarm(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        if self.strict {
+            None
+        } else {
+            self.hub.alarm()
+        }
     }
 
     pub(crate) async fn release(&self, keys: &Keys, owner: &OwnerToken) -> Result<Release> {

@@ -46,6 +46,23 @@ pub(crate) enum Notify {
 }
 
 impl Notify {
+    /// Keeps the hub's connection up from now on (see [`Hub::keep`]); a
+    /// Cluster's connections are its driver's.
+    pub(crate) fn keep(&self) {
+        if let Notify::Hub(h) = self {
+            h.keep();
+        }
+    }
+
+    /// The hub's alarm (see [`Hub::alarm`]); a Cluster raises none: its
+    /// nodes fail over rather than come back empty under their clients.
+    pub(crate) fn alarm(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        match self {
+            Notify::Hub(h) => Some(h.alarm()),
+            Notify::Shards(_) => None,
+        }
+    }
+
     /// Subscribes where `keys`' grants will be published, before a waiter
     /// queues; the hub channel its entry names.
     pub(crate) async fn listening(&self, keys: &Keys) -> Result<String> {

@@ -198,3 +198,71 @@ async fn a_waiter_rides_out_a_restart() {
     )
     .await;
 }
+
+/// A holder that never waited keeps a pub/sub connection to its server
+/// from its first grant on, and makes it again when the server drops it:
+/// a server that goes away (and may come back empty) is heard at once, and
+/// every lease re-verified when the connection is back, rather than at the
+/// next renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_keeps_its_hub_and_makes_it_again() {
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let _server = start_on(port);
+    let admin = redis::Client::open(url.as_str()).unwrap();
+    let admin = admin.get_multiplexed_async_connection().await.unwrap();
+    let hubs = || {
+        let mut admin = admin.clone();
+        async move {
+            let list: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .arg("TYPE")
+                .arg("pubsub")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            list.lines()
+                .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        }
+    };
+    let a = Locker::new(RedisBackend::connect(&url).unwrap());
+    let key = LockKey::new("restart/kept-hub").unwrap();
+    let guard = a.try_lock(&key).await.unwrap().expect("nobody holds it");
+    let start = Instant::now();
+    let first = loop {
+        if let [id] = &hubs().await[..] {
+            break id.clone();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no hub after the grant"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut admin.clone())
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    let start = Instant::now();
+    loop {
+        if matches!(&hubs().await[..], [id] if *id != first) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the hub was not made again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !guard.is_lost(),
+        "the lock is still held: re-verified, not dropped"
+    );
+    guard.release().await.unwrap();
+}

@@ -165,7 +165,7 @@ struct RunArgs {
     no_wait: bool,
     /// Hold one of N permits: at most N copies of the command run at once
     /// across every host (a cluster-wide `sem`). Every run on the key must
-    /// give the same N. `--permits 1` is the plain lock.
+    /// give the same N, from 1 to 1024. `--permits 1` is the plain lock.
     #[arg(long, value_name = "N", conflicts_with = "shared",
         value_parser = clap::value_parser!(u32).range(1..=i64::from(locksmith::MAX_PERMITS)))]
     permits: Option<u32>,
@@ -320,8 +320,9 @@ struct CheckArgs {
     /// Workers hold one of N permits of a semaphore instead of the lock:
     /// the run checks that no more than N holders' leases were valid at
     /// once (the workers touch no counter: N holders would race on it).
+    /// N is 1 to 1024.
     #[arg(long, value_name = "N", conflicts_with_all = ["election", "read_write"],
-          value_parser = clap::value_parser!(u32).range(1..=1024))]
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(locksmith::MAX_PERMITS)))]
     permits: Option<u32>,
     /// Workers take a read-write lock, two sections in three as readers
     /// (which only read the counter, with their grant's fence): the run

@@ -597,12 +597,16 @@ async fn exited<H: Held>(
             Ended::code(EX_SOFTWARE)
         }
         Err(e) => {
-            // The command ran under the lock; the store just missed the release.
+            // Tried until the lease ran out: whether the lock was still
+            // held when the command ended is unknown (a store that
+            // restarted empty may have granted it to someone else), so the
+            // run cannot be called exclusive.
             eprintln!(
-                "locksmith: warning: {}; the lock frees when its TTL runs out",
+                "locksmith: {}; the release was not confirmed, so the command may not \
+                 have run exclusively (the lock frees when its TTL runs out)",
                 e.chain()
             );
-            Ended::code(status_code(status))
+            Ended::code(EX_SOFTWARE)
         }
     }
 }

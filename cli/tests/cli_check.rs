@@ -298,6 +298,35 @@ fn readers_postgres_session() {
     claims_pass(&url, &["--read-write"], 6);
 }
 
+/// A failover asked of a store with no replica to promote is refused
+/// before anything runs, with the true reason: a run that injected none of
+/// the faults asked for would read as a pass.
+#[test]
+fn a_failover_on_a_store_without_replicas_is_refused_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = format!("sqlite://{}", dir.path().join("f.db").display());
+    let redlock = common::redlock_url("");
+    for url in [
+        sqlite.as_str(),
+        common::redis_url().as_str(),
+        redlock.as_str(),
+    ] {
+        for faults in ["failover", "failover,kill"] {
+            let (code, out, err) = locksmith(&[
+                "check",
+                "--url",
+                url,
+                "--no-conformance",
+                "--faults",
+                faults,
+            ]);
+            assert_eq!(code, 64, "{url} --faults {faults}: {out}\n{err}");
+            assert!(err.contains("no replica to fail over to"), "{err}");
+            assert!(!out.contains("fault run:"), "{out}");
+        }
+    }
+}
+
 #[test]
 fn claims_a_store_cannot_grant_are_refused_before_the_run() {
     let url = format!("{}?mode=session", common::mysql_url());

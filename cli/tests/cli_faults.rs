@@ -635,6 +635,160 @@ mod on_redis {
             "the dead waiter held the next one up for {waited:?}"
         );
     }
+
+    /// A redis-server of the test's own on `port`, persisting nothing: a
+    /// restart brings it back empty.
+    fn forgetful_redis(port: u16) -> locksmith_conformance::kit::process::ServerProcess {
+        locksmith_conformance::kit::process::ServerProcess::start(
+            Command::new("redis-server").args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ]),
+            port,
+        )
+    }
+
+    /// The trust-gaps issue's first defect: Redis without persistence
+    /// restarts (SIGKILL) under a holder whose command runs on, with a
+    /// waiter queued. The waiter gets the lock from the empty server; the
+    /// holder must not run on beside it until its next renewal (20 s
+    /// later with a 60 s TTL): its pub/sub connection ended with the
+    /// server, and when it is made again every lease is re-verified, found
+    /// gone, and the command stopped: exit 70.
+    #[test]
+    fn a_holder_hears_at_once_that_redis_restarted_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let port = common::closed_port();
+        let mut server = forgetful_redis(port);
+        let url = format!("redis://127.0.0.1:{port}");
+        let key = unique("restart-empty");
+        let ready = d.join("ready");
+        let a_script = format!("echo > {}; sleep 40", ready.display());
+        // One attempt: the holder never waited, so nothing but the grant
+        // made it listen to the server.
+        let mut a = spawn(locksmith(
+            d,
+            &[
+                "run",
+                "--url",
+                &url,
+                "--key",
+                &key,
+                "--ttl",
+                "60s",
+                "--no-wait",
+                "--",
+                "sh",
+                "-c",
+                &a_script,
+            ],
+        ));
+        wait_for_file(&ready, Duration::from_secs(10));
+        let b_ran = d.join("b-ran");
+        let b_script = format!("touch {}", b_ran.display());
+        let mut b = spawn(locksmith(
+            d,
+            &[
+                "run", "--url", &url, "--key", &key, "--ttl", "60s", "--wait", "60s", "--", "sh",
+                "-c", &b_script,
+            ],
+        ));
+        std::thread::sleep(Duration::from_millis(1000));
+        server.kill();
+        std::thread::sleep(Duration::from_secs(2));
+        let _server = forgetful_redis(port);
+        let restarted = Instant::now();
+        let a_code = wait_exit(&mut a, Duration::from_secs(30));
+        let noticed = restarted.elapsed();
+        let a_err = stderr_of(&mut a);
+        assert_eq!(a_code, 70, "A: {a_err}");
+        assert_ends_lost(&a_err, &[NOT_HELD]);
+        assert!(
+            noticed < Duration::from_secs(10),
+            "the holder ran on {noticed:?} after the restart: it waited for its renewal\n{a_err}"
+        );
+        assert_eq!(
+            wait_exit(&mut b, Duration::from_secs(30)),
+            0,
+            "{}",
+            stderr_of(&mut b)
+        );
+        assert!(b_ran.exists());
+    }
+
+    /// The same restart while the holder's command has already ended: its
+    /// release meets a dead connection, is tried again once the server is
+    /// back, finds the lock gone, and says the command may not have run
+    /// exclusively (exit 70), never exit 0.
+    #[test]
+    fn a_release_after_redis_restarted_empty_is_not_a_success() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let port = common::closed_port();
+        let mut server = forgetful_redis(port);
+        let url = format!("redis://127.0.0.1:{port}");
+        let key = unique("restart-release");
+        let ready = d.join("ready");
+        // The command ends while the server is down.
+        let a_script = format!("echo > {}; sleep 2", ready.display());
+        let mut a = spawn(locksmith(
+            d,
+            &[
+                "run", "--url", &url, "--key", &key, "--ttl", "60s", "--", "sh", "-c", &a_script,
+            ],
+        ));
+        wait_for_file(&ready, Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(500));
+        server.kill();
+        std::thread::sleep(Duration::from_secs(4));
+        let _server = forgetful_redis(port);
+        let a_code = wait_exit(&mut a, Duration::from_secs(30));
+        let a_err = stderr_of(&mut a);
+        assert_eq!(a_code, 70, "A: {a_err}");
+        assert!(
+            a_err.contains("no longer held at release")
+                && a_err.contains("may not have run exclusively"),
+            "A's last word (the release tried again on the new connection): {a_err}"
+        );
+    }
+
+    /// The server never comes back within the lease: the release is tried
+    /// until the lease runs out, then the run says it could not confirm
+    /// the hold (exit 70), rather than exit 0 with a warning.
+    #[test]
+    fn a_release_the_store_never_answers_is_not_a_success() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let port = common::closed_port();
+        let mut server = forgetful_redis(port);
+        let url = format!("redis://127.0.0.1:{port}?timeout=300ms&connect_timeout=300ms");
+        let key = unique("gone-release");
+        let ready = d.join("ready");
+        let a_script = format!("echo > {}; sleep 1", ready.display());
+        let mut a = spawn(locksmith(
+            d,
+            &[
+                "run", "--url", &url, "--key", &key, "--ttl", "6s", "--", "sh", "-c", &a_script,
+            ],
+        ));
+        wait_for_file(&ready, Duration::from_secs(10));
+        server.kill();
+        let a_code = wait_exit(&mut a, Duration::from_secs(30));
+        let a_err = stderr_of(&mut a);
+        assert_eq!(a_code, 70, "A: {a_err}");
+        assert!(
+            a_err.contains("could not be confirmed")
+                && a_err.contains("may not have run exclusively"),
+            "A's last word: {a_err}"
+        );
+    }
 }
 
 /// A waiter whose wait ends in a store stall gives up with 69 (it rode

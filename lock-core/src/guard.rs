@@ -309,8 +309,15 @@ impl LockGuard {
     /// # Errors
     /// [`ErrorKind::Lost`](crate::ErrorKind::Lost) if the store no longer had the
     /// lock for this owner: the lease expired or was taken over, so the
-    /// critical section may not have been exclusive. The backend's error if the
-    /// store could not be reached (the lock then frees at its TTL).
+    /// critical section may not have been exclusive.
+    /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) if the store
+    /// could not be reached before the lease's deadline: a release that
+    /// finds the store unreachable (a connection that broke with a server's
+    /// restart) is tried again, owner-checked, until the store answers or
+    /// the lease runs out, since only an answer can confirm that the lock
+    /// was still held. The lock then frees at its TTL, but whether it was
+    /// held to the end is unknown: a store that restarted empty may have
+    /// granted it to someone else meanwhile.
     pub async fn release(mut self) -> Result<()> {
         self.armed = false;
         if self.closed() {
@@ -326,8 +333,12 @@ impl LockGuard {
             store = self.meter.labels().store(), primitive = self.meter.labels().primitive(),
             owner = self.lease.owner.short(), fence = self.lease.fence.map(|f| f.0),
             outcome = tracing::field::Empty);
+        let until = match lost {
+            LeaseState::Held { deadline } => Some(deadline),
+            _ => None,
+        };
         let released = tracing::Instrument::instrument(
-            self.backend.release(&self.lease.key, &self.lease.owner),
+            release_confirmed(&*self.backend, &self.lease, until),
             span.clone(),
         )
         .await;
@@ -383,6 +394,43 @@ impl LockGuard {
     /// [`Locker::close`](crate::Locker::close) released this lock already.
     fn closed(&self) -> bool {
         matches!(*self.state.borrow(), LeaseState::Lost(LostReason::Closed))
+    }
+}
+
+/// The first pause before a release is tried again, and the longest.
+const RELEASE_RETRY: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
+
+/// Releases `lease`, trying again while the store cannot be reached and
+/// `until` (the lease's deadline) has not passed. Each try is owner-checked,
+/// so a retry can neither free someone else's lock nor hide that ours was
+/// lost: a store that restarted empty answers the retry `NotHeld`. (A try
+/// whose reply was lost after it freed the lock also makes the next one
+/// answer `NotHeld`: reported as lost, which is the safe side to err on.)
+async fn release_confirmed(
+    backend: &dyn LockBackend,
+    lease: &Lease,
+    until: Option<Instant>,
+) -> Result<Release> {
+    let mut pause = RELEASE_RETRY.0;
+    loop {
+        let e = match backend.release(&lease.key, &lease.owner).await {
+            Err(e) if e.kind() == ErrorKind::Unavailable => e,
+            other => return other,
+        };
+        let left = until.map_or(Duration::ZERO, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        if left <= pause {
+            return Err(Error::unavailable(format!(
+                "the release of lock {:?} could not be confirmed before its lease ran out",
+                lease.key.as_str()
+            ))
+            .with_source(e));
+        }
+        tracing::debug!(key = %lease.key, error = %e.chain(), retry_in = ?pause,
+            "lock release failed; retrying while the lease lasts");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(RELEASE_RETRY.1);
     }
 }
 

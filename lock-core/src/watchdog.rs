@@ -50,6 +50,11 @@ struct Entry {
     /// Renewals failed in a row; while non-zero the entry waits out its
     /// backoff instead of joining an early batch.
     failures: u32,
+    /// An alarm has already brought this failing streak's next renewal
+    /// forward: once per streak, so a store that went away and came back
+    /// (its reconnect raises the alarm) is asked at once, while one that
+    /// raises an alarm with each failure cannot undo the backoff.
+    alarmed_in_streak: bool,
     tx: watch::Sender<LeaseState>,
     meter: Arc<HoldMeter>,
     /// Called (outside the lock) with each failed renewal.
@@ -146,6 +151,7 @@ impl Watchdog {
                 confirmed: Instant::now(),
                 in_flight: false,
                 failures: 0,
+                alarmed_in_streak: false,
                 tx,
                 meter,
                 hooks: Vec::new(),
@@ -273,6 +279,7 @@ impl Watchdog {
             }
             Ok(Renew::Renewed) => {
                 e.failures = 0;
+                e.alarmed_in_streak = false;
                 e.deadline = local_deadline(sent, e.trusted);
                 e.confirmed = sent;
                 e.window = e.renew_every.unwrap_or_default() / COALESCE_DIVISOR;
@@ -327,8 +334,10 @@ impl Watchdog {
     /// After an alarm seen at `seen`: every lease the store last vouched
     /// for before then is renewed now, at most once per gap (returned as
     /// `Err(when)` while too soon after the `last` sweep). A lease whose
-    /// renewals are failing keeps its backoff (its next attempt will tell),
-    /// and one in flight is being checked already.
+    /// renewals are failing is brought forward once per failing streak
+    /// (a store back after a restart raises the alarm as it reconnects,
+    /// and may have forgotten the lease), then keeps its backoff; one in
+    /// flight is being checked already.
     fn sweep(&self, seen: Instant, last: Option<Instant>) -> std::result::Result<(), Instant> {
         let now = Instant::now();
         let mut st = self.lock();
@@ -344,10 +353,17 @@ impl Watchdog {
         }
         let mut due = 0;
         for e in st.entries.values_mut() {
-            if e.renew_every.is_some() && !e.in_flight && e.failures == 0 && e.confirmed < seen {
-                e.next_renew = now;
-                due += 1;
+            if e.renew_every.is_none() || e.in_flight || e.confirmed >= seen {
+                continue;
             }
+            if e.failures > 0 {
+                if e.alarmed_in_streak {
+                    continue;
+                }
+                e.alarmed_in_streak = true;
+            }
+            e.next_renew = now;
+            due += 1;
         }
         if due > 0 {
             // Quiet: a full server can raise alarms for as long as it stays

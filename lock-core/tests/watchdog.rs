@@ -273,6 +273,53 @@ async fn an_alarm_renews_every_lease_at_once() {
     assert!(backend.batches() >= 1);
 }
 
+/// A store that went away and came back empty: the lease's renewals failed
+/// while it was away (three in a row, so the next waits 2 to 4 s), and the
+/// alarm its reconnect raises brings that renewal forward, once, so the
+/// lease is found lost then rather than at the end of the backoff.
+#[tokio::test]
+async fn an_alarm_asks_again_for_a_lease_whose_renewals_failed() {
+    let backend = Arc::new(Recording::default());
+    let locker = Locker::from_arc(backend.clone());
+    // Renewed every 8 s; failed renewals retried after 0.5-1 s, 1-2 s,
+    // then 2-4 s; alarms swept at most every 2 s.
+    let opts = LockOptions::new().ttl(Duration::from_secs(24));
+    let guard = locker.lock_with("away", &opts).await.unwrap();
+    // The watchdog's task starts listening for alarms.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    backend.fail_renewals.store(true, Ordering::SeqCst);
+    // The connection broke: the alarm makes the watchdog ask, and fail.
+    backend.raise();
+    let start = Instant::now();
+    while backend.batches() < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "renewals stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Back, without the lock; its reconnect raises the alarm again.
+    backend.fail_renewals.store(false, Ordering::SeqCst);
+    backend
+        .inner
+        .release(guard.key(), guard.owner())
+        .await
+        .unwrap();
+    backend.raise();
+    let raised = Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the lease was found lost");
+    assert_eq!(reason, LostReason::NotHeld);
+    // At most the sweeps' gap (here under 0.5 s) after the alarm; without
+    // it, the backoff's 2 s at least.
+    let after = raised.elapsed();
+    assert!(
+        after < Duration::from_millis(1500),
+        "found lost {after:?} after the alarm: it waited out the backoff"
+    );
+}
+
 /// A store that raises its alarm on every renewal batch does not make the
 /// watchdog renew in a loop: alarms are swept at most once per gap.
 #[tokio::test]

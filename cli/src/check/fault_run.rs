@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::history::{self, Verdict};
-use super::nemesis::{Fault, Nemesis};
+use super::nemesis::Nemesis;
 use super::observers::{self, Observers};
 use super::report::{fault_run_result, print_fault_run_header, print_fault_table, FaultRun};
 use super::resource::Resource;
@@ -50,11 +50,6 @@ pub(crate) async fn fault_run(
             not_possible.push(f.name());
         }
         faults.retain(|f| !f.needs_proxy());
-    }
-    let scheme = locksmith::backend::scheme(url)?.name;
-    if !matches!(scheme, "redis+sentinel" | "redis+cluster") && faults.contains(&Fault::Failover) {
-        not_possible.push(Fault::Failover.name());
-        faults.retain(|f| *f != Fault::Failover);
     }
 
     let claims = Claims::of(args);

@@ -35,7 +35,14 @@ mod workers;
 mod tests;
 
 use fault_run::fault_run;
+use nemesis::Fault;
 pub(crate) use nemesis::{parse_faults, Faults};
+
+/// Whether `--faults failover` can be made on a store of this URL scheme:
+/// one whose primary has a replica the check can promote.
+pub(crate) fn can_fail_over(scheme: &str) -> bool {
+    matches!(scheme, "redis+sentinel" | "redis+cluster")
+}
 use report::{CaseOutcome, CaseResult, Report};
 
 /// The exit status when a case failed or the fault run found a violation.
@@ -113,6 +120,18 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
     }
     let scheme = locksmith::backend::scheme(&url)?;
     let (store, url_scheme) = (scheme.store, scheme.name);
+    if args.faults.0.contains(&Fault::Failover)
+        && !args.duration.is_zero()
+        && !can_fail_over(url_scheme)
+    {
+        // Refused, not skipped: a run that injected none of the faults
+        // asked for would read as a pass.
+        return Err(Error::invalid_options(format!(
+            "--faults failover: {shown} is not a Redis Sentinel or Cluster URL, so there is \
+             no replica to fail over to (use redis+sentinel:// or redis+cluster://, or leave \
+             failover out)"
+        )));
+    }
     let endpoints = Endpoints::of(&url)?;
     let text = !args.json;
     if text {
