@@ -61,6 +61,8 @@ pub use locksmith_core::{
 /// The names of the metrics locksmith records (see the README's table).
 pub use locksmith_core::meter;
 
+mod identify;
+
 /// For backend authors and tools: the [`LockBackend`](backend::LockBackend) contract, the
 /// helpers backends share, and the registry: [`open`](backend::open), which
 /// dispatches a URL to a bare backend without a [`Locker`] on top, and
@@ -222,6 +224,46 @@ pub mod backend {
         ))
     }
 
+    /// Checks the store `url` names, through `backend` opened on it
+    /// ([`LockBackend::verify`]); a failure that a server of another kind
+    /// explains (a `memcache://` URL pointed at Redis) is a `Config` error
+    /// naming what answered, since no retry mends it.
+    ///
+    /// # Errors
+    /// As [`LockBackend::verify`], or `Config` as said.
+    pub async fn verify(url: &str, backend: &dyn LockBackend) -> Result<()> {
+        let Err(e) = backend.verify().await else {
+            return Ok(());
+        };
+        if matches!(
+            e.kind(),
+            crate::ErrorKind::Config | crate::ErrorKind::InvalidOptions
+        ) {
+            return Err(e);
+        }
+        let Ok((scheme, _)) = lookup(url) else {
+            return Err(e);
+        };
+        let first = scheme
+            .default_port
+            .and_then(|port| ServerUrl::parse(url, port).ok())
+            .and_then(|u| u.hosts().first().cloned());
+        let Some(first) = first else {
+            return Err(e);
+        };
+        match crate::identify::identify(first.host(), first.port()).await {
+            Some(what) if !what.serves(scheme.store) => Err(Error::config(format!(
+                "{}:{} answered as {}, not {}",
+                first.host(),
+                first.port(),
+                what.name(),
+                scheme.store
+            ))
+            .with_source(e)),
+            _ => Err(e),
+        }
+    }
+
     /// Opens the backend a URL names, without a [`Locker`](crate::Locker) on top.
     ///
     /// # Errors
@@ -293,7 +335,7 @@ pub const DEFAULT_URL: &str = "sqlite://locksmith.db";
 pub async fn connect(url: &str) -> Result<Locker> {
     let store = backend::scheme(url)?.name;
     let backend = backend::open(url).await?;
-    backend.verify().await?;
+    backend::verify(url, &*backend).await?;
     Ok(Locker::from_arc(backend).with_store_label(store))
 }
 

@@ -66,7 +66,9 @@ pub(crate) fn map_err(e: RedisError) -> Error {
     let refused_config = e.code() == Some("NOAUTH")
         || e.code() == Some("WRONGPASS")
         || msg.contains("DB index is out of range");
-    if e.kind() == redis::ErrorKind::AuthenticationFailed || refused_tls || refused_config {
+    if let Some(what) = wrong_kind(&msg) {
+        Error::config(what).with_source(e)
+    } else if e.kind() == redis::ErrorKind::AuthenticationFailed || refused_tls || refused_config {
         Error::config("redis refused the connection").with_source(e)
     } else if e.is_io_error()
         || e.is_connection_refusal()
@@ -77,6 +79,33 @@ pub(crate) fn map_err(e: RedisError) -> Error {
         Error::unavailable("cannot reach redis").with_source(e)
     } else {
         Error::backend("redis answered with an error").with_source(e)
+    }
+}
+
+/// What a server that is not the kind the URL asked for answers with,
+/// named: a retry will not change what it is.
+fn wrong_kind(msg: &str) -> Option<&'static str> {
+    let unknown = |command: &str| {
+        msg.contains(&format!("unknown command '{command}'"))
+            || msg.contains(&format!("unknown command `{command}`"))
+    };
+    if msg.contains("cluster support disabled") {
+        Some(
+            "the server answered as a Redis without cluster mode, not a Redis Cluster node \
+             (use redis://)",
+        )
+    } else if unknown("SENTINEL") {
+        Some(
+            "the server answered as a Redis data server, not a Sentinel (use redis:// for it, \
+             or redis+sentinel:// with the sentinels' ports)",
+        )
+    } else if unknown("EVALSHA") || unknown("EVAL") || unknown("SCRIPT") {
+        Some(
+            "the server runs no scripts: a Redis Sentinel answers so (use \
+             redis+sentinel://<sentinels>/<master name>)",
+        )
+    } else {
+        None
     }
 }
 

@@ -234,7 +234,25 @@ impl Node {
         let ping = async {
             let mut link = self.conn.link().await?;
             let r = redis::cmd("PING").query_async::<()>(&mut link.conn).await;
-            r.map_err(|e| self.conn.failed(&link, e))
+            r.map_err(|e| self.conn.failed(&link, e))?;
+            if self.conn.is_cluster() {
+                return Ok(());
+            }
+            // A sentinel answers PING too, but runs none of our scripts:
+            // said now, not at the first lock. (A role that may not run
+            // ROLE is let through: its answer is no proof either way.)
+            let role = redis::cmd("ROLE")
+                .query_async::<redis::Value>(&mut link.conn)
+                .await;
+            if matches!(&role, Ok(v) if crate::sentinel::role_name(v).as_deref() == Some("sentinel"))
+            {
+                return Err(Error::config(format!(
+                    "{} answered as a Redis Sentinel, not a Redis server (use \
+                     redis+sentinel://<sentinels>/<master name>)",
+                    self.url
+                )));
+            }
+            Ok(())
         };
         self.within(self.conn.connect_timeout * 2 + self.conn.timeout, ping)
             .await

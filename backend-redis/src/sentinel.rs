@@ -456,7 +456,7 @@ fn about(what: String, e: Error) -> Error {
 }
 
 /// The role a `ROLE` reply names (`master`, `slave`, `sentinel`).
-fn role_name(v: &redis::Value) -> Option<String> {
+pub(crate) fn role_name(v: &redis::Value) -> Option<String> {
     match v {
         redis::Value::Array(items) => match items.first()? {
             redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),

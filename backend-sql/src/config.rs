@@ -181,6 +181,16 @@ impl SqlConfig {
         };
         let driver_url = match &mut server {
             Some(u) => {
+                // MySQL has no default database (PostgreSQL takes the
+                // user's name): without one, every statement fails with
+                // "No database selected", which no retry mends.
+                if dialect == Dialect::MySql && u.path().trim_matches('/').is_empty() {
+                    return Err(Error::config(format!(
+                        "{redacted}: the URL names no database; add it as the path \
+                         ({}://host:3306/<database>)",
+                        u.scheme()
+                    )));
+                }
                 u.finish(driver_params(dialect))?;
                 // sqlx knows MariaDB by the MySQL scheme.
                 if u.scheme() == "mariadb" {
@@ -274,6 +284,9 @@ mod tests {
             ),
             ("sqlite::memory:", ErrorKind::Config),
             ("sqlite://", ErrorKind::Config),
+            // MySQL has no default database.
+            ("mysql://u:p@127.0.0.1:3306", ErrorKind::Config),
+            ("mariadb://u:p@h/", ErrorKind::Config),
             ("oracle://x", ErrorKind::Config),
             ("sqlite://x.db?lock_mode=session", ErrorKind::Config),
             ("postgres://h/db?mode=exclusive", ErrorKind::InvalidOptions),

@@ -60,9 +60,9 @@ fn db_refused(db: &dyn sqlx::error::DatabaseError) -> bool {
     }
     #[cfg(feature = "mysql")]
     if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-        // Access denied (1044 database, 1045 user, 1142 table), unknown
-        // database 1049, syntax error 1064.
-        return matches!(my.number(), 1044 | 1045 | 1049 | 1064 | 1142);
+        // Access denied (1044 database, 1045 user, 1142 table), no
+        // database selected 1046, unknown database 1049, syntax error 1064.
+        return matches!(my.number(), 1044 | 1045 | 1046 | 1049 | 1064 | 1142);
     }
     false
 }

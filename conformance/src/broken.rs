@@ -85,6 +85,15 @@ pub enum Defect {
     LeaksClaimedNames,
     /// Answers a renewal batch "renewed" for every name held, by whomever.
     BatchRenewsAnyHolder,
+    /// Renews a batch as an `UPDATE` joined on the name alone (its owner
+    /// left out) would: every live lease it names is extended to the TTL
+    /// asked, whoever holds it, and a batch whose names are all held
+    /// counts as many matches as requests, so every answer is "renewed";
+    /// a batch with a free name is asked again lease by lease, rightly.
+    RenewBatchByNameOnly,
+    /// A renewal by an owner that does not hold the name answers
+    /// `NotHeld`, yet extends the holder's lease to the TTL it asked for.
+    StrangerRenewExtends,
 }
 
 /// How long `CampaignGrantLandsLate` keeps a contended request to grant.
@@ -92,7 +101,7 @@ const LATE_GRANT_KEPT: Duration = Duration::from_secs(2);
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 28] = [
+    pub const ALL: [Defect; 30] = [
         Defect::ReleaseWithoutOwnerCheck,
         Defect::NoExpiry,
         Defect::RenewReleases,
@@ -121,6 +130,8 @@ impl Defect {
         Defect::AbandonIgnored,
         Defect::LeaksClaimedNames,
         Defect::BatchRenewsAnyHolder,
+        Defect::RenewBatchByNameOnly,
+        Defect::StrangerRenewExtends,
     ];
 }
 
@@ -217,6 +228,43 @@ impl Broken {
             holds: 1,
             lease: None,
         }))
+    }
+
+    /// Extends the lease of `key`'s live holder, when that is not `owner`,
+    /// to `ttl` from now where that is longer than it has left
+    /// (`StrangerRenewExtends`, `RenewBatchByNameOnly`). Mutexes only.
+    async fn extend_other_holder(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<()> {
+        let status = self.inner.inspect(key).await?;
+        let (held, left) = (status.held, status.remaining);
+        let Some(holder) = status.owner else {
+            return Ok(());
+        };
+        if held && holder != *owner && left.is_none_or(|left| ttl > left) {
+            self.inner.renew(key, &holder, ttl).await?;
+        }
+        Ok(())
+    }
+
+    /// `RenewBatchByNameOnly`: the batch's `UPDATE`, joined on the name
+    /// alone. Every live lease named is extended, whoever holds it; true
+    /// when every request's name matched a live lease, which the store
+    /// reads as "all renewed".
+    async fn renew_by_name(&self, requests: &[RenewRequest]) -> bool {
+        let mut all_matched = true;
+        for r in requests {
+            match self.inner.inspect(&r.key).await {
+                Ok(status) if status.held => {
+                    let _ = self.extend_other_holder(&r.key, &r.owner, r.ttl).await;
+                }
+                _ => all_matched = false,
+            }
+        }
+        all_matched
     }
 
     fn has_overflow(&self, key: &LockKey, owner: &OwnerToken) -> bool {
@@ -436,6 +484,10 @@ locksmith_core::forward_backend! {
                             .lock()
                             .unwrap()
                             .insert(key.clone(), (Instant::now(), ttl));
+                    } else if self.defect == Defect::StrangerRenewExtends
+                        && owner.claim() == Claim::MUTEX
+                    {
+                        self.extend_other_holder(key, owner, ttl).await?;
                     }
                     Ok(renewed)
                 }
@@ -495,6 +547,19 @@ locksmith_core::forward_backend! {
         /// Each lease through `renew` above, defects and all: the watchdog
         /// renews in batches.
         async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+            if self.defect == Defect::RenewBatchByNameOnly
+                && requests.iter().all(|r| r.owner.claim() == Claim::MUTEX)
+                && self.renew_by_name(requests).await
+            {
+                // As many matches as requests: "all renewed", each owner's
+                // own lease renewed as asked.
+                return join_all(requests.iter().map(|r| async move {
+                    self.renew(&r.key, &r.owner, r.ttl)
+                        .await
+                        .map(|_| Renew::Renewed)
+                }))
+                .await;
+            }
             join_all(requests.iter().map(|r| async move {
                 let someone_elses = |s: LockStatus| s.held && s.owner.as_ref() != Some(&r.owner);
                 if self.defect == Defect::BatchRenewsAnyHolder

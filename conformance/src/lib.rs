@@ -108,6 +108,7 @@ macro_rules! __case_list {
                 renew_extends_lease,
                 renewal_watchdog_keeps_lock,
                 a_renewal_batch_answers_for_each_lease,
+                a_renewal_never_reaches_another_owners_lease,
             }
             Ownership ownership {
                 stale_owner_cannot_renew_or_release,
@@ -151,6 +152,7 @@ macro_rules! __case_list {
                 observe_reports_each_reign_in_order,
                 resign_hands_over_at_once,
                 former_leader_cannot_proclaim,
+                a_leadership_without_its_lease_cannot_proclaim,
                 cancelled_campaign_leaves_no_leader,
                 announced_changes_wake_observers,
                 leader_of_a_down_store_is_unavailable,

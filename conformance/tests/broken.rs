@@ -144,13 +144,17 @@ async fn silent_changes_are_caught() {
 /// no other case of the suite: every safety case of the permits rule has
 /// a defect that it alone catches.
 async fn caught_by_alone(defect: Defect, case: &str) {
+    caught_by_these_alone(defect, &[case]).await;
+}
+
+/// A defect is caught by `cases` (in suite order) and by no other case.
+async fn caught_by_these_alone(defect: Defect, cases: &[&str]) {
     let harness = BrokenHarness::new(MemoryHarness::new(), defect);
     let failed = failing_cases(&harness).await;
     let names: Vec<&str> = failed.iter().map(|(n, _)| *n).collect();
     assert_eq!(
-        names,
-        [case],
-        "{defect:?} should fail {case} alone: {failed:#?}"
+        names, cases,
+        "{defect:?} should fail {cases:?} alone: {failed:#?}"
     );
 }
 
@@ -299,9 +303,34 @@ async fn an_untimed_quorum_is_caught_by_the_late_answer_case_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_that_renews_any_holder_is_caught() {
-    caught_by_alone(
+    caught_by_these_alone(
         Defect::BatchRenewsAnyHolder,
-        "a_renewal_batch_answers_for_each_lease",
+        &[
+            "a_renewal_batch_answers_for_each_lease",
+            "a_renewal_never_reaches_another_owners_lease",
+        ],
+    )
+    .await;
+}
+
+/// MySQL's batch joined on the name alone: a batch of leases all taken
+/// over matches as many rows as it asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_that_renews_by_name_only_is_caught() {
+    caught_by_alone(
+        Defect::RenewBatchByNameOnly,
+        "a_renewal_never_reaches_another_owners_lease",
+    )
+    .await;
+}
+
+/// SQLite's batch without the owner: the answer is right, the holder's
+/// lease grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_strangers_renewal_that_extends_the_lease_is_caught() {
+    caught_by_alone(
+        Defect::StrangerRenewExtends,
+        "a_renewal_never_reaches_another_owners_lease",
     )
     .await;
 }

@@ -88,7 +88,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
         })?;
     }
     let backend = locksmith::backend::open(&url).await?;
-    backend.verify().await?;
+    locksmith::backend::verify(&url, &*backend).await?;
     let caps = backend.capabilities();
     if args.ttl < caps.min_ttl {
         return Err(Error::invalid_options(format!(

@@ -2,10 +2,11 @@
 //! reads it right. At most one leader with a valid lease; `leader()`
 //! shows the holder's value and term, never a former leader's; observers
 //! see every reign in order and its end at its lease; a resignation hands
-//! over at once; a former leader cannot change the value; a dropped
-//! campaign leaves no leader; a store that announces changes announces
-//! each one; a store that is down is an error, never "nobody leads". A
-//! store without values must say `Unsupported`.
+//! over at once; a former leader, or a leadership whose lease is gone,
+//! cannot change the value; a dropped campaign leaves no leader; a store
+//! that announces changes announces each one; a store that is down is an
+//! error, never "nobody leads". A store without values must say
+//! `Unsupported`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Result};
 use futures::StreamExt;
-use locksmith_core::backend::{Binding, Renew};
+use locksmith_core::backend::{Binding, Release, Renew};
 use locksmith_core::{
     Election, ErrorKind, Leader, LockKey, LockOptions, Locker, OwnerToken, MAX_VALUE_LEN,
 };
@@ -343,6 +344,50 @@ pub async fn former_leader_cannot_proclaim(h: &dyn Harness) -> Result<()> {
         value_of(&reader.leader().await?) == Some(b"b"),
         "the leader's value changed after refused proclaims"
     );
+    lb.resign().await?;
+    Ok(())
+}
+
+/// A leadership whose lease is gone from the store (freed behind its
+/// back, then taken by another candidate) cannot proclaim:
+/// `Leadership::proclaim` is an error, `NotHeld` (or `Lost`), never `Ok`,
+/// and nothing is written.
+pub async fn a_leadership_without_its_lease_cannot_proclaim(h: &dyn Harness) -> Result<()> {
+    let k = key("a_leadership_without_its_lease_cannot_proclaim", "k");
+    let Some((locker, a)) = election(h, &k).await? else {
+        return Ok(());
+    };
+    let mut la = a.campaign("a", &long()).await?;
+    // The lease ends without the leadership hearing of it.
+    let backend = locker.backend().clone();
+    ensure!(
+        backend
+            .release(la.guard().key(), la.guard().owner())
+            .await?
+            == Release::Freed,
+        "the leader's lease could not be released from its own client"
+    );
+    match la.proclaim("a-2").await {
+        Err(e) if matches!(e.kind(), ErrorKind::NotHeld | ErrorKind::Lost) => {}
+        other => bail!("a leader whose lease was freed proclaimed: {other:?}, not NotHeld"),
+    }
+    ensure!(
+        a.leader().await?.is_none(),
+        "a refused proclaim left a leader"
+    );
+    let Some((_, b)) = election(h, &k).await? else {
+        bail!("a second client keeps no values");
+    };
+    let lb = b.campaign("b", &long()).await?;
+    match la.proclaim("a-3").await {
+        Err(e) if matches!(e.kind(), ErrorKind::NotHeld | ErrorKind::Lost) => {}
+        other => bail!("a leader whose lease was taken over proclaimed: {other:?}, not NotHeld"),
+    }
+    ensure!(
+        value_of(&a.leader().await?) == Some(b"b"),
+        "the new leader's value changed after a former leader's proclaim"
+    );
+    drop(la);
     lb.resign().await?;
     Ok(())
 }

@@ -1,13 +1,14 @@
 //! Renewal: the owner's renewal extends its lease, as a second client
-//! sees, and the watchdog keeps a guard's lease alive by itself.
+//! sees, and the watchdog keeps a guard's lease alive by itself. A
+//! renewal never reaches another owner's lease, alone or in a batch.
 
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Result};
-use locksmith_core::backend::{Binding, LockBackend, Release, Renew, RenewRequest};
+use locksmith_core::backend::{Acquire, Binding, LockBackend, Release, Renew, RenewRequest};
 use locksmith_core::{LockKey, LockOptions, Locker, OwnerToken};
 
-use super::{acquired, contended, key, past_expiry, short_ttl, LONG_TTL};
+use super::{acquired, contended, end_hold, key, past_expiry, short_ttl, LONG_TTL};
 use crate::Harness;
 
 /// Renewal extends the lease, as a second client sees; renewal by the owner only.
@@ -142,6 +143,134 @@ pub async fn a_renewal_batch_answers_for_each_lease(h: &dyn Harness) -> Result<(
     let freed = futures::future::join_all(held.iter().map(|k| a.release(k, &mine)));
     for f in freed.await {
         ensure!(f? == Release::Freed, "a renewed lease did not release");
+    }
+    Ok(())
+}
+
+/// A renewal never reaches another owner's lease. A batch made only of
+/// leases their owner lost, each taken over by a new holder since (several,
+/// and one alone), is `NotHeld` for every one, and leaves the new holder's
+/// leases as they were: not extended to the longer TTL the batch asked
+/// for. A stranger's renewal of a short lease, in a batch (alone or beside
+/// a free name) or by itself and for a long TTL, is `NotHeld` and leaves
+/// the lease to end at its own TTL, when a third owner takes the name.
+pub async fn a_renewal_never_reaches_another_owners_lease(h: &dyn Harness) -> Result<()> {
+    let case = "a_renewal_never_reaches_another_owners_lease";
+    let (a, b, c) = (h.client().await, h.client().await, h.client().await);
+    let caps = a.capabilities();
+    let (mine, theirs) = (OwnerToken::generate(), OwnerToken::generate());
+
+    // Leases lost, then taken over by another owner.
+    let several: Vec<LockKey> = (0..3).map(|i| key(case, &format!("lost-{i}"))).collect();
+    let alone = key(case, "lost-alone");
+    let lost: Vec<LockKey> = several.iter().chain([&alone]).cloned().collect();
+    let ttl = short_ttl(&caps);
+    for k in &lost {
+        acquired(&*a, k, &mine, ttl).await?;
+    }
+    end_hold(h, &a, ttl).await?;
+    for k in &lost {
+        acquired(&*b, k, &theirs, LONG_TTL).await?;
+    }
+    // The former owner from a fresh client (its sessions may have ended),
+    // asking for more than the new holder's lease, so an extension shows.
+    let a = h.client().await;
+    let asked = LONG_TTL * 2;
+    for keys in [&several[..], std::slice::from_ref(&alone)] {
+        let requests: Vec<RenewRequest> = keys
+            .iter()
+            .map(|k| RenewRequest {
+                key: k.clone(),
+                owner: mine.clone(),
+                ttl: asked,
+            })
+            .collect();
+        let answers = a.renew_many(&requests).await;
+        all_not_held(answers, &requests, "leases lost and taken over")?;
+    }
+    for k in &lost {
+        if let Some(left) = c.inspect(k).await?.remaining {
+            ensure!(
+                left <= LONG_TTL + caps.ttl_resolution,
+                "{k:?}: the new holder's {LONG_TTL:?} lease has {left:?} left after the \
+                 former owner's batch asked for {asked:?}"
+            );
+        }
+        contended(&*c, k, "its new holder's, untouched by the batch").await?;
+        ensure!(
+            b.release(k, &theirs).await? == Release::Freed,
+            "{k:?}: the new holder's hold was changed by the former owner's batch"
+        );
+    }
+
+    // A stranger's renewals, for a long TTL, of a short lease.
+    let short = short_ttl(&caps).max(Duration::from_secs(3));
+    let (k, free) = (key(case, "short"), key(case, "free"));
+    acquired(&*b, &k, &theirs, short).await?;
+    let stranger = |k: &LockKey| RenewRequest {
+        key: k.clone(),
+        owner: mine.clone(),
+        ttl: LONG_TTL,
+    };
+    for requests in [vec![stranger(&k)], vec![stranger(&free), stranger(&k)]] {
+        let answers = a.renew_many(&requests).await;
+        all_not_held(answers, &requests, "a lease someone else holds")?;
+    }
+    ensure!(
+        a.renew(&k, &mine, LONG_TTL).await? == Renew::NotHeld,
+        "a stranger renewed someone else's lease"
+    );
+    if let Some(left) = c.inspect(&k).await?.remaining {
+        ensure!(
+            left <= short + caps.ttl_resolution,
+            "{k:?} has {left:?} left of a {short:?} lease after a stranger's renewals \
+             for {LONG_TTL:?}"
+        );
+    }
+    if caps.binding == Binding::Lease {
+        tokio::time::sleep(past_expiry(&caps, short)).await;
+        let third = OwnerToken::generate();
+        match c.try_acquire(&k, &third, LONG_TTL).await? {
+            Acquire::Acquired(_) => {}
+            Acquire::Contended { .. } => bail!(
+                "{k:?} is still held past its {short:?} lease: a stranger's renewal extended it"
+            ),
+        }
+        c.release(&k, &third).await?;
+    } else {
+        ensure!(
+            b.release(&k, &theirs).await? == Release::Freed,
+            "{k:?}: the holder's hold was changed by a stranger's renewals"
+        );
+    }
+    let other = OwnerToken::generate();
+    acquired(&*c, &free, &other, LONG_TTL).await?;
+    c.release(&free, &other).await?;
+    Ok(())
+}
+
+/// One answer per request, each `NotHeld`: none of `what` is renewed.
+fn all_not_held(
+    answers: Vec<locksmith_core::Result<Renew>>,
+    requests: &[RenewRequest],
+    what: &str,
+) -> Result<()> {
+    ensure!(
+        answers.len() == requests.len(),
+        "{} answers to {} requests",
+        answers.len(),
+        requests.len()
+    );
+    for (r, answer) in requests.iter().zip(answers) {
+        match answer {
+            Ok(got) => ensure!(
+                got == Renew::NotHeld,
+                "{:?}: {got:?} in a batch of {} for {what}",
+                r.key,
+                requests.len()
+            ),
+            Err(e) => bail!("{:?}: {e}", r.key),
+        }
     }
     Ok(())
 }
