@@ -396,6 +396,17 @@ impl Session {
         })
         .await
     }
+
+    /// `txn`, which only reads, within the request timeout: asked again
+    /// of another member while the first cannot answer (see `asking`).
+    pub(crate) async fn read(&self, txn: Txn) -> Result<TxnResponse> {
+        let kv = self.kv();
+        crate::node::asking(self.request_timeout(), self.members(), || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
+    }
 }
 
 #[async_trait]

@@ -63,10 +63,10 @@ impl Node {
     }
 
     /// A read of `key` with `opts`, within the request timeout (see
-    /// [`retrying`]).
+    /// [`asking`]).
     pub(crate) async fn get(&self, key: &str, opts: Option<GetOptions>) -> Result<GetResponse> {
         let client = self.client().await?;
-        retrying(self.config.timeout, self.config.endpoints.len(), || {
+        asking(self.config.timeout, self.config.endpoints.len(), || {
             let (mut c, k, o) = (client.clone(), key.to_owned(), opts.clone());
             async move { c.get(k, o).await }
         })
@@ -196,7 +196,18 @@ impl Session {
             return Ok(false);
         }
         let sent = Instant::now();
-        let alive = self.ask_keep_alive().await;
+        // One timeout for the whole call, the wait for the stream included:
+        // a renewal queued behind the background keep-alive, or whose
+        // stream's member died, must not stay in flight past it.
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let alive =
+            match tokio::time::timeout_at(deadline, self.ask_keep_alive(sent, deadline)).await {
+                Ok(alive) => alive,
+                Err(_) => Err(Error::unavailable(format!(
+                    "etcd did not answer within {:?}",
+                    self.timeout
+                ))),
+            };
         if let Ok(true) = alive {
             let mut confirmed = lock(&self.confirmed);
             *confirmed = (*confirmed).max(sent);
@@ -214,13 +225,22 @@ impl Session {
         (*lock(&self.confirmed) + self.ttl).saturating_duration_since(Instant::now())
     }
 
-    async fn ask_keep_alive(&self) -> Result<bool> {
+    async fn ask_keep_alive(&self, sent: Instant, deadline: tokio::time::Instant) -> Result<bool> {
         let mut slot = self.stream.lock().await;
+        // A keep-alive sent after this call began was confirmed while it
+        // waited for the stream: that answer is this call's too.
+        if *lock(&self.confirmed) >= sent {
+            return Ok(true);
+        }
         // Out of the slot while it asks, back only once it has its answer:
         // a stream left with an answer in flight (this call timed out or
         // was dropped) would hand that older answer to the next call.
         if let Some((mut keeper, mut stream)) = slot.take() {
-            let answer = within(self.timeout, async {
+            // Half of what is left: a stream whose member died without a
+            // word, or waits there for a leader, leaves the other half to
+            // a new stream, on whichever member answers first.
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let answer = within(left / 2, async {
                 keeper.keep_alive().await?;
                 stream.message().await
             })
@@ -239,7 +259,8 @@ impl Session {
             }
         }
         // Opening a stream asks once too: its answer is this call's.
-        let opened = retrying(self.timeout, self.members, || {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let opened = asking(left, self.members, || {
             let (mut c, id) = (self.client.clone(), self.id);
             async move { c.lease_keep_alive(id).await }
         })
@@ -301,17 +322,61 @@ impl Drop for Node {
 /// release compares the key's create revision, the rest read or renew).
 /// Another error, a lone member that refuses, or the end of `limit` ends
 /// it.
-pub(crate) async fn retrying<T, F, Fut>(limit: Duration, members: usize, mut f: F) -> Result<T>
+pub(crate) async fn retrying<T, F, Fut>(limit: Duration, members: usize, f: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
 {
-    let deadline = tokio::time::Instant::now() + limit;
+    sending(limit, members, false, f).await
+}
+
+/// As [`retrying`], for a request whose answer does not depend on an
+/// earlier try of it (a read, a keep-alive), so more tries are worth
+/// it: sent again, too, while the member could not serve it now (its
+/// connection broke, it has no leader, its leader changed: an election),
+/// and, with more than one member, joined by a second try when the first
+/// is still unanswered after half of `limit`, on whichever member the
+/// balancer picks; the first answer counts. So a member that died
+/// without a word, or waits for a leader that is gone, cannot take the
+/// whole limit, and a slow answer still counts.
+pub(crate) async fn asking<T, F, Fut>(limit: Duration, members: usize, f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    sending(limit, members, true, f).await
+}
+
+/// [`retrying`], or [`asking`] when `again`.
+async fn sending<T, F, Fut>(limit: Duration, members: usize, again: bool, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    use futures::stream::{FuturesUnordered, StreamExt};
+    let start = tokio::time::Instant::now();
+    let deadline = start + limit;
+    let mut second = (again && members > 1).then_some(start + limit / 2);
+    let mut tries = FuturesUnordered::new();
+    tries.push(f());
     loop {
+        let answer = tokio::select! {
+            Some(answer) = tries.next() => answer,
+            () = tokio::time::sleep_until(second.unwrap_or(deadline)), if second.is_some() => {
+                second = None;
+                tries.push(f());
+                continue;
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                return Err(Error::unavailable(format!(
+                    "etcd did not answer within {limit:?}"
+                )))
+            }
+        };
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match tokio::time::timeout(left, f()).await {
-            Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) if refused(&e) => {
+        match answer {
+            Ok(v) => return Ok(v),
+            Err(e) if refused(&e) => {
                 if members < 2 || left <= Duration::from_millis(50) {
                     let word = if members < 2 {
                         "the member"
@@ -323,16 +388,27 @@ where
                     ))
                     .with_source(e));
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            Ok(Err(e)) => return Err(map_err(e)),
-            Err(_) => {
-                return Err(Error::unavailable(format!(
-                    "etcd did not answer within {limit:?}"
-                )))
+            Err(e) => {
+                let e = map_err(e);
+                if !again || left <= Duration::from_millis(50) || !passing(&e) {
+                    return Err(e);
+                }
             }
         }
+        // The other try, if any, may still be answered; else a new one.
+        if tries.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            tries.push(f());
+        }
     }
+}
+
+/// An error another try may not meet: the member could not serve the
+/// request now (no leader yet, its leader changed, its connection broke),
+/// not a lease the cluster no longer has.
+fn passing(e: &Error) -> bool {
+    e.kind() == locksmith_core::ErrorKind::Unavailable && !lease_gone(e)
 }
 
 /// A request that never left: its connection was refused.

@@ -33,7 +33,7 @@ impl Inner {
                 .map(|h| TxnOp::get(h.key.as_str(), None))
                 .collect::<Vec<_>>(),
         );
-        let (alive, read) = futures::join!(session.keep_alive(), session.txn(txn));
+        let (alive, read) = futures::join!(session.keep_alive(), session.read(txn));
         let found = match (alive, read) {
             (Ok(true), Ok(resp)) => (0..live.len())
                 .filter_map(|i| got(&resp, i).first().cloned())

@@ -10,6 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::raw_client;
+use locksmith_conformance::kit::fault_server::Stopped;
 use locksmith_conformance::kit::members::{self, ThreeMembers};
 use locksmith_conformance::kit::proxy::{Proxy, CUT, PASS};
 use locksmith_conformance::kit::servers::{etcd_cluster_ports, loopback};
@@ -161,4 +162,66 @@ async fn a_holder_cut_off_is_lost_before_another_takes_the_lock() {
     .await
     .expect("the holder locks again once its links are back");
     again.release().await.expect("release");
+}
+
+/// The trust-gaps issue's second defect: the cluster's leader killed under
+/// a held lock, round after round, at the default lease (`lease_ttl` 10 s):
+/// an election (1 to 2 s with etcd's default election timeout) costs the
+/// holder nothing. Its hold is never read as lost, and it renews under
+/// each new leader. `LOCKSMITH_TEST_LEADER_ROUNDS` runs more rounds than
+/// the default 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leader_deaths_cost_a_holder_nothing_at_the_default_lease() {
+    members::all_serving(&Cluster).await;
+    let rounds: usize = std::env::var("LOCKSMITH_TEST_LEADER_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    let url = format!(
+        "etcd://{}/locksmith-elections?connect_timeout=1s&timeout=2s",
+        loopback(&etcd_cluster_ports()).join(",")
+    );
+    let locker = Locker::new(EtcdBackend::connect(&url).expect("valid URL"));
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let guard = locker.lock_with("k", &opts).await.expect("lock");
+    for round in 1..=rounds {
+        let mut old = None;
+        for n in 1..=3 {
+            if role(n).await == Some(true) {
+                old = Some(n);
+            }
+        }
+        let old = old.expect("a leader");
+        let mut stopped = Stopped::new();
+        stopped.stop(&member(old));
+        let killed = Instant::now();
+        loop {
+            let mut led = false;
+            for n in (1..=3).filter(|&n| n != old) {
+                led |= role(n).await == Some(true);
+            }
+            if led {
+                break;
+            }
+            assert!(killed.elapsed() < Duration::from_secs(30), "no new leader");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        eprintln!(
+            "round {round}: a new leader {:?} after the kill",
+            killed.elapsed()
+        );
+        // Two renewal periods (a third of the lease each) under the new leader.
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        assert!(
+            !guard.is_lost(),
+            "round {round}: the hold was lost when the leader died"
+        );
+        guard
+            .renew()
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: no renewal under the new leader: {e}"));
+        stopped.start(&member(old));
+        members::all_serving(&Cluster).await;
+    }
+    guard.release().await.expect("release");
 }

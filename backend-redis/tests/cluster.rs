@@ -161,6 +161,51 @@ async fn a_hold_and_its_waiter_ride_through_a_slot_move() {
     hold_through("", "slot-move", cluster::move_slot).await;
 }
 
+/// The trust-gaps issue's third defect: waiters asking for `replicas=1`
+/// while `CLUSTER FAILOVER FORCE` moves the lock's slot, round after
+/// round. A grant whose `WAIT` the failover cut short (`UNBLOCKED`) is
+/// undone and `Unavailable`, which a wait rides out: every waiter is
+/// served in the end, none ends with an error, and no two hold at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_ride_out_forced_failovers() {
+    let url = with_params(&redis_cluster_url(), "replicas=1");
+    let key = key("forced-failovers");
+    cluster::wait_whole().await;
+    let holder = Locker::new(RedisBackend::connect(&url).unwrap());
+    let opts = LockOptions::new().ttl(Duration::from_secs(8));
+    let guard = holder.lock_with(&key, &opts).await.unwrap();
+    let inside = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        let locker = Locker::new(RedisBackend::connect(&url).unwrap());
+        let (key, opts, inside) = (key.clone(), opts.clone(), inside.clone());
+        waiters.push(tokio::spawn(async move {
+            let opts = opts.wait_for(Duration::from_secs(90));
+            let g = locker.lock_with(&key, &opts).await?;
+            assert_eq!(inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst), 0);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            g.release().await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The first failover under the held lock, the rest while the waiters
+    // are being served.
+    cluster::force_failover(slot_of(&key).await).await;
+    guard.release().await.unwrap();
+    for _ in 0..2 {
+        cluster::force_failover(slot_of(&key).await).await;
+    }
+    for w in waiters {
+        let served = tokio::time::timeout(Duration::from_secs(120), w)
+            .await
+            .expect("a waiter was served")
+            .unwrap();
+        served.expect("a waiter ended with an error through forced failovers");
+    }
+    cluster::wait_whole().await;
+}
+
 /// A grant made after a failover by a primary whose clock is half an hour
 /// behind still gets a higher fence than the grant before it: the script
 /// shifts its tokens by its node's config epoch, which the failover made

@@ -314,8 +314,9 @@ impl Observer {
                         continue;
                     }
                     self.failing = true;
-                    // After an outage, whatever the store says is news.
-                    self.shown = None;
+                    // What was shown stays shown: a reign that lasted
+                    // through the outage is not a change, and is not
+                    // shown twice (one line per change, `leader --watch`).
                     return Err(e);
                 }
             };

@@ -400,6 +400,8 @@ impl Watchdog {
             }
             let now = Instant::now();
             let mut due = Vec::new();
+            // How long the batch may stay in flight (see below).
+            let mut limit = Duration::MAX;
             let mut next_wake: Option<Instant> = None;
             let idle;
             {
@@ -427,6 +429,10 @@ impl Watchdog {
                         };
                         if e.next_renew <= now + window && due.len() < MAX_BATCH {
                             e.in_flight = true;
+                            // Half the lease the hold lives on, not the TTL
+                            // asked for: on a session store (etcd's lease,
+                            // ZooKeeper's session) that may be far shorter.
+                            limit = limit.min(e.trusted / 2);
                             due.push((*id, e.request.clone()));
                         } else {
                             wake_at = wake_at.min(e.next_renew);
@@ -486,8 +492,8 @@ impl Watchdog {
                         let (ids, requests): (Vec<u64>, Vec<RenewRequest>) =
                             due.into_iter().unzip();
                         // A call stuck on a dead connection must not stall later renewals
-                        // once the store is back.
-                        let limit = requests.iter().map(|r| r.ttl / 2).min().unwrap_or_default();
+                        // once the store is back: it ends within half the shortest
+                        // lease of the batch, so its retries still land inside it.
                         let sent = Instant::now();
                         let results = match tokio::time::timeout(
                             limit,

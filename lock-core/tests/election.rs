@@ -93,6 +93,39 @@ async fn an_outage_is_one_error_then_the_leader_again() {
     leadership.resign().await.unwrap();
 }
 
+/// A reign that lasts through an outage is shown once: the outage is the
+/// one error, and the same leader read after it is no change (`leader
+/// --watch` once printed the same term twice after an etcd restart).
+#[tokio::test]
+async fn a_reign_that_outlasts_an_outage_is_shown_once() {
+    let a = OwnerToken::generate();
+    let scripted = Scripted::default();
+    let down = || Err(Error::unavailable("down"));
+    scripted.reads.lock().unwrap().extend([
+        reign(&a, 68, "a"),
+        down(),
+        down(),
+        reign(&a, 68, "a"),
+        reign(&a, 68, "a"),
+        Ok(LockStatus::free()),
+    ]);
+    let locker = Locker::new(scripted);
+    let election = locker.election("e").unwrap();
+    let seen: Vec<std::result::Result<Option<u64>, ErrorKind>> = election
+        .observe_every(Duration::from_millis(1))
+        .take(3)
+        .map(|r| {
+            r.map(|l| l.map(|l| l.term.unwrap().0))
+                .map_err(|e| e.kind())
+        })
+        .collect()
+        .await;
+    assert_eq!(
+        seen,
+        vec![Ok(Some(68)), Err(ErrorKind::Unavailable), Ok(None)]
+    );
+}
+
 #[tokio::test]
 async fn a_reign_ends_at_its_lease_even_between_polls() {
     let store = MemoryBackend::new();

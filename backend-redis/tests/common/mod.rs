@@ -297,16 +297,35 @@ pub mod cluster {
     /// `CLUSTER FAILOVER` on the replica of the primary serving `slot`;
     /// the old primary's port and the new one's, once every node agrees.
     pub async fn failover(slot: u16) -> (u16, u16) {
+        failover_as(slot, None).await
+    }
+
+    /// `CLUSTER FAILOVER FORCE` (no handshake with the old primary, which
+    /// unblocks what its clients were blocked in, `WAIT` included), as
+    /// [`failover`] otherwise.
+    pub async fn force_failover(slot: u16) -> (u16, u16) {
+        failover_as(slot, Some("FORCE")).await
+    }
+
+    async fn failover_as(slot: u16, how: Option<&str>) -> (u16, u16) {
         wait_whole().await;
-        let old = primary_of(slot).await;
-        let replica = nodes()
-            .await
-            .into_iter()
-            .find(|n| n.of == old.id)
-            .expect("the primary has a replica");
-        let _: () = query(replica.port, redis::cmd("CLUSTER").arg("FAILOVER"))
-            .await
-            .unwrap();
+        // Right after a forced failover a node's view may still name the
+        // old primary: read again until a replica of the primary shows.
+        let start = Instant::now();
+        let (old, replica) = loop {
+            let old = primary_of(slot).await;
+            if let Some(r) = nodes().await.into_iter().find(|n| n.of == old.id) {
+                break (old, r);
+            }
+            assert!(start.elapsed() < PATIENCE, "the primary has no replica");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("FAILOVER");
+        if let Some(how) = how {
+            cmd.arg(how);
+        }
+        let _: () = query(replica.port, &cmd).await.unwrap();
         let start = Instant::now();
         loop {
             let mut agreed = true;
