@@ -183,12 +183,25 @@ impl LockBackend for Node {
             .with_ttl_resolution(CLOCK_LAG)
     }
 
+    /// Reachable, and keeping CAS values: a server run with `-C` answers
+    /// 0 for every item, and a renewal, a `cas` that must match, can then
+    /// never succeed, so every lock would end at its first TTL.
     async fn verify(&self) -> Result<()> {
         self.bounded(async {
             match self.one(Commands::default().noop()).await? {
-                Reply::Noop => Ok(()),
-                other => Err(unexpected(&other)),
+                Reply::Noop => {}
+                other => return Err(unexpected(&other)),
             }
+            // A proxy or an older server that does not answer `stats
+            // settings` is let through: its answer proves nothing.
+            if let Ok(Reply::CasEnabled(false)) = self.one(Commands::default().settings()).await {
+                return Err(Error::config(format!(
+                    "{} runs with CAS disabled (-C): a lock could never be renewed \
+                     (its renewal must match the item's CAS); start memcached without -C",
+                    self.server.addr()
+                )));
+            }
+            Ok(())
         })
         .await
     }

@@ -50,6 +50,8 @@ pub(crate) enum Reply {
     /// The `time` line of a `stats` reply: the server's clock, as the
     /// Unix time it compares absolute expiries with.
     Time(u64),
+    /// The `cas_enabled` line of a `stats settings` reply.
+    CasEnabled(bool),
     /// `SERVER_ERROR out of memory …`: a write refused for want of memory.
     OutOfMemory(String),
     /// Any other error line the server sent for this command.
@@ -139,6 +141,11 @@ impl Commands {
     /// `stats`: the server's figures, of which its clock is read.
     pub(crate) fn stats(&mut self) -> &mut Self {
         self.line(format_args!("stats"))
+    }
+
+    /// `stats settings`: how the server runs, of which `cas_enabled` is read.
+    pub(crate) fn settings(&mut self) -> &mut Self {
+        self.line(format_args!("stats settings"))
     }
 
     /// `md <key> C<cas>`: delete only that version.
@@ -286,17 +293,21 @@ impl Conn {
 impl Conn {
     /// The rest of a `stats` reply, from its first line's `rest` to `END`.
     async fn stats(&mut self, rest: &str) -> io::Result<Reply> {
-        let mut time = None;
+        let (mut time, mut cas) = (None, None);
         let mut line = format!("STAT {rest}");
         // A bound on the lines, as on their length: memcached sends about 90.
         for _ in 0..1024 {
             if line == "END" {
                 return time
                     .map(Reply::Time)
+                    .or(cas.map(Reply::CasEnabled))
                     .ok_or_else(|| bad("stats without the time"));
             }
             if let Some(t) = line.strip_prefix("STAT time ") {
                 time = t.parse().ok();
+            }
+            if let Some(c) = line.strip_prefix("STAT cas_enabled ") {
+                cas = Some(c != "no");
             }
             let mut next = Vec::new();
             (&mut self.stream)

@@ -227,3 +227,17 @@ async fn an_owner_takes_and_releases_a_lock_on_a_cas_disabled_server() {
         assert!(!a.inspect(&key).await.unwrap().held, "round {round}");
     }
 }
+
+/// A server run with `-C` is refused when the store is checked (at
+/// `connect`, and by `check`): a renewal must match the item's CAS, which
+/// such a server never gives, so every lock would end at its first TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cas_disabled_server_is_refused_when_checked() {
+    let (_server, addr) = cas_disabled_server();
+    let e = client(&addr)
+        .verify()
+        .await
+        .expect_err("a server with CAS disabled is refused");
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    assert!(e.to_string().contains("-C"), "{e}");
+}
