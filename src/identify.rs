@@ -58,13 +58,35 @@ impl Answered {
     }
 }
 
+/// What each address probed so far answered: each is probed once per
+/// process. A probe that stops short of a handshake counts, on MySQL, as
+/// a connection error against this host (`max_connect_errors`), so a
+/// command that retries its connect must not probe with every retry.
+static PROBED: std::sync::Mutex<Vec<(String, u16, Option<Answered>)>> =
+    std::sync::Mutex::new(Vec::new());
+
 /// Names the server at `host:port`, or `None` if nothing answers there
-/// in time or the answer is not one this knows.
+/// in time or the answer is not one this knows; asked once per process
+/// (see [`PROBED`]).
 pub(crate) async fn identify(host: &str, port: u16) -> Option<Answered> {
-    tokio::time::timeout(PROBE, probe(host, port))
+    let known = |probed: &[(String, u16, Option<Answered>)]| {
+        probed
+            .iter()
+            .find(|(h, p, _)| h == host && *p == port)
+            .map(|(_, _, a)| *a)
+    };
+    if let Some(a) = known(&PROBED.lock().unwrap_or_else(|e| e.into_inner())) {
+        return a;
+    }
+    let answered = tokio::time::timeout(PROBE, probe(host, port))
         .await
         .ok()
-        .flatten()
+        .flatten();
+    let mut probed = PROBED.lock().unwrap_or_else(|e| e.into_inner());
+    if known(&probed).is_none() && probed.len() < 64 {
+        probed.push((host.to_owned(), port, answered));
+    }
+    answered
 }
 
 async fn probe(host: &str, port: u16) -> Option<Answered> {
@@ -95,7 +117,7 @@ async fn probe(host: &str, port: u16) -> Option<Answered> {
     // four-letter word allowed by default); PostgreSQL's SSL request
     // (answered with one byte, `S` or `N`); HTTP/2's preface (answered
     // with a SETTINGS frame: etcd serves gRPC over it).
-    let asks: [(&[u8], fn(&[u8]) -> bool, Answered); 3] = [
+    let asks: [Ask; 3] = [
         (
             b"srvr",
             |r| r.starts_with(b"Zookeeper version"),
@@ -126,6 +148,10 @@ async fn probe(host: &str, port: u16) -> Option<Answered> {
     }
     None
 }
+
+/// What to send on a connection of its own, whether the reply says the
+/// server is of a kind, and which.
+type Ask = (&'static [u8], fn(&[u8]) -> bool, Answered);
 
 /// What the server sends within half a second (0 for nothing, or a close).
 async fn read_some(s: &mut TcpStream, buf: &mut [u8]) -> usize {

@@ -189,21 +189,25 @@ impl LockBackend for Node {
     async fn verify(&self) -> Result<()> {
         self.bounded(async {
             match self.one(Commands::default().noop()).await? {
-                Reply::Noop => {}
-                other => return Err(unexpected(&other)),
+                Reply::Noop => Ok(()),
+                other => Err(unexpected(&other)),
             }
-            // A proxy or an older server that does not answer `stats
-            // settings` is let through: its answer proves nothing.
-            if let Ok(Reply::CasEnabled(false)) = self.one(Commands::default().settings()).await {
-                return Err(Error::config(format!(
-                    "{} runs with CAS disabled (-C): a lock could never be renewed \
-                     (its renewal must match the item's CAS); start memcached without -C",
-                    self.server.addr()
-                )));
-            }
-            Ok(())
         })
-        .await
+        .await?;
+        // Asked on its own time: a proxy or an older server that does not
+        // answer `stats settings` (in time) is let through, since no
+        // answer proves nothing.
+        let mut ask = Commands::default();
+        let settings = self.one(ask.settings());
+        if let Ok(Ok(Reply::CasEnabled(false))) = tokio::time::timeout(self.timeout, settings).await
+        {
+            return Err(Error::config(format!(
+                "{} runs with CAS disabled (-C): a lock could never be renewed \
+                 (its renewal must match the item's CAS); start memcached without -C",
+                self.server.addr()
+            )));
+        }
+        Ok(())
     }
 
     /// `add`, and a read of the item in the same round trip. A lock held by

@@ -220,8 +220,8 @@ impl LockBackend for RedisBackend {
         Ok(Some(self.inner.node.watch(&self.keys(key), ticket).await?))
     }
 
-    /// Raised when the pub/sub connection, kept up while locks are held,
-    /// ends or is made again: a Redis without persistence comes back from
+    /// Raised when the pub/sub connection, kept up from the first grant or
+    /// wait on, ends or is made again: a Redis without persistence comes back from
     /// a restart empty, and every lease is re-verified at once rather than
     /// at its next renewal.
     fn alarm(&self) -> Option<tokio::sync::watch::Receiver<u64>> {

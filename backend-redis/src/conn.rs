@@ -17,7 +17,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
 use tokio::sync::OnceCell;
 
-use crate::error::map_err;
+use crate::error::{map_err, TRANSIENT_CODES};
 use crate::scripts::Shift;
 use crate::sentinel::{self, Sentinel, EPOCH_SHIFT_SECS};
 
@@ -248,14 +248,17 @@ impl Connector {
         let v = T::from_redis_value(script).map_err(|e| self.failed(link, e.into()))?;
         let acked = match wait {
             Value::Int(n) => u32::try_from(n).unwrap_or(0),
-            Value::ServerError(e) => {
-                // The script ran; its `WAIT` was cut short (`UNBLOCKED`:
-                // its node became a replica in a failover) or refused. No
-                // replica is known to have it: counted as none, so a grant
-                // is undone and reported `Unavailable`, as a short count is.
+            Value::ServerError(e) if TRANSIENT_CODES.contains(&e.code()) => {
+                // The script ran; its `WAIT` was cut short by a failover
+                // (`UNBLOCKED`: its node became a replica). No replica is
+                // known to have it: counted as none, so a grant is undone
+                // and reported `Unavailable`, as a short count is.
                 tracing::debug!(url = %self.url, "WAIT failed after the script ran: {e}");
                 0
             }
+            // Another refusal (`NOPERM` for a user without `WAIT`) is said
+            // as it is, not read as a replica that keeps missing.
+            Value::ServerError(e) => return Err(self.failed(link, e.into())),
             other => {
                 let e = RedisError::from(redis::ParsingError::from(format!(
                     "WAIT answered {other:?}"

@@ -32,8 +32,10 @@ fn is_tls_refusal(e: &(dyn std::error::Error + 'static)) -> bool {
 /// - `TRYAGAIN`, `CLUSTERDOWN`, `MOVED`, `ASK`: a Cluster resharding or
 ///   failing over, past the driver's own redirects and retries;
 /// - `UNBLOCKED`: a blocking command (the `WAIT` sent with a grant) cut
-///   short because its node became a replica (`CLUSTER FAILOVER FORCE`).
-pub(crate) const TRANSIENT_CODES: [&str; 9] = [
+///   short because its node became a replica (`CLUSTER FAILOVER FORCE`);
+/// - `NOSCRIPT`: a script sent again after loading it met a failover to a
+///   primary that has not loaded it yet.
+pub(crate) const TRANSIENT_CODES: [&str; 10] = [
     "LOADING",
     "MASTERDOWN",
     "READONLY",
@@ -43,6 +45,7 @@ pub(crate) const TRANSIENT_CODES: [&str; 9] = [
     "MOVED",
     "ASK",
     "UNBLOCKED",
+    "NOSCRIPT",
 ];
 
 /// The server's error codes in `e`: its own, or each failed command's in
@@ -65,6 +68,7 @@ pub(crate) fn map_err(e: RedisError) -> Error {
     // No password where one is required, or a database the server lacks.
     let refused_config = e.code() == Some("NOAUTH")
         || e.code() == Some("WRONGPASS")
+        || e.code() == Some("NOPERM")
         || msg.contains("DB index is out of range");
     if let Some(what) = wrong_kind(&msg) {
         Error::config(what).with_source(e)
@@ -101,8 +105,8 @@ fn wrong_kind(msg: &str) -> Option<&'static str> {
         )
     } else if unknown("EVALSHA") || unknown("EVAL") || unknown("SCRIPT") {
         Some(
-            "the server runs no scripts: a Redis Sentinel answers so (use \
-             redis+sentinel://<sentinels>/<master name>)",
+            "the server runs no scripts: their commands are disabled or renamed there, or it \
+             is a Redis Sentinel (use redis+sentinel://<sentinels>/<master name>)",
         )
     } else {
         None

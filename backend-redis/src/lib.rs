@@ -275,10 +275,6 @@ pub mod internals {
         crate::error::map_err(e)
     }
 
-    /// The server error codes that a restart or failover gives while it
-    /// lasts, each mapped to `Unavailable`.
-    pub const TRANSIENT_CODES: &[&str] = &crate::error::TRANSIENT_CODES;
-
     /// Shifts the fencing tokens' clock of `backend` by `secs` seconds
     /// (negative: behind), as a primary whose clock is behind would: for
     /// the tests of tokens across a failover.

@@ -270,6 +270,7 @@ impl Node {
         waiter: Option<Waiter<'_>>,
     ) -> Result<Acquire> {
         let claim = owner.claim();
+        let waits = waiter.is_some();
         let outcome = self.attempts(false, |mut link| async move {
             let value = owner.value();
             let script = if claim != Claim::MUTEX {
@@ -318,9 +319,10 @@ impl Node {
             Ok(answer)
         })
         .await;
-        if !self.strict && matches!(outcome, Ok(Acquire::Acquired(_))) {
+        if !self.strict && (waits || matches!(outcome, Ok(Acquire::Acquired(_)))) {
             // A holder hears at once when the server goes away (and may
-            // come back without the lock). Not on Redlock's nodes: the
+            // come back without the lock), and so does a waiter, which may
+            // be handed the lock on the hub. Not on Redlock's nodes: the
             // quorum rides out one node's restart by design.
             self.hub.keep();
         }

@@ -9,13 +9,26 @@ use std::time::{Duration, Instant};
 use locksmith_conformance::kit::process::redis_server;
 use locksmith_core::backend::LockBackend;
 use locksmith_core::{ErrorKind, LockKey, OwnerToken};
-use locksmith_redis::internals::{map_error, TRANSIENT_CODES};
+use locksmith_redis::internals::map_error;
 use locksmith_redis::RedisBackend;
 
 /// Each code, as the server sends it in an error reply.
 #[test]
 fn each_failover_code_is_unavailable() {
-    for code in TRANSIENT_CODES {
+    // Written out, not the crate's own list: a code dropped from it fails
+    // here.
+    for code in [
+        "LOADING",
+        "MASTERDOWN",
+        "READONLY",
+        "BUSY",
+        "TRYAGAIN",
+        "CLUSTERDOWN",
+        "MOVED",
+        "ASK",
+        "UNBLOCKED",
+        "NOSCRIPT",
+    ] {
         let reply = format!("-{code} the server is changing\r\n");
         let value = redis::parse_redis_value(reply.as_bytes()).unwrap();
         let e = value.extract_error().expect_err("an error reply");

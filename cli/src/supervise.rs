@@ -345,7 +345,9 @@ async fn hold<H: Held>(
     };
     let ran = supervise(held.guard(), &mut running, lease, timeline, signals).await;
     match ran.end {
-        End::Exited(status) => Ok(exited(held, running, status, &ran, timeline.grace).await),
+        End::Exited(status) => {
+            Ok(exited(held, running, status, &ran, timeline.grace, signals).await)
+        }
         End::Stopped(why) => stopped(held, running, why).await,
     }
 }
@@ -551,6 +553,7 @@ async fn exited<H: Held>(
     status: ExitStatus,
     ran: &Supervised,
     grace: Duration,
+    signals: &mut Signals,
 ) -> Ended {
     let Running {
         group,
@@ -587,7 +590,16 @@ async fn exited<H: Held>(
         };
         return Ended::lost(H::WHAT, reason, by);
     }
-    match held.release().await {
+    // A release that cannot reach the store is tried until the lease runs
+    // out; a signal ends that wait (the release stays unconfirmed).
+    let released = tokio::select! {
+        r = held.release() => r,
+        sig = signals.recv() => Err(Error::unavailable(format!(
+            "{} arrived while the release was being tried",
+            sig.as_str()
+        ))),
+    };
+    match released {
         Ok(()) => Ended::code(status_code(status)),
         Err(e) if e.kind() == ErrorKind::Lost => {
             eprintln!(

@@ -76,6 +76,10 @@ pub struct LockGuard {
     id: u64,
     armed: bool,
     meter: Arc<HoldMeter>,
+    /// The owner was drawn for this guard and holds the lock once: no other
+    /// guard shares its holds, so a release whose reply was lost may be
+    /// sent again (see [`release`](Self::release)).
+    sole: bool,
 }
 
 impl LockGuard {
@@ -115,7 +119,15 @@ impl LockGuard {
             id,
             armed: true,
             meter,
+            sole: false,
         }
+    }
+
+    /// Marks the owner as drawn for this guard alone, holding once (see
+    /// the `sole` field).
+    pub(crate) fn sole_owner(mut self, sole: bool) -> Self {
+        self.sole = sole;
+        self
     }
 
     pub(crate) fn backend(&self) -> &Arc<dyn LockBackend> {
@@ -311,13 +323,18 @@ impl LockGuard {
     /// lock for this owner: the lease expired or was taken over, so the
     /// critical section may not have been exclusive.
     /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) if the store
-    /// could not be reached before the lease's deadline: a release that
-    /// finds the store unreachable (a connection that broke with a server's
-    /// restart) is tried again, owner-checked, until the store answers or
-    /// the lease runs out, since only an answer can confirm that the lock
-    /// was still held. The lock then frees at its TTL, but whether it was
-    /// held to the end is unknown: a store that restarted empty may have
-    /// granted it to someone else meanwhile.
+    /// could not confirm the release before the lease's deadline: a release
+    /// that met an unreachable store (a connection refused, or one that
+    /// broke with a server's restart) is tried again, owner-checked, until
+    /// the store answers or the lease runs out, since only an answer can
+    /// confirm that the lock was still held. A release whose reply may have
+    /// been lost after it was carried out is sent again only when the
+    /// `Locker` drew this guard's owner and it held the lock once: with a
+    /// re-entrant owner (`lock_as`) a second release would count down a
+    /// hold another guard still has.
+    /// The lock then frees at its TTL, but whether it was held to the end
+    /// is unknown: a store that restarted empty may have granted it to
+    /// someone else meanwhile.
     pub async fn release(mut self) -> Result<()> {
         self.armed = false;
         if self.closed() {
@@ -338,7 +355,7 @@ impl LockGuard {
             _ => None,
         };
         let released = tracing::Instrument::instrument(
-            release_confirmed(&*self.backend, &self.lease, until),
+            release_confirmed(&*self.backend, &self.lease, until, self.sole),
             span.clone(),
         )
         .await;
@@ -403,18 +420,23 @@ const RELEASE_RETRY: (Duration, Duration) = (Duration::from_millis(50), Duration
 /// Releases `lease`, trying again while the store cannot be reached and
 /// `until` (the lease's deadline) has not passed. Each try is owner-checked,
 /// so a retry can neither free someone else's lock nor hide that ours was
-/// lost: a store that restarted empty answers the retry `NotHeld`. (A try
-/// whose reply was lost after it freed the lock also makes the next one
-/// answer `NotHeld`: reported as lost, which is the safe side to err on.)
+/// lost: a store that restarted empty answers the retry `NotHeld`. A try
+/// that may have been carried out (its reply lost, not an error marked
+/// [`unapplied`](Error::unapplied)) is repeated only for a `sole` owner:
+/// one the `Locker` drew for this guard, holding once, so a second release
+/// counts down no other guard's hold. (For it, a try that freed the lock
+/// before its reply was lost makes the next one answer `NotHeld`: reported
+/// as lost, the safe side to err on.)
 async fn release_confirmed(
     backend: &dyn LockBackend,
     lease: &Lease,
     until: Option<Instant>,
+    sole: bool,
 ) -> Result<Release> {
     let mut pause = RELEASE_RETRY.0;
     loop {
         let e = match backend.release(&lease.key, &lease.owner).await {
-            Err(e) if e.kind() == ErrorKind::Unavailable => e,
+            Err(e) if e.kind() == ErrorKind::Unavailable && (sole || e.is_unapplied()) => e,
             other => return other,
         };
         let left = until.map_or(Duration::ZERO, |d| {

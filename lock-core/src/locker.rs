@@ -663,7 +663,10 @@ impl Locker {
                     // session store whose lease has that much left).
                     let trusted = self.caps.trusted_lease(opts.ttl);
                     let short = grant.lease.filter(|l| *l < trusted);
-                    let guard = self.guard(&key, &owner, grant, opts, sent, short, labels);
+                    let sole = attempts.fresh_owner && grant.holds == 1;
+                    let guard = self
+                        .guard(&key, &owner, grant, opts, sent, short, labels)
+                        .sole_owner(sole);
                     if short.is_some() && !opts.auto_renew {
                         // No watchdog will extend it: one renewal now gives
                         // the caller the whole lease it asked for.
@@ -755,7 +758,9 @@ impl Locker {
                 }
             };
             if let (Some(Notice::Granted(grant)), Some(queued_at)) = (notice, queued_at) {
+                let sole = attempts.fresh_owner && grant.holds == 1;
                 if let Some(guard) = self.handed(&key, &owner, grant, opts, queued_at, labels) {
+                    let guard = guard.sole_owner(sole);
                     attempts.done();
                     return self.unless_closed(guard).await.map(Some);
                 }

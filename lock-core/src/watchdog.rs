@@ -50,11 +50,12 @@ struct Entry {
     /// Renewals failed in a row; while non-zero the entry waits out its
     /// backoff instead of joining an early batch.
     failures: u32,
-    /// An alarm has already brought this failing streak's next renewal
-    /// forward: once per streak, so a store that went away and came back
-    /// (its reconnect raises the alarm) is asked at once, while one that
-    /// raises an alarm with each failure cannot undo the backoff.
-    alarmed_in_streak: bool,
+    /// When the last renewal failed (while `failures` is not 0). An alarm
+    /// seen since then brings the next one forward: a store that went away
+    /// and came back (its reconnect raises the alarm) is asked at once,
+    /// while an alarm raised by the failure itself (a full server) cannot
+    /// undo the backoff.
+    failed_at: Option<Instant>,
     tx: watch::Sender<LeaseState>,
     meter: Arc<HoldMeter>,
     /// Called (outside the lock) with each failed renewal.
@@ -151,7 +152,7 @@ impl Watchdog {
                 confirmed: Instant::now(),
                 in_flight: false,
                 failures: 0,
-                alarmed_in_streak: false,
+                failed_at: None,
                 tx,
                 meter,
                 hooks: Vec::new(),
@@ -279,7 +280,7 @@ impl Watchdog {
             }
             Ok(Renew::Renewed) => {
                 e.failures = 0;
-                e.alarmed_in_streak = false;
+                e.failed_at = None;
                 e.deadline = local_deadline(sent, e.trusted);
                 e.confirmed = sent;
                 e.window = e.renew_every.unwrap_or_default() / COALESCE_DIVISOR;
@@ -314,6 +315,7 @@ impl Watchdog {
                 let backoff = (every / 8).saturating_mul(1 << e.failures.min(16));
                 let retry = jitter(backoff.min(every).min(left / 2)).max(MIN_RETRY);
                 e.failures = e.failures.saturating_add(1);
+                e.failed_at = Some(now);
                 tracing::warn!(key = %e.request.key, error = %err.chain(),
                     retry_in = ?retry, "lock renewal failed; retrying");
                 e.next_renew = now + retry;
@@ -334,10 +336,10 @@ impl Watchdog {
     /// After an alarm seen at `seen`: every lease the store last vouched
     /// for before then is renewed now, at most once per gap (returned as
     /// `Err(when)` while too soon after the `last` sweep). A lease whose
-    /// renewals are failing is brought forward once per failing streak
-    /// (a store back after a restart raises the alarm as it reconnects,
-    /// and may have forgotten the lease), then keeps its backoff; one in
-    /// flight is being checked already.
+    /// renewals are failing is brought forward if its last failure came
+    /// before the alarm (a store back after a restart raises the alarm as
+    /// it reconnects, and may have forgotten the lease), and keeps its
+    /// backoff otherwise; one in flight is being checked already.
     fn sweep(&self, seen: Instant, last: Option<Instant>) -> std::result::Result<(), Instant> {
         let now = Instant::now();
         let mut st = self.lock();
@@ -356,11 +358,9 @@ impl Watchdog {
             if e.renew_every.is_none() || e.in_flight || e.confirmed >= seen {
                 continue;
             }
-            if e.failures > 0 {
-                if e.alarmed_in_streak {
-                    continue;
-                }
-                e.alarmed_in_streak = true;
+            if e.failed_at.is_some_and(|failed| failed >= seen) {
+                // Failed after the alarm: its backoff stands.
+                continue;
             }
             e.next_renew = now;
             due += 1;
