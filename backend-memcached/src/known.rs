@@ -217,3 +217,23 @@ impl Node {
         }
     }
 }
+
+impl Node {
+    /// `Config` for a server run with `-C`: it answers 0 for every item's
+    /// CAS, so a renewal (a `cas` that must match) can never succeed and
+    /// every lock would end at its first TTL. Asked within `limit`, on its
+    /// own time: a proxy or an older server that does not answer `stats
+    /// settings` (in time) is let through, since no answer proves nothing.
+    pub(crate) async fn cas_kept(&self, limit: std::time::Duration) -> Result<()> {
+        let mut ask = Commands::default();
+        let settings = tokio::time::timeout(limit, self.one(ask.settings())).await;
+        if let Ok(Ok(Reply::CasEnabled(false))) = settings {
+            return Err(Error::config(format!(
+                "{} runs with CAS disabled (-C): a lock could never be renewed \
+                 (its renewal must match the item's CAS); start memcached without -C",
+                self.server.addr()
+            )));
+        }
+        Ok(())
+    }
+}

@@ -183,9 +183,7 @@ impl LockBackend for Node {
             .with_ttl_resolution(CLOCK_LAG)
     }
 
-    /// Reachable, and keeping CAS values: a server run with `-C` answers
-    /// 0 for every item, and a renewal, a `cas` that must match, can then
-    /// never succeed, so every lock would end at its first TTL.
+    /// Reachable, and keeping CAS values (see `Node::cas_kept`).
     async fn verify(&self) -> Result<()> {
         self.bounded(async {
             match self.one(Commands::default().noop()).await? {
@@ -194,20 +192,7 @@ impl LockBackend for Node {
             }
         })
         .await?;
-        // Asked on its own time: a proxy or an older server that does not
-        // answer `stats settings` (in time) is let through, since no
-        // answer proves nothing.
-        let mut ask = Commands::default();
-        let settings = self.one(ask.settings());
-        if let Ok(Ok(Reply::CasEnabled(false))) = tokio::time::timeout(self.timeout, settings).await
-        {
-            return Err(Error::config(format!(
-                "{} runs with CAS disabled (-C): a lock could never be renewed \
-                 (its renewal must match the item's CAS); start memcached without -C",
-                self.server.addr()
-            )));
-        }
-        Ok(())
+        self.cas_kept(self.timeout).await
     }
 
     /// `add`, and a read of the item in the same round trip. A lock held by

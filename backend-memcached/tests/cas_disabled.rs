@@ -10,16 +10,18 @@
 //! (`EXISTS`) whatever CAS it carries. So a remembered 0 must never be
 //! used: the owner would go unchecked.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use locksmith_conformance::kit::free_port;
-use locksmith_conformance::kit::process::ServerProcess;
 use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
 use locksmith_core::{ErrorKind, LockKey, OwnerToken};
 use locksmith_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
+
+mod common;
+
+use common::OwnServer;
 
 const PREFIX: &str = "cas0:";
 /// The backend's shortest TTL (memcached counts whole seconds).
@@ -28,39 +30,10 @@ const TTL: Duration = Duration::from_secs(2);
 /// A memcached of the test's own with CAS disabled, started as the lock
 /// servers are (`-M -o no_slab_reassign`, see the crate docs), killed
 /// with the test; and its `host:port`.
-fn cas_disabled_server() -> (ServerProcess, String) {
-    let port = free_port();
-    // memcached refuses to run as root without a user to become.
-    let user = if Command::new("id")
-        .arg("memcache")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        "memcache"
-    } else {
-        "nobody"
-    };
-    let server = ServerProcess::start(
-        Command::new("memcached")
-            .args([
-                "-l",
-                "127.0.0.1",
-                "-U",
-                "0",
-                "-M",
-                "-o",
-                "no_slab_reassign",
-                "-C",
-                "-m",
-                "64",
-                "-u",
-                user,
-                "-p",
-            ])
-            .arg(port.to_string()),
-        port,
-    );
-    (server, format!("127.0.0.1:{port}"))
+fn cas_disabled_server() -> (OwnServer, String) {
+    let server = OwnServer::start_with(free_port(), 64, &["-C"]);
+    let addr = server.addr();
+    (server, addr)
 }
 
 /// A client of its own (its own connections, its own remembered CAS

@@ -190,10 +190,13 @@ async fn waiters_ride_out_forced_failovers() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     // The first failover under the held lock, the rest while the waiters
-    // are being served.
+    // are being served. Apart by more than twice the nodes' timeout (2 s):
+    // a primary votes for one failover of a shard at most that often, and
+    // a forced failover it would not vote for never finishes.
     cluster::force_failover(slot_of(&key).await).await;
     guard.release().await.unwrap();
     for _ in 0..2 {
+        tokio::time::sleep(Duration::from_secs(5)).await;
         cluster::force_failover(slot_of(&key).await).await;
     }
     for w in waiters {

@@ -723,34 +723,56 @@ mod on_redis {
         assert!(b_ran.exists());
     }
 
+    /// A `run` holder on a private forgetful Redis whose command runs
+    /// `seconds`, with the server killed `kill_after` after the command
+    /// started and started again `down` later (never, for `None`): A's
+    /// exit code and stderr.
+    fn release_across_a_restart(
+        url_params: &str,
+        ttl: &str,
+        seconds: u32,
+        kill_after: Duration,
+        down: Option<Duration>,
+    ) -> (i32, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let port = common::closed_port();
+        let mut server = forgetful_redis(port);
+        let url = format!("redis://127.0.0.1:{port}{url_params}");
+        let key = unique("restart-release");
+        let ready = d.join("ready");
+        let a_script = format!("echo > {}; sleep {seconds}", ready.display());
+        let mut a = spawn(locksmith(
+            d,
+            &[
+                "run", "--url", &url, "--key", &key, "--ttl", ttl, "--", "sh", "-c", &a_script,
+            ],
+        ));
+        wait_for_file(&ready, Duration::from_secs(10));
+        std::thread::sleep(kill_after);
+        server.kill();
+        let _back = down.map(|down| {
+            std::thread::sleep(down);
+            forgetful_redis(port)
+        });
+        let a_code = wait_exit(&mut a, Duration::from_secs(30));
+        (a_code, stderr_of(&mut a))
+    }
+
     /// The same restart while the holder's command has already ended: its
     /// release meets a dead connection, is tried again once the server is
     /// back, finds the lock gone, and says the command may not have run
     /// exclusively (exit 70), never exit 0.
     #[test]
     fn a_release_after_redis_restarted_empty_is_not_a_success() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        let port = common::closed_port();
-        let mut server = forgetful_redis(port);
-        let url = format!("redis://127.0.0.1:{port}");
-        let key = unique("restart-release");
-        let ready = d.join("ready");
         // The command ends while the server is down.
-        let a_script = format!("echo > {}; sleep 2", ready.display());
-        let mut a = spawn(locksmith(
-            d,
-            &[
-                "run", "--url", &url, "--key", &key, "--ttl", "60s", "--", "sh", "-c", &a_script,
-            ],
-        ));
-        wait_for_file(&ready, Duration::from_secs(10));
-        std::thread::sleep(Duration::from_millis(500));
-        server.kill();
-        std::thread::sleep(Duration::from_secs(4));
-        let _server = forgetful_redis(port);
-        let a_code = wait_exit(&mut a, Duration::from_secs(30));
-        let a_err = stderr_of(&mut a);
+        let (a_code, a_err) = release_across_a_restart(
+            "",
+            "60s",
+            2,
+            Duration::from_millis(500),
+            Some(Duration::from_secs(4)),
+        );
         assert_eq!(a_code, 70, "A: {a_err}");
         assert!(
             a_err.contains("no longer held at release")
@@ -764,24 +786,13 @@ mod on_redis {
     /// the hold (exit 70), rather than exit 0 with a warning.
     #[test]
     fn a_release_the_store_never_answers_is_not_a_success() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        let port = common::closed_port();
-        let mut server = forgetful_redis(port);
-        let url = format!("redis://127.0.0.1:{port}?timeout=300ms&connect_timeout=300ms");
-        let key = unique("gone-release");
-        let ready = d.join("ready");
-        let a_script = format!("echo > {}; sleep 1", ready.display());
-        let mut a = spawn(locksmith(
-            d,
-            &[
-                "run", "--url", &url, "--key", &key, "--ttl", "6s", "--", "sh", "-c", &a_script,
-            ],
-        ));
-        wait_for_file(&ready, Duration::from_secs(10));
-        server.kill();
-        let a_code = wait_exit(&mut a, Duration::from_secs(30));
-        let a_err = stderr_of(&mut a);
+        let (a_code, a_err) = release_across_a_restart(
+            "?timeout=300ms&connect_timeout=300ms",
+            "6s",
+            1,
+            Duration::ZERO,
+            None,
+        );
         assert_eq!(a_code, 70, "A: {a_err}");
         assert!(
             a_err.contains("could not be confirmed")

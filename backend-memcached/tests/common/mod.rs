@@ -135,11 +135,17 @@ impl Harness for McHarness {
 pub struct OwnServer {
     pub port: u16,
     megabytes: u32,
+    extra: Vec<String>,
     process: ServerProcess,
 }
 
 impl OwnServer {
     pub fn start(port: u16, megabytes: u32) -> OwnServer {
+        OwnServer::start_with(port, megabytes, &[])
+    }
+
+    /// As [`start`](Self::start), with `extra` arguments (`-C`).
+    pub fn start_with(port: u16, megabytes: u32, extra: &[&str]) -> OwnServer {
         use std::process::Command;
         let user = if Command::new("id")
             .arg("memcache")
@@ -166,12 +172,14 @@ impl OwnServer {
                 ])
                 .arg(megabytes.to_string())
                 .arg("-p")
-                .arg(port.to_string()),
+                .arg(port.to_string())
+                .args(extra),
             port,
         );
         OwnServer {
             port,
             megabytes,
+            extra: extra.iter().map(|a| a.to_string()).collect(),
             process,
         }
     }
@@ -184,7 +192,8 @@ impl OwnServer {
     /// Kills it and starts it again, empty, as a restart leaves it.
     pub fn restart(&mut self) {
         self.process.kill();
-        *self = OwnServer::start(self.port, self.megabytes);
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        *self = OwnServer::start_with(self.port, self.megabytes, &extra);
     }
 }
 
