@@ -78,10 +78,12 @@ pub(crate) async fn identify(host: &str, port: u16) -> Option<Answered> {
     if let Some(a) = known(&PROBED.lock().unwrap_or_else(|e| e.into_inner())) {
         return a;
     }
+    // `None` when nothing listened (or no answer came in time): asked
+    // again next time, since a server may start there meanwhile.
     let answered = tokio::time::timeout(PROBE, probe(host, port))
         .await
         .ok()
-        .flatten();
+        .flatten()?;
     let mut probed = PROBED.lock().unwrap_or_else(|e| e.into_inner());
     if known(&probed).is_none() && probed.len() < 64 {
         probed.push((host.to_owned(), port, answered));
@@ -89,8 +91,15 @@ pub(crate) async fn identify(host: &str, port: u16) -> Option<Answered> {
     answered
 }
 
-async fn probe(host: &str, port: u16) -> Option<Answered> {
+/// What answered at `host:port`: `None` if nothing listened there, else
+/// what the server turned out to be, if this can tell.
+async fn probe(host: &str, port: u16) -> Option<Option<Answered>> {
     let mut s = TcpStream::connect((host, port)).await.ok()?;
+    Some(name(host, port, &mut s).await)
+}
+
+/// What the server on `s` (connected to `host:port`) is, if this can tell.
+async fn name(host: &str, port: u16, s: &mut TcpStream) -> Option<Answered> {
     // MySQL and MariaDB speak first: a handshake packet, protocol 10.
     let mut buf = [0u8; 512];
     if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_millis(300), s.read(&mut buf)).await {
@@ -99,7 +108,7 @@ async fn probe(host: &str, port: u16) -> Option<Answered> {
     // A line the text protocols answer: Redis `+PONG` (or an error
     // reply), memcached `ERROR`, an HTTP/1 server a status line.
     s.write_all(b"PING\r\n").await.ok()?;
-    let n = read_some(&mut s, &mut buf).await;
+    let n = read_some(s, &mut buf).await;
     let reply = &buf[..n];
     if n > 0 {
         return if reply.starts_with(b"+PONG") || reply.starts_with(b"-") {

@@ -591,13 +591,20 @@ async fn exited<H: Held>(
         return Ended::lost(H::WHAT, reason, by);
     }
     // A release that cannot reach the store is tried until the lease runs
-    // out; a signal ends that wait (the release stays unconfirmed).
+    // out; a signal ends that wait (the release stays unconfirmed), after
+    // a second more: the signal may be the one the command got too (a stop
+    // of the whole group), and a store that answers finishes in time.
+    let release = held.release();
+    tokio::pin!(release);
     let released = tokio::select! {
-        r = held.release() => r,
-        sig = signals.recv() => Err(Error::unavailable(format!(
-            "{} arrived while the release was being tried",
-            sig.as_str()
-        ))),
+        r = &mut release => r,
+        sig = signals.recv() => match tokio::time::timeout(Duration::from_secs(1), &mut release).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::unavailable(format!(
+                "{} arrived while the release was being tried",
+                sig.as_str()
+            ))),
+        },
     };
     match released {
         Ok(()) => Ended::code(status_code(status)),

@@ -76,9 +76,10 @@ pub struct LockGuard {
     id: u64,
     armed: bool,
     meter: Arc<HoldMeter>,
-    /// The owner was drawn for this guard and holds the lock once: no other
-    /// guard shares its holds, so a release whose reply was lost may be
-    /// sent again (see [`release`](Self::release)).
+    /// The owner was drawn for this guard and held the lock once when it
+    /// was granted: unless another guard joined it since (`lock_as`, which
+    /// the release checks), a release whose reply was lost may be sent
+    /// again (see [`release`](Self::release)).
     sole: bool,
 }
 
@@ -355,7 +356,9 @@ impl LockGuard {
             _ => None,
         };
         let released = tracing::Instrument::instrument(
-            release_confirmed(&*self.backend, &self.lease, until, self.sole),
+            release_confirmed(&*self.backend, &self.lease, until, || {
+                self.sole && !self.watchdog.shares(&self.lease.key, &self.lease.owner)
+            }),
             span.clone(),
         )
         .await;
@@ -422,8 +425,9 @@ const RELEASE_RETRY: (Duration, Duration) = (Duration::from_millis(50), Duration
 /// so a retry can neither free someone else's lock nor hide that ours was
 /// lost: a store that restarted empty answers the retry `NotHeld`. A try
 /// that may have been carried out (its reply lost, not an error marked
-/// [`unapplied`](Error::unapplied)) is repeated only for a `sole` owner:
-/// one the `Locker` drew for this guard, holding once, so a second release
+/// [`unapplied`](Error::unapplied)) is repeated only while `sole()`: the
+/// owner was drawn for this guard, held the lock once, and no other guard
+/// has joined it since (`lock_as` with its owner), so a second release
 /// counts down no other guard's hold. (For it, a try that freed the lock
 /// before its reply was lost makes the next one answer `NotHeld`: reported
 /// as lost, the safe side to err on.)
@@ -431,12 +435,12 @@ async fn release_confirmed(
     backend: &dyn LockBackend,
     lease: &Lease,
     until: Option<Instant>,
-    sole: bool,
+    sole: impl Fn() -> bool,
 ) -> Result<Release> {
     let mut pause = RELEASE_RETRY.0;
     loop {
         let e = match backend.release(&lease.key, &lease.owner).await {
-            Err(e) if e.kind() == ErrorKind::Unavailable && (sole || e.is_unapplied()) => e,
+            Err(e) if e.kind() == ErrorKind::Unavailable && (e.is_unapplied() || sole()) => e,
             other => return other,
         };
         let left = until.map_or(Duration::ZERO, |d| {

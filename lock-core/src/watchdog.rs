@@ -12,6 +12,7 @@ use tokio::sync::{watch, Notify};
 use crate::backend::{LockBackend, Renew, RenewRequest};
 use crate::error::Result;
 use crate::guard::{FailureHook, RenewalFailure};
+use crate::key::{LockKey, OwnerToken};
 use crate::lease::{local_deadline, LeaseState, LostReason};
 use crate::meter::HoldMeter;
 
@@ -56,6 +57,10 @@ struct Entry {
     /// while an alarm raised by the failure itself (a full server) cannot
     /// undo the backoff.
     failed_at: Option<Instant>,
+    /// An alarm came while this entry's renewal was in flight: if that
+    /// renewal fails, the next is sent at once rather than after a backoff
+    /// (it was sent before the alarm, and says nothing of the store since).
+    alarmed_in_flight: bool,
     tx: watch::Sender<LeaseState>,
     meter: Arc<HoldMeter>,
     /// Called (outside the lock) with each failed renewal.
@@ -153,6 +158,7 @@ impl Watchdog {
                 in_flight: false,
                 failures: 0,
                 failed_at: None,
+                alarmed_in_flight: false,
                 tx,
                 meter,
                 hooks: Vec::new(),
@@ -179,6 +185,16 @@ impl Watchdog {
     }
 
     /// Stops tracking a lease; its state becomes `Released` unless it was lost.
+    /// Whether another hold this watchdog tracks has `owner` on `key`: a
+    /// re-entrant hold (`lock_as` with another guard's owner) that a
+    /// second release would count down.
+    pub(crate) fn shares(&self, key: &LockKey, owner: &OwnerToken) -> bool {
+        self.lock()
+            .entries
+            .values()
+            .any(|e| e.request.key == *key && e.request.owner == *owner)
+    }
+
     pub(crate) fn unregister(&self, id: u64) {
         let removed = self.lock().entries.remove(&id);
         if let Some(e) = removed {
@@ -281,6 +297,7 @@ impl Watchdog {
             Ok(Renew::Renewed) => {
                 e.failures = 0;
                 e.failed_at = None;
+                e.alarmed_in_flight = false;
                 e.deadline = local_deadline(sent, e.trusted);
                 e.confirmed = sent;
                 e.window = e.renew_every.unwrap_or_default() / COALESCE_DIVISOR;
@@ -313,7 +330,11 @@ impl Watchdog {
                 let left = e.deadline.saturating_duration_since(now);
                 let every = e.renew_every.unwrap_or(e.trusted / 3);
                 let backoff = (every / 8).saturating_mul(1 << e.failures.min(16));
-                let retry = jitter(backoff.min(every).min(left / 2)).max(MIN_RETRY);
+                let retry = if std::mem::take(&mut e.alarmed_in_flight) {
+                    MIN_RETRY
+                } else {
+                    jitter(backoff.min(every).min(left / 2)).max(MIN_RETRY)
+                };
                 e.failures = e.failures.saturating_add(1);
                 e.failed_at = Some(now);
                 tracing::warn!(key = %e.request.key, error = %err.chain(),
@@ -355,7 +376,11 @@ impl Watchdog {
         }
         let mut due = 0;
         for e in st.entries.values_mut() {
-            if e.renew_every.is_none() || e.in_flight || e.confirmed >= seen {
+            if e.renew_every.is_none() || e.confirmed >= seen {
+                continue;
+            }
+            if e.in_flight {
+                e.alarmed_in_flight = true;
                 continue;
             }
             if e.failed_at.is_some_and(|failed| failed >= seen) {

@@ -329,3 +329,58 @@ async fn an_observer_never_shows_an_older_term_after_a_newer_one() {
     }
     assert_eq!(shown, vec![(6, b"b".to_vec())]);
 }
+
+/// A memory store whose next release (once `armed`) is carried out but
+/// whose reply is lost (`Unavailable`).
+#[derive(Debug, Default)]
+struct LosesAReleaseReply {
+    inner: MemoryBackend,
+    armed: AtomicBool,
+    releases: AtomicUsize,
+}
+
+locksmith_core::forward_backend! {
+    (self) => self.inner;
+    impl LockBackend for LosesAReleaseReply {
+        async fn release(
+            &self,
+            k: &LockKey,
+            o: &OwnerToken,
+        ) -> Result<locksmith_core::backend::Release> {
+            self.releases.fetch_add(1, Ordering::SeqCst);
+            let outcome = self.inner.release(k, o).await;
+            if self.armed.swap(false, Ordering::SeqCst) {
+                return Err(Error::unavailable("reply lost"));
+            }
+            outcome
+        }
+    }
+}
+
+/// A release whose reply was lost after it counted a hold down is not sent
+/// again while another guard shares the owner (`lock_as` with the first
+/// guard's owner): a second release would free the lock under that guard.
+/// It ends `Unavailable` (not confirmed), and the other guard's hold stays.
+///
+/// To see it fail: in lock-core/src/guard.rs, `LockGuard::release`, drop
+/// `&& !self.watchdog.shares(..)` from the `sole` closure (the first guard
+/// was granted alone, with a fresh owner).
+#[tokio::test]
+async fn a_lost_release_reply_is_not_sent_again_under_a_shared_owner() {
+    let backend = Arc::new(LosesAReleaseReply::default());
+    let locker = Locker::from_arc(backend.clone());
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let first = locker.lock_with("shared", &opts).await.unwrap();
+    let owner = first.owner().clone();
+    let second = locker.lock_as("shared", &opts, &owner).await.unwrap();
+    backend.armed.store(true, Ordering::SeqCst);
+    let e = first.release().await.expect_err("the reply was lost");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert_eq!(backend.releases.load(Ordering::SeqCst), 1, "sent again");
+    let key = LockKey::new("shared").unwrap();
+    let status = backend.inner.inspect(&key).await.unwrap();
+    assert!(status.held, "the second guard's hold was released");
+    assert_eq!(status.holds, 1);
+    assert!(!second.is_lost());
+    second.release().await.unwrap();
+}
