@@ -134,9 +134,9 @@ struct Shared {
     /// Bumped when the connection ends unasked and when it is made again
     /// (see [`Hub::alarm`]).
     alarm: watch::Sender<u64>,
-    /// A lock was granted through this backend: the connection is kept up
-    /// (made again after it ends), so that a server that goes away is
-    /// noticed at once rather than at the next renewal.
+    /// A lock was granted or waited for through this backend: the
+    /// connection is kept up (made again after it ends), so that a server
+    /// that goes away is noticed at once rather than at the next renewal.
     kept: AtomicBool,
 }
 
@@ -223,7 +223,7 @@ impl Hub {
         self.shared.alarm.subscribe()
     }
 
-    /// From the first grant on, keeps the connection up: made now in the
+    /// From the first grant or wait on, keeps the connection up: made now in the
     /// background if it is not, and again whenever it ends. A holder that
     /// never waited then still hears at once that its server went away.
     /// Costs the first grant one spawned task, later grants an atomic load.

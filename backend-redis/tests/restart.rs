@@ -144,6 +144,21 @@ async fn queued_waiters_survive_a_killed_hub() {
     assert!(lag < Duration::from_secs(2), "first waiter took {lag:?}");
 }
 
+/// The ids of the server's pub/sub clients (the backends' hubs).
+async fn pubsub_clients(mut admin: redis::aio::MultiplexedConnection) -> Vec<String> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    list.lines()
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// A backend that is dropped takes its pub/sub connection with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_backend_closes_its_hub() {
@@ -153,17 +168,8 @@ async fn a_dropped_backend_closes_its_hub() {
     let admin = redis::Client::open(url.as_str()).unwrap();
     let admin = admin.get_multiplexed_async_connection().await.unwrap();
     let hubs = || {
-        let mut admin = admin.clone();
-        async move {
-            let list: String = redis::cmd("CLIENT")
-                .arg("LIST")
-                .arg("TYPE")
-                .arg("pubsub")
-                .query_async(&mut admin)
-                .await
-                .unwrap();
-            list.lines().count()
-        }
+        let admin = admin.clone();
+        async move { pubsub_clients(admin).await.len() }
     };
     let key = LockKey::new("restart/drop").unwrap();
     for _ in 0..3 {
@@ -211,22 +217,7 @@ async fn a_holder_keeps_its_hub_and_makes_it_again() {
     let _server = start_on(port);
     let admin = redis::Client::open(url.as_str()).unwrap();
     let admin = admin.get_multiplexed_async_connection().await.unwrap();
-    let hubs = || {
-        let mut admin = admin.clone();
-        async move {
-            let list: String = redis::cmd("CLIENT")
-                .arg("LIST")
-                .arg("TYPE")
-                .arg("pubsub")
-                .query_async(&mut admin)
-                .await
-                .unwrap();
-            list.lines()
-                .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
-                .map(str::to_owned)
-                .collect::<Vec<_>>()
-        }
-    };
+    let hubs = || pubsub_clients(admin.clone());
     let a = Locker::new(RedisBackend::connect(&url).unwrap());
     let key = LockKey::new("restart/kept-hub").unwrap();
     let guard = a.try_lock(&key).await.unwrap().expect("nobody holds it");
