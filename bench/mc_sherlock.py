@@ -1,4 +1,4 @@
-"""Baseline for `locksmith-bench memcached`: Python sherlock's memcached lock.
+"""Baseline for `lockwright-bench memcached`: Python sherlock's memcached lock.
 
 Measures sherlock.MCLock (over pylibmc, binary protocol, as sherlock
 configures it by default) against a live memcached server, plus pymemcache's
@@ -21,7 +21,7 @@ stdout (errors go to stderr, with a nonzero exit status):
                start to the next grant to a different client, the same
                measure as src/cli/timing.rs.
 
-`locksmith-bench memcached` runs this as a subprocess and prints its figures
+`lockwright-bench memcached` runs this as a subprocess and prints its figures
 beside its own. Every run locks under a fresh key (--key plus a random
 suffix) and deletes it at the end.
 """

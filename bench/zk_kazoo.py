@@ -1,4 +1,4 @@
-"""Baseline for `locksmith-bench zookeeper`: Python kazoo's ZooKeeper lock.
+"""Baseline for `lockwright-bench zookeeper`: Python kazoo's ZooKeeper lock.
 
 Measures kazoo.recipe.lock.Lock against a live ZooKeeper server, in one of
 two modes, and prints exactly one JSON line on stdout (errors go to stderr,
@@ -13,7 +13,7 @@ with a nonzero exit status):
                release start to the next grant to a different client, the
                same measure as src/cli/timing.rs.
 
-`locksmith-bench zookeeper` runs this as a subprocess and prints its figures
+`lockwright-bench zookeeper` runs this as a subprocess and prints its figures
 beside its own. Every run locks under a fresh path (--path plus a random
 suffix) and deletes it at the end.
 """

@@ -22,9 +22,9 @@
 //! demo: the only protection left is the lease itself, with the risk above.
 //!
 //! ```sh
-//! cargo run -p locksmith --example fencing                # an SQLite file in the temp dir
-//! cargo run -p locksmith --example fencing -- sqlite:///tmp/fencing.db
-//! cargo run -p locksmith --features redis --example fencing -- redis://127.0.0.1:6379
+//! cargo run -p lockwright --example fencing                # an SQLite file in the temp dir
+//! cargo run -p lockwright --example fencing -- sqlite:///tmp/fencing.db
+//! cargo run -p lockwright --features redis --example fencing -- redis://127.0.0.1:6379
 //! ```
 
 mod common;
@@ -33,8 +33,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use locksmith::backend::{Binding, RedactedUrl};
-use locksmith::{ErrorKind, FencingToken, LockOptions};
+use lockwright::backend::{Binding, RedactedUrl};
+use lockwright::{ErrorKind, FencingToken, LockOptions};
 
 /// The storage service the lock protects. It remembers the highest fencing
 /// token it has accepted and refuses any write with a lower one: that writer

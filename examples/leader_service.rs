@@ -5,9 +5,9 @@
 //!
 //! - `GET /leader`: the current leader's value (its address), as the store
 //!   says (`Election::leader`);
-//! - `GET /metrics`: Prometheus text, with the metrics locksmith emits through
-//!   the `metrics` facade (`locksmith_leader`, `locksmith_acquire_wait_seconds`,
-//!   `locksmith_renewals_total`, ...);
+//! - `GET /metrics`: Prometheus text, with the metrics lockwright emits through
+//!   the `metrics` facade (`lockwright_leader`, `lockwright_acquire_wait_seconds`,
+//!   `lockwright_renewals_total`, ...);
 //! - `POST /resign`: the leader steps down, and another instance takes over.
 //!
 //! An instance whose leadership is lost (the store said so, or renewals failed
@@ -17,17 +17,17 @@
 //! port (default: `$PORT`, else 0, a port the OS picks; the address is printed).
 //!
 //! ```sh
-//! cargo run -p locksmith --example leader_service                 # one instance
-//! PORT=8081 cargo run -p locksmith --example leader_service       # on a given port
-//! cargo run -p locksmith --example leader_service -- sqlite:///tmp/lead.db 8082
-//! cargo run -p locksmith --example leader_service -- --demo       # the self-check
+//! cargo run -p lockwright --example leader_service                 # one instance
+//! PORT=8081 cargo run -p lockwright --example leader_service       # on a given port
+//! cargo run -p lockwright --example leader_service -- sqlite:///tmp/lead.db 8082
+//! cargo run -p lockwright --example leader_service -- --demo       # the self-check
 //! ```
 //!
 //! Start two or more on the same store URL (from several terminals) and
 //! `curl -X POST` the leader's `/resign`, or stop it, to watch another take
 //! over. `--demo` starts two instances in this process and checks that
 //! exactly one leads, that both name the same leader, that the other takes
-//! over when the leader resigns, and that `/metrics` shows locksmith's
+//! over when the leader resigns, and that `/metrics` shows lockwright's
 //! metrics; it exits 0 only if all of that held.
 
 mod common;
@@ -42,8 +42,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Router;
-use locksmith::backend::RedactedUrl;
-use locksmith::{Election, LockOptions, Locker};
+use lockwright::backend::RedactedUrl;
+use lockwright::{Election, LockOptions, Locker};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -411,14 +411,14 @@ async fn demo_checks(instances: &[Instance]) -> anyhow::Result<()> {
     // The metrics, from either instance (one recorder per process).
     let (status, text) = http(instances[second].addr, "GET", "/metrics").await?;
     ensure!(status == 200, "GET /metrics answered {status}");
-    for name in ["locksmith_acquire_wait_seconds", "locksmith_leader"] {
+    for name in ["lockwright_acquire_wait_seconds", "lockwright_leader"] {
         ensure!(text.contains(name), "/metrics has no {name}:\n{text}");
     }
     let shown: Vec<&str> = text
         .lines()
         .filter(|l| {
-            l.starts_with("locksmith_leader")
-                || l.starts_with("locksmith_acquire_wait_seconds_count")
+            l.starts_with("lockwright_leader")
+                || l.starts_with("lockwright_acquire_wait_seconds_count")
         })
         .collect();
     println!("  GET {}/metrics shows:", instances[second].me);
@@ -464,7 +464,7 @@ async fn main() -> anyhow::Result<()> {
     };
 
     // The `metrics` facade has one recorder per process: install it once,
-    // before anything records. locksmith's metrics go to it from then on;
+    // before anything records. lockwright's metrics go to it from then on;
     // every instance in this process renders the same registry.
     let metrics = PrometheusBuilder::new().install_recorder()?;
     // A recorder installed this way leaves its upkeep (draining histogram
@@ -483,7 +483,7 @@ async fn main() -> anyhow::Result<()> {
 
     // Label the metrics with the lock's name too: one election here, so a
     // handful of series.
-    let locker = locksmith::connect(&url).await?.with_name_label(true);
+    let locker = lockwright::connect(&url).await?.with_name_label(true);
     let instance = Instance::start(locker, ELECTION, port, metrics).await?;
     let me = instance.me.clone();
     println!(
@@ -491,7 +491,7 @@ async fn main() -> anyhow::Result<()> {
         RedactedUrl::new(&url)
     );
     println!("  curl {me}/leader            # who leads: the leader's address");
-    println!("  curl {me}/metrics           # Prometheus text, locksmith_* included");
+    println!("  curl {me}/metrics           # Prometheus text, lockwright_* included");
     println!("  curl -X POST {me}/resign    # the leader steps down; another instance takes over");
     println!("Start more instances on the same store URL to watch them take turns; Ctrl-C stops.");
     shutdown_signal().await;

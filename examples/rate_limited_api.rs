@@ -11,9 +11,9 @@
 //! 3 and that all 12 calls completed, and exits 0 only then.
 //!
 //! ```sh
-//! cargo run -p locksmith --example rate_limited_api                # an SQLite file in the temp dir
-//! cargo run -p locksmith --example rate_limited_api -- sqlite:///tmp/api.db
-//! cargo run -p locksmith --features redis --example rate_limited_api -- redis://127.0.0.1:6379
+//! cargo run -p lockwright --example rate_limited_api                # an SQLite file in the temp dir
+//! cargo run -p lockwright --example rate_limited_api -- sqlite:///tmp/api.db
+//! cargo run -p lockwright --features redis --example rate_limited_api -- redis://127.0.0.1:6379
 //! ```
 
 mod common;
@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use locksmith::backend::RedactedUrl;
-use locksmith::{LockOptions, Locker};
+use lockwright::backend::RedactedUrl;
+use lockwright::{LockOptions, Locker};
 
 /// Callers.
 const WORKERS: usize = 12;

@@ -21,9 +21,9 @@
 //! for". It exits 0 only if the property held.
 //!
 //! ```sh
-//! cargo run -p locksmith --example scheduled_job                # an SQLite file in the temp dir
-//! cargo run -p locksmith --example scheduled_job -- sqlite:///tmp/jobs.db
-//! cargo run -p locksmith --features redis --example scheduled_job -- redis://127.0.0.1:6379
+//! cargo run -p lockwright --example scheduled_job                # an SQLite file in the temp dir
+//! cargo run -p lockwright --example scheduled_job -- sqlite:///tmp/jobs.db
+//! cargo run -p lockwright --features redis --example scheduled_job -- redis://127.0.0.1:6379
 //! ```
 
 mod common;
@@ -34,8 +34,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use locksmith::backend::{Binding, RedactedUrl, Renew};
-use locksmith::{Error, ErrorKind, LockGuard, LockOptions, Locker};
+use lockwright::backend::{Binding, RedactedUrl, Renew};
+use lockwright::{Error, ErrorKind, LockGuard, LockOptions, Locker};
 
 /// How far behind each node's clock is.
 const BEHIND_MS: [u64; 3] = [0, 150, 300];
@@ -65,7 +65,7 @@ async fn run_at_most_once<F, Fut, T>(
     at_least: Duration,
     at_most: Duration,
     job: F,
-) -> locksmith::Result<Option<T>>
+) -> lockwright::Result<Option<T>>
 where
     F: FnOnce() -> Fut,
     Fut: Future<Output = T>,
@@ -203,7 +203,7 @@ async fn fleet(
                 };
                 run_at_most_once(&locker, &name, at_least, AT_MOST, job).await?;
             }
-            Ok::<(), locksmith::Error>(())
+            Ok::<(), lockwright::Error>(())
         });
     }
     while let Some(node) = nodes.join_next().await {

@@ -54,12 +54,12 @@ ensure() {
 }
 
 # The ports: defaults from scripts/ports.env (which the Rust tests read
-# too), each overridable with LOCKSMITH_<NAME>.
+# too), each overridable with LOCKWRIGHT_<NAME>.
 # shellcheck source=scripts/ports.env
 source "$(dirname "${BASH_SOURCE[0]}")/ports.env"
 
 # Where servers we start keep their data and logs.
-STATE_DIR=${LOCKSMITH_STATE_DIR:-${TMPDIR:-/tmp}/locksmith-test-servers}
+STATE_DIR=${LOCKWRIGHT_STATE_DIR:-${TMPDIR:-/tmp}/lockwright-test-servers}
 mkdir -p "$STATE_DIR"
 
 # --- the toolchain's own needs -------------------------------------------
@@ -74,7 +74,7 @@ build_tools_start() { :; }
 
 # --- PostgreSQL (the shared server on 5432) ------------------------------
 
-PG_PORT=${LOCKSMITH_PG_PORT:-$PG_PORT}
+PG_PORT=${LOCKWRIGHT_PG_PORT:-$PG_PORT}
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
 as_postgres() { if [ "$(id -un)" = postgres ]; then "$@"; else runuser -u postgres -- "$@"; fi; }
 
@@ -94,22 +94,22 @@ postgres_start() {
 pg_create_test_db() {
     as_postgres psql -q -v ON_ERROR_STOP=1 "$@" <<'SQL' >/dev/null
 DO $$ BEGIN
-  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'locksmith') THEN
-    CREATE ROLE locksmith LOGIN PASSWORD 'locksmith';
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'lockwright') THEN
+    CREATE ROLE lockwright LOGIN PASSWORD 'lockwright';
   END IF;
 END $$;
-SELECT 'CREATE DATABASE locksmith_test OWNER locksmith'
-WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'locksmith_test')\gexec
+SELECT 'CREATE DATABASE lockwright_test OWNER lockwright'
+WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'lockwright_test')\gexec
 SQL
 }
 postgres_provision() { pg_create_test_db -p "$PG_PORT"; }
 
 # --- MariaDB (the shared server on 3306) ---------------------------------
 
-MY_PORT=${LOCKSMITH_MY_PORT:-$MY_PORT}
+MY_PORT=${LOCKWRIGHT_MY_PORT:-$MY_PORT}
 mariadb_ready() {
     command -v mariadb-admin >/dev/null 2>&1 &&
-        mariadb-admin --protocol=tcp -h 127.0.0.1 -P "$MY_PORT" -u locksmith -plocksmith ping >/dev/null 2>&1 ||
+        mariadb-admin --protocol=tcp -h 127.0.0.1 -P "$MY_PORT" -u lockwright -plockwright ping >/dev/null 2>&1 ||
         { command -v mariadb-admin >/dev/null 2>&1 && mariadb-admin -uroot ping >/dev/null 2>&1; }
 }
 mariadb_install() { apt_install mariadb-server mariadb-client; }
@@ -127,11 +127,11 @@ mariadb_start() {
 # server the client talks to (as root over its socket).
 my_create_test_db() {
     mariadb -uroot "$@" <<'SQL'
-CREATE DATABASE IF NOT EXISTS locksmith_test CHARACTER SET utf8mb4;
-CREATE USER IF NOT EXISTS 'locksmith'@'localhost' IDENTIFIED BY 'locksmith';
-CREATE USER IF NOT EXISTS 'locksmith'@'127.0.0.1' IDENTIFIED BY 'locksmith';
-GRANT ALL PRIVILEGES ON locksmith_test.* TO 'locksmith'@'localhost';
-GRANT ALL PRIVILEGES ON locksmith_test.* TO 'locksmith'@'127.0.0.1';
+CREATE DATABASE IF NOT EXISTS lockwright_test CHARACTER SET utf8mb4;
+CREATE USER IF NOT EXISTS 'lockwright'@'localhost' IDENTIFIED BY 'lockwright';
+CREATE USER IF NOT EXISTS 'lockwright'@'127.0.0.1' IDENTIFIED BY 'lockwright';
+GRANT ALL PRIVILEGES ON lockwright_test.* TO 'lockwright'@'localhost';
+GRANT ALL PRIVILEGES ON lockwright_test.* TO 'lockwright'@'127.0.0.1';
 SQL
 }
 mariadb_provision() { my_create_test_db; }
@@ -140,7 +140,7 @@ mariadb_provision() { my_create_test_db; }
 # They run on their own ports and data directories, so stopping them never
 # disturbs the shared servers other tests use.
 
-PG_FAULT_PORT=${LOCKSMITH_PG_FAULT_PORT:-$PG_FAULT_PORT}
+PG_FAULT_PORT=${LOCKWRIGHT_PG_FAULT_PORT:-$PG_FAULT_PORT}
 PG_FAULT_DIR="$STATE_DIR/pg-fault"
 pg_fault_ready() { pg_isready -q -h 127.0.0.1 -p "$PG_FAULT_PORT" 2>/dev/null; }
 pg_fault_install() { postgres_install; }
@@ -160,10 +160,10 @@ pg_fault_stop() {
     as_postgres "$(pg_bin)/pg_ctl" -D "$PG_FAULT_DIR/data" -m immediate -w stop >/dev/null
 }
 
-MY_FAULT_PORT=${LOCKSMITH_MY_FAULT_PORT:-$MY_FAULT_PORT}
+MY_FAULT_PORT=${LOCKWRIGHT_MY_FAULT_PORT:-$MY_FAULT_PORT}
 MY_FAULT_DIR="$STATE_DIR/my-fault"
 my_fault_ready() {
-    mariadb-admin --protocol=tcp -h 127.0.0.1 -P "$MY_FAULT_PORT" -u locksmith -plocksmith ping >/dev/null 2>&1
+    mariadb-admin --protocol=tcp -h 127.0.0.1 -P "$MY_FAULT_PORT" -u lockwright -plockwright ping >/dev/null 2>&1
 }
 my_fault_install() { mariadb_install; }
 my_fault_start() {
@@ -197,8 +197,8 @@ my_fault_stop() {
 
 # --- Redis: the shared server, and five independent Redlock masters -------
 
-REDIS_PORT=${LOCKSMITH_REDIS_PORT:-$REDIS_PORT}
-REDLOCK_PORTS=${LOCKSMITH_REDLOCK_PORTS:-$REDLOCK_PORTS}
+REDIS_PORT=${LOCKWRIGHT_REDIS_PORT:-$REDIS_PORT}
+REDLOCK_PORTS=${LOCKWRIGHT_REDLOCK_PORTS:-$REDLOCK_PORTS}
 
 redis_port_ready() { redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null | grep -q PONG; }
 redis_start_port() {
@@ -226,7 +226,7 @@ redlock_start() {
 
 # The private server the outage tests stop. It keeps nothing on disk, so a
 # restart forgets every lock, as a real Redis without persistence would.
-REDIS_FAULT_PORT=${LOCKSMITH_REDIS_FAULT_PORT:-$REDIS_FAULT_PORT}
+REDIS_FAULT_PORT=${LOCKWRIGHT_REDIS_FAULT_PORT:-$REDIS_FAULT_PORT}
 redis_fault_ready() { command -v redis-cli >/dev/null 2>&1 && redis_port_ready "$REDIS_FAULT_PORT"; }
 redis_fault_install() { redis_install; }
 redis_fault_start() { redis_start_port "$REDIS_FAULT_PORT"; }
@@ -241,9 +241,9 @@ redis_fault_stop() {
 # redis-sentinel package would start a service of its own on 26379). Both
 # setups are test data: a setup that is not whole is wiped and made anew.
 
-REDIS_SENTINEL_DATA_PORTS=${LOCKSMITH_REDIS_SENTINEL_DATA_PORTS:-$REDIS_SENTINEL_DATA_PORTS}
-REDIS_SENTINEL_PORTS=${LOCKSMITH_REDIS_SENTINEL_PORTS:-$REDIS_SENTINEL_PORTS}
-REDIS_CLUSTER_PORTS=${LOCKSMITH_REDIS_CLUSTER_PORTS:-$REDIS_CLUSTER_PORTS}
+REDIS_SENTINEL_DATA_PORTS=${LOCKWRIGHT_REDIS_SENTINEL_DATA_PORTS:-$REDIS_SENTINEL_DATA_PORTS}
+REDIS_SENTINEL_PORTS=${LOCKWRIGHT_REDIS_SENTINEL_PORTS:-$REDIS_SENTINEL_PORTS}
+REDIS_CLUSTER_PORTS=${LOCKWRIGHT_REDIS_CLUSTER_PORTS:-$REDIS_CLUSTER_PORTS}
 SENTINEL_DIR="$STATE_DIR/redis-sentinel"
 CLUSTER_DIR="$STATE_DIR/redis-cluster"
 
@@ -264,7 +264,7 @@ redis_sentinel_ready() {
     local p addr primary=""
     for p in $REDIS_SENTINEL_DATA_PORTS $REDIS_SENTINEL_PORTS; do redis_port_ready "$p" || return 1; done
     for p in $REDIS_SENTINEL_PORTS; do
-        addr=$(redis-cli -h 127.0.0.1 -p "$p" sentinel get-master-addr-by-name locksmith 2>/dev/null | tail -1)
+        addr=$(redis-cli -h 127.0.0.1 -p "$p" sentinel get-master-addr-by-name lockwright 2>/dev/null | tail -1)
         [ -n "$addr" ] || return 1
         [ -z "$primary" ] || [ "$primary" = "$addr" ] || return 1
         primary=$addr
@@ -301,10 +301,10 @@ daemonize yes
 dir $dir
 logfile $dir/log
 sentinel announce-ip 127.0.0.1
-sentinel monitor locksmith 127.0.0.1 $primary 2
-sentinel down-after-milliseconds locksmith 1000
-sentinel failover-timeout locksmith 5000
-sentinel parallel-syncs locksmith 1
+sentinel monitor lockwright 127.0.0.1 $primary 2
+sentinel down-after-milliseconds lockwright 1000
+sentinel failover-timeout lockwright 5000
+sentinel parallel-syncs lockwright 1
 CONF
         (cd "$dir" && redis-server "$dir/sentinel.conf" --sentinel </dev/null >/dev/null)
     done
@@ -350,8 +350,8 @@ redis_cluster_stop() { redis_kill_under "$CLUSTER_DIR"; }
 # for the interop test, which runs a Java source file (it needs javac's
 # module, so a JDK).
 
-ZK_PORT=${LOCKSMITH_ZK_PORT:-$ZK_PORT}
-ZK_ENSEMBLE_PORTS=${LOCKSMITH_ZK_ENSEMBLE_PORTS:-$ZK_ENSEMBLE_PORTS}
+ZK_PORT=${LOCKWRIGHT_ZK_PORT:-$ZK_PORT}
+ZK_ENSEMBLE_PORTS=${LOCKWRIGHT_ZK_ENSEMBLE_PORTS:-$ZK_ENSEMBLE_PORTS}
 ZK_CP=/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar
 
 # The server's mode as its `srvr` command tells it: standalone, leader or follower.
@@ -457,8 +457,8 @@ zk_ensemble_start() {
 # crate's build generates its gRPC code with.
 # openssl makes the certificates of the TLS test's private member.
 
-ETCD_PORT=${LOCKSMITH_ETCD_PORT:-$ETCD_PORT}
-ETCD_CLUSTER_PORTS=${LOCKSMITH_ETCD_CLUSTER_PORTS:-$ETCD_CLUSTER_PORTS}
+ETCD_PORT=${LOCKWRIGHT_ETCD_PORT:-$ETCD_PORT}
+ETCD_CLUSTER_PORTS=${LOCKWRIGHT_ETCD_CLUSTER_PORTS:-$ETCD_CLUSTER_PORTS}
 
 etcd_install() { apt_install etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl; }
 # Healthy: the member answers a read that needs its cluster's quorum.
@@ -524,7 +524,7 @@ etcd_node_start() {
     etcd_run "$dir" "e$1" "$port" \
         --listen-peer-urls "http://127.0.0.1:$((port + 1))" \
         --initial-advertise-peer-urls "http://127.0.0.1:$((port + 1))" \
-        --initial-cluster "$peers" --initial-cluster-token locksmith-test \
+        --initial-cluster "$peers" --initial-cluster-token lockwright-test \
         --initial-cluster-state new
 }
 etcd_node_stop() { etcd_kill "$(etcd_node_dir "$1")"; }
@@ -550,8 +550,8 @@ etcd_cluster_start() {
 # Debian's `memcached`, run by hand (its packaged service is not used), with
 # -M so that a full server refuses writes instead of evicting held locks.
 
-MC_PORT=${LOCKSMITH_MC_PORT:-$MC_PORT}
-MC_QUORUM_PORTS=${LOCKSMITH_MC_QUORUM_PORTS:-$MC_QUORUM_PORTS}
+MC_PORT=${LOCKWRIGHT_MC_PORT:-$MC_PORT}
+MC_QUORUM_PORTS=${LOCKWRIGHT_MC_QUORUM_PORTS:-$MC_QUORUM_PORTS}
 
 mc_port_ready() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1 && printf 'mn\r\n' >&3 && head -c 2 <&3" 2>/dev/null | grep -q MN; }
 mc_start_port() {
@@ -575,7 +575,7 @@ mc_quorum_start() {
 }
 
 # A private server the outage test stops and restarts.
-MC_FAULT_PORT=${LOCKSMITH_MC_FAULT_PORT:-$MC_FAULT_PORT}
+MC_FAULT_PORT=${LOCKWRIGHT_MC_FAULT_PORT:-$MC_FAULT_PORT}
 mc_fault_ready() { command -v memcached >/dev/null 2>&1 && mc_port_ready "$MC_FAULT_PORT"; }
 mc_fault_install() { memcached_install; }
 mc_fault_start() { mc_start_port "$MC_FAULT_PORT"; }

@@ -1,18 +1,18 @@
-//! **locksmith**: distributed locks over many stores behind one async API.
+//! **lockwright**: distributed locks over many stores behind one async API.
 //!
 //! Pick the store with a connection URL; the code that takes locks does not
 //! change when the store does.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> locksmith::Result<()> {
+//! # async fn main() -> lockwright::Result<()> {
 //! # let dir = tempfile::tempdir().unwrap();
 //! # let url = format!("sqlite://{}/locks.db", dir.path().display());
 //! use std::time::Duration;
-//! use locksmith::LockOptions;
+//! use lockwright::LockOptions;
 //!
 //! // "sqlite://locks.db", "memory://", later "redis://…", "postgres://…"
-//! let locker = locksmith::connect(&url).await?;
+//! let locker = lockwright::connect(&url).await?;
 //! let opts = LockOptions::new()
 //!     .ttl(Duration::from_secs(10))
 //!     .wait_for(Duration::from_secs(5));
@@ -51,15 +51,15 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub use locksmith_core::{
+pub use lockwright_core::{
     Claim, Election, Error, ErrorKind, FencingToken, Holder, IntoLockKey, Leader, Leadership,
     Lease, LeaseState, LockGuard, LockKey, LockOptions, LockStatus, Locker, LostReason, MultiGuard,
     OwnerToken, ReadWriteLock, RenewalFailure, Result, Semaphore, WaitPolicy, MAX_KEY_LEN,
     MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, OBSERVE_EVERY,
 };
 
-/// The names of the metrics locksmith records (see the README's table).
-pub use locksmith_core::meter;
+/// The names of the metrics lockwright records (see the README's table).
+pub use lockwright_core::meter;
 
 mod identify;
 
@@ -70,7 +70,7 @@ mod identify;
 pub mod backend {
     use std::sync::Arc;
 
-    pub use locksmith_core::backend::*;
+    pub use lockwright_core::backend::*;
 
     use crate::{Error, Result};
 
@@ -102,8 +102,8 @@ pub mod backend {
     };
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     const SQL: Option<Built> = Some(Built {
-        schemes: locksmith_sql::SCHEMES,
-        open: locksmith_sql::open,
+        schemes: lockwright_sql::SCHEMES,
+        open: lockwright_sql::open,
     });
     #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
     const SQL: Option<Built> = None;
@@ -117,29 +117,29 @@ pub mod backend {
     const MYSQL: Option<Built> = if cfg!(feature = "mysql") { SQL } else { None };
     #[cfg(feature = "redis")]
     const REDIS: Option<Built> = Some(Built {
-        schemes: locksmith_redis::SCHEMES,
-        open: locksmith_redis::open,
+        schemes: lockwright_redis::SCHEMES,
+        open: lockwright_redis::open,
     });
     #[cfg(not(feature = "redis"))]
     const REDIS: Option<Built> = None;
     #[cfg(feature = "memcached")]
     const MEMCACHED: Option<Built> = Some(Built {
-        schemes: locksmith_memcached::SCHEMES,
-        open: locksmith_memcached::open,
+        schemes: lockwright_memcached::SCHEMES,
+        open: lockwright_memcached::open,
     });
     #[cfg(not(feature = "memcached"))]
     const MEMCACHED: Option<Built> = None;
     #[cfg(feature = "zookeeper")]
     const ZOOKEEPER: Option<Built> = Some(Built {
-        schemes: locksmith_zk::SCHEMES,
-        open: locksmith_zk::open,
+        schemes: lockwright_zk::SCHEMES,
+        open: lockwright_zk::open,
     });
     #[cfg(not(feature = "zookeeper"))]
     const ZOOKEEPER: Option<Built> = None;
     #[cfg(feature = "etcd")]
     const ETCD: Option<Built> = Some(Built {
-        schemes: locksmith_etcd::SCHEMES,
-        open: locksmith_etcd::open,
+        schemes: lockwright_etcd::SCHEMES,
+        open: lockwright_etcd::open,
     });
     #[cfg(not(feature = "etcd"))]
     const ETCD: Option<Built> = None;
@@ -186,9 +186,9 @@ pub mod backend {
     /// written without one.
     ///
     /// ```
-    /// let s = locksmith::backend::scheme("memory://").unwrap();
+    /// let s = lockwright::backend::scheme("memory://").unwrap();
     /// assert_eq!((s.store, s.default_port), ("in-process memory", None));
-    /// assert!(locksmith::backend::scheme("ftp://h").is_err());
+    /// assert!(lockwright::backend::scheme("ftp://h").is_err());
     /// ```
     ///
     /// # Errors
@@ -202,7 +202,7 @@ pub mod backend {
     /// the new primary serves; says which node took over from which.
     /// Redis under Sentinel (`SENTINEL FAILOVER`) and a Redis Cluster
     /// (`CLUSTER FAILOVER` on a replica of one of its primaries) only. It
-    /// changes the deployment: `locksmith check --faults …,failover` makes
+    /// changes the deployment: `lockwright check --faults …,failover` makes
     /// failovers with it only when asked.
     ///
     /// # Errors
@@ -212,7 +212,7 @@ pub mod backend {
         let (scheme, _) = lookup(url)?;
         #[cfg(feature = "redis")]
         if matches!(scheme.name, "redis+sentinel" | "redis+cluster") {
-            return locksmith_redis::failover(url).await;
+            return lockwright_redis::failover(url).await;
         }
         Err(Error::new(
             crate::ErrorKind::Unsupported,
@@ -304,25 +304,25 @@ pub mod backend {
 
 /// The SQL backend: SQLite, PostgreSQL, MySQL/MariaDB.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub use locksmith_sql as sql;
+pub use lockwright_sql as sql;
 
 /// The Redis backends: single node and Redlock.
 #[cfg(feature = "redis")]
-pub use locksmith_redis as redis;
+pub use lockwright_redis as redis;
 
 /// The memcached backend (one server, or a quorum of several).
 #[cfg(feature = "memcached")]
-pub use locksmith_memcached as memcached;
+pub use lockwright_memcached as memcached;
 
 /// The etcd backend (Go `concurrency.Mutex`- and `Election`-compatible).
 #[cfg(feature = "etcd")]
-pub use locksmith_etcd as etcd;
+pub use lockwright_etcd as etcd;
 /// The ZooKeeper backend (Curator-compatible locks).
 #[cfg(feature = "zookeeper")]
-pub use locksmith_zk as zookeeper;
+pub use lockwright_zk as zookeeper;
 
 /// The store used when no URL is given: an SQLite file in the working directory.
-pub const DEFAULT_URL: &str = "sqlite://locksmith.db";
+pub const DEFAULT_URL: &str = "sqlite://lockwright.db";
 
 /// Opens a [`Locker`] on the store a URL names (see [`backend::open`]) and
 /// checks the store before returning: reachable, credentials accepted, the

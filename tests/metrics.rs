@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use locksmith::backend::{Acquire, LockBackend, Renew, RenewRequest};
-use locksmith::{meter, Error, ErrorKind, LockKey, LockOptions, Locker, OwnerToken, Result};
+use lockwright::backend::{Acquire, LockBackend, Renew, RenewRequest};
+use lockwright::{meter, Error, ErrorKind, LockKey, LockOptions, Locker, OwnerToken, Result};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::MetricKind;
 
@@ -28,7 +28,7 @@ fn refused() -> Error {
     Error::unavailable("the test cut the store off")
 }
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for Faulty {
         // Fail on demand; otherwise the store's.
@@ -173,7 +173,7 @@ async fn eventually(what: &str, f: impl Fn() -> bool) {
 
 async fn exercise(url: &str, store: &'static str) {
     let m = seen();
-    let inner = locksmith::backend::open(url)
+    let inner = lockwright::backend::open(url)
         .await
         .expect("the store opens");
     inner.verify().await.expect("the test store is up");
@@ -188,7 +188,7 @@ async fn exercise(url: &str, store: &'static str) {
         .with_store_label(store)
         .with_name_label(true);
     let s = ("store", store);
-    let name = format!("metrics-{}", locksmith_conformance::kit::unique_id());
+    let name = format!("metrics-{}", lockwright_conformance::kit::unique_id());
     let outcome = |o| m.get(meter::ACQUIRE_WAIT, &[s, ("outcome", o)]);
     let lock = ("primitive", "lock");
     let wait = |d| LockOptions::new().wait_for(d);
@@ -382,9 +382,9 @@ async fn metrics_move_as_documented() {
     let sqlite = format!("sqlite://{}", dir.path().join("metrics.db").display());
     exercise(&sqlite, "sqlite").await;
     #[cfg(feature = "redis")]
-    exercise(&locksmith_conformance::kit::servers::redis_url(), "redis").await;
+    exercise(&lockwright_conformance::kit::servers::redis_url(), "redis").await;
     // `connect` labels by the URL's scheme.
-    let locker = locksmith::connect(&sqlite).await.unwrap();
+    let locker = lockwright::connect(&sqlite).await.unwrap();
     let before = seen().get(meter::ACQUIRE_WAIT, &[("store", "sqlite")]);
     drop(locker.try_lock("labelled-by-scheme").await.unwrap());
     assert_eq!(

@@ -10,7 +10,7 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
     TxnResponse,
 };
-use locksmith_core::Result;
+use lockwright_core::Result;
 
 use crate::backend::Inner;
 use crate::layout;

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
-use locksmith_core::backend::{
+use lockwright_core::backend::{
     claim_changed, renew_one, Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew,
     RenewRequest, Watch,
 };
-use locksmith_core::{Claim, FencingToken, LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::{Claim, FencingToken, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::attempt::{got, Attempt};
 use crate::claims;
@@ -319,7 +319,7 @@ impl Inner {
             };
             if !confirmed {
                 // The lease ended meanwhile, and the key with it.
-                return Err(locksmith_core::Error::unavailable(
+                return Err(lockwright_core::Error::unavailable(
                     "etcd: the lease ended during the attempt; the next takes a new one",
                 ));
             }

@@ -6,10 +6,10 @@
 //!   is first, as Go's `concurrency.Mutex` decides; its value is empty
 //!   (or an election's proposal), as Go's. So a Go mutex or `etcdctl
 //!   lock` on the name is a writer of our read-write lock.
-//! - A semaphore's permit has the value `locksmith:permits=N`, and holds
+//! - A semaphore's permit has the value `lockwright:permits=N`, and holds
 //!   while fewer than N keys are before it: the first N hold, and every
 //!   key before ours, waiting or not, is ahead of us (arrival order).
-//! - A reader's key has the value `locksmith:shared`, and holds while
+//! - A reader's key has the value `lockwright:shared`, and holds while
 //!   every key before it is a reader's. A writer in line is before every
 //!   later reader, so a waiting writer stops new readers.
 //! - A writer's downgrade: the reader's hold is the writer's own key, so
@@ -27,17 +27,17 @@
 //! in the moment before it is deleted, is taken for the holder then).
 
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
-use locksmith_core::backend::{permits_mismatch, semaphore_or_rwlock, Acquire, Release};
-use locksmith_core::{Claim, LockKey, OwnerToken, Result};
+use lockwright_core::backend::{permits_mismatch, semaphore_or_rwlock, Acquire, Release};
+use lockwright_core::{Claim, LockKey, OwnerToken, Result};
 
 use crate::attempt::first_created;
 use crate::backend::{fence, Hold, Inner};
 use crate::node::lock;
 
 /// A reader's key's value.
-pub(crate) const SHARED: &[u8] = b"locksmith:shared";
+pub(crate) const SHARED: &[u8] = b"lockwright:shared";
 /// A semaphore permit's key's value, before its N.
-const PERMITS: &str = "locksmith:permits=";
+const PERMITS: &str = "lockwright:permits=";
 
 /// The claim a key in the line makes, read from its value.
 pub(crate) fn claim_of(value: &[u8]) -> Claim {
@@ -69,15 +69,15 @@ pub(crate) fn value_of(owner: &OwnerToken) -> Result<Vec<u8>> {
 }
 
 /// Refuses an advertised value (a leader's) that starts with
-/// `locksmith:`: it would read as a reader's or a semaphore's key, and
+/// `lockwright:`: it would read as a reader's or a semaphore's key, and
 /// let readers in beside the leader or turn away the name's claims.
 ///
 /// # Errors
-/// `InvalidOptions`, [unapplied](locksmith_core::Error::unapplied).
+/// `InvalidOptions`, [unapplied](lockwright_core::Error::unapplied).
 pub(crate) fn check_value(value: &[u8]) -> Result<&[u8]> {
-    if value.starts_with(b"locksmith:") {
-        return Err(locksmith_core::Error::invalid_options(
-            "on etcd a leader's value may not start with \"locksmith:\": keys with such values \
+    if value.starts_with(b"lockwright:") {
+        return Err(lockwright_core::Error::invalid_options(
+            "on etcd a leader's value may not start with \"lockwright:\": keys with such values \
              are semaphore permits and readers",
         )
         .unapplied());
@@ -102,7 +102,7 @@ pub(crate) fn line_read(claim: Claim) -> GetOptions {
 /// `line` read with [`line_read`] (ours in it, by create revision).
 ///
 /// # Errors
-/// `InvalidOptions` ([unapplied](locksmith_core::Error::unapplied)) when
+/// `InvalidOptions` ([unapplied](lockwright_core::Error::unapplied)) when
 /// another key of the line makes a claim ours cannot share the name with.
 pub(crate) fn holds(key: &LockKey, claim: Claim, mine: i64, line: &[KeyValue]) -> Result<bool> {
     // Only holders keep the name's kind and N: a key waiting in line, or
@@ -231,7 +231,7 @@ mod tests {
             assert_eq!(claim_of(&value_of(&owner(claim)).unwrap()), claim);
         }
         let posing = OwnerToken::generate()
-            .with_value("locksmith:shared")
+            .with_value("lockwright:shared")
             .unwrap();
         assert!(
             value_of(&posing).is_err(),
@@ -239,6 +239,6 @@ mod tests {
         );
         assert_eq!(claim_of(b""), Claim::MUTEX);
         assert_eq!(claim_of(b"an election's proposal"), Claim::MUTEX);
-        assert_eq!(claim_of(b"locksmith:permits=x"), Claim::MUTEX);
+        assert_eq!(claim_of(b"lockwright:permits=x"), Claim::MUTEX);
     }
 }

@@ -2,13 +2,13 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{RedactedUrl, ServerUrl, TlsFiles};
-use locksmith_core::{Error, Result};
+use lockwright_core::backend::{RedactedUrl, ServerUrl, TlsFiles};
+use lockwright_core::{Error, Result};
 
 use crate::SCHEMES;
 
 /// Where the locks live when the URL names no path.
-const DEFAULT_ROOT: &str = "/locksmith";
+const DEFAULT_ROOT: &str = "/lockwright";
 
 /// Where the locks live and how the client behaves.
 ///
@@ -17,7 +17,7 @@ const DEFAULT_ROOT: &str = "/locksmith";
 /// over by itself. A lock `name` is the keys `<root>/<name>/<lease id in
 /// hex>`, as Go's `concurrency.NewMutex(session, "<root>/<name>")` and
 /// `etcdctl lock <root>/<name>` make them. Without a path the root is
-/// `/locksmith`; with `/` it is the top of the keyspace (so `etcdctl lock
+/// `/lockwright`; with `/` it is the top of the keyspace (so `etcdctl lock
 /// name` shares the lock `name`).
 ///
 /// Parameters: `lease_ttl` (the session's lease, default 10s, 2s to 1h:
@@ -137,7 +137,10 @@ mod tests {
         assert_eq!(c.timeout, Duration::from_millis(500));
         assert_eq!(c.connect_timeout, Duration::from_secs(2));
         assert!(!format!("{c:?}").contains("p@ss"));
-        assert_eq!(EtcdConfig::from_url("etcd://h").unwrap().root, "/locksmith");
+        assert_eq!(
+            EtcdConfig::from_url("etcd://h").unwrap().root,
+            "/lockwright"
+        );
         assert_eq!(EtcdConfig::from_url("etcd://h/").unwrap().root, "");
         assert_eq!(EtcdConfig::from_url("etcd://h").unwrap().tls, None);
         let tls = EtcdConfig::from_url("etcds://h?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/c.key")
@@ -150,7 +153,7 @@ mod tests {
 
     #[test]
     fn bad_urls_are_typed_errors() {
-        use locksmith_core::ErrorKind::{Config, InvalidOptions};
+        use lockwright_core::ErrorKind::{Config, InvalidOptions};
         for (url, kind) in [
             ("redis://h", Config),
             ("etcd://", Config),

@@ -1,7 +1,7 @@
 //! The one mapping of the etcd client's errors onto the core's kinds.
 
 use etcd_client::Error as EtcdError;
-use locksmith_core::Error;
+use lockwright_core::Error;
 use tonic::Code;
 
 /// An error of the client as a core error: the cluster out of reach (or

@@ -14,7 +14,7 @@
 //! `name` are then the same lock for every name without those two
 //! characters.
 
-use locksmith_core::LockKey;
+use lockwright_core::LockKey;
 
 /// The prefix of `key`'s contenders under `root`, ending in `/`.
 pub(crate) fn prefix(root: &str, key: &LockKey) -> String {
@@ -67,7 +67,7 @@ mod tests {
 
     #[test]
     fn plain_names_are_go_s_prefixes() {
-        assert_eq!(prefix("/locksmith", &k("orders")), "/locksmith/orders/");
+        assert_eq!(prefix("/lockwright", &k("orders")), "/lockwright/orders/");
         assert_eq!(prefix("", &k("orders")), "orders/");
         assert_eq!(contender("p/", 0x694d7c5b0a1b2c3d, 0), "p/694d7c5b0a1b2c3d");
         assert_eq!(contender("p/", 0x2a, 3), "p/2a_3");

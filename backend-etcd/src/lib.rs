@@ -1,4 +1,4 @@
-//! etcd backend for locksmith: a lock is Go's `concurrency.Mutex`.
+//! etcd backend for lockwright: a lock is Go's `concurrency.Mutex`.
 //!
 //! `etcd://[user:password@]h1:2379,h2:2379,h3:2379/root?lease_ttl=10s`
 //! (see [`EtcdConfig`]). A lock `name` is the keys `<root>/<name>/<lease
@@ -56,14 +56,14 @@
 //! place on the same lease, compared on its create revision, and an
 //! observer watches the name's prefix. So `etcdctl elect` and a Go
 //! service's `Election` share our elections both ways. A leader's value
-//! may not start with `locksmith:`: such values mark permits and readers.
+//! may not start with `lockwright:`: such values mark permits and readers.
 //!
 //! # Semaphores and read-write locks
 //!
 //! In the same one line per name, each key saying its kind in its value
-//! (see `claims.rs`): a semaphore's permit is `locksmith:permits=N` and
+//! (see `claims.rs`): a semaphore's permit is `lockwright:permits=N` and
 //! holds while fewer than N keys are before it; a reader's is
-//! `locksmith:shared` and holds while only readers are before it; a
+//! `lockwright:shared` and holds while only readers are before it; a
 //! writer is a mutex (first in line holds), so Go's mutex and `etcdctl
 //! lock` on the name are writers of our read-write lock, and a waiting
 //! writer stops later readers. A claim that meets another kind or another
@@ -104,9 +104,9 @@ mod status;
 
 pub use backend::EtcdBackend;
 pub use config::EtcdConfig;
-pub use locksmith_core::backend::TlsFiles;
+pub use lockwright_core::backend::TlsFiles;
 
-use locksmith_core::backend::Scheme;
+use lockwright_core::backend::Scheme;
 
 /// The URL schemes this crate answers to.
 pub const SCHEMES: &[Scheme] = &[
@@ -121,7 +121,7 @@ pub const SCHEMES: &[Scheme] = &[
 /// `Config`/`InvalidOptions` for a bad URL.
 pub fn open(
     url: &str,
-) -> locksmith_core::Result<std::sync::Arc<dyn locksmith_core::backend::LockBackend>> {
+) -> lockwright_core::Result<std::sync::Arc<dyn lockwright_core::backend::LockBackend>> {
     Ok(std::sync::Arc::new(EtcdBackend::connect(url)?))
 }
 

@@ -12,8 +12,8 @@ use etcd_client::{
     Certificate, Client, ConnectOptions, GetOptions, GetResponse, Identity, LeaseKeepAliveStream,
     LeaseKeeper, TlsOptions, Txn, TxnResponse,
 };
-use locksmith_core::backend::{RedactedUrl, TlsFiles};
-use locksmith_core::{Error, Result};
+use lockwright_core::backend::{RedactedUrl, TlsFiles};
+use lockwright_core::{Error, Result};
 use tokio::sync::{Mutex, OnceCell};
 
 use crate::config::EtcdConfig;
@@ -408,7 +408,7 @@ where
 /// request now (no leader yet, its leader changed, its connection broke),
 /// not a lease the cluster no longer has.
 fn passing(e: &Error) -> bool {
-    e.kind() == locksmith_core::ErrorKind::Unavailable && !lease_gone(e)
+    e.kind() == lockwright_core::ErrorKind::Unavailable && !lease_gone(e)
 }
 
 /// A request that never left: its connection was refused.

@@ -3,8 +3,8 @@
 //! that queues or leaves), from one watch on the name's prefix, as Go's
 //! `Election.Observe` watches it.
 
-use locksmith_core::backend::Watch;
-use locksmith_core::{LockKey, Result};
+use lockwright_core::backend::Watch;
+use lockwright_core::{LockKey, Result};
 use tokio::sync::watch;
 
 use crate::backend::Inner;
@@ -31,7 +31,7 @@ impl Inner {
         let mut stream = within(timeout, client.watch(prefix, Some(opts))).await?;
         let made = within(timeout, stream.message()).await?;
         if made.is_none_or(|r| r.canceled()) {
-            return Err(locksmith_core::Error::unavailable(
+            return Err(lockwright_core::Error::unavailable(
                 "etcd refused to watch the name's changes",
             ));
         }

@@ -11,8 +11,8 @@ use etcd_client::{
     Compare, CompareOp, Event, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchOptions,
 };
-use locksmith_core::backend::{Acquire, Watch};
-use locksmith_core::{Claim, LockKey, OwnerToken, Result};
+use lockwright_core::backend::{Acquire, Watch};
+use lockwright_core::{Claim, LockKey, OwnerToken, Result};
 use tokio::sync::watch;
 
 use crate::backend::Inner;

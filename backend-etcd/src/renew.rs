@@ -2,8 +2,8 @@
 //! keep-alive of the lease and one read of every key.
 
 use etcd_client::{KeyValue, Txn, TxnOp};
-use locksmith_core::backend::{Renew, RenewRequest};
-use locksmith_core::Result;
+use lockwright_core::backend::{Renew, RenewRequest};
+use lockwright_core::Result;
 
 use crate::attempt::got;
 use crate::backend::{Hold, Inner};

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use etcd_client::{GetOptions, Txn, TxnOp};
-use locksmith_core::{Claim, Holder, LockKey, LockStatus, Result};
+use lockwright_core::{Claim, Holder, LockKey, LockStatus, Result};
 
 use crate::attempt::{first_created, got};
 use crate::backend::{fence, Inner};

@@ -7,12 +7,12 @@ mod common;
 use std::time::Duration;
 
 use common::{raw_client, server_hosts};
-use locksmith_core::{LockOptions, Locker};
-use locksmith_etcd::internals::etcd_client::{GetOptions, SortOrder, SortTarget};
-use locksmith_etcd::EtcdBackend;
+use lockwright_core::{LockOptions, Locker};
+use lockwright_etcd::internals::etcd_client::{GetOptions, SortOrder, SortTarget};
+use lockwright_etcd::EtcdBackend;
 
 fn root() -> String {
-    format!("/locksmith-claims-{}", std::process::id())
+    format!("/lockwright-claims-{}", std::process::id())
 }
 
 fn locker(root: &str) -> Locker {
@@ -45,13 +45,13 @@ async fn each_key_says_its_kind_in_its_value() {
     );
     assert_eq!(
         line(&format!("{root}/backups/")).await,
-        ["locksmith:permits=3", "locksmith:permits=3"]
+        ["lockwright:permits=3", "lockwright:permits=3"]
     );
     let rw = l.rwlock("catalogue").unwrap();
     let r = rw.read(&no_wait).await.unwrap();
     assert_eq!(
         line(&format!("{root}/catalogue/")).await,
-        ["locksmith:shared"]
+        ["lockwright:shared"]
     );
     let status = sem.status().await.unwrap();
     assert_eq!(
@@ -60,7 +60,7 @@ async fn each_key_says_its_kind_in_its_value() {
         "{status:?}"
     );
     let lease_left =
-        |h: &locksmith_core::Holder| h.remaining.is_some_and(|r| r <= Duration::from_secs(3));
+        |h: &lockwright_core::Holder| h.remaining.is_some_and(|r| r <= Duration::from_secs(3));
     assert!(status.holders.iter().all(lease_left), "{status:?}");
     for g in [p1, p2, r] {
         g.release().await.unwrap();
@@ -93,7 +93,7 @@ async fn a_downgrade_keeps_the_writer_s_place_in_line() {
     }
     let fence_w = w.fence();
     let r = rwa.downgrade(w).await.unwrap();
-    assert_eq!(line(&prefix).await, ["locksmith:shared", ""]);
+    assert_eq!(line(&prefix).await, ["lockwright:shared", ""]);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         !waiting.is_finished(),
@@ -134,8 +134,8 @@ async fn only_holders_keep_the_kind_and_a_refusal_leaves_no_key() {
     let mut raw = raw_client(&server_hosts()).await;
     let lease = raw.lease_grant(30, None).await.unwrap().id();
     let stray = format!("{prefix}{lease:x}");
-    let put = locksmith_etcd::internals::etcd_client::PutOptions::new().with_lease(lease);
-    raw.put(stray.as_str(), "locksmith:permits=2", Some(put))
+    let put = lockwright_etcd::internals::etcd_client::PutOptions::new().with_lease(lease);
+    raw.put(stray.as_str(), "lockwright:permits=2", Some(put))
         .await
         .unwrap();
     let second = b.semaphore("pool", 3).unwrap().try_acquire(&no_wait).await;
@@ -155,7 +155,7 @@ async fn only_holders_keep_the_kind_and_a_refusal_leaves_no_key() {
             .unwrap_err();
         assert_eq!(
             refused.kind(),
-            locksmith_core::ErrorKind::InvalidOptions,
+            lockwright_core::ErrorKind::InvalidOptions,
             "{refused}"
         );
         assert_eq!(

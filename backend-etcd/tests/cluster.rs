@@ -10,12 +10,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::raw_client;
-use locksmith_conformance::kit::fault_server::Stopped;
-use locksmith_conformance::kit::members::{self, ThreeMembers};
-use locksmith_conformance::kit::proxy::{Proxy, CUT, PASS};
-use locksmith_conformance::kit::servers::{etcd_cluster_ports, loopback};
-use locksmith_core::{LockOptions, Locker};
-use locksmith_etcd::EtcdBackend;
+use lockwright_conformance::kit::fault_server::Stopped;
+use lockwright_conformance::kit::members::{self, ThreeMembers};
+use lockwright_conformance::kit::proxy::{Proxy, CUT, PASS};
+use lockwright_conformance::kit::servers::{etcd_cluster_ports, loopback};
+use lockwright_core::{LockOptions, Locker};
+use lockwright_etcd::EtcdBackend;
 
 /// Member `n`'s name for `scripts/fault-server` (`etcd1` …).
 fn member(n: usize) -> String {
@@ -28,11 +28,11 @@ fn port(n: usize) -> u16 {
 
 /// Whether member `n` answers, and whether it leads.
 async fn role(n: usize) -> Option<bool> {
-    let opts = locksmith_etcd::internals::etcd_client::ConnectOptions::new()
+    let opts = lockwright_etcd::internals::etcd_client::ConnectOptions::new()
         .with_timeout(Duration::from_secs(2))
         .with_connect_timeout(Duration::from_secs(1));
     let ep = format!("127.0.0.1:{}", port(n));
-    let connect = locksmith_etcd::internals::etcd_client::Client::connect([ep], Some(opts));
+    let connect = lockwright_etcd::internals::etcd_client::Client::connect([ep], Some(opts));
     let mut c = tokio::time::timeout(Duration::from_secs(3), connect)
         .await
         .ok()?
@@ -64,7 +64,7 @@ impl ThreeMembers for Cluster {
 
     fn locker(&self) -> Locker {
         let url = format!(
-            "etcd://{}/locksmith-cluster?lease_ttl=8s&connect_timeout=1s&timeout=2s",
+            "etcd://{}/lockwright-cluster?lease_ttl=8s&connect_timeout=1s&timeout=2s",
             loopback(&etcd_cluster_ports()).join(",")
         );
         Locker::new(EtcdBackend::connect(&url).expect("valid URL"))
@@ -76,15 +76,15 @@ async fn leader_loss_keeps_locks_and_a_lost_majority_is_unavailable_until_it_ret
     members::leader_then_majority_lost(&Cluster).await;
     // Nothing of ours is left in the cluster.
     let mut raw = raw_client(&loopback(&etcd_cluster_ports()).join(",")).await;
-    let opts = locksmith_etcd::internals::etcd_client::GetOptions::new()
+    let opts = lockwright_etcd::internals::etcd_client::GetOptions::new()
         .with_prefix()
         .with_count_only();
     let left = raw
-        .get("/locksmith-cluster/", Some(opts))
+        .get("/lockwright-cluster/", Some(opts))
         .await
         .unwrap()
         .count();
-    assert_eq!(left, 0, "keys left under /locksmith-cluster/");
+    assert_eq!(left, 0, "keys left under /lockwright-cluster/");
 }
 
 /// A holder cut off from every member at a TCP proxy: its lost signal
@@ -102,14 +102,14 @@ async fn a_holder_cut_off_is_lost_before_another_takes_the_lock() {
     let params = "lease_ttl=2s&connect_timeout=500ms&timeout=500ms";
     let holder = Locker::new(
         EtcdBackend::connect(&format!(
-            "etcd://{}/locksmith-cut?{params}",
+            "etcd://{}/lockwright-cut?{params}",
             through.join(",")
         ))
         .expect("valid URL"),
     );
     let other = Locker::new(
         EtcdBackend::connect(&format!(
-            "etcd://{}/locksmith-cut?lease_ttl=2s",
+            "etcd://{}/lockwright-cut?lease_ttl=2s",
             loopback(&etcd_cluster_ports()).join(",")
         ))
         .expect("valid URL"),
@@ -168,17 +168,17 @@ async fn a_holder_cut_off_is_lost_before_another_takes_the_lock() {
 /// a held lock, round after round, at the default lease (`lease_ttl` 10 s):
 /// an election (1 to 2 s with etcd's default election timeout) costs the
 /// holder nothing. Its hold is never read as lost, and it renews under
-/// each new leader. `LOCKSMITH_TEST_LEADER_ROUNDS` runs more rounds than
+/// each new leader. `LOCKWRIGHT_TEST_LEADER_ROUNDS` runs more rounds than
 /// the default 3.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leader_deaths_cost_a_holder_nothing_at_the_default_lease() {
     members::all_serving(&Cluster).await;
-    let rounds: usize = std::env::var("LOCKSMITH_TEST_LEADER_ROUNDS")
+    let rounds: usize = std::env::var("LOCKWRIGHT_TEST_LEADER_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(3);
     let url = format!(
-        "etcd://{}/locksmith-elections?connect_timeout=1s&timeout=2s",
+        "etcd://{}/lockwright-elections?connect_timeout=1s&timeout=2s",
         loopback(&etcd_cluster_ports()).join(",")
     );
     let locker = Locker::new(EtcdBackend::connect(&url).expect("valid URL"));

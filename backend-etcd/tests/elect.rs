@@ -10,9 +10,9 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use common::{raw_client, server_hosts};
-use locksmith_conformance::kit::etcdctl;
-use locksmith_core::{LockOptions, Locker};
-use locksmith_etcd::EtcdBackend;
+use lockwright_conformance::kit::etcdctl;
+use lockwright_core::{LockOptions, Locker};
+use lockwright_etcd::EtcdBackend;
 
 /// `etcdctl elect` with `args`, its output's lines on the receiver;
 /// stopped by SIGTERM (it resigns) and then killed on drop.
@@ -60,7 +60,7 @@ impl Drop for Elect {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_elect_and_our_election_see_and_follow_each_other() {
-    let root = format!("/locksmith-elect-{}", std::process::id());
+    let root = format!("/lockwright-elect-{}", std::process::id());
     let name = format!("{root}/e");
     let url = format!("etcd://{}{root}?lease_ttl=5s", server_hosts());
     let ours = Locker::new(EtcdBackend::connect(&url).unwrap());
@@ -76,7 +76,7 @@ async fn etcdctl_elect_and_our_election_see_and_follow_each_other() {
     let leader = election.leader().await.unwrap().expect("a leader");
     assert_eq!(leader.value, b"theirs");
     let mut raw = raw_client(&server_hosts()).await;
-    let opts = locksmith_etcd::internals::etcd_client::GetOptions::new().with_prefix();
+    let opts = lockwright_etcd::internals::etcd_client::GetOptions::new().with_prefix();
     let keys = raw.get(format!("{name}/"), Some(opts)).await.unwrap();
     let rev = keys.kvs()[0].create_revision();
     assert_eq!(leader.term.map(|t| t.0), u64::try_from(rev).ok());

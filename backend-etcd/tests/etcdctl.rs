@@ -7,12 +7,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{raw_client, server_hosts};
-use locksmith_conformance::kit::etcdctl::EtcdctlLock;
-use locksmith_core::{LockOptions, Locker};
-use locksmith_etcd::EtcdBackend;
+use lockwright_conformance::kit::etcdctl::EtcdctlLock;
+use lockwright_core::{LockOptions, Locker};
+use lockwright_etcd::EtcdBackend;
 
 fn root() -> String {
-    format!("/locksmith-etcdctl-{}", std::process::id())
+    format!("/lockwright-etcdctl-{}", std::process::id())
 }
 
 fn locker(root: &str) -> Locker {
@@ -87,7 +87,7 @@ async fn etcdctl_and_our_waiters_share_one_line() {
     // etcdctl's key is in line before our waiter queues.
     let mut raw = raw_client(&server_hosts()).await;
     let prefix = format!("{root}/line/");
-    let opts = locksmith_etcd::internals::etcd_client::GetOptions::new()
+    let opts = lockwright_etcd::internals::etcd_client::GetOptions::new()
         .with_prefix()
         .with_count_only();
     let start = Instant::now();
@@ -168,7 +168,7 @@ async fn etcdctl_lock_is_a_writer_of_our_read_write_lock() {
     let refused = sem.try_acquire(&no_wait).await.unwrap_err();
     assert_eq!(
         refused.kind(),
-        locksmith_core::ErrorKind::InvalidOptions,
+        lockwright_core::ErrorKind::InvalidOptions,
         "{refused}"
     );
     // Once it is gone (its 3 s lease runs out), we read.

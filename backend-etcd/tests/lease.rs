@@ -5,9 +5,9 @@ mod common;
 use std::time::Duration;
 
 use common::{raw_client, server_hosts};
-use locksmith_core::backend::{Acquire, LockBackend};
-use locksmith_core::{LockKey, OwnerToken};
-use locksmith_etcd::{internals, EtcdBackend};
+use lockwright_core::backend::{Acquire, LockBackend};
+use lockwright_core::{LockKey, OwnerToken};
+use lockwright_etcd::{internals, EtcdBackend};
 
 /// A grant is trusted no longer than its lease is sure to live. A lease
 /// confirmed within the last half of its TTL (the background keep-alive
@@ -17,7 +17,7 @@ use locksmith_etcd::{internals, EtcdBackend};
 #[tokio::test]
 async fn a_grant_is_trusted_no_longer_than_its_lease_lives() {
     let url = format!(
-        "etcd://{}/locksmith-lease-test?lease_ttl=6s",
+        "etcd://{}/lockwright-lease-test?lease_ttl=6s",
         server_hosts()
     );
     let b = EtcdBackend::connect(&url).unwrap();

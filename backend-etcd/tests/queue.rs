@@ -7,9 +7,9 @@ mod common;
 use std::time::Duration;
 
 use common::{raw_client, server_hosts};
-use locksmith_core::{LockOptions, Locker};
-use locksmith_etcd::internals::etcd_client::{GetOptions, SortOrder, SortTarget};
-use locksmith_etcd::EtcdBackend;
+use lockwright_core::{LockOptions, Locker};
+use lockwright_etcd::internals::etcd_client::{GetOptions, SortOrder, SortTarget};
+use lockwright_etcd::EtcdBackend;
 
 fn locker(root: &str) -> Locker {
     let url = format!("etcd://{}{root}?lease_ttl=3s", server_hosts());
@@ -18,7 +18,7 @@ fn locker(root: &str) -> Locker {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_key_was_deleted_holds_nothing_by_it() {
-    let root = format!("/locksmith-queue-{}", std::process::id());
+    let root = format!("/lockwright-queue-{}", std::process::id());
     let prefix = format!("{root}/k/");
     let (a, b, c) = (locker(&root), locker(&root), locker(&root));
     let held = a.lock("k").await.unwrap();

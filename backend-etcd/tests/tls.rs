@@ -6,11 +6,11 @@
 
 use std::process::{Command, Stdio};
 
-use locksmith_conformance::kit::free_port;
-use locksmith_conformance::kit::process::ServerProcess;
-use locksmith_conformance::kit::tls::{self, certificates};
-use locksmith_core::{ErrorKind, Locker};
-use locksmith_etcd::EtcdBackend;
+use lockwright_conformance::kit::free_port;
+use lockwright_conformance::kit::process::ServerProcess;
+use lockwright_conformance::kit::tls::{self, certificates};
+use lockwright_core::{ErrorKind, Locker};
+use lockwright_etcd::EtcdBackend;
 
 fn locker(url: &str) -> Locker {
     Locker::new(EtcdBackend::connect(url).unwrap())

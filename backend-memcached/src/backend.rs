@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use locksmith_core::backend::{LockBackend, Quorum};
-use locksmith_core::Result;
+use lockwright_core::backend::{LockBackend, Quorum};
+use lockwright_core::Result;
 use tokio::sync::watch;
 
 use crate::config::MemcachedConfig;
@@ -74,7 +74,7 @@ impl MemcachedBackend {
 // Everything is the store's (one node, or the quorum over them), but the
 // alarm: every node shares one sender, and a quorum merges no alarms, so
 // the backend hands out that sender's receiver itself.
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.store;
     impl LockBackend for MemcachedBackend {
         fn alarm(&self) -> Option<watch::Receiver<u64>> {
@@ -85,7 +85,7 @@ locksmith_core::forward_backend! {
 
 #[cfg(test)]
 mod tests {
-    use locksmith_conformance::kit::forwarding::{check, Expect, Method, Recorder};
+    use lockwright_conformance::kit::forwarding::{check, Expect, Method, Recorder};
 
     use super::*;
 

@@ -21,7 +21,7 @@
 
 use std::time::{Duration, Instant};
 
-use locksmith_core::{Claim, Error, LockKey, OwnerToken, Result};
+use lockwright_core::{Claim, Error, LockKey, OwnerToken, Result};
 
 use crate::error::unexpected;
 use crate::layout::{store_ttl, Group, Item, CLOCK_LAG};
@@ -67,12 +67,12 @@ impl Node {
                 .map(|now| Some(self.saw_clock(now)))
                 .ok_or_else(|| {
                     Error::backend(format!(
-                        "the item {:?} is not locksmith's clock",
+                        "the item {:?} is not lockwright's clock",
                         self.clock_key()
                     ))
                 }),
             Some(Reply::Value { .. }) => Err(Error::backend(format!(
-                "the item {:?} is not locksmith's clock: it never expires",
+                "the item {:?} is not lockwright's clock: it never expires",
                 self.clock_key()
             ))),
             Some(other) => Err(unexpected(&other)),

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{quorum_servers, RedactedUrl, ServerUrl};
-use locksmith_core::{Error, Result};
+use lockwright_core::backend::{quorum_servers, RedactedUrl, ServerUrl};
+use lockwright_core::{Error, Result};
 
 use crate::SCHEMES;
 
@@ -23,7 +23,7 @@ const MAX_CONNECTIONS: usize = 64;
 /// (Redlock's rules, never key hashing across servers). memcached's text
 /// protocol has no authentication, so a user or password is refused.
 ///
-/// Parameters: `prefix` (prepended to every key, default `locksmith:`;
+/// Parameters: `prefix` (prepended to every key, default `lockwright:`;
 /// printable ASCII without spaces, at most 100 bytes), `timeout` (one
 /// exchange with one server, default 1s; 100ms in a quorum; an operation
 /// of two exchanges, and a redial, may take up to `timeout` +
@@ -59,7 +59,9 @@ impl MemcachedConfig {
         let shown = u.shown().clone();
         let p = u.params();
         let (ms, hour) = (Duration::from_millis(1), Duration::from_secs(3600));
-        let prefix = p.text("prefix")?.unwrap_or_else(|| "locksmith:".to_owned());
+        let prefix = p
+            .text("prefix")?
+            .unwrap_or_else(|| "lockwright:".to_owned());
         let timeout = p.duration("timeout", ms..=hour)?;
         let connect_timeout = p
             .duration("connect_timeout", ms..=hour)?
@@ -113,7 +115,7 @@ fn p_invalid(shown: &RedactedUrl, name: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use locksmith_core::ErrorKind;
+    use lockwright_core::ErrorKind;
 
     #[test]
     fn urls_read_as_written() {

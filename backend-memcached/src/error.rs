@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use locksmith_core::Error;
+use lockwright_core::Error;
 
 use crate::wire::{Failure, Reply};
 
@@ -67,7 +67,7 @@ pub(crate) fn unexpected(reply: &Reply) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use locksmith_core::ErrorKind;
+    use lockwright_core::ErrorKind;
     use std::io;
 
     #[test]

@@ -31,10 +31,10 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{
+use lockwright_core::backend::{
     claim_changed, permits_mismatch, Acquire, Grant, Release, Renew, RenewRequest, MARK_LIFE,
 };
-use locksmith_core::{Claim, Error, Holder, LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::{Claim, Error, Holder, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::clock::Fresh;
 use crate::error::unexpected;

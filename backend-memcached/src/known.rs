@@ -15,8 +15,8 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use locksmith_core::backend::{Acquire, Grant, Renew, RenewRequest};
-use locksmith_core::{Claim, Error, OwnerToken, Result};
+use lockwright_core::backend::{Acquire, Grant, Renew, RenewRequest};
+use lockwright_core::{Claim, Error, OwnerToken, Result};
 
 use crate::error;
 use crate::layout::{encode, store_ttl, Body, Item};

@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use locksmith_core::{LockKey, OwnerToken};
+use lockwright_core::{LockKey, OwnerToken};
 use sha2::{Digest, Sha256};
 
 /// memcached's longest key.

@@ -1,4 +1,4 @@
-//! memcached backend for locksmith: `add` with an expiry, and release and
+//! memcached backend for lockwright: `add` with an expiry, and release and
 //! renewal that compare the owner atomically in the store.
 //!
 //! # The scheme
@@ -44,12 +44,12 @@
 //! on a full server started with `-M`, a held lock stays held, contenders
 //! are told `Contended`, and new locks and renewals are refused with
 //! `Unavailable` ("out of memory"). Any out-of-memory answer also raises
-//! the backend's [`alarm`](locksmith_core::backend::LockBackend::alarm)
+//! the backend's [`alarm`](lockwright_core::backend::LockBackend::alarm)
 //! (but a renewal's, which read its lock just before): other writers to a
 //! full server (an older client using `ms`) may have unlinked locks, and
 //! the `Locker` renews each lease it keeps renewed at once. A refusal for
 //! want of memory changed nothing, and says so
-//! ([`Error::is_unapplied`](locksmith_core::Error::is_unapplied)), so a
+//! ([`Error::is_unapplied`](lockwright_core::Error::is_unapplied)), so a
 //! quorum does not undo it: the undo of a failed re-entry would release
 //! the owner's earlier hold. memcached's slab page mover can still drop
 //! items it cannot move (`-o no_slab_reassign` stops it).
@@ -103,7 +103,7 @@
 //! # Several servers
 //!
 //! `memcache://h1:11211,h2:11211,h3:11211` (3 or more) is a quorum
-//! ([`Quorum`](locksmith_core::backend::Quorum), Redlock's rules): every
+//! ([`Quorum`](lockwright_core::backend::Quorum), Redlock's rules): every
 //! request goes to every server, a lock is held when a majority granted it
 //! within `ttl − elapsed − drift`, a failed acquire is undone on every
 //! server that granted it or did not answer, and renewal counts a majority
@@ -141,7 +141,7 @@ mod wire;
 pub use backend::MemcachedBackend;
 pub use config::MemcachedConfig;
 
-use locksmith_core::backend::Scheme;
+use lockwright_core::backend::Scheme;
 
 /// The URL schemes this crate answers to.
 pub const SCHEMES: &[Scheme] = &[
@@ -156,6 +156,6 @@ pub const SCHEMES: &[Scheme] = &[
 /// `Config`/`InvalidOptions` for a bad URL.
 pub fn open(
     url: &str,
-) -> locksmith_core::Result<std::sync::Arc<dyn locksmith_core::backend::LockBackend>> {
+) -> lockwright_core::Result<std::sync::Arc<dyn lockwright_core::backend::LockBackend>> {
     Ok(std::sync::Arc::new(MemcachedBackend::connect(url)?))
 }

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::backend::{
+use lockwright_core::backend::{
     renew_one, Acquire, Capabilities, LockBackend, Release, Renew, RenewRequest,
 };
-use locksmith_core::{Claim, Error, LockKey, LockStatus, OwnerToken, Result, MAX_VALUE_LEN};
+use lockwright_core::{Claim, Error, LockKey, LockStatus, OwnerToken, Result, MAX_VALUE_LEN};
 use tokio::sync::watch;
 
 use crate::error::{self, unexpected};
@@ -145,7 +145,7 @@ impl Node {
                     Holder::parse(&data).map(Body::Lock)
                 };
                 let body = body.ok_or_else(|| {
-                    Error::backend(format!("the item {k:?} is not a locksmith lock"))
+                    Error::backend(format!("the item {k:?} is not a lockwright lock"))
                 })?;
                 Ok(Some(Item {
                     body,

@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{claim_changed, permits_mismatch, semaphore_or_rwlock};
-use locksmith_core::{Claim, LockKey, OwnerToken, Result};
+use lockwright_core::backend::{claim_changed, permits_mismatch, semaphore_or_rwlock};
+use lockwright_core::{Claim, LockKey, OwnerToken, Result};
 
 use crate::layout::{Group, Mark, Member, Tag};
 /// The most holders one group keeps: memcached's items hold 1 MB, and a
 /// holder's line up to about 150 bytes. A semaphore has fewer permits
-/// ([`locksmith_core::MAX_PERMITS`]); a reader past this waits.
+/// ([`lockwright_core::MAX_PERMITS`]); a reader past this waits.
 const MAX_MEMBERS: usize = 4096;
 /// Whole seconds, rounded up.
 pub(crate) fn secs(d: Duration) -> u64 {

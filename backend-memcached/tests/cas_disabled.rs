@@ -12,10 +12,10 @@
 
 use std::time::{Duration, Instant};
 
-use locksmith_conformance::kit::free_port;
-use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
-use locksmith_core::{ErrorKind, LockKey, OwnerToken};
-use locksmith_memcached::MemcachedBackend;
+use lockwright_conformance::kit::free_port;
+use lockwright_core::backend::{Acquire, LockBackend, Release, Renew};
+use lockwright_core::{ErrorKind, LockKey, OwnerToken};
+use lockwright_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 

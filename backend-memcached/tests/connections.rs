@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use common::OwnServer;
 use futures::stream::{self, StreamExt};
-use locksmith_conformance::kit::{free_port, unique_prefix};
-use locksmith_core::{LockOptions, Locker};
-use locksmith_memcached::MemcachedBackend;
+use lockwright_conformance::kit::{free_port, unique_prefix};
+use lockwright_core::{LockOptions, Locker};
+use lockwright_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 

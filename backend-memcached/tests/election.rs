@@ -9,11 +9,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use locksmith_conformance::kit::unique_prefix;
-use locksmith_conformance::kit::values::{awkward, every_byte};
-use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
-use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken, MAX_VALUE_LEN};
-use locksmith_memcached::MemcachedBackend;
+use lockwright_conformance::kit::unique_prefix;
+use lockwright_conformance::kit::values::{awkward, every_byte};
+use lockwright_core::backend::{Acquire, LockBackend, Release, Renew};
+use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken, MAX_VALUE_LEN};
+use lockwright_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 

@@ -9,14 +9,14 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{item_keys, quorum_servers, server, OwnServer};
-use locksmith_conformance::kit::servers::memcached_fault_port;
-use locksmith_conformance::kit::{fault_server, free_port, unique_prefix};
-use locksmith_conformance::quorum::{
+use lockwright_conformance::kit::servers::memcached_fault_port;
+use lockwright_conformance::kit::{fault_server, free_port, unique_prefix};
+use lockwright_conformance::quorum::{
     acquire_succeeds_iff_a_majority_is_free, late_answers_do_not_count,
 };
-use locksmith_core::backend::{Acquire, LockBackend, Quorum, Release, Renew};
-use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
-use locksmith_memcached::MemcachedBackend;
+use lockwright_core::backend::{Acquire, LockBackend, Quorum, Release, Renew};
+use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
+use lockwright_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{fill_until_full, raw, OwnServer};
-use locksmith_conformance::kit::{free_port, unique_prefix};
-use locksmith_core::backend::LockBackend;
-use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, LostReason, OwnerToken};
-use locksmith_memcached::MemcachedBackend;
+use lockwright_conformance::kit::{free_port, unique_prefix};
+use lockwright_core::backend::LockBackend;
+use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, LostReason, OwnerToken};
+use lockwright_memcached::MemcachedBackend;
 
 /// The smallest memory memcached runs with, so it fills in a moment.
 const MEGABYTES: u32 = 8;
@@ -95,7 +95,7 @@ async fn a_full_server_never_hands_a_held_lock_to_another_owner() {
     let ttl = Duration::from_secs(60);
     assert!(matches!(
         backend.try_acquire(&key, &holder, ttl).await,
-        Ok(locksmith_core::backend::Acquire::Acquired(_))
+        Ok(lockwright_core::backend::Acquire::Acquired(_))
     ));
     s.fill(NAME).await;
     let held = s.raw_value(NAME).await;
@@ -153,7 +153,7 @@ async fn a_full_server_never_hands_a_held_lock_to_another_owner() {
     // Release needs no memory.
     assert_eq!(
         backend.release(&key, &holder).await.unwrap(),
-        locksmith_core::backend::Release::Freed
+        lockwright_core::backend::Release::Freed
     );
 }
 

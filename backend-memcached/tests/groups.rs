@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use common::{raw, server};
-use locksmith_conformance::kit::unique_prefix;
-use locksmith_core::backend::{Acquire, LockBackend, Release, Renew, RenewRequest};
-use locksmith_core::{Claim, ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
-use locksmith_memcached::MemcachedBackend;
+use lockwright_conformance::kit::unique_prefix;
+use lockwright_core::backend::{Acquire, LockBackend, Release, Renew, RenewRequest};
+use lockwright_core::{Claim, ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
+use lockwright_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -159,7 +159,7 @@ async fn each_holder_ends_on_the_servers_clock() -> Result<()> {
     Ok(())
 }
 
-/// A clock item that is not locksmith's (no expiry, or not a number)
+/// A clock item that is not lockwright's (no expiry, or not a number)
 /// fails a group's acquire with a typed error, and grants nothing.
 #[tokio::test]
 async fn a_clock_item_not_ours_is_an_error_not_a_grant() -> Result<()> {

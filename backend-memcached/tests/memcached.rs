@@ -4,9 +4,9 @@
 mod common;
 
 mod single {
-    locksmith_conformance::conformance_tests!(super::common::McHarness::single());
+    lockwright_conformance::conformance_tests!(super::common::McHarness::single());
 }
 
 mod quorum {
-    locksmith_conformance::conformance_tests!(super::common::McHarness::quorum());
+    lockwright_conformance::conformance_tests!(super::common::McHarness::quorum());
 }

@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::backend::{
+use lockwright_core::backend::{
     Acquire, Capabilities, LockBackend, Release, Renew, RenewRequest, Watch,
 };
-use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::config::RedisConfig;
 use crate::layout::Keys;
@@ -44,7 +44,7 @@ impl RedisBackend {
         let config = RedisConfig::from_url(url)?;
         if config.redlock {
             return Err(Error::config(
-                "a redis+redlock:// URL needs RedlockBackend (or locksmith::connect)",
+                "a redis+redlock:// URL needs RedlockBackend (or lockwright::connect)",
             ));
         }
         // The data nodes' replies may wait for the replicas too.

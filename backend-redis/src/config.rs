@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{
+use lockwright_core::backend::{
     quorum_servers, HostPort, RedactedUrl, Scheme, ServerUrl, TlsFiles, UrlParams,
 };
-use locksmith_core::{Error, Result};
+use lockwright_core::{Error, Result};
 
 use crate::SCHEMES;
 
@@ -24,7 +24,7 @@ const DEFAULT_REDLOCK_TIMEOUT: Duration = Duration::from_millis(100);
 /// Where the locks live and how the client behaves.
 ///
 /// Parameters of ours in the URL query (removed before the driver sees the
-/// URL): `prefix` (prepended to every key, default `locksmith:`),
+/// URL): `prefix` (prepended to every key, default `lockwright:`),
 /// `timeout` (per-request timeout, default 1s; for Redlock, per node, default
 /// 100ms),
 /// `connect_timeout` (default 1s), `waiter_refresh` (how often a queued
@@ -239,7 +239,9 @@ impl RedisConfig {
         Ok(RedisConfig {
             nodes: Vec::new(),
             redlock: false,
-            prefix: p.text("prefix")?.unwrap_or_else(|| "locksmith:".to_owned()),
+            prefix: p
+                .text("prefix")?
+                .unwrap_or_else(|| "lockwright:".to_owned()),
             timeout: p.duration("timeout", ms..=hour)?.unwrap_or(default_timeout),
             connect_timeout: p
                 .duration("connect_timeout", ms..=hour)?
@@ -312,7 +314,7 @@ mod tests {
             assert!(RedisConfig::from_url(bad).is_err(), "{bad}");
         }
         let e = RedisConfig::from_url("redis://:pw@h?prefx=app:").unwrap_err();
-        assert_eq!(e.kind(), locksmith_core::ErrorKind::InvalidOptions);
+        assert_eq!(e.kind(), lockwright_core::ErrorKind::InvalidOptions);
         assert!(e.to_string().contains("\"prefx\""), "{e}");
         assert!(!e.to_string().contains("pw"), "{e}");
         let r = RedisConfig::from_url("redis+redlock://h1:1,h2:1,h3:1").unwrap();

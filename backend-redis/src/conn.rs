@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use locksmith_core::backend::RedactedUrl;
-use locksmith_core::{Error, Result};
+use lockwright_core::backend::RedactedUrl;
+use lockwright_core::{Error, Result};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use locksmith_core::backend::RedactedUrl;
-use locksmith_core::Error;
+use lockwright_core::backend::RedactedUrl;
+use lockwright_core::Error;
 use redis::RedisError;
 
 /// A TLS handshake the client or server refused (untrusted or missing

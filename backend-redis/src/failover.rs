@@ -1,12 +1,12 @@
-//! Failovers made on purpose, for `locksmith check --faults …,failover`:
+//! Failovers made on purpose, for `lockwright check --faults …,failover`:
 //! `SENTINEL FAILOVER` under Sentinel, `CLUSTER FAILOVER` on a replica of
 //! one of a Cluster's primaries, each waited for until the new primary
 //! serves. They change the deployment: nothing here runs unless asked.
 
 use std::time::{Duration, Instant};
 
-use locksmith_core::backend::HostPort;
-use locksmith_core::{Error, ErrorKind, Result};
+use lockwright_core::backend::HostPort;
+use lockwright_core::{Error, ErrorKind, Result};
 
 use crate::config::RedisConfig;
 use crate::error::map_err;
@@ -148,7 +148,7 @@ struct ClusterNode {
 async fn nodes(config: &RedisConfig) -> Result<Vec<ClusterNode>> {
     let mut last = None;
     for seed in &config.cluster {
-        let Ok(u) = locksmith_core::backend::ServerUrl::parse(seed.expose(), 6379) else {
+        let Ok(u) = lockwright_core::backend::ServerUrl::parse(seed.expose(), 6379) else {
             continue;
         };
         let Some(at) = u.hosts().first() else {

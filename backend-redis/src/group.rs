@@ -29,7 +29,7 @@
 //! A writer refused by readers with no place in the queue (a Redlock
 //! node's, which has no queue) leaves a mark in the hash, `~w<owner>`,
 //! the time until which new readers stay out: it lives the writer's TTL
-//! up to [`MARK_LIFE`](locksmith_core::backend::MARK_LIFE), and goes
+//! up to [`MARK_LIFE`](lockwright_core::backend::MARK_LIFE), and goes
 //! when the writer gives up. When the last reader leaves a live mark, the
 //! key stays, marked (`~k` = `m`) until the mark's end: a writer or a
 //! mutex takes the name as free, a reader waits.
@@ -41,10 +41,12 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{
+use lockwright_core::backend::{
     claim_changed, permits_mismatch, semaphore_or_rwlock, Acquire, Grant,
 };
-use locksmith_core::{Claim, Error, FencingToken, Holder, LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::{
+    Claim, Error, FencingToken, Holder, LockKey, LockStatus, OwnerToken, Result,
+};
 
 /// Functions of the group, defined after the mutex's `take` and before its
 /// `hand_off`, which serves a claim waiter at the head of the queue.

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
-use locksmith_core::backend::{Grant, Watch};
-use locksmith_core::{Error, FencingToken, OwnerToken, Result};
+use lockwright_core::backend::{Grant, Watch};
+use lockwright_core::{Error, FencingToken, OwnerToken, Result};
 use redis::aio::PubSubSink;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -202,7 +202,7 @@ impl Hub {
             shared: Arc::new(Shared {
                 source,
                 connect_timeout,
-                channel: format!("locksmith:hub:{}", OwnerToken::generate().as_str()),
+                channel: format!("lockwright:hub:{}", OwnerToken::generate().as_str()),
                 conn: tokio::sync::Mutex::new(None),
                 connections: AtomicU64::new(0),
                 tickets: Tickets::default(),

@@ -37,7 +37,7 @@
 //! the queue's keys expire once nobody refreshes them: nothing is kept per
 //! name once the lock is free.
 
-use locksmith_core::LockKey;
+use lockwright_core::LockKey;
 
 /// The Redis keys of one lock, in the order the scripts take them. The lock
 /// name sits inside `{…}`, so the lock and its wait queue share a hash tag
@@ -69,7 +69,7 @@ impl Keys {
     pub(crate) fn new(prefix: &str, key: &LockKey, cluster: bool) -> Self {
         // Built by hand, not with `format!`: on every acquire and release,
         // formatting cost a client more than a tenth of its work
-        // (callgrind, `locksmith-bench redis`).
+        // (callgrind, `lockwright-bench redis`).
         let named = |suffix: &str| joined(prefix, key, cluster, suffix);
         Keys {
             all: [named(":lock"), named(":queue"), named(":waiters")],

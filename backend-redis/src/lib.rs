@@ -1,4 +1,4 @@
-//! Redis backend for locksmith.
+//! Redis backend for lockwright.
 //!
 //! # The scheme
 //!
@@ -55,7 +55,7 @@
 //! ever. They are no longer read or written: their values (seeded from the
 //! same clock, one per grant) are all below the clock now, so the new
 //! tokens are higher. Delete them at leisure, for example with
-//! `redis-cli --scan --pattern 'locksmith:{*}:fence' | xargs -r redis-cli unlink`
+//! `redis-cli --scan --pattern 'lockwright:{*}:fence' | xargs -r redis-cli unlink`
 //! (with your prefix). A lock held by an old version across the upgrade is
 //! respected. Upgrade every client of a keyspace together: an old client
 //! still running keeps counting its own per-name counter, which can be
@@ -247,8 +247,8 @@ mod shards;
 pub mod internals {
     use std::sync::Arc;
 
-    use locksmith_core::backend::{LockBackend, Quorum};
-    use locksmith_core::{LockKey, Result};
+    use lockwright_core::backend::{LockBackend, Quorum};
+    use lockwright_core::{LockKey, Result};
     use redis::Script;
 
     /// The Redis keys of `key` under `prefix`: lock, queue, waiters, in the
@@ -271,7 +271,7 @@ pub mod internals {
 
     /// The contract's kind for a driver error, as every request maps it:
     /// for the tests that classify each error a failover can give.
-    pub fn map_error(e: redis::RedisError) -> locksmith_core::Error {
+    pub fn map_error(e: redis::RedisError) -> lockwright_core::Error {
         crate::error::map_err(e)
     }
 
@@ -313,12 +313,12 @@ pub mod internals {
 pub use backend::RedisBackend;
 pub use config::RedisConfig;
 pub use failover::failover;
-pub use locksmith_core::backend::TlsFiles;
+pub use lockwright_core::backend::TlsFiles;
 pub use redlock::RedlockBackend;
 
 use std::sync::Arc;
 
-use locksmith_core::backend::{LockBackend, Scheme};
+use lockwright_core::backend::{LockBackend, Scheme};
 
 /// The URL schemes this crate answers to.
 pub const SCHEMES: &[Scheme] = &[
@@ -337,7 +337,7 @@ pub const SCHEMES: &[Scheme] = &[
 ///
 /// # Errors
 /// As [`RedisConfig::from_url`].
-pub fn open(url: &str) -> locksmith_core::Result<Arc<dyn LockBackend>> {
+pub fn open(url: &str) -> lockwright_core::Result<Arc<dyn LockBackend>> {
     Ok(if Scheme::find(SCHEMES, url)?.name == "redis+redlock" {
         Arc::new(RedlockBackend::connect(url)?)
     } else {

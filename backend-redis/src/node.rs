@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{Acquire, RedactedUrl, Release, RenewRequest, Watch};
-use locksmith_core::{Claim, Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::backend::{Acquire, RedactedUrl, Release, RenewRequest, Watch};
+use lockwright_core::{Claim, Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
 use redis::cluster::ClusterClient;
 use redis::cluster_routing::Slot;
 use tokio::sync::OnceCell;
@@ -20,7 +20,7 @@ use crate::layout::Keys;
 use crate::scripts;
 use crate::sentinel::Sentinel;
 use crate::shards::{Notify, Shards};
-use locksmith_core::backend::TlsFiles;
+use lockwright_core::backend::TlsFiles;
 
 /// A waiter's place in a key's queue: its ticket, and how long the place is
 /// kept without a refresh. Its grant is published on the node's hub.
@@ -201,7 +201,7 @@ impl Node {
             match attempt(self.conn.link().await?).await {
                 Err(e)
                     if e.is_unapplied()
-                        || (idempotent && e.kind() == locksmith_core::ErrorKind::Unavailable) =>
+                        || (idempotent && e.kind() == lockwright_core::ErrorKind::Unavailable) =>
                 {
                     attempt(self.conn.link().await?).await
                 }

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::backend::{
+use lockwright_core::backend::{
     renew_one, Acquire, Capabilities, LockBackend, Quorum, Release, Renew, RenewRequest, Watch,
 };
-use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::config::RedisConfig;
 use crate::layout::Keys;
@@ -239,7 +239,7 @@ impl RedlockBackend {
 // `Quorum` answers those itself (no notification, queue or alarm across
 // independent masters) and says why. But `changes`, which `Quorum` leaves
 // unannounced: Redlock knows its nodes announce, and merges them.
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.inner.quorum;
     impl LockBackend for RedlockBackend {
         async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {

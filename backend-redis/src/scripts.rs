@@ -385,7 +385,7 @@ impl Variants {
         } else {
             String::new()
         };
-        let mark_life = locksmith_core::backend::MARK_LIFE.as_millis();
+        let mark_life = lockwright_core::backend::MARK_LIFE.as_millis();
         let sharded = matches!(shift, Shift::Cluster(_));
         let shift = match shift {
             Shift::Const(secs) => secs.to_string(),

@@ -30,8 +30,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
-use locksmith_core::backend::HostPort;
-use locksmith_core::{Error, Result};
+use lockwright_core::backend::HostPort;
+use lockwright_core::{Error, Result};
 use redis::aio::MultiplexedConnection;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, RedisError};
 

@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use locksmith_core::backend::Watch;
-use locksmith_core::{Error, OwnerToken, Result};
+use lockwright_core::backend::Watch;
+use lockwright_core::{Error, OwnerToken, Result};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{PushInfo, PushKind, Value};

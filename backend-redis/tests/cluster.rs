@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use common::cluster;
-use locksmith_conformance::kit::servers::{redis_cluster_ports, redis_cluster_url};
-use locksmith_conformance::kit::with_params;
-use locksmith_conformance::Harness;
-use locksmith_core::backend::LockBackend;
-use locksmith_core::{FencingToken, LockKey, LockOptions, Locker};
-use locksmith_redis::RedisBackend;
+use lockwright_conformance::kit::servers::{redis_cluster_ports, redis_cluster_url};
+use lockwright_conformance::kit::with_params;
+use lockwright_conformance::Harness;
+use lockwright_core::backend::LockBackend;
+use lockwright_core::{FencingToken, LockKey, LockOptions, Locker};
+use lockwright_redis::RedisBackend;
 
 struct Cluster {
     params: &'static str,
@@ -45,7 +45,7 @@ impl Harness for Cluster {
         let mut all = 0;
         for n in cluster::nodes().await.iter().filter(|n| n.primary) {
             let url = format!("redis://127.0.0.1:{}", n.port);
-            let keys = common::scan(&url, &format!("locksmith:{{={prefix}*")).await;
+            let keys = common::scan(&url, &format!("lockwright:{{={prefix}*")).await;
             all += keys.len() as u64;
         }
         Ok(all)
@@ -53,11 +53,11 @@ impl Harness for Cluster {
 }
 
 mod suite {
-    locksmith_conformance::conformance_tests!(super::Cluster { params: "" });
+    lockwright_conformance::conformance_tests!(super::Cluster { params: "" });
 }
 
 mod acked {
-    locksmith_conformance::conformance_tests!(super::Cluster {
+    lockwright_conformance::conformance_tests!(super::Cluster {
         params: "replicas=1"
     });
 }
@@ -68,7 +68,7 @@ fn key(name: &str) -> LockKey {
 
 /// The slot of `key`'s keys, as the Cluster computes it.
 async fn slot_of(key: &LockKey) -> u16 {
-    cluster::slot(&format!("locksmith:{{={}}}:lock", key.as_str())).await
+    cluster::slot(&format!("lockwright:{{={}}}:lock", key.as_str())).await
 }
 
 /// A holder and a waiter queued behind it on one key, through `change`
@@ -224,7 +224,7 @@ async fn tokens_rise_across_a_failover_to_a_primary_whose_clock_is_behind() {
 
     cluster::failover(slot_of(&key).await).await;
     let behind = RedisBackend::connect(&url).unwrap();
-    locksmith_redis::internals::skew_clock(&behind, -1800);
+    lockwright_redis::internals::skew_clock(&behind, -1800);
     let g = Locker::new(behind).lock(&key).await.unwrap();
     let second = g.fence().unwrap().0;
     g.release().await.unwrap();

@@ -10,13 +10,13 @@ mod common;
 use std::time::Duration;
 
 use futures::StreamExt;
-use locksmith_conformance::kit::observe::{heard_by_notice, leads, until, NEVER, SOON};
-use locksmith_conformance::kit::process::redis_server;
-use locksmith_conformance::kit::servers::{redis_url, redlock_ports};
-use locksmith_conformance::kit::values::awkward;
-use locksmith_core::backend::{Acquire, LockBackend, Notice, Release, Renew, Watch};
-use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
-use locksmith_redis::{RedisBackend, RedlockBackend};
+use lockwright_conformance::kit::observe::{heard_by_notice, leads, until, NEVER, SOON};
+use lockwright_conformance::kit::process::redis_server;
+use lockwright_conformance::kit::servers::{redis_url, redlock_ports};
+use lockwright_conformance::kit::values::awkward;
+use lockwright_core::backend::{Acquire, LockBackend, Notice, Release, Renew, Watch};
+use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
+use lockwright_redis::{RedisBackend, RedlockBackend};
 
 const TTL: Duration = Duration::from_secs(30);
 /// Just above the backend's floor, to watch a lease run out.
@@ -522,7 +522,7 @@ async fn an_observer_subscribes_again_when_its_connection_is_killed() {
 async fn a_dropped_observer_leaves_the_channel() {
     let b = backend();
     let n = name("leave");
-    let channel = format!("locksmith:{{{n}}}:lock:changes");
+    let channel = format!("lockwright:{{{n}}}:lock:changes");
     let admin = redis::Client::open(redis_url()).unwrap();
     let admin = admin.get_multiplexed_async_connection().await.unwrap();
     let subscribers = || {
@@ -564,7 +564,7 @@ async fn an_abandoned_subscription_leaves_the_channel() {
     let b = backend();
     let n = name("abandon");
     let key = LockKey::new(n.as_str()).unwrap();
-    let channel = format!("locksmith:{{{n}}}:lock:changes");
+    let channel = format!("lockwright:{{{n}}}:lock:changes");
     let admin = redis::Client::open(redis_url()).unwrap();
     let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
     // The hub's connection first, so that later calls only subscribe.

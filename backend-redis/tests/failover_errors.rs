@@ -6,11 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use locksmith_conformance::kit::process::redis_server;
-use locksmith_core::backend::LockBackend;
-use locksmith_core::{ErrorKind, LockKey, OwnerToken};
-use locksmith_redis::internals::map_error;
-use locksmith_redis::RedisBackend;
+use lockwright_conformance::kit::process::redis_server;
+use lockwright_core::backend::LockBackend;
+use lockwright_core::{ErrorKind, LockKey, OwnerToken};
+use lockwright_redis::internals::map_error;
+use lockwright_redis::RedisBackend;
 
 /// Each code, as the server sends it in an error reply.
 #[test]

@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use locksmith_conformance::kit::servers::redis_url;
-use locksmith_core::{LockGuard, LockKey, LockOptions, Locker, OwnerToken};
-use locksmith_redis::RedisBackend;
+use lockwright_conformance::kit::servers::redis_url;
+use lockwright_core::{LockGuard, LockKey, LockOptions, Locker, OwnerToken};
+use lockwright_redis::RedisBackend;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 

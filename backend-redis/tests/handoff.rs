@@ -8,10 +8,10 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use locksmith_conformance::kit::servers::redis_url;
-use locksmith_core::backend::{Acquire, LockBackend, Notice, Release, Watch};
-use locksmith_core::{LockKey, LockOptions, Locker, OwnerToken, Result};
-use locksmith_redis::RedisBackend;
+use lockwright_conformance::kit::servers::redis_url;
+use lockwright_core::backend::{Acquire, LockBackend, Notice, Release, Watch};
+use lockwright_core::{LockKey, LockOptions, Locker, OwnerToken, Result};
+use lockwright_redis::RedisBackend;
 use tokio::sync::{mpsc, watch};
 
 const TTL: Duration = Duration::from_secs(60);
@@ -213,7 +213,7 @@ async fn a_short_hand_off_lease_is_extended_to_the_ttl() {
     let handed = task.await.unwrap();
     let client = redis::Client::open(redis_url()).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let lock = format!("locksmith:{{{}}}:lock", k.as_str());
+    let lock = format!("lockwright:{{{}}}:lock", k.as_str());
     let pttl = |c: &mut redis::aio::MultiplexedConnection| {
         let mut c = c.clone();
         let lock = lock.clone();
@@ -255,7 +255,7 @@ async fn a_lock_turned_into_a_hash_at_its_last_millisecond_still_expires() {
     let mut converted_late = 0;
     for round in 0..200 {
         let k = key(&format!("lastms{round}"));
-        let lock = format!("locksmith:{{{}}}:lock", k.as_str());
+        let lock = format!("lockwright:{{{}}}:lock", k.as_str());
         let holder = OwnerToken::generate();
         // A dead holder's string-form lock with 3 ms left.
         redis::cmd("SET")
@@ -351,7 +351,7 @@ impl Paused {
 /// and the old grant's notice are both due; when the timer wins, its new
 /// attempt finds the lock held, and the notice is read after it. That
 /// grant is stale: it must not count as a lease starting at the new
-/// attempt (`locksmith check` found this; each round below catches the old
+/// attempt (`lockwright check` found this; each round below catches the old
 /// rule about half the time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_grant_delivered_after_a_later_attempt_is_not_trusted() {
@@ -399,7 +399,7 @@ const PAUSE: Duration = Duration::from_secs(6);
 /// back, and the first queued attempt tells the waiter to come back only
 /// after [`PAUSE`]. So the hand-off lapses unseen, another waiter takes the
 /// lock, the waiter attempts again (finding it held) and only then reads
-/// the old grant: the order `locksmith check` found, without a frozen
+/// the old grant: the order `lockwright check` found, without a frozen
 /// runtime and its luck.
 #[derive(Debug)]
 struct Ordered {
@@ -440,7 +440,7 @@ impl Drop for AbortOnDrop {
 
 // Only the queued attempts and their notices are ordered; the rest is
 // Redis's own.
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for Ordered {
         async fn watch(&self, k: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {

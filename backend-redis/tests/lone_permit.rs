@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use locksmith_conformance::kit::servers::{redis_url, redlock_ports};
-use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
-use locksmith_core::{Claim, ErrorKind, FencingToken, LockKey, OwnerToken};
-use locksmith_redis::{RedisBackend, RedlockBackend};
+use lockwright_conformance::kit::servers::{redis_url, redlock_ports};
+use lockwright_core::backend::{Acquire, LockBackend, Release, Renew};
+use lockwright_core::{Claim, ErrorKind, FencingToken, LockKey, OwnerToken};
+use lockwright_redis::{RedisBackend, RedlockBackend};
 
 mod common;
 
@@ -24,7 +24,7 @@ fn permit(n: u32) -> OwnerToken {
 }
 
 fn lock_key(k: &LockKey) -> String {
-    format!("locksmith:{{{}}}:lock", k.as_str())
+    format!("lockwright:{{{}}}:lock", k.as_str())
 }
 
 async fn conn(url: &str) -> redis::aio::MultiplexedConnection {
@@ -47,7 +47,7 @@ async fn fence_of(b: &dyn LockBackend, k: &LockKey, o: &OwnerToken) -> FencingTo
     }
 }
 
-fn refused(what: &str, r: locksmith_core::Result<Acquire>) {
+fn refused(what: &str, r: lockwright_core::Result<Acquire>) {
     match r {
         Err(e) if e.kind() == ErrorKind::InvalidOptions => {}
         other => panic!("{what} on a lone permit ended with {other:?}, not InvalidOptions"),

@@ -5,10 +5,10 @@ mod common;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use locksmith_conformance::kit::servers::{redis_url, redlock_ports};
-use locksmith_conformance::Harness;
-use locksmith_core::backend::LockBackend;
-use locksmith_redis::{RedisBackend, RedlockBackend};
+use lockwright_conformance::kit::servers::{redis_url, redlock_ports};
+use lockwright_conformance::Harness;
+use lockwright_core::backend::LockBackend;
+use lockwright_redis::{RedisBackend, RedlockBackend};
 
 struct Single;
 
@@ -54,9 +54,9 @@ impl Harness for Redlock {
 }
 
 mod single {
-    locksmith_conformance::conformance_tests!(super::Single);
+    lockwright_conformance::conformance_tests!(super::Single);
 }
 
 mod redlock {
-    locksmith_conformance::conformance_tests!(super::Redlock);
+    lockwright_conformance::conformance_tests!(super::Redlock);
 }

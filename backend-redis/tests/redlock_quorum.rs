@@ -8,13 +8,13 @@ mod common;
 
 use std::time::Duration;
 
-use locksmith_conformance::kit::servers::redlock_ports;
-use locksmith_conformance::quorum::{
+use lockwright_conformance::kit::servers::redlock_ports;
+use lockwright_conformance::quorum::{
     acquire_succeeds_iff_a_majority_is_free, late_answers_do_not_count,
 };
-use locksmith_core::backend::{Acquire, LockBackend};
-use locksmith_core::{ErrorKind, LockKey, OwnerToken};
-use locksmith_redis::{internals, RedisBackend, RedlockBackend};
+use lockwright_core::backend::{Acquire, LockBackend};
+use lockwright_core::{ErrorKind, LockKey, OwnerToken};
+use lockwright_redis::{internals, RedisBackend, RedlockBackend};
 
 const TTL: Duration = Duration::from_secs(10);
 

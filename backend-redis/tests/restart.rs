@@ -6,11 +6,11 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use locksmith_conformance::kit::free_port;
-use locksmith_conformance::kit::process::ServerProcess;
-use locksmith_core::backend::{Acquire, LockBackend};
-use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
-use locksmith_redis::RedisBackend;
+use lockwright_conformance::kit::free_port;
+use lockwright_conformance::kit::process::ServerProcess;
+use lockwright_core::backend::{Acquire, LockBackend};
+use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
+use lockwright_redis::RedisBackend;
 
 /// A server of the test's own on `port`, without persistence: what a
 /// crash takes, a restart does not bring back.
@@ -195,9 +195,9 @@ async fn a_dropped_backend_closes_its_hub() {
 async fn a_waiter_rides_out_a_restart() {
     let url = format!(
         "{}?timeout=500ms&connect_timeout=500ms",
-        locksmith_conformance::kit::servers::redis_fault_url()
+        lockwright_conformance::kit::servers::redis_fault_url()
     );
-    locksmith_conformance::kit::outage::waiter_rides_out_a_stop(
+    lockwright_conformance::kit::outage::waiter_rides_out_a_stop(
         "redis_fault",
         Duration::from_secs(3),
         || Locker::new(RedisBackend::connect(&url).unwrap()),

@@ -11,17 +11,17 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use common::sentinel::{self, wait_whole};
-use locksmith_conformance::kit::servers::redis_sentinel_url;
-use locksmith_conformance::kit::with_params;
-use locksmith_conformance::Harness;
-use locksmith_core::backend::LockBackend;
+use lockwright_conformance::kit::servers::redis_sentinel_url;
+use lockwright_conformance::kit::with_params;
+use lockwright_conformance::Harness;
+use lockwright_core::backend::LockBackend;
 use std::process::Command;
 
-use locksmith_conformance::kit::free_port;
-use locksmith_conformance::kit::process::{redis_server, ServerProcess};
-use locksmith_conformance::kit::proxy::{Proxy, MUTE};
-use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, LostReason};
-use locksmith_redis::RedisBackend;
+use lockwright_conformance::kit::free_port;
+use lockwright_conformance::kit::process::{redis_server, ServerProcess};
+use lockwright_conformance::kit::proxy::{Proxy, MUTE};
+use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, LostReason};
+use lockwright_redis::RedisBackend;
 
 struct Sentinel {
     params: &'static str,
@@ -43,7 +43,7 @@ impl Harness for Sentinel {
         Arc::new(RedisBackend::connect(&self.url()).unwrap())
     }
     async fn unreachable_client(&self) -> Arc<dyn LockBackend> {
-        Arc::new(RedisBackend::connect("redis+sentinel://127.0.0.1:1/locksmith").unwrap())
+        Arc::new(RedisBackend::connect("redis+sentinel://127.0.0.1:1/lockwright").unwrap())
     }
     async fn stored_names(&self, prefix: &str) -> anyhow::Result<u64> {
         let primary = wait_whole().await;
@@ -54,11 +54,11 @@ impl Harness for Sentinel {
 }
 
 mod suite {
-    locksmith_conformance::conformance_tests!(super::Sentinel { params: "" });
+    lockwright_conformance::conformance_tests!(super::Sentinel { params: "" });
 }
 
 mod acked {
-    locksmith_conformance::conformance_tests!(super::Sentinel {
+    lockwright_conformance::conformance_tests!(super::Sentinel {
         params: "replicas=1"
     });
 }
@@ -116,7 +116,7 @@ async fn hold_through_failover(params: &str) {
         );
     }
     let status = watcher.status(&key).await.unwrap();
-    assert_eq!(status.fence, Some(locksmith_core::FencingToken(first)));
+    assert_eq!(status.fence, Some(lockwright_core::FencingToken(first)));
     assert_eq!(status.waiters, Some(1), "the waiter kept its place");
     assert!(
         !queued.is_finished(),
@@ -151,7 +151,7 @@ async fn tokens_rise_across_a_failover_to_a_primary_whose_clock_is_behind() {
 
     sentinel::failover().await;
     let behind = RedisBackend::connect(&url).unwrap();
-    locksmith_redis::internals::skew_clock(&behind, -1800);
+    lockwright_redis::internals::skew_clock(&behind, -1800);
     let g = Locker::new(behind).lock(&key).await.unwrap();
     let second = g.fence().unwrap().0;
     g.release().await.unwrap();
@@ -189,7 +189,7 @@ async fn a_grant_no_replica_acknowledged_is_undone() {
     let g = locker.lock(&key).await.unwrap();
     g.release().await.unwrap();
 
-    let replicas: Vec<u16> = locksmith_conformance::kit::servers::redis_sentinel_data_ports()
+    let replicas: Vec<u16> = lockwright_conformance::kit::servers::redis_sentinel_data_ports()
         .into_iter()
         .filter(|p| *p != primary)
         .collect();

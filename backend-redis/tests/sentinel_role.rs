@@ -6,10 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use locksmith_conformance::kit::process::redis_server;
-use locksmith_core::backend::{Acquire, LockBackend, Release};
-use locksmith_core::{ErrorKind, LockKey, OwnerToken};
-use locksmith_redis::RedisBackend;
+use lockwright_conformance::kit::process::redis_server;
+use lockwright_core::backend::{Acquire, LockBackend, Release};
+use lockwright_core::{ErrorKind, LockKey, OwnerToken};
+use lockwright_redis::RedisBackend;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -6,11 +6,11 @@
 
 use std::process::Command;
 
-use locksmith_conformance::kit::free_port;
-use locksmith_conformance::kit::process::ServerProcess;
-use locksmith_conformance::kit::tls::{self, certificates};
-use locksmith_core::{ErrorKind, Locker};
-use locksmith_redis::RedisBackend;
+use lockwright_conformance::kit::free_port;
+use lockwright_conformance::kit::process::ServerProcess;
+use lockwright_conformance::kit::tls::{self, certificates};
+use lockwright_core::{ErrorKind, Locker};
+use lockwright_redis::RedisBackend;
 
 /// The default user off; only `alice` with password `s3cret` may connect.
 const ACL: &[&str] = &[

@@ -7,10 +7,10 @@ mod common;
 
 use std::time::Duration;
 
-use locksmith_conformance::kit::servers::redis_url;
-use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
-use locksmith_core::{LockKey, OwnerToken};
-use locksmith_redis::RedisBackend;
+use lockwright_conformance::kit::servers::redis_url;
+use lockwright_core::backend::{Acquire, LockBackend, Release, Renew};
+use lockwright_core::{LockKey, OwnerToken};
+use lockwright_redis::RedisBackend;
 
 #[tokio::test]
 async fn a_lock_of_the_previous_version_is_respected_and_fences_go_on_above_it() {
@@ -27,16 +27,16 @@ async fn a_lock_of_the_previous_version_is_respected_and_fences_go_on_above_it()
     let old_fence = secs * 1_000_000 + micros + 3;
     let _: () = redis::pipe()
         .cmd("HSET")
-        .arg(format!("locksmith:{{{name}}}:lock"))
+        .arg(format!("lockwright:{{{name}}}:lock"))
         .arg(old_owner.as_str())
         .arg(1)
         .ignore()
         .cmd("PEXPIRE")
-        .arg(format!("locksmith:{{{name}}}:lock"))
+        .arg(format!("lockwright:{{{name}}}:lock"))
         .arg(30_000)
         .ignore()
         .cmd("SET")
-        .arg(format!("locksmith:{{{name}}}:fence"))
+        .arg(format!("lockwright:{{{name}}}:fence"))
         .arg(old_fence)
         .ignore()
         .query_async(&mut conn)
@@ -69,9 +69,9 @@ async fn a_lock_of_the_previous_version_is_respected_and_fences_go_on_above_it()
 
     // The old counter is neither read nor written; only it is left.
     let left = common::scan(&url, &common::names_pattern(&name)).await;
-    assert_eq!(left, vec![format!("locksmith:{{{name}}}:fence")]);
+    assert_eq!(left, vec![format!("lockwright:{{{name}}}:fence")]);
     let _: i64 = redis::cmd("DEL")
-        .arg(format!("locksmith:{{{name}}}:fence"))
+        .arg(format!("lockwright:{{{name}}}:fence"))
         .query_async(&mut conn)
         .await
         .unwrap();

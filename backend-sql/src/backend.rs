@@ -5,10 +5,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::backend::{
+use lockwright_core::backend::{
     Acquire, Capabilities, LockBackend, Release, Renew, RenewRequest, Watch,
 };
-use locksmith_core::{Claim, Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::{Claim, Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
 use tokio::sync::OnceCell;
 
 use crate::claims::Claims;
@@ -91,7 +91,7 @@ impl SqlBackend {
     pub fn with_config(config: SqlConfig) -> Result<Self> {
         if config.mode == Mode::Session {
             return Err(Error::config(format!(
-                "{}: session locks need SqlSessionBackend (or locksmith::connect)",
+                "{}: session locks need SqlSessionBackend (or lockwright::connect)",
                 config.url
             )));
         }

@@ -31,10 +31,10 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{
+use lockwright_core::backend::{
     claim_changed, permits_mismatch, semaphore_or_rwlock, Acquire, Release, Renew,
 };
-use locksmith_core::{Claim, LockKey, OwnerToken, Result};
+use lockwright_core::{Claim, LockKey, OwnerToken, Result};
 
 use crate::claims_sql::{bound, ClaimsSql};
 use crate::error::map_err;

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{RedactedUrl, Scheme, ServerUrl, UrlParams};
-use locksmith_core::{Error, Result};
+use lockwright_core::backend::{RedactedUrl, Scheme, ServerUrl, UrlParams};
+use lockwright_core::{Error, Result};
 
 use crate::SCHEMES;
 
@@ -61,7 +61,7 @@ fn driver_params(dialect: Dialect) -> &'static [&'static str] {
 pub(crate) const MIN_TTL: Duration = Duration::from_millis(250);
 
 /// Default name of the lease table.
-pub const DEFAULT_TABLE: &str = "locksmith_locks";
+pub const DEFAULT_TABLE: &str = "lockwright_locks";
 
 /// Which database speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,7 +246,7 @@ pub fn validate_table_name(name: &str) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use locksmith_core::ErrorKind;
+    use lockwright_core::ErrorKind;
 
     #[test]
     fn our_parameters_are_taken_out_of_the_url() {

@@ -1,7 +1,7 @@
 //! The one mapping of sqlx's errors onto the contract's kinds.
 
-use locksmith_core::backend::RedactedUrl;
-use locksmith_core::Error;
+use lockwright_core::backend::RedactedUrl;
+use lockwright_core::Error;
 
 /// Maps driver errors onto the contract's kinds, in one place: anything that
 /// means "could not talk to the database" is `Unavailable`.

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{claim_changed, permits_mismatch, MARK_LIFE};
-use locksmith_core::{FencingToken, Holder, LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::backend::{claim_changed, permits_mismatch, MARK_LIFE};
+use lockwright_core::{FencingToken, Holder, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::claims::{hold_name, in_txn, left, name_row, Claims, NowAndName};
 use crate::claims_sql::bound;

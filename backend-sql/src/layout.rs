@@ -8,7 +8,7 @@
 //! counts its re-entrant holds; `fence` is the last grant's fencing token;
 //! `expires_at` is the end of the lease on the database's clock; `value`
 //! is what the holder advertises (a leader's value, at most
-//! [`MAX_VALUE_LEN`](locksmith_core::MAX_VALUE_LEN) bytes), `NULL` for
+//! [`MAX_VALUE_LEN`](lockwright_core::MAX_VALUE_LEN) bytes), `NULL` for
 //! none. A first grant writes the value its owner token carries, a
 //! re-entry or renewal leaves it alone, `proclaim` sets it, and the last
 //! release clears it. Tables of earlier versions have no `value` column:
@@ -33,7 +33,7 @@
 //! A session lock has no row: its name on the server is a hash of the
 //! table name (so that locks of different tables never meet) and the key.
 
-use locksmith_core::LockKey;
+use lockwright_core::LockKey;
 use sha2::{Digest, Sha256};
 
 use crate::config::Dialect;

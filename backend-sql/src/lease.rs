@@ -7,8 +7,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use locksmith_core::backend::{Acquire, Grant, Release, Renew};
-use locksmith_core::{Error, FencingToken, LockKey, OwnerToken, Result, MAX_VALUE_LEN};
+use lockwright_core::backend::{Acquire, Grant, Release, Renew};
+use lockwright_core::{Error, FencingToken, LockKey, OwnerToken, Result, MAX_VALUE_LEN};
 
 use crate::backend::SqlBackend;
 #[cfg(feature = "mysql")]

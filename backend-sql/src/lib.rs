@@ -1,4 +1,4 @@
-//! SQL backend for locksmith: lease rows on SQLite, PostgreSQL and
+//! SQL backend for lockwright: lease rows on SQLite, PostgreSQL and
 //! MySQL/MariaDB, or session locks on PostgreSQL and MySQL.
 //!
 //! # Lease mode (default)
@@ -22,8 +22,8 @@
 //! Keys are stored under their SHA-256 (a fixed-width unique key, so a key of
 //! any length up to 1024 bytes fits and none is ever truncated), with the key
 //! itself beside it for people reading the table. The table (default
-//! `locksmith_locks`, or `?table=name`, a plain identifier) is created on
-//! first use, by [`SqlBackend::migrate`], or by `locksmith::connect`, which
+//! `lockwright_locks`, or `?table=name`, a plain identifier) is created on
+//! first use, by [`SqlBackend::migrate`], or by `lockwright::connect`, which
 //! checks the store before it returns.
 //!
 //! # Bounded state, and fences
@@ -96,10 +96,10 @@
 //! through a session-pooling proxy.
 //!
 //! ```no_run
-//! # async fn f() -> locksmith_core::Result<()> {
-//! use locksmith_core::Locker;
-//! use locksmith_sql::SqlBackend;
-//! // Or locksmith_sql::open(url), which picks SqlSessionBackend for ?mode=session.
+//! # async fn f() -> lockwright_core::Result<()> {
+//! use lockwright_core::Locker;
+//! use lockwright_sql::SqlBackend;
+//! // Or lockwright_sql::open(url), which picks SqlSessionBackend for ?mode=session.
 //! let locker = Locker::new(SqlBackend::connect("postgres://app:secret@db/app")?);
 //! let guard = locker.lock("invoice-7").await?;
 //! println!("fencing token {:?}", guard.fence());
@@ -134,8 +134,8 @@ mod session_sql;
 
 use std::sync::Arc;
 
-use locksmith_core::backend::{LockBackend, Scheme};
-use locksmith_core::Result;
+use lockwright_core::backend::{LockBackend, Scheme};
+use lockwright_core::Result;
 
 pub use backend::{LeaseStatements, SqlBackend};
 pub use config::{validate_table_name, Dialect, Mode, SqlConfig, DEFAULT_RETENTION, DEFAULT_TABLE};
@@ -169,7 +169,7 @@ pub fn open(url: &str) -> Result<Arc<dyn LockBackend>> {
 /// with the `internals` feature, and outside semver.
 #[cfg(feature = "internals")]
 pub mod internals {
-    use locksmith_core::LockKey;
+    use lockwright_core::LockKey;
 
     use crate::SqlSessionBackend;
 

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use locksmith_core::{Error, Result};
+use lockwright_core::{Error, Result};
 
 use crate::config::{Dialect, SqlConfig};
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
@@ -20,7 +20,7 @@ use crate::error::{bad_url, map_err};
 use crate::layout::add_value_column as add_value_column_ddl;
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
-compile_error!("locksmith-sql needs at least one of the features sqlite, postgres, mysql");
+compile_error!("lockwright-sql needs at least one of the features sqlite, postgres, mysql");
 
 #[derive(Debug, Clone)]
 pub(crate) enum Pool {
@@ -61,7 +61,7 @@ pub(crate) fn listener(config: &SqlConfig) -> Result<Option<crate::listen::Remot
     // Named for `pg_stat_activity`, unless the URL names its connections.
     let opts = match opts.get_application_name() {
         Some(_) => opts,
-        None => opts.application_name("locksmith-listen"),
+        None => opts.application_name("lockwright-listen"),
     };
     Ok(Some(crate::listen::Remote::new(
         opts,
@@ -196,7 +196,7 @@ pub(crate) fn open_pool(config: &SqlConfig) -> Result<(Pool, String)> {
         }
         #[allow(unreachable_patterns)]
         other => Err(Error::config(format!(
-            "{}: {other:?} support is not compiled in; enable locksmith's cargo feature `{}`",
+            "{}: {other:?} support is not compiled in; enable lockwright's cargo feature `{}`",
             config.url,
             match other {
                 Dialect::Sqlite => "sqlite",

@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use locksmith_core::backend::Watch;
-use locksmith_core::LockKey;
+use lockwright_core::backend::Watch;
+use lockwright_core::LockKey;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
@@ -23,7 +23,7 @@ pub(crate) fn channel(table: &str, key: &LockKey) -> String {
     h.update(table.as_bytes());
     h.update([0]);
     h.update(key.as_str().as_bytes());
-    format!("locksmith_{}", &hex::encode(h.finalize())[..40])
+    format!("lockwright_{}", &hex::encode(h.finalize())[..40])
 }
 
 /// The advisory lock key that marks `channel` as waited on: a listening
@@ -36,7 +36,7 @@ pub(crate) fn channel(table: &str, key: &LockKey) -> String {
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn waited_key(channel: &str) -> i64 {
     let mut h = Sha256::new();
-    h.update(b"locksmith-waited\0");
+    h.update(b"lockwright-waited\0");
     h.update(channel.as_bytes());
     let d = h.finalize();
     let mut first = [0u8; 8];

@@ -5,8 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::backend::{Acquire, Binding, Capabilities, LockBackend, Release, Renew, Watch};
-use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::backend::{
+    Acquire, Binding, Capabilities, LockBackend, Release, Renew, Watch,
+};
+use lockwright_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::config::{Mode, SqlConfig, MIN_TTL};
 use crate::notify::LocalReleases;
@@ -47,7 +49,7 @@ impl SqlSessionBackend {
     pub fn with_config(config: SqlConfig) -> Result<Self> {
         if config.mode != Mode::Session {
             return Err(Error::config(format!(
-                "{}: lease rows need SqlBackend (or locksmith::connect); add ?mode=session \
+                "{}: lease rows need SqlBackend (or lockwright::connect); add ?mode=session \
                  for session locks",
                 config.url
             )));

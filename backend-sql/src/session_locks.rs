@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use locksmith_core::backend::{claim_changed, Acquire, Grant, Release, Renew, MARK_LIFE};
-use locksmith_core::{Error, ErrorKind, LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::backend::{claim_changed, Acquire, Grant, Release, Renew, MARK_LIFE};
+use lockwright_core::{Error, ErrorKind, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::config::SqlConfig;
 use crate::error::map_err;

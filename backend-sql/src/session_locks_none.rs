@@ -1,8 +1,8 @@
 //! Session mode needs PostgreSQL or MySQL; in a build with neither, no
 //! session backend can exist.
 
-use locksmith_core::backend::{Acquire, Release, Renew};
-use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::backend::{Acquire, Release, Renew};
+use lockwright_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::config::SqlConfig;
 

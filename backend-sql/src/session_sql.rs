@@ -13,7 +13,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use locksmith_core::{Error, LockKey, LockStatus, Result};
+use lockwright_core::{Error, LockKey, LockStatus, Result};
 
 use crate::config::{Dialect, SqlConfig};
 use crate::error::{bad_url, map_err};
@@ -321,7 +321,7 @@ impl Conn {
                     _ => LockStatus::of_holders(
                         shared
                             .iter()
-                            .map(|s| locksmith_core::Holder::new(*s, 1))
+                            .map(|s| lockwright_core::Holder::new(*s, 1))
                             .collect(),
                     ),
                 })

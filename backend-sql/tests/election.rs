@@ -9,11 +9,11 @@ mod common;
 
 use std::time::Duration;
 
-use locksmith_conformance::kit::values::{awkward, every_byte};
-use locksmith_conformance::kit::with_params;
-use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
-use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken, MAX_VALUE_LEN};
-use locksmith_sql::{Dialect, SqlBackend, DEFAULT_TABLE};
+use lockwright_conformance::kit::values::{awkward, every_byte};
+use lockwright_conformance::kit::with_params;
+use lockwright_core::backend::{Acquire, LockBackend, Release, Renew};
+use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken, MAX_VALUE_LEN};
+use lockwright_sql::{Dialect, SqlBackend, DEFAULT_TABLE};
 use sha2::{Digest, Sha256};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -447,7 +447,7 @@ per_store!(
 /// `Unsupported`, and so are elections.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn session_locks_keep_no_values(dialect: Dialect) {
-    use locksmith_sql::SqlSessionBackend;
+    use lockwright_sql::SqlSessionBackend;
     let url = with_params(&common::server_url(dialect), "mode=session");
     let b = SqlSessionBackend::connect(&url).unwrap();
     assert!(!b.capabilities().values);

@@ -4,14 +4,17 @@
 mod common;
 
 use common::ServerHarness;
-use locksmith_sql::Dialect;
+use lockwright_sql::Dialect;
 
 mod lease {
-    locksmith_conformance::conformance_tests!(super::ServerHarness::new(super::Dialect::MySql, ""));
+    lockwright_conformance::conformance_tests!(super::ServerHarness::new(
+        super::Dialect::MySql,
+        ""
+    ));
 }
 
 mod session {
-    locksmith_conformance::conformance_tests!(super::ServerHarness::new(
+    lockwright_conformance::conformance_tests!(super::ServerHarness::new(
         super::Dialect::MySql,
         "mode=session"
     ));

@@ -8,11 +8,11 @@
 
 use std::time::Duration;
 
-use locksmith_conformance::kit::servers::postgres_url;
-use locksmith_conformance::kit::with_params;
-use locksmith_core::backend::{LockBackend, Release, Watch};
-use locksmith_core::{LockKey, LockOptions, Locker, OwnerToken};
-use locksmith_sql::SqlBackend;
+use lockwright_conformance::kit::servers::postgres_url;
+use lockwright_conformance::kit::with_params;
+use lockwright_core::backend::{LockBackend, Release, Watch};
+use lockwright_core::{LockKey, LockOptions, Locker, OwnerToken};
+use lockwright_sql::SqlBackend;
 
 fn backend(tag: &str) -> SqlBackend {
     // The tag makes the URL, and so the process-wide scope, distinct.

@@ -5,17 +5,17 @@
 
 use std::time::{Duration, Instant};
 
-use locksmith_conformance::kit::fault_server::{self, Stopped};
-use locksmith_conformance::kit::servers::{mysql_fault_url, postgres_fault_url};
-use locksmith_core::{ErrorKind, LockOptions, Locker};
+use lockwright_conformance::kit::fault_server::{self, Stopped};
+use lockwright_conformance::kit::servers::{mysql_fault_url, postgres_fault_url};
+use lockwright_core::{ErrorKind, LockOptions, Locker};
 
 async fn outage(server: &str, base_url: &str) {
     fault_server::start(server);
     let mut down = Stopped::new();
     for mode in ["lease", "session"] {
         let url = format!("{base_url}?mode={mode}&connect_timeout=1s");
-        let a = Locker::from_arc(locksmith_sql::open(&url).unwrap());
-        let b = Locker::from_arc(locksmith_sql::open(&url).unwrap());
+        let a = Locker::from_arc(lockwright_sql::open(&url).unwrap());
+        let b = Locker::from_arc(lockwright_sql::open(&url).unwrap());
         let key = format!("outage/{mode}/{}", std::process::id());
         let ttl = Duration::from_secs(3);
         let guard = a
@@ -103,10 +103,10 @@ async fn waiter_rides_out(server: &str, base_url: &str) {
     for mode in ["lease", "session"] {
         let url = format!("{base_url}?mode={mode}&connect_timeout=1s");
         eprintln!("{server} {mode}");
-        locksmith_conformance::kit::outage::waiter_rides_out_a_stop(
+        lockwright_conformance::kit::outage::waiter_rides_out_a_stop(
             server,
             Duration::from_secs(3),
-            || Locker::from_arc(locksmith_sql::open(&url).unwrap()),
+            || Locker::from_arc(lockwright_sql::open(&url).unwrap()),
         )
         .await;
     }

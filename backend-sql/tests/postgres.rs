@@ -4,17 +4,17 @@
 mod common;
 
 use common::ServerHarness;
-use locksmith_sql::Dialect;
+use lockwright_sql::Dialect;
 
 mod lease {
-    locksmith_conformance::conformance_tests!(super::ServerHarness::new(
+    lockwright_conformance::conformance_tests!(super::ServerHarness::new(
         super::Dialect::Postgres,
         ""
     ));
 }
 
 mod session {
-    locksmith_conformance::conformance_tests!(super::ServerHarness::new(
+    lockwright_conformance::conformance_tests!(super::ServerHarness::new(
         super::Dialect::Postgres,
         "mode=session"
     ));
@@ -26,11 +26,11 @@ mod session {
 mod turnstile {
     use std::time::{Duration, Instant};
 
-    use locksmith_conformance::kit::servers::postgres_url;
-    use locksmith_conformance::kit::with_params;
-    use locksmith_core::backend::{Acquire, LockBackend, MARK_LIFE};
-    use locksmith_core::{Claim, LockKey, OwnerToken};
-    use locksmith_sql::SqlSessionBackend;
+    use lockwright_conformance::kit::servers::postgres_url;
+    use lockwright_conformance::kit::with_params;
+    use lockwright_core::backend::{Acquire, LockBackend, MARK_LIFE};
+    use lockwright_core::{Claim, LockKey, OwnerToken};
+    use lockwright_sql::SqlSessionBackend;
 
     fn client() -> SqlSessionBackend {
         SqlSessionBackend::connect(&with_params(&postgres_url(), "mode=session"))

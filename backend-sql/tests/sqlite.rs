@@ -6,10 +6,10 @@ mod common;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use locksmith_conformance::Harness;
-use locksmith_core::backend::{Acquire, LockBackend, Release};
-use locksmith_core::{ErrorKind, LockKey, OwnerToken};
-use locksmith_sql::{Dialect, SqlBackend};
+use lockwright_conformance::Harness;
+use lockwright_core::backend::{Acquire, LockBackend, Release};
+use lockwright_core::{ErrorKind, LockKey, OwnerToken};
+use lockwright_sql::{Dialect, SqlBackend};
 
 /// Each client is its own pool on one database file in a fresh directory.
 struct SqliteHarness {
@@ -62,12 +62,12 @@ impl Harness for SqliteHarness {
 
     async fn stored_names(&self, prefix: &str) -> anyhow::Result<u64> {
         let url = format!("sqlite://{}/locks.db", self.dir.path().display());
-        common::count_rows(Dialect::Sqlite, &url, locksmith_sql::DEFAULT_TABLE, prefix).await
+        common::count_rows(Dialect::Sqlite, &url, lockwright_sql::DEFAULT_TABLE, prefix).await
     }
 }
 
 mod conformance {
-    locksmith_conformance::conformance_tests!(super::SqliteHarness::new());
+    lockwright_conformance::conformance_tests!(super::SqliteHarness::new());
 }
 
 #[tokio::test]
@@ -155,7 +155,7 @@ async fn custom_table_names_are_used_and_bad_ones_refused() {
 /// its mark with every refused attempt.
 #[tokio::test]
 async fn a_dead_writers_mark_keeps_readers_out_briefly() {
-    use locksmith_core::Claim;
+    use lockwright_core::Claim;
     use std::time::{Duration, Instant};
     let h = SqliteHarness::new();
     let (readers, writer) = (

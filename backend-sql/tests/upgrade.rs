@@ -8,10 +8,10 @@ mod common;
 
 use std::time::Duration;
 
-use locksmith_conformance::kit::with_params;
-use locksmith_core::backend::{Acquire, LockBackend, Release, Renew};
-use locksmith_core::{LockKey, OwnerToken};
-use locksmith_sql::{Dialect, SqlBackend};
+use lockwright_conformance::kit::with_params;
+use lockwright_core::backend::{Acquire, LockBackend, Release, Renew};
+use lockwright_core::{LockKey, OwnerToken};
+use lockwright_sql::{Dialect, SqlBackend};
 use sha2::{Digest, Sha256};
 
 fn hash(key: &LockKey) -> String {
@@ -221,8 +221,8 @@ async fn a_mariadb_table_of_the_previous_version_keeps_working() {
 /// 5 s; a loaded host adds to it), not wait for ever.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn bounded(
-    call: impl std::future::Future<Output = locksmith_core::Result<()>>,
-) -> locksmith_core::Error {
+    call: impl std::future::Future<Output = lockwright_core::Result<()>>,
+) -> lockwright_core::Error {
     tokio::time::timeout(Duration::from_secs(60), call)
         .await
         .expect("the upgrade waits a bounded time for the table's lock")
@@ -236,7 +236,7 @@ async fn bounded(
 /// the reader is gone.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn a_long_reader_bounds_the_upgrade(dialect: Dialect) {
-    use locksmith_core::ErrorKind;
+    use lockwright_core::ErrorKind;
     use sqlx::Connection;
     let base = common::server_url(dialect);
     let token = OwnerToken::generate();

@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::backend::{
+use lockwright_core::backend::{
     Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, Watch,
 };
-use locksmith_core::{LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::{LockKey, LockStatus, OwnerToken, Result};
 use tokio::sync::mpsc;
 use zookeeper_client::Error as ZkError;
 

@@ -16,10 +16,10 @@
 
 use std::sync::{Arc, Weak};
 
-use locksmith_core::backend::{
+use lockwright_core::backend::{
     claim_changed, permits_mismatch, semaphore_or_rwlock, Acquire, Grant,
 };
-use locksmith_core::{Error, LockKey, OwnerToken, Result};
+use lockwright_core::{Error, LockKey, OwnerToken, Result};
 use zookeeper_client::{CreateMode, Error as ZkError, OneshotWatcher};
 
 use crate::cleanup::{delete_surely, find_and_delete, RETRY_PAUSE};

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use locksmith_core::{Error, Result};
+use lockwright_core::{Error, Result};
 use zookeeper_client::Error as ZkError;
 
 use crate::error::{is_session_over, is_transient, map_err};

@@ -2,19 +2,19 @@
 
 use std::time::Duration;
 
-use locksmith_core::backend::{RedactedUrl, ServerUrl};
-use locksmith_core::{Error, Result};
+use lockwright_core::backend::{RedactedUrl, ServerUrl};
+use lockwright_core::{Error, Result};
 
 use crate::{layout, SCHEMES};
 
 /// Where the lock directories go when the URL names no path.
-const DEFAULT_ROOT: &str = "/locksmith";
+const DEFAULT_ROOT: &str = "/lockwright";
 
 /// Where the locks live and how the client behaves.
 ///
 /// `zk://[user:password@]host1[:port],host2[:port],…[/root/path][?params]`
 /// (also `zookeeper://`). The hosts are one ensemble: the client fails over
-/// between them on its own. Without a path the root is `/locksmith`.
+/// between them on its own. Without a path the root is `/lockwright`.
 /// With a user and password the client authenticates with the `digest`
 /// scheme: the lock directories and nodes it creates give that identity,
 /// and nobody else, any right to them, and the root path's levels it
@@ -161,7 +161,7 @@ fn root_path(u: &ServerUrl) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use locksmith_core::ErrorKind;
+    use lockwright_core::ErrorKind;
 
     #[test]
     fn a_full_url_reads_as_written() {
@@ -183,7 +183,7 @@ mod tests {
         let c = ZkConfig::from_url("zookeeper://h").unwrap();
         assert_eq!(
             (c.hosts.as_str(), c.root.as_str()),
-            ("h:2181", "/locksmith")
+            ("h:2181", "/lockwright")
         );
         assert_eq!(c.auth, None);
         assert_eq!(c.session_timeout, Duration::from_secs(10));

@@ -1,6 +1,6 @@
 //! The one mapping of the ZooKeeper client's errors onto the contract's kinds.
 
-use locksmith_core::Error;
+use lockwright_core::Error;
 use zookeeper_client::Error as ZkError;
 
 /// The server answered this request with a definite result code: the
@@ -61,7 +61,7 @@ pub(crate) fn map_err(e: ZkError) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use locksmith_core::ErrorKind;
+    use lockwright_core::ErrorKind;
 
     #[test]
     fn a_broken_connection_is_unavailable_and_its_outcome_unknown() {

@@ -11,7 +11,7 @@
 //! semaphore's N as ASCII decimal while it lives (Curator keeps N in no
 //! node; it ignores that data).
 
-use locksmith_core::OwnerToken;
+use lockwright_core::OwnerToken;
 use sha2::{Digest, Sha256};
 
 /// Curator's `InterProcessMutex` lock name: contender nodes are
@@ -46,10 +46,10 @@ impl Role {
     /// The role of `owner`'s claim.
     pub(crate) fn of(owner: &OwnerToken) -> Role {
         match owner.claim() {
-            locksmith_core::Claim::Shared => Role::Reader,
-            locksmith_core::Claim::Exclusive { permits: 1 } if owner.is_writer() => Role::Writer,
-            locksmith_core::Claim::Exclusive { permits: 1 } => Role::Mutex,
-            locksmith_core::Claim::Exclusive { permits } => Role::Lease(permits),
+            lockwright_core::Claim::Shared => Role::Reader,
+            lockwright_core::Claim::Exclusive { permits: 1 } if owner.is_writer() => Role::Writer,
+            lockwright_core::Claim::Exclusive { permits: 1 } => Role::Mutex,
+            lockwright_core::Claim::Exclusive { permits } => Role::Lease(permits),
         }
     }
 
@@ -146,7 +146,7 @@ pub(crate) fn key_of(dir: &str) -> Option<String> {
     match dir.strip_prefix(ESCAPED) {
         None => Some(dir.to_owned()),
         Some(rest) if rest.starts_with(HASHED) => None,
-        Some(rest) => locksmith_core::backend::percent_decode(rest),
+        Some(rest) => lockwright_core::backend::percent_decode(rest),
     }
 }
 
@@ -156,7 +156,7 @@ const PROTECTED: &str = "_c_";
 /// The prefix of one contender's node: Curator's protected-mode prefix
 /// with a fresh UUID, then the lock name. The server appends the sequence.
 /// The UUID is random but marked version 8 (RFC 9562's custom version),
-/// where Curator, and locksmith before it kept values, draw version 4:
+/// where Curator, and lockwright before it kept values, draw version 4:
 /// the mark says that the node's data is a value, never an owner token
 /// (see [`value_of`]). Curator takes any UUID (`UUID.fromString`).
 pub(crate) fn contender_prefix(role: Role) -> String {
@@ -187,9 +187,9 @@ pub(crate) fn node_data(owner: &OwnerToken) -> &[u8] {
 /// `getLeader()` reads a participant's id (a Curator mutex without an id
 /// writes its host's address there, which is what Curator shows too).
 /// ZooKeeper keeps no difference between empty and no data, so empty
-/// is none. A node not named by this version (Curator's, or locksmith's
+/// is none. A node not named by this version (Curator's, or lockwright's
 /// before values) whose data is 32 lowercase hex digits is taken for an
-/// older locksmith's generated owner token, and not shown: a token is not
+/// older lockwright's generated owner token, and not shown: a token is not
 /// a value, and is not to be shown.
 pub(crate) fn value_of(child: &str, data: Vec<u8>) -> Option<Vec<u8>> {
     let token_like =
@@ -323,7 +323,7 @@ mod tests {
             Some(vec![127, 0, 0, 1])
         );
         assert_eq!(value_of(&ours, Vec::new()), None);
-        // An older locksmith's node holds its owner token: never shown.
+        // An older lockwright's node holds its owner token: never shown.
         assert_eq!(value_of(curators, hex.clone()), None);
         assert_eq!(value_of("other-lock-0000000001", hex.clone()), None);
         // Our own marked nodes hold only values, whatever they look like.

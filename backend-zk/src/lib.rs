@@ -1,4 +1,4 @@
-//! ZooKeeper backend for locksmith: Curator's `InterProcessMutex`,
+//! ZooKeeper backend for lockwright: Curator's `InterProcessMutex`,
 //! `InterProcessSemaphoreV2` and `InterProcessReadWriteLock` recipes, so
 //! Rust services share locks with Java (Curator) fleets.
 //!
@@ -13,7 +13,7 @@
 //! before its own (no thundering herd), so waiters are served in arrival
 //! order and a release wakes exactly one of them. Curator sorts by the same
 //! rule (the text after the last `lock-`), so a Curator `InterProcessMutex`
-//! on the same path and locksmith exclude each other, both ways.
+//! on the same path and lockwright exclude each other, both ways.
 //!
 //! - `try_acquire` creates a node and lists the directory in one round trip
 //!   (the client sends both at once; the server answers in order). If ours
@@ -61,7 +61,7 @@
 //! the value goes with the node. A plain lock's node holds no data (never
 //! its owner token: nothing reads the data back, and Curator would show
 //! it as an id), and empty data reads as no value. Our node's UUID is
-//! marked version 8, so that a node of locksmith before values, which
+//! marked version 8, so that a node of lockwright before values, which
 //! held a generated owner token, is known and its token never shown.
 //!
 //! An election's observer hears each change from ZooKeeper itself: a
@@ -144,7 +144,7 @@
 //! lock to someone else. The client crate itself declares a session
 //! expired only after 1.4 session timeouts out of touch, too late to warn
 //! a holder, so the warning is the `Locker`'s. The backend
-//! reports the session timeout as [`Capabilities::max_lease`](locksmith_core::backend::Capabilities::max_lease): the
+//! reports the session timeout as [`Capabilities::max_lease`](lockwright_core::backend::Capabilities::max_lease): the
 //! `Locker` confirms each hold at least every third of it, and a hold not
 //! confirmed within one session timeout (minus clock drift) of the last
 //! confirmation fires the guard's lost signal, before the server could have
@@ -203,7 +203,7 @@ mod status;
 pub use backend::ZkBackend;
 pub use config::ZkConfig;
 
-use locksmith_core::backend::Scheme;
+use lockwright_core::backend::Scheme;
 
 /// The URL schemes this crate answers to.
 pub const SCHEMES: &[Scheme] = &[
@@ -218,7 +218,7 @@ pub const SCHEMES: &[Scheme] = &[
 /// `Config`/`InvalidOptions` for a bad URL.
 pub fn open(
     url: &str,
-) -> locksmith_core::Result<std::sync::Arc<dyn locksmith_core::backend::LockBackend>> {
+) -> lockwright_core::Result<std::sync::Arc<dyn lockwright_core::backend::LockBackend>> {
     Ok(std::sync::Arc::new(ZkBackend::connect(url)?))
 }
 

@@ -20,8 +20,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use locksmith_core::backend::Grant;
-use locksmith_core::{Error, FencingToken, Result};
+use lockwright_core::backend::Grant;
+use lockwright_core::{Error, FencingToken, Result};
 use zookeeper_client::{
     Acl, Acls, AuthId, Client, CreateSequence, Error as ZkError, Permission, SessionState, Stat,
 };

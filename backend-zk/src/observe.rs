@@ -15,8 +15,8 @@
 use std::sync::Arc;
 
 use futures::future::select_all;
-use locksmith_core::backend::Watch;
-use locksmith_core::{LockKey, Result};
+use lockwright_core::backend::Watch;
+use lockwright_core::{LockKey, Result};
 use tokio::sync::watch;
 use zookeeper_client::{Error as ZkError, EventType, OneshotWatcher};
 

@@ -22,8 +22,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use locksmith_core::backend::{permits_mismatch, Grant};
-use locksmith_core::{LockKey, OwnerToken, Result};
+use lockwright_core::backend::{permits_mismatch, Grant};
+use lockwright_core::{LockKey, OwnerToken, Result};
 use zookeeper_client::{CreateMode, Error as ZkError, MultiReadResult};
 
 use crate::claims::{other_kind, Undo};

@@ -13,8 +13,8 @@
 
 use std::sync::{Arc, Weak};
 
-use locksmith_core::backend::Acquire;
-use locksmith_core::{Error, LockKey, OwnerToken, Result};
+use lockwright_core::backend::Acquire;
+use lockwright_core::{Error, LockKey, OwnerToken, Result};
 use zookeeper_client::{CreateMode, Error as ZkError};
 
 use crate::cleanup::{delete_surely, find_and_delete, undo_create, RETRY_PAUSE};
@@ -279,7 +279,7 @@ impl Inner {
     }
 }
 
-/// Dropped with a waiter's [`Watch`](locksmith_core::backend::Watch): a waiter that never got the lock
+/// Dropped with a waiter's [`Watch`](lockwright_core::backend::Watch): a waiter that never got the lock
 /// leaves the queue, so a caller that drops its watch leaves no node behind.
 pub(crate) struct WaiterGuard {
     pub(crate) inner: Weak<Inner>,

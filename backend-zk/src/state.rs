@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, MutexGuard};
 
-use locksmith_core::backend::Grant;
-use locksmith_core::{LockKey, OwnerToken};
+use lockwright_core::backend::Grant;
+use lockwright_core::{LockKey, OwnerToken};
 use tokio::sync::mpsc;
 
 use crate::config::ZkConfig;

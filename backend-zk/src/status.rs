@@ -2,7 +2,7 @@
 //! semaphore's leases (the first N hold, and the clients at its gate
 //! wait) or the readers at the head of the queue.
 
-use locksmith_core::{Holder, LockStatus, Result};
+use lockwright_core::{Holder, LockStatus, Result};
 use zookeeper_client::Error as ZkError;
 
 use crate::error::map_err;

@@ -1,6 +1,6 @@
 //! Interop with a real Apache Curator `InterProcessMutex` (Debian's Curator
 //! 5.4.0, driven through `tests/curator/CuratorLock.java`): on the same
-//! path, Curator and locksmith exclude each other both ways, each waits on
+//! path, Curator and lockwright exclude each other both ways, each waits on
 //! the other's node, and with digest credentials nobody else can touch them.
 //! And with Curator's `LeaderSelector` (`tests/curator/CuratorLeader.java`):
 //! an election is one election, whichever side leads, and each reads the
@@ -17,10 +17,10 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use common::{raw_client, server_hosts};
-use locksmith_conformance::kit::unique_id;
-use locksmith_core::{ErrorKind, LockOptions, Locker};
-use locksmith_zk::internals::zookeeper_client as zk;
-use locksmith_zk::ZkBackend;
+use lockwright_conformance::kit::unique_id;
+use lockwright_core::{ErrorKind, LockOptions, Locker};
+use lockwright_zk::internals::zookeeper_client as zk;
+use lockwright_zk::ZkBackend;
 
 const CLASSPATH: &str = "/usr/share/java/curator-recipes.jar:/usr/share/java/slf4j-nop.jar";
 
@@ -126,18 +126,18 @@ fn locker(hosts: &str, credentials: &str, root: &str) -> Locker {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn curator_and_locksmith_exclude_each_other_both_ways() {
+async fn curator_and_lockwright_exclude_each_other_both_ways() {
     let hosts = server_hosts();
     let root = format!("/{}", unique("interop"));
     let path = format!("{root}/k");
     let ours = locker(&hosts, "", &root);
     let mut curator = Curator::start(&hosts, &path, None);
 
-    // Curator holds: locksmith is refused, then waits on Curator's node.
+    // Curator holds: lockwright is refused, then waits on Curator's node.
     assert_eq!(curator.ask("try"), "acquired");
     assert!(
         ours.try_lock("k").await.expect("try_lock").is_none(),
-        "locksmith took a lock Curator holds"
+        "lockwright took a lock Curator holds"
     );
     let waiting = {
         let ours = ours.clone();
@@ -149,16 +149,16 @@ async fn curator_and_locksmith_exclude_each_other_both_ways() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         !waiting.is_finished(),
-        "locksmith got the lock while Curator held it"
+        "lockwright got the lock while Curator held it"
     );
     assert_eq!(curator.ask("release"), "released");
     let guard = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
-        .expect("Curator's release wakes the locksmith waiter")
+        .expect("Curator's release wakes the lockwright waiter")
         .expect("task")
         .expect("the waiter gets the lock");
 
-    // locksmith holds: Curator is refused, and sees our node in its layout.
+    // lockwright holds: Curator is refused, and sees our node in its layout.
     assert_eq!(curator.ask("try"), "busy");
     assert_eq!(curator.ask("acquire 300"), "timeout");
     let nodes = curator.ask("nodes");
@@ -281,7 +281,7 @@ async fn curator_leader_selector_and_our_election_are_one_election() {
     let leader = election.leader().await.expect("leader").expect("we lead");
     assert_eq!(leader.value_str(), Some("rust-1"));
     assert_eq!(leader.term, ours.term());
-    assert!(leader.term > Some(locksmith_core::FencingToken(0)));
+    assert!(leader.term > Some(lockwright_core::FencingToken(0)));
 
     // We lead: Java reads our value as the leader's id, and waits.
     assert_eq!(java.ask("start"), "started");

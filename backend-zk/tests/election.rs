@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 
 use common::{end_session, raw_client, server_hosts};
 use futures::StreamExt;
-use locksmith_conformance::kit::observe::{heard_by_notice, leads, until, NEVER, SOON};
-use locksmith_core::backend::{Acquire, LockBackend, Renew, Watch};
-use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
-use locksmith_zk::internals::{self, zookeeper_client as zk};
-use locksmith_zk::ZkBackend;
+use lockwright_conformance::kit::observe::{heard_by_notice, leads, until, NEVER, SOON};
+use lockwright_core::backend::{Acquire, LockBackend, Renew, Watch};
+use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
+use lockwright_zk::internals::{self, zookeeper_client as zk};
+use lockwright_zk::ZkBackend;
 
 fn root(name: &str) -> String {
-    format!("/locksmith-election-{name}-{}", std::process::id())
+    format!("/lockwright-election-{name}-{}", std::process::id())
 }
 
 fn backend(hosts: &str, root: &str) -> Arc<ZkBackend> {
@@ -55,8 +55,8 @@ async fn status_until(
     store: &ZkBackend,
     key: &LockKey,
     what: &str,
-    cond: impl Fn(&locksmith_core::LockStatus) -> bool,
-) -> locksmith_core::LockStatus {
+    cond: impl Fn(&lockwright_core::LockStatus) -> bool,
+) -> lockwright_core::LockStatus {
     let start = Instant::now();
     loop {
         let s = store.inspect(key).await.expect("inspect");
@@ -79,7 +79,7 @@ async fn a_campaigns_value_is_its_nodes_data_byte_for_byte() {
         b"node-a".to_vec(),
         b"a\0b\nc d\r\n".to_vec(),
         vec![0xff, 0xfe, 0x00, 0x80],
-        vec![b'x'; locksmith_core::MAX_VALUE_LEN],
+        vec![b'x'; lockwright_core::MAX_VALUE_LEN],
     ];
     for value in values {
         let leadership = election
@@ -186,11 +186,11 @@ async fn a_node_remade_at_our_path_by_another_session_is_not_written() {
     assert_eq!(other.get_data(&path).await.unwrap().0, b"someone else");
 }
 
-/// A node named as Curator names its own, holding what locksmith before
+/// A node named as Curator names its own, holding what lockwright before
 /// values wrote there (a generated owner token), shows no value; one
 /// holding a Curator participant's id shows the id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_older_locksmiths_token_is_never_shown_as_a_value() {
+async fn an_older_lockwrights_token_is_never_shown_as_a_value() {
     let hosts = server_hosts();
     let root = root("old-schema");
     let store = backend(&hosts, &root);
@@ -326,11 +326,11 @@ struct Counted {
     subscribed: AtomicUsize,
 }
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for Counted {
         // Counted, to know when the observer is subscribed again.
-        async fn changes(&self, key: &LockKey) -> locksmith_core::Result<Option<Watch>> {
+        async fn changes(&self, key: &LockKey) -> lockwright_core::Result<Option<Watch>> {
             let made = self.inner.changes(key).await;
             if matches!(made, Ok(Some(_))) {
                 self.subscribed.fetch_add(1, Ordering::SeqCst);

@@ -7,10 +7,10 @@ mod common;
 use std::time::Duration;
 
 use common::ensemble_hosts;
-use locksmith_conformance::kit::members::{self, ThreeMembers};
-use locksmith_conformance::kit::servers::zk_ensemble_ports;
-use locksmith_core::Locker;
-use locksmith_zk::ZkBackend;
+use lockwright_conformance::kit::members::{self, ThreeMembers};
+use lockwright_conformance::kit::servers::zk_ensemble_ports;
+use lockwright_core::Locker;
+use lockwright_zk::ZkBackend;
 
 /// Node `n`'s name for `scripts/fault-server` (`zk1` …).
 fn zk(n: usize) -> String {
@@ -59,7 +59,7 @@ impl ThreeMembers for Ensemble {
 
     fn locker(&self) -> Locker {
         let url = format!(
-            "zk://{}/locksmith-ensemble?session_timeout=8s&connect_timeout=1s&timeout=2s",
+            "zk://{}/lockwright-ensemble?session_timeout=8s&connect_timeout=1s&timeout=2s",
             ensemble_hosts()
         );
         Locker::new(ZkBackend::connect(&url).expect("valid URL"))

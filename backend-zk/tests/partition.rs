@@ -10,17 +10,17 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::{raw_client, server_hosts};
-use locksmith_conformance::kit::proxy::{Proxy, CUT, MUTE, PASS};
-use locksmith_core::{ErrorKind, LockOptions, Locker};
-use locksmith_zk::internals::zookeeper_client as zk;
-use locksmith_zk::ZkBackend;
+use lockwright_conformance::kit::proxy::{Proxy, CUT, MUTE, PASS};
+use lockwright_core::{ErrorKind, LockOptions, Locker};
+use lockwright_zk::internals::zookeeper_client as zk;
+use lockwright_zk::ZkBackend;
 
 fn locker(hosts: &str, root: &str, params: &str) -> Locker {
     Locker::new(ZkBackend::connect(&format!("zk://{hosts}{root}?{params}")).expect("valid URL"))
 }
 
 fn root(name: &str) -> String {
-    format!("/locksmith-partition-{name}-{}", std::process::id())
+    format!("/lockwright-partition-{name}-{}", std::process::id())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

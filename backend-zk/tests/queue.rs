@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{raw_client, server_hosts};
-use locksmith_core::backend::{Acquire, LockBackend};
-use locksmith_core::{ErrorKind, LockKey, LockOptions, Locker, LostReason, OwnerToken};
-use locksmith_zk::internals::{self, zookeeper_client as zk};
-use locksmith_zk::ZkBackend;
+use lockwright_core::backend::{Acquire, LockBackend};
+use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, LostReason, OwnerToken};
+use lockwright_zk::internals::{self, zookeeper_client as zk};
+use lockwright_zk::ZkBackend;
 
 fn root(name: &str) -> String {
-    format!("/locksmith-queue-{name}-{}", std::process::id())
+    format!("/lockwright-queue-{name}-{}", std::process::id())
 }
 
 fn backend(hosts: &str, root: &str) -> Arc<ZkBackend> {
@@ -179,7 +179,7 @@ async fn a_waiter_watches_the_node_just_before_its_own() {
 /// its own lease goes at once; it is granted once the gate is clear.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_permit_never_passes_a_waiter_at_the_gate() {
-    use locksmith_core::Claim;
+    use lockwright_core::Claim;
     let hosts = server_hosts();
     let root = root("gate");
     let (first, second) = (backend(&hosts, &root), backend(&hosts, &root));

@@ -3,5 +3,5 @@
 mod common;
 
 mod conformance {
-    locksmith_conformance::conformance_tests!(super::common::ZkHarness::new("/locksmith-test"));
+    lockwright_conformance::conformance_tests!(super::common::ZkHarness::new("/lockwright-test"));
 }

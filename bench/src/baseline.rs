@@ -4,8 +4,8 @@
 use std::process::Command;
 use std::time::Duration;
 
-use locksmith::backend::LockBackend;
-use locksmith::Locker;
+use lockwright::backend::LockBackend;
+use lockwright::Locker;
 
 use crate::redis_bench::{contended, locker_contender, median, Contention};
 
@@ -86,7 +86,7 @@ pub(crate) async fn contention<B: LockBackend>(
             }
         }
     }
-    ours.print("locksmith", seconds * 2);
+    ours.print("lockwright", seconds * 2);
     for row in rows {
         let counts: Vec<u64> = row["counts"]
             .as_array()

@@ -1,8 +1,8 @@
-//! `locksmith-bench claims`: a semaphore's permit and read and write holds
+//! `lockwright-bench claims`: a semaphore's permit and read and write holds
 //! beside the mutex, uncontended, through a `Locker` on any store's URL;
 //! then contended, each client's share of the grants.
 
-use locksmith::{LockOptions, Locker};
+use lockwright::{LockOptions, Locker};
 
 use crate::redis_bench::{median, pairs_per_sec};
 
@@ -30,9 +30,9 @@ pub(crate) async fn claim_pairs(locker: &Locker, key: &str, what: &str, iteratio
 /// Each kind's pairs/s on `url`, rounds in rotating order, and each as a
 /// fraction of the lock's.
 pub(crate) async fn run(url: &str, iterations: u32, rounds: u32) -> Result<(), String> {
-    let locker = locksmith::connect(url).await.map_err(|e| e.to_string())?;
+    let locker = lockwright::connect(url).await.map_err(|e| e.to_string())?;
     let mut rates: [Vec<f64>; 4] = Default::default();
-    let tag = locksmith::OwnerToken::generate();
+    let tag = lockwright::OwnerToken::generate();
     for round in 0..rounds {
         for step in 0..4 {
             let i = (step + round as usize) % 4;
@@ -76,14 +76,14 @@ pub(crate) async fn contended(url: &str, secs: std::time::Duration) -> Result<()
         "  {:<24} {:>10}  {:>24}",
         "", "grants/s", "share per client min..max"
     );
-    let tag = locksmith::OwnerToken::generate();
+    let tag = lockwright::OwnerToken::generate();
     for sem in [true, false] {
         let key = format!("bench-contended-{sem}-{}", tag.as_str());
         // Every client connected before any starts, and all stop together:
         // none runs alone while the others connect.
         let mut lockers = Vec::new();
         for _ in 0..CLIENTS {
-            lockers.push(locksmith::connect(url).await.map_err(|e| e.to_string())?);
+            lockers.push(lockwright::connect(url).await.map_err(|e| e.to_string())?);
         }
         let stop = std::time::Instant::now() + secs;
         let mut tasks = Vec::new();
@@ -108,7 +108,7 @@ pub(crate) async fn contended(url: &str, secs: std::time::Duration) -> Result<()
                     n += 1;
                 }
                 let _ = locker.close().await;
-                locksmith::Result::Ok(n)
+                lockwright::Result::Ok(n)
             }));
         }
         let mut counts = Vec::new();
@@ -116,7 +116,7 @@ pub(crate) async fn contended(url: &str, secs: std::time::Duration) -> Result<()
             counts.push(
                 t.await
                     .map_err(|e| e.to_string())?
-                    .map_err(|e: locksmith::Error| e.to_string())?,
+                    .map_err(|e: lockwright::Error| e.to_string())?,
             );
         }
         let rows: Vec<(&str, Vec<u64>)> = if sem {

@@ -1,4 +1,4 @@
-//! `locksmith-bench etcd`: our etcd locks beside etcd's own lock service
+//! `lockwright-bench etcd`: our etcd locks beside etcd's own lock service
 //! (`v3lock`, whose server runs Go's `concurrency.Mutex` on a session of
 //! the lease it is given: the Go recipe, one RPC per lock and unlock) and
 //! the floor: the same requests our attempt sends (the put-if-absent
@@ -7,10 +7,10 @@
 
 use std::time::Duration;
 
-use locksmith::backend::LockBackend;
-use locksmith::etcd::internals::etcd_client as etcd;
-use locksmith::etcd::EtcdBackend;
-use locksmith::{Locker, OwnerToken};
+use lockwright::backend::LockBackend;
+use lockwright::etcd::internals::etcd_client as etcd;
+use lockwright::etcd::EtcdBackend;
+use lockwright::{Locker, OwnerToken};
 
 use crate::baseline::uncontended_table;
 use crate::redis_bench::{
@@ -84,7 +84,7 @@ pub(crate) async fn run(
     seconds: u64,
 ) -> Result<(), String> {
     let tag = OwnerToken::generate().as_str()[..8].to_owned();
-    let root = format!("/locksmith-bench-{tag}");
+    let root = format!("/lockwright-bench-{tag}");
     let url = format!("etcd://{hosts}{root}");
     let raw = client(hosts).await?;
     let lease = raw
@@ -187,7 +187,7 @@ pub(crate) async fn run(
             }
         }
     }
-    ours.print("locksmith", seconds * 2);
+    ours.print("lockwright", seconds * 2);
     theirs.print("v3lock", seconds * 2);
     for (id, _) in leases {
         let _ = raw.clone().lease_revoke(id).await;

@@ -1,7 +1,7 @@
-//! `locksmith-bench`: throughput measured side by side in one run, reported
+//! `lockwright-bench`: throughput measured side by side in one run, reported
 //! as ratios. Not a test: nothing here asserts a speed.
 //!
-//! `locksmith-bench sql` compares, per database, an uncontended
+//! `lockwright-bench sql` compares, per database, an uncontended
 //! acquire+release loop through:
 //! * `raw sqlx`: the backend's own two statements run directly on a sqlx pool
 //!   (key hash and owner precomputed): the floor;
@@ -24,25 +24,25 @@ mod mc_bench;
 mod metrics_bench;
 mod redis_bench;
 mod zk_bench;
-use locksmith::backend::LockBackend;
-use locksmith::sql::{internals, LeaseStatements, SqlBackend, SqlSessionBackend};
-use locksmith::{LockKey, Locker, OwnerToken};
+use lockwright::backend::LockBackend;
+use lockwright::sql::{internals, LeaseStatements, SqlBackend, SqlSessionBackend};
+use lockwright::{LockKey, Locker, OwnerToken};
 
 #[derive(Parser, Debug)]
-#[command(about = "locksmith throughput, side by side with its baselines")]
+#[command(about = "lockwright throughput, side by side with its baselines")]
 enum Cli {
     /// SQL backends against raw sqlx running the same statements.
     Sql {
         /// PostgreSQL URL ("" to skip).
         #[arg(
             long,
-            default_value = "postgres://locksmith:locksmith@127.0.0.1:5432/locksmith_test"
+            default_value = "postgres://lockwright:lockwright@127.0.0.1:5432/lockwright_test"
         )]
         postgres: String,
         /// MySQL/MariaDB URL ("" to skip).
         #[arg(
             long,
-            default_value = "mysql://locksmith:locksmith@127.0.0.1:3306/locksmith_test"
+            default_value = "mysql://lockwright:lockwright@127.0.0.1:3306/lockwright_test"
         )]
         mysql: String,
         /// Acquire+release pairs per client per round.
@@ -73,7 +73,7 @@ enum Cli {
     },
     /// Any store: a semaphore's permit and read and write holds beside the lock.
     Claims {
-        /// The store's URL, as `locksmith run --url` takes it.
+        /// The store's URL, as `lockwright run --url` takes it.
         #[arg(long)]
         url: String,
         /// Uncontended pairs per kind per round.
@@ -238,7 +238,7 @@ async fn raw_pairs(pool: &RawPool, s: &LeaseStatements, key: &str, iterations: u
                 let left: Option<i64> = sqlx::query_scalar(&s.release)
                     .bind(&h)
                     .bind(&owner)
-                    .bind("locksmith_bench")
+                    .bind("lockwright_bench")
                     .bind(0i64)
                     .fetch_optional(p)
                     .await
@@ -327,7 +327,7 @@ async fn sql(
                             .try_acquire(&k, &owner, Duration::from_secs(30))
                             .await
                             .expect("acquire");
-                        assert!(matches!(got, locksmith::backend::Acquire::Acquired(_)));
+                        assert!(matches!(got, lockwright::backend::Acquire::Acquired(_)));
                         b.release(&k, &owner).await.expect("release");
                     }
                 }

@@ -1,4 +1,4 @@
-//! `locksmith-bench memcached`: our memcached locks beside Python sherlock's
+//! `lockwright-bench memcached`: our memcached locks beside Python sherlock's
 //! `MCLock` and pymemcache's bare `add`/`delete` (run as subprocesses,
 //! `bench/mc_sherlock.py`), and the floor: the same commands our backend
 //! sends (`add` and `mg v c` in one write to take, `md C` to give back),
@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use locksmith::backend::LockBackend;
-use locksmith::memcached::MemcachedBackend;
-use locksmith::{Locker, OwnerToken};
+use lockwright::backend::LockBackend;
+use lockwright::memcached::MemcachedBackend;
+use lockwright::{Locker, OwnerToken};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 

@@ -1,4 +1,4 @@
-//! `locksmith-bench metrics`: what recording the metrics costs. Uncontended
+//! `lockwright-bench metrics`: what recording the metrics costs. Uncontended
 //! `try_lock` + `release` pairs through a `Locker`, in short alternating
 //! blocks with a Prometheus recorder (`metrics-exporter-prometheus`)
 //! recording and without one, each mode's time summed.
@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use locksmith::{LockOptions, Locker};
+use lockwright::{LockOptions, Locker};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
@@ -85,10 +85,10 @@ async fn pairs(locker: &Locker, key: &str, iterations: u32) {
 pub(crate) async fn run(urls: &[String], iterations: u32, rounds: u32) -> Result<(), String> {
     let (on, handle) = install()?;
     for url in urls {
-        let locker = locksmith::connect(url).await.map_err(|e| e.to_string())?;
+        let locker = lockwright::connect(url).await.map_err(|e| e.to_string())?;
         let key = format!(
             "bench-metrics-{}",
-            locksmith::OwnerToken::generate().as_str()
+            lockwright::OwnerToken::generate().as_str()
         );
         // Warm-up: connections made, statements prepared, series registered.
         on.store(true, Ordering::Relaxed);
@@ -123,7 +123,7 @@ pub(crate) async fn run(urls: &[String], iterations: u32, rounds: u32) -> Result
     let text = handle.render();
     for line in text
         .lines()
-        .filter(|l| l.starts_with("locksmith_acquire_wait_seconds_count"))
+        .filter(|l| l.starts_with("lockwright_acquire_wait_seconds_count"))
     {
         println!("  recorded: {line}");
     }

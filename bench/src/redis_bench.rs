@@ -1,16 +1,16 @@
-//! `locksmith-bench redis`: our Redis locks beside rslock, the bare
+//! `lockwright-bench redis`: our Redis locks beside rslock, the bare
 //! two-command floor and our own two scripts sent raw through the same
 //! client, uncontended; and with 8 clients on one key.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use locksmith::backend::LockBackend;
-use locksmith::redis::{internals, RedisBackend};
-use locksmith::{LockKey, LockOptions, Locker, OwnerToken};
+use lockwright::backend::LockBackend;
+use lockwright::redis::{internals, RedisBackend};
+use lockwright::{LockKey, LockOptions, Locker, OwnerToken};
 use redis::AsyncCommands;
 
-use locksmith_cli::timing::{percentile, HandOffs};
+use lockwright_cli::timing::{percentile, HandOffs};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -102,7 +102,7 @@ pub(crate) async fn run(
                 }
                 4 => {
                     let name = LockKey::new(format!("bench:{tag}:raw")).expect("key");
-                    let keys = internals::key_names("locksmith:", &name);
+                    let keys = internals::key_names("lockwright:", &name);
                     pairs_per_sec(iterations, || async {
                         for _ in 0..iterations {
                             let token = OwnerToken::generate();
@@ -204,7 +204,7 @@ pub(crate) async fn run(
             }
         }
     }
-    ours.print("locksmith", seconds * 2);
+    ours.print("lockwright", seconds * 2);
     theirs.print("rslock", seconds * 2);
     state_left(url, &backend, &mut bare, tag).await;
     Ok(())
@@ -259,7 +259,7 @@ async fn state_left(
     });
     futures::future::join_all(workers).await;
     let after = used(info(bare).await);
-    let pattern = format!("locksmith:{{bench:{tag}:entity:*");
+    let pattern = format!("lockwright:{{bench:{tag}:entity:*");
     let client = redis::Client::open(url).expect("url");
     let mut conn = client
         .get_multiplexed_async_connection()

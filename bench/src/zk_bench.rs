@@ -1,4 +1,4 @@
-//! `locksmith-bench zookeeper`: our ZooKeeper locks beside Python kazoo's
+//! `lockwright-bench zookeeper`: our ZooKeeper locks beside Python kazoo's
 //! `Lock` (run as a subprocess, `bench/zk_kazoo.py`) and the floor: the
 //! same requests (create an ephemeral sequential node and list the
 //! directory, pipelined; delete) sent raw through the same client. Then
@@ -7,10 +7,10 @@
 
 use std::time::Duration;
 
-use locksmith::backend::LockBackend;
-use locksmith::zookeeper::internals::zookeeper_client as zk;
-use locksmith::zookeeper::ZkBackend;
-use locksmith::{Locker, OwnerToken};
+use lockwright::backend::LockBackend;
+use lockwright::zookeeper::internals::zookeeper_client as zk;
+use lockwright::zookeeper::ZkBackend;
+use lockwright::{Locker, OwnerToken};
 
 use crate::baseline::{contention, python, uncontended_table};
 use crate::claims_bench::claim_pairs;
@@ -75,7 +75,7 @@ pub(crate) async fn run(
     seconds: u64,
 ) -> Result<(), String> {
     let tag = OwnerToken::generate().as_str()[..8].to_owned();
-    let root = format!("/locksmith-bench-{tag}");
+    let root = format!("/lockwright-bench-{tag}");
     let url = format!("zk://{hosts}{root}");
     let raw = zk::Client::connector()
         .with_session_timeout(Duration::from_secs(10))

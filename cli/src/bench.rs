@@ -1,4 +1,4 @@
-//! `locksmith bench`: how much one deployment takes. Uncontended pairs/s
+//! `lockwright bench`: how much one deployment takes. Uncontended pairs/s
 //! with one and N clients (and of a semaphore's permit and of read and
 //! write holds, where the store has them), N contenders on one key, and one client holding
 //! many locks: the renewal round trips it costs (counted at a local proxy
@@ -10,16 +10,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
-use locksmith::backend::RedactedUrl;
-use locksmith::{Error, LockGuard, LockOptions, Locker, OwnerToken, Result};
-use locksmith_cli::timing::{percentile, percentile_ms, HandOffs};
+use lockwright::backend::RedactedUrl;
+use lockwright::{Error, LockGuard, LockOptions, Locker, OwnerToken, Result};
+use lockwright_cli::timing::{percentile, percentile_ms, HandOffs};
 use serde::Serialize;
 use serde_json::json;
 
 use super::endpoints::Endpoints;
 use super::proxy::{self, Control};
 use super::BenchArgs;
-use locksmith_conformance::faults::{Observed, Observer};
+use lockwright_conformance::faults::{Observed, Observer};
 
 /// Most locks the held-lock run takes with SQL session locks, where each
 /// one holds a server connection.
@@ -84,32 +84,32 @@ async fn timed<F: std::future::Future>(label: &str, d: Duration, f: F) -> F::Out
 
 fn run_key(tag: &str) -> String {
     format!(
-        "locksmith-bench/{}/{tag}",
+        "lockwright-bench/{}/{tag}",
         &OwnerToken::generate().as_str()[..12]
     )
 }
 
-/// `locksmith bench`: the table on stdout, or with `--json` one JSON
+/// `lockwright bench`: the table on stdout, or with `--json` one JSON
 /// document (progress and notices on stderr either way).
 pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
     let url = args.store.shared_url()?.to_owned();
     let shown = RedactedUrl::new(&url);
-    let scheme = locksmith::backend::scheme(&url)?;
+    let scheme = lockwright::backend::scheme(&url)?;
     let text = !args.json;
     let n = args.clients as usize;
     if args.held > 0 && args.hold_for < Duration::from_secs(1) {
         return Err(Error::invalid_options("--hold-for must be at least 1s"));
     }
-    if args.held > 0 && args.ttl > locksmith::MAX_TTL {
+    if args.held > 0 && args.ttl > lockwright::MAX_TTL {
         return Err(Error::invalid_options(format!(
             "--ttl is longer than the longest lease, {}",
-            humantime::format_duration(locksmith::MAX_TTL)
+            humantime::format_duration(lockwright::MAX_TTL)
         )));
     }
     if args.duration.is_zero() {
         return Err(Error::invalid_options("--duration must be more than 0s"));
     }
-    let first = locksmith::connect(&url).await?;
+    let first = lockwright::connect(&url).await?;
     first.backend().verify().await?;
     let caps = first.capabilities().clone();
     if args.held > 0 && args.ttl < caps.min_ttl {
@@ -119,7 +119,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
         )));
     }
     let header = format!(
-        "locksmith bench: {shown} ({n} clients, {} per throughput run)",
+        "lockwright bench: {shown} ({n} clients, {} per throughput run)",
         humantime::format_duration(args.duration)
     );
     if text {
@@ -129,7 +129,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
     }
     let mut lockers = vec![first];
     for _ in 1..n {
-        lockers.push(locksmith::connect(&url).await?);
+        lockers.push(lockwright::connect(&url).await?);
     }
     let d = args.duration;
 
@@ -166,7 +166,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
         }
     }
     let election = if caps.values {
-        let watcher = locksmith::connect(&url).await?;
+        let watcher = lockwright::connect(&url).await?;
         let figures = timed(
             "election, 2 candidates",
             d,
@@ -249,7 +249,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
                 percentile(&e.observed, 0.99),
                 e.observed.len(),
                 e.observed.len() + e.missed,
-                locksmith::OBSERVE_EVERY.as_millis()
+                lockwright::OBSERVE_EVERY.as_millis()
             ),
             None => println!(
                 "  {:<34} this store keeps no values: no elections",
@@ -322,7 +322,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
                 "reigns_observed": e.observed.len(),
                 "reigns": e.observed.len() + e.missed,
                 "observe_every_ms":
-                    u64::try_from(locksmith::OBSERVE_EVERY.as_millis()).unwrap_or(u64::MAX),
+                    u64::try_from(lockwright::OBSERVE_EVERY.as_millis()).unwrap_or(u64::MAX),
             }));
         }
         let doc = json!({
@@ -577,15 +577,15 @@ impl Held {
 async fn held(
     url: &str,
     args: &BenchArgs,
-    caps: &locksmith::backend::Capabilities,
+    caps: &lockwright::backend::Capabilities,
     text: bool,
 ) -> Result<Held> {
     let mut n = args.held as usize;
     // SQL session locks each keep a server connection (ZooKeeper's share
     // one session).
-    let per_connection = caps.binding == locksmith::backend::Binding::Session
+    let per_connection = caps.binding == lockwright::backend::Binding::Session
         && matches!(
-            locksmith::backend::scheme(url)?.store,
+            lockwright::backend::scheme(url)?.store,
             "PostgreSQL" | "MySQL/MariaDB"
         );
     if per_connection && n > SESSION_HELD {
@@ -616,7 +616,7 @@ async fn held(
         None => None,
     };
     let renewals = Arc::new(Renewals::default());
-    let backend = locksmith::backend::open(counted.as_deref().unwrap_or(url)).await?;
+    let backend = lockwright::backend::open(counted.as_deref().unwrap_or(url)).await?;
     let locker = Locker::from_arc(Observed::wrap(backend, Counting(renewals.clone())));
     let opts = LockOptions::new().ttl(args.ttl);
     let prefix = run_key("held");

@@ -1,4 +1,4 @@
-//! `locksmith bench`'s election run: candidates take turns leading one
+//! `lockwright bench`'s election run: candidates take turns leading one
 //! election, each reign short, while an observer follows it. Two figures:
 //! the time from a leader's `resign` to the next leader's `campaign`
 //! returning (the resigner then waits for the other to lead before it
@@ -11,8 +11,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use locksmith::{Error, LockOptions, Locker, Result};
-use locksmith_cli::timing::HandOffs;
+use lockwright::{Error, LockOptions, Locker, Result};
+use lockwright_cli::timing::HandOffs;
 
 /// How long each reign lasts: longer than the observer's poll, so that
 /// it can see every reign.

@@ -1,5 +1,5 @@
-//! `locksmith bench`'s run across processes: this process and a peer
-//! (`locksmith __bench-peer`, the same binary) contend for one key, so a
+//! `lockwright bench`'s run across processes: this process and a peer
+//! (`lockwright __bench-peer`, the same binary) contend for one key, so a
 //! release reaches the other waiter only the way the store tells another
 //! process, never through this process's memory. Each holds the lock for
 //! [`HOLD`], long enough for a polling waiter's backoff to grow as it
@@ -15,7 +15,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use locksmith::{Error, LockOptions, Locker, Result};
+use lockwright::{Error, LockOptions, Locker, Result};
 use tokio::io::AsyncReadExt;
 
 use super::BenchPeerArgs;
@@ -45,7 +45,7 @@ fn now_ns() -> u128 {
 async fn contend(locker: &Locker, key: &str, d: Duration) -> Result<Vec<Turn>> {
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(10).max(locker.capabilities().min_ttl))
-        .wait(locksmith::WaitPolicy::Forever);
+        .wait(lockwright::WaitPolicy::Forever);
     let started = Instant::now();
     let mut turns = Vec::new();
     while started.elapsed() < d {
@@ -65,9 +65,9 @@ async fn contend(locker: &Locker, key: &str, d: Duration) -> Result<Vec<Turn>> {
     Ok(turns)
 }
 
-/// `locksmith __bench-peer`: contends, then prints its turns, one per line.
+/// `lockwright __bench-peer`: contends, then prints its turns, one per line.
 pub(crate) async fn peer(args: BenchPeerArgs) -> Result<i32> {
-    let locker = locksmith::connect(&args.url).await?;
+    let locker = lockwright::connect(&args.url).await?;
     let turns = contend(&locker, &args.key, args.duration).await?;
     let _ = locker.close().await;
     for t in turns {
@@ -90,7 +90,7 @@ pub(crate) async fn run(locker: &Locker, url: &str, key: &str, d: Duration) -> R
     let mut child = tokio::process::Command::new(exe)
         .args(["__bench-peer", "--key", key, "--duration"])
         .arg(humantime::format_duration(d).to_string())
-        .env("LOCKSMITH_URL", url)
+        .env("LOCKWRIGHT_URL", url)
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()

@@ -1,13 +1,13 @@
-//! `locksmith demo`: contention on one lock, with figures.
+//! `lockwright demo`: contention on one lock, with figures.
 
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use locksmith::backend::RedactedUrl;
-use locksmith::{LockOptions, OwnerToken, Result};
-use locksmith_cli::timing::{percentile, HandOffs};
+use lockwright::backend::RedactedUrl;
+use lockwright::{LockOptions, OwnerToken, Result};
+use lockwright_cli::timing::{percentile, HandOffs};
 
 use super::DemoArgs;
 
@@ -16,10 +16,10 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<i32> {
     let rounds = u64::from(args.rounds);
     let total = workers as u64 * rounds;
     let shown = RedactedUrl::new(&args.store.url);
-    println!("locksmith demo: {workers} workers x {rounds} increments on {shown}");
+    println!("lockwright demo: {workers} workers x {rounds} increments on {shown}");
 
     // A fresh key per run, so a run killed earlier cannot leave it held.
-    let key = format!("locksmith-demo/{}", &OwnerToken::generate().as_str()[..12]);
+    let key = format!("lockwright-demo/{}", &OwnerToken::generate().as_str()[..12]);
     let counter = Arc::new(AtomicU64::new(0));
     let inside = Arc::new(AtomicUsize::new(0));
     let overlaps = Arc::new(AtomicU64::new(0));
@@ -30,7 +30,7 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<i32> {
     // Connect every worker before the clock starts.
     let mut lockers = Vec::with_capacity(workers);
     for _ in 0..workers {
-        lockers.push(locksmith::connect(&args.store.url).await?);
+        lockers.push(lockwright::connect(&args.store.url).await?);
     }
     // Creates the table (first use) before the clock starts.
     if let Some(g) = lockers[0].try_lock(&key).await? {
@@ -92,7 +92,7 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<i32> {
                 guard.release().await?;
                 done.fetch_add(1, Ordering::Relaxed);
             }
-            Ok::<(), locksmith::Error>(())
+            Ok::<(), lockwright::Error>(())
         }));
     }
     let mut failure = None;
@@ -101,7 +101,7 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<i32> {
             Ok(Ok(())) => {}
             Ok(Err(e)) => failure = failure.or(Some(e)),
             Err(e) => {
-                failure = failure.or(Some(locksmith::Error::backend(format!(
+                failure = failure.or(Some(lockwright::Error::backend(format!(
                     "worker panicked: {e}"
                 ))))
             }

@@ -1,4 +1,4 @@
-//! `locksmith elect`: run a command while elected leader; `locksmith
+//! `lockwright elect`: run a command while elected leader; `lockwright
 //! leader`: who leads, once or as it changes.
 //!
 //! An election is a lock whose holder advertises a value, so `elect` is
@@ -9,7 +9,7 @@ use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 
 use futures::StreamExt;
-use locksmith::{Error, Leader, LockOptions, Result, MAX_VALUE_LEN};
+use lockwright::{Error, Leader, LockOptions, Result, MAX_VALUE_LEN};
 
 use super::status;
 use super::supervise::{self, Signals, Spec};
@@ -49,7 +49,7 @@ pub(crate) async fn elect(args: ElectArgs) -> Result<i32> {
 pub(crate) async fn leader(args: LeaderArgs) -> Result<i32> {
     // Lazy, as `status`: a read must not create the lease table, and a
     // store that is down fails the first read with Unavailable.
-    let locker = locksmith::connect_lazy(args.store.shared_url()?).await?;
+    let locker = lockwright::connect_lazy(args.store.shared_url()?).await?;
     let election = locker.election(args.key.as_str())?;
     let code = if args.watch {
         watch(&election, &args).await?
@@ -60,13 +60,13 @@ pub(crate) async fn leader(args: LeaderArgs) -> Result<i32> {
     // Nothing was taken, so nothing waits to be released: a store gone by
     // now is worth a warning, not a failed read.
     if let Err(e) = locker.close().await {
-        eprintln!("locksmith: warning: {}", e.chain());
+        eprintln!("lockwright: warning: {}", e.chain());
     }
     Ok(code)
 }
 
 /// Who leads now, then every change, until SIGINT or SIGTERM.
-async fn watch(election: &locksmith::Election, args: &LeaderArgs) -> Result<i32> {
+async fn watch(election: &lockwright::Election, args: &LeaderArgs) -> Result<i32> {
     let mut signals = Signals::new()?;
     let changes = election.observe();
     tokio::pin!(changes);
@@ -85,7 +85,7 @@ async fn watch(election: &locksmith::Election, args: &LeaderArgs) -> Result<i32>
                 Some(Err(e)) if first => return Err(e),
                 // One line per outage (the stream yields one), then the
                 // watch goes on and shows whoever leads when it is back.
-                Some(Err(e)) => eprintln!("locksmith: {}", e.chain()),
+                Some(Err(e)) => eprintln!("lockwright: {}", e.chain()),
                 None => return Ok(0),
             },
             sig = signals.recv() => {
@@ -114,7 +114,7 @@ fn show(args: &LeaderArgs, now: Option<&Leader>) -> Option<i32> {
         Ok(()) => None,
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Some(0),
         Err(e) => {
-            eprintln!("locksmith: cannot write to standard output: {e}");
+            eprintln!("lockwright: cannot write to standard output: {e}");
             Some(EX_OSERR)
         }
     }

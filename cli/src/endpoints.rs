@@ -4,8 +4,8 @@
 
 use std::net::SocketAddr;
 
-use locksmith::backend::{scheme, HostPort, RedactedUrl, ServerUrl};
-use locksmith::{Error, Result};
+use lockwright::backend::{scheme, HostPort, RedactedUrl, ServerUrl};
+use lockwright::{Error, Result};
 
 /// A store URL and the TCP servers it names, parsed once by the core.
 #[derive(Debug)]

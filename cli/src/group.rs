@@ -1,6 +1,6 @@
 //! The command's process group: started in a group of its own so that every
 //! signal reaches the whole tree, handed the terminal while it runs, and
-//! killed by a watcher process if `locksmith` itself is killed.
+//! killed by a watcher process if `lockwright` itself is killed.
 
 use std::io::{BufRead, Write};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -42,7 +42,7 @@ pub(crate) fn own_group(cmd: &mut Command, foreground: bool) {
                 // We may have died between fork and prctl.
                 if nix::unistd::getppid().as_raw() as u32 != parent {
                     return Err(std::io::Error::other(
-                        "locksmith exited before the command started",
+                        "lockwright exited before the command started",
                     ));
                 }
             }
@@ -140,7 +140,7 @@ pub(crate) async fn wait_group_gone(group: Pid, within: Duration) -> bool {
     }
 }
 
-/// A process that outlives us: if `locksmith` dies without saying it is
+/// A process that outlives us: if `lockwright` dies without saying it is
 /// done (SIGKILL, OOM), its end of a pipe closes and the watcher kills the
 /// command's whole group, so nothing runs on without the lock. `PDEATHSIG`
 /// alone would reach the command's first process only.
@@ -203,8 +203,8 @@ impl Drop for Watcher {
 
 /// The watcher's body: reads a group id, then kill times ("kill-in <ms>",
 /// each replacing the last) until "done". The group is SIGKILLed when the
-/// pipe ends without "done" (locksmith died) or a kill time passes without
-/// a later one (locksmith stopped or stalled while its lease ran out).
+/// pipe ends without "done" (lockwright died) or a kill time passes without
+/// a later one (lockwright stopped or stalled while its lease ran out).
 pub(crate) fn watcher_main() -> i32 {
     for sig in [
         Signal::SIGINT,

@@ -1,16 +1,16 @@
-//! The `locksmith` command: run a command under a distributed lock or while
+//! The `lockwright` command: run a command under a distributed lock or while
 //! elected leader, say whether a key is held and who leads, demonstrate
 //! mutual exclusion, prove a deployment (`check`) and size one (`bench`).
 //!
 //! This file: argument parsing and exit codes (sysexits.h values, so scripts
 //! can tell "busy" from "broken"; errors map by
-//! [`locksmith::ErrorKind::exit_code`]).
+//! [`lockwright::ErrorKind::exit_code`]).
 
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use locksmith::{Error, WaitPolicy};
+use lockwright::{Error, WaitPolicy};
 
 mod bench;
 mod bench_election;
@@ -35,7 +35,7 @@ pub(crate) const EX_OSERR: i32 = 71;
 
 #[derive(Parser, Debug)]
 #[command(
-    name = "locksmith",
+    name = "lockwright",
     version,
     about = "Distributed locks over many stores"
 )]
@@ -74,8 +74,8 @@ enum Command {
     /// leading (as `run` runs one under a lock), resigns when it exits.
     ///
     /// A candidate waits to lead: forever unless --wait or --no-wait says
-    /// otherwise. The command gets LOCKSMITH_KEY, and where the store has
-    /// fences LOCKSMITH_TERM (the term, also as LOCKSMITH_FENCE). Leadership
+    /// otherwise. The command gets LOCKWRIGHT_KEY, and where the store has
+    /// fences LOCKWRIGHT_TERM (the term, also as LOCKWRIGHT_FENCE). Leadership
     /// is a lock whose holder advertises the value, so everything `run` does
     /// holds: the command's own process group, signals passed on, the group
     /// stopped before the lease ends when renewals fail.
@@ -95,7 +95,7 @@ enum Command {
     /// read, 64 for a bad URL or a store that keeps no values
     /// (?mode=session).
     Leader(LeaderArgs),
-    /// Internal: kills a command's process group if `locksmith run` dies.
+    /// Internal: kills a command's process group if `lockwright run` dies.
     #[command(name = "__watch-group", hide = true)]
     WatchGroup,
     /// Internal: `bench`'s peer process, contending for its key.
@@ -125,17 +125,17 @@ enum Command {
 
 #[derive(Args, Debug, Clone)]
 struct StoreArgs {
-    /// Store URL; defaults to $LOCKSMITH_URL, else an SQLite file locksmith.db here.
-    #[arg(long, env = "LOCKSMITH_URL", default_value = locksmith::DEFAULT_URL, hide_env_values = true)]
+    /// Store URL; defaults to $LOCKWRIGHT_URL, else an SQLite file lockwright.db here.
+    #[arg(long, env = "LOCKWRIGHT_URL", default_value = lockwright::DEFAULT_URL, hide_env_values = true)]
     url: String,
 }
 
 impl StoreArgs {
     /// The URL, refused if it names a store no other process can share.
     fn shared_url(&self) -> Result<&str, Error> {
-        if locksmith::backend::scheme(&self.url)?.name == "memory" {
+        if lockwright::backend::scheme(&self.url)?.name == "memory" {
             return Err(Error::config(
-                "memory:// locks live inside one process, so no other `locksmith` can see \
+                "memory:// locks live inside one process, so no other `lockwright` can see \
                  them; use a shared store (sqlite://file.db, redis://…, postgres://…)",
             ));
         }
@@ -167,7 +167,7 @@ struct RunArgs {
     /// across every host (a cluster-wide `sem`). Every run on the key must
     /// give the same N, from 1 to 1024. `--permits 1` is the plain lock.
     #[arg(long, value_name = "N", conflicts_with = "shared",
-        value_parser = clap::value_parser!(u32).range(1..=i64::from(locksmith::MAX_PERMITS)))]
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(lockwright::MAX_PERMITS)))]
     permits: Option<u32>,
     /// Hold a read (shared) lock: any number of `--shared` runs at once, none
     /// beside a run without it (a writer). A waiting writer stops new readers.
@@ -207,7 +207,7 @@ struct ElectArgs {
     #[arg(long)]
     key: String,
     /// What this candidate advertises while it leads, e.g. its address (at
-    /// most 1024 bytes); `locksmith leader` shows it.
+    /// most 1024 bytes); `lockwright leader` shows it.
     #[arg(long, value_parser = clap::value_parser!(std::ffi::OsString))]
     value: std::ffi::OsString,
     /// Lease length; renewed every third of it while the command runs. A
@@ -322,7 +322,7 @@ struct CheckArgs {
     /// once (the workers touch no counter: N holders would race on it).
     /// N is 1 to 1024.
     #[arg(long, value_name = "N", conflicts_with_all = ["election", "read_write"],
-          value_parser = clap::value_parser!(u32).range(1..=i64::from(locksmith::MAX_PERMITS)))]
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(lockwright::MAX_PERMITS)))]
     permits: Option<u32>,
     /// Workers take a read-write lock, two sections in three as readers
     /// (which only read the counter, with their grant's fence): the run
@@ -368,7 +368,7 @@ struct BenchArgs {
 #[derive(Args, Debug)]
 struct BenchPeerArgs {
     /// From the environment: a command line can be read by other users.
-    #[arg(long, env = "LOCKSMITH_URL", hide_env_values = true)]
+    #[arg(long, env = "LOCKWRIGHT_URL", hide_env_values = true)]
     url: String,
     #[arg(long)]
     key: String,
@@ -377,7 +377,7 @@ struct BenchPeerArgs {
 }
 
 /// The exit status for an error that ends the command: the one table,
-/// [`locksmith::ErrorKind::exit_code`].
+/// [`lockwright::ErrorKind::exit_code`].
 pub(crate) fn exit_code(e: &Error) -> i32 {
     e.kind().exit_code()
 }
@@ -391,8 +391,9 @@ fn init_tracing(verbose: u8, quiet_warnings: bool) {
     use tracing_subscriber::EnvFilter;
     // -v: what the lock does (acquire, renewals, release; debug in our
     // crates), without the drivers' own chatter; -vv: the drivers' too.
-    let ours = "locksmith=debug,locksmith_core=debug,locksmith_sql=debug,locksmith_redis=debug,\
-                locksmith_zk=debug";
+    let ours =
+        "lockwright=debug,lockwright_core=debug,lockwright_sql=debug,lockwright_redis=debug,\
+                lockwright_zk=debug";
     // The ZooKeeper client warns of every failed connection attempt; the
     // error that matters reaches the user as ours.
     let quiet = "zookeeper_client=error";
@@ -450,7 +451,7 @@ fn run_command() -> i32 {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("locksmith: cannot start the async runtime: {e}");
+            eprintln!("lockwright: cannot start the async runtime: {e}");
             return EX_OSERR;
         }
     };
@@ -472,7 +473,7 @@ fn run_command() -> i32 {
     let code = match outcome {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("locksmith: {}", e.chain());
+            eprintln!("lockwright: {}", e.chain());
             exit_code(&e)
         }
     };
@@ -494,10 +495,10 @@ fn run_command() -> i32 {
 /// A signal this process should end by, once everything is cleaned up.
 static DIE_BY: AtomicI32 = AtomicI32::new(0);
 
-/// Ends `locksmith` by `sig` (after clean-up) rather than by exit code
+/// Ends `lockwright` by `sig` (after clean-up) rather than by exit code
 /// 128+N, when the user interrupted it or the command died by it: a shell
 /// stops a loop or script only for a child that died by SIGINT, so the
-/// exit code alone would let `for …; do locksmith run …; done` run on
+/// exit code alone would let `for …; do lockwright run …; done` run on
 /// after Ctrl-C.
 pub(crate) fn die_by_signal_on_exit(sig: nix::sys::signal::Signal) {
     use nix::sys::signal::Signal;

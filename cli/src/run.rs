@@ -1,9 +1,9 @@
-//! `locksmith run`: hold a lock (a mutex, one of a semaphore's permits, or
+//! `lockwright run`: hold a lock (a mutex, one of a semaphore's permits, or
 //! a read hold) for the lifetime of a command's whole process tree. The supervision (process group, watcher, signals, the
 //! timeline when renewal fails, exit codes) is `supervise`'s, shared with
-//! `locksmith elect`.
+//! `lockwright elect`.
 
-use locksmith::{Claim, LockOptions, Result};
+use lockwright::{Claim, LockOptions, Result};
 
 use super::supervise::{self, Spec};
 use super::RunArgs;

@@ -1,15 +1,15 @@
-//! `locksmith status`: what the store holds for one key, read only.
+//! `lockwright status`: what the store holds for one key, read only.
 
 use std::time::Duration;
 
-use locksmith::{LockStatus, Result};
+use lockwright::{LockStatus, Result};
 
 use super::StatusArgs;
 
 pub(crate) async fn status(args: StatusArgs) -> Result<i32> {
     // Lazy: a status read must not create the lease table (a mistyped
     // ?table= would otherwise read "free" from a table it just made).
-    let locker = locksmith::connect_lazy(args.store.shared_url()?).await?;
+    let locker = lockwright::connect_lazy(args.store.shared_url()?).await?;
     let s = locker.status(args.key.as_str()).await?;
     if args.json {
         println!("{}", json(&args.key, &s));
@@ -120,7 +120,7 @@ fn json(key: &str, s: &LockStatus) -> serde_json::Value {
 mod tests {
     use std::time::Duration;
 
-    use locksmith::{FencingToken, Holder, LockStatus};
+    use lockwright::{FencingToken, Holder, LockStatus};
 
     use super::{json, line};
 

@@ -1,5 +1,5 @@
-//! The command under a held lease, for `locksmith run` (a lock) and
-//! `locksmith elect` (a leadership): one supervision path, so both stop the
+//! The command under a held lease, for `lockwright run` (a lock) and
+//! `lockwright elect` (a leadership): one supervision path, so both stop the
 //! command's group on the same timeline, pass signals on the same way and
 //! exit with the same codes.
 //!
@@ -16,7 +16,7 @@ use std::future::Future;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use locksmith::{Error, ErrorKind, Leadership, LockGuard, Locker, LostReason, Result, WaitPolicy};
+use lockwright::{Error, ErrorKind, Leadership, LockGuard, Locker, LostReason, Result, WaitPolicy};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -29,7 +29,7 @@ use super::EX_SOFTWARE;
 /// whose reply was lost) get before the process exits.
 const SETTLE: Duration = Duration::from_secs(4);
 
-/// The signals that end `locksmith` while it waits, and that it passes
+/// The signals that end `lockwright` while it waits, and that it passes
 /// on to the command while it runs.
 pub(crate) struct Signals {
     int: Stream,
@@ -96,7 +96,7 @@ impl Held for Leadership {
 
     fn env(&self, cmd: &mut Command) {
         if let Some(term) = self.term() {
-            cmd.env("LOCKSMITH_TERM", term.to_string());
+            cmd.env("LOCKWRIGHT_TERM", term.to_string());
         }
     }
 
@@ -109,7 +109,7 @@ impl Held for Leadership {
 pub(crate) struct Spec<'a> {
     /// The store, already refused if no other process can share it.
     pub(crate) url: &'a str,
-    /// The lock's (or election's) name, exported as `LOCKSMITH_KEY`.
+    /// The lock's (or election's) name, exported as `LOCKWRIGHT_KEY`.
     pub(crate) key: &'a str,
     /// The lease asked for.
     pub(crate) ttl: Duration,
@@ -130,7 +130,7 @@ async fn connect_within(url: &str, wait: WaitPolicy) -> Result<(Locker, WaitPoli
     let start = Instant::now();
     let mut pause = FIRST_PAUSE;
     loop {
-        let error = match locksmith::connect(url).await {
+        let error = match lockwright::connect(url).await {
             Ok(locker) => {
                 let left = match wait {
                     WaitPolicy::For(d) => WaitPolicy::For(d.saturating_sub(start.elapsed())),
@@ -203,7 +203,7 @@ where
     let timeline = Timeline::new(lease, spec.kill_after);
     if spec.kill_after.is_some_and(|k| k > timeline.grace) {
         eprintln!(
-            "locksmith: --kill-after capped at {} so the command stops before the {} lease ends",
+            "lockwright: --kill-after capped at {} so the command stops before the {} lease ends",
             humantime::format_duration(timeline.grace),
             humantime::format_duration(lease)
         );
@@ -241,12 +241,12 @@ where
     let ended = hold(spec, held, lease, timeline, &mut signals).await;
     // The lease is given up by now; close() also waits out any clean-up.
     if let Err(e) = locker.close().await {
-        eprintln!("locksmith: warning: {}", e.chain());
+        eprintln!("lockwright: warning: {}", e.chain());
     }
     let ended = ended?;
     // Last, so that a lost lock is what the user reads at the end.
     if let Some(word) = ended.last_word {
-        eprintln!("locksmith: {word}");
+        eprintln!("lockwright: {word}");
     }
     Ok(ended.code)
 }
@@ -291,9 +291,9 @@ impl Ended {
 /// down to a deadline no renewal reached.
 fn reason_of(guard: &LockGuard) -> Option<LostReason> {
     match guard.state() {
-        locksmith::LeaseState::Lost(r) => Some(r),
+        lockwright::LeaseState::Lost(r) => Some(r),
         // Released is not seen here: this is asked before the release.
-        locksmith::LeaseState::Held { .. } | locksmith::LeaseState::Released => None,
+        lockwright::LeaseState::Held { .. } | lockwright::LeaseState::Released => None,
     }
 }
 
@@ -320,7 +320,7 @@ async fn hold<H: Held>(
         Err(e) => {
             watcher.done();
             let _ = held.release().await;
-            eprintln!("locksmith: cannot run {:?}: {e}", spec.command[0]);
+            eprintln!("lockwright: cannot run {:?}: {e}", spec.command[0]);
             // The shells' convention: 127 not found, 126 found but not runnable.
             return Ok(Ended::code(if e.kind() == std::io::ErrorKind::NotFound {
                 127
@@ -357,10 +357,10 @@ async fn hold<H: Held>(
 fn command<H: Held>(spec: &Spec<'_>, held: &H, foreground: bool) -> Command {
     let mut cmd = Command::new(&spec.command[0]);
     cmd.args(&spec.command[1..])
-        .env("LOCKSMITH_KEY", spec.key)
+        .env("LOCKWRIGHT_KEY", spec.key)
         .kill_on_drop(true);
     if let Some(fence) = held.guard().fence() {
-        cmd.env("LOCKSMITH_FENCE", fence.to_string());
+        cmd.env("LOCKWRIGHT_FENCE", fence.to_string());
     }
     held.env(&mut cmd);
     group::own_group(&mut cmd, foreground);
@@ -374,7 +374,7 @@ struct Running {
     group: Pid,
     /// Whether the command was given the terminal.
     foreground: bool,
-    /// The process that kills the group if `locksmith` cannot.
+    /// The process that kills the group if `lockwright` cannot.
     watcher: Watcher,
 }
 
@@ -422,7 +422,7 @@ async fn supervise(
 ) -> Supervised {
     let (group, foreground) = (running.group, running.foreground);
     // The watcher also kills the group by the lease's kill time unless told
-    // a later one, so a stopped or stalled locksmith cannot leave the
+    // a later one, so a stopped or stalled lockwright cannot leave the
     // command running past the lease. Told again a few times per renewal.
     let mut told: Option<Instant> = None;
     let mut tell = tokio::time::interval((lease / 6).max(Duration::from_millis(5)));
@@ -470,7 +470,7 @@ async fn supervise(
     }
 }
 
-/// Passes a signal `locksmith` got on to the command's group.
+/// Passes a signal `lockwright` got on to the command's group.
 fn pass_on(sig: Signal, group: Pid, foreground: bool) {
     // The command's group is not ours, so this is the one copy it gets;
     // except a hang-up of its terminal, which the kernel already sent to
@@ -526,7 +526,7 @@ fn on_timeline(
         (_, None) => return Some(Stop::Lost),
         (None, Some(k)) if now + timeline.grace >= k => {
             eprintln!(
-                "locksmith: the lease was not renewed in time (renewals failed, or this \
+                "lockwright: the lease was not renewed in time (renewals failed, or this \
                  process was paused); terminating the command ({} before it must stop)",
                 humantime::format_duration(Duration::from_millis(
                     k.saturating_duration_since(now).as_millis() as u64
@@ -536,7 +536,7 @@ fn on_timeline(
             *terminated_at = Some(now);
         }
         (Some(t), Some(k)) if now >= k || now >= t + timeline.grace => {
-            eprintln!("locksmith: the command did not stop in time; killing it");
+            eprintln!("lockwright: the command did not stop in time; killing it");
             return Some(Stop::Killed);
         }
         _ => {}
@@ -572,13 +572,13 @@ async fn exited<H: Held>(
     }
     finish(foreground, watcher);
     // Killed by the watcher at the kill time it was last told: the
-    // lease was not confirmed in time (locksmith stopped or stalled),
+    // lease was not confirmed in time (lockwright stopped or stalled),
     // even if a renewal got through after.
     let by_watcher = std::os::unix::process::ExitStatusExt::signal(&status)
         == Some(Signal::SIGKILL as i32)
         && ran.told.is_some_and(|k| Instant::now() >= k);
     if by_watcher {
-        eprintln!("locksmith: the command was killed at the lease's kill time");
+        eprintln!("lockwright: the command was killed at the lease's kill time");
     }
     if ran.terminated_at.is_some() || by_watcher {
         let reason = reason_of(held.guard());
@@ -610,7 +610,7 @@ async fn exited<H: Held>(
         Ok(()) => Ended::code(status_code(status)),
         Err(e) if e.kind() == ErrorKind::Lost => {
             eprintln!(
-                "locksmith: {}; the command may not have run exclusively",
+                "lockwright: {}; the command may not have run exclusively",
                 e.chain()
             );
             Ended::code(EX_SOFTWARE)
@@ -621,7 +621,7 @@ async fn exited<H: Held>(
             // restarted empty may have granted it to someone else), so the
             // run cannot be called exclusive.
             eprintln!(
-                "locksmith: {}; the release was not confirmed, so the command may not \
+                "lockwright: {}; the release was not confirmed, so the command may not \
                  have run exclusively (the lock frees when its TTL runs out)",
                 e.chain()
             );

@@ -1,6 +1,6 @@
 //! Hand-off timing for contended runs: from one client's release to the
-//! next grant to a different client. `locksmith demo`, `locksmith bench`
-//! and `locksmith-bench` all use this, so the figures they print mean the
+//! next grant to a different client. `lockwright demo`, `lockwright bench`
+//! and `lockwright-bench` all use this, so the figures they print mean the
 //! same thing.
 
 use std::sync::Mutex;

@@ -1,4 +1,4 @@
-//! The `locksmith` binary end to end, as scripts use it: real processes on a
+//! The `lockwright` binary end to end, as scripts use it: real processes on a
 //! shared SQLite file.
 
 mod common;
@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{locksmith, output, run_script};
+use common::{lockwright, output, run_script};
 
 fn url(dir: &Path) -> String {
     format!("sqlite://{}/locks.db", dir.display())
@@ -37,7 +37,7 @@ fn concurrent_processes_never_lose_an_increment() {
             let dir = dir.path().to_owned();
             std::thread::spawn(move || {
                 for _ in 0..ROUNDS {
-                    let o = output(locksmith(
+                    let o = output(lockwright(
                         &dir,
                         &[
                             "run", "--url", &u, "--key", "counter", "--wait", "60s", "--", "sh",
@@ -70,12 +70,12 @@ fn exit_codes_follow_sysexits_and_the_command() {
         d,
         &u,
         "k",
-        "test \"$LOCKSMITH_KEY\" = k && test -n \"$LOCKSMITH_FENCE\" && exit 7",
+        "test \"$LOCKWRIGHT_KEY\" = k && test -n \"$LOCKWRIGHT_FENCE\" && exit 7",
     ));
     assert_eq!(code(&o), 7, "{}", String::from_utf8_lossy(&o.stderr));
 
     // Held elsewhere: 75 at once with --no-wait, after the wait with --wait.
-    let mut holder = locksmith(
+    let mut holder = lockwright(
         d,
         &["run", "--url", &u, "--key", "busy", "--", "sleep", "30"],
     )
@@ -83,7 +83,7 @@ fn exit_codes_follow_sysexits_and_the_command() {
     .spawn()
     .unwrap();
     wait_until_held(d, &u, "busy");
-    let o = output(locksmith(
+    let o = output(lockwright(
         d,
         &[
             "run",
@@ -98,7 +98,7 @@ fn exit_codes_follow_sysexits_and_the_command() {
     ));
     assert_eq!(code(&o), 75, "{}", String::from_utf8_lossy(&o.stderr));
     let start = Instant::now();
-    let o = output(locksmith(
+    let o = output(lockwright(
         d,
         &[
             "run", "--url", &u, "--key", "busy", "--wait", "300ms", "--", "true",
@@ -135,7 +135,7 @@ fn exit_codes_follow_sysexits_and_the_command() {
         ],
         &["frobnicate"],
     ] {
-        let o = output(locksmith(d, args));
+        let o = output(lockwright(d, args));
         assert_eq!(
             code(&o),
             64,
@@ -144,7 +144,7 @@ fn exit_codes_follow_sysexits_and_the_command() {
         );
     }
     // A mistyped duration is named as one, in words.
-    let o = output(locksmith(
+    let o = output(lockwright(
         d,
         &[
             "run", "--url", &u, "--key", "k", "--ttl", "banana", "--", "true",
@@ -156,12 +156,12 @@ fn exit_codes_follow_sysexits_and_the_command() {
         "{err}"
     );
     // A command that cannot be found: 127, and the lock is released.
-    let o = output(locksmith(
+    let o = output(lockwright(
         d,
         &["run", "--url", &u, "--key", "k", "--", "/no/such/command"],
     ));
     assert_eq!(code(&o), 127);
-    let o = output(locksmith(
+    let o = output(lockwright(
         d,
         &["run", "--url", &u, "--key", "k", "--no-wait", "--", "true"],
     ));
@@ -171,14 +171,14 @@ fn exit_codes_follow_sysexits_and_the_command() {
 #[test]
 fn default_store_is_an_sqlite_file_in_the_working_directory() {
     let dir = tempfile::tempdir().unwrap();
-    let o = output(locksmith(dir.path(), &["run", "--key", "k", "--", "true"]));
+    let o = output(lockwright(dir.path(), &["run", "--key", "k", "--", "true"]));
     assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(dir.path().join("locksmith.db").exists());
-    // $LOCKSMITH_URL wins over the default.
+    assert!(dir.path().join("lockwright.db").exists());
+    // $LOCKWRIGHT_URL wins over the default.
     let elsewhere = tempfile::tempdir().unwrap();
     let o = output({
-        let mut c = locksmith(dir.path(), &["run", "--key", "k", "--", "true"]);
-        c.env("LOCKSMITH_URL", url(elsewhere.path()));
+        let mut c = lockwright(dir.path(), &["run", "--key", "k", "--", "true"]);
+        c.env("LOCKWRIGHT_URL", url(elsewhere.path()));
         c
     });
     assert_eq!(code(&o), 0);
@@ -191,7 +191,7 @@ fn a_lost_lock_terminates_the_command_and_exits_70() {
     let d = dir.path();
     let u = url(d);
     let started = Instant::now();
-    let mut holder = locksmith(
+    let mut holder = lockwright(
         d,
         &[
             "run", "--url", &u, "--key", "stolen", "--ttl", "1s", "--", "sleep", "30",
@@ -217,7 +217,7 @@ fn a_lost_lock_terminates_the_command_and_exits_70() {
     let last = err.trim_end().lines().last().unwrap_or_default();
     assert_eq!(
         last,
-        "locksmith: lock lost: the store says it is no longer held; the command was terminated \
+        "lockwright: lock lost: the store says it is no longer held; the command was terminated \
          (SIGKILL); exit 70",
         "{err}"
     );
@@ -230,7 +230,7 @@ fn a_killed_holder_frees_the_lock_at_its_ttl() {
     let u = url(d);
     let marker = d.join("ran-on-unprotected");
     let script = format!("sleep 1; touch {}", marker.display());
-    let mut holder = locksmith(
+    let mut holder = lockwright(
         d,
         &[
             "run", "--url", &u, "--key", "k", "--ttl", "2s", "--", "sh", "-c", &script,
@@ -243,12 +243,12 @@ fn a_killed_holder_frees_the_lock_at_its_ttl() {
     let killed = Instant::now();
     holder.kill().unwrap(); // SIGKILL: no release, no renewal
     holder.wait().unwrap();
-    let o = output(locksmith(
+    let o = output(lockwright(
         d,
         &["run", "--url", &u, "--key", "k", "--no-wait", "--", "true"],
     ));
     assert_eq!(code(&o), 75, "freed before its TTL");
-    let o = output(locksmith(
+    let o = output(lockwright(
         d,
         &[
             "run", "--url", &u, "--key", "k", "--wait", "10s", "--", "true",
@@ -260,17 +260,17 @@ fn a_killed_holder_frees_the_lock_at_its_ttl() {
         "freed too early: {:?}",
         killed.elapsed()
     );
-    // The command died with its locksmith instead of running on without the lock.
+    // The command died with its lockwright instead of running on without the lock.
     assert!(
         !marker.exists(),
-        "the command kept running after its locksmith was killed"
+        "the command kept running after its lockwright was killed"
     );
 }
 
 fn wait_until_held(dir: &Path, url: &str, key: &str) {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(10) {
-        let o = output(locksmith(
+        let o = output(lockwright(
             dir,
             &["run", "--url", url, "--key", key, "--no-wait", "--", "true"],
         ));
@@ -291,7 +291,7 @@ fn steal(db: &Path, key: &str) {
         let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
             .await
             .unwrap();
-        let r = sqlx::query("UPDATE locksmith_locks SET owner = 'thief' WHERE lock_key = ?1")
+        let r = sqlx::query("UPDATE lockwright_locks SET owner = 'thief' WHERE lock_key = ?1")
             .bind(key)
             .execute(&pool)
             .await
@@ -305,9 +305,9 @@ fn steal(db: &Path, key: &str) {
 #[test]
 fn run_works_unchanged_on_redis() {
     let dir = tempfile::tempdir().unwrap();
-    let url = locksmith_conformance::kit::servers::redis_url();
+    let url = lockwright_conformance::kit::servers::redis_url();
     let key = format!("cli-redis-{}", std::process::id());
-    let o = output(locksmith(
+    let o = output(lockwright(
         dir.path(),
         &[
             "run",
@@ -318,14 +318,14 @@ fn run_works_unchanged_on_redis() {
             "--",
             "sh",
             "-c",
-            "test -n \"$LOCKSMITH_FENCE\" && exit 3",
+            "test -n \"$LOCKWRIGHT_FENCE\" && exit 3",
         ],
     ));
     assert_eq!(code(&o), 3, "{}", String::from_utf8_lossy(&o.stderr));
     // A store that is down: a wait tries until it ends, then says so.
     for wait in ["--no-wait", "--wait=1s"] {
         let start = std::time::Instant::now();
-        let o = output(locksmith(
+        let o = output(lockwright(
             dir.path(),
             &[
                 "run",
@@ -355,12 +355,12 @@ fn the_shortest_ttl_accepted_is_one_renewal_keeps() {
     let d = dir.path();
     let mut stores = vec![(url(d), "250ms")];
     if cfg!(feature = "redis") {
-        let redis = locksmith_conformance::kit::servers::redis_url();
+        let redis = lockwright_conformance::kit::servers::redis_url();
         stores.push((redis, "250ms"));
     }
     for (u, min) in stores {
         let key = format!("short-ttl-{}", std::process::id());
-        let o = output(locksmith(
+        let o = output(lockwright(
             d,
             &[
                 "run", "--url", &u, "--key", &key, "--ttl", "10ms", "--", "true",
@@ -368,7 +368,7 @@ fn the_shortest_ttl_accepted_is_one_renewal_keeps() {
         ));
         assert_eq!(code(&o), 64, "{u}: {}", String::from_utf8_lossy(&o.stderr));
         for _ in 0..3 {
-            let o = output(locksmith(
+            let o = output(lockwright(
                 d,
                 &[
                     "run", "--url", &u, "--key", &key, "--ttl", min, "--", "sleep", "1",
@@ -390,11 +390,11 @@ fn the_shortest_ttl_accepted_is_one_renewal_keeps() {
 #[test]
 fn verbose_renewals_on_zookeeper_name_the_session_lease() {
     let dir = tempfile::tempdir().unwrap();
-    let zk = locksmith_conformance::kit::servers::zk_url();
-    let url = format!("{zk}/locksmith-cli?session_timeout=2s");
+    let zk = lockwright_conformance::kit::servers::zk_url();
+    let url = format!("{zk}/lockwright-cli?session_timeout=2s");
     let key = format!("verbose-lease-{}", std::process::id());
     // Renewals every third of the 2 s session: a few in 2 s.
-    let o = output(locksmith(
+    let o = output(lockwright(
         dir.path(),
         &[
             "-v", "run", "--url", &url, "--key", &key, "--ttl", "30s", "--", "sleep", "2",
@@ -415,7 +415,7 @@ fn verbose_renewals_on_zookeeper_name_the_session_lease() {
 fn the_demo_writes_no_carriage_return_when_not_on_a_terminal() {
     let dir = tempfile::tempdir().unwrap();
     let u = url(dir.path());
-    let o = output(locksmith(
+    let o = output(lockwright(
         dir.path(),
         &["demo", "--url", &u, "--workers", "4", "--rounds", "100"],
     ));
@@ -446,7 +446,7 @@ fn run_with_permits_runs_n_commands_at_once_and_no_more() {
     );
     let runs: Vec<_> = (0..6)
         .map(|_| {
-            locksmith(
+            lockwright(
                 d,
                 &[
                     "run",
@@ -501,7 +501,7 @@ fn run_with_permits_runs_n_commands_at_once_and_no_more() {
         let mut args = vec!["run", "--url", &u, "--key", "k"];
         args.extend_from_slice(flags);
         args.extend_from_slice(&["--", "true"]);
-        let o = output(locksmith(d, &args));
+        let o = output(lockwright(d, &args));
         assert_eq!(
             code(&o),
             64,

@@ -1,4 +1,4 @@
-//! `locksmith check` and `locksmith bench` through the binary, against the
+//! `lockwright check` and `lockwright bench` through the binary, against the
 //! real servers: a short fault run per store (the README's long runs use
 //! the same command), and the exit codes shared with `run`.
 
@@ -19,8 +19,8 @@ use std::process::{Command, Stdio};
 use common::BIN;
 
 /// Runs the binary; its exit code, stdout and stderr.
-fn locksmith(args: &[&str]) -> (i32, String, String) {
-    let o = common::output(common::locksmith(&std::env::temp_dir(), args));
+fn lockwright(args: &[&str]) -> (i32, String, String) {
+    let o = common::output(common::lockwright(&std::env::temp_dir(), args));
     (
         o.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -45,7 +45,7 @@ fn summary(stdout: &str) -> [u64; 8] {
 /// The whole check (conformance, then 15 s of faults) exits 0 on `url`.
 fn check_passes(url: &str) {
     let (code, out, err) =
-        locksmith(&["check", "--url", url, "--duration", "15s", "--workers", "6"]);
+        lockwright(&["check", "--url", url, "--duration", "15s", "--workers", "6"]);
     let [passed, _skipped, failed, acquisitions, faults, x, d, r] = summary(&out);
     assert_eq!(
         (code, failed, x, d, r),
@@ -98,7 +98,7 @@ fn redis() {
 fn failovers_under_sentinel() {
     let url = format!(
         "{}?replicas=1",
-        locksmith_conformance::kit::servers::redis_sentinel_url()
+        lockwright_conformance::kit::servers::redis_sentinel_url()
     );
     failovers_pass(&url);
 }
@@ -109,13 +109,13 @@ fn failovers_under_sentinel() {
 fn failovers_on_the_cluster() {
     let url = format!(
         "{}?replicas=1",
-        locksmith_conformance::kit::servers::redis_cluster_url()
+        lockwright_conformance::kit::servers::redis_cluster_url()
     );
     failovers_pass(&url);
 }
 
 fn failovers_pass(url: &str) {
-    let (code, out, err) = locksmith(&[
+    let (code, out, err) = lockwright(&[
         "check",
         "--url",
         url,
@@ -161,7 +161,7 @@ fn redlock() {
 fn zookeeper() {
     // A short session, so a frozen holder's node goes within the run.
     check_passes(&format!(
-        "{}/locksmith-check?session_timeout=2s",
+        "{}/lockwright-check?session_timeout=2s",
         common::zk_url()
     ));
 }
@@ -178,7 +178,7 @@ fn memcached_quorum() {
 
 #[test]
 fn json_output_is_one_object_and_the_summary_ends_stderr() {
-    let (code, out, err) = locksmith(&[
+    let (code, out, err) = lockwright(&[
         "check",
         "--url",
         &common::redis_url(),
@@ -208,7 +208,7 @@ fn json_output_is_one_object_and_the_summary_ends_stderr() {
 /// `check --election` on `url`: workers campaign under kills and pauses
 /// while two observers watch; the run exits 0 having seen several reigns.
 fn election_passes(url: &str) {
-    let (code, out, err) = locksmith(&[
+    let (code, out, err) = lockwright(&[
         "check",
         "--url",
         url,
@@ -246,7 +246,7 @@ fn election_zookeeper() {
 #[test]
 fn election_on_a_store_without_values_is_refused_before_the_run() {
     let url = format!("{}?mode=session", common::postgres_url());
-    let (code, out, err) = locksmith(&["check", "--url", &url, "--election", "--no-conformance"]);
+    let (code, out, err) = lockwright(&["check", "--url", &url, "--election", "--no-conformance"]);
     assert_eq!(code, 64, "{out}\n{err}");
     assert!(err.contains("cannot hold an election"), "{err}");
     assert!(!out.contains("fault run:"), "{out}");
@@ -270,7 +270,7 @@ fn claims_pass(url: &str, flags: &[&str], most: u64) {
     args.extend_from_slice(flags);
     let mut runs = Vec::new();
     for _ in 0..3 {
-        let (code, out, err) = locksmith(&args);
+        let (code, out, err) = lockwright(&args);
         assert_eq!(code, 0, "check {flags:?} on {url}:\n{out}\n{err}");
         let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
         let verdict = &v["fault_run"]["verdict"];
@@ -312,7 +312,7 @@ fn a_failover_on_a_store_without_replicas_is_refused_before_the_run() {
         redlock.as_str(),
     ] {
         for faults in ["failover", "failover,kill"] {
-            let (code, out, err) = locksmith(&[
+            let (code, out, err) = lockwright(&[
                 "check",
                 "--url",
                 url,
@@ -336,12 +336,12 @@ fn claims_a_store_cannot_grant_are_refused_before_the_run() {
     ] {
         let mut args = vec!["check", "--url", &url, "--no-conformance"];
         args.extend_from_slice(flag);
-        let (code, out, err) = locksmith(&args);
+        let (code, out, err) = lockwright(&args);
         assert_eq!(code, 64, "{out}\n{err}");
         assert!(err.contains(says), "{err}");
         assert!(!out.contains("fault run:"), "{out}");
     }
-    let (code, _, err) = locksmith(&["check", "--url", &url, "--permits", "2", "--read-write"]);
+    let (code, _, err) = lockwright(&["check", "--url", &url, "--permits", "2", "--read-write"]);
     assert_eq!(code, 64, "--permits with --read-write: {err}");
     assert!(err.contains("cannot be used with"), "{err}");
 }
@@ -410,7 +410,7 @@ fn both_commands_share_runs_exit_codes() {
             64,
         ),
     ] {
-        let (code, out, err) = locksmith(&args);
+        let (code, out, err) = lockwright(&args);
         assert_eq!(code, want, "{args:?}:\n{out}\n{err}");
         assert!(!err.contains("panicked"), "{err}");
     }
@@ -418,7 +418,7 @@ fn both_commands_share_runs_exit_codes() {
 
 #[test]
 fn bench_prints_every_figure() {
-    let (code, out, err) = locksmith(&[
+    let (code, out, err) = lockwright(&[
         "bench",
         "--url",
         &common::redis_url(),
@@ -473,7 +473,7 @@ fn figure(out: &str, name: &str) -> f64 {
 /// of two round trips.
 #[test]
 fn bench_holds_memcached_locks_on_a_bounded_number_of_connections() {
-    let (code, out, err) = locksmith(&[
+    let (code, out, err) = lockwright(&[
         "bench",
         "--url",
         &common::memcached_url(),
@@ -543,7 +543,7 @@ fn a_fault_run_begins_no_section_after_its_duration() {
     let url = format!("sqlite://{}/check.db", dir.path().display());
     let history = dir.path().join("history.json");
     let args = paused_run(&url, "4s", &history);
-    let (code, out, err) = locksmith(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let (code, out, err) = lockwright(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(code, 0, "{out}\n{err}");
     // Not on a terminal: progress in plain lines, never redrawn with \r.
     assert!(
@@ -630,7 +630,7 @@ fn until_the_fault_run(
     use std::io::BufRead;
     let mut child = cmd
         .current_dir(std::env::temp_dir())
-        .env_remove("LOCKSMITH_URL")
+        .env_remove("LOCKWRIGHT_URL")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -1,4 +1,4 @@
-//! `locksmith elect` and `locksmith leader` through the binary, against the
+//! `lockwright elect` and `lockwright leader` through the binary, against the
 //! real Redis and ZooKeeper test servers: a crashed leader is replaced
 //! within its lease while a watcher sees both reigns in order, the command
 //! gets its term, and the exit codes are `run`'s.
@@ -19,7 +19,7 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-use common::{locksmith, output, stderr_of, unique, wait_exit, wait_gone};
+use common::{lockwright, output, stderr_of, unique, wait_exit, wait_gone};
 
 /// Room for a loaded 2-core host on top of any lease: process start-up,
 /// connecting, a waiter noticing the lease's end. Generous on purpose;
@@ -46,7 +46,7 @@ fn stores() -> Vec<Store> {
         Store {
             name: "zookeeper",
             url: format!(
-                "{}/locksmith-cli-elect?session_timeout=2s",
+                "{}/lockwright-cli-elect?session_timeout=2s",
                 common::zk_url()
             ),
             lease: Duration::from_secs(2),
@@ -76,7 +76,7 @@ fn spawn(mut c: Command) -> Child {
 }
 
 /// What a candidate's command wrote when it started (written whole, by
-/// rename): its pid (its group's id), `$LOCKSMITH_TERM`, `$LOCKSMITH_FENCE`.
+/// rename): its pid (its group's id), `$LOCKWRIGHT_TERM`, `$LOCKWRIGHT_FENCE`.
 struct Started {
     pid: i32,
     term: u64,
@@ -86,7 +86,7 @@ struct Started {
 /// A command that records [`Started`] in `file`, then runs `rest`.
 fn record(file: &Path, rest: &str) -> String {
     format!(
-        "echo $$ $LOCKSMITH_TERM $LOCKSMITH_FENCE > {f}.tmp && mv {f}.tmp {f}; {rest}",
+        "echo $$ $LOCKWRIGHT_TERM $LOCKWRIGHT_FENCE > {f}.tmp && mv {f}.tmp {f}; {rest}",
         f = file.display()
     )
 }
@@ -117,9 +117,9 @@ fn wait_started(file: &Path, within: Duration) -> Started {
     }
 }
 
-/// `locksmith elect` for `value` on `key`, running `sh -c script`.
+/// `lockwright elect` for `value` on `key`, running `sh -c script`.
 fn elect(dir: &Path, url: &str, key: &str, value: &str, ttl: &str, script: &str) -> Command {
-    locksmith(
+    lockwright(
         dir,
         &[
             "elect", "--url", url, "--key", key, "--value", value, "--ttl", ttl, "--", "sh", "-c",
@@ -128,10 +128,10 @@ fn elect(dir: &Path, url: &str, key: &str, value: &str, ttl: &str, script: &str)
     )
 }
 
-/// `locksmith leader --json` once: the object it printed, after asserting
+/// `lockwright leader --json` once: the object it printed, after asserting
 /// it exited 0.
 fn leader_json(dir: &Path, url: &str, key: &str) -> Value {
-    let o = output(locksmith(
+    let o = output(lockwright(
         dir,
         &["leader", "--url", url, "--key", key, "--json"],
     ));
@@ -142,7 +142,7 @@ fn leader_json(dir: &Path, url: &str, key: &str) -> Value {
 }
 
 fn leader_text(dir: &Path, url: &str, key: &str) -> String {
-    let o = output(locksmith(dir, &["leader", "--url", url, "--key", key]));
+    let o = output(lockwright(dir, &["leader", "--url", url, "--key", key]));
     assert_eq!(code(&o), 0, "{url}: {}", stderr(&o));
     String::from_utf8(o.stdout).unwrap()
 }
@@ -156,7 +156,7 @@ struct Watch {
 
 impl Watch {
     fn start(dir: &Path, url: &str, key: &str) -> Watch {
-        let mut child = spawn(locksmith(
+        let mut child = spawn(lockwright(
             dir,
             &["leader", "--url", url, "--key", key, "--watch", "--json"],
         ));
@@ -227,10 +227,10 @@ fn reigns(seen: &[Value]) -> Vec<(String, u64)> {
     out
 }
 
-/// Two candidates; the leader crashes (its locksmith SIGKILLed, then its
+/// Two candidates; the leader crashes (its lockwright SIGKILLed, then its
 /// command's group, as when the machine goes): the other runs its command
 /// within the lease, and a watch running throughout showed both reigns in
-/// order, with rising terms that are the commands' LOCKSMITH_TERM.
+/// order, with rising terms that are the commands' LOCKWRIGHT_TERM.
 #[test]
 fn a_crashed_leader_is_replaced_within_its_lease_and_the_watch_sees_both_reigns() {
     for store in stores() {
@@ -269,7 +269,7 @@ fn a_crashed_leader_is_replaced_within_its_lease_and_the_watch_sees_both_reigns(
             store.name
         );
 
-        // The crash: locksmith first (so its watcher is the only thing left
+        // The crash: lockwright first (so its watcher is the only thing left
         // that could stop the command), then the command's whole group.
         let crashed = Instant::now();
         first_child.kill().unwrap();
@@ -355,7 +355,7 @@ fn leader_shows_the_value_and_the_term_the_command_got() {
         let script = record(
             &started,
             &format!(
-                "test \"$LOCKSMITH_KEY\" = {key} || exit 9; \
+                "test \"$LOCKWRIGHT_KEY\" = {key} || exit 9; \
                  while [ ! -e {} ]; do sleep 0.02; done; exit 7",
                 go.display()
             ),
@@ -406,7 +406,7 @@ fn a_value_that_is_not_text_is_shown_in_hex() {
         &format!("while [ ! -e {} ]; do sleep 0.02; done", go.display()),
     );
     let value = std::ffi::OsStr::from_bytes(b"\xffnode\n");
-    let mut c = locksmith(d, &["elect", "--url", &store.url, "--key", &key, "--value"]);
+    let mut c = lockwright(d, &["elect", "--url", &store.url, "--key", &key, "--value"]);
     c.arg(value).args(["--", "sh", "-c", &script]);
     let mut candidate = spawn(c);
     let got = wait_started(&started, SLACK);
@@ -438,7 +438,7 @@ fn exit_codes_are_runs() {
         let key = unique("codes");
         let o = output(elect(d, url, &key, "v", "5s", "exit 3"));
         assert_eq!(code(&o), 3, "{}: {}", store.name, stderr(&o));
-        let o = output(locksmith(
+        let o = output(lockwright(
             d,
             &[
                 "elect",
@@ -464,7 +464,7 @@ fn exit_codes_are_runs() {
         let mut leader = spawn(elect(d, url, &key, "first", "30s", &script));
         wait_started(&started, SLACK);
         for wait in [&["--no-wait"][..], &["--wait", "300ms"]] {
-            let mut c = locksmith(d, &["elect", "--url", url, "--key", &key, "--value", "v"]);
+            let mut c = lockwright(d, &["elect", "--url", url, "--key", &key, "--value", "v"]);
             c.args(wait).args(["--", "true"]);
             let o = output(c);
             assert_eq!(code(&o), 75, "{} {wait:?}: {}", store.name, stderr(&o));
@@ -491,7 +491,7 @@ fn bad_input_is_refused_with_runs_codes_and_leaves_nothing() {
         assert_eq!(code(&o), 64, "{}: {}", store.name, stderr(&o));
         let err = stderr(&o);
         assert!(
-            err.starts_with("locksmith: invalid options: ")
+            err.starts_with("lockwright: invalid options: ")
                 && err.contains("1024")
                 && err.lines().count() == 1,
             "{}: {err}",
@@ -503,7 +503,7 @@ fn bad_input_is_refused_with_runs_codes_and_leaves_nothing() {
             "{}",
             store.name
         );
-        let o = output(locksmith(
+        let o = output(lockwright(
             d,
             &["status", "--url", url, "--key", &key, "--json"],
         ));
@@ -538,7 +538,7 @@ fn bad_input_is_refused_with_runs_codes_and_leaves_nothing() {
             &["leader", "--url", url, "--key", "k"],
             &["leader", "--url", url, "--key", "k", "--watch", "--json"],
         ] {
-            let o = output(locksmith(d, args));
+            let o = output(lockwright(d, args));
             assert_eq!(code(&o), expected, "{args:?}: {}", stderr(&o));
             assert_eq!(stderr(&o).lines().count(), 1, "{args:?}: {}", stderr(&o));
             assert!(o.stdout.is_empty(), "{args:?}");
@@ -560,11 +560,11 @@ fn a_store_without_values_is_refused_in_one_line() {
         &["leader", "--url", &url, "--key", "k"],
         &["leader", "--url", &url, "--key", "k", "--watch"],
     ] {
-        let o = output(locksmith(dir.path(), args));
+        let o = output(lockwright(dir.path(), args));
         let err = stderr(&o);
         assert_eq!(code(&o), 64, "{args:?}: {err}");
         assert!(
-            err.starts_with("locksmith: unsupported: ") && err.lines().count() == 1,
+            err.starts_with("lockwright: unsupported: ") && err.lines().count() == 1,
             "{args:?}: {err}"
         );
     }
@@ -589,8 +589,8 @@ fn a_leader_cut_off_from_the_store_stops_its_command_and_exits_70() {
     assert_eq!(code, 70, "{err}");
     let last = err.trim_end().lines().last().unwrap_or_default();
     assert!(
-        (last.starts_with("locksmith: leadership lost: ")
-            || last.starts_with("locksmith: leadership not confirmed in time ("))
+        (last.starts_with("lockwright: leadership lost: ")
+            || last.starts_with("lockwright: leadership not confirmed in time ("))
             && last.contains("; the command was terminated (")
             && last.ends_with("; exit 70"),
         "last line {last:?} of:\n{err}"
@@ -634,7 +634,7 @@ fn a_watch_reports_an_outage_once_and_goes_on() {
     );
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 1, "one line per outage: {err}");
-    assert!(lines[0].starts_with("locksmith: unavailable: "), "{err}");
+    assert!(lines[0].starts_with("lockwright: unavailable: "), "{err}");
     std::fs::write(&go, "").unwrap();
     assert_eq!(wait_exit(&mut candidate, SLACK), 0);
 }

@@ -1,4 +1,4 @@
-//! `locksmith run` under signals, kills, partitions and dying waiters,
+//! `lockwright run` under signals, kills, partitions and dying waiters,
 //! against real stores: nothing of the command runs without the lock, and a
 //! waiter that dies holds nobody up for long.
 
@@ -18,7 +18,7 @@ mod common;
 
 #[cfg(feature = "redis")]
 use common::unique;
-use common::{locksmith, output, run_script, running, stderr_of, wait_exit, wait_gone};
+use common::{lockwright, output, run_script, running, stderr_of, wait_exit, wait_gone};
 
 fn sqlite_url(dir: &Path) -> String {
     format!("sqlite://{}/locks.db", dir.display())
@@ -48,7 +48,7 @@ fn spawn(mut c: Command) -> Child {
 /// A holder of `key` (30 s TTL) whose command runs until the file `go` exists.
 fn hold_until(dir: &Path, url: &str, key: &str, go: &Path) -> Child {
     let script = format!("while [ ! -e {} ]; do sleep 0.01; done", go.display());
-    spawn(locksmith(
+    spawn(lockwright(
         dir,
         &[
             "run", "--url", url, "--key", key, "--ttl", "30s", "--", "sh", "-c", &script,
@@ -65,9 +65,9 @@ fn hold_until(dir: &Path, url: &str, key: &str, go: &Path) -> Child {
 fn assert_ends_lost(err: &str, why: &[&str]) {
     let last = err.trim_end().lines().last().unwrap_or_default();
     let unconfirmed =
-        why.contains(&EXPIRED) && last.starts_with("locksmith: lock not confirmed in time (");
+        why.contains(&EXPIRED) && last.starts_with("lockwright: lock not confirmed in time (");
     assert!(
-        (last.starts_with("locksmith: lock lost: ") || unconfirmed)
+        (last.starts_with("lockwright: lock lost: ") || unconfirmed)
             && last.contains("; the command was terminated (")
             && last.ends_with("; exit 70"),
         "last line {last:?} of:\n{err}"
@@ -108,8 +108,8 @@ fn tree_script(pidfile: &Path) -> String {
     )
 }
 
-/// `locksmith run` holding `key` on a fresh SQLite file around such a
-/// command tree, once the grandchild runs: the directory, locksmith, and
+/// `lockwright run` holding `key` on a fresh SQLite file around such a
+/// command tree, once the grandchild runs: the directory, lockwright, and
 /// the grandchild's pid.
 fn run_tree(key: &str, ttl: &str) -> (tempfile::TempDir, Child, i32) {
     let dir = tempfile::tempdir().unwrap();
@@ -117,7 +117,7 @@ fn run_tree(key: &str, ttl: &str) -> (tempfile::TempDir, Child, i32) {
     let pidfile = d.join("grandchild");
     let u = sqlite_url(d);
     let script = tree_script(&pidfile);
-    let ls = spawn(locksmith(
+    let ls = spawn(lockwright(
         d,
         &[
             "run", "--url", &u, "--key", key, "--ttl", ttl, "--", "sh", "-c", &script,
@@ -131,33 +131,33 @@ fn run_tree(key: &str, ttl: &str) -> (tempfile::TempDir, Child, i32) {
 }
 
 #[test]
-fn sigterm_to_locksmith_stops_the_whole_command_tree() {
+fn sigterm_to_lockwright_stops_the_whole_command_tree() {
     let (_dir, mut ls, grandchild) = run_tree("k", "30s");
     kill(Pid::from_raw(ls.id() as i32), Signal::SIGTERM).unwrap();
     let code = wait_exit(&mut ls, Duration::from_secs(10));
     assert_eq!(code, 128 + 15, "{}", stderr_of(&mut ls));
     assert!(
         !running(grandchild),
-        "the grandchild outlived locksmith and its lock"
+        "the grandchild outlived lockwright and its lock"
     );
 }
 
 #[test]
-fn sigkill_of_locksmith_still_stops_the_whole_command_tree() {
+fn sigkill_of_lockwright_still_stops_the_whole_command_tree() {
     let (_dir, mut ls, grandchild) = run_tree("k", "30s");
-    ls.kill().unwrap(); // SIGKILL: locksmith can do nothing more itself
+    ls.kill().unwrap(); // SIGKILL: lockwright can do nothing more itself
     ls.wait().unwrap();
     assert!(
         wait_gone(grandchild, Duration::from_secs(3)),
-        "the grandchild runs on after locksmith was killed, its lease unrenewed"
+        "the grandchild runs on after lockwright was killed, its lease unrenewed"
     );
 }
 
 /// Stopped rather than killed (SIGSTOP, or a shell's `kill -TSTP %1`),
-/// locksmith can neither renew nor signal; its watcher still kills the
+/// lockwright can neither renew nor signal; its watcher still kills the
 /// command's group before the lease ends.
 #[test]
-fn a_stopped_locksmith_still_stops_the_command_before_its_lease_ends() {
+fn a_stopped_lockwright_still_stops_the_command_before_its_lease_ends() {
     // The command starts after the grant, so the lease ends at most a TTL
     // after the grandchild is first seen.
     let (_dir, mut ls, grandchild) = run_tree("k", "4s");
@@ -166,7 +166,7 @@ fn a_stopped_locksmith_still_stops_the_command_before_its_lease_ends() {
     let gone = wait_gone(grandchild, Duration::from_secs(8));
     let after = started.elapsed();
     kill(Pid::from_raw(ls.id() as i32), Signal::SIGCONT).unwrap();
-    assert!(gone, "the command ran on while locksmith was stopped");
+    assert!(gone, "the command ran on while lockwright was stopped");
     assert!(
         after < Duration::from_secs(4),
         "the command was stopped {after:?} after it started, past its 4 s lease"
@@ -187,7 +187,7 @@ fn a_command_that_exits_leaves_nothing_of_its_tree_behind_the_release() {
         "sleep 33 & echo $! > {p}.tmp && mv {p}.tmp {p}",
         p = pidfile.display()
     );
-    let o = output(locksmith(
+    let o = output(lockwright(
         d,
         &[
             "run", "--url", &u, "--key", "k", "--ttl", "3s", "--", "sh", "-c", &script,
@@ -224,7 +224,7 @@ fn a_lost_lock_stops_the_whole_command_tree() {
         let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", d.join("locks.db").display()))
             .await
             .unwrap();
-        sqlx::query("UPDATE locksmith_locks SET owner = 'thief' WHERE lock_key = 'stolen'")
+        sqlx::query("UPDATE lockwright_locks SET owner = 'thief' WHERE lock_key = 'stolen'")
             .execute(&pool)
             .await
             .unwrap();
@@ -240,10 +240,10 @@ fn a_lost_lock_stops_the_whole_command_tree() {
 }
 
 /// A shell ends a loop or script on Ctrl-C only if its child died by
-/// SIGINT: locksmith, interrupted while waiting or when its command died by
+/// SIGINT: lockwright, interrupted while waiting or when its command died by
 /// SIGINT, ends the same way after cleaning up (not by exit code 130).
 #[test]
-fn an_interrupt_ends_locksmith_by_the_signal_so_shell_loops_stop() {
+fn an_interrupt_ends_lockwright_by_the_signal_so_shell_loops_stop() {
     use std::os::unix::process::ExitStatusExt;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -257,7 +257,7 @@ fn an_interrupt_ends_locksmith_by_the_signal_so_shell_loops_stop() {
         String::from_utf8_lossy(&o.stderr)
     );
     // The lock was released before that.
-    let o = output(locksmith(
+    let o = output(lockwright(
         d,
         &["run", "--url", &u, "--key", "k", "--no-wait", "--", "true"],
     ));
@@ -271,7 +271,7 @@ fn an_interrupt_ends_locksmith_by_the_signal_so_shell_loops_stop() {
 
 /// A terminal delivers Ctrl-C to its foreground process group. The command
 /// runs in a group of its own (which takes the terminal when there is one),
-/// so it gets the signal once: forwarded by locksmith, or from the terminal,
+/// so it gets the signal once: forwarded by lockwright, or from the terminal,
 /// never both.
 #[test]
 fn a_signal_to_the_foreground_group_reaches_the_command_once() {
@@ -294,7 +294,7 @@ fn a_signal_to_the_foreground_group_reaches_the_command_once() {
     let our_group = ls.id() as i32;
     assert_ne!(
         command_group, our_group,
-        "the command shares locksmith's process group"
+        "the command shares lockwright's process group"
     );
     killpg(Pid::from_raw(our_group), Signal::SIGINT).unwrap();
     let code = wait_exit(&mut ls, Duration::from_secs(10));
@@ -391,7 +391,7 @@ mod on_redis {
             r = ready.display(),
             l = log.display()
         );
-        let mut a = spawn(locksmith(
+        let mut a = spawn(lockwright(
             d,
             &[
                 "run", "--url", &via_proxy, "--key", &key, "--ttl", "3s", "--", "sh", "-c",
@@ -406,7 +406,7 @@ mod on_redis {
         std::thread::sleep(Duration::from_millis(300));
         proxy.cut();
         let b_script = format!("echo B $(date +%s%N) >> {}", log.display());
-        let b = output(locksmith(
+        let b = output(lockwright(
             d,
             &[
                 "run", "--url", &direct, "--key", &key, "--ttl", "3s", "--wait", "20s", "--", "sh",
@@ -446,7 +446,7 @@ mod on_redis {
         let via_proxy = format!("redis://127.0.0.1:{}", proxy.port);
         let ready = d.join("ready");
         let script = format!("touch {}; sleep 30", ready.display());
-        let mut a = spawn(locksmith(
+        let mut a = spawn(lockwright(
             d,
             &[
                 "run", "--url", &via_proxy, "--key", &key, "--ttl", "3s", "--", "sh", "-c", &script,
@@ -487,13 +487,13 @@ mod on_redis {
     }
 
     pub(super) fn queued_at(port: u16, key: &str) -> i64 {
-        let reply = redis_at(port, &["ZCARD", &format!("locksmith:{{{key}}}:queue")]);
+        let reply = redis_at(port, &["ZCARD", &format!("lockwright:{{{key}}}:queue")]);
         reply.trim().trim_start_matches(':').parse().unwrap_or(-1)
     }
 
     fn wait_held(key: &str) {
         let start = Instant::now();
-        while redis(&["EXISTS", &format!("locksmith:{{{key}}}:lock")]).trim() != ":1" {
+        while redis(&["EXISTS", &format!("lockwright:{{{key}}}:lock")]).trim() != ":1" {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
                 "{key} never became held"
@@ -523,12 +523,12 @@ mod on_redis {
         let u = redis_url();
         for _ in 0..8 {
             let key = unique("handed");
-            let mut holder = spawn(locksmith(
+            let mut holder = spawn(lockwright(
                 d,
                 &["run", "--url", &u, "--key", &key, "--", "sleep", "0.3"],
             ));
             wait_held(&key);
-            let o = output(locksmith(
+            let o = output(lockwright(
                 d,
                 &[
                     "run", "--url", &u, "--key", &key, "--wait", "60s", "--", "true",
@@ -553,12 +553,12 @@ mod on_redis {
         let u = redis_url();
         for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
             let key = unique("waiting");
-            let mut holder = spawn(locksmith(
+            let mut holder = spawn(lockwright(
                 d,
                 &["run", "--url", &u, "--key", &key, "--", "sleep", "30"],
             ));
             wait_held(&key);
-            let mut waiter = spawn(locksmith(
+            let mut waiter = spawn(lockwright(
                 d,
                 &[
                     "run", "--url", &u, "--key", &key, "--wait", "60s", "--", "true",
@@ -596,7 +596,7 @@ mod on_redis {
         let done = d.join("c-done");
         let mut holder = hold_until(d, &u, &key, &go);
         wait_held(&key);
-        let mut b = spawn(locksmith(
+        let mut b = spawn(lockwright(
             d,
             &[
                 "run", "--url", &u, "--key", &key, "--ttl", "30s", "--wait", "60s", "--", "true",
@@ -604,7 +604,7 @@ mod on_redis {
         ));
         wait_queued(&key, 1);
         let c_script = format!("touch {}", done.display());
-        let mut c = spawn(locksmith(
+        let mut c = spawn(lockwright(
             d,
             &[
                 "run", "--url", &u, "--key", &key, "--ttl", "30s", "--wait", "60s", "--", "sh",
@@ -617,7 +617,7 @@ mod on_redis {
         std::fs::write(&go, "").unwrap();
         assert_eq!(wait_exit(&mut holder, Duration::from_secs(10)), 0);
         let released = Instant::now();
-        let grant = redis(&["HGET", &format!("locksmith:{{{key}}}:lock"), "~grant"]);
+        let grant = redis(&["HGET", &format!("lockwright:{{{key}}}:lock"), "~grant"]);
         assert!(
             !grant.starts_with("$-1"),
             "the release did not hand the lock to the dead waiter, so this tests nothing"
@@ -638,8 +638,8 @@ mod on_redis {
 
     /// A redis-server of the test's own on `port`, persisting nothing: a
     /// restart brings it back empty.
-    fn forgetful_redis(port: u16) -> locksmith_conformance::kit::process::ServerProcess {
-        locksmith_conformance::kit::process::ServerProcess::start(
+    fn forgetful_redis(port: u16) -> lockwright_conformance::kit::process::ServerProcess {
+        lockwright_conformance::kit::process::ServerProcess::start(
             Command::new("redis-server").args([
                 "--port",
                 &port.to_string(),
@@ -673,7 +673,7 @@ mod on_redis {
         let a_script = format!("echo > {}; sleep 40", ready.display());
         // One attempt: the holder never waited, so nothing but the grant
         // made it listen to the server.
-        let mut a = spawn(locksmith(
+        let mut a = spawn(lockwright(
             d,
             &[
                 "run",
@@ -693,7 +693,7 @@ mod on_redis {
         wait_for_file(&ready, Duration::from_secs(10));
         let b_ran = d.join("b-ran");
         let b_script = format!("touch {}", b_ran.display());
-        let mut b = spawn(locksmith(
+        let mut b = spawn(lockwright(
             d,
             &[
                 "run", "--url", &url, "--key", &key, "--ttl", "60s", "--wait", "60s", "--", "sh",
@@ -742,7 +742,7 @@ mod on_redis {
         let key = unique("restart-release");
         let ready = d.join("ready");
         let a_script = format!("echo > {}; sleep {seconds}", ready.display());
-        let mut a = spawn(locksmith(
+        let mut a = spawn(lockwright(
             d,
             &[
                 "run", "--url", &url, "--key", &key, "--ttl", ttl, "--", "sh", "-c", &a_script,
@@ -824,7 +824,7 @@ fn a_waiter_that_gives_up_in_a_store_stall_holds_nobody_up() {
     let start = Instant::now();
     while redis_at(
         server.port,
-        &["EXISTS", &format!("locksmith:{{{key}}}:lock")],
+        &["EXISTS", &format!("lockwright:{{{key}}}:lock")],
     )
     .trim()
         != ":1"
@@ -838,7 +838,7 @@ fn a_waiter_that_gives_up_in_a_store_stall_holds_nobody_up() {
     // W's requests time out within the stall, and its wait ends in it.
     let hasty = format!("{u}?timeout=200ms");
     let w_started = Instant::now();
-    let mut w = spawn(locksmith(
+    let mut w = spawn(lockwright(
         d,
         &[
             "run", "--url", &hasty, "--key", &key, "--ttl", "30s", "--wait", "4s", "--", "true",
@@ -849,7 +849,7 @@ fn a_waiter_that_gives_up_in_a_store_stall_holds_nobody_up() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let c_script = format!("touch {}", done.display());
-    let mut c = spawn(locksmith(
+    let mut c = spawn(lockwright(
         d,
         &[
             "run", "--url", &patient, "--key", &key, "--ttl", "30s", "--wait", "60s", "--", "sh",
@@ -902,7 +902,7 @@ mod zookeeper {
 
     /// Sessions of 2 s on the test server, whose ticks are 100 ms.
     fn url() -> String {
-        format!("{}/locksmith-cli?session_timeout=2s", common::zk_url())
+        format!("{}/lockwright-cli?session_timeout=2s", common::zk_url())
     }
 
     fn fence_in(path: &Path) -> u64 {
@@ -922,7 +922,7 @@ mod zookeeper {
         let d = dir.path();
         let (url, key) = (url(), format!("frozen-{}", std::process::id()));
         let (fa, fb, go) = (d.join("a"), d.join("b"), d.join("go"));
-        let mut a = spawn(locksmith(
+        let mut a = spawn(lockwright(
             d,
             &[
                 "run",
@@ -935,7 +935,7 @@ mod zookeeper {
                 "--",
                 "sh",
                 "-c",
-                &format!("echo $LOCKSMITH_FENCE > {}; sleep 60", fa.display()),
+                &format!("echo $LOCKWRIGHT_FENCE > {}; sleep 60", fa.display()),
             ],
         ));
         let first = fence_in(&fa);
@@ -952,7 +952,7 @@ mod zookeeper {
             }
         }
         let mut thaw = Thaw(a_pid, false);
-        let mut b = spawn(locksmith(
+        let mut b = spawn(lockwright(
             d,
             &[
                 "run",
@@ -968,7 +968,7 @@ mod zookeeper {
                 "sh",
                 "-c",
                 &format!(
-                    "echo $LOCKSMITH_FENCE > {}; while [ ! -e {} ]; do sleep 0.01; done",
+                    "echo $LOCKWRIGHT_FENCE > {}; while [ ! -e {} ]; do sleep 0.01; done",
                     fb.display(),
                     go.display()
                 ),
@@ -982,7 +982,7 @@ mod zookeeper {
         let err = stderr_of(&mut a);
         assert_eq!(code, 70, "{err}");
         assert_ends_lost(&err, &[EXPIRED, NOT_HELD]);
-        let shown = output(locksmith(
+        let shown = output(lockwright(
             d,
             &["status", "--url", &url, "--key", &key, "--json"],
         ));

@@ -1,4 +1,4 @@
-//! `locksmith bench --json` and `locksmith check --json` through the
+//! `lockwright bench --json` and `lockwright check --json` through the
 //! binary, on an SQLite file (no server needed): stdout is one JSON
 //! document, its figures JSON numbers, and everything else goes to stderr.
 
@@ -11,8 +11,8 @@ use std::path::Path;
 use serde_json::Value;
 
 /// Runs the binary in `dir`; its exit code, stdout and stderr.
-fn locksmith(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let o = common::output(common::locksmith(dir, args));
+fn lockwright(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let o = common::output(common::lockwright(dir, args));
     (
         o.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -41,7 +41,7 @@ fn run<'a>(doc: &'a Value, scenario: &str) -> &'a Value {
 fn bench_json_is_one_document_of_numbers() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/bench.db", dir.path().display());
-    let (code, out, err) = locksmith(
+    let (code, out, err) = lockwright(
         dir.path(),
         &[
             "bench",
@@ -101,7 +101,7 @@ fn bench_json_is_one_document_of_numbers() {
     }
 
     assert!(
-        !out.contains("locksmith bench:") && err.contains("locksmith bench:"),
+        !out.contains("lockwright bench:") && err.contains("lockwright bench:"),
         "the header goes to stderr:\n{out}\n{err}"
     );
 }
@@ -110,7 +110,7 @@ fn bench_json_is_one_document_of_numbers() {
 fn check_json_is_one_document_with_each_outcome_and_the_verdict() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/check.db", dir.path().display());
-    let (code, out, err) = locksmith(
+    let (code, out, err) = lockwright(
         dir.path(),
         &[
             "check",

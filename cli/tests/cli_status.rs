@@ -1,4 +1,4 @@
-//! `locksmith status` on every store shipped, and `RUST_LOG` showing what
+//! `lockwright status` on every store shipped, and `RUST_LOG` showing what
 //! the lock does, through the binary against the real servers.
 
 #![cfg(all(
@@ -14,7 +14,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use locksmith::{LockOptions, OwnerToken};
+use lockwright::{LockOptions, OwnerToken};
 
 use common::BIN;
 
@@ -39,7 +39,7 @@ fn status(url: &str, key: &str, json: bool) -> String {
     if json {
         cmd.arg("--json");
     }
-    let o = cmd.stdin(Stdio::null()).output().expect("locksmith runs");
+    let o = cmd.stdin(Stdio::null()).output().expect("lockwright runs");
     assert!(
         o.status.success(),
         "{url}: status exited {:?}: {}",
@@ -55,7 +55,7 @@ async fn status_says_held_or_free_on_every_store() {
     let db = dir.path().join("status.db");
     let key = format!("status-{}", OwnerToken::generate().as_str());
     for url in stores(&db.display().to_string()) {
-        let locker = locksmith::connect(&url)
+        let locker = lockwright::connect(&url)
             .await
             .unwrap_or_else(|e| panic!("{url}: {}", e.chain()));
         let free: serde_json::Value = serde_json::from_str(&status(&url, &key, true)).unwrap();
@@ -206,7 +206,7 @@ fn permits_and_shared_holds_are_refused_where_the_store_lacks_them() {
             .args(&args)
             .stdin(Stdio::null())
             .output()
-            .expect("locksmith runs");
+            .expect("lockwright runs");
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(64), "{flags:?}: {err}");
         assert!(err.contains(says), "{flags:?}: {err}");

@@ -16,15 +16,15 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{locksmith, output};
-use locksmith_conformance::kit::servers;
+use common::{lockwright, output};
+use lockwright_conformance::kit::servers;
 
 /// `run … --wait 60s -- true` on `url`: its exit code and stderr, and how
 /// long it took.
 fn run(url: &str) -> (i32, String, Duration) {
     let dir = tempfile::tempdir().unwrap();
     let start = Instant::now();
-    let o = output(locksmith(
+    let o = output(lockwright(
         dir.path(),
         &[
             "run",

@@ -40,7 +40,7 @@ fn my(user: &str, password: &str, db: &str) -> String {
 
 use common::{redis_url as redis, redlock_url as redlock};
 
-/// Runs `locksmith run --no-wait` on `url`; its code and stderr.
+/// Runs `lockwright run --no-wait` on `url`; its code and stderr.
 fn run(url: &str) -> (i32, String) {
     let dir = std::env::temp_dir();
     let o = Command::new(BIN)
@@ -57,7 +57,7 @@ fn run(url: &str) -> (i32, String) {
         ])
         .stdin(Stdio::null())
         .output()
-        .expect("locksmith runs");
+        .expect("lockwright runs");
     (
         o.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&o.stderr).into_owned(),
@@ -75,12 +75,12 @@ fn each_failure_has_one_exit_code_on_every_store() {
         // Credentials refused.
         (
             "MySQL wrong password",
-            my("locksmith", &wrong, "locksmith_test"),
+            my("lockwright", &wrong, "lockwright_test"),
             64,
         ),
         (
             "PostgreSQL unknown role",
-            pg("nobody", &wrong, "locksmith_test"),
+            pg("nobody", &wrong, "lockwright_test"),
             64,
         ),
         (
@@ -96,19 +96,23 @@ fn each_failure_has_one_exit_code_on_every_store() {
         // A database that does not exist.
         (
             "PostgreSQL unknown database",
-            pg("locksmith", "locksmith", "no_such_db"),
+            pg("lockwright", "lockwright", "no_such_db"),
             64,
         ),
         (
             "MySQL unknown database",
-            my("locksmith", "locksmith", "no_such_db"),
+            my("lockwright", "lockwright", "no_such_db"),
             64,
         ),
         ("Redis database out of range", format!("{}/99", redis()), 64),
         // A transport this build cannot speak.
         (
             "PostgreSQL TLS required, not built in",
-            pg("locksmith", "locksmith", "locksmith_test?sslmode=require"),
+            pg(
+                "lockwright",
+                "lockwright",
+                "lockwright_test?sslmode=require",
+            ),
             64,
         ),
         // A quorum refused (the per-node timeout leaves room for the handshake).
@@ -125,12 +129,12 @@ fn each_failure_has_one_exit_code_on_every_store() {
         ),
         (
             "PostgreSQL bad table",
-            pg("locksmith", "locksmith", "locksmith_test?table=select"),
+            pg("lockwright", "lockwright", "lockwright_test?table=select"),
             64,
         ),
         (
             "MySQL bad table",
-            my("locksmith", "locksmith", "locksmith_test?table=select"),
+            my("lockwright", "lockwright", "lockwright_test?table=select"),
             64,
         ),
         // A misspelt parameter.
@@ -141,12 +145,12 @@ fn each_failure_has_one_exit_code_on_every_store() {
         ),
         (
             "PostgreSQL unknown parameter",
-            pg("locksmith", "locksmith", "locksmith_test?tabel=x"),
+            pg("lockwright", "lockwright", "lockwright_test?tabel=x"),
             64,
         ),
         (
             "MySQL unknown parameter",
-            my("locksmith", "locksmith", "locksmith_test?tabel=x"),
+            my("lockwright", "lockwright", "lockwright_test?tabel=x"),
             64,
         ),
         (
@@ -176,12 +180,12 @@ fn each_failure_has_one_exit_code_on_every_store() {
         // Nothing answers: the only 69s.
         (
             "PostgreSQL down",
-            format!("postgres://locksmith:{wrong}@127.0.0.1:1/db?connect_timeout=1s"),
+            format!("postgres://lockwright:{wrong}@127.0.0.1:1/db?connect_timeout=1s"),
             69,
         ),
         (
             "MySQL down",
-            format!("mysql://locksmith:{wrong}@127.0.0.1:1/locksmith_test?connect_timeout=1s"),
+            format!("mysql://lockwright:{wrong}@127.0.0.1:1/lockwright_test?connect_timeout=1s"),
             69,
         ),
         ("Redis down", format!("redis://:{wrong}@127.0.0.1:1"), 69),
@@ -224,14 +228,14 @@ fn no_password_shows_on_stderr() {
         }
         let pw = format!("{pw}{case}");
         for url in [
-            format!("postgres://locksmith:{pw}@127.0.0.1:1/db?connect_timeout=200ms"),
-            format!("mysql://locksmith:{pw}@127.0.0.1:1/db?connect_timeout=200ms"),
+            format!("postgres://lockwright:{pw}@127.0.0.1:1/db?connect_timeout=200ms"),
+            format!("mysql://lockwright:{pw}@127.0.0.1:1/db?connect_timeout=200ms"),
             format!("redis://:{pw}@127.0.0.1:1"),
             format!("redis+redlock://:{pw}@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"),
             format!("postgres://127.0.0.1:1/db?connect_timeout=200ms&password={pw}&x=1"),
-            format!("postgres:/locksmith:{pw}@127.0.0.1:1/db"),
-            format!("postgres//locksmith:{pw}@127.0.0.1:1/db"),
-            format!("locksmith:{pw}@127.0.0.1:1/db"),
+            format!("postgres:/lockwright:{pw}@127.0.0.1:1/db"),
+            format!("postgres//lockwright:{pw}@127.0.0.1:1/db"),
+            format!("lockwright:{pw}@127.0.0.1:1/db"),
             format!("redis:/:{pw}@127.0.0.1:1"),
         ] {
             let (code, stderr) = run(&url);

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::future::join_all;
-use locksmith_core::backend::{
+use lockwright_core::backend::{
     Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest, Watch,
 };
-use locksmith_core::{
+use lockwright_core::{
     Claim, Error, ErrorKind, FencingToken, LockKey, LockStatus, OwnerToken, Result,
 };
 
@@ -285,7 +285,7 @@ impl Broken {
 // methods that would reach the store around them (`renew_many`,
 // `try_acquire_waiting`) go through them instead, so that a defect shows on
 // every path. Everything else is the correct backend's.
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for Broken {
         fn capabilities(&self) -> Capabilities {
@@ -662,7 +662,7 @@ impl<H: Harness> Harness for BrokenHarness<H> {
 }
 
 /// A quorum that keeps every rule of
-/// [`Quorum`](locksmith_core::backend::Quorum) but one: it counts a grant
+/// [`Quorum`](lockwright_core::backend::Quorum) but one: it counts a grant
 /// or a renewal however late it came back, even after the TTL it was for
 /// has run out. Of the shared quorum tests, only
 /// [`late_answers_do_not_count`](crate::quorum::late_answers_do_not_count)
@@ -748,7 +748,7 @@ impl LockBackend for UntimedQuorum {
     }
 
     async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        locksmith_core::backend::renew_one(self, key, owner, ttl).await
+        lockwright_core::backend::renew_one(self, key, owner, ttl).await
     }
 
     async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {

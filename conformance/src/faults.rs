@@ -1,15 +1,15 @@
 //! Fault injection around a real client: a network partition between this
 //! client and its store, switched on and off by the test; a reply held
 //! back; and the one forwarding wrapper, [`Observed`], that these and the
-//! CLI's tools (`locksmith check`, `locksmith bench`) are built on.
+//! CLI's tools (`lockwright check`, `lockwright bench`) are built on.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::backend::{Acquire, LockBackend, Release, Renew, RenewRequest, Watch};
-use locksmith_core::{Error, LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::backend::{Acquire, LockBackend, Release, Renew, RenewRequest, Watch};
+use lockwright_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
 /// What an [`Observed`] client reports to, or waits on.
 #[async_trait]
@@ -51,7 +51,7 @@ impl<O: Observer> Observed<O> {
 
 // Every call that reaches the store passes the gate; `capabilities` and
 // `alarm` ask the client, not the store, and are forwarded as they are.
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.inner;
     impl<O: Observer> LockBackend for Observed<O> {
         async fn verify(&self) -> Result<()> {
@@ -227,7 +227,7 @@ impl Stall {
 
 // Only the two ways an acquire is granted are held back; everything else
 // is the client's own.
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for Stall {
         async fn try_acquire(

@@ -1,4 +1,4 @@
-//! The shared conformance suite: one list of cases every locksmith backend
+//! The shared conformance suite: one list of cases every lockwright backend
 //! runs against a real store.
 //!
 //! A backend provides a [`Harness`] (how to make independent clients of the
@@ -7,14 +7,14 @@
 //!
 //! ```ignore
 //! mod conformance {
-//!     locksmith_conformance::conformance_tests!(crate::MyHarness::start().await);
+//!     lockwright_conformance::conformance_tests!(crate::MyHarness::start().await);
 //! }
 //! ```
 //!
 //! [`CASES`] lists every case by the contract rule it proves; a rule's
 //! cases live in its module under [`cases`], whose docs state the rule.
 //!
-//! Cases read the backend's [`Capabilities`](locksmith_core::backend::Capabilities) to
+//! Cases read the backend's [`Capabilities`](lockwright_core::backend::Capabilities) to
 //! adapt expectations (fencing or not, TTL resolution), never to skip a
 //! safety property. The suite itself is tested: [`broken`] holds
 //! deliberately broken backends, and this crate's tests prove each one fails.
@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use locksmith_core::backend::LockBackend;
+use lockwright_core::backend::LockBackend;
 
 pub use cases::Rule;
 pub use memory::{MemoryHarness, QuorumHarness};
@@ -60,7 +60,7 @@ pub trait Harness: Send + Sync {
 
     /// Ends every session `client` has with the store, from the server side,
     /// as a crash or a lost network would. Session-bound backends
-    /// ([`Binding::Session`](locksmith_core::backend::Binding::Session)) must provide
+    /// ([`Binding::Session`](lockwright_core::backend::Binding::Session)) must provide
     /// it: their cases end a holder's session where lease-bound cases wait
     /// for the lease to run out.
     async fn end_sessions(&self, client: &Arc<dyn LockBackend>) -> anyhow::Result<()> {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::backend::{LockBackend, MemoryBackend, Quorum};
+use lockwright_core::backend::{LockBackend, MemoryBackend, Quorum};
 
 use crate::Harness;
 
@@ -58,10 +58,10 @@ pub struct QuorumHarness {
 #[derive(Debug)]
 struct WithoutClaims(Arc<dyn LockBackend>);
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.0;
     impl LockBackend for WithoutClaims {
-        fn capabilities(&self) -> locksmith_core::backend::Capabilities {
+        fn capabilities(&self) -> lockwright_core::backend::Capabilities {
             self.0.capabilities().with_permits(false).with_shared(false)
         }
     }

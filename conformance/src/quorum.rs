@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Result};
 use async_trait::async_trait;
-use locksmith_core::backend::{Acquire, LockBackend, Release, Renew, RenewRequest};
-use locksmith_core::{ErrorKind, LockKey, OwnerToken};
+use lockwright_core::backend::{Acquire, LockBackend, Release, Renew, RenewRequest};
+use lockwright_core::{ErrorKind, LockKey, OwnerToken};
 
 use crate::faults::{Observed, Observer};
 
@@ -118,7 +118,7 @@ struct LateOnce(AtomicBool);
 
 #[async_trait]
 impl Observer for LateOnce {
-    async fn gate(&self) -> locksmith_core::Result<()> {
+    async fn gate(&self) -> lockwright_core::Result<()> {
         if self.0.swap(false, Ordering::SeqCst) {
             tokio::time::sleep(LATE).await;
         }

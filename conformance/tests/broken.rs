@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use locksmith_conformance::broken::{BrokenHarness, Defect, UntimedQuorum};
-use locksmith_conformance::quorum::{
+use lockwright_conformance::broken::{BrokenHarness, Defect, UntimedQuorum};
+use lockwright_conformance::quorum::{
     acquire_succeeds_iff_a_majority_is_free, late_answers_do_not_count,
 };
-use locksmith_conformance::{failing_cases, MemoryHarness};
-use locksmith_core::backend::{LockBackend, MemoryBackend, Quorum};
+use lockwright_conformance::{failing_cases, MemoryHarness};
+use lockwright_core::backend::{LockBackend, MemoryBackend, Quorum};
 
 async fn check(defect: Defect, must_fail: &[&str]) {
     let harness = BrokenHarness::new(MemoryHarness::new(), defect);

@@ -8,8 +8,8 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use locksmith_conformance::kit::etcdctl::EtcdctlLock;
-use locksmith_conformance::kit::servers::{etcd_cluster_ports, etcd_url, loopback};
+use lockwright_conformance::kit::etcdctl::EtcdctlLock;
+use lockwright_conformance::kit::servers::{etcd_cluster_ports, etcd_url, loopback};
 
 /// `host:port` of the single member, from its `etcd://` URL.
 fn single() -> String {
@@ -52,7 +52,7 @@ fn unique(what: &str) -> String {
         .unwrap()
         .as_nanos();
     format!(
-        "locksmith-servers-test/{what}-{}-{nanos}",
+        "lockwright-servers-test/{what}-{}-{nanos}",
         std::process::id()
     )
 }

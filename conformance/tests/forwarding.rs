@@ -6,11 +6,11 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use locksmith_conformance::broken::{BrokenHarness, Defect};
-use locksmith_conformance::faults::{Partition, Stall};
-use locksmith_conformance::kit::forwarding::{check, Expect, Method, Recorder};
-use locksmith_conformance::Harness;
-use locksmith_core::backend::LockBackend;
+use lockwright_conformance::broken::{BrokenHarness, Defect};
+use lockwright_conformance::faults::{Partition, Stall};
+use lockwright_conformance::kit::forwarding::{check, Expect, Method, Recorder};
+use lockwright_conformance::Harness;
+use lockwright_core::backend::LockBackend;
 
 /// Every method to the same method of the inner client.
 fn all_forwarded(m: Method) -> Expect {

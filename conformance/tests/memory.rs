@@ -1,7 +1,7 @@
 //! The in-memory reference backend passes the whole suite.
 
-use locksmith_conformance::MemoryHarness;
+use lockwright_conformance::MemoryHarness;
 
 mod conformance {
-    locksmith_conformance::conformance_tests!(super::MemoryHarness::new());
+    lockwright_conformance::conformance_tests!(super::MemoryHarness::new());
 }

@@ -3,12 +3,12 @@
 //! permits or shared holds, which over three nodes need all three), and
 //! over five, one down, with everything.
 
-use locksmith_conformance::QuorumHarness;
+use lockwright_conformance::QuorumHarness;
 
 mod conformance {
-    locksmith_conformance::conformance_tests!(super::QuorumHarness::new());
+    lockwright_conformance::conformance_tests!(super::QuorumHarness::new());
 }
 
 mod five {
-    locksmith_conformance::conformance_tests!(super::QuorumHarness::five());
+    lockwright_conformance::conformance_tests!(super::QuorumHarness::five());
 }

@@ -4,7 +4,7 @@
 
 use std::process::{Command, Stdio};
 
-use locksmith_conformance::kit::servers::{
+use lockwright_conformance::kit::servers::{
     redis_cluster_ports, redis_sentinel_data_ports, redis_sentinel_ports,
 };
 
@@ -38,7 +38,7 @@ fn the_sentinels_agree_on_a_primary_with_two_replicas() {
     assert_eq!((data.len(), sentinels.len()), (3, 3));
     let named: Vec<String> = sentinels
         .iter()
-        .map(|&p| cli(p, &["sentinel", "get-master-addr-by-name", "locksmith"]))
+        .map(|&p| cli(p, &["sentinel", "get-master-addr-by-name", "lockwright"]))
         .collect();
     assert!(named.windows(2).all(|w| w[0] == w[1]), "{named:?}");
     let port: u16 = named[0]
@@ -65,7 +65,7 @@ fn the_cluster_serves_with_three_primaries_and_three_replicas() {
     assert!(info.contains("cluster_known_nodes:6"), "{info}");
     assert!(info.contains("cluster_size:3"), "{info}");
     // A key lands on its slot's primary, redirects followed (-c).
-    let key = format!("locksmith-servers-{}", std::process::id());
+    let key = format!("lockwright-servers-{}", std::process::id());
     let set = Command::new("redis-cli")
         .args(["-c", "-h", "127.0.0.1", "-p", &ports[0].to_string()])
         .args(["set", &key, "1", "px", "10000"])

@@ -6,12 +6,12 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use locksmith::Locker;
+use lockwright::Locker;
 
 /// The store when none is given: an SQLite file named after the example in
 /// the temp dir (created if missing).
 pub(crate) fn default_url(example: &str) -> String {
-    let file = std::env::temp_dir().join(format!("locksmith-example-{example}.db"));
+    let file = std::env::temp_dir().join(format!("lockwright-example-{example}.db"));
     format!("sqlite://{}", file.display())
 }
 
@@ -25,14 +25,14 @@ pub(crate) fn store_url(example: &str) -> String {
 
 /// Separate clients of one store. `memory://` is private to each
 /// `connect`, so its clients share one in-process store instead.
-pub(crate) async fn clients(url: &str, n: usize) -> locksmith::Result<Vec<Locker>> {
+pub(crate) async fn clients(url: &str, n: usize) -> lockwright::Result<Vec<Locker>> {
     if url.starts_with("memory:") {
-        let shared = locksmith::backend::open(url).await?;
+        let shared = lockwright::backend::open(url).await?;
         return Ok((0..n).map(|_| Locker::from_arc(shared.clone())).collect());
     }
     let mut lockers = Vec::with_capacity(n);
     for _ in 0..n {
-        lockers.push(locksmith::connect(url).await?);
+        lockers.push(lockwright::connect(url).await?);
     }
     Ok(lockers)
 }

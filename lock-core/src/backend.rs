@@ -39,7 +39,7 @@ pub enum Binding {
 ///
 /// ```
 /// use std::time::Duration;
-/// use locksmith_core::backend::Capabilities;
+/// use lockwright_core::backend::Capabilities;
 /// let caps = Capabilities::default()
 ///     .with_fencing(true)
 ///     .with_min_ttl(Duration::from_millis(100));
@@ -483,7 +483,7 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     fn capabilities(&self) -> Capabilities;
 
     /// Checks the store now: reachable, credentials accepted, and whatever
-    /// schema the backend needs in place. `locksmith::connect` calls it, so
+    /// schema the backend needs in place. `lockwright::connect` calls it, so
     /// a wrong password shows at start-up, not at the first lock. The
     /// default (for stores with nothing to check) succeeds.
     async fn verify(&self) -> Result<()> {
@@ -627,8 +627,8 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
 /// ```
 /// use std::sync::atomic::{AtomicBool, Ordering};
 /// use std::time::Duration;
-/// use locksmith_core::backend::{Acquire, LockBackend, MemoryBackend};
-/// use locksmith_core::{Error, LockKey, OwnerToken, Result};
+/// use lockwright_core::backend::{Acquire, LockBackend, MemoryBackend};
+/// use lockwright_core::{Error, LockKey, OwnerToken, Result};
 ///
 /// /// A store that refuses new grants while `closed` is set; everything
 /// /// else is the memory store's.
@@ -638,7 +638,7 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
 ///     closed: AtomicBool,
 /// }
 ///
-/// locksmith_core::forward_backend! {
+/// lockwright_core::forward_backend! {
 ///     (self) => self.store;
 ///     impl LockBackend for Closable {
 ///         async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Acquire> {

@@ -55,8 +55,8 @@ const REMEMBERED_REIGNS: usize = 64;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> locksmith_core::Result<()> {
-/// use locksmith_core::{backend::MemoryBackend, LockOptions, Locker};
+/// # async fn main() -> lockwright_core::Result<()> {
+/// use lockwright_core::{backend::MemoryBackend, LockOptions, Locker};
 ///
 /// let locker = Locker::new(MemoryBackend::new());
 /// let election = locker.election("nightly-job")?;
@@ -155,7 +155,7 @@ impl Election {
     ) -> Result<Option<Leadership>> {
         let value = check_value(value.into())?;
         let owner = OwnerToken::generate().with_value(value.clone())?;
-        let span = tracing::info_span!("locksmith.campaign", name = %self.key,
+        let span = tracing::info_span!("lockwright.campaign", name = %self.key,
             store = self.locker.store_label(), owner = owner.short(),
             outcome = tracing::field::Empty, term = tracing::field::Empty);
         let won = self

@@ -1,9 +1,9 @@
-//! The one error type every locksmith operation returns.
+//! The one error type every lockwright operation returns.
 
 use std::fmt;
 use std::sync::Arc;
 
-/// Convenience alias used throughout locksmith.
+/// Convenience alias used throughout lockwright.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What went wrong, in terms a caller can match on.
@@ -53,7 +53,7 @@ impl ErrorKind {
 impl ErrorKind {
     /// The exit status (from BSD's `sysexits.h`) a command-line tool should
     /// end with for this kind of error, so that scripts can tell "busy" from
-    /// "broken"; the `locksmith` command uses this table.
+    /// "broken"; the `lockwright` command uses this table.
     ///
     /// | kind | status |
     /// |---|---|
@@ -99,7 +99,7 @@ impl fmt::Display for ErrorKind {
 
 type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// A locksmith error: a matchable [`ErrorKind`], a message and an optional
+/// A lockwright error: a matchable [`ErrorKind`], a message and an optional
 /// cause. `Display` shows the kind and the message; the driver's own text
 /// is in the [`source`](std::error::Error::source) chain, shown in full by
 /// [`chain`](Error::chain). Cloning shares the cause.
@@ -177,7 +177,7 @@ impl Error {
     /// cause's text shown once even where a driver repeats its own source.
     ///
     /// ```
-    /// use locksmith_core::Error;
+    /// use lockwright_core::Error;
     /// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
     /// let e = Error::unavailable("cannot reach redis").with_source(io);
     /// assert_eq!(e.chain(), "unavailable: cannot reach redis: refused");

@@ -202,8 +202,8 @@ impl LockGuard {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> locksmith_core::Result<()> {
-    /// # use locksmith_core::{backend::MemoryBackend, Locker};
+    /// # async fn main() -> lockwright_core::Result<()> {
+    /// # use lockwright_core::{backend::MemoryBackend, Locker};
     /// # let locker = Locker::new(MemoryBackend::new());
     /// let guard = locker.lock("batch-42").await?;
     /// let lost = guard.lost_token();
@@ -245,8 +245,8 @@ impl LockGuard {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> locksmith_core::Result<()> {
-    /// # use locksmith_core::{backend::MemoryBackend, Locker};
+    /// # async fn main() -> lockwright_core::Result<()> {
+    /// # use lockwright_core::{backend::MemoryBackend, Locker};
     /// # let locker = Locker::new(MemoryBackend::new());
     /// let guard = locker.lock("nightly-report").await?;
     /// guard.on_lost(|reason| eprintln!("nightly-report lock lost ({reason:?}); stopping"));
@@ -347,7 +347,7 @@ impl LockGuard {
         if let LeaseState::Lost(reason) = lost {
             self.meter.lost(reason);
         }
-        let span = tracing::info_span!("locksmith.release", name = %self.lease.key,
+        let span = tracing::info_span!("lockwright.release", name = %self.lease.key,
             store = self.meter.labels().store(), primitive = self.meter.labels().primitive(),
             owner = self.lease.owner.short(), fence = self.lease.fence.map(|f| f.0),
             outcome = tracing::field::Empty);

@@ -17,7 +17,7 @@ pub const MAX_KEY_LEN: usize = 1024;
 /// (PostgreSQL text, C-string APIs) cannot carry it faithfully.
 ///
 /// ```
-/// use locksmith_core::LockKey;
+/// use lockwright_core::LockKey;
 /// let key = LockKey::new("orders/42").unwrap();
 /// assert_eq!(key.as_str(), "orders/42");
 /// assert!(LockKey::new("").is_err());

@@ -100,7 +100,7 @@ pub struct Lease {
 }
 
 /// What the store says about a key right now, read without changing it
-/// ([`Locker::status`](crate::Locker::status), `locksmith status`). It is a
+/// ([`Locker::status`](crate::Locker::status), `lockwright status`). It is a
 /// snapshot: the lock may change hands as soon as it is read, so never
 /// decide to act on a resource from it; take the lock instead.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! The lock contract and the client-side machinery every locksmith backend
+//! The lock contract and the client-side machinery every lockwright backend
 //! shares.
 //!
 //! A store implements the small [`LockBackend`](backend::LockBackend) trait: one owner-checked

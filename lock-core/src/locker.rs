@@ -46,8 +46,8 @@ const OUTAGE_PAUSE: (Duration, Duration) = (Duration::from_millis(50), Duration:
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> locksmith_core::Result<()> {
-/// use locksmith_core::{backend::MemoryBackend, LockOptions, Locker};
+/// # async fn main() -> lockwright_core::Result<()> {
+/// use lockwright_core::{backend::MemoryBackend, LockOptions, Locker};
 /// use std::time::Duration;
 ///
 /// let locker = Locker::new(MemoryBackend::new());
@@ -136,8 +136,8 @@ impl Locker {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> locksmith_core::Result<()> {
-    /// # use locksmith_core::{backend::MemoryBackend, ErrorKind, Locker};
+    /// # async fn main() -> lockwright_core::Result<()> {
+    /// # use lockwright_core::{backend::MemoryBackend, ErrorKind, Locker};
     /// let locker = Locker::new(MemoryBackend::new());
     /// let _job = locker.lock("nightly").await?;
     /// locker.close().await?; // "nightly" is free in the store now
@@ -182,8 +182,8 @@ impl Locker {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> locksmith_core::Result<()> {
-    /// # use locksmith_core::{backend::MemoryBackend, Locker};
+    /// # async fn main() -> lockwright_core::Result<()> {
+    /// # use lockwright_core::{backend::MemoryBackend, Locker};
     /// let locker = Locker::new(MemoryBackend::new());
     /// assert!(!locker.is_held("report").await?);
     /// let guard = locker.lock("report").await?;
@@ -280,8 +280,8 @@ impl Locker {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> locksmith_core::Result<()> {
-    /// use locksmith_core::{backend::MemoryBackend, LockOptions, Locker};
+    /// # async fn main() -> lockwright_core::Result<()> {
+    /// use lockwright_core::{backend::MemoryBackend, LockOptions, Locker};
     /// use std::time::Duration;
     ///
     /// let locker = Locker::new(MemoryBackend::new());
@@ -406,8 +406,8 @@ impl Locker {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> locksmith_core::Result<()> {
-    /// use locksmith_core::{backend::MemoryBackend, Claim, LockOptions, Locker};
+    /// # async fn main() -> lockwright_core::Result<()> {
+    /// use lockwright_core::{backend::MemoryBackend, Claim, LockOptions, Locker};
     ///
     /// let locker = Locker::new(MemoryBackend::new());
     /// let opts = LockOptions::new().no_wait();
@@ -500,7 +500,7 @@ impl Locker {
         self.metered(key, owner, fresh_owner, opts, false).await
     }
 
-    /// The acquire in a `locksmith.acquire` span, with its metrics;
+    /// The acquire in a `lockwright.acquire` span, with its metrics;
     /// `election`: a campaign's.
     async fn metered(
         &self,
@@ -517,7 +517,7 @@ impl Locker {
             self.name_label,
         );
         let span = tracing::info_span!(
-            "locksmith.acquire",
+            "lockwright.acquire",
             name = %key,
             store = self.store,
             primitive = labels.primitive(),

@@ -1,7 +1,7 @@
 //! What the locks do, as metrics through the [`metrics`] facade: nothing is
 //! recorded (and next to nothing spent) until the application installs a
 //! recorder. Each figure also goes out as a `debug` event under the
-//! metric's own name (target `locksmith::metrics`), so `-v` shows the
+//! metric's own name (target `lockwright::metrics`), so `-v` shows the
 //! names a dashboard would. The README's "Metrics" table is the contract.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,23 +15,23 @@ use crate::key::{Claim, LockKey, OwnerToken};
 use crate::lease::LostReason;
 
 /// Time from an acquire's start to its outcome (histogram, seconds).
-pub const ACQUIRE_WAIT: &str = "locksmith_acquire_wait_seconds";
+pub const ACQUIRE_WAIT: &str = "lockwright_acquire_wait_seconds";
 /// Time from a grant to its release or loss (histogram, seconds).
-pub const HELD_TIME: &str = "locksmith_held_seconds";
+pub const HELD_TIME: &str = "lockwright_held_seconds";
 /// Locks this process holds now (gauge).
-pub const HELD: &str = "locksmith_held";
+pub const HELD: &str = "lockwright_held";
 /// Elections this process leads now (gauge).
-pub const LEADER: &str = "locksmith_leader";
+pub const LEADER: &str = "lockwright_leader";
 /// Attempts that found the lock held by someone else (counter).
-pub const CONTENDED: &str = "locksmith_contended_total";
+pub const CONTENDED: &str = "lockwright_contended_total";
 /// Acquires granted after waiting on a holder (counter).
-pub const HANDOFFS: &str = "locksmith_handoffs_total";
+pub const HANDOFFS: &str = "lockwright_handoffs_total";
 /// Renewals by outcome (counter).
-pub const RENEWALS: &str = "locksmith_renewals_total";
+pub const RENEWALS: &str = "lockwright_renewals_total";
 /// Held locks lost, by reason (counter).
-pub const LOST: &str = "locksmith_lost_total";
+pub const LOST: &str = "lockwright_lost_total";
 /// Store errors met by acquires, releases and renewals, by kind (counter).
-pub const STORE_ERRORS: &str = "locksmith_store_errors_total";
+pub const STORE_ERRORS: &str = "lockwright_store_errors_total";
 
 /// The labels every figure of one lock carries.
 #[derive(Debug, Clone)]
@@ -84,13 +84,13 @@ impl Labels {
     fn log(&self, metric: &'static str, extra: Option<(&'static str, &'static str)>, value: f64) {
         let (store, primitive) = (self.store, self.primitive);
         match extra {
-            Some(("outcome", outcome)) => tracing::debug!(target: "locksmith::metrics",
+            Some(("outcome", outcome)) => tracing::debug!(target: "lockwright::metrics",
                 metric, store, primitive, outcome, value),
-            Some(("reason", reason)) => tracing::debug!(target: "locksmith::metrics",
+            Some(("reason", reason)) => tracing::debug!(target: "lockwright::metrics",
                 metric, store, primitive, reason, value),
-            Some((_, kind)) => tracing::debug!(target: "locksmith::metrics",
+            Some((_, kind)) => tracing::debug!(target: "lockwright::metrics",
                 metric, store, primitive, kind, value),
-            None => tracing::debug!(target: "locksmith::metrics", metric, store, primitive, value),
+            None => tracing::debug!(target: "lockwright::metrics", metric, store, primitive, value),
         }
     }
 
@@ -164,7 +164,7 @@ pub(crate) fn kind_label(kind: ErrorKind) -> &'static str {
     }
 }
 
-/// How an acquire ended, as `locksmith_acquire_wait_seconds` labels it.
+/// How an acquire ended, as `lockwright_acquire_wait_seconds` labels it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
     /// Granted.
@@ -249,7 +249,7 @@ pub(crate) struct HoldMeter {
     labels: Labels,
     start: Instant,
     ended: AtomicBool,
-    /// `locksmith_held`'s handle, registered once for both of its moves.
+    /// `lockwright_held`'s handle, registered once for both of its moves.
     held: metrics::Gauge,
 }
 

@@ -74,7 +74,7 @@ impl<'de> Deserialize<'de> for WaitPolicy {
 /// durations:
 ///
 /// ```
-/// use locksmith_core::{LockOptions, WaitPolicy};
+/// use lockwright_core::{LockOptions, WaitPolicy};
 /// use std::time::Duration;
 /// let o: LockOptions = serde_json::from_str(r#"{"ttl": "10s", "wait": "2s"}"#).unwrap();
 /// assert_eq!(o.ttl, Duration::from_secs(10));

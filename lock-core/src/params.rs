@@ -18,7 +18,7 @@ use crate::url::{RedactedUrl, SECRET_PARAMS};
 ///
 /// ```
 /// use std::time::Duration;
-/// use locksmith_core::backend::UrlParams;
+/// use lockwright_core::backend::UrlParams;
 ///
 /// let mut p = UrlParams::new("redis://h:6379/0?timeout=250ms&prefix=app:&protocol=resp3");
 /// let timeout = p.duration("timeout", Duration::from_millis(1)..=Duration::from_secs(60))?;
@@ -31,7 +31,7 @@ use crate::url::{RedactedUrl, SECRET_PARAMS};
 /// let mut p = UrlParams::new("redis://h?timeout=soon");
 /// let e = p.duration("timeout", Duration::ZERO..=Duration::MAX).unwrap_err();
 /// assert!(e.to_string().contains("timeout"));
-/// # Ok::<(), locksmith_core::Error>(())
+/// # Ok::<(), lockwright_core::Error>(())
 /// ```
 pub struct UrlParams {
     shown: RedactedUrl,

@@ -27,8 +27,8 @@ use crate::options::LockOptions;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> locksmith_core::Result<()> {
-/// use locksmith_core::{backend::MemoryBackend, LockOptions, Locker};
+/// # async fn main() -> lockwright_core::Result<()> {
+/// use lockwright_core::{backend::MemoryBackend, LockOptions, Locker};
 ///
 /// let locker = Locker::new(MemoryBackend::new());
 /// let backups = locker.semaphore("backups", 2)?;
@@ -133,8 +133,8 @@ impl Semaphore {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> locksmith_core::Result<()> {
-/// use locksmith_core::{backend::MemoryBackend, LockOptions, Locker};
+/// # async fn main() -> lockwright_core::Result<()> {
+/// use lockwright_core::{backend::MemoryBackend, LockOptions, Locker};
 ///
 /// let locker = Locker::new(MemoryBackend::new());
 /// let catalogue = locker.rwlock("catalogue")?;

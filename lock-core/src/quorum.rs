@@ -35,16 +35,16 @@ use crate::url::ServerUrl;
 ///
 /// ```
 /// use std::time::Duration;
-/// use locksmith_core::backend::{LockBackend, MemoryBackend, Quorum};
-/// use locksmith_core::{LockKey, OwnerToken};
+/// use lockwright_core::backend::{LockBackend, MemoryBackend, Quorum};
+/// use lockwright_core::{LockKey, OwnerToken};
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> locksmith_core::Result<()> {
+/// # async fn main() -> lockwright_core::Result<()> {
 /// let nodes = vec![MemoryBackend::new(), MemoryBackend::new(), MemoryBackend::new()];
 /// let q = Quorum::new("memory", nodes, Duration::from_millis(10))?;
 /// let (key, me) = (LockKey::new("k")?, OwnerToken::generate());
 /// assert!(matches!(
 ///     q.try_acquire(&key, &me, Duration::from_secs(5)).await?,
-///     locksmith_core::backend::Acquire::Acquired(_)
+///     lockwright_core::backend::Acquire::Acquired(_)
 /// ));
 /// # Ok(())
 /// # }

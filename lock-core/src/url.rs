@@ -9,7 +9,7 @@ use crate::params::{percent_decode, UrlParams};
 /// `password`/`token` query parameter). Use it wherever a URL may be logged.
 ///
 /// ```
-/// use locksmith_core::backend::RedactedUrl;
+/// use lockwright_core::backend::RedactedUrl;
 /// let u = RedactedUrl::new("postgres://app:s3cret@db:5432/locks?password=x");
 /// assert_eq!(u.to_string(), "postgres://app:***@db:5432/locks?password=***");
 /// assert_eq!(u.expose(), "postgres://app:s3cret@db:5432/locks?password=x");
@@ -198,7 +198,7 @@ impl Scheme {
     /// The entry of `schemes` that `url`'s scheme names.
     ///
     /// ```
-    /// use locksmith_core::backend::Scheme;
+    /// use lockwright_core::backend::Scheme;
     /// const S: &[Scheme] = &[Scheme { name: "zk", store: "ZooKeeper", default_port: Some(2181) }];
     /// assert_eq!(Scheme::find(S, "ZK://h").unwrap().store, "ZooKeeper");
     /// assert!(Scheme::find(S, "redis://h").is_err());
@@ -238,7 +238,7 @@ pub fn scheme_of(url: &str) -> crate::Result<String> {
         Ok(scheme)
     } else {
         Err(crate::Error::config(format!(
-            "{}: not a URL; expected e.g. sqlite://locksmith.db or memory://",
+            "{}: not a URL; expected e.g. sqlite://lockwright.db or memory://",
             RedactedUrl::new(url)
         )))
     }
@@ -293,7 +293,7 @@ impl fmt::Display for HostPort {
 /// [`finish`](Self::finish). Errors show the URL without secrets.
 ///
 /// ```
-/// use locksmith_core::backend::ServerUrl;
+/// use lockwright_core::backend::ServerUrl;
 /// let mut u = ServerUrl::parse("zk://app:p%40ss@H1,h2:2182,[::1]/locks?timeout=2s", 2181)?;
 /// assert_eq!(u.scheme(), "zk");
 /// let hosts: Vec<String> = u.hosts().iter().map(|h| h.to_string()).collect();
@@ -304,7 +304,7 @@ impl fmt::Display for HostPort {
 /// assert!(u.params().duration("timeout", std::time::Duration::ZERO..=std::time::Duration::MAX)?.is_some());
 /// u.finish(&[])?;
 /// assert!(!u.shown().to_string().contains("p%40ss"));
-/// # Ok::<(), locksmith_core::Error>(())
+/// # Ok::<(), lockwright_core::Error>(())
 /// ```
 pub struct ServerUrl {
     shown: RedactedUrl,
@@ -731,7 +731,7 @@ mod tests {
                 format!("zk://user:{pw}@h1:2181,h2:2181/locks"),
                 format!("memcache://user:{pw}@h:11211"),
                 format!("postgres://h/db?password={pw}"),
-                format!("locksmith:{pw}@127.0.0.1:5432/db"),
+                format!("lockwright:{pw}@127.0.0.1:5432/db"),
                 format!("postgres//user:{pw}@h/db"),
                 format!("redis:/:{pw}@h:6379"),
                 format!("postgres:user:{pw}@h/db"),

@@ -503,7 +503,7 @@ impl Watchdog {
             if !due.is_empty() {
                 let backend = strong.backend.clone();
                 let span = tracing::info_span!(
-                    "locksmith.renew",
+                    "lockwright.renew",
                     leases = due.len(),
                     store = strong
                         .lock()

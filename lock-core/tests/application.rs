@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use locksmith_core::backend::MemoryBackend;
-use locksmith_core::{ErrorKind, LeaseState, LockOptions, Locker, LostReason};
+use lockwright_core::backend::MemoryBackend;
+use lockwright_core::{ErrorKind, LeaseState, LockOptions, Locker, LostReason};
 
 fn opts() -> LockOptions {
     LockOptions::new()
@@ -163,10 +163,10 @@ async fn close_stops_acquires_still_waiting() {
 #[derive(Debug, Default)]
 struct ShortSessions(MemoryBackend);
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.0;
-    impl locksmith_core::backend::LockBackend for ShortSessions {
-        fn capabilities(&self) -> locksmith_core::backend::Capabilities {
+    impl lockwright_core::backend::LockBackend for ShortSessions {
+        fn capabilities(&self) -> lockwright_core::backend::Capabilities {
             self.0
                 .capabilities()
                 .with_max_lease(Some(Duration::from_millis(300)))
@@ -205,19 +205,19 @@ struct ShortSessionHandOff {
     store: MemoryBackend,
     waiter: std::sync::Mutex<
         Option<(
-            locksmith_core::OwnerToken,
-            tokio::sync::mpsc::UnboundedSender<locksmith_core::backend::Grant>,
+            lockwright_core::OwnerToken,
+            tokio::sync::mpsc::UnboundedSender<lockwright_core::backend::Grant>,
         )>,
     >,
-    queued: std::sync::Mutex<Option<locksmith_core::OwnerToken>>,
+    queued: std::sync::Mutex<Option<lockwright_core::OwnerToken>>,
     renewals: std::sync::atomic::AtomicUsize,
     attempts: std::sync::atomic::AtomicUsize,
 }
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.store;
-    impl locksmith_core::backend::LockBackend for ShortSessionHandOff {
-        fn capabilities(&self) -> locksmith_core::backend::Capabilities {
+    impl lockwright_core::backend::LockBackend for ShortSessionHandOff {
+        fn capabilities(&self) -> lockwright_core::backend::Capabilities {
             self.store
                 .capabilities()
                 .with_fair(true)
@@ -226,19 +226,19 @@ locksmith_core::forward_backend! {
         }
         async fn try_acquire_waiting(
             &self,
-            k: &locksmith_core::LockKey,
-            o: &locksmith_core::OwnerToken,
+            k: &lockwright_core::LockKey,
+            o: &lockwright_core::OwnerToken,
             ttl: Duration,
-            _ticket: &locksmith_core::OwnerToken,
-        ) -> locksmith_core::Result<locksmith_core::backend::Acquire> {
+            _ticket: &lockwright_core::OwnerToken,
+        ) -> lockwright_core::Result<lockwright_core::backend::Acquire> {
             *self.queued.lock().unwrap() = Some(o.clone());
             self.attempts
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             // The lock already handed to this waiter: the grant, not a second hold.
             let status = self.store.inspect(k).await?;
             if status.held && status.owner.as_ref() == Some(o) {
-                return Ok(locksmith_core::backend::Acquire::Acquired(
-                    locksmith_core::backend::Grant {
+                return Ok(lockwright_core::backend::Acquire::Acquired(
+                    lockwright_core::backend::Grant {
                         fence: status.fence,
                         holds: status.holds,
                         lease: None,
@@ -246,8 +246,8 @@ locksmith_core::forward_backend! {
                 ));
             }
             match self.store.try_acquire(k, o, ttl).await? {
-                locksmith_core::backend::Acquire::Contended { .. } => {
-                    Ok(locksmith_core::backend::Acquire::Contended {
+                lockwright_core::backend::Acquire::Contended { .. } => {
+                    Ok(lockwright_core::backend::Acquire::Contended {
                         retry_after: Some(Duration::from_secs(10)),
                     })
                 }
@@ -256,19 +256,19 @@ locksmith_core::forward_backend! {
         }
         async fn watch(
             &self,
-            _k: &locksmith_core::LockKey,
-            ticket: &locksmith_core::OwnerToken,
-        ) -> locksmith_core::Result<Option<locksmith_core::backend::Watch>> {
+            _k: &lockwright_core::LockKey,
+            ticket: &lockwright_core::OwnerToken,
+        ) -> lockwright_core::Result<Option<lockwright_core::backend::Watch>> {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             *self.waiter.lock().unwrap() = Some((ticket.clone(), tx));
-            Ok(Some(locksmith_core::backend::Watch::grants(rx, None)))
+            Ok(Some(lockwright_core::backend::Watch::grants(rx, None)))
         }
         async fn renew(
             &self,
-            k: &locksmith_core::LockKey,
-            o: &locksmith_core::OwnerToken,
+            k: &lockwright_core::LockKey,
+            o: &lockwright_core::OwnerToken,
             ttl: Duration,
-        ) -> locksmith_core::Result<locksmith_core::backend::Renew> {
+        ) -> lockwright_core::Result<lockwright_core::backend::Renew> {
             self.renewals
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             self.store.renew(k, o, ttl).await
@@ -276,8 +276,8 @@ locksmith_core::forward_backend! {
         /// Each lease through `renew` above, so that every renewal is counted.
         async fn renew_many(
             &self,
-            requests: &[locksmith_core::backend::RenewRequest],
-        ) -> Vec<locksmith_core::Result<locksmith_core::backend::Renew>> {
+            requests: &[lockwright_core::backend::RenewRequest],
+        ) -> Vec<lockwright_core::Result<lockwright_core::backend::Renew>> {
             let mut out = Vec::with_capacity(requests.len());
             for r in requests {
                 out.push(self.renew(&r.key, &r.owner, r.ttl).await);
@@ -292,10 +292,10 @@ locksmith_core::forward_backend! {
 /// with a deadline ahead of it, not one that passed while it waited.
 #[tokio::test]
 async fn a_hand_off_after_a_long_wait_is_confirmed_within_the_cap() {
-    use locksmith_core::backend::{Acquire, LockBackend};
+    use lockwright_core::backend::{Acquire, LockBackend};
     let store = Arc::new(ShortSessionHandOff::default());
-    let key = locksmith_core::LockKey::new("handed").unwrap();
-    let holder = locksmith_core::OwnerToken::generate();
+    let key = lockwright_core::LockKey::new("handed").unwrap();
+    let holder = lockwright_core::OwnerToken::generate();
     let long = Duration::from_secs(30);
     assert!(matches!(
         store.store.try_acquire(&key, &holder, long).await.unwrap(),

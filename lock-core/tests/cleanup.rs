@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use locksmith_core::backend::{Acquire, LockBackend, MemoryBackend};
-use locksmith_core::{Error, ErrorKind, LockKey, LockOptions, Locker, OwnerToken, Result};
+use lockwright_core::backend::{Acquire, LockBackend, MemoryBackend};
+use lockwright_core::{Error, ErrorKind, LockKey, LockOptions, Locker, OwnerToken, Result};
 
 /// A store whose acquire is applied but whose reply is lost: the caller sees
 /// a timeout, the store holds the lock.
@@ -18,7 +18,7 @@ struct LostReply {
     lose_next: AtomicU32,
 }
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for LostReply {
         async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
-use locksmith_core::backend::{LockBackend, MemoryBackend, Quorum, Watch};
-use locksmith_core::{
+use lockwright_core::backend::{LockBackend, MemoryBackend, Quorum, Watch};
+use lockwright_core::{
     Error, ErrorKind, FencingToken, Leader, LockKey, LockOptions, LockStatus, Locker, OwnerToken,
     Result,
 };
@@ -22,7 +22,7 @@ struct Scripted {
     reads: Mutex<VecDeque<Result<LockStatus>>>,
 }
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.store;
     impl LockBackend for Scripted {
         // The script stands for what a lagging replica or a flaky network
@@ -149,7 +149,7 @@ async fn a_reign_ends_at_its_lease_even_between_polls() {
 async fn values_are_bounded_and_elections_need_a_store_with_values() {
     let locker = Locker::new(MemoryBackend::new());
     let election = locker.election("e").unwrap();
-    let too_big = vec![0u8; locksmith_core::MAX_VALUE_LEN + 1];
+    let too_big = vec![0u8; lockwright_core::MAX_VALUE_LEN + 1];
     let err = election
         .campaign(too_big, &LockOptions::new())
         .await
@@ -159,11 +159,11 @@ async fn values_are_bounded_and_elections_need_a_store_with_values() {
 
     #[derive(Debug, Default)]
     struct NoValues(MemoryBackend);
-    locksmith_core::forward_backend! {
+    lockwright_core::forward_backend! {
         (self) => self.0;
         impl LockBackend for NoValues {
             // A store that keeps no values says so.
-            fn capabilities(&self) -> locksmith_core::backend::Capabilities {
+            fn capabilities(&self) -> lockwright_core::backend::Capabilities {
                 self.0.capabilities().with_values(false)
             }
         }
@@ -244,7 +244,7 @@ async fn an_observer_hears_each_change_long_before_its_poll() {
 #[derive(Debug, Default)]
 struct Unannounced(MemoryBackend);
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.0;
     impl LockBackend for Unannounced {
         // The point of the wrapper: a store that announces nothing.
@@ -327,7 +327,7 @@ impl Cuttable {
     }
 }
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.store;
     impl LockBackend for Cuttable {
         // The store's notices, relayed by a task the test can end.
@@ -418,7 +418,7 @@ async fn a_partial_proclaim_on_a_bare_quorum_shows_a_value_the_leader_advertised
             .unwrap();
         assert!(matches!(
             granted,
-            locksmith_core::backend::Acquire::Acquired(_)
+            lockwright_core::backend::Acquire::Acquired(_)
         ));
     }
     nodes[0].proclaim(&k, &owner, b"new").await.unwrap();

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use locksmith_conformance::kit::forwarding::{check, Expect, Method, Recorder};
-use locksmith_core::backend::Quorum;
+use lockwright_conformance::kit::forwarding::{check, Expect, Method, Recorder};
+use lockwright_core::backend::Quorum;
 
 /// The methods `pub trait LockBackend` declares, read from its source.
 fn trait_methods() -> Vec<String> {

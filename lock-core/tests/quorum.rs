@@ -4,10 +4,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use locksmith_core::backend::{
+use lockwright_core::backend::{
     Acquire, LockBackend, MemoryBackend, Quorum, Release, Renew, RenewRequest,
 };
-use locksmith_core::{Error, LockKey, OwnerToken, Result};
+use lockwright_core::{Error, LockKey, OwnerToken, Result};
 
 /// An in-memory node whose next acquire fails without reaching the store
 /// (a refused connection), when told to.
@@ -17,7 +17,7 @@ struct Flaky {
     fail_next_acquire: AtomicBool,
 }
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.store;
     impl LockBackend for Flaky {
         async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
@@ -62,7 +62,7 @@ async fn a_failed_reentry_leaves_the_earlier_hold_alone() {
         .try_acquire(&key, &me, ttl)
         .await
         .expect_err("a minority answered");
-    assert_eq!(e.kind(), locksmith_core::ErrorKind::Unavailable);
+    assert_eq!(e.kind(), lockwright_core::ErrorKind::Unavailable);
     for (i, node) in q.nodes().iter().enumerate() {
         let s = node.inspect(&key).await.unwrap();
         assert!(
@@ -97,7 +97,7 @@ impl Slow {
 }
 
 // Releases and reads are never delayed (see above).
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.store;
     impl LockBackend for Slow {
         async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
@@ -193,7 +193,7 @@ async fn renewals_that_arrive_after_the_ttl_do_not_count() {
 /// and a node down stops new permits rather than risk them.
 #[tokio::test]
 async fn a_semaphore_over_a_quorum_never_admits_n_plus_one_holders() {
-    use locksmith_core::Claim;
+    use lockwright_core::Claim;
     let nodes = vec![
         MemoryBackend::new(),
         MemoryBackend::new(),
@@ -266,5 +266,5 @@ async fn a_semaphore_over_a_quorum_never_admits_n_plus_one_holders() {
         .try_acquire(&k, &OwnerToken::generate().with_claim(claim), ttl)
         .await
         .unwrap_err();
-    assert_eq!(e.kind(), locksmith_core::ErrorKind::Unavailable, "{e}");
+    assert_eq!(e.kind(), lockwright_core::ErrorKind::Unavailable, "{e}");
 }

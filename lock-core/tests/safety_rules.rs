@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use locksmith_core::backend::{
+use lockwright_core::backend::{
     local_deadline, Acquire, LockBackend, MemoryBackend, Renew, RenewRequest,
 };
-use locksmith_core::{
+use lockwright_core::{
     Error, ErrorKind, FencingToken, LeaseState, LockKey, LockOptions, LockStatus, Locker,
     LostReason, OwnerToken, Result,
 };
@@ -33,7 +33,7 @@ struct AnswersLate {
     answered: AtomicBool,
 }
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for AnswersLate {
         // `renew` stays forwarded: only the watchdog's batches are late.
@@ -201,7 +201,7 @@ struct LosesFirstReply {
     granted_unseen: AtomicBool,
 }
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for LosesFirstReply {
         async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
@@ -266,7 +266,7 @@ struct ScriptedReads {
     reads: Mutex<VecDeque<LockStatus>>,
 }
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.store;
     impl LockBackend for ScriptedReads {
         // The script stands for what a lagging replica would answer.
@@ -339,14 +339,14 @@ struct LosesAReleaseReply {
     releases: AtomicUsize,
 }
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for LosesAReleaseReply {
         async fn release(
             &self,
             k: &LockKey,
             o: &OwnerToken,
-        ) -> Result<locksmith_core::backend::Release> {
+        ) -> Result<lockwright_core::backend::Release> {
             self.releases.fetch_add(1, Ordering::SeqCst);
             let outcome = self.inner.release(k, o).await;
             if self.armed.swap(false, Ordering::SeqCst) {

@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use locksmith_core::backend::{LockBackend, MemoryBackend, Renew, RenewRequest};
-use locksmith_core::{Error, LockKey, LockOptions, Locker, LostReason, OwnerToken, Result};
+use lockwright_core::backend::{LockBackend, MemoryBackend, Renew, RenewRequest};
+use lockwright_core::{Error, LockKey, LockOptions, Locker, LostReason, OwnerToken, Result};
 
 /// Records the size of every `renew_many` call made to a memory store; with
 /// `fail_renewals` set, every renewal fails at once as from a dead store.
@@ -44,7 +44,7 @@ impl Recording {
     }
 }
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for Recording {
         async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
@@ -179,7 +179,7 @@ struct LateReply {
 }
 
 // Only the batch is late: a renewal sent alone answers at once.
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for LateReply {
         async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
@@ -212,7 +212,7 @@ async fn a_renewed_deadline_counts_from_the_send_not_the_reply() {
     // times the drift, and 2.5 s within the 5 s call timeout.
     let ttl = Duration::from_secs(10);
     let delay = Duration::from_millis(2500);
-    assert!(delay > 10 * locksmith_core::backend::clock_drift(ttl) && delay < ttl / 2);
+    assert!(delay > 10 * lockwright_core::backend::clock_drift(ttl) && delay < ttl / 2);
     let backend = Arc::new(LateReply {
         inner: MemoryBackend::new(),
         delay,
@@ -359,7 +359,7 @@ struct RenewsAnything {
     inner: MemoryBackend,
 }
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for RenewsAnything {
         async fn renew(&self, _key: &LockKey, _owner: &OwnerToken, _ttl: Duration) -> Result<Renew> {
@@ -411,18 +411,18 @@ struct LendsShort {
     inner: MemoryBackend,
 }
 
-locksmith_core::forward_backend! {
+lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for LendsShort {
-        async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<locksmith_core::backend::Acquire> {
+        async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<lockwright_core::backend::Acquire> {
             let mut got = self.inner.try_acquire(key, owner, ttl).await?;
-            if let locksmith_core::backend::Acquire::Acquired(g) = &mut got {
+            if let lockwright_core::backend::Acquire::Acquired(g) = &mut got {
                 g.lease = Some(Duration::from_millis(400));
             }
             Ok(got)
         }
         // The test's acquires never wait: none queues.
-        async fn try_acquire_waiting(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration, ticket: &OwnerToken) -> Result<locksmith_core::backend::Acquire> {
+        async fn try_acquire_waiting(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration, ticket: &OwnerToken) -> Result<lockwright_core::backend::Acquire> {
             self.inner.try_acquire_waiting(key, owner, ttl, ticket).await
         }
     }

@@ -6,13 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use locksmith_conformance::kit::clients::Clients;
-use locksmith_conformance::kit::hosts_of;
-use locksmith_conformance::kit::servers::etcd_url;
-use locksmith_conformance::Harness;
-use locksmith_core::backend::LockBackend;
-use locksmith_etcd::internals::{self, etcd_client};
-use locksmith_etcd::EtcdBackend;
+use lockwright_conformance::kit::clients::Clients;
+use lockwright_conformance::kit::hosts_of;
+use lockwright_conformance::kit::servers::etcd_url;
+use lockwright_conformance::Harness;
+use lockwright_core::backend::LockBackend;
+use lockwright_etcd::internals::{self, etcd_client};
+use lockwright_etcd::EtcdBackend;
 
 /// The single member's `host:port`.
 pub fn server_hosts() -> String {

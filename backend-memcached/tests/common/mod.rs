@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use locksmith_conformance::kit::process::ServerProcess;
-use locksmith_conformance::kit::servers::{loopback, memcached_quorum_ports, memcached_url};
-use locksmith_conformance::kit::{hosts_of, unique_prefix};
-use locksmith_conformance::Harness;
-use locksmith_core::backend::{percent_decode, LockBackend};
-use locksmith_memcached::MemcachedBackend;
+use lockwright_conformance::kit::process::ServerProcess;
+use lockwright_conformance::kit::servers::{loopback, memcached_quorum_ports, memcached_url};
+use lockwright_conformance::kit::{hosts_of, unique_prefix};
+use lockwright_conformance::Harness;
+use lockwright_core::backend::{percent_decode, LockBackend};
+use lockwright_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 

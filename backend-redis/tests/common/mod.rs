@@ -42,7 +42,7 @@ pub async fn scan(url: &str, pattern: &str) -> Vec<String> {
 /// The glob matching every key of the lock names starting with `prefix`,
 /// under the default key prefix.
 pub fn names_pattern(prefix: &str) -> String {
-    format!("locksmith:{{{prefix}*")
+    format!("lockwright:{{{prefix}*")
 }
 
 /// The Redis under Sentinel that `scripts/test` starts: who is primary,
@@ -50,7 +50,7 @@ pub fn names_pattern(prefix: &str) -> String {
 pub mod sentinel {
     use std::time::{Duration, Instant};
 
-    use locksmith_conformance::kit::servers::{
+    use lockwright_conformance::kit::servers::{
         redis_sentinel_data_ports, redis_sentinel_ports, REDIS_SENTINEL_MASTER,
     };
 
@@ -183,7 +183,7 @@ pub mod sentinel {
 pub mod cluster {
     use std::time::{Duration, Instant};
 
-    use locksmith_conformance::kit::servers::redis_cluster_ports;
+    use lockwright_conformance::kit::servers::redis_cluster_ports;
 
     use super::sentinel::query;
 

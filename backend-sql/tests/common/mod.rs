@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use locksmith_conformance::kit::clients::Clients;
-use locksmith_conformance::kit::servers::{mysql_url, postgres_url};
-use locksmith_conformance::kit::with_params;
-use locksmith_conformance::Harness;
-use locksmith_core::backend::LockBackend;
-use locksmith_sql::{Dialect, Mode, SqlBackend, SqlConfig, SqlSessionBackend};
+use lockwright_conformance::kit::clients::Clients;
+use lockwright_conformance::kit::servers::{mysql_url, postgres_url};
+use lockwright_conformance::kit::with_params;
+use lockwright_conformance::Harness;
+use lockwright_core::backend::LockBackend;
+use lockwright_sql::{Dialect, Mode, SqlBackend, SqlConfig, SqlSessionBackend};
 
 /// The shared test server of `dialect` (see the kit's `servers`).
 pub fn server_url(dialect: Dialect) -> String {
@@ -75,7 +75,7 @@ impl Harness for ServerHarness {
             Mode::Session => with_params(&dead, "mode=session"),
             Mode::Lease => dead,
         };
-        locksmith_sql::open(&dead).expect("valid URL")
+        lockwright_sql::open(&dead).expect("valid URL")
     }
 
     async fn end_sessions(&self, client: &Arc<dyn LockBackend>) -> anyhow::Result<()> {
@@ -83,7 +83,7 @@ impl Harness for ServerHarness {
             .clients
             .find(client)
             .ok_or_else(|| anyhow::anyhow!("not a client of this harness"))?;
-        let ids = locksmith_sql::internals::session_ids(&typed);
+        let ids = lockwright_sql::internals::session_ids(&typed);
         anyhow::ensure!(!ids.is_empty(), "the client holds no session to end");
         let admin_url = SqlConfig::from_url(&self.url)?.url.expose().to_owned();
         for id in ids {
@@ -94,7 +94,7 @@ impl Harness for ServerHarness {
 
     async fn stored_names(&self, prefix: &str) -> anyhow::Result<u64> {
         let config = SqlConfig::from_url(&self.url)?;
-        if config.mode == locksmith_sql::Mode::Session {
+        if config.mode == lockwright_sql::Mode::Session {
             // Session locks write no rows; the server drops them with the session.
             return Ok(0);
         }
@@ -352,8 +352,8 @@ pub async fn has_column(
 /// and release find it there. Nothing is lost or doubled on the way, and
 /// the name is a lone permit's again once the group has gone.
 pub async fn a_lone_permit_moves_out_when_the_group_grows(url: &str) {
-    use locksmith_core::backend::{Acquire, Grant, Release, Renew};
-    use locksmith_core::{Claim, ErrorKind, LockKey, OwnerToken};
+    use lockwright_core::backend::{Acquire, Grant, Release, Renew};
+    use lockwright_core::{Claim, ErrorKind, LockKey, OwnerToken};
     let ttl = Duration::from_secs(30);
     let (a, b) = (
         SqlBackend::connect(url).expect("valid url"),

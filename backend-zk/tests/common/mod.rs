@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use locksmith_conformance::kit::clients::Clients;
-use locksmith_conformance::kit::hosts_of;
-use locksmith_conformance::kit::servers::{loopback, zk_ensemble_ports, zk_url};
-use locksmith_conformance::Harness;
-use locksmith_core::backend::LockBackend;
-use locksmith_zk::internals::{self, zookeeper_client as zk};
-use locksmith_zk::ZkBackend;
+use lockwright_conformance::kit::clients::Clients;
+use lockwright_conformance::kit::hosts_of;
+use lockwright_conformance::kit::servers::{loopback, zk_ensemble_ports, zk_url};
+use lockwright_conformance::Harness;
+use lockwright_core::backend::LockBackend;
+use lockwright_zk::internals::{self, zookeeper_client as zk};
+use lockwright_zk::ZkBackend;
 
 /// The standalone server's `host:port` list.
 pub fn server_hosts() -> String {

@@ -1,6 +1,6 @@
 // CuratorGroup: a real Apache Curator InterProcessSemaphoreV2 or
 // InterProcessReadWriteLock, driven line by line over stdin/stdout, so the
-// Rust interop tests can prove that Curator and locksmith's ZooKeeper
+// Rust interop tests can prove that Curator and lockwright's ZooKeeper
 // backend share a semaphore's permits and exclude each other's readers and
 // writers, both ways.
 //

@@ -1,6 +1,6 @@
 // CuratorLeader: a real Apache Curator LeaderSelector, driven line by line
 // over stdin/stdout, so the Rust interop test can prove that Curator's
-// leader election and locksmith's (on the ZooKeeper backend) are one
+// leader election and lockwright's (on the ZooKeeper backend) are one
 // election: each sees the other's leader and its id, and waits its turn.
 //
 // Run with Java's single-file source launcher, as CuratorLock.java:

@@ -1,6 +1,6 @@
 // CuratorLock: a real Apache Curator InterProcessMutex, driven line by line
 // over stdin/stdout, so the Rust interop test can prove that Curator and
-// locksmith's ZooKeeper backend exclude each other both ways.
+// lockwright's ZooKeeper backend exclude each other both ways.
 //
 // The test runs it with Java's single-file source launcher (no compile step):
 //

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use locksmith::backend::Capabilities;
-use locksmith::{Error, LockKey, OwnerToken, Result};
+use lockwright::backend::Capabilities;
+use lockwright::{Error, LockKey, OwnerToken, Result};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::task::JoinHandle;
@@ -57,16 +57,21 @@ pub(crate) async fn fault_run(
         Claims::Permits(n) => Resource::with_permits(n),
         _ => Resource::default(),
     };
-    let port = resource
-        .serve()
-        .await
-        .map_err(|e| Error::new(locksmith::ErrorKind::Backend, format!("cannot listen: {e}")))?;
-    let key = format!("locksmith-check/{}", &OwnerToken::generate().as_str()[..12]);
+    let port = resource.serve().await.map_err(|e| {
+        Error::new(
+            lockwright::ErrorKind::Backend,
+            format!("cannot listen: {e}"),
+        )
+    })?;
+    let key = format!(
+        "lockwright-check/{}",
+        &OwnerToken::generate().as_str()[..12]
+    );
     let spawner = Arc::new(Spawner::new(key.clone(), ttl, port, args.election, claims)?);
     // Straight to the store, not through the proxies: the observers are
     // not under the faults, so what they report is the store's own answer.
     let observers = if args.election {
-        let locker = locksmith::connect(url).await?;
+        let locker = lockwright::connect(url).await?;
         Some(Observers::start(locker.election(key.as_str())?))
     } else {
         None
@@ -111,7 +116,7 @@ pub(crate) async fn fault_run(
     let interrupted = interrupts.first();
     if let Some((sig, at)) = interrupted {
         eprintln!(
-            "locksmith check: {sig} at {:.1}s; no section begins after it; stopping the fault \
+            "lockwright check: {sig} at {:.1}s; no section begins after it; stopping the fault \
              run and judging what it saw",
             at.saturating_duration_since(started).as_secs_f64()
         );
@@ -155,7 +160,7 @@ pub(crate) async fn fault_run(
     if interrupted.is_none() {
         if let Some((sig, _)) = interrupts.first() {
             eprintln!(
-                "locksmith check: {sig} after the fault run; not waiting for the lock to free"
+                "lockwright check: {sig} after the fault run; not waiting for the lock to free"
             );
             crate::die_by_signal_on_exit(sig);
         }
@@ -333,7 +338,7 @@ fn judge(resource: &Resource, path: Option<&Path>) -> Result<Judged> {
 
 /// Whether `key` is still held after waiting up to `within` for it to free.
 async fn still_held(url: &str, key: &str, within: Duration) -> bool {
-    let (Ok(backend), Ok(key)) = (locksmith::backend::open(url).await, LockKey::new(key)) else {
+    let (Ok(backend), Ok(key)) = (lockwright::backend::open(url).await, LockKey::new(key)) else {
         return false;
     };
     let until = Instant::now() + within;

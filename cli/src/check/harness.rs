@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith::backend::{Acquire, Capabilities, LockBackend, Release, Renew};
-use locksmith::{Error, LockKey, OwnerToken, Result};
-use locksmith_conformance::Harness;
+use lockwright::backend::{Acquire, Capabilities, LockBackend, Release, Renew};
+use lockwright::{Error, LockKey, OwnerToken, Result};
+use lockwright_conformance::Harness;
 
-use locksmith_conformance::faults::{Observed, Observer};
+use lockwright_conformance::faults::{Observed, Observer};
 
 /// Cases that count the store's own state, which needs access to it.
 pub(crate) const NEEDS_STORE_ACCESS: &[&str] = &[
@@ -69,7 +69,7 @@ impl UrlHarness {
     pub(crate) async fn clean_up(&self) -> usize {
         let granted = std::mem::take(&mut *self.granted.lock().unwrap_or_else(|e| e.into_inner()));
         let mut keys = std::collections::HashSet::new();
-        let Ok(client) = locksmith::backend::open(&self.url).await else {
+        let Ok(client) = lockwright::backend::open(&self.url).await else {
             return granted.len();
         };
         for (key, owner) in &granted {
@@ -94,7 +94,7 @@ impl UrlHarness {
 #[async_trait]
 impl Harness for UrlHarness {
     async fn client(&self) -> Arc<dyn LockBackend> {
-        match locksmith::backend::open(&self.url).await {
+        match lockwright::backend::open(&self.url).await {
             Ok(inner) => Observed::wrap(inner, Tracking(self.granted.clone())),
             Err(e) => Arc::new(Refusing(e.to_string())),
         }
@@ -102,7 +102,7 @@ impl Harness for UrlHarness {
 
     async fn unreachable_client(&self) -> Arc<dyn LockBackend> {
         let opened = match &self.down_url {
-            Some(url) => locksmith::backend::open(url).await.ok(),
+            Some(url) => lockwright::backend::open(url).await.ok(),
             None => None,
         };
         match opened {
@@ -136,7 +136,7 @@ struct Refusing(String);
 
 impl Refusing {
     fn err(&self) -> Error {
-        Error::config(format!("not available in `locksmith check`: {}", self.0))
+        Error::config(format!("not available in `lockwright check`: {}", self.0))
     }
 }
 

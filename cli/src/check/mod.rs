@@ -1,4 +1,4 @@
-//! `locksmith check`: the conformance suite against the user's own store,
+//! `lockwright check`: the conformance suite against the user's own store,
 //! then a fault run: worker processes contend for one lock through local
 //! proxies while a nemesis kills, freezes, cuts off and slows them, and a
 //! checker judges the history they leave.
@@ -14,8 +14,8 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use locksmith::backend::{Binding, RedactedUrl};
-use locksmith::{Error, Result};
+use lockwright::backend::{Binding, RedactedUrl};
+use lockwright::{Error, Result};
 
 use super::endpoints::{closed_port, Endpoints};
 use super::CheckArgs;
@@ -56,15 +56,15 @@ const MAX_FAULT_TTL: Duration = Duration::from_secs(60);
 pub(crate) const WORKER_SUBCOMMAND: &str = "__check-worker";
 
 /// Where a worker finds its store URL.
-pub(crate) const WORKER_URL_ENV: &str = "LOCKSMITH_CHECK_WORKER_URL";
+pub(crate) const WORKER_URL_ENV: &str = "LOCKWRIGHT_CHECK_WORKER_URL";
 
 /// What a worker takes instead of the lock (`--permits`, `--read-write`).
-pub(crate) const WORKER_CLAIMS_ENV: &str = "LOCKSMITH_CHECK_WORKER_CLAIMS";
+pub(crate) const WORKER_CLAIMS_ENV: &str = "LOCKWRIGHT_CHECK_WORKER_CLAIMS";
 
 /// Set for a worker that campaigns instead of locking (`--election`).
-pub(crate) const WORKER_ELECTION_ENV: &str = "LOCKSMITH_CHECK_WORKER_ELECTION";
+pub(crate) const WORKER_ELECTION_ENV: &str = "LOCKWRIGHT_CHECK_WORKER_ELECTION";
 
-/// `locksmith check`: its exit status, or the error that ended it.
+/// `lockwright check`: its exit status, or the error that ended it.
 pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
     let url = args.store.shared_url()?.to_owned();
     let shown = RedactedUrl::new(&url).to_string();
@@ -87,8 +87,8 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
             Error::invalid_options(format!("cannot write --history {}: {e}", path.display()))
         })?;
     }
-    let backend = locksmith::backend::open(&url).await?;
-    locksmith::backend::verify(&url, &*backend).await?;
+    let backend = lockwright::backend::open(&url).await?;
+    lockwright::backend::verify(&url, &*backend).await?;
     let caps = backend.capabilities();
     if args.ttl < caps.min_ttl {
         return Err(Error::invalid_options(format!(
@@ -98,7 +98,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
     }
     if args.election && !caps.values && !args.duration.is_zero() {
         return Err(Error::new(
-            locksmith::ErrorKind::Unsupported,
+            lockwright::ErrorKind::Unsupported,
             "--election: this store keeps no value with a lock, so it cannot hold an election",
         ));
     }
@@ -114,11 +114,11 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
     };
     if let Some(why) = refused.filter(|_| !args.duration.is_zero()) {
         return Err(Error::new(
-            locksmith::ErrorKind::Unsupported,
+            lockwright::ErrorKind::Unsupported,
             format!("{why} (see the README's store table)"),
         ));
     }
-    let scheme = locksmith::backend::scheme(&url)?;
+    let scheme = lockwright::backend::scheme(&url)?;
     let (store, url_scheme) = (scheme.store, scheme.name);
     if args.faults.0.contains(&Fault::Failover)
         && !args.duration.is_zero()
@@ -136,7 +136,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
     let text = !args.json;
     if text {
         println!(
-            "locksmith check: {shown} ({store}; {}, {}-bound)",
+            "lockwright check: {shown} ({store}; {}, {}-bound)",
             if caps.fencing {
                 "fencing tokens"
             } else {
@@ -166,7 +166,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
         }
         if !silent.is_empty() {
             eprintln!(
-                "locksmith check: warning: {} of {} servers do not answer ({}); the store works \
+                "lockwright check: warning: {} of {} servers do not answer ({}); the store works \
                  without them, but every request waits for them to time out, and cases that \
                  count attempts may prove nothing",
                 silent.len(),
@@ -182,7 +182,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
         for (name, addr) in e.servers.iter().zip(addrs) {
             if let Some(m) = memory::Memory::read(addr).await {
                 for w in m.warnings(name) {
-                    eprintln!("locksmith check: warning: {w}");
+                    eprintln!("lockwright check: warning: {w}");
                 }
             }
         }
@@ -250,10 +250,12 @@ pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
         EX_FOUND
     };
     if no_failover {
-        eprintln!("locksmith check: no failover could be made (see `locksmith -v check` for why)");
+        eprintln!(
+            "lockwright check: no failover could be made (see `lockwright -v check` for why)"
+        );
     } else if idle {
         eprintln!(
-            "locksmith check: the fault run never acquired the lock, or its observers never \
+            "lockwright check: the fault run never acquired the lock, or its observers never \
              read the leader"
         );
     }
@@ -292,7 +294,7 @@ async fn conformance(url: &str, endpoints: Option<&Endpoints>, text: bool) -> Ve
         ports.map(|p| e.with_local_ports(&p))
     });
     let h = harness::UrlHarness::new(url, down);
-    let cases = locksmith_conformance::CASES;
+    let cases = lockwright_conformance::CASES;
     if text {
         println!(
             "\nconformance: {} cases, keys under a random conformance-… prefix",

@@ -283,7 +283,8 @@ async fn failovers(
             () = tokio::time::sleep_until(end.into()) => return,
             () = stop.cancelled() => return,
         }
-        match tokio::time::timeout(Duration::from_secs(70), locksmith::backend::failover(url)).await
+        match tokio::time::timeout(Duration::from_secs(70), lockwright::backend::failover(url))
+            .await
         {
             Ok(Ok(what)) => {
                 tracing::info!("failover: {what}");

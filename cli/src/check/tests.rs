@@ -8,17 +8,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
-use locksmith::backend::LockBackend;
-use locksmith::{LockKey, Locker, OwnerToken};
-use locksmith_conformance::broken::{BrokenHarness, Defect};
-use locksmith_conformance::{Harness, MemoryHarness};
+use lockwright::backend::LockBackend;
+use lockwright::{LockKey, Locker, OwnerToken};
+use lockwright_conformance::broken::{BrokenHarness, Defect};
+use lockwright_conformance::{Harness, MemoryHarness};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::history::{check, Verdict};
 use super::resource::Resource;
 use super::worker::{rand_below, work, Claims};
-use locksmith_conformance::faults::{Observed, Observer};
+use lockwright_conformance::faults::{Observed, Observer};
 
 /// Holds every call while frozen: a paused process, seen from the store.
 #[derive(Debug)]
@@ -26,7 +26,7 @@ struct Frozen(watch::Sender<bool>);
 
 #[async_trait]
 impl Observer for Frozen {
-    async fn gate(&self) -> locksmith::Result<()> {
+    async fn gate(&self) -> lockwright::Result<()> {
         let _ = self.0.subscribe().wait_for(|f| !*f).await;
         Ok(())
     }
@@ -356,7 +356,7 @@ async fn no_section_begins_after_the_cut_off_and_one_begun_before_ends_and_is_ju
 fn the_skipped_cases_are_cases_of_the_suite() {
     for name in super::harness::NEEDS_STORE_ACCESS {
         assert!(
-            locksmith_conformance::case(name).is_some(),
+            lockwright_conformance::case(name).is_some(),
             "{name} is not a conformance case"
         );
     }

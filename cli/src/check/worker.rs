@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use locksmith::{Election, LockGuard, LockKey, LockOptions, Locker, Result};
+use lockwright::{Election, LockGuard, LockKey, LockOptions, Locker, Result};
 use tokio_util::sync::CancellationToken;
 
 use super::history::{instant_ns, mono_ns};
@@ -68,7 +68,7 @@ impl Claims {
 /// How a worker takes the lock: a lock, or a leadership whose guard is the lock.
 enum Hold {
     Lock(LockGuard),
-    Lead(locksmith::Leadership),
+    Lead(lockwright::Leadership),
 }
 
 impl Hold {
@@ -144,7 +144,7 @@ pub(crate) async fn work(
         };
         let held = match held {
             Ok(g) => g,
-            Err(e) if e.kind() == locksmith::ErrorKind::Timeout => continue,
+            Err(e) if e.kind() == lockwright::ErrorKind::Timeout => continue,
             Err(e) => {
                 ch.call(Request::Error {
                     w: id,
@@ -255,7 +255,7 @@ pub(crate) fn main(args: &[String]) -> i32 {
     let (Some((key, ttl, port, id)), Ok(url)) = (parsed, std::env::var(super::WORKER_URL_ENV))
     else {
         eprintln!(
-            "locksmith: {} is started by `locksmith check` only",
+            "lockwright: {} is started by `lockwright check` only",
             super::WORKER_SUBCOMMAND
         );
         return super::super::EX_USAGE;
@@ -281,10 +281,10 @@ pub(crate) fn main(args: &[String]) -> i32 {
 async fn run(url: &str, key: &str, ttl: Duration, port: u16, id: u32) -> i32 {
     let run = async {
         let key = LockKey::new(key)?;
-        let locker = locksmith::connect(url).await?;
+        let locker = lockwright::connect(url).await?;
         let mut ch = Remote::connect(port)
             .await
-            .map_err(|e| locksmith::Error::unavailable(format!("the check's resource: {e}")))?;
+            .map_err(|e| lockwright::Error::unavailable(format!("the check's resource: {e}")))?;
         let stop = CancellationToken::new();
         let eof = stop.clone();
         tokio::spawn(async move {
@@ -315,12 +315,12 @@ async fn run(url: &str, key: &str, ttl: Duration, port: u16, id: u32) -> i32 {
         )
         .await;
         let _ = tokio::time::timeout(Duration::from_secs(2), locker.close()).await;
-        outcome.map_err(|e| locksmith::Error::unavailable(format!("the check's resource: {e}")))
+        outcome.map_err(|e| lockwright::Error::unavailable(format!("the check's resource: {e}")))
     };
     match run.await {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("locksmith check worker {id}: {}", e.chain());
+            eprintln!("lockwright check worker {id}: {}", e.chain());
             super::super::exit_code(&e)
         }
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use locksmith::{Error, Result};
+use lockwright::{Error, Result};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -59,7 +59,7 @@ impl Spawner {
     ) -> Result<Spawner> {
         Ok(Spawner {
             exe: std::env::current_exe()
-                .map_err(|e| Error::new(locksmith::ErrorKind::Backend, format!("{e}")))?,
+                .map_err(|e| Error::new(lockwright::ErrorKind::Backend, format!("{e}")))?,
             key,
             ttl,
             port,
@@ -74,7 +74,7 @@ impl Spawner {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         slot.id.store(id, Ordering::Relaxed);
         // For studying a run: each worker's lock events, in a directory.
-        let stderr = match std::env::var_os("LOCKSMITH_CHECK_WORKER_LOGS") {
+        let stderr = match std::env::var_os("LOCKWRIGHT_CHECK_WORKER_LOGS") {
             Some(dir) => {
                 std::fs::File::create(std::path::Path::new(&dir).join(format!("worker-{id}.log")))
                     .map(std::process::Stdio::from)
@@ -144,7 +144,7 @@ impl Workers {
             });
             let child = spawner
                 .spawn(&slot)
-                .map_err(|e| Error::new(locksmith::ErrorKind::Backend, format!("worker: {e}")))?;
+                .map_err(|e| Error::new(lockwright::ErrorKind::Backend, format!("worker: {e}")))?;
             *slot.child.lock().await = Some(child);
             slots.push(slot);
         }
@@ -234,7 +234,7 @@ async fn through_proxies(
         ports.push(
             proxy::start(*a, ctl.clone())
                 .await
-                .map_err(|e| Error::new(locksmith::ErrorKind::Backend, format!("proxy: {e}")))?,
+                .map_err(|e| Error::new(lockwright::ErrorKind::Backend, format!("proxy: {e}")))?,
         );
     }
     Ok(endpoints.with_local_ports(&ports))

@@ -7,24 +7,24 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The `locksmith` binary under test.
-pub const BIN: &str = env!("CARGO_BIN_EXE_locksmith");
+/// The `lockwright` binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_lockwright");
 
-/// `locksmith ARGS` in `dir`, as a script runs it: no `$LOCKSMITH_URL`
+/// `lockwright ARGS` in `dir`, as a script runs it: no `$LOCKWRIGHT_URL`
 /// from the test's environment, stdin closed.
-pub fn locksmith(dir: &Path, args: &[&str]) -> Command {
+pub fn lockwright(dir: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.current_dir(dir)
-        .env_remove("LOCKSMITH_URL")
+        .env_remove("LOCKWRIGHT_URL")
         .args(args)
         .stdin(Stdio::null());
     c
 }
 
-/// `locksmith run --url URL --key KEY -- sh -c SCRIPT` in `dir`.
+/// `lockwright run --url URL --key KEY -- sh -c SCRIPT` in `dir`.
 #[allow(dead_code)] // not every test file runs a script
 pub fn run_script(dir: &Path, url: &str, key: &str, script: &str) -> Command {
-    locksmith(
+    lockwright(
         dir,
         &["run", "--url", url, "--key", key, "--", "sh", "-c", script],
     )
@@ -32,12 +32,12 @@ pub fn run_script(dir: &Path, url: &str, key: &str, script: &str) -> Command {
 
 /// Runs it to the end; what it printed and how it exited.
 pub fn output(mut c: Command) -> Output {
-    c.output().expect("locksmith runs")
+    c.output().expect("lockwright runs")
 }
 
 // The test servers, by the kit's one rule (see
-// `locksmith_conformance::kit::servers`).
-use locksmith_conformance::kit::servers;
+// `lockwright_conformance::kit::servers`).
+use lockwright_conformance::kit::servers;
 
 /// The PostgreSQL test database.
 pub fn postgres_url() -> String {
@@ -62,14 +62,14 @@ pub fn redlock_url(tail: &str) -> String {
 
 /// A private redis-server on a free loopback port, killed when dropped.
 pub struct PrivateRedis {
-    server: locksmith_conformance::kit::process::ServerProcess,
+    server: lockwright_conformance::kit::process::ServerProcess,
     pub port: u16,
 }
 
 impl PrivateRedis {
     /// Starts one with `extra` arguments (e.g. `--requirepass x`).
     pub fn start(extra: &[&str]) -> PrivateRedis {
-        let (server, port) = locksmith_conformance::kit::process::redis_server(extra);
+        let (server, port) = lockwright_conformance::kit::process::redis_server(extra);
         PrivateRedis { server, port }
     }
 
@@ -135,7 +135,7 @@ pub fn wait_exit(child: &mut Child, within: Duration) -> i32 {
         }
         if start.elapsed() > within {
             let _ = child.kill();
-            panic!("locksmith did not exit within {within:?}");
+            panic!("lockwright did not exit within {within:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }

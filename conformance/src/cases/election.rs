@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Result};
 use futures::StreamExt;
-use locksmith_core::backend::{Binding, Release, Renew};
-use locksmith_core::{
+use lockwright_core::backend::{Binding, Release, Renew};
+use lockwright_core::{
     Election, ErrorKind, Leader, LockKey, LockOptions, Locker, OwnerToken, MAX_VALUE_LEN,
 };
 
@@ -41,7 +41,7 @@ fn value_of(l: &Option<Leader>) -> Option<&[u8]> {
 /// The observer's next change, within `within`.
 async fn next<S>(changes: &mut S, within: Duration) -> Result<Option<Leader>>
 where
-    S: futures::Stream<Item = locksmith_core::Result<Option<Leader>>> + Unpin,
+    S: futures::Stream<Item = lockwright_core::Result<Option<Leader>>> + Unpin,
 {
     match tokio::time::timeout(within, changes.next()).await {
         Ok(Some(item)) => Ok(item?),
@@ -330,7 +330,7 @@ pub async fn former_leader_cannot_proclaim(h: &dyn Harness) -> Result<()> {
         bail!("a second client keeps no values");
     };
     let lb = b.campaign("b", &waiting(Duration::from_secs(30))).await?;
-    let refused = |r: locksmith_core::Result<Renew>| match r {
+    let refused = |r: lockwright_core::Result<Renew>| match r {
         Ok(Renew::NotHeld) => true,
         Err(e) => e.kind() == ErrorKind::NotHeld,
         Ok(Renew::Renewed) => false,
@@ -493,7 +493,7 @@ pub async fn announced_changes_wake_observers(h: &dyn Harness) -> Result<()> {
 const ANNOUNCED_WITHIN: Duration = Duration::from_secs(5);
 
 /// The watch wakes within [`ANNOUNCED_WITHIN`].
-async fn heard(watch: &mut locksmith_core::backend::Watch, what: &str) -> Result<()> {
+async fn heard(watch: &mut lockwright_core::backend::Watch, what: &str) -> Result<()> {
     match tokio::time::timeout(ANNOUNCED_WITHIN, watch.notice()).await {
         Ok(Some(_)) => Ok(()),
         Ok(None) => bail!("the subscription ended before {what} was announced"),
@@ -503,7 +503,7 @@ async fn heard(watch: &mut locksmith_core::backend::Watch, what: &str) -> Result
 
 /// Takes the notices still coming for the last change (a store may
 /// announce one change more than once), so the next one heard is new.
-async fn quiet(watch: &mut locksmith_core::backend::Watch) {
+async fn quiet(watch: &mut lockwright_core::backend::Watch) {
     while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), watch.notice()).await {
     }
 }
@@ -520,7 +520,7 @@ pub async fn leader_of_a_down_store_is_unavailable(h: &dyn Harness) -> Result<()
         }
         Err(e) => bail!("election on a down store that keeps values: {e}"),
     };
-    let kind = |r: locksmith_core::Result<()>| r.err().map(|e| e.kind());
+    let kind = |r: lockwright_core::Result<()>| r.err().map(|e| e.kind());
     let want = Some(ErrorKind::Unavailable);
     let r = e.leader().await;
     ensure!(

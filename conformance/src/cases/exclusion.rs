@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use locksmith_core::Locker;
+use lockwright_core::Locker;
 use rand::Rng;
 
 use super::{contended, key, long};

@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use locksmith_core::backend::{Acquire, LockBackend};
-use locksmith_core::{LockOptions, Locker, OwnerToken};
+use lockwright_core::backend::{Acquire, LockBackend};
+use lockwright_core::{LockOptions, Locker, OwnerToken};
 
 use super::{acquired, contended, end_hold, key, short_ttl, LONG_TTL};
 use crate::Harness;

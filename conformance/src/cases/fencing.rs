@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, ensure, Result};
-use locksmith_core::backend::{LockBackend, Release};
-use locksmith_core::OwnerToken;
+use lockwright_core::backend::{LockBackend, Release};
+use lockwright_core::OwnerToken;
 
 use super::{acquired, collected, end_hold, key, short_ttl, LONG_TTL};
 use crate::Harness;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use locksmith_core::{ErrorKind, LockOptions, Locker, MAX_KEY_LEN, MAX_TTL};
+use lockwright_core::{ErrorKind, LockOptions, Locker, MAX_KEY_LEN, MAX_TTL};
 
 use super::key;
 use crate::Harness;

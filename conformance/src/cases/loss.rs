@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Result};
-use locksmith_core::backend::{Acquire, Binding, LockBackend};
-use locksmith_core::{LockKey, LockOptions, Locker, OwnerToken};
+use lockwright_core::backend::{Acquire, Binding, LockBackend};
+use lockwright_core::{LockKey, LockOptions, Locker, OwnerToken};
 
 use super::{eventually_free, key, long, past_expiry, short_ttl, LONG_TTL};
 use crate::faults::Partition;

@@ -7,8 +7,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use locksmith_core::backend::{Acquire, Binding, Capabilities, LockBackend};
-use locksmith_core::{LockKey, LockOptions, Locker, OwnerToken};
+use lockwright_core::backend::{Acquire, Binding, Capabilities, LockBackend};
+use lockwright_core::{LockKey, LockOptions, Locker, OwnerToken};
 
 use crate::Harness;
 
@@ -161,7 +161,7 @@ async fn acquired(
     k: &LockKey,
     owner: &OwnerToken,
     ttl: Duration,
-) -> Result<locksmith_core::backend::Grant> {
+) -> Result<lockwright_core::backend::Grant> {
     match b.try_acquire(k, owner, ttl).await? {
         Acquire::Acquired(g) => Ok(g),
         Acquire::Contended { .. } => bail!("expected to acquire {k:?}, but it is held"),

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use locksmith_core::{ErrorKind, LockKey, Locker};
+use lockwright_core::{ErrorKind, LockKey, Locker};
 
 use super::{key, long};
 use crate::Harness;

@@ -3,7 +3,7 @@
 //! control characters, emoji, long ones) never share a lock.
 
 use anyhow::{Context, Result};
-use locksmith_core::{LockKey, OwnerToken, MAX_KEY_LEN};
+use lockwright_core::{LockKey, OwnerToken, MAX_KEY_LEN};
 
 use super::{acquired, contended, key, LONG_TTL};
 use crate::Harness;

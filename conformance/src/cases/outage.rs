@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
-use locksmith_core::backend::{Binding, LockBackend, Release, Renew};
-use locksmith_core::{ErrorKind, Locker, OwnerToken};
+use lockwright_core::backend::{Binding, LockBackend, Release, Renew};
+use lockwright_core::{ErrorKind, Locker, OwnerToken};
 
 use super::{key, long, LONG_TTL};
 use crate::Harness;
@@ -21,7 +21,7 @@ pub async fn unavailable_is_an_error_not_contention(h: &dyn Harness) -> Result<(
     let k = key("unavailable_is_an_error_not_contention", "k");
     let down = h.unreachable_client().await;
     let owner = OwnerToken::generate();
-    let kind = |r: std::result::Result<(), locksmith_core::Error>| r.err().map(|e| e.kind());
+    let kind = |r: std::result::Result<(), lockwright_core::Error>| r.err().map(|e| e.kind());
     let want = Some(ErrorKind::Unavailable);
     ensure!(
         kind(down.try_acquire(&k, &owner, LONG_TTL).await.map(|_| ())) == want,

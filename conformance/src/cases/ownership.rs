@@ -3,8 +3,8 @@
 //! second release reports it too.
 
 use anyhow::{ensure, Result};
-use locksmith_core::backend::{LockBackend, Release, Renew};
-use locksmith_core::OwnerToken;
+use lockwright_core::backend::{LockBackend, Release, Renew};
+use lockwright_core::OwnerToken;
 
 use super::{acquired, contended, end_hold, key, short_ttl, LONG_TTL};
 use crate::Harness;

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use locksmith_core::backend::{Release, Renew, MARK_LIFE};
-use locksmith_core::{
+use lockwright_core::backend::{Release, Renew, MARK_LIFE};
+use lockwright_core::{
     Claim, ErrorKind, LockGuard, LockKey, LockOptions, Locker, OwnerToken, ReadWriteLock, Semaphore,
 };
 use rand::Rng;

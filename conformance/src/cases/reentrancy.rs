@@ -3,7 +3,7 @@
 //! throughout.
 
 use anyhow::{ensure, Context, Result};
-use locksmith_core::{Locker, OwnerToken};
+use lockwright_core::{Locker, OwnerToken};
 
 use super::{acquired, contended, key, long, LONG_TTL};
 use crate::Harness;

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Result};
-use locksmith_core::backend::{Acquire, Binding, LockBackend, Release, Renew, RenewRequest};
-use locksmith_core::{LockKey, LockOptions, Locker, OwnerToken};
+use lockwright_core::backend::{Acquire, Binding, LockBackend, Release, Renew, RenewRequest};
+use lockwright_core::{LockKey, LockOptions, Locker, OwnerToken};
 
 use super::{acquired, contended, end_hold, key, past_expiry, short_ttl, LONG_TTL};
 use crate::Harness;
@@ -251,7 +251,7 @@ pub async fn a_renewal_never_reaches_another_owners_lease(h: &dyn Harness) -> Re
 
 /// One answer per request, each `NotHeld`: none of `what` is renewed.
 fn all_not_held(
-    answers: Vec<locksmith_core::Result<Renew>>,
+    answers: Vec<lockwright_core::Result<Renew>>,
     requests: &[RenewRequest],
     what: &str,
 ) -> Result<()> {

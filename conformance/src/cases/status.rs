@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use anyhow::{anyhow, ensure, Result};
-use locksmith_core::backend::Binding;
-use locksmith_core::{Locker, OwnerToken};
+use lockwright_core::backend::Binding;
+use lockwright_core::{Locker, OwnerToken};
 
 use super::{contended, key, long, LONG_TTL};
 use crate::Harness;

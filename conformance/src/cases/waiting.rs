@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use locksmith_core::backend::LockBackend;
-use locksmith_core::{ErrorKind, Locker};
+use lockwright_core::backend::LockBackend;
+use lockwright_core::{ErrorKind, Locker};
 
 use super::{contended, eventually_free, key, long};
 use crate::faults::Stall;

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex, Weak};
 
-use locksmith_core::backend::LockBackend;
+use lockwright_core::backend::LockBackend;
 
 /// Every client a harness made, held weakly: a client whose last user is
 /// gone must be dropped, closing its sessions, as a real one would be.

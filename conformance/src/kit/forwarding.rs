@@ -15,10 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use locksmith_core::backend::{
+use lockwright_core::backend::{
     Acquire, Capabilities, LockBackend, MemoryBackend, Release, Renew, RenewRequest, Watch,
 };
-use locksmith_core::{LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::{LockKey, LockStatus, OwnerToken, Result};
 
 /// One method of [`LockBackend`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use locksmith_core::{ErrorKind, FencingToken, LockOptions, Locker};
+use lockwright_core::{ErrorKind, FencingToken, LockOptions, Locker};
 
 use super::fault_server::{self, Stopped};
 

@@ -17,7 +17,7 @@
 //! - below: names no other run shares, free ports, URL pieces.
 //!
 //! A backend's tests take it as a dev-dependency:
-//! `locksmith-conformance = { workspace = true, features = ["kit"] }`.
+//! `lockwright-conformance = { workspace = true, features = ["kit"] }`.
 
 pub mod clients;
 pub mod etcdctl;
@@ -70,7 +70,7 @@ pub fn with_params(url: &str, params: &str) -> String {
 /// If `url` has no `://`.
 pub fn hosts_of(url: &str) -> String {
     // The port only fills hosts written without one, which are not read here.
-    let url = locksmith_core::backend::ServerUrl::parse(url, 1).expect("a server URL");
+    let url = lockwright_core::backend::ServerUrl::parse(url, 1).expect("a server URL");
     url.authority().to_owned()
 }
 

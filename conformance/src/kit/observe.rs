@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
-use locksmith_core::{Leader, LockOptions, Locker, Result};
+use lockwright_core::{Leader, LockOptions, Locker, Result};
 
 /// A poll far longer than any test: a change seen within [`SOON`] was
 /// heard by notice.

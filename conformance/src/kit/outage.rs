@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use locksmith_core::{ErrorKind, LockOptions, Locker};
+use lockwright_core::{ErrorKind, LockOptions, Locker};
 
 use super::fault_server::{self, Stopped};
 

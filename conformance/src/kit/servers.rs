@@ -1,12 +1,12 @@
 //! Where the test servers are. One rule for every store:
 //!
-//! 1. `LOCKSMITH_TEST_<STORE>` from the environment, if set (a URL, or a
+//! 1. `LOCKWRIGHT_TEST_<STORE>` from the environment, if set (a URL, or a
 //!    list of ports for the servers that come in groups);
 //! 2. else the server `scripts/servers.sh` starts: on 127.0.0.1, on the
-//!    port `LOCKSMITH_<NAME>` says if set, else the one in
+//!    port `LOCKWRIGHT_<NAME>` says if set, else the one in
 //!    `scripts/ports.env` (the file the script sources, read here at
 //!    compile time), with the role and database the script creates
-//!    (`locksmith`/`locksmith`, `locksmith_test`).
+//!    (`lockwright`/`lockwright`, `lockwright_test`).
 //!
 //! So a test finds the server wherever `scripts/test` put it, with or
 //! without its exports. A server that is not running is not skipped: the
@@ -16,12 +16,12 @@
 const PORTS_ENV: &str = include_str!("../../../scripts/ports.env");
 
 /// The ports `scripts/servers.sh` uses for `name` (`PG_PORT`,
-/// `REDLOCK_PORTS`): `LOCKSMITH_<name>` if set, else `scripts/ports.env`.
+/// `REDLOCK_PORTS`): `LOCKWRIGHT_<name>` if set, else `scripts/ports.env`.
 ///
 /// # Panics
 /// If `name` is not in `scripts/ports.env`, or a port is not a number.
 pub fn script_ports(name: &str) -> Vec<u16> {
-    let value = std::env::var(format!("LOCKSMITH_{name}"))
+    let value = std::env::var(format!("LOCKWRIGHT_{name}"))
         .ok()
         .or_else(|| default_of(name))
         .unwrap_or_else(|| panic!("{name} is not in scripts/ports.env"));
@@ -75,84 +75,84 @@ fn ports_from(var: &str, name: &str) -> Vec<u16> {
 
 /// The SQL URL the script's role and database have on `port`.
 fn sql_url(scheme: &str, port: u16) -> String {
-    format!("{scheme}://locksmith:locksmith@127.0.0.1:{port}/locksmith_test")
+    format!("{scheme}://lockwright:lockwright@127.0.0.1:{port}/lockwright_test")
 }
 
-/// The shared PostgreSQL server: `LOCKSMITH_TEST_POSTGRES_URL`, else `PG_PORT`.
+/// The shared PostgreSQL server: `LOCKWRIGHT_TEST_POSTGRES_URL`, else `PG_PORT`.
 pub fn postgres_url() -> String {
-    env_or("LOCKSMITH_TEST_POSTGRES_URL", || {
+    env_or("LOCKWRIGHT_TEST_POSTGRES_URL", || {
         sql_url("postgres", script_port("PG_PORT"))
     })
 }
 
-/// The shared MariaDB server: `LOCKSMITH_TEST_MYSQL_URL`, else `MY_PORT`.
+/// The shared MariaDB server: `LOCKWRIGHT_TEST_MYSQL_URL`, else `MY_PORT`.
 pub fn mysql_url() -> String {
-    env_or("LOCKSMITH_TEST_MYSQL_URL", || {
+    env_or("LOCKWRIGHT_TEST_MYSQL_URL", || {
         sql_url("mysql", script_port("MY_PORT"))
     })
 }
 
 /// The private PostgreSQL server the outage test stops (`pg_fault`):
-/// `LOCKSMITH_TEST_PG_FAULT_URL`, else `PG_FAULT_PORT`.
+/// `LOCKWRIGHT_TEST_PG_FAULT_URL`, else `PG_FAULT_PORT`.
 pub fn postgres_fault_url() -> String {
-    env_or("LOCKSMITH_TEST_PG_FAULT_URL", || {
+    env_or("LOCKWRIGHT_TEST_PG_FAULT_URL", || {
         sql_url("postgres", script_port("PG_FAULT_PORT"))
     })
 }
 
 /// The private MariaDB server the outage test stops (`my_fault`):
-/// `LOCKSMITH_TEST_MY_FAULT_URL`, else `MY_FAULT_PORT`.
+/// `LOCKWRIGHT_TEST_MY_FAULT_URL`, else `MY_FAULT_PORT`.
 pub fn mysql_fault_url() -> String {
-    env_or("LOCKSMITH_TEST_MY_FAULT_URL", || {
+    env_or("LOCKWRIGHT_TEST_MY_FAULT_URL", || {
         sql_url("mysql", script_port("MY_FAULT_PORT"))
     })
 }
 
 /// The private Redis server the outage tests stop (`redis_fault`):
-/// `LOCKSMITH_TEST_REDIS_FAULT_URL`, else `REDIS_FAULT_PORT`.
+/// `LOCKWRIGHT_TEST_REDIS_FAULT_URL`, else `REDIS_FAULT_PORT`.
 pub fn redis_fault_url() -> String {
-    env_or("LOCKSMITH_TEST_REDIS_FAULT_URL", || {
+    env_or("LOCKWRIGHT_TEST_REDIS_FAULT_URL", || {
         format!("redis://127.0.0.1:{}", script_port("REDIS_FAULT_PORT"))
     })
 }
 
-/// The shared Redis server: `LOCKSMITH_TEST_REDIS_URL`, else `REDIS_PORT`.
+/// The shared Redis server: `LOCKWRIGHT_TEST_REDIS_URL`, else `REDIS_PORT`.
 pub fn redis_url() -> String {
-    env_or("LOCKSMITH_TEST_REDIS_URL", || {
+    env_or("LOCKWRIGHT_TEST_REDIS_URL", || {
         format!("redis://127.0.0.1:{}", script_port("REDIS_PORT"))
     })
 }
 
 /// The five independent Redis masters of the Redlock tests, on 127.0.0.1:
-/// `LOCKSMITH_TEST_REDLOCK_PORTS`, else `REDLOCK_PORTS`.
+/// `LOCKWRIGHT_TEST_REDLOCK_PORTS`, else `REDLOCK_PORTS`.
 pub fn redlock_ports() -> Vec<u16> {
-    ports_from("LOCKSMITH_TEST_REDLOCK_PORTS", "REDLOCK_PORTS")
+    ports_from("LOCKWRIGHT_TEST_REDLOCK_PORTS", "REDLOCK_PORTS")
 }
 
 /// The data nodes of the Redis under Sentinel, on 127.0.0.1 (the first
 /// was the primary when started; a failover may have moved it):
-/// `LOCKSMITH_TEST_REDIS_SENTINEL_DATA_PORTS`, else `REDIS_SENTINEL_DATA_PORTS`.
+/// `LOCKWRIGHT_TEST_REDIS_SENTINEL_DATA_PORTS`, else `REDIS_SENTINEL_DATA_PORTS`.
 pub fn redis_sentinel_data_ports() -> Vec<u16> {
     ports_from(
-        "LOCKSMITH_TEST_REDIS_SENTINEL_DATA_PORTS",
+        "LOCKWRIGHT_TEST_REDIS_SENTINEL_DATA_PORTS",
         "REDIS_SENTINEL_DATA_PORTS",
     )
 }
 
-/// The three sentinels watching them as the master `locksmith`:
-/// `LOCKSMITH_TEST_REDIS_SENTINEL_PORTS`, else `REDIS_SENTINEL_PORTS`.
+/// The three sentinels watching them as the master `lockwright`:
+/// `LOCKWRIGHT_TEST_REDIS_SENTINEL_PORTS`, else `REDIS_SENTINEL_PORTS`.
 pub fn redis_sentinel_ports() -> Vec<u16> {
     ports_from(
-        "LOCKSMITH_TEST_REDIS_SENTINEL_PORTS",
+        "LOCKWRIGHT_TEST_REDIS_SENTINEL_PORTS",
         "REDIS_SENTINEL_PORTS",
     )
 }
 
 /// The master the sentinels watch, as `scripts/test` names it.
-pub const REDIS_SENTINEL_MASTER: &str = "locksmith";
+pub const REDIS_SENTINEL_MASTER: &str = "lockwright";
 
 /// A `redis+sentinel://` URL over the three sentinels, for the master
-/// `locksmith`.
+/// `lockwright`.
 pub fn redis_sentinel_url() -> String {
     let sentinels: Vec<String> = redis_sentinel_ports()
         .iter()
@@ -165,9 +165,9 @@ pub fn redis_sentinel_url() -> String {
 }
 
 /// The six nodes of the Redis Cluster (three primaries, a replica each):
-/// `LOCKSMITH_TEST_REDIS_CLUSTER_PORTS`, else `REDIS_CLUSTER_PORTS`.
+/// `LOCKWRIGHT_TEST_REDIS_CLUSTER_PORTS`, else `REDIS_CLUSTER_PORTS`.
 pub fn redis_cluster_ports() -> Vec<u16> {
-    ports_from("LOCKSMITH_TEST_REDIS_CLUSTER_PORTS", "REDIS_CLUSTER_PORTS")
+    ports_from("LOCKWRIGHT_TEST_REDIS_CLUSTER_PORTS", "REDIS_CLUSTER_PORTS")
 }
 
 /// A `redis+cluster://` URL over the Cluster's six nodes.
@@ -179,55 +179,55 @@ pub fn redis_cluster_url() -> String {
     format!("redis+cluster://{}", nodes.join(","))
 }
 
-/// The shared memcached server: `LOCKSMITH_TEST_MEMCACHED_URL`, else `MC_PORT`.
+/// The shared memcached server: `LOCKWRIGHT_TEST_MEMCACHED_URL`, else `MC_PORT`.
 pub fn memcached_url() -> String {
-    env_or("LOCKSMITH_TEST_MEMCACHED_URL", || {
+    env_or("LOCKWRIGHT_TEST_MEMCACHED_URL", || {
         format!("memcache://127.0.0.1:{}", script_port("MC_PORT"))
     })
 }
 
 /// The three private memcached servers of the quorum tests, on 127.0.0.1:
-/// `LOCKSMITH_TEST_MEMCACHED_QUORUM_PORTS`, else `MC_QUORUM_PORTS`.
+/// `LOCKWRIGHT_TEST_MEMCACHED_QUORUM_PORTS`, else `MC_QUORUM_PORTS`.
 pub fn memcached_quorum_ports() -> Vec<u16> {
-    ports_from("LOCKSMITH_TEST_MEMCACHED_QUORUM_PORTS", "MC_QUORUM_PORTS")
+    ports_from("LOCKWRIGHT_TEST_MEMCACHED_QUORUM_PORTS", "MC_QUORUM_PORTS")
 }
 
 /// The private memcached server the outage test stops (`mc_fault`), on
-/// 127.0.0.1: `LOCKSMITH_TEST_MEMCACHED_FAULT_PORT`, else `MC_FAULT_PORT`.
+/// 127.0.0.1: `LOCKWRIGHT_TEST_MEMCACHED_FAULT_PORT`, else `MC_FAULT_PORT`.
 pub fn memcached_fault_port() -> u16 {
-    match ports_from("LOCKSMITH_TEST_MEMCACHED_FAULT_PORT", "MC_FAULT_PORT")[..] {
+    match ports_from("LOCKWRIGHT_TEST_MEMCACHED_FAULT_PORT", "MC_FAULT_PORT")[..] {
         [port] => port,
-        ref ports => panic!("LOCKSMITH_TEST_MEMCACHED_FAULT_PORT is {ports:?}, not one port"),
+        ref ports => panic!("LOCKWRIGHT_TEST_MEMCACHED_FAULT_PORT is {ports:?}, not one port"),
     }
 }
 
-/// The standalone ZooKeeper server: `LOCKSMITH_TEST_ZK_URL`, else `ZK_PORT`.
+/// The standalone ZooKeeper server: `LOCKWRIGHT_TEST_ZK_URL`, else `ZK_PORT`.
 pub fn zk_url() -> String {
-    env_or("LOCKSMITH_TEST_ZK_URL", || {
+    env_or("LOCKWRIGHT_TEST_ZK_URL", || {
         format!("zk://127.0.0.1:{}", script_port("ZK_PORT"))
     })
 }
 
 /// The client ports of the private 3-node ZooKeeper ensemble, on
 /// 127.0.0.1 (`zk1`, `zk2`, `zk3` in that order):
-/// `LOCKSMITH_TEST_ZK_ENSEMBLE_PORTS`, else `ZK_ENSEMBLE_PORTS`.
+/// `LOCKWRIGHT_TEST_ZK_ENSEMBLE_PORTS`, else `ZK_ENSEMBLE_PORTS`.
 pub fn zk_ensemble_ports() -> Vec<u16> {
-    ports_from("LOCKSMITH_TEST_ZK_ENSEMBLE_PORTS", "ZK_ENSEMBLE_PORTS")
+    ports_from("LOCKWRIGHT_TEST_ZK_ENSEMBLE_PORTS", "ZK_ENSEMBLE_PORTS")
 }
 
-/// The single etcd member: `LOCKSMITH_TEST_ETCD_URL`, else `ETCD_PORT`.
+/// The single etcd member: `LOCKWRIGHT_TEST_ETCD_URL`, else `ETCD_PORT`.
 pub fn etcd_url() -> String {
-    env_or("LOCKSMITH_TEST_ETCD_URL", || {
+    env_or("LOCKWRIGHT_TEST_ETCD_URL", || {
         format!("etcd://127.0.0.1:{}", script_port("ETCD_PORT"))
     })
 }
 
 /// The client ports of the private 3-member etcd cluster, on 127.0.0.1
 /// (`etcd1`, `etcd2`, `etcd3` in that order; each member's peer port is
-/// its client port + 1): `LOCKSMITH_TEST_ETCD_CLUSTER_PORTS`, else
+/// its client port + 1): `LOCKWRIGHT_TEST_ETCD_CLUSTER_PORTS`, else
 /// `ETCD_CLUSTER_PORTS`.
 pub fn etcd_cluster_ports() -> Vec<u16> {
-    ports_from("LOCKSMITH_TEST_ETCD_CLUSTER_PORTS", "ETCD_CLUSTER_PORTS")
+    ports_from("LOCKWRIGHT_TEST_ETCD_CLUSTER_PORTS", "ETCD_CLUSTER_PORTS")
 }
 
 /// `127.0.0.1:<port>` for each port.

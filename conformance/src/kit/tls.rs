@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use locksmith_core::{ErrorKind, LockOptions, Locker};
+use lockwright_core::{ErrorKind, LockOptions, Locker};
 
 fn openssl(dir: &Path, args: &[&str]) {
     let ok = Command::new("openssl")
@@ -39,7 +39,7 @@ pub fn certificates(dir: &Path) {
             "-days",
             "2",
             "-subj",
-            "/CN=locksmith test CA",
+            "/CN=lockwright test CA",
             "-keyout",
             "ca.key",
             "-out",
@@ -55,7 +55,7 @@ pub fn certificates(dir: &Path) {
                 "rsa:2048",
                 "-nodes",
                 "-subj",
-                &format!("/CN=locksmith test {name}"),
+                &format!("/CN=lockwright test {name}"),
                 "-keyout",
                 &format!("{name}.key"),
                 "-out",

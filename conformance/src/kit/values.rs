@@ -1,6 +1,6 @@
 //! Leader values a store could mangle, for every backend's election tests.
 
-use locksmith_core::MAX_VALUE_LEN;
+use lockwright_core::MAX_VALUE_LEN;
 
 /// Every byte value, four times over: exactly the largest value allowed.
 pub fn every_byte() -> Vec<u8> {
