@@ -191,6 +191,7 @@ impl SqlConfig {
                         u.scheme()
                     )));
                 }
+                tls_files_readable(u.params(), dialect)?;
                 u.finish(driver_params(dialect))?;
                 // sqlx knows MariaDB by the MySQL scheme.
                 if u.scheme() == "mariadb" {
@@ -221,6 +222,73 @@ impl SqlConfig {
         }
         Ok(config)
     }
+}
+
+/// The TLS file parameters each driver reads (a CA to trust, a client
+/// certificate and its key), under every spelling it accepts.
+const TLS_FILES: [&str; 8] = [
+    "sslrootcert",
+    "ssl-root-cert",
+    "sslca",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+];
+
+/// Checks that each TLS file the URL names can be read, and that the TLS
+/// mode is one the driver knows: the driver would read the files only
+/// when a connection is made, and report a missing one as an I/O error,
+/// which looks like a database that cannot be reached.
+///
+/// # Errors
+/// `Config` naming the parameter and the file.
+fn tls_files_readable(p: &UrlParams, dialect: Dialect) -> Result<()> {
+    for name in TLS_FILES {
+        let Some(raw) = p.peek(name) else { continue };
+        let path = lockwright_core::backend::percent_decode(raw).unwrap_or_else(|| raw.to_owned());
+        // The drivers also take the PEM text itself.
+        if path.starts_with("-----BEGIN") {
+            continue;
+        }
+        if let Err(e) = std::fs::File::open(&path) {
+            return Err(Error::config(format!(
+                "{}: {name}={path}: cannot read the file",
+                p.shown()
+            ))
+            .with_source(e));
+        }
+    }
+    let modes: &[&str] = match dialect {
+        Dialect::Postgres => &[
+            "disable",
+            "allow",
+            "prefer",
+            "require",
+            "verify-ca",
+            "verify-full",
+        ],
+        _ => &[
+            "disabled",
+            "preferred",
+            "required",
+            "verify_ca",
+            "verify_identity",
+        ],
+    };
+    for name in ["sslmode", "ssl-mode"] {
+        if let Some(mode) = p.peek(name) {
+            if !modes.iter().any(|m| m.eq_ignore_ascii_case(mode)) {
+                return Err(Error::config(format!(
+                    "{}: {name}={mode}: expected one of {}",
+                    p.shown(),
+                    modes.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A table name goes into SQL text, so it must be a plain identifier:

@@ -13,12 +13,18 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
         E::Database(db) => db_unavailable(db.as_ref()),
         _ => false,
     };
+    if let Some(why) = tls_refused(&e) {
+        return Error::config(why).with_source(e);
+    }
     let permanent = match &e {
         E::Database(db) => db_refused(db.as_ref()),
-        // A TLS mode this build cannot speak will not work on a retry.
-        E::Tls(t) => t.to_string().contains("without TLS support"),
         _ => false,
     };
+    if let E::Database(db) = &e {
+        if let Some(why) = tls_demanded(db.as_ref()) {
+            return Error::config(why).with_source(e);
+        }
+    }
     if permanent {
         Error::config("the database refused the configuration").with_source(e)
     } else if unavailable {
@@ -37,6 +43,67 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
     } else {
         Error::backend("the database answered with an error").with_source(e)
     }
+}
+
+/// A TLS failure that no retry mends, in words that name the URL parameter
+/// that would: a certificate not trusted or not for this host, a server
+/// without TLS where TLS was required, a handshake the server refused.
+/// A connection that drops during the handshake is not one of them.
+fn tls_refused(e: &sqlx::Error) -> Option<&'static str> {
+    match e {
+        sqlx::Error::Tls(t) if t.to_string().contains("without TLS support") => {
+            Some("this build has no TLS: enable lockwright's `postgres` or `mysql` feature")
+        }
+        sqlx::Error::Tls(t) if t.to_string().contains("does not support TLS") => Some(
+            "the server does not offer TLS, and the URL requires it (sslmode / ssl-mode); \
+             never sent in plain text instead",
+        ),
+        sqlx::Error::Tls(_) => Some(
+            "the TLS files cannot be used (sslrootcert / ssl-ca, sslcert / ssl-cert, \
+             sslkey / ssl-key)",
+        ),
+        #[cfg(feature = "tls")]
+        sqlx::Error::Io(io) => {
+            let tls = io.get_ref()?.downcast_ref::<rustls::Error>()?;
+            Some(tls_words(tls))
+        }
+        _ => None,
+    }
+}
+
+/// What a refused handshake means for the user.
+#[cfg(feature = "tls")]
+fn tls_words(e: &rustls::Error) -> &'static str {
+    use rustls::CertificateError as C;
+    match e {
+        rustls::Error::InvalidCertificate(
+            C::NotValidForName | C::NotValidForNameContext { .. },
+        ) => {
+            "the server's certificate is not for the host the URL names \
+             (sslmode=verify-full and ssl-mode=verify_identity check the name)"
+        }
+        rustls::Error::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => {
+            "the server's certificate is not signed by a trusted CA: name the CA's \
+             certificate file with sslrootcert (PostgreSQL) or ssl-ca (MySQL)"
+        }
+        rustls::Error::InvalidCertificate(_) => {
+            "the server's certificate is not valid (expired, not yet valid or not for a server)"
+        }
+        rustls::Error::AlertReceived(_) | rustls::Error::NoCertificatesPresented => {
+            "the server refused the TLS handshake (does it want a client certificate: \
+             sslcert and sslkey, or ssl-cert and ssl-key?)"
+        }
+        _ => "the TLS handshake with the server failed",
+    }
+}
+
+/// PostgreSQL refusing a connection without TLS (28000, "no encryption"
+/// in the message: a `hostssl`-only server reached with `sslmode=disable`).
+fn tls_demanded(db: &dyn sqlx::error::DatabaseError) -> Option<&'static str> {
+    (db.code().as_deref() == Some("28000") && db.message().contains("no encryption")).then_some(
+        "the server takes only TLS connections: use sslmode=require or stricter, \
+         not sslmode=disable",
+    )
 }
 
 /// Server errors that retrying will not fix: refused credentials, a
