@@ -42,8 +42,8 @@
 //! | `mysql://…`, `mariadb://…` | MySQL/MariaDB (add `?mode=session` for `GET_LOCK`) | `mysql` |
 //! | `redis://…`, `rediss://…`, `redis+unix:///path` | one Redis server | `redis` |
 //! | `redis+redlock://h1:p1,h2:p2,h3:p3` | Redlock over independent masters | `redis` |
-//! | `redis+sentinel://s1:26379,s2,s3/<master>` | Redis under Sentinel, following failovers | `redis` |
-//! | `redis+cluster://h1:7000,h2:7001,h3:7002` | Redis Cluster | `redis` |
+//! | `redis+sentinel://s1:26379,s2,s3/<master>`, `rediss+sentinel://…` | Redis under Sentinel, following failovers | `redis` |
+//! | `redis+cluster://h1:7000,h2:7001,h3:7002`, `rediss+cluster://…` | Redis Cluster | `redis` |
 //! | `zk://h1:2181,h2:2181,h3:2181/root` | ZooKeeper, Curator-compatible | `zookeeper` |
 //! | `etcd://h1:2379,h2:2379,h3:2379/root`, `etcds://…` | etcd, Go `concurrency.Mutex`- and `Election`-compatible | `etcd` |
 //! | `memcache://h:11211`, `memcache://h1,h2,h3` | memcached: one server, or a quorum | `memcached` |
@@ -152,8 +152,8 @@ pub mod backend {
         Entry { store: "MySQL/MariaDB", schemes: &["mysql", "mariadb"], feature: "mysql", built: MYSQL },
         Entry { store: "Redis", schemes: &["redis", "rediss", "redis+unix", "unix"], feature: "redis", built: REDIS },
         Entry { store: "Redlock", schemes: &["redis+redlock"], feature: "redis", built: REDIS },
-        Entry { store: "Redis Sentinel", schemes: &["redis+sentinel"], feature: "redis", built: REDIS },
-        Entry { store: "Redis Cluster", schemes: &["redis+cluster"], feature: "redis", built: REDIS },
+        Entry { store: "Redis Sentinel", schemes: &["redis+sentinel", "rediss+sentinel"], feature: "redis", built: REDIS },
+        Entry { store: "Redis Cluster", schemes: &["redis+cluster", "rediss+cluster"], feature: "redis", built: REDIS },
         Entry { store: "memcached", schemes: &["memcache", "memcached"], feature: "memcached", built: MEMCACHED },
         Entry { store: "ZooKeeper", schemes: &["zk", "zookeeper"], feature: "zookeeper", built: ZOOKEEPER },
         Entry { store: "etcd", schemes: &["etcd", "etcds"], feature: "etcd", built: ETCD },
@@ -211,7 +211,10 @@ pub mod backend {
     pub async fn failover(url: &str) -> Result<String> {
         let (scheme, _) = lookup(url)?;
         #[cfg(feature = "redis")]
-        if matches!(scheme.name, "redis+sentinel" | "redis+cluster") {
+        if matches!(
+            scheme.name,
+            "redis+sentinel" | "rediss+sentinel" | "redis+cluster" | "rediss+cluster"
+        ) {
             return lockwright_redis::failover(url).await;
         }
         Err(Error::new(

@@ -34,12 +34,14 @@ struct Inner {
 
 impl RedisBackend {
     /// Opens a backend for `redis://…`, `rediss://…`, `redis+unix://…`,
-    /// `redis+sentinel://…` or `redis+cluster://…`.
+    /// `redis+sentinel://…`, `rediss+sentinel://…`, `redis+cluster://…` or
+    /// `rediss+cluster://…`.
     /// Connects lazily: a server that is down shows up as `Unavailable` on
     /// first use.
     ///
     /// # Errors
-    /// `Config` for a bad URL, or a Redlock URL (use [`RedlockBackend`](crate::RedlockBackend)).
+    /// `Config` for a bad URL, a TLS file that cannot be read or holds no
+    /// usable PEM, or a Redlock URL (use [`RedlockBackend`](crate::RedlockBackend)).
     pub fn connect(url: &str) -> Result<Self> {
         let config = RedisConfig::from_url(url)?;
         if config.redlock {
@@ -49,16 +51,27 @@ impl RedisBackend {
         }
         // The data nodes' replies may wait for the replicas too.
         let answer_within = config.timeout + config.replicas_timeout;
+        // Under Sentinel and on a Cluster, one set of files for every
+        // connection the backend makes, read once here (the one server of
+        // `rediss://` reads its own).
+        let topology = config.sentinel.is_some() || !config.cluster.is_empty();
+        let certs = if config.secure && topology {
+            Some(crate::tls::certificates(&config.tls, &config.nodes[0])?)
+        } else {
+            None
+        };
         let node = match &config.sentinel {
             Some(s) => Node::sentinel(
                 &config.nodes[0],
                 s.clone(),
+                certs,
                 answer_within,
                 config.connect_timeout,
             ),
             None if !config.cluster.is_empty() => Node::cluster(
                 &config.nodes[0],
                 &config.cluster,
+                certs.as_ref(),
                 answer_within,
                 config.connect_timeout,
                 config.waiter_refresh,

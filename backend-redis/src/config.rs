@@ -15,6 +15,9 @@ use crate::SCHEMES;
 const DRIVER_PARAMS_TCP: &[&str] = &["protocol"];
 const DRIVER_PARAMS_UNIX: &[&str] = &["protocol", "db", "user", "pass"];
 
+/// The sentinels' own user name and password, if any.
+type SentinelAuth = (Option<String>, Option<String>);
+
 /// The default per-request timeout on one server.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The default per-node timeout for Redlock: its quorum budget, far below any
@@ -29,12 +32,17 @@ const DEFAULT_REDLOCK_TIMEOUT: Duration = Duration::from_millis(100);
 /// 100ms),
 /// `connect_timeout` (default 1s), `waiter_refresh` (how often a queued
 /// waiter confirms it still waits, default 500ms; a waiter silent for four
-/// periods loses its place); for `rediss://`, `tls_ca` (a PEM file of root
-/// certificates to trust instead of the system's) and `tls_cert` with
-/// `tls_key` (PEM files of a client certificate and key, for servers that
-/// require them). The driver's own `protocol`, `db`, `user` and `pass` pass
-/// through; any other parameter is refused, so that a misspelt `prefx=`
-/// cannot silently put the locks in another namespace.
+/// periods loses its place); for `rediss://`, `rediss+sentinel://` and
+/// `rediss+cluster://`, `tls_ca` (a PEM file of root certificates to trust
+/// instead of the system's) and `tls_cert` with `tls_key` (PEM files of a
+/// client certificate and key, for servers that require them), the same
+/// files for every server the backend connects to; for the sentinels of
+/// `redis+sentinel://` and `rediss+sentinel://`, `sentinel_password` (with
+/// `sentinel_username`, for an ACL user), sent to the sentinels only (the
+/// URL's user information is the data nodes'). The driver's own
+/// `protocol`, `db`, `user` and `pass` pass through; any other parameter
+/// is refused, so that a misspelt `prefx=` cannot silently put the locks
+/// in another namespace.
 ///
 /// `replicas=N` (with `replicas_timeout`, default 500ms) makes a grant, a
 /// renewal and a hand-off count only once `WAIT` says N replicas have
@@ -56,10 +64,16 @@ pub struct RedisConfig {
     pub waiter_refresh: Duration,
     /// TLS files beyond the system trust store.
     pub tls: TlsFiles,
-    /// The sentinels to ask for the primary (`redis+sentinel://`).
+    /// Every connection is TLS (`rediss://`, `rediss+sentinel://`,
+    /// `rediss+cluster://`): to the sentinels, the data nodes and every
+    /// Cluster node alike; none is ever made in plain text.
+    pub secure: bool,
+    /// The sentinels to ask for the primary (`redis+sentinel://`,
+    /// `rediss+sentinel://`).
     pub sentinel: Option<SentinelConfig>,
-    /// The Cluster nodes to start from (`redis+cluster://`), each a
-    /// `redis://` URL; empty for other schemes.
+    /// The Cluster nodes to start from (`redis+cluster://`,
+    /// `rediss+cluster://`), each a `redis://` URL (`rediss://` over TLS);
+    /// empty for other schemes.
     pub cluster: Vec<RedactedUrl>,
     /// Replicas that must acknowledge a grant, a renewal and a hand-off.
     pub replicas: u32,
@@ -67,11 +81,17 @@ pub struct RedisConfig {
     pub replicas_timeout: Duration,
 }
 
-/// Where the sentinels are and what they watch (`redis+sentinel://`).
+/// Where the sentinels are and what they watch (`redis+sentinel://`,
+/// `rediss+sentinel://`).
 #[derive(Clone)]
 pub struct SentinelConfig {
     /// The sentinels, asked together; the freshest answer wins.
     pub sentinels: Vec<HostPort>,
+    /// The user name for the sentinels (`sentinel_username`), if any.
+    pub sentinel_user: Option<String>,
+    /// The password for the sentinels (`sentinel_password`), if any
+    /// (never shown).
+    pub sentinel_password: Option<String>,
     /// The master name the sentinels monitor.
     pub master: String,
     /// The user name for the data nodes, if any.
@@ -86,6 +106,11 @@ impl std::fmt::Debug for SentinelConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SentinelConfig")
             .field("sentinels", &self.sentinels)
+            .field("sentinel_user", &self.sentinel_user)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "***"),
+            )
             .field("master", &self.master)
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "***"))
@@ -99,41 +124,55 @@ impl RedisConfig {
     /// `redis+unix:///path/to/sock`, or
     /// `redis+redlock://[user:pass@]h1:p1,h2:p2,h3:p3[/db]`, or
     /// `redis+sentinel://[user:pass@]s1:26379,s2,s3/<master>[/db]` (the user
-    /// and password are the data nodes'; the sentinels take none), or
+    /// and password are the data nodes'; the sentinels' own go in
+    /// `sentinel_password` and `sentinel_username`), or
     /// `redis+cluster://[user:pass@]h1:7000,h2:7001,…` (any nodes of the
-    /// Cluster; it finds the rest).
+    /// Cluster; it finds the rest); `rediss+sentinel://…` and
+    /// `rediss+cluster://…` are the same over TLS to every server.
     ///
     /// # Errors
-    /// `Config` for an unknown scheme, an empty host list, or a Redlock with
-    /// fewer than 3 nodes or the same node twice; `InvalidOptions` for an
-    /// unknown parameter or a bad value.
+    /// `Config` for an unknown scheme, an empty host list, a Redlock with
+    /// fewer than 3 nodes or the same node twice, TLS files on a scheme
+    /// without TLS, or sentinel credentials without sentinels;
+    /// `InvalidOptions` for an unknown parameter or a bad value.
     pub fn from_url(url: &str) -> Result<Self> {
         let scheme = Scheme::find(SCHEMES, url)?.name;
         let redlock = scheme == "redis+redlock";
+        let secure = scheme.starts_with("rediss");
         if matches!(scheme, "redis+unix" | "unix") {
             // A socket path, not a host list: nothing for `ServerUrl`.
             let mut p = UrlParams::new(url);
             let mut config = Self::read_params(&mut p, redlock)?;
-            config.tls.check(p.shown(), scheme == "rediss", "rediss")?;
+            Self::sentinel_auth(&mut p, false)?;
+            config.tls.check(p.shown(), false, "rediss")?;
             let driver_url = p.finish(DRIVER_PARAMS_UNIX)?;
             config.nodes.push(RedactedUrl::new(driver_url));
             return Ok(config);
         }
         let mut u = ServerUrl::parse_for(SCHEMES, url)?;
         let mut config = Self::read_params(u.params(), redlock)?;
-        if scheme == "redis+sentinel" {
+        config.secure = secure;
+        let sentinel = matches!(scheme, "redis+sentinel" | "rediss+sentinel");
+        let auth = Self::sentinel_auth(u.params(), sentinel)?;
+        // The TLS files go only with a TLS scheme, and say which one.
+        let tls_scheme = match scheme {
+            "redis+sentinel" | "rediss+sentinel" => "rediss+sentinel",
+            "redis+cluster" | "rediss+cluster" => "rediss+cluster",
+            _ => "rediss",
+        };
+        if sentinel {
             u.finish(&[])?;
-            config.tls.check(u.shown(), false, "rediss")?;
-            config.sentinel = Some(Self::sentinel(&u)?);
+            config.tls.check(u.shown(), secure, tls_scheme)?;
+            config.sentinel = Some(Self::sentinel(&u, auth)?);
             config.nodes.push(u.url());
             return Ok(config);
         }
-        if scheme == "redis+cluster" {
+        if matches!(scheme, "redis+cluster" | "rediss+cluster") {
             u.finish(&[])?;
-            config.tls.check(u.shown(), false, "rediss")?;
+            config.tls.check(u.shown(), secure, tls_scheme)?;
             if !matches!(u.path(), "" | "/") {
                 return Err(Error::config(format!(
-                    "{}: a Cluster has one database: expected redis+cluster://h1:7000,h2:7001",
+                    "{}: a Cluster has one database: expected {scheme}://h1:7000,h2:7001",
                     u.shown()
                 )));
             }
@@ -146,11 +185,12 @@ impl RedisConfig {
             let seeds = u
                 .servers("redis+cluster://127.0.0.1:7000,127.0.0.1:7001")?
                 .to_vec();
+            let seed_scheme = if secure { "rediss" } else { "redis" };
             config.cluster = seeds
                 .iter()
                 .map(|h| {
                     let mut one = u
-                        .url_with("redis", std::slice::from_ref(h))
+                        .url_with(seed_scheme, std::slice::from_ref(h))
                         .expose()
                         .to_owned();
                     if one.ends_with('/') {
@@ -163,7 +203,7 @@ impl RedisConfig {
             return Ok(config);
         }
         u.finish(DRIVER_PARAMS_TCP)?;
-        config.tls.check(u.shown(), scheme == "rediss", "rediss")?;
+        config.tls.check(u.shown(), secure, tls_scheme)?;
         let hosts = u.servers("redis://host:6379")?;
         if !redlock {
             if hosts.len() > 1 {
@@ -192,15 +232,17 @@ impl RedisConfig {
     }
 
     /// The sentinels, the master's name and the data nodes' database from
-    /// `redis+sentinel://…/<master>[/db]`.
-    fn sentinel(u: &ServerUrl) -> Result<SentinelConfig> {
+    /// `redis+sentinel://…/<master>[/db]`, with the sentinels' own
+    /// credentials `auth` (user, password).
+    fn sentinel(u: &ServerUrl, auth: SentinelAuth) -> Result<SentinelConfig> {
         let sentinels = u
             .servers("redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster")?
             .to_vec();
         let form = || {
             Error::config(format!(
-                "{}: expected redis+sentinel://sentinel1,sentinel2,…/<master name>[/<db>]",
-                u.shown()
+                "{}: expected {}://sentinel1,sentinel2,…/<master name>[/<db>]",
+                u.shown(),
+                u.scheme()
             ))
         };
         let path = u.root("")?;
@@ -217,13 +259,42 @@ impl RedisConfig {
         if parts.next().is_some() || master.chars().any(char::is_whitespace) {
             return Err(form());
         }
+        let (sentinel_user, sentinel_password) = auth;
         Ok(SentinelConfig {
             sentinels,
+            sentinel_user,
+            sentinel_password,
             master: master.to_owned(),
             user: u.user()?.filter(|u| !u.is_empty()),
             password: u.password()?,
             db,
         })
+    }
+
+    /// `sentinel_username` and `sentinel_password`, the sentinels' own
+    /// credentials (the URL's user information is the data nodes'), which
+    /// only a Sentinel URL takes.
+    fn sentinel_auth(p: &mut UrlParams, sentinel: bool) -> Result<SentinelAuth> {
+        const NAMES: [&str; 2] = ["sentinel_password", "sentinel_username"];
+        if !sentinel {
+            if let Some(name) = NAMES.iter().find(|n| p.peek(n).is_some()) {
+                return Err(Error::config(format!(
+                    "{}: {name} is for the sentinels of a redis+sentinel:// or \
+                     rediss+sentinel:// URL; this URL names no sentinels",
+                    p.shown()
+                )));
+            }
+            return Ok((None, None));
+        }
+        let password = p.text(NAMES[0])?.filter(|s| !s.is_empty());
+        let user = p.text(NAMES[1])?.filter(|s| !s.is_empty());
+        if user.is_some() && password.is_none() {
+            return Err(Error::config(format!(
+                "{}: sentinel_username needs sentinel_password",
+                p.shown()
+            )));
+        }
+        Ok((user, password))
     }
 
     /// Our own parameters, removed from the URL before the driver sees it.
@@ -250,6 +321,7 @@ impl RedisConfig {
                 .duration("waiter_refresh", Duration::from_millis(10)..=hour)?
                 .unwrap_or(Duration::from_millis(500)),
             tls: TlsFiles::from_params(p)?,
+            secure: false,
             sentinel: None,
             cluster: Vec::new(),
             replicas: p.integer("replicas", 0..=64)?.unwrap_or(0),
@@ -364,5 +436,96 @@ mod tests {
         ] {
             assert!(RedisConfig::from_url(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn tls_topologies_and_the_sentinels_own_password() {
+        use lockwright_core::ErrorKind;
+
+        let c = RedisConfig::from_url(
+            "rediss+sentinel://app:pw@s1,s2:26380/m/1?tls_ca=/ca.pem&tls_cert=/c.pem\
+             &tls_key=/c.key&sentinel_password=spw&sentinel_username=watcher",
+        )
+        .unwrap();
+        assert!(c.secure);
+        assert_eq!(c.tls.ca.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        let s = c.sentinel.as_ref().unwrap();
+        assert_eq!((s.master.as_str(), s.db), ("m", 1));
+        assert_eq!(
+            (s.user.as_deref(), s.password.as_deref()),
+            (Some("app"), Some("pw"))
+        );
+        assert_eq!(
+            (s.sentinel_user.as_deref(), s.sentinel_password.as_deref()),
+            (Some("watcher"), Some("spw"))
+        );
+        // Neither password shows, in the config or in the URL kept.
+        for shown in [format!("{c:?}"), c.nodes[0].to_string()] {
+            assert!(!shown.contains("spw") && !shown.contains(":pw@"), "{shown}");
+        }
+
+        // Over plain TCP too, and with no TLS file (the system's roots).
+        let c = RedisConfig::from_url("redis+sentinel://s1/m?sentinel_password=spw").unwrap();
+        assert!(!c.secure);
+        let s = c.sentinel.unwrap();
+        assert_eq!(
+            (s.sentinel_user, s.sentinel_password.as_deref()),
+            (None, Some("spw"))
+        );
+        assert!(
+            RedisConfig::from_url("rediss+sentinel://s1/m")
+                .unwrap()
+                .secure
+        );
+
+        let c =
+            RedisConfig::from_url("rediss+cluster://:pw@h1:7000,h2:7001?tls_ca=/ca.pem").unwrap();
+        assert!(c.secure && c.sentinel.is_none());
+        let seeds: Vec<&str> = c.cluster.iter().map(|u| u.expose()).collect();
+        assert_eq!(seeds, ["rediss://:pw@h1:7000", "rediss://:pw@h2:7001"]);
+        assert!(!RedisConfig::from_url("redis+cluster://h1").unwrap().secure);
+        assert!(
+            RedisConfig::from_url("rediss://h?tls_ca=/ca.pem")
+                .unwrap()
+                .secure
+        );
+
+        // The sentinels' credentials on a URL without sentinels: `Config`,
+        // naming the parameter, without its value.
+        for bad in [
+            "redis://h?sentinel_password=spw",
+            "rediss://h?sentinel_password=spw",
+            "redis+cluster://h1?sentinel_password=spw",
+            "rediss+cluster://h1?sentinel_username=u",
+            "redis+redlock://h1,h2,h3?sentinel_password=spw",
+            "redis+unix:///tmp/r.sock?sentinel_password=spw",
+        ] {
+            let e = RedisConfig::from_url(bad).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Config, "{bad}: {e}");
+            assert!(e.to_string().contains("sentinel_"), "{bad}: {e}");
+            assert!(!e.to_string().contains("spw"), "{bad}: {e}");
+        }
+        for bad in [
+            // A user name alone authenticates nobody.
+            "redis+sentinel://s1/m?sentinel_username=u",
+            // A Cluster has one database, over TLS too.
+            "rediss+cluster://h1/3",
+            "rediss+cluster://h1?prefix=app{x}:",
+            // TLS files need a TLS scheme, whichever the topology.
+            "redis+sentinel://s1/m?tls_ca=/ca.pem",
+            "redis+cluster://h1?tls_ca=/ca.pem",
+            "rediss+sentinel://s1/m?tls_cert=/c.pem",
+            "rediss+sentinel://s1",
+            "rediss+cluster://h1?protocol=resp3",
+        ] {
+            let e = RedisConfig::from_url(bad).unwrap_err();
+            let kind = e.kind();
+            assert!(
+                matches!(kind, ErrorKind::Config | ErrorKind::InvalidOptions),
+                "{bad}: {e}"
+            );
+        }
+        let e = RedisConfig::from_url("redis+sentinel://s1/m?tls_ca=/ca.pem").unwrap_err();
+        assert!(e.to_string().contains("rediss+sentinel://"), "{e}");
     }
 }

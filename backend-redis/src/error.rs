@@ -21,6 +21,16 @@ fn is_tls_refusal(e: &(dyn std::error::Error + 'static)) -> bool {
     inner.is::<rustls::Error>()
 }
 
+/// Whether `msg` carries rustls's words for a refused handshake (an
+/// untrusted certificate; an alert from a server that refused ours). A
+/// Cluster's first connections pass a node's error on as text only, with
+/// no source to find the rustls error in.
+fn says_tls_refusal(msg: &str) -> bool {
+    ["invalid peer certificate", "received fatal alert"]
+        .iter()
+        .any(|w| msg.contains(w))
+}
+
 /// Server error codes that a restart, a failover or a slot's move gives
 /// while it lasts: the request did not complete, and the same request a
 /// little later will find the new primary (or the loaded data). Each one's
@@ -59,16 +69,18 @@ fn codes(e: &RedisError) -> Vec<String> {
 
 /// Maps driver errors onto the contract's kinds, in one place.
 pub(crate) fn map_err(e: RedisError) -> Error {
-    let transient_code = codes(&e)
-        .iter()
-        .any(|c| TRANSIENT_CODES.contains(&c.as_str()));
+    let codes = codes(&e);
+    let transient_code = codes.iter().any(|c| TRANSIENT_CODES.contains(&c.as_str()));
     let msg = e.to_string();
     // Refused credentials or certificates will not get better by retrying.
-    let refused_tls = std::error::Error::source(&e).is_some_and(is_tls_refusal);
-    // No password where one is required, or a database the server lacks.
-    let refused_config = e.code() == Some("NOAUTH")
-        || e.code() == Some("WRONGPASS")
-        || e.code() == Some("NOPERM")
+    let refused_tls =
+        std::error::Error::source(&e).is_some_and(is_tls_refusal) || says_tls_refusal(&msg);
+    // No password where one is required (also each command of a pipeline
+    // refused so, as a sentinel asked without its password refuses both
+    // of its questions), or a database the server lacks.
+    let refused_config = codes
+        .iter()
+        .any(|c| matches!(c.as_str(), "NOAUTH" | "WRONGPASS" | "NOPERM"))
         || msg.contains("DB index is out of range");
     if let Some(what) = wrong_kind(&msg) {
         Error::config(what).with_source(e)
@@ -116,4 +128,27 @@ fn wrong_kind(msg: &str) -> Option<&'static str> {
 /// A URL the driver cannot use: `Config`, the driver's reason as the source.
 pub(crate) fn bad_url(url: &RedactedUrl, e: RedisError) -> Error {
     Error::config(format!("{url}: the driver cannot use this URL")).with_source(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockwright_core::ErrorKind;
+
+    #[test]
+    fn a_refused_handshake_passed_on_as_text_is_config() {
+        // As a Cluster's first connections report a node's error.
+        let e = RedisError::from((
+            redis::ErrorKind::Io,
+            "Failed to create initial connections",
+            "invalid peer certificate: UnknownIssuer".to_owned(),
+        ));
+        assert_eq!(map_err(e).kind(), ErrorKind::Config);
+        let e = RedisError::from((
+            redis::ErrorKind::Io,
+            "Failed to create initial connections",
+            "Connection reset by peer (os error 104)".to_owned(),
+        ));
+        assert_eq!(map_err(e).kind(), ErrorKind::Unavailable);
+    }
 }

@@ -10,27 +10,37 @@ use lockwright_core::{Error, ErrorKind, Result};
 
 use crate::config::RedisConfig;
 use crate::error::map_err;
+use crate::tls;
 use redis::IntoConnectionInfo;
 
 /// How long a failover may take before it is reported as failed.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-/// A connection to `at`: a sentinel (which takes no password here), or a
-/// Cluster node, with the user and password of the URL's first node.
+/// A connection to `at`: a sentinel (with the sentinels' own
+/// credentials), or a Cluster node (with the user and password of the
+/// URL's first node); over TLS when the URL asks for it.
 async fn conn(at: &HostPort, config: &RedisConfig) -> Result<redis::aio::MultiplexedConnection> {
-    let addr = redis::ConnectionAddr::Tcp(at.host().to_owned(), at.port());
-    let info = match config.cluster.first() {
-        Some(seed) => seed
+    let settings = match (config.cluster.first(), &config.sentinel) {
+        (Some(seed), _) => seed
             .expose()
             .into_connection_info()
             .map_err(map_err)?
-            .set_addr(addr),
-        None => addr.into_connection_info().map_err(map_err)?,
+            .redis_settings()
+            .clone(),
+        (None, Some(s)) => {
+            tls::credentials(s.sentinel_user.as_deref(), s.sentinel_password.as_deref())
+        }
+        (None, None) => redis::RedisConnectionInfo::default(),
+    };
+    let certs = if config.secure {
+        Some(tls::certificates(&config.tls, &config.nodes[0])?)
+    } else {
+        None
     };
     let c = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(config.connect_timeout))
         .set_response_timeout(Some(config.timeout.max(Duration::from_secs(2))));
-    redis::Client::open(info)
+    tls::client(at, settings, certs.as_ref())
         .map_err(map_err)?
         .get_multiplexed_async_connection_with_config(&c)
         .await

@@ -132,7 +132,9 @@
 //! # Redis under Sentinel
 //!
 //! `redis+sentinel://[user:password@]s1:26379,s2,s3/<master>[/<db>]`: the
-//! user and password are the data nodes' (the sentinels take none here).
+//! user and password are the data nodes'; sentinels that require a
+//! password of their own take it as `?sentinel_password=…` (with
+//! `sentinel_username=…` for an ACL user), sent to them only.
 //! The sentinels are all asked, and the answer with the highest config
 //! epoch names the primary; `ROLE` on the connection that then carries the
 //! scripts must say `master`, so a demoted node is never written to. The
@@ -172,6 +174,20 @@
 //! shard's subscribers; the channel is subscribed again by the waiter's
 //! next refresh, which also finds a grant sent meanwhile. Locks across
 //! slots: the core's ordered `lock_all`.
+//!
+//! # TLS under Sentinel and on a Cluster
+//!
+//! `rediss+sentinel://…` and `rediss+cluster://…` take the forms above
+//! with TLS on every connection: to the sentinels and the data nodes they
+//! name, or to every node of the Cluster, with one set of files
+//! (`tls_ca`, `tls_cert`, `tls_key`) for all of them; never a plain-text
+//! one. An untrusted certificate, or one the server refused, is `Config`.
+//! The servers must serve TLS where they are announced: the sentinels
+//! name the data nodes' addresses (`tls-replication yes` makes the
+//! replicas announce their TLS ports), and a Cluster's nodes announce
+//! their TLS ports in `CLUSTER SLOTS` and in `MOVED` and `ASK` only with
+//! `tls-cluster yes` (best with `port 0`, so that no plain port is
+//! announced). Each certificate must name the address it is reached at.
 //!
 //! # Replicas and failover
 //!
@@ -238,6 +254,7 @@ mod redlock;
 mod scripts;
 mod sentinel;
 mod shards;
+mod tls;
 
 /// The key layout and the scripts themselves, for benchmarks that send the
 /// same scripts raw as the floor of this scheme, and for fault tests. Only
@@ -328,7 +345,9 @@ pub const SCHEMES: &[Scheme] = &[
     Scheme::new("unix", "Redis", None),
     Scheme::new("redis+redlock", "Redlock", Some(6379)),
     Scheme::new("redis+sentinel", "Redis Sentinel", Some(26379)),
+    Scheme::new("rediss+sentinel", "Redis Sentinel", Some(26379)),
     Scheme::new("redis+cluster", "Redis Cluster", Some(6379)),
+    Scheme::new("rediss+cluster", "Redis Cluster", Some(6379)),
 ];
 
 /// Opens the backend a Redis URL names: [`RedlockBackend`] for

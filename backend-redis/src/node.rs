@@ -21,6 +21,7 @@ use crate::scripts;
 use crate::sentinel::Sentinel;
 use crate::shards::{Notify, Shards};
 use lockwright_core::backend::TlsFiles;
+use redis::TlsCertificates;
 
 /// A waiter's place in a key's queue: its ticket, and how long the place is
 /// kept without a refresh. Its grant is published on the node's hub.
@@ -72,16 +73,7 @@ impl Node {
         let client = if tls.is_empty() {
             redis::Client::open(url.expose()).map_err(bad)?
         } else {
-            let pem = tls.read(url)?;
-            let certs = redis::TlsCertificates {
-                client_tls: pem
-                    .identity
-                    .map(|(client_cert, client_key)| redis::ClientTlsConfig {
-                        client_cert,
-                        client_key,
-                    }),
-                root_cert: pem.ca,
-            };
+            let certs = crate::tls::certificates(tls, url)?;
             redis::Client::build_with_tls(url.expose(), certs).map_err(bad)?
         };
         let target = Target::Fixed {
@@ -97,14 +89,16 @@ impl Node {
         })
     }
 
-    /// The primary of the master `config` names, as its sentinels say.
+    /// The primary of the master `config` names, as its sentinels say;
+    /// every connection over TLS with `tls` when given.
     pub(crate) fn sentinel(
         url: &RedactedUrl,
         config: SentinelConfig,
+        tls: Option<TlsCertificates>,
         timeout: Duration,
         connect_timeout: Duration,
     ) -> Self {
-        let sentinel = Sentinel::new(config, timeout, connect_timeout);
+        let sentinel = Sentinel::new(config, tls, timeout, connect_timeout);
         let target = Target::Sentinel(sentinel.clone());
         Node {
             url: url.clone(),
@@ -116,11 +110,13 @@ impl Node {
     }
 
     /// A Cluster reached through `seeds` (each a `redis://` URL with the
-    /// user and password), its requests answered within `timeout`; its
-    /// waiters refresh their places every `waiter_refresh`.
+    /// user and password), every node over TLS with `tls` when given, its
+    /// requests answered within `timeout`; its waiters refresh their
+    /// places every `waiter_refresh`.
     pub(crate) fn cluster(
         url: &RedactedUrl,
         seeds: &[RedactedUrl],
+        tls: Option<&TlsCertificates>,
         timeout: Duration,
         connect_timeout: Duration,
         waiter_refresh: Duration,
@@ -130,15 +126,14 @@ impl Node {
         // The driver's retries (redirects, a node that went away) are kept
         // few and short: a lock's request must fail well inside a lease,
         // not after the driver's default of 16 retries from 1.28 s each.
-        let client = ClusterClient::builder(urls.clone())
+        let builder = ClusterClient::builder(urls.clone())
             .retries(3)
             .min_retry_wait(20)
             .max_retry_wait(200)
             .connection_timeout(connect_timeout)
-            .response_timeout(timeout)
-            .build()
-            .map_err(bad)?;
-        let shards = Shards::new(&urls, connect_timeout, waiter_refresh).map_err(bad)?;
+            .response_timeout(timeout);
+        let client = crate::tls::cluster(builder, tls).build().map_err(bad)?;
+        let shards = Shards::new(&urls, tls, connect_timeout, waiter_refresh).map_err(bad)?;
         let target = Target::Cluster {
             client,
             conn: OnceCell::new(),

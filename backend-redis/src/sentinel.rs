@@ -24,6 +24,13 @@
 //! primary refusing a write, which therefore did not happen), `MASTERDOWN`
 //! or `LOADING`. The next request resolves again. A write whose reply was
 //! lost stays the caller's to undo, as on one server.
+//!
+//! Under `rediss+sentinel://` every connection is TLS with the URL's one
+//! set of files: to the sentinels (asked, and listened to) and to the data
+//! nodes they name, whose certificates must therefore name the address
+//! the sentinels give for them. The sentinels' own credentials
+//! (`sentinel_password`, `sentinel_username`) go to the sentinels only;
+//! the URL's user and password, to the data nodes only.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -33,10 +40,11 @@ use futures::StreamExt;
 use lockwright_core::backend::HostPort;
 use lockwright_core::{Error, Result};
 use redis::aio::MultiplexedConnection;
-use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, RedisError};
+use redis::{RedisError, RedisResult, TlsCertificates};
 
 use crate::config::SentinelConfig;
 use crate::error::map_err;
+use crate::tls;
 
 /// Seconds added to the fencing tokens' clock per config epoch: a
 /// promoted replica's clock may be behind the old primary's by up to this
@@ -60,6 +68,9 @@ pub(crate) struct Primary {
 /// The sentinels of one master, and the primary they last named.
 pub(crate) struct Sentinel {
     config: SentinelConfig,
+    /// TLS for every connection, sentinels' and data nodes' alike
+    /// (`rediss+sentinel://`); `None`: plain TCP.
+    tls: Option<TlsCertificates>,
     timeout: Duration,
     connect_timeout: Duration,
     current: Mutex<Option<Arc<Primary>>>,
@@ -121,11 +132,13 @@ struct Named {
 impl Sentinel {
     pub(crate) fn new(
         config: SentinelConfig,
+        tls: Option<TlsCertificates>,
         timeout: Duration,
         connect_timeout: Duration,
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Sentinel {
             config,
+            tls,
             timeout,
             connect_timeout,
             current: Mutex::new(None),
@@ -137,6 +150,16 @@ impl Sentinel {
             listener: std::sync::OnceLock::new(),
             me: me.clone(),
         })
+    }
+
+    /// A client of the sentinel at `at`: the sentinels' own credentials,
+    /// and TLS when the URL asks for it.
+    fn sentinel_client(&self, at: &HostPort) -> RedisResult<redis::Client> {
+        let auth = tls::credentials(
+            self.config.sentinel_user.as_deref(),
+            self.config.sentinel_password.as_deref(),
+        );
+        tls::client(at, auth, self.tls.as_ref())
     }
 
     /// The primary in use, resolved if there is none.
@@ -230,14 +253,12 @@ impl Sentinel {
             let Some(s) = me.upgrade() else {
                 return;
             };
-            let sentinel = s.config.sentinels[at].clone();
+            let client = s.sentinel_client(&s.config.sentinels[at]);
             let master = s.config.master.clone();
             let limit = s.connect_timeout + s.timeout;
             drop(s);
             let subscribing = async {
-                let info = ConnectionAddr::Tcp(sentinel.host().to_owned(), sentinel.port())
-                    .into_connection_info()?;
-                let mut pubsub = redis::Client::open(info)?.get_async_pubsub().await?;
+                let mut pubsub = client?.get_async_pubsub().await?;
                 pubsub
                     .subscribe(&["+switch-master", "+promoted-slave"])
                     .await?;
@@ -345,10 +366,7 @@ impl Sentinel {
 
     /// One sentinel's answer, `None` if it watches no such master.
     async fn ask(&self, sentinel: &HostPort) -> Result<Option<Named>> {
-        let info = ConnectionAddr::Tcp(sentinel.host().to_owned(), sentinel.port())
-            .into_connection_info()
-            .map_err(map_err)?;
-        let client = redis::Client::open(info).map_err(map_err)?;
+        let client = self.sentinel_client(sentinel).map_err(map_err)?;
         let asking = async {
             let config = redis::AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(self.connect_timeout))
@@ -422,20 +440,12 @@ impl Sentinel {
     }
 
     /// A connection to the data node at `addr`, with the URL's user,
-    /// password and database.
+    /// password and database, over TLS when the URL asks for it.
     async fn connect(&self, addr: &HostPort) -> Result<(redis::Client, MultiplexedConnection)> {
-        let mut settings = RedisConnectionInfo::default().set_db(self.config.db);
-        if let Some(u) = &self.config.user {
-            settings = settings.set_username(u);
-        }
-        if let Some(p) = &self.config.password {
-            settings = settings.set_password(p);
-        }
-        let info = ConnectionAddr::Tcp(addr.host().to_owned(), addr.port())
-            .into_connection_info()
-            .map_err(map_err)?
-            .set_redis_settings(settings);
-        let client = redis::Client::open(info).map_err(map_err)?;
+        let settings =
+            tls::credentials(self.config.user.as_deref(), self.config.password.as_deref())
+                .set_db(self.config.db);
+        let client = tls::client(addr, settings, self.tls.as_ref()).map_err(map_err)?;
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.timeout));

@@ -19,7 +19,7 @@ use lockwright_core::backend::Watch;
 use lockwright_core::{Error, OwnerToken, Result};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{PushInfo, PushKind, Value};
+use redis::{PushInfo, PushKind, TlsCertificates, Value};
 use tokio::sync::{mpsc, watch};
 
 use crate::error::map_err;
@@ -132,24 +132,26 @@ impl std::fmt::Debug for Shared {
 
 impl Shards {
     /// Sharded subscriptions on the Cluster at `seeds`, on RESP3 (the
-    /// driver delivers a Cluster's pushes only so). A grant channel is
+    /// driver delivers a Cluster's pushes only so), over TLS with `tls`
+    /// when given, as the backend's requests are. A grant channel is
     /// kept while asked for within `refresh` (the waiters' refresh period)
     /// four times over, and 30 s at the least.
     pub(crate) fn new(
         seeds: &[&str],
+        tls: Option<&TlsCertificates>,
         connect_timeout: Duration,
         refresh: Duration,
     ) -> redis::RedisResult<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let client = ClusterClient::builder(seeds.to_vec())
+        let builder = ClusterClient::builder(seeds.to_vec())
             .use_protocol(redis::ProtocolVersion::RESP3)
             .push_sender(tx)
             .retries(3)
             .min_retry_wait(20)
             .max_retry_wait(200)
             .connection_timeout(connect_timeout)
-            .response_timeout(connect_timeout)
-            .build()?;
+            .response_timeout(connect_timeout);
+        let client = crate::tls::cluster(builder, tls).build()?;
         Ok(Shards {
             shared: Arc::new(Shared {
                 client,

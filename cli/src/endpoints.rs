@@ -34,7 +34,12 @@ impl Endpoints {
         let lower = url.url().expose().to_ascii_lowercase();
         if matches!(
             url.scheme(),
-            "rediss" | "etcds" | "redis+sentinel" | "redis+cluster"
+            "rediss"
+                | "etcds"
+                | "redis+sentinel"
+                | "rediss+sentinel"
+                | "redis+cluster"
+                | "rediss+cluster"
         ) || lower.contains("sslmode=verify")
             || lower.contains("ssl-mode=verify")
             || lower.contains("ssl_mode=verify")
@@ -123,6 +128,10 @@ mod tests {
         assert!(Endpoints::of("redis+cluster://h:7000,h:7001")
             .unwrap()
             .is_none());
+        assert!(Endpoints::of("rediss+sentinel://h:26379/m")
+            .unwrap()
+            .is_none());
+        assert!(Endpoints::of("rediss+cluster://h:7000").unwrap().is_none());
         assert!(Endpoints::of("etcds://h:2379").unwrap().is_none());
         assert!(Endpoints::of("postgres://h/db?sslmode=verify-full")
             .unwrap()

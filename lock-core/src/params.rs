@@ -6,7 +6,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::url::{RedactedUrl, SECRET_PARAMS};
+use crate::url::{is_secret_param, RedactedUrl};
 
 /// A URL's query parameters, read by type. A backend asks for each of its
 /// own parameters by name; [`finish`](Self::finish) then refuses any
@@ -132,7 +132,7 @@ impl UrlParams {
             .pairs
             .iter()
             .take_while(|(k, _, _)| k != name)
-            .any(|(k, _, _)| SECRET_PARAMS.contains(&k.to_ascii_lowercase().as_str()));
+            .any(|(k, _, _)| is_secret_param(k));
         if secret_before {
             "the value (not shown: it follows a password parameter)".to_owned()
         } else {
@@ -287,7 +287,7 @@ impl UrlParams {
                     known.join(", ")
                 )));
             }
-            after_secret |= SECRET_PARAMS.contains(&k.to_ascii_lowercase().as_str());
+            after_secret |= is_secret_param(k);
             rest.push(if v.is_empty() && !k.is_empty() {
                 k.clone()
             } else {

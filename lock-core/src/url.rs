@@ -6,7 +6,9 @@ use std::fmt;
 use crate::params::{percent_decode, UrlParams};
 
 /// A connection URL whose `Debug` and `Display` hide the password (and any
-/// `password`/`token` query parameter). Use it wherever a URL may be logged.
+/// `password`/`token` query parameter, or one whose name ends in
+/// `password`, such as `sentinel_password`). Use it wherever a URL may be
+/// logged.
 ///
 /// ```
 /// use lockwright_core::backend::RedactedUrl;
@@ -88,24 +90,38 @@ impl RedactedUrl {
     }
 }
 
-/// Query parameter names whose values are secrets.
-pub(crate) const SECRET_PARAMS: [&str; 4] = ["password", "pass", "token", "secret"];
+/// Query parameter names whose values are secrets; so is any name that
+/// ends in `password` (see [`is_secret_param`]).
+const SECRET_PARAMS: [&str; 4] = ["password", "pass", "token", "secret"];
 
-/// Where the first secret parameter (`?password=`, `&token=`, …) starts,
-/// and where its value starts.
+/// Whether the query parameter `name` carries a secret: one of
+/// [`SECRET_PARAMS`], or a name ending in `password` (`sentinel_password`,
+/// `tls_key_password`), so that a store's second password is hidden as its
+/// first one is.
+pub(crate) fn is_secret_param(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    SECRET_PARAMS.contains(&name.as_str()) || name.ends_with("password")
+}
+
+/// Where the first secret parameter (`?password=`, `&token=`,
+/// `&sentinel_password=`, …) starts, and where its value starts.
 fn secret_param(s: &str) -> Option<(usize, usize)> {
-    let lower = s.to_ascii_lowercase();
-    let mut first = None;
-    for name in SECRET_PARAMS {
-        for sep in ['?', '&'] {
-            let marker = format!("{sep}{name}=");
-            if let Some(i) = lower.find(&marker) {
-                let found = (i, i + marker.len());
-                first = Some(first.map_or(found, |f: (usize, usize)| f.min(found)));
-            }
+    // Every '?' or '&' is a possible start, the userinfo's included: a
+    // password may hold either unescaped.
+    let bytes = s.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        if b != b'?' && b != b'&' {
+            continue;
+        }
+        let rest = &s[i + 1..];
+        let Some(end) = rest.find(['=', '&', '?']) else {
+            continue;
+        };
+        if rest.as_bytes()[end] == b'=' && is_secret_param(&rest[..end]) {
+            return Some((i, i + 1 + end + 1));
         }
     }
-    first
+    None
 }
 
 /// Hides the values of query parameters that carry secrets. A secret may
@@ -119,7 +135,7 @@ fn redact_query(s: &str) -> String {
     let mut rest = query.split('&');
     for kv in rest.by_ref() {
         let key = kv.split_once('=').map_or(kv, |(k, _)| k);
-        if SECRET_PARAMS.contains(&key.to_ascii_lowercase().as_str()) {
+        if is_secret_param(key) {
             parts.push(format!("{key}=***"));
             break;
         }
@@ -623,12 +639,42 @@ mod tests {
                 "zk://h:2181/locks?token=abc&x=1",
                 "zk://h:2181/locks?token=***&***",
             ),
+            // A second password (the sentinels' own) is hidden as the
+            // first is, whatever precedes it in its name.
+            (
+                "rediss+sentinel://:pw@s1,s2/m?tls_ca=/ca.pem&sentinel_password=spw&timeout=1s",
+                "rediss+sentinel://:***@s1,s2/m?tls_ca=/ca.pem&sentinel_password=***&***",
+            ),
+            (
+                "redis+sentinel://s1/m?Sentinel_Password=spw",
+                "redis+sentinel://s1/m?Sentinel_Password=***",
+            ),
         ] {
             let u = RedactedUrl::new(url);
             assert_eq!(u.to_string(), shown);
             assert_eq!(format!("{u:?}"), format!("{shown:?}"));
         }
         assert_eq!(RedactedUrl::new("Postgres://x").scheme(), "postgres");
+    }
+
+    #[test]
+    fn parameters_named_for_a_password_are_secret() {
+        for name in [
+            "password",
+            "PASS",
+            "token",
+            "sentinel_password",
+            "SENTINEL_PASSWORD",
+        ] {
+            assert!(is_secret_param(name), "{name}");
+        }
+        for name in ["sentinel_username", "passwords_file", "tls_ca", "user"] {
+            assert!(!is_secret_param(name), "{name}");
+        }
+        // A password parameter after the userinfo's '@' hides the rest.
+        let u = RedactedUrl::new("redis+sentinel://u:p@s1/m?sentinel_password=a@b&x=1");
+        assert!(!u.to_string().contains("a@b"), "{u}");
+        assert!(!u.to_string().contains(":p@"), "{u}");
     }
 
     #[test]
@@ -737,6 +783,8 @@ mod tests {
                 format!("postgres:user:{pw}@h/db"),
                 format!("postgres://h/db?sslmode=disable&password={pw}&table=t"),
                 format!("redis+unix:///tmp/r.sock?pass={pw}"),
+                format!("rediss+sentinel://:{pw}@s1,s2/m?sentinel_password={pw}"),
+                format!("redis+sentinel://s1/m?tls_ca=/x&sentinel_password={pw}&timeout=1s"),
             ] {
                 let u = RedactedUrl::new(url.as_str());
                 for shown in [u.to_string(), format!("{u:?}")] {

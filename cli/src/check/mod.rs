@@ -41,7 +41,10 @@ pub(crate) use nemesis::{parse_faults, Faults};
 /// Whether `--faults failover` can be made on a store of this URL scheme:
 /// one whose primary has a replica the check can promote.
 pub(crate) fn can_fail_over(scheme: &str) -> bool {
-    matches!(scheme, "redis+sentinel" | "redis+cluster")
+    matches!(
+        scheme,
+        "redis+sentinel" | "rediss+sentinel" | "redis+cluster" | "rediss+cluster"
+    )
 }
 use report::{CaseOutcome, CaseResult, Report};
 
