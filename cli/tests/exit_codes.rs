@@ -105,13 +105,23 @@ fn each_failure_has_one_exit_code_on_every_store() {
             64,
         ),
         ("Redis database out of range", format!("{}/99", redis()), 64),
-        // A transport this build cannot speak.
+        // TLS that cannot be had as asked: the shared server's certificate
+        // is not one the system trusts (or it has no TLS at all).
         (
-            "PostgreSQL TLS required, not built in",
+            "PostgreSQL certificate not verified",
             pg(
                 "lockwright",
                 "lockwright",
-                "lockwright_test?sslmode=require",
+                "lockwright_test?sslmode=verify-full",
+            ),
+            64,
+        ),
+        (
+            "MySQL CA file missing",
+            my(
+                "lockwright",
+                "lockwright",
+                "lockwright_test?ssl-mode=verify_ca&ssl-ca=/nonexistent/ca.pem",
             ),
             64,
         ),
