@@ -46,7 +46,7 @@
 //! | `redis+cluster://h1:7000,h2:7001,h3:7002`, `rediss+cluster://…` | Redis Cluster | `redis` |
 //! | `zk://h1:2181,h2:2181,h3:2181/root` | ZooKeeper, Curator-compatible | `zookeeper` |
 //! | `etcd://h1:2379,h2:2379,h3:2379/root`, `etcds://…` | etcd, Go `concurrency.Mutex`- and `Election`-compatible | `etcd` |
-//! | `memcache://h:11211`, `memcache://h1,h2,h3` | memcached: one server, or a quorum | `memcached` |
+//! | `memcache://h:11211`, `memcache://h1,h2,h3`, `memcaches://…` | memcached: one server, or a quorum | `memcached` |
 //! | `memory://` | this process only (tests) | always |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -154,7 +154,7 @@ pub mod backend {
         Entry { store: "Redlock", schemes: &["redis+redlock"], feature: "redis", built: REDIS },
         Entry { store: "Redis Sentinel", schemes: &["redis+sentinel", "rediss+sentinel"], feature: "redis", built: REDIS },
         Entry { store: "Redis Cluster", schemes: &["redis+cluster", "rediss+cluster"], feature: "redis", built: REDIS },
-        Entry { store: "memcached", schemes: &["memcache", "memcached"], feature: "memcached", built: MEMCACHED },
+        Entry { store: "memcached", schemes: &["memcache", "memcached", "memcaches"], feature: "memcached", built: MEMCACHED },
         Entry { store: "ZooKeeper", schemes: &["zk", "zookeeper"], feature: "zookeeper", built: ZOOKEEPER },
         Entry { store: "etcd", schemes: &["etcd", "etcds"], feature: "etcd", built: ETCD },
     ];

@@ -9,6 +9,8 @@ use tokio::sync::watch;
 
 use crate::config::MemcachedConfig;
 use crate::node::Node;
+use crate::tls::Tls;
+use crate::wire::Server;
 
 /// Locks in memcached (see the crate docs): on one server, or on a quorum
 /// of several when the URL names more than one. Cheap to clone.
@@ -22,35 +24,50 @@ pub struct MemcachedBackend {
 }
 
 impl MemcachedBackend {
-    /// Opens a backend for a `memcache://` URL (see
+    /// Opens a backend for a `memcache://` or `memcaches://` URL (see
     /// [`MemcachedConfig::from_url`]). Connects lazily.
     ///
     /// # Errors
-    /// `Config`/`InvalidOptions` for a bad URL.
+    /// `Config`/`InvalidOptions` for a bad URL; `Config` for a TLS file
+    /// that cannot be read or used.
     pub fn connect(url: &str) -> Result<Self> {
         Self::with_config(MemcachedConfig::from_url(url)?)
     }
 
-    /// Opens a backend from a parsed configuration.
+    /// Opens a backend from a parsed configuration; for `memcaches://`,
+    /// reads its TLS files now.
     ///
     /// # Errors
-    /// `Config` for no server.
+    /// `Config` for no server, or a TLS file that cannot be read or used.
     pub fn with_config(config: MemcachedConfig) -> Result<Self> {
         let alarm = Arc::new(watch::channel(0).0);
-        let mut nodes: Vec<Node> = config
-            .servers
-            .iter()
-            .map(|s| {
-                Node::new(
-                    s,
-                    &config.prefix,
-                    config.timeout,
-                    config.connect_timeout,
-                    config.connections,
-                    alarm.clone(),
-                )
-            })
-            .collect();
+        // Built once: every server shares the settings, and a bad file is
+        // an error here rather than an outage at the first request.
+        let tls = match &config.tls {
+            Some(files) => Some(Tls::new(files, &config.url)?),
+            None => None,
+        };
+        let mut nodes = Vec::with_capacity(config.servers.len());
+        for s in &config.servers {
+            let tls = match &tls {
+                Some(t) => Some(t.for_server(s, &config.url)?),
+                None => None,
+            };
+            let server = Server::new(
+                s,
+                config.timeout,
+                config.connect_timeout,
+                config.connections,
+                tls,
+            );
+            nodes.push(Node::new(
+                server,
+                &config.prefix,
+                config.timeout,
+                config.connect_timeout,
+                alarm.clone(),
+            ));
+        }
         let store: Arc<dyn LockBackend> = if nodes.len() == 1 {
             Arc::new(nodes.remove(0))
         } else {

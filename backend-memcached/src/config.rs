@@ -1,8 +1,8 @@
-//! Parsing `memcache://` URLs into a [`MemcachedConfig`].
+//! Parsing `memcache://` and `memcaches://` URLs into a [`MemcachedConfig`].
 
 use std::time::Duration;
 
-use lockwright_core::backend::{quorum_servers, RedactedUrl, ServerUrl};
+use lockwright_core::backend::{quorum_servers, RedactedUrl, ServerUrl, TlsFiles};
 use lockwright_core::{Error, Result};
 
 use crate::SCHEMES;
@@ -19,9 +19,11 @@ const MAX_CONNECTIONS: usize = 64;
 /// Where the locks live and how the client behaves.
 ///
 /// `memcache://host1[:port][,host2[:port],…][?params]` (also
-/// `memcached://`). One server holds the locks; several are a **quorum**
+/// `memcached://`), or `memcaches://…` for TLS to every server (memcached
+/// run with `-Z`). One server holds the locks; several are a **quorum**
 /// (Redlock's rules, never key hashing across servers). memcached's text
-/// protocol has no authentication, so a user or password is refused.
+/// protocol has no authentication, so a user or password is refused
+/// (a client certificate is the way to keep clients out).
 ///
 /// Parameters: `prefix` (prepended to every key, default `lockwright:`;
 /// printable ASCII without spaces, at most 100 bytes), `timeout` (one
@@ -29,7 +31,11 @@ const MAX_CONNECTIONS: usize = 64;
 /// of two exchanges, and a redial, may take up to `timeout` +
 /// `connect_timeout`), `connect_timeout` (default 1s), and `connections`
 /// (the most connections a backend opens to each server, default 4, 1 to
-/// 64: requests wait for a free one, and a batch of renewals shares one).
+/// 64: requests wait for a free one, and a batch of renewals shares one);
+/// for `memcaches://`, `tls_ca` (a PEM file of root certificates to trust
+/// instead of the system's) and `tls_cert` with `tls_key` (PEM files of a
+/// client certificate and key, for a server run with `ssl_verify_mode=2`).
+/// Each server's certificate must name the host the URL gives for it.
 /// Any other parameter is refused. Several servers must be at least 3.
 #[derive(Debug, Clone)]
 pub struct MemcachedConfig {
@@ -45,15 +51,19 @@ pub struct MemcachedConfig {
     pub connect_timeout: Duration,
     /// The most connections open to each server at once.
     pub connections: usize,
+    /// TLS (`memcaches://`), with the files it names; `None` for plain text.
+    pub tls: Option<TlsFiles>,
 }
 
 impl MemcachedConfig {
-    /// Parses a `memcache://` URL.
+    /// Parses a `memcache://` or `memcaches://` URL (the TLS files are
+    /// only named here; the backend reads them).
     ///
     /// # Errors
-    /// `Config` for another scheme, no host, a bad port, credentials or a
-    /// server named twice; `InvalidOptions` for an unknown parameter or a
-    /// bad value.
+    /// `Config` for another scheme, no host, a bad port, credentials, a
+    /// server named twice, or TLS files on a plain-text URL or a
+    /// certificate without its key; `InvalidOptions` for an unknown
+    /// parameter or a bad value.
     pub fn from_url(url: &str) -> Result<Self> {
         let mut u = ServerUrl::parse_for(SCHEMES, url)?;
         let shown = u.shown().clone();
@@ -67,7 +77,10 @@ impl MemcachedConfig {
             .duration("connect_timeout", ms..=hour)?
             .unwrap_or(Duration::from_secs(1));
         let connections = p.integer("connections", 1..=MAX_CONNECTIONS)?;
+        let files = TlsFiles::from_params(p)?;
         u.finish(&[])?;
+        let tls = u.scheme() == "memcaches";
+        files.check(&shown, tls, "memcaches")?;
         if u.has_userinfo() {
             return Err(Error::config(format!(
                 "{shown}: memcached's text protocol has no authentication; remove the user and password"
@@ -102,6 +115,7 @@ impl MemcachedConfig {
             timeout: timeout.unwrap_or(default_timeout),
             connect_timeout,
             connections: connections.unwrap_or(DEFAULT_CONNECTIONS),
+            tls: tls.then_some(files),
         })
     }
 }
@@ -131,6 +145,18 @@ mod tests {
         assert_eq!((c.servers.len(), c.timeout), (1, Duration::from_secs(1)));
         let c = MemcachedConfig::from_url("memcache://a,b,c").unwrap();
         assert_eq!(c.timeout, Duration::from_millis(100));
+        assert_eq!(c.tls, None);
+        let c = MemcachedConfig::from_url(
+            "memcaches://h1,h2,h3:11212?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/c.key",
+        )
+        .unwrap();
+        assert_eq!(c.servers, ["h1:11211", "h2:11211", "h3:11212"]);
+        let tls = c.tls.unwrap();
+        assert_eq!(tls.ca.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(tls.key.as_deref(), Some(std::path::Path::new("/c.key")));
+        // No file: the system's roots.
+        let c = MemcachedConfig::from_url("memcaches://h").unwrap();
+        assert_eq!(c.tls, Some(TlsFiles::default()));
     }
 
     #[test]
@@ -154,6 +180,10 @@ mod tests {
             ("memcache://h?connections=0", ErrorKind::InvalidOptions),
             ("memcache://h?connections=65", ErrorKind::InvalidOptions),
             ("redis://h", ErrorKind::Config),
+            // TLS files need memcaches://, and a certificate its key.
+            ("memcache://h?tls_ca=/ca.pem", ErrorKind::Config),
+            ("memcaches://h?tls_cert=/c.pem", ErrorKind::Config),
+            ("memcaches://h?tls_ca", ErrorKind::Config),
         ] {
             let e = MemcachedConfig::from_url(url).expect_err(url);
             assert_eq!(e.kind(), kind, "{url}: {e}");

@@ -7,30 +7,43 @@
 //! `ERROR` line, which ends the exchange as a broken connection (see
 //! `wire.rs`). A write refused for want of memory is `Unavailable` too, and
 //! marked unapplied, so that a quorum does not undo it. Answers the
-//! protocol does not allow for a command are `Backend` errors.
+//! protocol does not allow for a command are `Backend` errors. A TLS
+//! certificate refused, by either side, is `Config` (`tls.rs`): no retry
+//! mends it.
 
 use std::time::Duration;
 
 use lockwright_core::Error;
 
+use crate::tls::refusal;
 use crate::wire::{Failure, Reply};
 
 /// An exchange with the server at `addr` that failed.
 pub(crate) fn wire(addr: &str, failure: Failure) -> Error {
     match failure {
-        // Nothing was sent: unapplied, so a waiter riding an outage need
-        // not retire its owner for each attempt that found no server.
-        Failure::Dial(e) => Error::unavailable(format!("cannot reach memcached at {addr}"))
-            .with_source(e)
-            .unapplied(),
+        // Nothing was sent, whatever the kind.
+        Failure::Dial(e) => match refusal(&e, true) {
+            Some(why) => Error::config(format!("memcached at {addr}: {why}"))
+                .with_source(e)
+                .unapplied(),
+            // Unapplied, so a waiter riding an outage need not retire its
+            // owner for each attempt that found no server.
+            None => Error::unavailable(format!("cannot reach memcached at {addr}"))
+                .with_source(e)
+                .unapplied(),
+        },
         Failure::DialTimeout(within) => Error::unavailable(format!(
             "no connection to memcached at {addr} within {within:?}"
         ))
         .unapplied(),
-        Failure::Broken(e) => {
-            Error::unavailable(format!("the connection to memcached at {addr} failed"))
-                .with_source(e)
-        }
+        Failure::Broken(e) => match refusal(&e, false) {
+            // A server that wants a client certificate refuses under TLS
+            // 1.3 only once our side of the handshake is done: at the
+            // first reply.
+            Some(why) => Error::config(format!("memcached at {addr}: {why}")).with_source(e),
+            None => Error::unavailable(format!("the connection to memcached at {addr} failed"))
+                .with_source(e),
+        },
         Failure::Timeout(within) => no_answer(addr, within),
         Failure::Closed => Error::backend("the connection pool was closed"),
     }
@@ -81,6 +94,17 @@ mod tests {
             Failure::Timeout(second),
         ] {
             assert_eq!(wire("h:11211", f).kind(), ErrorKind::Unavailable);
+        }
+        let untrusted = || {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+            )
+        };
+        for f in [Failure::Dial(untrusted()), Failure::Broken(untrusted())] {
+            let e = wire("h:11211", f);
+            assert_eq!(e.kind(), ErrorKind::Config);
+            assert!(e.to_string().contains("tls_ca"), "{e}");
         }
         let e = full("h:11211", "out of memory storing object");
         assert_eq!(e.kind(), ErrorKind::Unavailable);

@@ -121,6 +121,20 @@
 //!   after it was sent may still land after the undo looked: that vote then
 //!   stays until its TTL.
 //!
+//! # TLS
+//!
+//! `memcaches://h:11211?tls_ca=/etc/memcached/ca.pem` speaks TLS to a
+//! memcached run with `-Z -o ssl_chain_cert=…,ssl_key=…`, to every server
+//! of a quorum alike (`memcaches://h1,h2,h3`), never falling back to plain
+//! text. The server's certificate must be signed by a CA in `tls_ca` (the
+//! system's roots without it) and name the host as the URL writes it (an
+//! IP address as an IP name). `tls_cert` and `tls_key` give a client
+//! certificate, for a server run with `ssl_ca_cert=…,ssl_verify_mode=2`:
+//! memcached's text protocol has no passwords, so this is how a server
+//! keeps other clients out. The files are read when the backend is made;
+//! a certificate refused either way is a `Config` error naming the
+//! parameter, never taken for a server that is down.
+//!
 //! # Keys
 //!
 //! A key of printable ASCII without spaces that does not start with `#` and
@@ -136,6 +150,7 @@ mod known;
 mod layout;
 mod node;
 mod rules;
+mod tls;
 mod wire;
 
 pub use backend::MemcachedBackend;
@@ -147,13 +162,15 @@ use lockwright_core::backend::Scheme;
 pub const SCHEMES: &[Scheme] = &[
     Scheme::new("memcache", "memcached", Some(11211)),
     Scheme::new("memcached", "memcached", Some(11211)),
+    Scheme::new("memcaches", "memcached", Some(11211)),
 ];
 
-/// Opens the memcached backend for a `memcache://` URL; no connection is
-/// made until the first request.
+/// Opens the memcached backend for a `memcache://` or `memcaches://` URL;
+/// no connection is made until the first request.
 ///
 /// # Errors
-/// `Config`/`InvalidOptions` for a bad URL.
+/// `Config`/`InvalidOptions` for a bad URL; `Config` for a TLS file that
+/// cannot be read or used.
 pub fn open(
     url: &str,
 ) -> lockwright_core::Result<std::sync::Arc<dyn lockwright_core::backend::LockBackend>> {

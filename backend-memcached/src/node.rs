@@ -58,16 +58,16 @@ impl fmt::Debug for Node {
 }
 
 impl Node {
+    /// A node for `server`, whose own timeouts bound each request.
     pub(crate) fn new(
-        server: &str,
+        server: Server,
         prefix: &str,
         timeout: Duration,
         connect_timeout: Duration,
-        connections: usize,
         alarm: Arc<watch::Sender<u64>>,
     ) -> Self {
         Node {
-            server: Server::new(server, timeout, connect_timeout, connections),
+            server,
             prefix: prefix.to_owned(),
             timeout,
             connect_timeout,

@@ -19,6 +19,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
+use crate::tls::{ServerTls, Stream};
+
 /// memcached takes an expiry above 30 days as a Unix time, not seconds.
 const RELATIVE_LIMIT: u64 = 30 * 24 * 3600;
 /// The longest reply line read: a line never holds a value.
@@ -62,7 +64,7 @@ pub(crate) enum Reply {
 /// means for a lock).
 #[derive(Debug)]
 pub(crate) enum Failure {
-    /// The connection could not be opened.
+    /// The connection could not be opened (TCP, or the TLS handshake).
     Dial(io::Error),
     /// No connection within the connect timeout.
     DialTimeout(Duration),
@@ -195,7 +197,7 @@ pub(crate) fn fits(ttl: Duration) -> bool {
 
 /// One open connection.
 struct Conn {
-    stream: BufReader<TcpStream>,
+    stream: BufReader<Stream>,
     /// Its place in the order connections to this server were opened.
     serial: u64,
 }
@@ -204,17 +206,14 @@ impl Conn {
     /// Whether a pooled connection can carry another exchange: nothing
     /// unread, and the server has not closed it (a restart, an idle
     /// timeout). No round trip: a non-blocking read.
-    fn reusable(&self) -> bool {
-        if !self.stream.buffer().is_empty() {
-            return false;
-        }
-        let mut probe = [0u8; 1];
-        matches!(self.stream.get_ref().try_read(&mut probe),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    fn reusable(&mut self) -> bool {
+        self.stream.buffer().is_empty() && self.stream.get_mut().quiet()
     }
 
     async fn exchange(&mut self, commands: &Commands) -> io::Result<Vec<Reply>> {
         self.stream.get_mut().write_all(&commands.buf).await?;
+        // TLS may keep the end of a write buffered until flushed.
+        self.stream.get_mut().flush().await?;
         let mut replies = Vec::with_capacity(commands.count);
         for _ in 0..commands.count {
             replies.push(self.reply().await?);
@@ -335,6 +334,8 @@ pub(crate) struct Server {
     addr: String,
     timeout: Duration,
     connect_timeout: Duration,
+    /// `memcaches://`: every connection is TLS, never plain text.
+    tls: Option<ServerTls>,
     permits: Semaphore,
     idle: std::sync::Mutex<Vec<Conn>>,
     /// Connections opened so far.
@@ -347,11 +348,13 @@ impl Server {
         timeout: Duration,
         connect_timeout: Duration,
         connections: usize,
+        tls: Option<ServerTls>,
     ) -> Self {
         Server {
             addr: addr.to_owned(),
             timeout,
             connect_timeout,
+            tls,
             permits: Semaphore::new(connections.max(1)),
             idle: std::sync::Mutex::new(Vec::new()),
             dials: std::sync::atomic::AtomicU64::new(0),
@@ -364,13 +367,20 @@ impl Server {
     }
 
     async fn dial(&self) -> std::result::Result<Conn, Failure> {
-        let connect = TcpStream::connect(self.addr.as_str());
+        // The TLS handshake is part of opening: within the same timeout.
+        let connect = async {
+            let tcp = TcpStream::connect(self.addr.as_str()).await?;
+            let _ = tcp.set_nodelay(true);
+            match &self.tls {
+                Some(tls) => tls.connect(tcp).await,
+                None => Ok(Stream::Plain(tcp)),
+            }
+        };
         let stream = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(Failure::Dial(e)),
             Err(_) => return Err(Failure::DialTimeout(self.connect_timeout)),
         };
-        let _ = stream.set_nodelay(true);
         let serial = self.dials.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         Ok(Conn {
             stream: BufReader::new(stream),
@@ -383,7 +393,7 @@ impl Server {
     fn idle(&self, bound: u64) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(at) = idle.iter().rposition(|c| c.serial <= bound) {
-            let c = idle.swap_remove(at);
+            let mut c = idle.swap_remove(at);
             if c.reusable() {
                 return Some(c);
             }

@@ -36,6 +36,7 @@ impl Endpoints {
             url.scheme(),
             "rediss"
                 | "etcds"
+                | "memcaches"
                 | "redis+sentinel"
                 | "rediss+sentinel"
                 | "redis+cluster"
