@@ -132,8 +132,10 @@
 //! certificate, for a server run with `ssl_ca_cert=…,ssl_verify_mode=2`:
 //! memcached's text protocol has no passwords, so this is how a server
 //! keeps other clients out. The files are read when the backend is made;
-//! a certificate refused either way is a `Config` error naming the
-//! parameter, never taken for a server that is down.
+//! a server certificate we refuse is a `Config` error naming the
+//! parameter, never taken for a server that is down. A server refusing
+//! ours says so after the handshake (TLS 1.3): `Config` when its alert
+//! arrives before the connection closes, `Unavailable` when it does not.
 //!
 //! # Keys
 //!

@@ -73,8 +73,10 @@ pub(crate) fn map_err(e: RedisError) -> Error {
     let transient_code = codes.iter().any(|c| TRANSIENT_CODES.contains(&c.as_str()));
     let msg = e.to_string();
     // Refused credentials or certificates will not get better by retrying.
-    let refused_tls =
-        std::error::Error::source(&e).is_some_and(is_tls_refusal) || says_tls_refusal(&msg);
+    // The words are looked for only in I/O errors, never in a server's
+    // reply (which could hold any text).
+    let refused_tls = std::error::Error::source(&e).is_some_and(is_tls_refusal)
+        || (e.kind() == redis::ErrorKind::Io && says_tls_refusal(&msg));
     // No password where one is required (also each command of a pipeline
     // refused so, as a sentinel asked without its password refuses both
     // of its questions), or a database the server lacks.

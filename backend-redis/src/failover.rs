@@ -61,10 +61,16 @@ fn overdue(what: &str, start: Instant) -> Result<()> {
 ///
 /// # Errors
 /// `Unsupported` for a URL that is neither `redis+sentinel://` nor
-/// `redis+cluster://`; `Unavailable` when no failover could be made or
+/// `redis+cluster://` (nor their `rediss+` forms); `Config` for a TLS
+/// file that cannot be used; `Unavailable` when no failover could be made or
 /// it did not finish within a minute.
 pub async fn failover(url: &str) -> Result<String> {
     let config = RedisConfig::from_url(url)?;
+    // A TLS file that cannot be used is `Config` now, not a minute of
+    // connections that fail below (which skip a server that refuses).
+    if config.secure {
+        tls::certificates(&config.tls, &config.nodes[0])?;
+    }
     if let Some(s) = &config.sentinel {
         return sentinel(&config, &s.sentinels, &s.master).await;
     }

@@ -318,7 +318,16 @@ impl Sentinel {
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => unknown += 1,
-                Err(e) => last_error = Some(e),
+                // A refusal (a certificate, the sentinels' password) wins
+                // over an outage, whatever the order the URL lists them
+                // in: every sentinel takes the same settings, and a
+                // waiter would otherwise retry a refusal for ever.
+                Err(e) => {
+                    let refused = |e: &Error| e.kind() == lockwright_core::ErrorKind::Config;
+                    if !last_error.as_ref().is_some_and(refused) {
+                        last_error = Some(e);
+                    }
+                }
             }
         }
         let master = &self.config.master;

@@ -24,6 +24,19 @@ use crate::error::bad_url;
 /// `Config` for a file that cannot be read or holds no usable PEM.
 pub(crate) fn certificates(files: &TlsFiles, shown: &RedactedUrl) -> Result<TlsCertificates> {
     let pem = files.read(shown)?;
+    // The driver takes a file without a certificate in it as no roots at
+    // all, and every handshake would then fail as an untrusted server.
+    if let Some(ca) = &pem.ca {
+        use rustls::pki_types::pem::PemObject;
+        let found = rustls::pki_types::CertificateDer::pem_slice_iter(ca)
+            .filter(|c| c.is_ok())
+            .count();
+        if found == 0 {
+            return Err(lockwright_core::Error::config(format!(
+                "{shown}: tls_ca names a file with no PEM certificate in it"
+            )));
+        }
+    }
     let certs = TlsCertificates {
         client_tls: pem
             .identity

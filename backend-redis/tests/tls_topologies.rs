@@ -318,8 +318,10 @@ impl Cluster {
                 "yes",
                 "--cluster-config-file",
                 "nodes.conf",
+                // Long enough that a loaded host's pause fails no
+                // primary over in the middle of a case.
                 "--cluster-node-timeout",
-                "2000",
+                "5000",
                 "--cluster-port",
                 &bus.to_string(),
             ]

@@ -254,38 +254,74 @@ fn tls_files_readable(p: &UrlParams, dialect: Dialect) -> Result<()> {
         }
         if let Err(e) = std::fs::File::open(&path) {
             return Err(Error::config(format!(
-                "{}: {name}={path}: cannot read the file",
-                p.shown()
+                "{}: {name} {}: cannot read the file",
+                p.shown(),
+                p.quoted(name, &path)
             ))
             .with_source(e));
         }
     }
-    let modes: &[&str] = match dialect {
-        Dialect::Postgres => &[
-            "disable",
-            "allow",
-            "prefer",
-            "require",
-            "verify-ca",
-            "verify-full",
-        ],
-        _ => &[
-            "disabled",
-            "preferred",
-            "required",
-            "verify_ca",
-            "verify_identity",
-        ],
+    let (modes, verifying, roots): (&[&str], &[&str], &[&str]) = match dialect {
+        Dialect::Postgres => (
+            &[
+                "disable",
+                "allow",
+                "prefer",
+                "require",
+                "verify-ca",
+                "verify-full",
+            ],
+            &["verify-ca", "verify-full"],
+            &["sslrootcert", "ssl-root-cert", "ssl-ca"],
+        ),
+        _ => (
+            &[
+                "disabled",
+                "preferred",
+                "required",
+                "verify_ca",
+                "verify_identity",
+            ],
+            &["verify_ca", "verify_identity"],
+            &["sslca", "ssl-ca"],
+        ),
     };
+    let mut mode = None;
     for name in ["sslmode", "ssl-mode"] {
-        if let Some(mode) = p.peek(name) {
-            if !modes.iter().any(|m| m.eq_ignore_ascii_case(mode)) {
+        if let Some(m) = p.peek(name) {
+            if !modes.iter().any(|known| known.eq_ignore_ascii_case(m)) {
                 return Err(Error::config(format!(
-                    "{}: {name}={mode}: expected one of {}",
+                    "{}: {name} {}: expected one of {}",
                     p.shown(),
+                    p.quoted(name, m),
                     modes.join(", ")
                 )));
             }
+            mode = Some((name, m.to_ascii_lowercase()));
+        }
+    }
+    // libpq checks the server against a CA file named under `require`
+    // too; the driver checks nothing below verify-ca. A URL written for
+    // libpq would quietly check less here: refused, naming the fix.
+    if let Some(root) = roots.iter().find(|r| p.peek(r).is_some()) {
+        let verifies = mode
+            .as_ref()
+            .is_some_and(|(_, m)| verifying.contains(&m.as_str()));
+        if !verifies {
+            let (name, m) = mode.unwrap_or((
+                if dialect == Dialect::Postgres {
+                    "sslmode"
+                } else {
+                    "ssl-mode"
+                },
+                modes[2].to_owned(),
+            ));
+            return Err(Error::config(format!(
+                "{}: {root} is checked only under {name}={}: with {name}={m} the server's \
+                 certificate would not be checked at all",
+                p.shown(),
+                verifying.join(" or ")
+            )));
         }
     }
     Ok(())
@@ -359,13 +395,32 @@ mod tests {
             ("sqlite://x.db?lock_mode=session", ErrorKind::Config),
             ("postgres://h/db?mode=exclusive", ErrorKind::InvalidOptions),
             ("postgres://h/db?table=locks%22", ErrorKind::InvalidOptions),
+            // TLS: a CA file that is not there, an unknown mode, and a CA
+            // file under a mode that would not check the server with it.
+            (
+                "postgres://h/db?sslrootcert=/nonexistent.pem",
+                ErrorKind::Config,
+            ),
+            ("postgres://h/db?sslmode=verify", ErrorKind::Config),
+            ("mysql://h/db?ssl-mode=verify-full", ErrorKind::Config),
+            (
+                "postgres://h/db?sslmode=require&sslrootcert=/etc/passwd",
+                ErrorKind::Config,
+            ),
+            ("postgres://h/db?sslrootcert=/etc/passwd", ErrorKind::Config),
+            ("mysql://h/db?ssl-ca=/etc/passwd", ErrorKind::Config),
         ] {
             assert_eq!(SqlConfig::from_url(url).unwrap_err().kind(), kind, "{url}");
         }
         assert!(validate_table_name(&"t".repeat(64)).is_err());
         let e = SqlConfig::from_url("postgres://u:pw@h/db?tabel=x").unwrap_err();
         assert!(e.to_string().contains("\"tabel\""), "{e}");
+        let e = SqlConfig::from_url("postgres://u:pw@h/db?password=x&sslmode=nope").unwrap_err();
+        assert!(!e.to_string().contains("nope"), "{e}");
         for ok in [
+            "postgres://h/db?sslmode=verify-full&sslrootcert=/etc/passwd",
+            "postgres://h/db?sslmode=verify-ca&ssl-root-cert=/etc/passwd&sslcert=/etc/passwd&sslkey=/etc/passwd",
+            "mysql://h/db?ssl-mode=VERIFY_IDENTITY&ssl-ca=/etc/passwd",
             "postgres://h/db?sslmode=disable&application_name=a",
             "mysql://h/db?ssl-mode=disabled&charset=utf8mb4",
             "sqlite://x.db?mode=rwc&cache=shared",

@@ -93,6 +93,10 @@ fn tls_words(e: &rustls::Error) -> &'static str {
             "the server refused the TLS handshake (does it want a client certificate: \
              sslcert and sslkey, or ssl-cert and ssl-key?)"
         }
+        rustls::Error::PeerIncompatible(_) => {
+            "the server's TLS is older than this client speaks (TLS 1.2 or 1.3 with \
+             modern ciphers)"
+        }
         _ => "the TLS handshake with the server failed",
     }
 }
@@ -100,10 +104,24 @@ fn tls_words(e: &rustls::Error) -> &'static str {
 /// PostgreSQL refusing a connection without TLS (28000, "no encryption"
 /// in the message: a `hostssl`-only server reached with `sslmode=disable`).
 fn tls_demanded(db: &dyn sqlx::error::DatabaseError) -> Option<&'static str> {
-    (db.code().as_deref() == Some("28000") && db.message().contains("no encryption")).then_some(
-        "the server takes only TLS connections: use sslmode=require or stricter, \
-         not sslmode=disable",
-    )
+    if db.code().as_deref() == Some("28000") && db.message().contains("no encryption") {
+        return Some(
+            "the server takes only TLS connections: use sslmode=require or stricter, \
+             not sslmode=disable",
+        );
+    }
+    // MySQL's require_secure_transport (3159; MariaDB says only "Access
+    // denied", 1045, which stays the refused credentials it may be).
+    #[cfg(feature = "mysql")]
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        if my.number() == 3159 {
+            return Some(
+                "the server takes only TLS connections: use ssl-mode=required or stricter, \
+                 not ssl-mode=disabled",
+            );
+        }
+    }
+    None
 }
 
 /// Server errors that retrying will not fix: refused credentials, a

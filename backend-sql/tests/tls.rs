@@ -15,7 +15,7 @@ use lockwright_conformance::kit::free_port;
 use lockwright_conformance::kit::process::ServerProcess;
 use lockwright_conformance::kit::tls::{self, certificates};
 use lockwright_core::backend::LockBackend;
-use lockwright_core::{ErrorKind, Locker};
+use lockwright_core::{ErrorKind, LockOptions, Locker};
 use lockwright_sql::SqlBackend;
 
 fn locker(url: &str) -> Locker {
@@ -234,8 +234,46 @@ async fn postgres_over_tls_verified_by_a_private_ca() {
     let ca = format!("sslrootcert={}", file("ca.pem"));
     let verified = at("127.0.0.1", &format!("sslmode=verify-full&{ca}"));
     until_up(&verified).await;
-    // Every connection, the pool's and the release listener's, is TLS.
+    // Every connection, the pool's and the release listener's, is TLS
+    // (the server takes no other over TCP).
     tls::hand_off(locker(&verified), locker(&verified)).await;
+    // The listener did connect: without it a waiter would still be served,
+    // by polling, and the hand-off above would not tell.
+    let (a, b) = (locker(&verified), locker(&verified));
+    let g = a.lock("listened").await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let opts = LockOptions::new().wait_for(Duration::from_secs(20));
+        b.lock_with("listened", &opts).await.map(|g| (g, b))
+    });
+    let listening = "SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+         WHERE a.application_name = 'lockwright-listen' AND s.ssl";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = Command::new(pg_bin("psql"))
+            .args([
+                "-h",
+                &file("pgdata"),
+                "-p",
+                &port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(["-tAc", listening])
+            .output()
+            .unwrap();
+        let n: u32 = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        if n > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no release listener over TLS");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    g.release().await.unwrap();
+    let (g2, _b) = waiter.await.unwrap().expect("handed over");
+    g2.release().await.unwrap();
     // `require` encrypts without checking the certificate.
     tls::hand_off(
         locker(&at("127.0.0.1", "sslmode=require")),

@@ -127,7 +127,7 @@ impl UrlParams {
 
     /// `v`, quoted, for a message about parameter `name`; not shown after a
     /// password parameter, whose value may run on past an unescaped `&`.
-    fn quoted(&self, name: &str, v: &str) -> String {
+    pub fn quoted(&self, name: &str, v: &str) -> String {
         let secret_before = self
             .pairs
             .iter()

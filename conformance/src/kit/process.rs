@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long a server may take to answer after it was started.
-const START_WITHIN: Duration = Duration::from_secs(10);
+const START_WITHIN: Duration = Duration::from_secs(30);
 
 /// A server process, killed when dropped (also when the test panics), so
 /// that none outlives its test and keeps its port.
