@@ -224,18 +224,9 @@ impl SqlConfig {
     }
 }
 
-/// The TLS file parameters each driver reads (a CA to trust, a client
-/// certificate and its key), under every spelling it accepts.
-const TLS_FILES: [&str; 8] = [
-    "sslrootcert",
-    "ssl-root-cert",
-    "sslca",
-    "ssl-ca",
-    "sslcert",
-    "ssl-cert",
-    "sslkey",
-    "ssl-key",
-];
+/// The client certificate's and key's parameters, under every spelling
+/// both drivers accept (the CA's differ: see [`tls_files_readable`]).
+const CLIENT_FILES: [&str; 4] = ["sslcert", "ssl-cert", "sslkey", "ssl-key"];
 
 /// Checks that each TLS file the URL names can be read, and that the TLS
 /// mode is one the driver knows: the driver would read the files only
@@ -245,22 +236,6 @@ const TLS_FILES: [&str; 8] = [
 /// # Errors
 /// `Config` naming the parameter and the file.
 fn tls_files_readable(p: &UrlParams, dialect: Dialect) -> Result<()> {
-    for name in TLS_FILES {
-        let Some(raw) = p.peek(name) else { continue };
-        let path = lockwright_core::backend::percent_decode(raw).unwrap_or_else(|| raw.to_owned());
-        // The drivers also take the PEM text itself.
-        if path.starts_with("-----BEGIN") {
-            continue;
-        }
-        if let Err(e) = std::fs::File::open(&path) {
-            return Err(Error::config(format!(
-                "{}: {name} {}: cannot read the file",
-                p.shown(),
-                p.quoted(name, &path)
-            ))
-            .with_source(e));
-        }
-    }
     let (modes, verifying, roots): (&[&str], &[&str], &[&str]) = match dialect {
         Dialect::Postgres => (
             &[
@@ -286,6 +261,22 @@ fn tls_files_readable(p: &UrlParams, dialect: Dialect) -> Result<()> {
             &["sslca", "ssl-ca"],
         ),
     };
+    for name in roots.iter().chain(&CLIENT_FILES) {
+        let Some(raw) = p.peek(name) else { continue };
+        let path = lockwright_core::backend::percent_decode(raw).unwrap_or_else(|| raw.to_owned());
+        // The drivers also take the PEM text itself.
+        if path.starts_with("-----BEGIN") {
+            continue;
+        }
+        if let Err(e) = std::fs::File::open(&path) {
+            return Err(Error::config(format!(
+                "{}: {name} {}: cannot read the file",
+                p.shown(),
+                p.quoted(name, &path)
+            ))
+            .with_source(e));
+        }
+    }
     let mut mode = None;
     for name in ["sslmode", "ssl-mode"] {
         if let Some(m) = p.peek(name) {
