@@ -19,11 +19,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use lockwright_core::backend::{RedactedUrl, TlsFiles};
+use lockwright_core::backend::{RedactedUrl, TlsFiles, TlsRefusal};
 use lockwright_core::{Error, Result};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{CertificateError, ClientConfig, RootCertStore};
+use rustls::{ClientConfig, RootCertStore};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
@@ -182,26 +182,21 @@ fn no_pem(shown: &RedactedUrl, name: &str, path: Option<&Path>, what: &str) -> E
 /// only) a server that does not speak TLS. `None` for anything else (a
 /// connection that broke), which stays an outage.
 pub(crate) fn refusal(e: &io::Error, handshake: bool) -> Option<&'static str> {
-    let tls = e.get_ref()?.downcast_ref::<rustls::Error>()?;
-    Some(match tls {
-        rustls::Error::InvalidCertificate(
-            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-        ) => {
+    Some(match TlsRefusal::of(e, handshake)? {
+        TlsRefusal::WrongHost => {
             "the server's certificate is not for the host the URL names: name the server \
              as its certificate does"
         }
-        rustls::Error::InvalidCertificate(
-            CertificateError::UnknownIssuer | CertificateError::BadSignature,
-        ) => {
+        TlsRefusal::UntrustedCa => {
             "the server's certificate is not signed by a trusted CA: name the CA's file with tls_ca"
         }
-        rustls::Error::InvalidCertificate(_) => {
+        TlsRefusal::BadCertificate => {
             "the server's certificate is not valid (expired, not yet valid, or not a server's)"
         }
         // memcached run with ssl_verify_mode=2 refuses a client without a
         // certificate from its ssl_ca_cert; under TLS 1.3 the refusal
         // comes after our side of the handshake, with the first reply.
-        rustls::Error::AlertReceived(_) | rustls::Error::NoCertificatesPresented => {
+        TlsRefusal::RefusedByServer => {
             "the server refused the TLS handshake (does it want a client certificate: \
              tls_cert and tls_key, signed by a CA it trusts?)"
         }
@@ -210,13 +205,15 @@ pub(crate) fn refusal(e: &io::Error, handshake: bool) -> Option<&'static str> {
         // memcache://, or a server that should run with -Z. (It answers
         // at once: the ClientHello always holds a line feed, in the
         // supported_groups extension's number 0x000a.)
-        rustls::Error::InvalidMessage(_) if handshake => {
+        TlsRefusal::NotTls => {
             "the server does not speak TLS (a memcached without -Z?): use memcache:// for \
              plain text, or start it with -Z"
         }
-        rustls::Error::PeerIncompatible(_) | rustls::Error::PeerMisbehaved(_) if handshake => {
+        TlsRefusal::Incompatible => {
             "the server's TLS is not one this client speaks (TLS 1.2 or 1.3, modern ciphers)"
         }
+        // Anything else stays an outage, as before the handshake's words
+        // were known.
         _ => return None,
     })
 }
@@ -301,6 +298,7 @@ impl AsyncWrite for Stream {
 mod tests {
     use super::*;
     use lockwright_core::ErrorKind;
+    use rustls::CertificateError;
 
     fn shown() -> RedactedUrl {
         RedactedUrl::new("memcaches://127.0.0.1")

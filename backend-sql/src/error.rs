@@ -1,6 +1,8 @@
 //! The one mapping of sqlx's errors onto the contract's kinds.
 
 use lockwright_core::backend::RedactedUrl;
+#[cfg(feature = "tls")]
+use lockwright_core::backend::TlsRefusal;
 use lockwright_core::Error;
 
 /// Maps driver errors onto the contract's kinds, in one place: anything that
@@ -63,37 +65,31 @@ fn tls_refused(e: &sqlx::Error) -> Option<&'static str> {
              sslkey / ssl-key)",
         ),
         #[cfg(feature = "tls")]
-        sqlx::Error::Io(io) => {
-            let tls = io.get_ref()?.downcast_ref::<rustls::Error>()?;
-            Some(tls_words(tls))
-        }
+        sqlx::Error::Io(io) => TlsRefusal::of(io, true).map(tls_words),
         _ => None,
     }
 }
 
 /// What a refused handshake means for the user.
 #[cfg(feature = "tls")]
-fn tls_words(e: &rustls::Error) -> &'static str {
-    use rustls::CertificateError as C;
-    match e {
-        rustls::Error::InvalidCertificate(
-            C::NotValidForName | C::NotValidForNameContext { .. },
-        ) => {
+fn tls_words(refusal: TlsRefusal) -> &'static str {
+    match refusal {
+        TlsRefusal::WrongHost => {
             "the server's certificate is not for the host the URL names \
              (sslmode=verify-full and ssl-mode=verify_identity check the name)"
         }
-        rustls::Error::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => {
+        TlsRefusal::UntrustedCa => {
             "the server's certificate is not signed by a trusted CA: name the CA's \
              certificate file with sslrootcert (PostgreSQL) or ssl-ca (MySQL)"
         }
-        rustls::Error::InvalidCertificate(_) => {
+        TlsRefusal::BadCertificate => {
             "the server's certificate is not valid (expired, not yet valid or not for a server)"
         }
-        rustls::Error::AlertReceived(_) | rustls::Error::NoCertificatesPresented => {
+        TlsRefusal::RefusedByServer => {
             "the server refused the TLS handshake (does it want a client certificate: \
              sslcert and sslkey, or ssl-cert and ssl-key?)"
         }
-        rustls::Error::PeerIncompatible(_) => {
+        TlsRefusal::Incompatible => {
             "the server's TLS is older than this client speaks (TLS 1.2 or 1.3 with \
              modern ciphers)"
         }

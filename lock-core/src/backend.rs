@@ -8,7 +8,7 @@ pub use crate::memory::MemoryBackend;
 pub use crate::options::validate_ttl;
 pub use crate::params::{percent_decode, UrlParams};
 pub use crate::quorum::{quorum_servers, Quorum};
-pub use crate::tls::{TlsFiles, TlsPem};
+pub use crate::tls::{TlsFiles, TlsPem, TlsRefusal};
 pub use crate::url::{scheme_of, HostPort, RedactedUrl, Scheme, ServerUrl};
 /// Re-exported so backends implement [`LockBackend`] with the same macro version.
 pub use async_trait::async_trait;

@@ -97,6 +97,55 @@ impl TlsFiles {
     }
 }
 
+/// Why a TLS connection was refused, when no retry mends it: one
+/// classification for every backend, each of which words it with the URL
+/// parameters of its own store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TlsRefusal {
+    /// The server's certificate does not name the host the URL names.
+    WrongHost,
+    /// The server's certificate is not signed by a CA this client trusts.
+    UntrustedCa,
+    /// The server's certificate is otherwise not valid (expired, not yet
+    /// valid, not a server's).
+    BadCertificate,
+    /// The server refused the handshake (a client certificate it wants).
+    RefusedByServer,
+    /// The server answered the handshake with something that is not TLS.
+    NotTls,
+    /// The server's TLS is not one this client speaks (too old, other
+    /// ciphers).
+    Incompatible,
+    /// Any other TLS error in the handshake.
+    Other,
+}
+
+impl TlsRefusal {
+    /// The refusal inside `e` (a rustls error carried by an I/O error, as
+    /// rustls and tokio-rustls report one). `handshake`: `e` came while
+    /// the connection was being made, where a protocol error means the
+    /// server does not speak our TLS; later, only a certificate or an
+    /// alert counts, and anything else is a connection that broke.
+    #[cfg(feature = "rustls")]
+    pub fn of(e: &std::io::Error, handshake: bool) -> Option<Self> {
+        use rustls::{CertificateError as C, Error as E};
+        let tls = e.get_ref()?.downcast_ref::<E>()?;
+        Some(match tls {
+            E::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
+                TlsRefusal::WrongHost
+            }
+            E::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => TlsRefusal::UntrustedCa,
+            E::InvalidCertificate(_) => TlsRefusal::BadCertificate,
+            E::AlertReceived(_) | E::NoCertificatesPresented => TlsRefusal::RefusedByServer,
+            _ if !handshake => return None,
+            E::InvalidMessage(_) => TlsRefusal::NotTls,
+            E::PeerIncompatible(_) | E::PeerMisbehaved(_) => TlsRefusal::Incompatible,
+            _ => TlsRefusal::Other,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
