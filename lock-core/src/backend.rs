@@ -3,13 +3,16 @@
 //! (URL parameters, TTL checks, clock-drift margins). Applications need
 //! none of this; they use the crate root.
 
+pub use crate::driver::{Driver, FailOver, Opener};
 pub use crate::lease::{clock_drift, local_deadline};
 pub use crate::memory::MemoryBackend;
 pub use crate::options::validate_ttl;
 pub use crate::params::{percent_decode, UrlParams};
 pub use crate::quorum::{quorum_servers, Quorum};
+pub use crate::redact::RedactedUrl;
+pub use crate::sync::{lock_unpoisoned, AbortOnDrop};
 pub use crate::tls::{TlsFiles, TlsPem, TlsRefusal};
-pub use crate::url::{scheme_of, HostPort, RedactedUrl, Scheme, ServerUrl};
+pub use crate::url::{scheme_of, HostPort, Scheme, ServerUrl};
 /// Re-exported so backends implement [`LockBackend`] with the same macro version.
 pub use async_trait::async_trait;
 

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use futures::Stream;
 use tracing::Instrument;
 
+use crate::acquire::AcquireRequest;
 use crate::backend::{Renew, Watch};
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
@@ -158,9 +159,17 @@ impl Election {
         let span = tracing::info_span!("lockwright.campaign", name = %self.key,
             store = self.locker.store_label(), owner = owner.short(),
             outcome = tracing::field::Empty, term = tracing::field::Empty);
+        // A token just drawn that holds nothing: an attempt abandoned
+        // mid-flight is undone, as for `Locker::lock_with`.
+        let campaign = AcquireRequest {
+            key: self.key.clone(),
+            owner: owner.clone(),
+            fresh_owner: true,
+            campaign: true,
+        };
         let won = self
             .locker
-            .acquire_fresh(self.key.clone(), owner.clone(), opts)
+            .acquire(campaign, opts)
             .instrument(span.clone())
             .await;
         span.record(

@@ -13,50 +13,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::key::{FencingToken, LockKey, OwnerToken};
 use crate::lease::{wait_lost, Lease, LeaseState, LostReason};
 use crate::meter::HoldMeter;
-use crate::watchdog::Watchdog;
-
-/// A renewal-failure callback, as the watchdog keeps it.
-pub(crate) type FailureHook = Arc<dyn Fn(&RenewalFailure) + Send + Sync>;
-
-/// A renewal that failed while the lock was still held: the watchdog keeps
-/// trying until the lease's deadline, and the lock is lost only then (or
-/// when the store says so). Passed to
-/// [`on_renewal_failure`](LockGuard::on_renewal_failure) callbacks.
-#[derive(Debug, Clone)]
-pub struct RenewalFailure {
-    pub(crate) key: LockKey,
-    pub(crate) kind: ErrorKind,
-    pub(crate) error: String,
-    pub(crate) failures: u32,
-    pub(crate) remaining: Duration,
-}
-
-impl RenewalFailure {
-    /// The lock whose renewal failed.
-    pub fn key(&self) -> &LockKey {
-        &self.key
-    }
-
-    /// What kind of error the store gave (usually `Unavailable`).
-    pub fn kind(&self) -> ErrorKind {
-        self.kind
-    }
-
-    /// The error, with its causes.
-    pub fn error(&self) -> &str {
-        &self.error
-    }
-
-    /// Renewals failed in a row, this one included.
-    pub fn failures(&self) -> u32 {
-        self.failures
-    }
-
-    /// How long the lock is still guaranteed without a renewal.
-    pub fn remaining(&self) -> Duration {
-        self.remaining
-    }
-}
+use crate::watchdog::{RenewalFailure, Watchdog};
 
 /// Proof that a lock is held. While it lives the watchdog renews the lease
 /// (unless turned off); dropping it releases the lock in the background, and

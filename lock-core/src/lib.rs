@@ -14,8 +14,11 @@
 //! with [`MemoryBackend`](backend::MemoryBackend), the in-process
 //! reference implementation.
 
+mod acquire;
+mod attempts;
 pub mod backend;
 mod background;
+mod driver;
 mod election;
 mod error;
 mod guard;
@@ -25,16 +28,19 @@ mod locker;
 mod memory;
 pub mod meter;
 mod options;
+mod outage;
 mod params;
 mod permits;
 mod quorum;
+mod redact;
+mod sync;
 mod tls;
 mod url;
 mod watchdog;
 
 pub use election::{Election, Leader, Leadership, OBSERVE_EVERY};
 pub use error::{Error, ErrorKind, Result};
-pub use guard::{LockGuard, MultiGuard, RenewalFailure};
+pub use guard::{LockGuard, MultiGuard};
 pub use key::{
     Claim, FencingToken, IntoLockKey, LockKey, OwnerToken, MAX_KEY_LEN, MAX_PERMITS, MAX_VALUE_LEN,
 };
@@ -42,3 +48,4 @@ pub use lease::{Holder, Lease, LeaseState, LockStatus, LostReason};
 pub use locker::Locker;
 pub use options::{LockOptions, WaitPolicy, MAX_TTL};
 pub use permits::{ReadWriteLock, Semaphore};
+pub use watchdog::RenewalFailure;

@@ -154,7 +154,7 @@ impl MemoryBackend {
     }
 
     fn lock_store(&self) -> std::sync::MutexGuard<'_, Store> {
-        self.inner.store.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock_unpoisoned(&self.inner.store)
     }
 
     fn store(&self) -> Result<std::sync::MutexGuard<'_, Store>> {

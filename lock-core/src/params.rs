@@ -6,7 +6,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::url::{is_secret_param, RedactedUrl};
+use crate::redact::{is_secret_param, RedactedUrl};
 
 /// A URL's query parameters, read by type. A backend asks for each of its
 /// own parameters by name; [`finish`](Self::finish) then refuses any

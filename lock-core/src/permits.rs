@@ -12,11 +12,12 @@
 
 use std::fmt;
 
+use crate::acquire::{supports, timeout_error, AcquireRequest};
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
 use crate::key::{Claim, LockKey, OwnerToken};
 use crate::lease::LockStatus;
-use crate::locker::{timeout_error, Locker};
+use crate::locker::Locker;
 use crate::options::LockOptions;
 
 /// At most N holders of a name at once, on the store's clock. Made by
@@ -61,7 +62,7 @@ impl fmt::Debug for Semaphore {
 impl Semaphore {
     pub(crate) fn new(locker: Locker, key: LockKey, permits: u32) -> Result<Self> {
         let claim = Claim::permits(permits)?;
-        supports(&locker, claim)?;
+        supports(locker.capabilities(), claim)?;
         Ok(Semaphore { locker, key, claim })
     }
 
@@ -166,7 +167,7 @@ impl fmt::Debug for ReadWriteLock {
 
 impl ReadWriteLock {
     pub(crate) fn new(locker: Locker, key: LockKey) -> Result<Self> {
-        supports(&locker, Claim::Shared)?;
+        supports(locker.capabilities(), Claim::Shared)?;
         Ok(ReadWriteLock { locker, key })
     }
 
@@ -261,10 +262,13 @@ impl ReadWriteLock {
             ..self.locker.options().clone()
         }
         .no_wait();
-        let reader = self
-            .locker
-            .try_acquire_owned(&self.key, owner, true, &opts)
-            .await?;
+        let request = AcquireRequest {
+            key: self.key.clone(),
+            owner,
+            fresh_owner: true,
+            campaign: false,
+        };
+        let reader = self.locker.acquire(request, &opts).await?;
         let Some(reader) = reader else {
             let _ = writer.release().await;
             return Err(Error::new(
@@ -329,30 +333,16 @@ async fn take(
         Ask::Claim(claim) => owner.with_claim(claim),
         Ask::Write => owner.writing(),
     };
-    locker.try_acquire_owned(key, owner, fresh, opts).await
+    let request = AcquireRequest {
+        key: key.clone(),
+        owner,
+        fresh_owner: fresh,
+        campaign: false,
+    };
+    locker.acquire(request, opts).await
 }
 
 /// The guard, or the `Timeout` of a wait that ran out.
 fn required(key: &LockKey, held: Option<LockGuard>, opts: &LockOptions) -> Result<LockGuard> {
     held.ok_or_else(|| timeout_error(key, opts.wait))
-}
-
-/// Refuses a claim the store cannot grant, before any request is sent.
-pub(crate) fn supports(locker: &Locker, claim: Claim) -> Result<()> {
-    let caps = locker.capabilities();
-    if let Claim::Exclusive { permits } = claim {
-        // The variant's field is public: its range is checked here too.
-        Claim::permits(permits)?;
-    }
-    match claim {
-        Claim::Exclusive { permits } if permits > 1 && !caps.permits => Err(Error::new(
-            ErrorKind::Unsupported,
-            "this store cannot grant a semaphore's permits (see the README's store table)",
-        )),
-        Claim::Shared if !caps.shared => Err(Error::new(
-            ErrorKind::Unsupported,
-            "this store cannot grant shared (read) holds (see the README's store table)",
-        )),
-        _ => Ok(()),
-    }
 }

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::params::UrlParams;
-use crate::url::RedactedUrl;
+use crate::redact::RedactedUrl;
 use crate::{Error, Result};
 
 /// PEM files for a TLS connection; none given: the system's roots, no

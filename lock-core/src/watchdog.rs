@@ -6,12 +6,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{watch, Notify};
 
 use crate::backend::{LockBackend, Renew, RenewRequest};
-use crate::error::Result;
-use crate::guard::{FailureHook, RenewalFailure};
+use crate::error::{Error, ErrorKind, Result};
 use crate::key::{LockKey, OwnerToken};
 use crate::lease::{local_deadline, LeaseState, LostReason};
 use crate::meter::HoldMeter;
@@ -33,20 +33,69 @@ const IDLE_EXIT: Duration = Duration::from_secs(30);
 /// a few times the usual renewals.
 const ALARM_GAP: Duration = Duration::from_millis(250);
 
+/// A renewal-failure callback, as the watchdog keeps it.
+pub(crate) type FailureHook = Arc<dyn Fn(&RenewalFailure) + Send + Sync>;
+
+/// A renewal that failed while the lock was still held: the watchdog keeps
+/// trying until the lease's deadline, and the lock is lost only then (or
+/// when the store says so). Passed to
+/// [`on_renewal_failure`](crate::LockGuard::on_renewal_failure) callbacks.
+#[derive(Debug, Clone)]
+pub struct RenewalFailure {
+    key: LockKey,
+    kind: ErrorKind,
+    error: String,
+    failures: u32,
+    remaining: Duration,
+}
+
+impl RenewalFailure {
+    /// The lock whose renewal failed.
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// What kind of error the store gave (usually `Unavailable`).
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The error, with its causes.
+    pub fn error(&self) -> &str {
+        &self.error
+    }
+
+    /// Renewals failed in a row, this one included.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// How long the lock is still guaranteed without a renewal.
+    pub fn remaining(&self) -> Duration {
+        self.remaining
+    }
+}
+
+/// One lease the watchdog keeps.
 struct Entry {
+    /// What a renewal of it sends.
     request: RenewRequest,
     /// How long a confirmed renewal is trusted for: the TTL, or less where
     /// the store caps it (`Capabilities::max_lease`).
     trusted: Duration,
+    /// How often it is renewed; `None`: only its deadline is watched.
     renew_every: Option<Duration>,
+    /// When it is next renewed.
     next_renew: Instant,
     /// How early this renewal may join a batch: a quarter of the interval
     /// up to it (a short first interval after a hand-off has a short one).
     window: Duration,
+    /// Until when the lock is guaranteed, as of the last confirmation.
     deadline: Instant,
     /// When the store last vouched for the lease: the send time of its last
     /// confirmed renewal, or its registration.
     confirmed: Instant,
+    /// Its renewal is in a batch that has not come back.
     in_flight: bool,
     /// Renewals failed in a row; while non-zero the entry waits out its
     /// backoff instead of joining an early batch.
@@ -61,7 +110,9 @@ struct Entry {
     /// renewal fails, the next is sent at once rather than after a backoff
     /// (it was sent before the alarm, and says nothing of the store since).
     alarmed_in_flight: bool,
+    /// The guard's view of the lease.
     tx: watch::Sender<LeaseState>,
+    /// The hold's metrics.
     meter: Arc<HoldMeter>,
     /// Called (outside the lock) with each failed renewal.
     hooks: Vec<FailureHook>,
@@ -70,10 +121,14 @@ struct Entry {
 /// Hooks to call, once the state's lock is let go, with what failed.
 type Calls = Option<(Vec<FailureHook>, RenewalFailure)>;
 
+/// What the watchdog keeps, behind its lock.
 #[derive(Default)]
 struct State {
+    /// The leases kept, by id.
     entries: HashMap<u64, Entry>,
+    /// The id of the next lease registered.
     next_id: u64,
+    /// The renewal task is running.
     running: bool,
     /// [`Watchdog::close`] ran: nothing new is tracked, and the task exits
     /// as soon as its last renewal in flight is back.
@@ -85,9 +140,13 @@ struct State {
     sleeping_until: Option<Instant>,
 }
 
+/// Renews the leases of one `Locker` (and its clones) on one task.
 pub(crate) struct Watchdog {
+    /// The store renewed.
     backend: Arc<dyn LockBackend>,
+    /// The leases kept.
     state: Mutex<State>,
+    /// Wakes the task to look at the entries again.
     wake: Arc<Notify>,
     /// Wakes acquires still waiting when the locker is closed.
     closing: Notify,
@@ -108,9 +167,12 @@ impl Drop for Watchdog {
     }
 }
 
+/// A batch of renewals come back: the leases' ids, when it was sent, and
+/// the outcomes, in the ids' order.
 type Batch = (Vec<u64>, Instant, Vec<Result<Renew>>);
 
 impl Watchdog {
+    /// A watchdog over `backend`; its task starts with the first lease.
     pub(crate) fn new(backend: Arc<dyn LockBackend>) -> Arc<Self> {
         Arc::new(Watchdog {
             backend,
@@ -121,10 +183,11 @@ impl Watchdog {
         })
     }
 
+    /// The state, even if a panic poisoned its lock.
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding this lock cannot leave the map half-updated
         // in a way that matters more than losing the watchdog entirely.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock_unpoisoned(&self.state)
     }
 
     /// Starts tracking a lease, first renewed at `first_renew` and then
@@ -184,7 +247,6 @@ impl Watchdog {
         }
     }
 
-    /// Stops tracking a lease; its state becomes `Released` unless it was lost.
     /// Whether another hold this watchdog tracks has `owner` on `key`: a
     /// re-entrant hold (`lock_as` with another guard's owner) that a
     /// second release would count down.
@@ -195,6 +257,7 @@ impl Watchdog {
             .any(|e| e.request.key == *key && e.request.owner == *owner)
     }
 
+    /// Stops tracking a lease; its state becomes `Released` unless it was lost.
     pub(crate) fn unregister(&self, id: u64) {
         let removed = self.lock().entries.remove(&id);
         if let Some(e) = removed {
@@ -401,178 +464,255 @@ impl Watchdog {
         Ok(())
     }
 
+    /// The renewal task: looks at the entries, sends the renewals due in
+    /// batches and applies them as they land, sweeps after the store's
+    /// alarms, and sleeps until the next is due. Exits when the watchdog is
+    /// gone, once it was closed and nothing is left, or after
+    /// [`IDLE_EXIT`] with nothing to watch.
     async fn run(this: Weak<Self>, wake: Arc<Notify>) {
-        let mut in_flight: FuturesUnordered<futures::future::BoxFuture<'static, Batch>> =
-            FuturesUnordered::new();
-        let mut alarm = this.upgrade().and_then(|w| w.backend.alarm());
-        if let Some(a) = alarm.as_mut() {
-            a.mark_unchanged();
-        }
-        // An alarm seen and not yet swept, and the last sweep.
-        let mut alarmed_at: Option<Instant> = None;
-        let mut swept_at: Option<Instant> = None;
+        let mut task = Task::new(&this);
         loop {
             let Some(strong) = this.upgrade() else { return };
-            let mut sweep_at = None;
-            if let Some(seen) = alarmed_at {
-                match strong.sweep(seen, swept_at) {
-                    Ok(()) => {
-                        alarmed_at = None;
-                        swept_at = Some(Instant::now());
-                    }
-                    Err(at) => sweep_at = Some(at),
-                }
-            }
+            let sweep_at = task.sweep_if_alarmed(&strong);
             let now = Instant::now();
-            let mut due = Vec::new();
-            // How long the batch may stay in flight (see below).
-            let mut limit = Duration::MAX;
-            let mut next_wake: Option<Instant> = None;
-            let idle;
-            {
-                let mut st = strong.lock();
-                st.entries.retain(|_, e| {
-                    if e.deadline <= now {
-                        tracing::warn!(key = %e.request.key, "lock lost: not renewed before its deadline");
-                        e.tx.send_replace(LeaseState::Lost(LostReason::Expired));
-                        e.meter.lost(LostReason::Expired);
-                        false
-                    } else {
-                        true
-                    }
-                });
-                idle = st.entries.is_empty() && in_flight.is_empty();
-                for (id, e) in st.entries.iter_mut() {
-                    let mut wake_at = e.deadline;
-                    if let (Some(_), false) = (e.renew_every, e.in_flight) {
-                        // A failing lease is due only at its retry time:
-                        // joining an early batch would undo the backoff.
-                        let window = if e.failures == 0 {
-                            e.window
-                        } else {
-                            Duration::ZERO
-                        };
-                        if e.next_renew <= now + window && due.len() < MAX_BATCH {
-                            e.in_flight = true;
-                            // Half the lease the hold lives on, not the TTL
-                            // asked for: on a session store (etcd's lease,
-                            // ZooKeeper's session) that may be far shorter.
-                            limit = limit.min(e.trusted / 2);
-                            due.push((*id, e.request.clone()));
-                        } else {
-                            wake_at = wake_at.min(e.next_renew);
-                        }
-                    }
-                    next_wake = Some(next_wake.map_or(wake_at, |w| w.min(wake_at)));
+            let look = strong.look(now, sweep_at, task.in_flight.is_empty());
+            if look.idle {
+                if Self::stay_idle(strong, &this, &wake).await {
+                    continue;
                 }
-                // Decided with the entries in view: a register from now on
-                // compares its lease with this.
-                st.sleeping_until = if idle {
-                    None
-                } else if due.is_empty() {
-                    Some(sleep_time(next_wake, sweep_at, now))
-                } else {
-                    Some(now)
-                };
+                return;
             }
-            if idle {
-                let mut st = strong.lock();
-                if st.closed && st.entries.is_empty() {
-                    st.running = false;
-                    return;
-                }
-            }
-            if idle {
-                // Stay for the next lock (a task per lock would cost a spawn
-                // and a thread hop each time), holding only the weak handle,
-                // so a dropped Locker still lets go of its backend.
-                drop(strong);
-                if tokio::time::timeout(IDLE_EXIT, wake.notified())
-                    .await
-                    .is_err()
-                {
-                    let Some(strong) = this.upgrade() else { return };
-                    let mut st = strong.lock();
-                    if st.entries.is_empty() {
-                        st.running = false;
-                        return;
-                    }
-                }
+            if !look.due.is_empty() {
+                task.send(&strong, look.due, look.limit);
                 continue;
             }
-            if !due.is_empty() {
-                let backend = strong.backend.clone();
-                let span = tracing::info_span!(
-                    "lockwright.renew",
-                    leases = due.len(),
-                    store = strong
-                        .lock()
-                        .entries
-                        .get(&due[0].0)
-                        .map(|e| e.meter.labels().store()),
-                    renewed = tracing::field::Empty
-                );
-                in_flight.push(Box::pin(tracing::Instrument::instrument(
-                    async move {
-                        let (ids, requests): (Vec<u64>, Vec<RenewRequest>) =
-                            due.into_iter().unzip();
-                        // A call stuck on a dead connection must not stall later renewals
-                        // once the store is back: it ends within half the shortest
-                        // lease of the batch, so its retries still land inside it.
-                        let sent = Instant::now();
-                        let results = match tokio::time::timeout(
-                            limit,
-                            backend.renew_many(&requests),
-                        )
-                        .await
-                        {
-                            Ok(results) => results,
-                            Err(_) => requests
-                                .iter()
-                                .map(|_| Err(crate::Error::unavailable("renewal timed out")))
-                                .collect(),
-                        };
-                        let renewed = results
-                            .iter()
-                            .filter(|r| matches!(r, Ok(Renew::Renewed)))
-                            .count();
-                        tracing::Span::current().record("renewed", renewed);
-                        (ids, sent, results)
-                    },
-                    span,
-                )));
-                continue;
-            }
-            let sleep_until = sleep_time(next_wake, sweep_at, now);
+            let sleep_until = sleep_time(look.next_wake, sweep_at, now);
             // Asleep on a weak handle only: a dropped Locker lets go of its
             // backend without waiting for this task to wake.
             drop(strong);
             tokio::select! {
-                Some((ids, sent, results)) = in_flight.next(), if !in_flight.is_empty() => {
+                Some(batch) = task.in_flight.next(), if !task.in_flight.is_empty() => {
                     let Some(strong) = this.upgrade() else { return };
-                    let mut st = strong.lock();
-                    let mut results = results.into_iter();
-                    let mut calls = Vec::new();
-                    for id in ids {
-                        if let Some(e) = st.entries.get_mut(&id) {
-                            e.in_flight = false;
-                        }
-                        let outcome = results.next().unwrap_or_else(|| {
-                            Err(crate::Error::backend("renew_many returned too few results"))
-                        });
-                        calls.push(Self::apply(&mut st, id, sent, outcome));
-                    }
-                    drop(st);
-                    calls.into_iter().for_each(call);
+                    strong.landed(batch);
                 }
                 _ = tokio::time::sleep_until(sleep_until.into()) => {}
                 _ = wake.notified() => {}
-                Some(()) = alarmed(&mut alarm) => {
-                    alarmed_at = Some(Instant::now());
+                Some(()) = alarmed(&mut task.alarm) => {
+                    task.alarmed_at = Some(Instant::now());
                 }
             }
         }
     }
+
+    /// One look at the entries at `now`: those past their deadline are
+    /// dropped (their lost signal fires), those due are marked in flight
+    /// for one batch, and when to look next is decided. `nothing_in_flight`:
+    /// no batch is out.
+    fn look(&self, now: Instant, sweep_at: Option<Instant>, nothing_in_flight: bool) -> Look {
+        let mut due = Vec::new();
+        // How long the batch may stay in flight (see below).
+        let mut limit = Duration::MAX;
+        let mut next_wake: Option<Instant> = None;
+        let mut st = self.lock();
+        st.entries.retain(|_, e| {
+            if e.deadline <= now {
+                tracing::warn!(key = %e.request.key, "lock lost: not renewed before its deadline");
+                e.tx.send_replace(LeaseState::Lost(LostReason::Expired));
+                e.meter.lost(LostReason::Expired);
+                false
+            } else {
+                true
+            }
+        });
+        let idle = st.entries.is_empty() && nothing_in_flight;
+        for (id, e) in st.entries.iter_mut() {
+            let mut wake_at = e.deadline;
+            if let (Some(_), false) = (e.renew_every, e.in_flight) {
+                // A failing lease is due only at its retry time:
+                // joining an early batch would undo the backoff.
+                let window = if e.failures == 0 {
+                    e.window
+                } else {
+                    Duration::ZERO
+                };
+                if e.next_renew <= now + window && due.len() < MAX_BATCH {
+                    e.in_flight = true;
+                    // Half the lease the hold lives on, not the TTL
+                    // asked for: on a session store (etcd's lease,
+                    // ZooKeeper's session) that may be far shorter.
+                    limit = limit.min(e.trusted / 2);
+                    due.push((*id, e.request.clone()));
+                } else {
+                    wake_at = wake_at.min(e.next_renew);
+                }
+            }
+            next_wake = Some(next_wake.map_or(wake_at, |w| w.min(wake_at)));
+        }
+        // Decided with the entries in view: a register from now on
+        // compares its lease with this.
+        st.sleeping_until = if idle {
+            None
+        } else if due.is_empty() {
+            Some(sleep_time(next_wake, sweep_at, now))
+        } else {
+            Some(now)
+        };
+        Look {
+            due,
+            limit,
+            next_wake,
+            idle,
+        }
+    }
+
+    /// Nothing to watch and nothing in flight: `false` (the task exits)
+    /// once the watchdog was closed; else the task stays for the next lock,
+    /// and exits if none comes within [`IDLE_EXIT`].
+    async fn stay_idle(strong: Arc<Self>, this: &Weak<Self>, wake: &Notify) -> bool {
+        {
+            let mut st = strong.lock();
+            if st.closed && st.entries.is_empty() {
+                st.running = false;
+                return false;
+            }
+        }
+        // Stay for the next lock (a task per lock would cost a spawn
+        // and a thread hop each time), holding only the weak handle,
+        // so a dropped Locker still lets go of its backend.
+        drop(strong);
+        if tokio::time::timeout(IDLE_EXIT, wake.notified())
+            .await
+            .is_err()
+        {
+            let Some(strong) = this.upgrade() else {
+                return false;
+            };
+            let mut st = strong.lock();
+            if st.entries.is_empty() {
+                st.running = false;
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Applies the outcomes of a batch that came back, then calls the
+    /// failure hooks, once the lock is let go.
+    fn landed(&self, (ids, sent, results): Batch) {
+        let mut st = self.lock();
+        let mut results = results.into_iter();
+        let mut calls = Vec::new();
+        for id in ids {
+            if let Some(e) = st.entries.get_mut(&id) {
+                e.in_flight = false;
+            }
+            let outcome = results
+                .next()
+                .unwrap_or_else(|| Err(Error::backend("renew_many returned too few results")));
+            calls.push(Self::apply(&mut st, id, sent, outcome));
+        }
+        drop(st);
+        calls.into_iter().for_each(call);
+    }
+}
+
+/// What one look at the entries decided.
+struct Look {
+    /// The leases to renew now, in one batch.
+    due: Vec<(u64, RenewRequest)>,
+    /// How long the batch may stay in flight: half the shortest lease in it.
+    limit: Duration,
+    /// The earliest deadline or renewal still to come.
+    next_wake: Option<Instant>,
+    /// Nothing to watch and nothing in flight.
+    idle: bool,
+}
+
+/// The renewal task's own state, kept from one look to the next.
+struct Task {
+    /// The batches of renewals sent and not yet back.
+    in_flight: FuturesUnordered<BoxFuture<'static, Batch>>,
+    /// The store's alarm (see [`LockBackend::alarm`]), if it raises any.
+    alarm: Option<watch::Receiver<u64>>,
+    /// An alarm seen and not yet swept.
+    alarmed_at: Option<Instant>,
+    /// The last sweep.
+    swept_at: Option<Instant>,
+}
+
+impl Task {
+    /// Nothing in flight yet; alarms raised before now are not news.
+    fn new(this: &Weak<Watchdog>) -> Self {
+        let in_flight = FuturesUnordered::new();
+        let mut alarm = this.upgrade().and_then(|w| w.backend.alarm());
+        if let Some(a) = alarm.as_mut() {
+            a.mark_unchanged();
+        }
+        Task {
+            in_flight,
+            alarm,
+            alarmed_at: None,
+            swept_at: None,
+        }
+    }
+
+    /// Sweeps after an alarm seen and not yet swept (see
+    /// [`Watchdog::sweep`]); returns when to sweep instead, if this is too
+    /// soon after the last sweep.
+    fn sweep_if_alarmed(&mut self, watchdog: &Watchdog) -> Option<Instant> {
+        let seen = self.alarmed_at?;
+        match watchdog.sweep(seen, self.swept_at) {
+            Ok(()) => {
+                self.alarmed_at = None;
+                self.swept_at = Some(Instant::now());
+                None
+            }
+            Err(at) => Some(at),
+        }
+    }
+
+    /// Sends one batch of renewals, in flight for no longer than `limit`.
+    fn send(&mut self, watchdog: &Watchdog, due: Vec<(u64, RenewRequest)>, limit: Duration) {
+        let span = tracing::info_span!(
+            "lockwright.renew",
+            leases = due.len(),
+            store = watchdog
+                .lock()
+                .entries
+                .get(&due[0].0)
+                .map(|e| e.meter.labels().store()),
+            renewed = tracing::field::Empty
+        );
+        let batch = renew_batch(watchdog.backend.clone(), due, limit);
+        self.in_flight
+            .push(Box::pin(tracing::Instrument::instrument(batch, span)));
+    }
+}
+
+/// Renews the leases `due` in one backend call, cut off after `limit`.
+async fn renew_batch(
+    backend: Arc<dyn LockBackend>,
+    due: Vec<(u64, RenewRequest)>,
+    limit: Duration,
+) -> Batch {
+    let (ids, requests): (Vec<u64>, Vec<RenewRequest>) = due.into_iter().unzip();
+    // A call stuck on a dead connection must not stall later renewals
+    // once the store is back: it ends within half the shortest
+    // lease of the batch, so its retries still land inside it.
+    let sent = Instant::now();
+    let results = match tokio::time::timeout(limit, backend.renew_many(&requests)).await {
+        Ok(results) => results,
+        Err(_) => requests
+            .iter()
+            .map(|_| Err(Error::unavailable("renewal timed out")))
+            .collect(),
+    };
+    let renewed = results
+        .iter()
+        .filter(|r| matches!(r, Ok(Renew::Renewed)))
+        .count();
+    tracing::Span::current().record("renewed", renewed);
+    (ids, sent, results)
 }
 
 /// Calls each failure hook; a hook that panics is caught and logged, so

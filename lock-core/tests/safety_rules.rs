@@ -61,15 +61,16 @@ lockwright_core::forward_backend! {
 /// Why this ordering reaches the branch every time: the watchdog's
 /// `select!` picks among ready branches at random, so a reply merely
 /// *ready* after the deadline would race the deadline timer (whose wake
-/// runs the expiry sweep, `st.entries.retain(.. e.deadline <= now ..)`, at
-/// the top of `run`'s loop first). Here the reply becomes ready while the
-/// watchdog polls it, past the deadline: any branch polled before it was
-/// polled before the deadline (not ready), so the reply's branch wins and
-/// `Watchdog::apply` sees `e.deadline <= now` with the entry still there.
+/// runs the expiry sweep, `st.entries.retain(.. e.deadline <= now ..)` in
+/// `Watchdog::look`, at the top of `run`'s loop first). Here the reply
+/// becomes ready while the watchdog polls it, past the deadline: any
+/// branch polled before it was polled before the deadline (not ready), so
+/// the reply's branch wins and `Watchdog::apply` sees `e.deadline <= now`
+/// with the entry still there.
 ///
 /// To see it fail: in lock-core/src/watchdog.rs, `Watchdog::apply`, delete
 /// the arm `Ok(Renew::Renewed) if e.deadline <= Instant::now() => { ... }`
-/// (line 271; or change its guard to `if false`). The late reply then
+/// (line 351; or change its guard to `if false`). The late reply then
 /// moves the deadline to `sent + ttl - drift`, still ahead, and the guard
 /// reads held again.
 #[tokio::test(flavor = "current_thread")]
@@ -141,11 +142,11 @@ async fn a_renewal_answered_after_the_deadline_leaves_the_lock_lost() {
 /// that does not wait; it is not retried until the wait runs out.
 ///
 /// The function that decides retry or fail is `Outage::ride` in
-/// lock-core/src/locker.rs (called from `Locker::acquire_loop` on every
+/// lock-core/src/outage.rs (called from lock-core/src/acquire.rs on every
 /// attempt's error): only `Unavailable` is ridden out.
 ///
-/// To see it fail: in lock-core/src/locker.rs, `Outage::ride`, replace
-/// `let retryable = error.kind() == ErrorKind::Unavailable;` (line 1138)
+/// To see it fail: in lock-core/src/outage.rs, `Outage::ride`, replace
+/// `let retryable = error.kind() == ErrorKind::Unavailable;` (line 58)
 /// with `let retryable = true;`. Each refusal is then retried for the
 /// whole 3 s wait before the same error comes back.
 #[tokio::test]
@@ -232,8 +233,8 @@ lockwright_core::forward_backend! {
 /// unanswered attempt and goes on under a redrawn one; the caller's owner
 /// cannot be swapped, since the caller re-enters and releases by it.)
 ///
-/// To see it fail: in lock-core/src/locker.rs, `Outage::ride`, replace
-/// `let swappable = attempts.fresh_owner || !uncertain;` (line 1140) with
+/// To see it fail: in lock-core/src/outage.rs, `Outage::ride`, replace
+/// `let swappable = attempts.fresh_owner || !uncertain;` (line 60) with
 /// `let swappable = true;`. The wait then retires the caller's owner
 /// (`Attempts::redraw_owner`), undoes its unseen hold, and returns a guard
 /// whose owner is a fresh token.
@@ -292,8 +293,8 @@ fn reign(owner: &OwnerToken, term: u64, value: &str) -> LockStatus {
 ///
 /// To see it fail: in lock-core/src/election.rs, `Observer::next_change`,
 /// drop the term check: `if older || self.ended.contains(reign)` (line
-/// 344) becomes `if self.ended.contains(reign)` (or set `let older =
-/// false;`, line 342). The observer then yields 6, 5, then nobody.
+/// 354) becomes `if self.ended.contains(reign)` (or set `let older =
+/// false;`, line 352). The observer then yields 6, 5, then nobody.
 #[tokio::test]
 async fn an_observer_never_shows_an_older_term_after_a_newer_one() {
     let (a, b) = (OwnerToken::generate(), OwnerToken::generate());
