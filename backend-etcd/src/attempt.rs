@@ -1,20 +1,20 @@
 //! One attempt's contender key: reserved in this backend, put by the
-//! attempt, and deleted unless the attempt keeps it (as a hold or a place
-//! in line), in the background when the attempt was dropped or failed.
+//! attempt (`Inner::enter`, in the same transaction as the read of the
+//! name's line), and deleted unless the attempt keeps it (as a hold or a
+//! place in line), in the background when the attempt was dropped or
+//! failed.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
-};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
+use lockwright_core::backend::lock_unpoisoned;
 use lockwright_core::Result;
 
-use crate::backend::Inner;
 use crate::layout;
-use crate::node::{lock, Session};
+use crate::node::{got, lease_gone, Session};
+use crate::state::Inner;
 
 /// A contender key reserved for one attempt: released when the attempt
 /// ends without a hold, and, once its put may have reached the cluster,
@@ -30,7 +30,7 @@ pub(crate) struct Attempt {
 
 impl Attempt {
     pub(crate) fn new(inner: &Inner, prefix: &str, session: Arc<Session>) -> Self {
-        let mut keys = lock(&inner.keys);
+        let mut keys = lock_unpoisoned(&inner.keys);
         let key = (0..)
             .map(|n| layout::contender(prefix, session.id, n))
             .find(|k| !keys.contains(k))
@@ -61,7 +61,7 @@ impl Drop for Attempt {
         let keys = self.keys.clone();
         let key = std::mem::take(&mut self.key);
         if !self.sent {
-            lock(&keys).remove(&key);
+            lock_unpoisoned(&keys).remove(&key);
             return;
         }
         let session = self.session.clone();
@@ -77,7 +77,7 @@ impl Drop for Attempt {
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            lock(&keys).remove(&key);
+            lock_unpoisoned(&keys).remove(&key);
         });
     }
 }
@@ -90,18 +90,54 @@ pub(crate) async fn delete_ours(session: &Session, key: &str) -> Result<()> {
     session.txn(txn).await.map(drop)
 }
 
-/// The first contender under `prefix`: the holder.
-pub(crate) fn first_created() -> GetOptions {
-    GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_limit(1)
-}
-
-/// The key-values of the `i`th answer of a transaction.
-pub(crate) fn got(resp: &TxnResponse, i: usize) -> Vec<KeyValue> {
-    match resp.op_responses().into_iter().nth(i) {
-        Some(TxnOpResponse::Get(g)) => g.kvs().to_vec(),
-        _ => Vec::new(),
+impl Inner {
+    /// Our key on `prefix`, made on our lease if missing, in the same
+    /// transaction as reading the name's line with `read` (for a mutex,
+    /// its first contender, as Go's `Mutex.Lock` begins): the key
+    /// (reserved, to be deleted unless kept), its create revision (0 if
+    /// it was there already), and the line.
+    pub(crate) async fn enter(
+        &self,
+        prefix: &str,
+        value: &[u8],
+        read: GetOptions,
+    ) -> Result<(Attempt, i64, Vec<KeyValue>)> {
+        let mut tries = 0;
+        loop {
+            let session = self.node.session().await?;
+            let mut attempt = Attempt::new(self, prefix, session.clone());
+            let k = attempt.key.clone();
+            let put = PutOptions::new().with_lease(session.id);
+            let txn = Txn::new()
+                .when([Compare::create_revision(k.as_str(), CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::put(k.as_str(), value, Some(put)),
+                    TxnOp::get(prefix, Some(read.clone())),
+                ])
+                .or_else([
+                    TxnOp::get(k.as_str(), None),
+                    TxnOp::get(prefix, Some(read.clone())),
+                ]);
+            attempt.sent = true;
+            let resp = match session.txn(txn).await {
+                Ok(r) => r,
+                // Revoked or expired under us: the next session's lease.
+                Err(e) if lease_gone(&e) && tries == 0 => {
+                    session.mark_dead();
+                    tries += 1;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            // Our key existed already: nothing of ours should be there (a key
+            // left by an attempt whose delete has not run yet); it is not
+            // taken for a grant, and goes with this attempt.
+            let mine = if resp.succeeded() {
+                resp.header().map_or(0, |h| h.revision())
+            } else {
+                0
+            };
+            return Ok((attempt, mine, got(&resp, 1)));
+        }
     }
 }

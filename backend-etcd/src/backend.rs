@@ -6,19 +6,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use lockwright_core::backend::{
-    claim_changed, renew_one, Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew,
-    RenewRequest, Watch,
+    claim_changed, lock_unpoisoned, renew_one, Acquire, Binding, Capabilities, Grant, LockBackend,
+    Release, Renew, RenewRequest, Watch,
 };
-use lockwright_core::{Claim, FencingToken, LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::{Claim, LockKey, LockStatus, OwnerToken, Result};
 
-use crate::attempt::{got, Attempt};
+use crate::attempt::Attempt;
 use crate::claims;
 use crate::config::EtcdConfig;
-use crate::layout;
-use crate::node::{lease_gone, lock, Node, Session};
-use crate::queue::Waiter;
+use crate::node::Node;
+use crate::state::{fence, Hold, Inner};
 
 /// The shortest TTL accepted: the TTL only paces renewals here (the
 /// lease, not the TTL, keeps a lock).
@@ -29,57 +28,6 @@ const MIN_TTL: Duration = Duration::from_millis(250);
 #[derive(Debug, Clone)]
 pub struct EtcdBackend {
     inner: Arc<Inner>,
-}
-
-#[derive(Debug)]
-pub(crate) struct Inner {
-    pub(crate) node: Node,
-    /// This backend's holds, by name and owner.
-    pub(crate) held: std::sync::Mutex<HashMap<(LockKey, OwnerToken), Hold>>,
-    /// The waiters that subscribed, by ticket (see `queue.rs`).
-    pub(crate) waiters: std::sync::Mutex<HashMap<OwnerToken, Waiter>>,
-    /// The contender keys in use (held, being tried, or being cleaned up),
-    /// so no two attempts of this backend share one.
-    pub(crate) keys: Arc<std::sync::Mutex<HashSet<String>>>,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct Hold {
-    pub(crate) key: String,
-    pub(crate) rev: i64,
-    pub(crate) session: Arc<Session>,
-    pub(crate) holds: u32,
-    /// Its grant's fence: `rev`, but for a downgrade's reader.
-    pub(crate) fence: i64,
-    /// The claim it was granted for (a downgrade's reader shares its
-    /// writer's key, so one key may carry two holds).
-    pub(crate) claim: Claim,
-}
-
-impl Hold {
-    /// Writes `value` to the hold's key on its lease, if the key is still
-    /// the one its grant made (compared on its create revision, as Go's
-    /// `Election.Proclaim`): the write's revision, or `None`.
-    pub(crate) async fn rewrite(&self, value: &[u8]) -> Result<Option<i64>> {
-        let put = PutOptions::new().with_lease(self.session.id);
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                self.key.as_str(),
-                CompareOp::Equal,
-                self.rev,
-            )])
-            .and_then([TxnOp::put(self.key.as_str(), value, Some(put))]);
-        let resp = self.session.txn(txn).await?;
-        Ok(resp
-            .succeeded()
-            .then(|| resp.header().map_or(self.rev, |h| h.revision())))
-    }
-}
-
-impl std::fmt::Debug for Session {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session").field("lease", &self.id).finish()
-    }
 }
 
 impl EtcdBackend {
@@ -117,19 +65,11 @@ impl EtcdBackend {
     }
 }
 
-pub(crate) fn fence(rev: i64) -> Option<FencingToken> {
-    Some(FencingToken(u64::try_from(rev).unwrap_or(0)))
-}
-
 impl Inner {
-    pub(crate) fn prefix(&self, key: &LockKey) -> String {
-        layout::prefix(&self.node.config.root, key)
-    }
-
     /// A re-entry: one more hold on a key still ours.
     pub(crate) async fn reenter(&self, key: &LockKey, owner: &OwnerToken) -> Result<Option<Grant>> {
         let id = (key.clone(), owner.clone());
-        let Some(hold) = lock(&self.held).get(&id).cloned() else {
+        let Some(hold) = lock_unpoisoned(&self.held).get(&id).cloned() else {
             return Ok(None);
         };
         if hold.claim != owner.claim() {
@@ -139,7 +79,7 @@ impl Inner {
             self.forget(&id, &hold);
             return Ok(None);
         }
-        let mut held = lock(&self.held);
+        let mut held = lock_unpoisoned(&self.held);
         let Some(h) = held.get_mut(&id) else {
             return Ok(None);
         };
@@ -167,76 +107,13 @@ impl Inner {
             }))
     }
 
-    /// Forgets the hold `id` if it is still `seen` (a release and a new
-    /// grant to the same owner may have come in between: that one stays).
-    pub(crate) fn forget(&self, id: &(LockKey, OwnerToken), seen: &Hold) {
-        let mut held = lock(&self.held);
-        if held
-            .get(id)
-            .is_some_and(|h| h.key == seen.key && h.rev == seen.rev)
-        {
-            held.remove(id);
-            if !held.values().any(|h| h.key == seen.key) {
-                lock(&self.keys).remove(&seen.key);
-            }
-        }
-    }
-
-    /// Our key on `prefix`, made on our lease if missing, in the same
-    /// transaction as reading the name's line with `read` (for a mutex,
-    /// its first contender, as Go's `Mutex.Lock` begins): the key
-    /// (reserved, to be deleted unless kept), its create revision (0 if
-    /// it was there already), and the line.
-    pub(crate) async fn enter(
-        &self,
-        prefix: &str,
-        value: &[u8],
-        read: GetOptions,
-    ) -> Result<(Attempt, i64, Vec<KeyValue>)> {
-        let mut tries = 0;
-        loop {
-            let session = self.node.session().await?;
-            let mut attempt = Attempt::new(self, prefix, session.clone());
-            let k = attempt.key.clone();
-            let put = PutOptions::new().with_lease(session.id);
-            let txn = Txn::new()
-                .when([Compare::create_revision(k.as_str(), CompareOp::Equal, 0)])
-                .and_then([
-                    TxnOp::put(k.as_str(), value, Some(put)),
-                    TxnOp::get(prefix, Some(read.clone())),
-                ])
-                .or_else([
-                    TxnOp::get(k.as_str(), None),
-                    TxnOp::get(prefix, Some(read.clone())),
-                ]);
-            attempt.sent = true;
-            let resp = match session.txn(txn).await {
-                Ok(r) => r,
-                // Revoked or expired under us: the next session's lease.
-                Err(e) if lease_gone(&e) && tries == 0 => {
-                    session.mark_dead();
-                    tries += 1;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            // Our key existed already: nothing of ours should be there (a key
-            // left by an attempt whose delete has not run yet); it is not
-            // taken for a grant, and goes with this attempt.
-            let mine = if resp.succeeded() {
-                resp.header().map_or(0, |h| h.revision())
-            } else {
-                0
-            };
-            return Ok((attempt, mine, got(&resp, 1)));
-        }
-    }
-
     /// Sets the value `owner`'s key advertises, if it is still the key of
     /// its grant (as Go's `Election.Proclaim`: a put compared on the key's
     /// create revision, on the same lease).
     async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
-        let hold = lock(&self.held).get(&(key.clone(), owner.clone())).cloned();
+        let hold = lock_unpoisoned(&self.held)
+            .get(&(key.clone(), owner.clone()))
+            .cloned();
         let Some(h) = hold.filter(|h| !h.session.is_dead()) else {
             return Ok(Renew::NotHeld);
         };
@@ -245,31 +122,6 @@ impl Inner {
         } else {
             Renew::NotHeld
         })
-    }
-
-    /// Records the hold `attempt`'s key is, made at `rev`, and its grant.
-    pub(crate) fn hold(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        name: String,
-        rev: i64,
-        session: Arc<Session>,
-    ) -> Grant {
-        let hold = Hold {
-            key: name,
-            rev,
-            session,
-            holds: 1,
-            fence: rev,
-            claim: owner.claim(),
-        };
-        lock(&self.held).insert((key.clone(), owner.clone()), hold);
-        Grant {
-            fence: fence(rev),
-            holds: 1,
-            lease: None,
-        }
     }
 
     /// One attempt, as Go's `Mutex.TryLock`: our key is the first
@@ -336,7 +188,7 @@ impl Inner {
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
         let id = (key.clone(), owner.clone());
         let hold = {
-            let mut held = lock(&self.held);
+            let mut held = lock_unpoisoned(&self.held);
             let Some(h) = held.get_mut(&id) else {
                 return Ok(Release::NotHeld);
             };
@@ -349,7 +201,7 @@ impl Inner {
         // A downgrade's two holds share one key: the reader's goes alone,
         // and the writer's leaves the key to the reader, rewritten as a
         // reader's in its place in line.
-        let beside = lock(&self.held)
+        let beside = lock_unpoisoned(&self.held)
             .values()
             .find(|h| h.key == hold.key && h.rev == hold.rev)
             .map(|h| h.claim);
@@ -383,29 +235,6 @@ impl Inner {
         } else {
             Release::NotHeld
         })
-    }
-}
-
-impl Session {
-    /// `txn` within the request timeout.
-    pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        let kv = self.kv();
-        crate::node::retrying(self.request_timeout(), self.members(), || {
-            let (mut kv, txn) = (kv.clone(), txn.clone());
-            async move { kv.txn(txn).await }
-        })
-        .await
-    }
-
-    /// `txn`, which only reads, within the request timeout: asked again
-    /// of another member while the first cannot answer (see `asking`).
-    pub(crate) async fn read(&self, txn: Txn) -> Result<TxnResponse> {
-        let kv = self.kv();
-        crate::node::asking(self.request_timeout(), self.members(), || {
-            let (mut kv, txn) = (kv.clone(), txn.clone());
-            async move { kv.txn(txn).await }
-        })
-        .await
     }
 }
 

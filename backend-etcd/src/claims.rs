@@ -27,12 +27,13 @@
 //! in the moment before it is deleted, is taken for the holder then).
 
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
-use lockwright_core::backend::{permits_mismatch, semaphore_or_rwlock, Acquire, Release};
+use lockwright_core::backend::{
+    lock_unpoisoned, permits_mismatch, semaphore_or_rwlock, Acquire, Release,
+};
 use lockwright_core::{Claim, LockKey, OwnerToken, Result};
 
-use crate::attempt::first_created;
-use crate::backend::{fence, Hold, Inner};
-use crate::node::lock;
+use crate::layout::first_created;
+use crate::state::{fence, Hold, Inner};
 
 /// A reader's key's value.
 pub(crate) const SHARED: &[u8] = b"lockwright:shared";
@@ -188,7 +189,7 @@ impl Inner {
             return Ok(no_writer);
         };
         let id = (key.clone(), writer);
-        let found = lock(&self.held).get(&id).cloned();
+        let found = lock_unpoisoned(&self.held).get(&id).cloned();
         let Some(w) = found.filter(|h| h.claim == Claim::MUTEX && !h.session.is_dead()) else {
             return Ok(no_writer);
         };
@@ -199,7 +200,7 @@ impl Inner {
         };
         let mut grant = self.hold(key, owner, w.key, w.rev, w.session);
         grant.fence = fence(rev);
-        if let Some(h) = lock(&self.held).get_mut(&(key.clone(), owner.clone())) {
+        if let Some(h) = lock_unpoisoned(&self.held).get_mut(&(key.clone(), owner.clone())) {
             h.fence = rev;
         }
         Ok(Acquire::Acquired(grant))

@@ -13,7 +13,11 @@
 //! another's keys. Go's and `etcdctl`'s lock on `r/<name>` and ours on
 //! `name` are then the same lock for every name without those two
 //! characters.
+//!
+//! `first_created` is the read that finds the holder under a prefix, by
+//! that same rule.
 
+use etcd_client::{GetOptions, SortOrder, SortTarget};
 use lockwright_core::LockKey;
 
 /// The prefix of `key`'s contenders under `root`, ending in `/`.
@@ -43,6 +47,14 @@ pub(crate) fn contender(prefix: &str, lease: i64, n: u64) -> String {
     } else {
         format!("{prefix}{lease:x}_{n}")
     }
+}
+
+/// The first contender under `prefix`: the holder.
+pub(crate) fn first_created() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
 }
 
 /// The name whose contender `key` is, if it is one under `root`.

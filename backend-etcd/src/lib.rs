@@ -100,13 +100,14 @@ mod node;
 mod observe;
 mod queue;
 mod renew;
+mod state;
 mod status;
 
 pub use backend::EtcdBackend;
 pub use config::EtcdConfig;
 pub use lockwright_core::backend::TlsFiles;
 
-use lockwright_core::backend::Scheme;
+use lockwright_core::backend::{Driver, Scheme, ServerUrl};
 
 /// The URL schemes this crate answers to.
 pub const SCHEMES: &[Scheme] = &[
@@ -141,4 +142,14 @@ pub mod internals {
     pub fn name_of(root: &str, key: &str) -> Option<String> {
         crate::layout::name_of(root, key)
     }
+}
+
+/// This crate's declaration for the facade's registry: its schemes, its
+/// opener, and which URLs must reach their servers directly (TLS checks
+/// the server's name, which a local proxy would stand in for).
+pub const DRIVER: Driver = Driver::new(SCHEMES, open).with_direct(checks_names);
+
+/// See [`DRIVER`].
+fn checks_names(url: &ServerUrl) -> bool {
+    url.scheme() == "etcds"
 }

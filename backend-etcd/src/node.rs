@@ -9,10 +9,10 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Certificate, Client, ConnectOptions, GetOptions, GetResponse, Identity, LeaseKeepAliveStream,
-    LeaseKeeper, TlsOptions, Txn, TxnResponse,
+    Certificate, Client, ConnectOptions, GetOptions, GetResponse, Identity, KeyValue,
+    LeaseKeepAliveStream, LeaseKeeper, TlsOptions, Txn, TxnOpResponse, TxnResponse,
 };
-use lockwright_core::backend::{RedactedUrl, TlsFiles};
+use lockwright_core::backend::{lock_unpoisoned, RedactedUrl, TlsFiles};
 use lockwright_core::{Error, Result};
 use tokio::sync::{Mutex, OnceCell};
 
@@ -51,6 +51,12 @@ pub(crate) struct Session {
     /// When the last keep-alive (or the grant) the cluster confirmed was
     /// sent: the lease lives at least one `ttl` from then.
     confirmed: std::sync::Mutex<Instant>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("lease", &self.id).finish()
+    }
 }
 
 impl Node {
@@ -141,7 +147,7 @@ impl Node {
         });
         let period = self.config.lease_ttl / 3;
         let task = tokio::spawn(keep_alive(Arc::downgrade(&session), period));
-        *lock(&session.task) = Some(task.abort_handle());
+        *lock_unpoisoned(&session.task) = Some(task.abort_handle());
         if let Some(old) = slot.replace(session.clone()) {
             old.mark_dead();
         }
@@ -183,7 +189,7 @@ impl Session {
     /// acquire grants a new one.
     pub(crate) fn mark_dead(&self) {
         self.dead.store(true, Ordering::Release);
-        if let Some(task) = lock(&self.task).take() {
+        if let Some(task) = lock_unpoisoned(&self.task).take() {
             task.abort();
         }
     }
@@ -209,7 +215,7 @@ impl Session {
                 ))),
             };
         if let Ok(true) = alive {
-            let mut confirmed = lock(&self.confirmed);
+            let mut confirmed = lock_unpoisoned(&self.confirmed);
             *confirmed = (*confirmed).max(sent);
         }
         alive
@@ -222,14 +228,14 @@ impl Session {
         if self.is_dead() {
             return Duration::ZERO;
         }
-        (*lock(&self.confirmed) + self.ttl).saturating_duration_since(Instant::now())
+        (*lock_unpoisoned(&self.confirmed) + self.ttl).saturating_duration_since(Instant::now())
     }
 
     async fn ask_keep_alive(&self, sent: Instant, deadline: tokio::time::Instant) -> Result<bool> {
         let mut slot = self.stream.lock().await;
         // A keep-alive sent after this call began was confirmed while it
         // waited for the stream: that answer is this call's too.
-        if *lock(&self.confirmed) >= sent {
+        if *lock_unpoisoned(&self.confirmed) >= sent {
             return Ok(true);
         }
         // Out of the slot while it asks, back only once it has its answer:
@@ -291,6 +297,27 @@ impl Session {
     /// How many members the client knows.
     pub(crate) fn members(&self) -> usize {
         self.members
+    }
+
+    /// `txn` within the request timeout.
+    pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        let kv = self.kv();
+        retrying(self.request_timeout(), self.members(), || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
+    }
+
+    /// `txn`, which only reads, within the request timeout: asked again
+    /// of another member while the first cannot answer (see `asking`).
+    pub(crate) async fn read(&self, txn: Txn) -> Result<TxnResponse> {
+        let kv = self.kv();
+        asking(self.request_timeout(), self.members(), || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 
     /// Revokes the lease (its keys go at once), in the background.
@@ -451,6 +478,10 @@ pub(crate) fn lease_gone(e: &Error) -> bool {
     e.chain().contains("lease not found")
 }
 
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+/// The key-values of the `i`th answer of a transaction.
+pub(crate) fn got(resp: &TxnResponse, i: usize) -> Vec<KeyValue> {
+    match resp.op_responses().into_iter().nth(i) {
+        Some(TxnOpResponse::Get(g)) => g.kvs().to_vec(),
+        _ => Vec::new(),
+    }
 }

@@ -3,21 +3,12 @@
 //! that queues or leaves), from one watch on the name's prefix, as Go's
 //! `Election.Observe` watches it.
 
-use lockwright_core::backend::Watch;
+use lockwright_core::backend::{AbortOnDrop, Watch};
 use lockwright_core::{LockKey, Result};
 use tokio::sync::watch;
 
-use crate::backend::Inner;
 use crate::node::within;
-
-/// Ends the task that follows the watch when the observer lets it go.
-struct Following(tokio::task::AbortHandle);
-
-impl Drop for Following {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
+use crate::state::Inner;
 
 impl Inner {
     /// A watch on `key`'s prefix, made (the cluster answered that it
@@ -46,9 +37,10 @@ impl Inner {
                 }
             }
         });
+        // The task that follows the watch ends when the observer lets it go.
         Ok(Watch::new(
             rx,
-            Some(Box::new(Following(task.abort_handle()))),
+            Some(Box::new(AbortOnDrop::new(task.abort_handle()))),
         ))
     }
 }

@@ -3,7 +3,9 @@
 //! waiters stand in too, and watches only the delete of the key just
 //! before its own (from the revision it read it at, so a delete in
 //! between is not missed); each such delete wakes it to look again. A
-//! waiter that gives up deletes its key.
+//! waiter that gives up deletes its key. A waiter's record (`Waiter`, and
+//! its key in line, `Queued`) is kept with the backend's shared state, in
+//! `state.rs`.
 
 use std::sync::{Arc, Weak};
 
@@ -11,51 +13,13 @@ use etcd_client::{
     Compare, CompareOp, Event, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchOptions,
 };
-use lockwright_core::backend::{Acquire, Watch};
+use lockwright_core::backend::{lock_unpoisoned, Acquire, Watch};
 use lockwright_core::{Claim, LockKey, OwnerToken, Result};
 use tokio::sync::watch;
 
-use crate::backend::Inner;
 use crate::claims;
-use crate::node::{lock, Session};
-
-/// A subscribed waiter: its wake-ups, its key while it is in line, and
-/// the task watching its predecessor.
-pub(crate) struct Waiter {
-    tx: Arc<watch::Sender<u64>>,
-    queued: Option<Queued>,
-    watching: Option<tokio::task::AbortHandle>,
-}
-
-impl std::fmt::Debug for Waiter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Waiter")
-            .field("queued", &self.queued.as_ref().map(|q| &q.key))
-            .finish_non_exhaustive()
-    }
-}
-
-/// A waiter's key in line, made at `rev` on `session`'s lease.
-#[derive(Clone)]
-struct Queued {
-    key: String,
-    rev: i64,
-    session: Arc<Session>,
-}
-
-impl Queued {
-    fn same(&self, other: &Queued) -> bool {
-        self.key == other.key && self.rev == other.rev
-    }
-}
-
-impl Drop for Waiter {
-    fn drop(&mut self) {
-        if let Some(task) = self.watching.take() {
-            task.abort();
-        }
-    }
-}
+use crate::node::Session;
+use crate::state::{Inner, Queued, Waiter};
 
 /// Ends a waiter whose watch was dropped without giving up (the caller
 /// went away): its key goes, as if it gave up.
@@ -69,7 +33,7 @@ impl Drop for Subscribed {
         let Some(inner) = self.inner.upgrade() else {
             return;
         };
-        let Some(waiter) = lock(&inner.waiters).remove(&self.ticket) else {
+        let Some(waiter) = lock_unpoisoned(&inner.waiters).remove(&self.ticket) else {
             return;
         };
         if let (Some(q), Ok(rt)) = (waiter.queued.clone(), tokio::runtime::Handle::try_current()) {
@@ -87,7 +51,7 @@ impl Inner {
             queued: None,
             watching: None,
         };
-        lock(&self.waiters).insert(ticket.clone(), waiter);
+        lock_unpoisoned(&self.waiters).insert(ticket.clone(), waiter);
         let guard = Subscribed {
             inner: Arc::downgrade(self),
             ticket: ticket.clone(),
@@ -110,7 +74,7 @@ impl Inner {
             return self.beside(key, owner, writer).await;
         }
         let prefix = self.prefix(key);
-        let queued = lock(&self.waiters)
+        let queued = lock_unpoisoned(&self.waiters)
             .get(ticket)
             .and_then(|w| w.queued.clone());
         let queued = match queued {
@@ -144,7 +108,7 @@ impl Inner {
                     rev: mine,
                     session: attempt.session.clone(),
                 };
-                let mut waiters = lock(&self.waiters);
+                let mut waiters = lock_unpoisoned(&self.waiters);
                 let Some(w) = waiters.get_mut(ticket) else {
                     // It gave up meanwhile: the attempt's key goes.
                     return Ok(Acquire::Contended { retry_after: None });
@@ -161,7 +125,7 @@ impl Inner {
                 // the refusal is told (a caller that exits on it must not
                 // leave a key behind), if it is still this waiter's to take
                 // out (else a give-up or a dropped watch took it already).
-                let ours = match lock(&self.waiters).get_mut(ticket) {
+                let ours = match lock_unpoisoned(&self.waiters).get_mut(ticket) {
                     Some(w) if w.queued.as_ref().is_some_and(|x| x.same(&q)) => {
                         w.queued = None;
                         true
@@ -185,7 +149,7 @@ impl Inner {
                 return Ok(Acquire::Contended { retry_after: None });
             }
             {
-                let mut waiters = lock(&self.waiters);
+                let mut waiters = lock_unpoisoned(&self.waiters);
                 match waiters.get_mut(ticket) {
                     Some(w) if w.queued.as_ref().is_some_and(|x| x.same(&q)) => {
                         w.queued = None;
@@ -225,7 +189,7 @@ impl Inner {
 
     /// Wakes waiter `ticket` to ask again at once.
     fn wake(&self, ticket: &OwnerToken) {
-        if let Some(w) = lock(&self.waiters).get(ticket) {
+        if let Some(w) = lock_unpoisoned(&self.waiters).get(ticket) {
             w.tx.send_modify(|v| *v = v.wrapping_add(1));
         }
     }
@@ -233,11 +197,11 @@ impl Inner {
     /// Takes `q` out of line for waiter `ticket` if it still stands there
     /// with it (else its key is another path's to clean up).
     fn unqueue(&self, ticket: &OwnerToken, q: &Queued) {
-        let mut waiters = lock(&self.waiters);
+        let mut waiters = lock_unpoisoned(&self.waiters);
         if let Some(w) = waiters.get_mut(ticket) {
             if w.queued.as_ref().is_some_and(|x| x.same(q)) {
                 w.queued = None;
-                lock(&self.keys).remove(&q.key);
+                lock_unpoisoned(&self.keys).remove(&q.key);
             }
         }
     }
@@ -314,7 +278,10 @@ impl Inner {
         wakes: impl Fn(&Event) -> bool + Send + 'static,
     ) -> Result<()> {
         let mut client = self.node.client().await?;
-        let Some(tx) = lock(&self.waiters).get(ticket).map(|w| w.tx.clone()) else {
+        let Some(tx) = lock_unpoisoned(&self.waiters)
+            .get(ticket)
+            .map(|w| w.tx.clone())
+        else {
             return Ok(());
         };
         let task = tokio::spawn(async move {
@@ -328,7 +295,7 @@ impl Inner {
             // Woken, or the watch ended: look again either way.
             tx.send_modify(|v| *v = v.wrapping_add(1));
         });
-        if let Some(w) = lock(&self.waiters).get_mut(ticket) {
+        if let Some(w) = lock_unpoisoned(&self.waiters).get_mut(ticket) {
             if let Some(old) = w.watching.replace(task.abort_handle()) {
                 old.abort();
             }
@@ -342,7 +309,7 @@ impl Inner {
     /// background if the cluster does not answer (a key left in line would
     /// hold up everyone behind it while our lease lives).
     pub(crate) async fn give_up(&self, ticket: &OwnerToken) -> Result<()> {
-        let waiter = lock(&self.waiters).remove(ticket);
+        let waiter = lock_unpoisoned(&self.waiters).remove(ticket);
         let Some(q) = waiter.and_then(|w| w.queued.clone()) else {
             return Ok(());
         };
@@ -360,7 +327,7 @@ async fn leave_line_now(
     let task = tokio::spawn(async move {
         match delete_made(&q.session, &q.key, q.rev).await {
             Ok(()) => {
-                lock(&keys).remove(&q.key);
+                lock_unpoisoned(&keys).remove(&q.key);
                 Ok(())
             }
             Err(e) => {
@@ -381,7 +348,7 @@ async fn leave_line(keys: Arc<std::sync::Mutex<std::collections::HashSet<String>
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    lock(&keys).remove(&q.key);
+    lock_unpoisoned(&keys).remove(&q.key);
 }
 
 /// Deletes `key` if it is still the one made at `rev` on `session`'s

@@ -2,19 +2,18 @@
 //! keep-alive of the lease and one read of every key.
 
 use etcd_client::{KeyValue, Txn, TxnOp};
-use lockwright_core::backend::{Renew, RenewRequest};
+use lockwright_core::backend::{lock_unpoisoned, Renew, RenewRequest};
 use lockwright_core::Result;
 
-use crate::attempt::got;
-use crate::backend::{Hold, Inner};
-use crate::node::lock;
+use crate::node::got;
+use crate::state::{Hold, Inner};
 
 impl Inner {
     /// Every renewal of a batch in two round trips at once: one keep-alive
     /// of the lease, and one read of every key.
     pub(crate) async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
         let holds: Vec<Option<Hold>> = {
-            let held = lock(&self.held);
+            let held = lock_unpoisoned(&self.held);
             requests
                 .iter()
                 .map(|r| held.get(&(r.key.clone(), r.owner.clone())).cloned())

@@ -6,12 +6,13 @@
 use std::time::Duration;
 
 use etcd_client::{GetOptions, Txn, TxnOp};
+use lockwright_core::backend::lock_unpoisoned;
 use lockwright_core::{Claim, Holder, LockKey, LockStatus, Result};
 
-use crate::attempt::{first_created, got};
-use crate::backend::{fence, Inner};
 use crate::claims;
-use crate::node::{lock, within};
+use crate::layout::first_created;
+use crate::node::{got, within};
+use crate::state::{fence, Inner};
 
 impl Inner {
     pub(crate) async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
@@ -93,7 +94,7 @@ impl Inner {
     /// The holds this backend has on the key made at `rev` (1 for
     /// another's).
     fn holds_of(&self, key: &LockKey, rev: i64) -> u32 {
-        lock(&self.held)
+        lock_unpoisoned(&self.held)
             .iter()
             .filter(|((k, _), h)| k == key && h.rev == rev)
             .map(|(_, h)| h.holds)

@@ -1,5 +1,5 @@
 //! The memcached server's own clock, as groups read it for their
-//! holders' ends (see `group.rs`).
+//! holders' ends (see `claims.rs`).
 //!
 //! A group's holders end at times on the server's clock. It is read with
 //! the group, in the same round trip: the item

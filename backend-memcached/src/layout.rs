@@ -98,7 +98,7 @@ pub(crate) enum Tag {
 }
 
 /// One holder in a group, with its own lease: it ends when the server's
-/// clock ([`crate::group`]) reaches `end`.
+/// clock (see `clock.rs`) reaches `end`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Member {
     pub(crate) owner: String,
@@ -226,7 +226,7 @@ pub(crate) struct Item {
 pub(crate) enum Body {
     /// A mutex's (or writer's) holder.
     Lock(Holder),
-    /// Several holders: a semaphore's permits, or readers (`group.rs`).
+    /// Several holders: a semaphore's permits, or readers (`claims.rs`).
     Group(Group),
 }
 

@@ -97,8 +97,8 @@
 //! A name held by several holders (a semaphore's permits, readers) is
 //! still one item, holding the whole group, changed only by `cas` over
 //! the version read; each holder's lease ends at a time on the server's
-//! own clock, read in the same round trip (the group module has the
-//! layout and the clock).
+//! own clock, read in the same round trip (the claims module has the
+//! layout, and the clock module the clock).
 //!
 //! # Several servers
 //!
@@ -144,21 +144,22 @@
 //! any other is `<prefix>#` and the SHA-256 of the key in hex.
 
 mod backend;
+mod claims;
 mod clock;
 mod config;
 mod error;
-mod group;
 mod known;
 mod layout;
 mod node;
 mod rules;
+mod server;
 mod tls;
 mod wire;
 
 pub use backend::MemcachedBackend;
 pub use config::MemcachedConfig;
 
-use lockwright_core::backend::Scheme;
+use lockwright_core::backend::{Driver, Scheme, ServerUrl};
 
 /// The URL schemes this crate answers to.
 pub const SCHEMES: &[Scheme] = &[
@@ -177,4 +178,14 @@ pub fn open(
     url: &str,
 ) -> lockwright_core::Result<std::sync::Arc<dyn lockwright_core::backend::LockBackend>> {
     Ok(std::sync::Arc::new(MemcachedBackend::connect(url)?))
+}
+
+/// This crate's declaration for the facade's registry: its schemes, its
+/// opener, and which URLs must reach their servers directly (TLS checks
+/// the server's name, which a local proxy would stand in for).
+pub const DRIVER: Driver = Driver::new(SCHEMES, open).with_direct(checks_names);
+
+/// See [`DRIVER`].
+fn checks_names(url: &ServerUrl) -> bool {
+    url.scheme() == "memcaches"
 }

@@ -1,47 +1,33 @@
-//! [`Node`]: locks on one memcached server, as a lease backend (alone, or
-//! one vote of a quorum).
-//!
-//! As a quorum's vote, a node must answer within a bound of its own (the
-//! quorum waits for its slowest node, and a pool may have to wait for a
-//! connection and redial before it can send), and its `inspect` names the
-//! holder's owner token: the quorum counts statuses per owner, and
-//! statuses without one would merge different holders into one.
+//! [`Node`]: our connection to one memcached server (its pool of
+//! connections, the key prefix, the per-request budget) and what we keep
+//! of that server between requests: its clock as last read (`clock.rs`)
+//! and the CAS values of our own last writes ([`KnownCas`], for the fast
+//! paths of `known.rs`). The exchanges every other file builds on are
+//! here; what a lock, a group or a fast path does with them is above, in
+//! `server.rs`, `claims.rs`, `clock.rs` and `known.rs`.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use lockwright_core::backend::{
-    renew_one, Acquire, Capabilities, LockBackend, Release, Renew, RenewRequest,
-};
-use lockwright_core::{Claim, Error, LockKey, LockStatus, OwnerToken, Result, MAX_VALUE_LEN};
+use lockwright_core::backend::lock_unpoisoned;
+use lockwright_core::{Error, LockKey, OwnerToken, Result};
 use tokio::sync::watch;
 
 use crate::error::{self, unexpected};
-use crate::group::{GroupRenewal, GROUP_TRIES};
-use crate::known::{grant, KnownCas};
-use crate::layout::{encode, item_key, store_ttl, Body, Group, Holder, Item, CLOCK_LAG};
-use crate::wire::{self, Commands, Reply, Server};
-
-/// The shortest TTL: memcached counts whole seconds.
-pub(crate) const MIN_TTL: Duration = Duration::from_secs(2);
-/// How often a read-then-compare-and-write is tried again when the item
-/// changed in between (a re-entry or renewal racing another of ours).
-const CAS_TRIES: usize = 4;
-/// How often a waiter looks at most (see `Capabilities::max_poll`).
-const MAX_POLL: Duration = Duration::from_millis(10);
-/// The most renewals sent in one write.
-const MAX_PIPELINE: usize = 256;
+use crate::layout::{item_key, Body, Group, Holder, Item};
+use crate::wire::{Commands, Reply, Server};
 
 /// One memcached server.
 pub(crate) struct Node {
     pub(crate) server: Server,
     pub(crate) prefix: String,
-    timeout: Duration,
+    pub(crate) timeout: Duration,
     connect_timeout: Duration,
-    /// Bumped on every out-of-memory answer (see [`LockBackend::alarm`]).
-    alarm: Arc<watch::Sender<u64>>,
+    /// Bumped on every out-of-memory answer (see
+    /// [`LockBackend::alarm`](lockwright_core::backend::LockBackend::alarm)).
+    pub(crate) alarm: Arc<watch::Sender<u64>>,
     /// The server's clock as last read, and when (see `clock.rs`).
     pub(crate) clock: std::sync::Mutex<Option<(u64, std::time::Instant)>>,
     /// Our locks' last versions (see `known.rs`).
@@ -122,18 +108,6 @@ impl Node {
         self.full(message)
     }
 
-    /// `ttl` as memcached can store it: past 30 days an expiry is a Unix
-    /// time, which the server reads into 32 bits.
-    fn check_ttl(ttl: Duration) -> Result<()> {
-        if wire::fits(store_ttl(ttl)) {
-            Ok(())
-        } else {
-            Err(Error::invalid_options(format!(
-                "memcached cannot keep an item for {ttl:?}: its expiry would pass 2038"
-            )))
-        }
-    }
-
     /// An item from a `mg … v c t` reply; `None` on a miss.
     pub(crate) fn item(&self, k: &str, reply: Reply) -> Result<Option<Item>> {
         match reply {
@@ -161,383 +135,138 @@ impl Node {
         let reply = self.one(Commands::default().get(k)).await?;
         self.item(k, reply)
     }
-}
 
-// memcached has no notification and no queue: `watch` and
-// `try_acquire_waiting` keep the trait's defaults (waiters poll; an
-// attempt is an attempt), alone or as a quorum's node.
-#[async_trait]
-impl LockBackend for Node {
-    fn capabilities(&self) -> Capabilities {
-        // No fences: items can be evicted and the CAS counter restarts
-        // with the server (see the crate docs).
-        Capabilities::default()
-            .with_values(true)
-            .with_permits(true)
-            .with_shared(true)
-            .with_in_line(true)
-            // Waiters race each release: looking this often, each gets its share.
-            .with_max_poll(Some(MAX_POLL))
-            .with_min_ttl(MIN_TTL)
-            // Whole seconds, on a clock that may skip one.
-            .with_ttl_resolution(CLOCK_LAG)
+    /// [`Node::send`], and the connections opened when it was sent.
+    pub(crate) async fn send_noting(&self, commands: &Commands) -> Result<(Vec<Reply>, u64)> {
+        let (replies, opened) = self
+            .server
+            .exchange_noting(commands)
+            .await
+            .map_err(|f| error::wire(self.server.addr(), f))?;
+        if replies.len() != commands.len() {
+            return Err(Error::backend("memcached sent too few replies"));
+        }
+        Ok((replies, opened))
     }
 
-    /// Reachable, and keeping CAS values (see `Node::cas_kept`).
-    async fn verify(&self) -> Result<()> {
-        self.bounded(async {
-            match self.one(Commands::default().noop()).await? {
-                Reply::Noop => Ok(()),
-                other => Err(unexpected(&other)),
-            }
-        })
-        .await?;
-        self.cas_kept(self.timeout).await
-    }
-
-    /// `add`, and a read of the item in the same round trip. A lock held by
-    /// another owner is `Contended` whatever the server's memory: a full
-    /// server refuses new locks, never hands out a held one.
-    async fn try_acquire(
+    /// [`Node::send`] over one of the first `bound` connections opened,
+    /// if one is free (see `known.rs`); `None` if not.
+    pub(crate) async fn send_within(
         &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
-        Self::check_ttl(ttl)?;
-        let k = self.key(key);
-        if owner.claim() != Claim::MUTEX {
-            return self.bounded(self.group_acquire(key, &k, owner, ttl)).await;
+        commands: &Commands,
+        bound: u64,
+    ) -> Result<Option<(Vec<Reply>, u64)>> {
+        let sent = self
+            .server
+            .exchange_within(commands, bound)
+            .await
+            .map_err(|f| error::wire(self.server.addr(), f))?;
+        match sent {
+            Some((replies, _)) if replies.len() != commands.len() => {
+                Err(Error::backend("memcached sent too few replies"))
+            }
+            other => Ok(other),
         }
-        self.bounded(async {
-            for _ in 0..CAS_TRIES {
-                // The read rides with the `add`: our new item's CAS for a
-                // fast release, or the holder, in one round trip.
-                let mut c = Commands::default();
-                c.add(&k, &encode(owner, 1, owner.value()), store_ttl(ttl))
-                    .get(&k);
-                let (added, read, opened) = self.write_and_read(&c).await?;
-                let read = self.item(&k, read);
-                let full = match added {
-                    // Granted, whatever the read after it says.
-                    Reply::Stored => {
-                        let read = read.ok().flatten();
-                        self.known.note(&k, owner, 1, read.as_ref(), opened);
-                        return Ok(grant(1));
-                    }
-                    Reply::NotStored => None,
-                    Reply::OutOfMemory(m) => Some(m),
-                    other => return Err(unexpected(&other)),
-                };
-                let Some(item) = read? else {
-                    if let Some(m) = full {
-                        return Err(self.full_alarm(&m));
-                    }
-                    // Released (or expired) since our add found it held:
-                    // under contention it is taken again at once, so this
-                    // attempt's answer is "held", and the caller comes back.
-                    return Ok(Acquire::Contended { retry_after: None });
-                };
-                let holder = match item.body {
-                    Body::Lock(h) => h,
-                    // Permits or readers: their rules (a writer's mark).
-                    Body::Group(_) => return self.group_acquire(key, &k, owner, ttl).await,
-                };
-                if holder.owner != owner.as_str() {
-                    if let Some(m) = full {
-                        self.full_alarm(&m);
-                    }
-                    let retry_after = item.left.map(Duration::from_secs);
-                    return Ok(Acquire::Contended { retry_after });
-                }
-                // Re-entry: one more hold, and the lease extended; the
-                // value stays (a re-entry is no new grant).
-                let holds = holder.holds.saturating_add(1);
-                let mut c = Commands::default();
-                let data = encode(owner, holds, holder.value.as_deref());
-                c.cas(&k, &data, store_ttl(ttl), item.cas).get(&k);
-                let (stored, read, opened) = self.write_and_read(&c).await?;
-                match stored {
-                    Reply::Stored => {
-                        let read = self.item(&k, read).ok().flatten();
-                        self.known.note(&k, owner, holds, read.as_ref(), opened);
-                        return Ok(grant(holds));
-                    }
-                    Reply::Exists | Reply::NotFound => {}
-                    Reply::OutOfMemory(m) => return Err(self.full_alarm(&m)),
-                    other => return Err(unexpected(&other)),
-                }
-            }
-            Err(Error::unavailable(format!(
-                "the lock {key} kept changing under {CAS_TRIES} attempts"
-            )))
-        })
-        .await
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        let k = self.key(key);
-        if owner.claim() != Claim::MUTEX {
-            return self.bounded(self.group_release(key, &k, owner)).await;
+    /// A write and the `mg` sent after it in the same exchange: their
+    /// replies, and the connections opened when they were sent.
+    pub(crate) async fn write_and_read(&self, commands: &Commands) -> Result<(Reply, Reply, u64)> {
+        let (replies, opened) = self.send_noting(commands).await?;
+        let mut replies = replies.into_iter();
+        match (replies.next(), replies.next()) {
+            (Some(w), Some(r)) => Ok((w, r, opened)),
+            _ => Err(Error::backend("memcached sent too few replies")),
         }
-        self.bounded(async {
-            match self.release_known(&k, owner).await? {
-                Some(true) => return Ok(Release::Freed),
-                Some(false) => return Ok(Release::NotHeld),
-                None => {}
-            }
-            for _ in 0..CAS_TRIES {
-                let Some(item) = self.read(&k).await? else {
-                    return Ok(Release::NotHeld);
-                };
-                let holder = match item.body {
-                    Body::Lock(h) => h,
-                    // A writer that read beside its hold (a downgrade).
-                    Body::Group(_) => return self.group_release(key, &k, owner).await,
-                };
-                if holder.owner != owner.as_str() {
-                    return Ok(Release::NotHeld);
-                }
-                let last = holder.holds <= 1;
-                let mut c = Commands::default();
-                if last {
-                    c.delete(&k, item.cas);
-                } else {
-                    // One hold fewer; the lease left is kept, never shortened.
-                    let left = Duration::from_secs(item.left.unwrap_or(0));
-                    c.cas(
-                        &k,
-                        &encode(owner, holder.holds - 1, holder.value.as_deref()),
-                        store_ttl(left),
-                        item.cas,
-                    );
-                }
-                match self.one(&c).await? {
-                    Reply::Stored if last => return Ok(Release::Freed),
-                    Reply::Stored => return Ok(Release::StillHeld(holder.holds - 1)),
-                    Reply::NotFound => return Ok(Release::NotHeld),
-                    Reply::Exists => {} // changed in between: look again
-                    Reply::OutOfMemory(m) => return Err(self.full_alarm(&m)),
-                    other => return Err(unexpected(&other)),
-                }
-            }
-            Err(Error::unavailable(format!(
-                "the lock {key} kept changing under {CAS_TRIES} attempts"
-            )))
-        })
-        .await
     }
 
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        renew_one(self, key, owner, ttl).await
-    }
-
-    /// Every lease in two round trips, whatever their number: one write of
-    /// all the `mg` reads, then one of all the `cas` writes (the same value
-    /// again, with the new expiry, over the version read). `mg … T` would
-    /// touch without looking at the CAS, and could shorten another owner's
-    /// lease.
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        if requests.len() > MAX_PIPELINE {
-            // Every command is written before any reply is read: a huge
-            // batch would fill both sides' socket buffers and stall.
-            let mut out = Vec::with_capacity(requests.len());
-            for chunk in requests.chunks(MAX_PIPELINE) {
-                out.extend(self.renew_many(chunk).await);
-            }
-            return out;
-        }
-        let keys: Vec<String> = requests.iter().map(|r| self.key(&r.key)).collect();
-        let mut results: Vec<Option<Result<Renew>>> = requests
-            .iter()
-            .map(|r| Self::check_ttl(r.ttl).err().map(Err))
-            .collect();
-        self.renew_known(requests, &keys, &mut results).await;
-        let mut pending: Vec<usize> = (0..requests.len())
-            .filter(|&i| results[i].is_none())
-            .collect();
-        let run = async {
-            // A group's item has a writer per holder: tried more often.
-            let (mut tries, mut limit) = (0, CAS_TRIES);
-            while !pending.is_empty() && tries < limit {
-                tries += 1;
-                // The server's clock first, for the members of groups.
-                let mut reads = Commands::default();
-                reads.get(&self.clock_key());
-                for &i in &pending {
-                    reads.get(&keys[i]);
-                }
-                let mut replies = self.send(&reads).await?.into_iter();
-                // A clock item gone wrong fails only the groups' renewals.
-                let clock = self.clock_of(replies.next());
-                let mut writes = Commands::default();
-                let mut written: Vec<Vec<usize>> = Vec::new();
-                let mut groups = Vec::new();
-                for (&i, reply) in pending.iter().zip(replies) {
-                    let r = &requests[i];
-                    match self.item(&keys[i], reply) {
-                        Ok(Some(Item {
-                            body: Body::Lock(h),
-                            cas,
-                            ..
-                        })) if h.owner == r.owner.as_str() => {
-                            writes.cas(
-                                &keys[i],
-                                &encode(&r.owner, h.holds, h.value.as_deref()),
-                                store_ttl(r.ttl),
-                                cas,
-                            );
-                            written.push(vec![i]);
-                        }
-                        Ok(Some(Item {
-                            body: Body::Group(g),
-                            cas,
-                            ..
-                        })) => groups.push((i, g, cas)),
-                        Ok(_) => results[i] = Some(Ok(Renew::NotHeld)),
-                        Err(e) => results[i] = Some(Err(e)),
-                    }
-                }
-                if !groups.is_empty() {
-                    limit = GROUP_TRIES;
-                    let renewal = GroupRenewal {
-                        requests,
-                        keys: &keys,
-                        writes: &mut writes,
-                        written: &mut written,
-                        results: &mut results,
-                    };
-                    self.renew_groups(renewal, groups, clock).await;
-                }
-                pending.clear();
-                if written.is_empty() {
-                    break;
-                }
-                let replies = self.send(&writes).await?;
-                let mut full: Option<Error> = None;
-                for (each, reply) in written.into_iter().zip(replies) {
-                    let result = match reply {
-                        Reply::Stored => Some(Ok(Renew::Renewed)),
-                        Reply::NotFound => Some(Ok(Renew::NotHeld)),
-                        // Changed in between: read it again.
-                        Reply::Exists => {
-                            pending.extend(&each);
-                            None
-                        }
-                        Reply::OutOfMemory(m) => {
-                            Some(Err(full.get_or_insert_with(|| self.full(&m)).clone()))
-                        }
-                        other => Some(Err(unexpected(&other))),
-                    };
-                    for i in each {
-                        results[i] = result.clone();
-                    }
-                }
-            }
-            Ok(())
-        };
-        // A failed exchange, or no answer in time: every renewal not yet
-        // answered gets that error.
-        if let Err(e) = self.bounded(run).await {
-            for r in results.iter_mut().filter(|r| r.is_none()) {
-                *r = Some(Err(e.clone()));
-            }
-        }
-        results
-            .into_iter()
-            .zip(requests)
-            .map(|(r, q)| {
-                r.unwrap_or_else(|| {
-                    Err(Error::unavailable(format!(
-                        "the lock {} kept changing under {CAS_TRIES} attempts",
-                        q.key
-                    )))
-                })
-            })
-            .collect()
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
-        let k = self.key(key);
-        self.bounded(async {
-            Ok(match self.read(&k).await? {
-                None => LockStatus::free(),
-                Some(Item {
-                    body: Body::Lock(h),
-                    left,
-                    ..
-                }) => {
-                    // `t` seconds left means somewhere in (t − 2, t].
-                    let left = left.map(|s| Duration::from_secs(s.saturating_sub(2)));
-                    LockStatus::held(h.holds)
-                        .with_remaining(left)
-                        .with_owner(OwnerToken::from_string(h.owner).ok())
-                        .with_value(h.value)
-                }
-                Some(Item {
-                    body: Body::Group(_),
-                    ..
-                }) => self.group_status(&k).await?,
-            })
-        })
-        .await
-    }
-
-    /// The item read with its CAS, the owner checked, and the new value
-    /// stored over that version with the expiry it had (see
-    /// [`Commands::cas_keeping`]): the lease ends when it would have. A
-    /// renewal's `cas` landing in between makes ours `EXISTS`, and we read
-    /// again.
-    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
-        if value.len() > MAX_VALUE_LEN {
-            return Err(Error::invalid_options(format!(
-                "a leader's value is at most {MAX_VALUE_LEN} bytes, not {}",
-                value.len()
+    /// `Config` for a server run with `-C`: it answers 0 for every item's
+    /// CAS, so a renewal (a `cas` that must match) can never succeed and
+    /// every lock would end at its first TTL. Asked within `limit`, on its
+    /// own time: a proxy or an older server that does not answer `stats
+    /// settings` (in time) is let through, since no answer proves nothing.
+    pub(crate) async fn cas_kept(&self, limit: std::time::Duration) -> Result<()> {
+        let mut ask = Commands::default();
+        let settings = tokio::time::timeout(limit, self.one(ask.settings())).await;
+        if let Ok(Ok(Reply::CasEnabled(false))) = settings {
+            return Err(Error::config(format!(
+                "{} runs with CAS disabled (-C): a lock could never be renewed \
+                 (its renewal must match the item's CAS); start memcached without -C",
+                self.server.addr()
             )));
         }
-        let k = self.key(key);
-        self.bounded(async {
-            for _ in 0..CAS_TRIES {
-                // A group's members advertise nothing.
-                let Some(Item {
-                    body: Body::Lock(holder),
-                    cas,
-                    left,
-                }) = self.read(&k).await?
-                else {
-                    return Ok(Renew::NotHeld);
-                };
-                if holder.owner != owner.as_str() {
-                    return Ok(Renew::NotHeld);
-                }
-                let data = encode(owner, holder.holds, Some(value));
-                match self
-                    .one(Commands::default().cas_keeping(&k, &data, left, cas))
-                    .await?
-                {
-                    Reply::Stored => return Ok(Renew::Renewed),
-                    // Expired (or released) since the read.
-                    Reply::NotFound => return Ok(Renew::NotHeld),
-                    Reply::Exists => {} // changed in between: look again
-                    // Like a renewal's, it read its lock just before: no alarm.
-                    Reply::OutOfMemory(m) => return Err(self.full(&m)),
-                    other => return Err(unexpected(&other)),
-                }
+        Ok(())
+    }
+}
+
+/// What this client last wrote of one lock it holds.
+#[derive(Debug, Clone)]
+pub(crate) struct Known {
+    pub(crate) cas: u64,
+    pub(crate) holds: u32,
+    pub(crate) value: Option<Vec<u8>>,
+    /// The connections opened when it was written (see `known.rs`: a value
+    /// is used only over a connection at least that old).
+    pub(crate) opened: u64,
+}
+
+/// The most locks remembered; past it the map starts again, and the
+/// forgotten ones take the read-then-write path.
+const MOST: usize = 100_000;
+
+/// [`Known`] per (item key, owner).
+#[derive(Debug, Default)]
+pub(crate) struct KnownCas(Mutex<HashMap<(String, String), Known>>);
+
+impl KnownCas {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Known>> {
+        lock_unpoisoned(&self.0)
+    }
+
+    /// Takes what is known of `owner`'s lock at `k`.
+    pub(crate) fn take(&self, k: &str, owner: &OwnerToken) -> Option<Known> {
+        self.map()
+            .remove(&(k.to_owned(), owner.as_str().to_owned()))
+    }
+
+    pub(crate) fn put(&self, k: &str, owner: &OwnerToken, known: Known) {
+        let mut map = self.map();
+        if map.len() >= MOST {
+            map.clear();
+        }
+        map.insert((k.to_owned(), owner.as_str().to_owned()), known);
+    }
+
+    /// Remembers `read` (the `mg` sent right after our own write, in the
+    /// same exchange) if it is `owner`'s lock with `holds` holds.
+    pub(crate) fn note(
+        &self,
+        k: &str,
+        owner: &OwnerToken,
+        holds: u32,
+        read: Option<&Item>,
+        opened: u64,
+    ) {
+        match read {
+            Some(Item {
+                body: Body::Lock(h),
+                cas,
+                ..
+            // A server run with CAS off (`-C`) answers 0 for every item: a
+            // write over it would match anyone's.
+            }) if h.owner == owner.as_str() && h.holds == holds && *cas != 0 => self.put(
+                k,
+                owner,
+                Known {
+                    cas: *cas,
+                    holds,
+                    value: h.value.clone(),
+                    opened,
+                },
+            ),
+            _ => {
+                self.take(k, owner);
             }
-            Err(Error::unavailable(format!(
-                "the lock {key} kept changing under {CAS_TRIES} attempts"
-            )))
-        })
-        .await
-    }
-
-    /// Takes away the writer's mark `owner` left on readers, if any.
-    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, _ticket: &OwnerToken) -> Result<()> {
-        let k = self.key(key);
-        self.bounded(self.unmark(&k, owner)).await
-    }
-
-    fn alarm(&self) -> Option<watch::Receiver<u64>> {
-        Some(self.alarm.subscribe())
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! The rules of a claim on a group (see `group.rs`): who joins, who waits
+//! The rules of a claim on a group (see `claims.rs`): who joins, who waits
 //! and leaves a mark, and who is refused as asking for something else.
 
 use std::time::Duration;

@@ -10,11 +10,12 @@
 //! (see the crate docs, "A full server"): `add` and `cas` (classic
 //! commands, which leave the item alone when they cannot allocate; the meta
 //! `ms` unlinks it), `mg`, `md` and `stats` (which allocate nothing; the
-//! last reads the server's clock for groups, see `group.rs`) and `mn`.
+//! last reads the server's clock for groups, see `clock.rs`) and `mn`.
 
 use std::io;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use lockwright_core::backend::lock_unpoisoned;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
@@ -391,7 +392,7 @@ impl Server {
     /// An idle connection still fit for use, if any, opened no later than
     /// the `bound`th.
     fn idle(&self, bound: u64) -> Option<Conn> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = lock_unpoisoned(&self.idle);
         while let Some(at) = idle.iter().rposition(|c| c.serial <= bound) {
             let mut c = idle.swap_remove(at);
             if c.reusable() {
@@ -447,10 +448,7 @@ impl Server {
     ) -> std::result::Result<Vec<Reply>, Failure> {
         match tokio::time::timeout(self.timeout, conn.exchange(commands)).await {
             Ok(Ok(replies)) => {
-                self.idle
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(conn);
+                lock_unpoisoned(&self.idle).push(conn);
                 Ok(replies)
             }
             Ok(Err(e)) => Err(Failure::Broken(e)),

@@ -94,7 +94,7 @@ async fn take_once_expired(b: &MemcachedBackend, key: &LockKey, owner: &OwnerTok
 }
 
 /// The line that keeps a CAS of 0 out of the fast paths is in
-/// backend-memcached/src/known.rs, `KnownCas::note` (line 89):
+/// backend-memcached/src/node.rs, `KnownCas::note` (line 257):
 ///     }) if h.owner == owner.as_str() && h.holds == holds && *cas != 0 => self.put(
 /// Remove `&& *cas != 0` to see this fail: A's grant is then remembered
 /// with CAS 0 (the `mg` sent with its `add` answers `c0`), and once B

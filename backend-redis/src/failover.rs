@@ -64,7 +64,7 @@ fn overdue(what: &str, start: Instant) -> Result<()> {
 /// `redis+cluster://` (nor their `rediss+` forms); `Config` for a TLS
 /// file that cannot be used; `Unavailable` when no failover could be made or
 /// it did not finish within a minute.
-pub async fn failover(url: &str) -> Result<String> {
+pub(crate) async fn failover(url: &str) -> Result<String> {
     let config = RedisConfig::from_url(url)?;
     // A TLS file that cannot be used is `Config` now, not a minute of
     // connections that fail below (which skip a server that refuses).

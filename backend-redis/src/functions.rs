@@ -1,7 +1,7 @@
 //! The Lua functions shared by the scripts that can take or free a lock
-//! (see [`scripts`](crate::scripts)): the string form's parsing and its
-//! turn into the hash form, the grant, the hand-off to the queue's head,
-//! and the drop of a hold. [`group`](crate::group)'s functions are
+//! (see `scripts.rs`, which puts them together): the string form's parsing
+//! and its turn into the hash form, the grant, the hand-off to the queue's
+//! head, and the drop of a hold. [`claims`](crate::claims)'s functions are
 //! defined between the two parts, since each part calls into the other.
 
 /// Shared by the scripts that can free or take a lock, after their fast
@@ -104,7 +104,7 @@ end
 
 ";
 
-/// The rest of [`COMMON`], after the group's functions (see [`group`](crate::group)).
+/// The rest of [`COMMON`], after the group's functions (see [`claims`](crate::claims)).
 pub(crate) const COMMON_TAIL: &str = r"
 -- The lock is free: take it for the longest live waiter, unless that is
 -- `me`; a claim waiter's group then takes the waiters behind it that join

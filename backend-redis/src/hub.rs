@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
-use lockwright_core::backend::{Grant, Watch};
+use lockwright_core::backend::{lock_unpoisoned, Grant, Watch};
 use lockwright_core::{Error, FencingToken, OwnerToken, Result};
 use redis::aio::PubSubSink;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -62,8 +62,8 @@ impl Source {
 }
 
 /// The waiters of one backend by ticket, each told its grant on its
-/// own channel: shared by the [`Hub`] and a Cluster's
-/// [`Shards`](crate::shards::Shards).
+/// own channel: shared by the [`Hub`] and a Cluster's `Shards`
+/// (`shards.rs`).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Tickets(Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Grant>>>>);
 
@@ -71,7 +71,7 @@ impl Tickets {
     /// A watch on the grants to `ticket`; dropping it unregisters it.
     pub(crate) fn register(&self, ticket: &OwnerToken) -> Watch {
         let (tx, rx) = mpsc::unbounded_channel();
-        lock(&self.0).insert(ticket.as_str().to_owned(), tx);
+        lock_unpoisoned(&self.0).insert(ticket.as_str().to_owned(), tx);
         let registration = Registration {
             ticket: ticket.as_str().to_owned(),
             tickets: Arc::downgrade(&self.0),
@@ -90,7 +90,7 @@ impl Tickets {
         ) else {
             return;
         };
-        let sender = lock(&self.0).get(ticket).cloned();
+        let sender = lock_unpoisoned(&self.0).get(ticket).cloned();
         if let Some(s) = sender {
             let _ = s.send(Grant {
                 fence: Some(FencingToken(fence)),
@@ -159,10 +159,6 @@ impl std::fmt::Debug for HubConn {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Unregisters a ticket when its watch is dropped.
 struct Registration {
     ticket: String,
@@ -172,7 +168,7 @@ struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         if let Some(t) = self.tickets.upgrade() {
-            lock(&t).remove(&self.ticket);
+            lock_unpoisoned(&t).remove(&self.ticket);
         }
     }
 }
@@ -255,7 +251,7 @@ impl Hub {
         let mut conn = shared.conn.lock().await;
         let c = shared.live(&mut conn).await?;
         let number = c.number;
-        let existing = lock(&shared.changes)
+        let existing = lock_unpoisoned(&shared.changes)
             .get(&channel)
             .filter(|(n, _)| *n == number)
             .map(|(_, tx)| tx.subscribe());
@@ -275,7 +271,7 @@ impl Hub {
                     Err(_) => return Err(Error::unavailable("pub/sub subscribe timed out")),
                 }
                 let (tx, rx) = watch::channel(0);
-                lock(&shared.changes).insert(channel.clone(), (number, tx));
+                lock_unpoisoned(&shared.changes).insert(channel.clone(), (number, tx));
                 // The reader clears a dead connection's channels after
                 // marking it dead: one inserted since is cleared here.
                 if !c.alive.load(Ordering::SeqCst) {
@@ -310,7 +306,7 @@ impl Shared {
     /// Drops the lock channels subscribed on connection `number`, which
     /// ends their observers' watches.
     fn forget(&self, number: u64) {
-        lock(&self.changes).retain(|_, (n, _)| *n != number);
+        lock_unpoisoned(&self.changes).retain(|_, (n, _)| *n != number);
     }
 
     /// Leaves `channel` if nobody observes it any more: no observer's
@@ -319,7 +315,7 @@ impl Shared {
     async fn leave(&self, channel: &str) {
         let conn = self.conn.lock().await;
         let idle = {
-            let mut changes = lock(&self.changes);
+            let mut changes = lock_unpoisoned(&self.changes);
             let idle = changes
                 .get(channel)
                 .is_none_or(|(_, tx)| tx.receiver_count() == 0);
@@ -358,7 +354,7 @@ impl Shared {
         }
         // No lock channel of an earlier connection is subscribed on this
         // one (and none is subscribed anew without the lock held here).
-        lock(&self.changes).clear();
+        lock_unpoisoned(&self.changes).clear();
         let alive = Arc::new(AtomicBool::new(true));
         let flag = alive.clone();
         let (stop, mut stopped) = oneshot::channel::<()>();
@@ -383,7 +379,9 @@ impl Shared {
                 if msg.get_channel_name() == own {
                     let payload: String = msg.get_payload().unwrap_or_default();
                     shared.tickets.granted(&payload);
-                } else if let Some((_, tx)) = lock(&shared.changes).get(msg.get_channel_name()) {
+                } else if let Some((_, tx)) =
+                    lock_unpoisoned(&shared.changes).get(msg.get_channel_name())
+                {
                     tx.send_modify(|v| *v = v.wrapping_add(1));
                 }
             }

@@ -15,7 +15,7 @@
 //!     in this form.
 //!   - **held by a group** (semaphore permits, read holds) is the hash
 //!     form too, with `~k` the group's kind and a field per member: see
-//!     [`group`](crate::group). A semaphore's **lone permit** (one
+//!     `claims.rs`. A semaphore's **lone permit** (one
 //!     permit, nobody queued) is the string form with the kind after the
 //!     fence, `<owner> <s> <µs> p<N>` (`0 0` for an unfenced one), taken
 //!     by `SET NX PX` and freed by `DEL` as the lock is; the next claim on
@@ -95,8 +95,7 @@ impl Keys {
     }
 
     /// The channel on which, on a Cluster, the scripts publish the grants
-    /// of this lock to its waiters (sharded pub/sub: see
-    /// [`shards`](crate::shards)).
+    /// of this lock to its waiters (sharded pub/sub: see `shards.rs`).
     pub(crate) fn grants(&self) -> String {
         format!("{}:grants", self.all[0])
     }
@@ -123,7 +122,7 @@ fn open(cluster: bool) -> &'static str {
 /// Reads a lock without changing it. KEYS: lock, queue, waiters. Answers
 /// `{holds, fence or -1, pttl ms, queued, owner, value or false, kind,
 /// members}`; a free lock has 0 holds and an empty owner. (`false`, since a
-/// nil would end the reply early.) A group (see [`group`](crate::group)) has its kind (-1
+/// nil would end the reply early.) A group (see `claims.rs`) has its kind (-1
 /// readers, N permits; 0 for a mutex) and its live members, each `{owner,
 /// holds, fence, ms left, 1 for a downgraded writer's exclusive hold}`.
 pub(crate) const INSPECT: &str = r"

@@ -241,13 +241,15 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
+mod claims;
 mod config;
 mod conn;
 mod error;
 mod failover;
 mod functions;
-mod group;
 mod hub;
+#[cfg(feature = "internals")]
+pub mod internals;
 mod layout;
 mod node;
 mod redlock;
@@ -256,86 +258,14 @@ mod sentinel;
 mod shards;
 mod tls;
 
-/// The key layout and the scripts themselves, for benchmarks that send the
-/// same scripts raw as the floor of this scheme, and for fault tests. Only
-/// with the `internals` feature, and outside semver: they change with the
-/// layout.
-#[cfg(feature = "internals")]
-pub mod internals {
-    use std::sync::Arc;
-
-    use lockwright_core::backend::{LockBackend, Quorum};
-    use lockwright_core::{LockKey, Result};
-    use redis::Script;
-
-    /// The Redis keys of `key` under `prefix`: lock, queue, waiters, in the
-    /// order the scripts take them.
-    pub fn key_names(prefix: &str, key: &LockKey) -> [String; 3] {
-        crate::layout::Keys::new(prefix, key, false).names().clone()
-    }
-
-    /// The acquire script (KEYS: [`key_names`]; ARGV: owner, TTL in ms);
-    /// answers the bare fence for a fresh grant.
-    pub fn acquire_script(fenced: bool) -> &'static Script {
-        crate::scripts::acquire(fenced)
-    }
-
-    /// The release script (KEYS: [`key_names`]; ARGV: owner); answers the
-    /// holds left, or a negative number when the owner did not hold it.
-    pub fn release_script(fenced: bool) -> &'static Script {
-        crate::scripts::release(fenced)
-    }
-
-    /// The contract's kind for a driver error, as every request maps it:
-    /// for the tests that classify each error a failover can give.
-    pub fn map_error(e: redis::RedisError) -> lockwright_core::Error {
-        crate::error::map_err(e)
-    }
-
-    /// Shifts the fencing tokens' clock of `backend` by `secs` seconds
-    /// (negative: behind), as a primary whose clock is behind would: for
-    /// the tests of tokens across a failover.
-    pub fn skew_clock(backend: &crate::RedisBackend, secs: i64) {
-        backend.node().skew_clock(secs);
-    }
-
-    /// Redlock's nodes for a `redis+redlock://` URL, one lease backend per
-    /// master, for fault tests that wrap each node before building the
-    /// quorum with [`redlock_over`].
-    ///
-    /// # Errors
-    /// `Config` for a bad URL.
-    pub fn redlock_nodes(url: &str) -> Result<Vec<Arc<dyn LockBackend>>> {
-        let config = crate::RedisConfig::from_url(url)?;
-        Ok(crate::redlock::RedlockBackend::nodes(&config)?
-            .into_iter()
-            .map(|n| Arc::new(n) as Arc<dyn LockBackend>)
-            .collect())
-    }
-
-    /// Redlock's quorum, as [`RedlockBackend::connect`](crate::RedlockBackend::connect)
-    /// builds it for `url`, over `nodes` (from [`redlock_nodes`], wrapped).
-    ///
-    /// # Errors
-    /// `Config` for a bad URL or no nodes.
-    pub fn redlock_over(
-        url: &str,
-        nodes: Vec<Arc<dyn LockBackend>>,
-    ) -> Result<Quorum<Arc<dyn LockBackend>>> {
-        let config = crate::RedisConfig::from_url(url)?;
-        crate::redlock::RedlockBackend::quorum_over(&config, nodes)
-    }
-}
-
 pub use backend::RedisBackend;
 pub use config::RedisConfig;
-pub use failover::failover;
 pub use lockwright_core::backend::TlsFiles;
 pub use redlock::RedlockBackend;
 
 use std::sync::Arc;
 
-use lockwright_core::backend::{LockBackend, Scheme};
+use lockwright_core::backend::{Driver, LockBackend, Scheme, ServerUrl};
 
 /// The URL schemes this crate answers to.
 pub const SCHEMES: &[Scheme] = &[
@@ -362,4 +292,20 @@ pub fn open(url: &str) -> lockwright_core::Result<Arc<dyn LockBackend>> {
     } else {
         Arc::new(RedisBackend::connect(url)?)
     })
+}
+
+/// This crate's declaration for the facade's registry: its schemes, its
+/// opener, which URLs must reach their servers directly (TLS checks the
+/// server's name; sentinels and a Cluster's nodes name the servers the
+/// client goes to next), and the failover a fault run may make.
+pub const DRIVER: Driver = Driver::new(SCHEMES, open)
+    .with_direct(reaches_servers_directly)
+    .with_failover(|url| Box::pin(async move { failover::failover(&url).await }));
+
+/// See [`DRIVER`].
+fn reaches_servers_directly(url: &ServerUrl) -> bool {
+    matches!(
+        url.scheme(),
+        "rediss" | "redis+sentinel" | "rediss+sentinel" | "redis+cluster" | "rediss+cluster"
+    )
 }

@@ -11,10 +11,10 @@ use redis::cluster::ClusterClient;
 use redis::cluster_routing::Slot;
 use tokio::sync::OnceCell;
 
+use crate::claims;
 use crate::config::SentinelConfig;
 use crate::conn::{Connector, Link, Target};
 use crate::error::bad_url;
-use crate::group;
 use crate::hub::{Hub, Source};
 use crate::layout::Keys;
 use crate::scripts;
@@ -278,7 +278,7 @@ impl Node {
             let mut call = keys.call(&script);
             call.arg(owner.as_str()).arg(ms(ttl));
             if claim != Claim::MUTEX {
-                call.arg(group::kind(claim))
+                call.arg(claims::kind(claim))
                     .arg(owner.writer().unwrap_or(""));
             }
             if let Some(w) = waiter {
@@ -294,8 +294,8 @@ impl Node {
             }
             let (reply, acked): (AcquireReply, _) = self.conn.run(&mut link, &call, true).await?;
             let answer = match reply {
-                AcquireReply::First(fence) => group::answer(key, claim, &[1, fence, 1]),
-                AcquireReply::Full(v) => group::answer(key, claim, &v),
+                AcquireReply::First(fence) => claims::answer(key, claim, &[1, fence, 1]),
+                AcquireReply::Full(v) => claims::answer(key, claim, &v),
             }?;
             if let (Acquire::Acquired { .. }, Err(short)) =
                 (&answer, self.conn.replicated("the grant", acked))
@@ -463,7 +463,7 @@ impl Node {
             let (holds, fence, pttl, queued, owner, value, kind, members) = reply;
             let queued = Some(u32::try_from(queued).unwrap_or(u32::MAX));
             if kind != 0 {
-                return Ok(group::status(kind, members).with_waiters(queued));
+                return Ok(claims::status(kind, members).with_waiters(queued));
             }
             if holds <= 0 {
                 return Ok(LockStatus::free().with_waiters(queued));
@@ -502,7 +502,7 @@ type InspectReply = (
     String,
     Option<Vec<u8>>,
     i64,
-    Vec<group::Member>,
+    Vec<claims::Member>,
 );
 
 /// The acquire script's answer: the bare fence of a first hold taken in the

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockwright_core::backend::{
-    renew_one, Acquire, Capabilities, LockBackend, Quorum, Release, Renew, RenewRequest, Watch,
+    renew_one, AbortOnDrop, Acquire, Capabilities, LockBackend, Quorum, Release, Renew,
+    RenewRequest, Watch,
 };
 use lockwright_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
@@ -71,7 +72,7 @@ impl LockBackend for QuorumNode {
             .await
     }
 
-    /// A writer giving up takes its mark away (see `group`).
+    /// A writer giving up takes its mark away (see `claims.rs`).
     async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
         self.node
             .abandon(&Keys::new(&self.prefix, key, false), owner, ticket)
@@ -121,15 +122,6 @@ impl LockBackend for QuorumNode {
     }
 }
 
-/// Ends the task that merges the nodes' notices when its watch is dropped.
-struct Merging(tokio::task::AbortHandle);
-
-impl Drop for Merging {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// One watch that wakes on any node's notice: an observer reads the quorum
 /// again on each, so a node that announced a change the quorum does not
 /// have yet costs one read. A change is made on at least a quorum of
@@ -171,9 +163,10 @@ async fn merged<B: LockBackend>(quorum: &Quorum<B>, key: &LockKey) -> Result<Opt
             }
         }
     });
+    // The task that merges the nodes' notices ends when its watch is dropped.
     Ok(Some(Watch::new(
         rx,
-        Some(Box::new(Merging(task.abort_handle()))),
+        Some(Box::new(AbortOnDrop::new(task.abort_handle()))),
     )))
 }
 

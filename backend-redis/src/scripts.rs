@@ -45,10 +45,11 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
+use lockwright_core::backend::lock_unpoisoned;
 use redis::Script;
 
+use crate::claims;
 use crate::functions::{COMMON, COMMON_TAIL};
-use crate::group;
 
 /// The common case of [`ACQUIRE`], run before [`COMMON`] defines its
 /// functions: Redis runs the whole script body on every call, and making
@@ -381,7 +382,7 @@ impl Variants {
     /// arguments: every argument costs the server on every call.
     fn make(&self, fenced: bool, shift: Shift) -> Script {
         let common = if self.common {
-            [COMMON, group::GROUP, COMMON_TAIL, group::GROUP_TAIL].concat()
+            [COMMON, claims::GROUP, COMMON_TAIL, claims::GROUP_TAIL].concat()
         } else {
             String::new()
         };
@@ -410,7 +411,7 @@ impl Variants {
         if shift == Shift::Const(0) || !fenced {
             return Scripted::Plain(self.get(fenced));
         }
-        let mut shifted = self.shifted.lock().unwrap_or_else(|e| e.into_inner());
+        let mut shifted = lock_unpoisoned(&self.shifted);
         if let Some((_, _, s)) = shifted.iter().find(|(f, n, _)| *f == fenced && *n == shift) {
             return Scripted::Shifted(s.clone());
         }
@@ -428,7 +429,7 @@ static ACQUIRE_VALUED_SCRIPT: Variants = Variants::new(ACQUIRE_VALUED_FAST, ACQU
 static PROCLAIM_SCRIPT: Variants = Variants::new("", PROCLAIM, true);
 static RELEASE_SCRIPT: Variants = Variants::new(RELEASE_FAST, RELEASE, true);
 static CLAIM_ACQUIRE_SCRIPT: Variants =
-    Variants::new(group::CLAIM_ACQUIRE_FAST, group::CLAIM_ACQUIRE, true);
+    Variants::new(claims::CLAIM_ACQUIRE_FAST, claims::CLAIM_ACQUIRE, true);
 static ABANDON_SCRIPT: Variants = Variants::new("", ABANDON, true);
 static RENEW_SCRIPT: Variants = Variants::new("", RENEW, false);
 static INSPECT_SCRIPT: Variants = Variants::new("", crate::layout::INSPECT, false);
@@ -457,7 +458,7 @@ pub(crate) fn acquire_valued_at(fenced: bool, shift: Shift) -> Scripted {
     ACQUIRE_VALUED_SCRIPT.at(fenced, shift)
 }
 
-/// The acquire script of a permit or a read hold (see [`group::CLAIM_ACQUIRE`]).
+/// The acquire script of a permit or a read hold (see [`claims::CLAIM_ACQUIRE`]).
 pub(crate) fn claim_acquire_at(fenced: bool, shift: Shift) -> Scripted {
     CLAIM_ACQUIRE_SCRIPT.at(fenced, shift)
 }

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
-use lockwright_core::backend::HostPort;
+use lockwright_core::backend::{lock_unpoisoned, HostPort};
 use lockwright_core::{Error, Result};
 use redis::aio::MultiplexedConnection;
 use redis::{RedisError, RedisResult, TlsCertificates};
@@ -94,7 +94,7 @@ pub(crate) struct Sentinel {
 
 impl std::fmt::Debug for Sentinel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let current = lock(&self.current)
+        let current = lock_unpoisoned(&self.current)
             .as_ref()
             .map(|p| (p.addr.to_string(), p.epoch));
         f.debug_struct("Sentinel")
@@ -102,10 +102,6 @@ impl std::fmt::Debug for Sentinel {
             .field("current", &current)
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Whether `e` says the primary may have moved (see the module docs).
@@ -164,7 +160,7 @@ impl Sentinel {
 
     /// The primary in use, resolved if there is none.
     pub(crate) async fn primary(&self) -> Result<Arc<Primary>> {
-        if let Some(p) = lock(&self.current).clone() {
+        if let Some(p) = lock_unpoisoned(&self.current).clone() {
             return Ok(p);
         }
         self.listen();
@@ -179,7 +175,7 @@ impl Sentinel {
             listening.wait_for(|n| *n >= all),
         )
         .await;
-        if let Some(p) = lock(&self.current).clone() {
+        if let Some(p) = lock_unpoisoned(&self.current).clone() {
             return Ok(p);
         }
         // A failover announced while the sentinels were asked may have
@@ -188,7 +184,7 @@ impl Sentinel {
         for _ in 0..3 {
             let seen = self.forgets.load(Ordering::SeqCst);
             let p = Arc::new(self.resolve().await?);
-            let mut current = lock(&self.current);
+            let mut current = lock_unpoisoned(&self.current);
             if self.forgets.load(Ordering::SeqCst) == seen {
                 *current = Some(p.clone());
                 return Ok(p);
@@ -202,7 +198,7 @@ impl Sentinel {
 
     /// Whether `generation` is the primary in use.
     pub(crate) fn is_current(&self, generation: u64) -> bool {
-        lock(&self.current)
+        lock_unpoisoned(&self.current)
             .as_ref()
             .is_some_and(|p| p.generation == generation)
     }
@@ -210,7 +206,7 @@ impl Sentinel {
     /// Drops the primary of `generation` if it is still the one in use:
     /// the next request asks the sentinels again.
     pub(crate) fn forget(&self, generation: u64) {
-        let mut current = lock(&self.current);
+        let mut current = lock_unpoisoned(&self.current);
         if current.as_ref().is_some_and(|p| p.generation == generation) {
             *current = None;
             self.forgets.fetch_add(1, Ordering::SeqCst);
@@ -219,7 +215,7 @@ impl Sentinel {
 
     /// Drops the primary in use, whichever it is.
     fn forget_any(&self) {
-        let mut current = lock(&self.current);
+        let mut current = lock_unpoisoned(&self.current);
         *current = None;
         self.forgets.fetch_add(1, Ordering::SeqCst);
     }

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use lockwright_core::backend::Watch;
+use lockwright_core::backend::{lock_unpoisoned, Watch};
 use lockwright_core::{Error, OwnerToken, Result};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -33,10 +33,6 @@ const NO_HUB: &str = "-";
 /// A grant channel not asked for this long is left, at the least (a
 /// waiter asks at each refresh of its place: see [`Shards::new`]).
 const IDLE: Duration = Duration::from_secs(30);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Where a backend hears of grants and changes.
 #[derive(Debug)]
@@ -180,7 +176,7 @@ impl Shards {
             Ok(r) => r.map_err(map_err)?,
             Err(_) => return Err(Error::unavailable("Cluster pub/sub: connect timed out")),
         };
-        if let Some(rx) = lock(&self.shared.pushes).take() {
+        if let Some(rx) = lock_unpoisoned(&self.shared.pushes).take() {
             tokio::spawn(read(rx, Arc::downgrade(&self.shared)));
         }
         *conn = Some(c.clone());
@@ -192,7 +188,7 @@ impl Shards {
     async fn subscribed(&self, channel: String) -> Result<()> {
         let now = Instant::now();
         let idle: Vec<String> = {
-            let mut st = lock(&self.shared.state);
+            let mut st = lock_unpoisoned(&self.shared.state);
             if let Some(at) = st.grants.get_mut(&channel) {
                 *at = now;
                 return Ok(());
@@ -215,13 +211,13 @@ impl Shards {
         let mut c = match self.conn().await {
             Ok(c) => c,
             Err(e) => {
-                lock(&self.shared.state).grants.remove(&channel);
+                lock_unpoisoned(&self.shared.state).grants.remove(&channel);
                 return Err(e);
             }
         };
         self.leave(&mut c, &idle).await;
         if let Err(e) = self.subscribe(&mut c, &channel).await {
-            lock(&self.shared.state).grants.remove(&channel);
+            lock_unpoisoned(&self.shared.state).grants.remove(&channel);
             return Err(e);
         }
         Ok(())
@@ -249,7 +245,7 @@ impl Shards {
     /// observer watches any more are left on the way.
     async fn changes(&self, channel: String) -> Result<Watch> {
         let unwatched: Vec<String> = {
-            let mut st = lock(&self.shared.state);
+            let mut st = lock_unpoisoned(&self.shared.state);
             if let Some(tx) = st.changes.get(&channel) {
                 return Ok(Watch::new(tx.subscribe(), None));
             }
@@ -267,7 +263,7 @@ impl Shards {
         let mut c = self.conn().await?;
         self.leave(&mut c, &unwatched).await;
         self.subscribe(&mut c, &channel).await?;
-        let mut st = lock(&self.shared.state);
+        let mut st = lock_unpoisoned(&self.shared.state);
         let tx = st
             .changes
             .entry(channel)
@@ -292,7 +288,7 @@ async fn read(mut rx: mpsc::UnboundedReceiver<PushInfo>, shared: Weak<Shared>) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        let mut st = lock(&shared.state);
+        let mut st = lock_unpoisoned(&shared.state);
         match info.kind {
             PushKind::SMessage => {
                 let (Some(channel), Some(payload)) = (text(&info, 0), text(&info, 1)) else {

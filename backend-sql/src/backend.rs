@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockwright_core::backend::{
-    Acquire, Capabilities, LockBackend, Release, Renew, RenewRequest, Watch,
+    lock_unpoisoned, Acquire, Capabilities, LockBackend, Release, Renew, RenewRequest, Watch,
 };
 use lockwright_core::{Claim, Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
 use tokio::sync::OnceCell;
@@ -101,7 +101,7 @@ impl SqlBackend {
             &scope,
             &config.table,
             #[cfg(feature = "postgres")]
-            crate::node::listener(&config)?,
+            crate::listen::listener(&config)?,
         );
         // For SQLite the scope is the file's absolute path.
         let file = (config.dialect == Dialect::Sqlite).then(|| std::path::PathBuf::from(&scope));
@@ -224,7 +224,7 @@ impl SqlBackend {
         let every = self.sweep_every();
         let now = std::time::Instant::now();
         {
-            let mut last = self.inner.swept.lock().unwrap_or_else(|e| e.into_inner());
+            let mut last = lock_unpoisoned(&self.inner.swept);
             if last.is_some_and(|t| now.duration_since(t) < every) {
                 return;
             }
@@ -270,7 +270,7 @@ impl SqlBackend {
     }
 
     fn marks(&self) -> std::sync::MutexGuard<'_, HashSet<(LockKey, String)>> {
-        self.inner.marked.lock().unwrap_or_else(|e| e.into_inner())
+        lock_unpoisoned(&self.inner.marked)
     }
 }
 

@@ -38,8 +38,7 @@ use lockwright_core::{Claim, LockKey, OwnerToken, Result};
 
 use crate::claims_sql::{bound, ClaimsSql};
 use crate::error::map_err;
-use crate::layout::{classify, lone_holder, permits_of, Name, NameRow, PERMITS, SHARED};
-use crate::lease::granted;
+use crate::layout::{classify, granted, lone_holder, permits_of, Name, NameRow, PERMITS, SHARED};
 use crate::node::Pool;
 use crate::queries::ttl_ms;
 

@@ -1,5 +1,6 @@
 //! Where a lock lives in the database: the lease table's columns in each
-//! dialect, and a key's name as a lease row and as a session lock.
+//! dialect, a key's name as a lease row and as a session lock, and what a
+//! granted row's columns say (its fence and holds).
 //!
 //! Every dialect keeps the same columns. `key_hash` is the SHA-256 of the
 //! key, so any key up to 1024 bytes fits a fixed-width unique key and none
@@ -33,7 +34,8 @@
 //! A session lock has no row: its name on the server is a hash of the
 //! table name (so that locks of different tables never meet) and the key.
 
-use lockwright_core::LockKey;
+use lockwright_core::backend::{Acquire, Grant};
+use lockwright_core::{FencingToken, LockKey};
 use sha2::{Digest, Sha256};
 
 use crate::config::Dialect;
@@ -93,6 +95,16 @@ pub(crate) fn add_value_column(dialect: Dialect, t: &str) -> String {
 /// The key's fixed-width identity in the lease table.
 pub(crate) fn key_hash(key: &LockKey) -> String {
     hex::encode(Sha256::digest(key.as_str().as_bytes()))
+}
+
+/// A grant as a row reads back: its `fence` and `holds` columns (a name
+/// row's, or a holder row's).
+pub(crate) fn granted(fence: i64, holds: i64) -> Acquire {
+    Acquire::Acquired(Grant {
+        fence: Some(FencingToken(u64::try_from(fence).unwrap_or(0))),
+        holds: u32::try_from(holds).unwrap_or(u32::MAX),
+        lease: None,
+    })
 }
 
 /// SHA-256 over the namespace (the table name) and the key: a session

@@ -7,14 +7,14 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use lockwright_core::backend::{Acquire, Grant, Release, Renew};
-use lockwright_core::{Error, FencingToken, LockKey, OwnerToken, Result, MAX_VALUE_LEN};
+use lockwright_core::backend::{Acquire, Release, Renew};
+use lockwright_core::{Error, LockKey, OwnerToken, Result, MAX_VALUE_LEN};
 
 use crate::backend::SqlBackend;
 #[cfg(feature = "mysql")]
 use crate::error::is_mysql_conflict;
 use crate::error::map_err;
-use crate::layout::key_hash;
+use crate::layout::{granted, key_hash};
 #[cfg(feature = "postgres")]
 use crate::node::dial;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -411,11 +411,3 @@ impl SqlBackend {
 
 /// A live lease row as `inspect` reads it.
 pub(crate) type Row = (i64, i64, i64, String, Option<Vec<u8>>);
-
-pub(crate) fn granted(fence: i64, holds: i64) -> Acquire {
-    Acquire::Acquired(Grant {
-        fence: Some(FencingToken(u64::try_from(fence).unwrap_or(0))),
-        holds: u32::try_from(holds).unwrap_or(u32::MAX),
-        lease: None,
-    })
-}

@@ -113,10 +113,12 @@
 mod node;
 mod backend;
 mod claims;
+mod claims_seen;
 mod claims_sql;
 mod config;
 mod error;
-mod group;
+#[cfg(feature = "internals")]
+pub mod internals;
 mod layout;
 mod lease;
 #[cfg(feature = "postgres")]
@@ -134,7 +136,7 @@ mod session_sql;
 
 use std::sync::Arc;
 
-use lockwright_core::backend::{LockBackend, Scheme};
+use lockwright_core::backend::{Driver, LockBackend, Scheme, ServerUrl};
 use lockwright_core::Result;
 
 pub use backend::{LeaseStatements, SqlBackend};
@@ -164,23 +166,16 @@ pub fn open(url: &str) -> Result<Arc<dyn LockBackend>> {
     })
 }
 
-/// The key hashing and session handles, for benchmarks that run the lease
-/// statements raw and for fault tests that end a holder's session. Only
-/// with the `internals` feature, and outside semver.
-#[cfg(feature = "internals")]
-pub mod internals {
-    use lockwright_core::LockKey;
+/// This crate's declaration for the facade's registry: its schemes, its
+/// opener, and which URLs must reach their servers directly (TLS that
+/// verifies the server, which a local proxy would stand in for).
+pub const DRIVER: Driver = Driver::new(SCHEMES, open).with_direct(verifies_the_server);
 
-    use crate::SqlSessionBackend;
-
-    /// The lease row's `key_hash`: lowercase hex SHA-256 of the key.
-    pub fn key_hash(key: &LockKey) -> String {
-        crate::layout::key_hash(key)
-    }
-
-    /// Server-side ids (PostgreSQL backend pid, MySQL connection id) of the
-    /// connections holding `backend`'s session locks.
-    pub fn session_ids(backend: &SqlSessionBackend) -> Vec<i64> {
-        backend.session_ids()
-    }
+/// See [`DRIVER`]: `sslmode=verify-…` (PostgreSQL) or `ssl-mode=verify_…`
+/// (MySQL), in any of the spellings the drivers take.
+fn verifies_the_server(url: &ServerUrl) -> bool {
+    let url = url.url().expose().to_ascii_lowercase();
+    ["sslmode=verify", "ssl-mode=verify", "ssl_mode=verify"]
+        .iter()
+        .any(|p| url.contains(p))
 }

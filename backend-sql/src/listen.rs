@@ -8,47 +8,38 @@
 //! notification lost with the connection, or a lease that simply ran out,
 //! is found at the next poll as before, and a lost connection wakes every
 //! waiter here to look at once.
+//!
+//! The types that [`notify`](crate::notify)'s waiters hold (the
+//! [`Remote`] connection, a [`Listening`]) are defined there; here is what
+//! they do.
 
 use std::collections::HashMap;
+use std::str::FromStr;
 use std::sync::{Mutex, Weak};
 use std::time::Duration;
 
+use lockwright_core::backend::lock_unpoisoned;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::mpsc;
 
-use crate::notify::{waited_key, LocalReleases};
+use crate::config::{Dialect, SqlConfig};
+use crate::error::bad_url;
+use crate::notify::{waited_key, Ask, Listening, LocalReleases, Remote};
 
-/// What the listening task is asked to do.
-#[derive(Debug)]
-enum Ask {
-    Listen(String),
-    Unlisten(String),
-}
-
-/// The listening connection of one scope: started on the first waiter,
-/// and again if the runtime that ran it has gone.
-#[derive(Debug)]
-pub(crate) struct Remote {
-    opts: PgConnectOptions,
-    connect_timeout: Duration,
-    task: Mutex<Option<mpsc::UnboundedSender<Ask>>>,
-    scope: Mutex<Weak<LocalReleases>>,
-}
-
-/// Listening on one channel; dropping it stops (once no one else here waits
-/// on that channel).
-#[derive(Debug)]
-pub(crate) struct Listening {
-    channel: String,
-    task: mpsc::UnboundedSender<Ask>,
-}
-
-impl Drop for Listening {
-    fn drop(&mut self) {
-        let _ = self
-            .task
-            .send(Ask::Unlisten(std::mem::take(&mut self.channel)));
+/// The listener that wakes this process's waiters when a release anywhere
+/// notifies; `None` on the other databases, which have no such channel.
+pub(crate) fn listener(config: &SqlConfig) -> lockwright_core::Result<Option<Remote>> {
+    if config.dialect != Dialect::Postgres {
+        return Ok(None);
     }
+    let opts =
+        PgConnectOptions::from_str(config.url.expose()).map_err(|e| bad_url(&config.url, e))?;
+    // Named for `pg_stat_activity`, unless the URL names its connections.
+    let opts = match opts.get_application_name() {
+        Some(_) => opts,
+        None => opts.application_name("lockwright-listen"),
+    };
+    Ok(Some(Remote::new(opts, config.connect_timeout)))
 }
 
 impl Remote {
@@ -65,13 +56,13 @@ impl Remote {
 
     /// Notifications go to `scope`'s waiters.
     pub(crate) fn serve(&self, scope: Weak<LocalReleases>) {
-        *self.scope.lock().unwrap_or_else(|e| e.into_inner()) = scope;
+        *lock_unpoisoned(&self.scope) = scope;
     }
 
     /// Listens on `channel` until the result is dropped. Called with the
     /// scope's channel map locked, so one name is asked for once at a time.
     pub(crate) fn listen(&self, channel: &str) -> Option<Listening> {
-        let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
+        let mut task = lock_unpoisoned(&self.task);
         let live = task.as_ref().filter(|t| !t.is_closed()).cloned();
         let tx = match live {
             Some(tx) => tx,
@@ -80,7 +71,7 @@ impl Remote {
                 // waiters poll, as on the other stores.
                 let runtime = tokio::runtime::Handle::try_current().ok()?;
                 let (tx, rx) = mpsc::unbounded_channel();
-                let scope = self.scope.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let scope = lock_unpoisoned(&self.scope).clone();
                 runtime.spawn(run(self.opts.clone(), self.connect_timeout, rx, scope));
                 *task = Some(tx.clone());
                 tx
@@ -190,7 +181,7 @@ async fn run(
 /// Counts `ask` in `wanted`: `Some(true)` when the channel is wanted now
 /// and was not, `Some(false)` when it was and is no more.
 fn count(wanted: &Mutex<HashMap<String, usize>>, ask: &Ask) -> Option<bool> {
-    let mut wanted = wanted.lock().unwrap_or_else(|e| e.into_inner());
+    let mut wanted = lock_unpoisoned(wanted);
     match ask {
         Ask::Listen(c) => {
             let n = wanted.entry(c.clone()).or_insert(0);
@@ -222,12 +213,7 @@ async fn connect(
     sqlx::query("SELECT pg_advisory_unlock_all()")
         .execute(&mut l)
         .await?;
-    let channels: Vec<String> = wanted
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .keys()
-        .cloned()
-        .collect();
+    let channels: Vec<String> = lock_unpoisoned(wanted).keys().cloned().collect();
     for c in &channels {
         listen(&mut l, c).await?;
     }
@@ -235,7 +221,7 @@ async fn connect(
 }
 
 /// Listens on `channel`, and marks it waited on (the shared advisory lock
-/// a release looks for before it notifies; see `notify::waited_key`).
+/// a release looks for before it notifies; see [`waited_key`]).
 async fn listen(l: &mut PgListener, channel: &str) -> Result<(), sqlx::Error> {
     l.listen(channel).await?;
     sqlx::query("SELECT pg_advisory_lock_shared($1)")

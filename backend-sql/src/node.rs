@@ -46,29 +46,6 @@ macro_rules! on_pool {
     };
 }
 
-/// PostgreSQL: the listener that wakes this process's waiters when a
-/// release anywhere notifies (see [`listen`](crate::listen)); `None` on
-/// the other databases, which have no such channel.
-#[cfg(feature = "postgres")]
-pub(crate) fn listener(config: &SqlConfig) -> Result<Option<crate::listen::Remote>> {
-    use sqlx::postgres::PgConnectOptions;
-    use std::str::FromStr;
-    if config.dialect != Dialect::Postgres {
-        return Ok(None);
-    }
-    let opts =
-        PgConnectOptions::from_str(config.url.expose()).map_err(|e| bad_url(&config.url, e))?;
-    // Named for `pg_stat_activity`, unless the URL names its connections.
-    let opts = match opts.get_application_name() {
-        Some(_) => opts,
-        None => opts.application_name("lockwright-listen"),
-    };
-    Ok(Some(crate::listen::Remote::new(
-        opts,
-        config.connect_timeout,
-    )))
-}
-
 /// A pooled connection idle this long is pinged before it is used again.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 const PING_IF_IDLE: Duration = Duration::from_secs(1);

@@ -1,18 +1,19 @@
 //! Release notifications: a waiter hears a release made by another client
 //! of the same database and table at once, not at its next poll. Within
 //! one process through a channel per name; on PostgreSQL across processes
-//! too, through `LISTEN`/`NOTIFY` ([`listen`](crate::listen)).
+//! too, through `LISTEN`/`NOTIFY`: the listening connection's types are
+//! here, as this file's waiters hold them, and what it does is in
+//! `listen.rs`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use lockwright_core::backend::Watch;
+use lockwright_core::backend::{lock_unpoisoned, Watch};
 use lockwright_core::LockKey;
 use sha2::{Digest, Sha256};
-use tokio::sync::watch;
-
 #[cfg(feature = "postgres")]
-use crate::listen::{Listening, Remote};
+use tokio::sync::mpsc;
+use tokio::sync::watch;
 
 /// The notification channel of `key` in `table`: a PostgreSQL identifier
 /// (at most 63 bytes), the same in every process, and the map key of this
@@ -76,10 +77,7 @@ impl LocalReleases {
         #[cfg(feature = "postgres")] remote: Option<Remote>,
     ) -> Arc<Self> {
         static SCOPES: OnceLock<Mutex<HashMap<String, Weak<LocalReleases>>>> = OnceLock::new();
-        let mut scopes = SCOPES
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut scopes = lock_unpoisoned(SCOPES.get_or_init(Default::default));
         scopes.retain(|_, w| w.strong_count() > 0);
         let id = format!("{scope}\u{0}{table}");
         if let Some(existing) = scopes.get(&id).and_then(Weak::upgrade) {
@@ -106,7 +104,7 @@ impl LocalReleases {
 
     pub(crate) fn watch(&self, key: &LockKey) -> Watch {
         let name = self.channel(key);
-        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        let mut channels = lock_unpoisoned(&self.channels);
         channels.retain(|_, w| w.strong_count() > 0);
         let waiters = match channels.get(&name).and_then(Weak::upgrade) {
             Some(w) => w,
@@ -129,7 +127,7 @@ impl LocalReleases {
 
     /// Wakes the waiters of channel `name`, if any wait here.
     pub(crate) fn wake(&self, name: &str) {
-        let channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        let channels = lock_unpoisoned(&self.channels);
         if let Some(w) = channels.get(name).and_then(Weak::upgrade) {
             w.sender.send_modify(|v| *v += 1);
         }
@@ -139,9 +137,50 @@ impl LocalReleases {
     /// listening connection was lost).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn wake_all(&self) {
-        let channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        let channels = lock_unpoisoned(&self.channels);
         for w in channels.values().filter_map(Weak::upgrade) {
             w.sender.send_modify(|v| *v += 1);
         }
+    }
+}
+
+// PostgreSQL's listening connection: its types live here because this
+// file's waiters and scopes hold them; what it does is in `listen.rs`,
+// which builds on this file (never the other way round).
+
+/// What the listening task is asked to do.
+#[cfg(feature = "postgres")]
+#[derive(Debug)]
+pub(crate) enum Ask {
+    Listen(String),
+    Unlisten(String),
+}
+
+/// The listening connection of one scope: started on the first waiter,
+/// and again if the runtime that ran it has gone.
+#[cfg(feature = "postgres")]
+#[derive(Debug)]
+pub(crate) struct Remote {
+    pub(crate) opts: sqlx::postgres::PgConnectOptions,
+    pub(crate) connect_timeout: std::time::Duration,
+    pub(crate) task: Mutex<Option<mpsc::UnboundedSender<Ask>>>,
+    pub(crate) scope: Mutex<Weak<LocalReleases>>,
+}
+
+/// Listening on one channel; dropping it stops (once no one else here waits
+/// on that channel).
+#[cfg(feature = "postgres")]
+#[derive(Debug)]
+pub(crate) struct Listening {
+    pub(crate) channel: String,
+    pub(crate) task: mpsc::UnboundedSender<Ask>,
+}
+
+#[cfg(feature = "postgres")]
+impl Drop for Listening {
+    fn drop(&mut self) {
+        let _ = self
+            .task
+            .send(Ask::Unlisten(std::mem::take(&mut self.channel)));
     }
 }

@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use lockwright_core::backend::{claim_changed, Acquire, Grant, Release, Renew, MARK_LIFE};
+use lockwright_core::backend::{
+    claim_changed, lock_unpoisoned, Acquire, Grant, Release, Renew, MARK_LIFE,
+};
 use lockwright_core::{Error, ErrorKind, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::config::SqlConfig;
@@ -166,7 +168,7 @@ impl SessionLocks {
     }
 
     pub(crate) fn session_ids(&self) -> Vec<i64> {
-        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let slots = lock_unpoisoned(&self.slots);
         let mut ids = Vec::new();
         for slot in slots.values() {
             if let Ok(held) = slot.try_lock() {
@@ -178,7 +180,7 @@ impl SessionLocks {
     }
 
     fn slot(&self, key: &LockKey) -> Slot {
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = lock_unpoisoned(&self.slots);
         slots.entry(key.clone()).or_default().clone()
     }
 
@@ -192,14 +194,14 @@ impl SessionLocks {
         if !empty {
             return;
         }
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = lock_unpoisoned(&self.slots);
         if Arc::strong_count(slot) == 2 {
             slots.remove(key);
         }
     }
 
     async fn checkout(&self) -> Result<Conn> {
-        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let idle = lock_unpoisoned(&self.idle).pop();
         match idle {
             Some(conn) => Ok(conn),
             None => self.options.connect(self.connect_timeout).await,
@@ -207,12 +209,12 @@ impl SessionLocks {
     }
 
     async fn checkout_fresh(&self) -> Result<Conn> {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        lock_unpoisoned(&self.idle).clear();
         self.checkout().await
     }
 
     fn checkin(&self, conn: Conn) {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = lock_unpoisoned(&self.idle);
         if idle.len() < MAX_IDLE {
             idle.push(conn);
         }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockwright_core::backend::{
-    Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, Watch,
+    lock_unpoisoned, Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, Watch,
 };
 use lockwright_core::{LockKey, LockStatus, OwnerToken, Result};
 use tokio::sync::mpsc;
@@ -18,8 +18,8 @@ use crate::error::map_err;
 use crate::layout::{self, Role};
 use crate::node::fence_of;
 use crate::observe;
-use crate::queue::{wait_turn, Entered, WaiterGuard};
-use crate::state::{lock, Inner};
+use crate::queue::{wait_turn, WaiterGuard};
+use crate::state::{Entered, Inner};
 
 /// The shortest TTL accepted: the TTL only paces renewals here (the
 /// session, not the TTL, keeps a lock), and checks faster than this
@@ -59,7 +59,7 @@ impl ZkBackend {
     /// The nodes this backend's queued waiters watch, for tests.
     #[cfg(feature = "internals")]
     pub(crate) fn watched(&self) -> Vec<String> {
-        lock(&self.inner.waiters)
+        lock_unpoisoned(&self.inner.waiters)
             .values()
             .filter_map(|w| w.watching.clone())
             .collect()
@@ -126,7 +126,7 @@ impl Inner {
     /// its own. `None` to acquire afresh.
     async fn reenter(&self, key: &LockKey, owner: &OwnerToken) -> Result<Option<Grant>> {
         let id = (key.clone(), owner.clone());
-        let node = match lock(&self.held).get(&id) {
+        let node = match lock_unpoisoned(&self.held).get(&id) {
             Some(h) => {
                 if let Some(e) = changed_claim(key, h.role, Role::of(owner)) {
                     return Err(e);
@@ -136,7 +136,7 @@ impl Inner {
             None => return Ok(None),
         };
         let ours = node.confirm().await?;
-        let mut held = lock(&self.held);
+        let mut held = lock_unpoisoned(&self.held);
         match held.get_mut(&id) {
             Some(h) if h.node.path == node.path => {
                 if ours {
@@ -208,7 +208,7 @@ impl LockBackend for ZkBackend {
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
         let node = {
             let id = (key.clone(), owner.clone());
-            let mut held = lock(&self.inner.held);
+            let mut held = lock_unpoisoned(&self.inner.held);
             match held.get_mut(&id) {
                 Some(h) => {
                     if h.holds > 1 {
@@ -264,7 +264,7 @@ impl LockBackend for ZkBackend {
                 Err(ZkError::NoNode) => continue,
                 Err(e) => return Err(map_err(e)),
             };
-            let holds = lock(&self.inner.held)
+            let holds = lock_unpoisoned(&self.inner.held)
                 .iter()
                 .find(|((k, _), h)| k == key && h.node.path == path)
                 .map_or(1, |(_, h)| h.holds);
@@ -301,7 +301,7 @@ impl LockBackend for ZkBackend {
         let _ = key;
         let (tx, rx) = mpsc::unbounded_channel();
         {
-            let mut waiters = lock(&self.inner.waiters);
+            let mut waiters = lock_unpoisoned(&self.inner.waiters);
             let w = waiters.entry(ticket.clone()).or_default();
             if let Some(g) = w.granted {
                 let _ = tx.send(g);
@@ -331,13 +331,13 @@ impl LockBackend for ZkBackend {
         }
         let entered = match inner.attempt(key, owner, Some(ticket)).await? {
             Ok(granted) => {
-                lock(&inner.waiters).remove(ticket);
+                lock_unpoisoned(&inner.waiters).remove(ticket);
                 return Ok(Acquire::Acquired(granted));
             }
             Err(queued) => queued,
         };
         // Queue: keep the node, and watch only the one just before it.
-        let mut waiters = lock(&inner.waiters);
+        let mut waiters = lock_unpoisoned(&inner.waiters);
         let w = waiters.entry(ticket.clone()).or_default();
         if let Some(t) = w.task.take() {
             t.abort();
@@ -360,7 +360,7 @@ impl LockBackend for ZkBackend {
     }
 
     async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
-        let waiter = lock(&self.inner.waiters).remove(ticket);
+        let waiter = lock_unpoisoned(&self.inner.waiters).remove(ticket);
         if let Some(w) = waiter {
             if let Some(t) = &w.task {
                 t.abort();
@@ -379,7 +379,7 @@ impl LockBackend for ZkBackend {
         // if the owner has re-entered meanwhile).
         let node = {
             let id = (key.clone(), owner.clone());
-            let mut held = lock(&self.inner.held);
+            let mut held = lock_unpoisoned(&self.inner.held);
             match held.get_mut(&id) {
                 Some(h) if h.ticket.as_ref() == Some(ticket) => {
                     if h.holds > 1 {

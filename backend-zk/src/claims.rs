@@ -8,16 +8,16 @@
 //! then list the lease directory; the lease is held once the listing,
 //! ours included, numbers at most N. Only the gate's holder waits with a
 //! lease, so at most one waiting lease counts against N (besides the
-//! short-lived ones of gate-less attempts, see `permit`, which go at once
-//! unless held; a gate holder that counted one waits for its delete). A waiter
-//! keeps the gate and its lease node, and lists again when the lease
-//! directory's children change. The gate goes as soon as the lease is
-//! held, or given up.
+//! short-lived ones of gate-less attempts, see `claims_permit.rs`, which
+//! go at once unless held; a gate holder that counted one waits for its
+//! delete). A waiter keeps the gate and its lease node, and lists again
+//! when the lease directory's children change. The gate goes as soon as
+//! the lease is held, or given up.
 
 use std::sync::{Arc, Weak};
 
 use lockwright_core::backend::{
-    claim_changed, permits_mismatch, semaphore_or_rwlock, Acquire, Grant,
+    claim_changed, lock_unpoisoned, permits_mismatch, semaphore_or_rwlock, Acquire, Grant,
 };
 use lockwright_core::{Error, LockKey, OwnerToken, Result};
 use zookeeper_client::{CreateMode, Error as ZkError, OneshotWatcher};
@@ -26,8 +26,7 @@ use crate::cleanup::{delete_surely, find_and_delete, RETRY_PAUSE};
 use crate::error::{is_transient, map_err};
 use crate::layout::{self, Role, SEM_LEASES};
 use crate::node::{Contender, Session};
-use crate::queue::Entered;
-use crate::state::{lock, Inner};
+use crate::state::{Entered, Inner};
 
 /// What one listing of the lease directory says of our lease.
 pub(crate) enum Step {
@@ -206,7 +205,7 @@ pub(crate) async fn wait_lease(
         let Some(i) = inner.upgrade() else {
             return false;
         };
-        let mut waiters = lock(&i.waiters);
+        let mut waiters = lock_unpoisoned(&i.waiters);
         let Some(w) = waiters.get_mut(ticket) else {
             return false;
         };
@@ -358,7 +357,7 @@ impl Inner {
         let Ok(writer) = OwnerToken::from_string(writer) else {
             return Ok(no_writer);
         };
-        let node = match lock(&self.held).get(&(key.clone(), writer)) {
+        let node = match lock_unpoisoned(&self.held).get(&(key.clone(), writer)) {
             Some(h) if h.role.is_exclusive() => h.node.clone(),
             _ => return Ok(no_writer),
         };

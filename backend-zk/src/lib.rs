@@ -189,13 +189,13 @@
 
 mod backend;
 mod claims;
+mod claims_permit;
 mod cleanup;
 mod config;
 mod error;
 mod layout;
 mod node;
 mod observe;
-mod permit;
 mod queue;
 mod state;
 mod status;
@@ -203,7 +203,7 @@ mod status;
 pub use backend::ZkBackend;
 pub use config::ZkConfig;
 
-use lockwright_core::backend::Scheme;
+use lockwright_core::backend::{Driver, Scheme};
 
 /// The URL schemes this crate answers to.
 pub const SCHEMES: &[Scheme] = &[
@@ -251,3 +251,7 @@ pub mod internals {
         crate::layout::key_of(dir)
     }
 }
+
+/// This crate's declaration for the facade's registry: its schemes and
+/// its opener.
+pub const DRIVER: Driver = Driver::new(SCHEMES, open);

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use futures::future::select_all;
-use lockwright_core::backend::Watch;
+use lockwright_core::backend::{AbortOnDrop, Watch};
 use lockwright_core::{LockKey, Result};
 use tokio::sync::watch;
 use zookeeper_client::{Error as ZkError, EventType, OneshotWatcher};
@@ -25,16 +25,6 @@ use crate::error::{is_transient, map_err};
 use crate::layout;
 use crate::node::Session;
 use crate::state::Inner;
-
-/// Ends the task that follows a lock's watches when its observer's watch
-/// is dropped.
-struct Following(tokio::task::AbortHandle);
-
-impl Drop for Following {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 /// A watch that wakes after each change of who holds `key` or of the value
 /// it advertises (and, harmlessly, when a waiter queues or leaves). The
@@ -46,9 +36,11 @@ pub(crate) async fn changes(inner: &Inner, key: &LockKey) -> Result<Watch> {
     let watchers = arm(&session, &dir).await.map_err(map_err)?;
     let (tx, rx) = watch::channel(0u64);
     let task = tokio::spawn(follow(session, dir, watchers, tx));
+    // The task that follows the lock's watches ends when the observer's
+    // watch is dropped.
     Ok(Watch::new(
         rx,
-        Some(Box::new(Following(task.abort_handle()))),
+        Some(Box::new(AbortOnDrop::new(task.abort_handle()))),
     ))
 }
 

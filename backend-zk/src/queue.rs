@@ -13,7 +13,7 @@
 
 use std::sync::{Arc, Weak};
 
-use lockwright_core::backend::Acquire;
+use lockwright_core::backend::{lock_unpoisoned, Acquire};
 use lockwright_core::{Error, LockKey, OwnerToken, Result};
 use zookeeper_client::{CreateMode, Error as ZkError};
 
@@ -21,23 +21,7 @@ use crate::cleanup::{delete_surely, find_and_delete, undo_create, RETRY_PAUSE};
 use crate::error::{is_transient, map_err};
 use crate::layout::{self, Role, SEM_LEASES, SEM_LOCKS};
 use crate::node::{Contender, Exchange, Session};
-use crate::state::{lock, Inner};
-
-/// What one attempt found: our new node, and the queue it joined.
-pub(crate) struct Entered {
-    pub(crate) node: Contender,
-    pub(crate) name: String,
-    pub(crate) dir: String,
-    pub(crate) first: bool,
-    /// What the node claims (a semaphore's: its gate in `P/locks`).
-    pub(crate) role: Role,
-    /// The key's directory `P`.
-    pub(crate) key_dir: String,
-    /// The listing held a semaphore's lease directory.
-    pub(crate) sem: bool,
-    /// A semaphore's lease node, made while first at its gate.
-    pub(crate) lease: Option<Contender>,
-}
+use crate::state::{Entered, Inner};
 
 impl Entered {
     /// Leaves the queue: our node goes now (or in the background once the
@@ -237,7 +221,7 @@ impl Inner {
         key: &LockKey,
         ticket: &OwnerToken,
     ) -> Result<Option<Acquire>> {
-        let (node, granted) = match lock(&self.waiters).get(ticket) {
+        let (node, granted) = match lock_unpoisoned(&self.waiters).get(ticket) {
             Some(w) => match &w.node {
                 Some(n) => (n.clone(), w.granted),
                 None => return Ok(None),
@@ -245,7 +229,7 @@ impl Inner {
             None => return Ok(None),
         };
         let alive = node.confirm().await?;
-        let mut waiters = lock(&self.waiters);
+        let mut waiters = lock_unpoisoned(&self.waiters);
         let Some(w) = waiters.get_mut(ticket) else {
             return Ok(None);
         };
@@ -291,7 +275,7 @@ impl Drop for WaiterGuard {
         let Some(inner) = self.inner.upgrade() else {
             return;
         };
-        let Some(w) = lock(&inner.waiters).remove(&self.ticket) else {
+        let Some(w) = lock_unpoisoned(&inner.waiters).remove(&self.ticket) else {
             return;
         };
         if w.granted.is_some() {
@@ -352,7 +336,7 @@ pub(crate) async fn wait_turn(
         };
         #[cfg(feature = "internals")]
         if let Some(inner) = inner.upgrade() {
-            if let Some(w) = lock(&inner.waiters).get_mut(&ticket) {
+            if let Some(w) = lock_unpoisoned(&inner.waiters).get_mut(&ticket) {
                 w.watching = Some(before.clone());
             }
         }
@@ -379,7 +363,7 @@ pub(crate) async fn wait_turn(
         // gate goes (so a look at the waiter meanwhile finds the lease);
         // the gate goes before the grant is told, as Curator's does.
         {
-            let mut waiters = lock(&inner.waiters);
+            let mut waiters = lock_unpoisoned(&inner.waiters);
             let Some(w) = waiters
                 .get_mut(&ticket)
                 .filter(|w| w.node.as_ref().is_some_and(|n| n.path == node.path))
@@ -398,7 +382,7 @@ pub(crate) async fn wait_turn(
     // A listing that found us first says nothing of a session that has
     // ended since.
     let first = first && !session.is_over();
-    let mut waiters = lock(&inner.waiters);
+    let mut waiters = lock_unpoisoned(&inner.waiters);
     let current = waiters
         .get_mut(&ticket)
         .filter(|w| w.node.as_ref().is_some_and(|n| n.path == holder.path));

@@ -1,12 +1,15 @@
 //! What a backend shares with its waiters' background tasks: the session,
 //! this process's holds and its queued waiters. The tasks keep it weakly,
-//! so that dropping the last clone of the backend ends them.
+//! so that dropping the last clone of the backend ends them. And what one
+//! attempt hands on to the next step (`Entered`: the node it made in a
+//! queue), which the queue, the semaphore's gate and the backend all take
+//! (leaving the queue is `queue.rs`'s).
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
-use lockwright_core::backend::Grant;
+use lockwright_core::backend::{lock_unpoisoned, Grant};
 use lockwright_core::{LockKey, OwnerToken};
 use tokio::sync::mpsc;
 
@@ -22,7 +25,7 @@ pub(crate) struct Inner {
     /// Queued waiters, by ticket.
     pub(crate) waiters: Mutex<HashMap<OwnerToken, Waiter>>,
     /// The server refused a `multiRead` (before ZooKeeper 3.6): every
-    /// permit takes the gate (see `permit`).
+    /// permit takes the gate (see `claims_permit.rs`).
     pub(crate) no_multi_read: AtomicBool,
 }
 
@@ -55,15 +58,25 @@ pub(crate) struct Waiter {
     pub(crate) watching: Option<String>,
 }
 
-/// Locks a table, poisoned or not: a panic in one caller must not fail
-/// every later request of the backend.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// What one attempt found: our new node, and the queue it joined.
+pub(crate) struct Entered {
+    pub(crate) node: Contender,
+    pub(crate) name: String,
+    pub(crate) dir: String,
+    pub(crate) first: bool,
+    /// What the node claims (a semaphore's: its gate in `P/locks`).
+    pub(crate) role: Role,
+    /// The key's directory `P`.
+    pub(crate) key_dir: String,
+    /// The listing held a semaphore's lease directory.
+    pub(crate) sem: bool,
+    /// A semaphore's lease node, made while first at its gate.
+    pub(crate) lease: Option<Contender>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        for w in lock(&self.waiters).values() {
+        for w in lock_unpoisoned(&self.waiters).values() {
             if let Some(t) = &w.task {
                 t.abort();
             }
@@ -94,7 +107,7 @@ impl Inner {
         node: Contender,
         ticket: Option<OwnerToken>,
     ) {
-        lock(&self.held).insert(
+        lock_unpoisoned(&self.held).insert(
             (key.clone(), owner.clone()),
             Held {
                 role: Role::of(owner),
@@ -107,13 +120,13 @@ impl Inner {
 
     /// The node of `owner`'s hold of `key` here, if any.
     pub(crate) fn held_node(&self, key: &LockKey, owner: &OwnerToken) -> Option<Contender> {
-        lock(&self.held)
+        lock_unpoisoned(&self.held)
             .get(&(key.clone(), owner.clone()))
             .map(|h| h.node.clone())
     }
 
     /// Forgets the hold of `key` on the node at `path`, if one is recorded.
     pub(crate) fn forget(&self, key: &LockKey, path: &str) {
-        lock(&self.held).retain(|(k, _), h| !(k == key && h.node.path == path));
+        lock_unpoisoned(&self.held).retain(|(k, _), h| !(k == key && h.node.path == path));
     }
 }

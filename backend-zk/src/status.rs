@@ -2,13 +2,14 @@
 //! semaphore's leases (the first N hold, and the clients at its gate
 //! wait) or the readers at the head of the queue.
 
+use lockwright_core::backend::lock_unpoisoned;
 use lockwright_core::{Holder, LockStatus, Result};
 use zookeeper_client::Error as ZkError;
 
 use crate::error::map_err;
 use crate::layout::{self, LEASE_NAME, SEM_LEASES, SEM_LOCKS};
 use crate::node::{fence_of, Session};
-use crate::state::{lock, Inner};
+use crate::state::Inner;
 
 impl Inner {
     /// The children of `dir`, none if it is gone.
@@ -84,7 +85,7 @@ impl Inner {
                 Ok(None) | Err(ZkError::NoNode) => continue,
                 Err(e) => return Err(map_err(e)),
             };
-            let mine = lock(&self.held)
+            let mine = lock_unpoisoned(&self.held)
                 .iter()
                 .find(|(_, h)| h.node.path == path)
                 .map(|((_, o), h)| (o.clone(), h.holds));

@@ -1,6 +1,8 @@
-//! What the rest of the table sees of a group of holders (permits or
-//! readers): a mutex or writer it refuses (another N, or a writer's mark
-//! left for readers), the mark's removal, and the group's status.
+//! Semaphores and read-write locks as the rest of the table sees them:
+//! what a group of holders (permits or readers) does to a mutex or writer
+//! it refuses (another N, or a writer's mark left for readers), the
+//! mark's removal, and the group's status. The group's own holds are in
+//! `claims.rs`.
 
 use std::time::Duration;
 
