@@ -10,7 +10,7 @@ use lockwright::redis::{internals, RedisBackend};
 use lockwright::{LockKey, LockOptions, Locker, OwnerToken};
 use redis::AsyncCommands;
 
-use lockwright_cli::timing::{percentile, HandOffs};
+use lockwright_cli_kit::timing::{percentile, HandOffs};
 
 const TTL: Duration = Duration::from_secs(10);
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use lockwright::backend::RedactedUrl;
 use lockwright::{LockOptions, OwnerToken, Result};
-use lockwright_cli::timing::{percentile, HandOffs};
+use lockwright_cli_kit::timing::{percentile, HandOffs};
 
 use super::DemoArgs;
 

@@ -5,22 +5,21 @@
 //! This file: argument parsing and exit codes (sysexits.h values, so scripts
 //! can tell "busy" from "broken"; errors map by
 //! [`lockwright::ErrorKind::exit_code`]).
+//!
+//! `check` and `bench` (and their hidden worker and peer subcommands) are
+//! the `lockwright-check` crate, behind the `check` feature (on by
+//! default): they need the conformance suite, which the rest does not.
 
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use lockwright::{Error, WaitPolicy};
+use lockwright_cli_kit::{duration, StoreArgs};
 
-mod bench;
-mod bench_election;
-mod bench_procs;
-mod check;
 mod demo;
 mod elect;
-mod endpoints;
 mod group;
-mod proxy;
 mod run;
 mod status;
 mod supervise;
@@ -99,8 +98,9 @@ enum Command {
     #[command(name = "__watch-group", hide = true)]
     WatchGroup,
     /// Internal: `bench`'s peer process, contending for its key.
+    #[cfg(feature = "check")]
     #[command(name = "__bench-peer", hide = true)]
-    BenchPeer(BenchPeerArgs),
+    BenchPeer(lockwright_check::BenchPeerArgs),
     /// N workers on separate connections contend for one lock around a
     /// read-modify-write of a shared counter; reports locks/s, hand-off
     /// latency and whether mutual exclusion held.
@@ -114,33 +114,15 @@ enum Command {
     /// Exit status: 0 if every case that ran passed and the run found no
     /// exclusion or data violation; 1 otherwise; 69 if the store cannot be
     /// reached, 64 for a bad URL or option.
-    Check(CheckArgs),
+    #[cfg(feature = "check")]
+    Check(lockwright_check::CheckArgs),
     /// Sizes a deployment: uncontended pairs/s with 1 and N clients, N
     /// contenders on one key, and one client holding many locks (renewal
     /// round trips, memory per held lock).
     ///
     /// Exit status: 0, or as for run (69 unreachable, 64 bad URL or option).
-    Bench(BenchArgs),
-}
-
-#[derive(Args, Debug, Clone)]
-struct StoreArgs {
-    /// Store URL; defaults to $LOCKWRIGHT_URL, else an SQLite file lockwright.db here.
-    #[arg(long, env = "LOCKWRIGHT_URL", default_value = lockwright::DEFAULT_URL, hide_env_values = true)]
-    url: String,
-}
-
-impl StoreArgs {
-    /// The URL, refused if it names a store no other process can share.
-    fn shared_url(&self) -> Result<&str, Error> {
-        if lockwright::backend::scheme(&self.url)?.name == "memory" {
-            return Err(Error::config(
-                "memory:// locks live inside one process, so no other `lockwright` can see \
-                 them; use a shared store (sqlite://file.db, redis://…, postgres://…)",
-            ));
-        }
-        Ok(&self.url)
-    }
+    #[cfg(feature = "check")]
+    Bench(lockwright_check::BenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -253,12 +235,6 @@ struct LeaderArgs {
     watch: bool,
 }
 
-/// A duration option: humantime's parser, with its "expected number at 0"
-/// put in words a user can act on.
-fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|_| "not a duration like 500ms, 30s or 2m".to_owned())
-}
-
 fn parse_wait(s: &str) -> Result<WaitPolicy, String> {
     s.parse().map_err(|e: Error| e.message().to_owned())
 }
@@ -285,95 +261,6 @@ struct DemoArgs {
     /// Increments per worker.
     #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     rounds: u32,
-}
-
-#[derive(Args, Debug)]
-struct CheckArgs {
-    #[command(flatten)]
-    store: StoreArgs,
-    /// How long the fault run lasts; 0s skips it.
-    #[arg(long, default_value = "60s", value_parser = duration)]
-    duration: Duration,
-    /// Worker processes in the fault run.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=64))]
-    workers: u32,
-    /// Faults to inject: any of kill, pause, partition, latency, failover,
-    /// or none. `failover` (Redis Sentinel and Cluster URLs only, never on
-    /// by default) fails the deployment's primary over to a replica every
-    /// few seconds: it changes your deployment, so run it against one you
-    /// may change.
-    #[arg(long, default_value = "kill,pause,partition,latency", value_parser = check::parse_faults)]
-    faults: check::Faults,
-    /// The workers' lease length (short, so faults outlast it).
-    #[arg(long, default_value = "2s", value_parser = duration)]
-    ttl: Duration,
-    /// Skip the conformance cases; only the fault run.
-    #[arg(long)]
-    no_conformance: bool,
-    /// Workers campaign in an election (advertising w<id>) instead of
-    /// locking, and two observers in this process watch the leader: the
-    /// run also checks that terms never go back, that each term names the
-    /// worker granted it, and that no read showed anyone but a holder whose
-    /// lease was valid throughout. Needs a store that keeps values.
-    #[arg(long)]
-    election: bool,
-    /// Workers hold one of N permits of a semaphore instead of the lock:
-    /// the run checks that no more than N holders' leases were valid at
-    /// once (the workers touch no counter: N holders would race on it).
-    /// N is 1 to 1024.
-    #[arg(long, value_name = "N", conflicts_with_all = ["election", "read_write"],
-          value_parser = clap::value_parser!(u32).range(1..=i64::from(lockwright::MAX_PERMITS)))]
-    permits: Option<u32>,
-    /// Workers take a read-write lock, two sections in three as readers
-    /// (which only read the counter, with their grant's fence): the run
-    /// checks that no reader began beside a valid writer, nor a writer
-    /// beside anyone, and that no writer's increment was lost.
-    #[arg(long, conflicts_with = "election")]
-    read_write: bool,
-    /// Also write the fault run's whole history (every critical section
-    /// and resource op, as JSON) to this file, to study a violation.
-    #[arg(long)]
-    history: Option<std::path::PathBuf>,
-    /// Write the figures as one JSON document on stdout, for dashboards
-    /// (the summary line still ends stderr).
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Args, Debug)]
-struct BenchArgs {
-    #[command(flatten)]
-    store: StoreArgs,
-    /// Clients for the N-client and contended runs.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..=256))]
-    clients: u32,
-    /// How long each throughput run lasts.
-    #[arg(long, default_value = "5s", value_parser = duration)]
-    duration: Duration,
-    /// Locks one client holds for the scale run; 0 skips it.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
-    held: u32,
-    /// How long the locks are held in the scale run.
-    #[arg(long, default_value = "60s", value_parser = duration)]
-    hold_for: Duration,
-    /// The held locks' lease (renewed every third of it).
-    #[arg(long, default_value = "30s", value_parser = duration)]
-    ttl: Duration,
-    /// Write the figures as one JSON document on stdout, for dashboards.
-    #[arg(long)]
-    json: bool,
-}
-
-/// `__bench-peer`: what `bench` tells its peer process.
-#[derive(Args, Debug)]
-struct BenchPeerArgs {
-    /// From the environment: a command line can be read by other users.
-    #[arg(long, env = "LOCKWRIGHT_URL", hide_env_values = true)]
-    url: String,
-    #[arg(long)]
-    key: String,
-    #[arg(long, value_parser = duration)]
-    duration: Duration,
 }
 
 /// The exit status for an error that ends the command: the one table,
@@ -424,16 +311,8 @@ fn run_command() -> i32 {
     {
         return group::watcher_main();
     }
-    if std::env::args_os()
-        .nth(1)
-        .is_some_and(|a| a == check::WORKER_SUBCOMMAND)
-    {
-        init_tracing(0, true);
-        let rest: Vec<String> = std::env::args_os()
-            .skip(2)
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
-        return check::worker::main(&rest);
+    if let Some(code) = check_worker() {
+        return code;
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -443,7 +322,12 @@ fn run_command() -> i32 {
             return code;
         }
     };
-    init_tracing(cli.verbose, matches!(cli.command, Command::Check(_)));
+    // `check` injects faults: the lock's warnings about them are expected.
+    #[cfg(feature = "check")]
+    let quiet_warnings = matches!(cli.command, Command::Check(_));
+    #[cfg(not(feature = "check"))]
+    let quiet_warnings = false;
+    init_tracing(cli.verbose, quiet_warnings);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -463,9 +347,12 @@ fn run_command() -> i32 {
             Command::Elect(args) => elect::elect(args).await,
             Command::Leader(args) => elect::leader(args).await,
             Command::WatchGroup => Ok(group::watcher_main()),
-            Command::BenchPeer(args) => bench_procs::peer(args).await,
-            Command::Check(args) => check::check(args).await,
-            Command::Bench(args) => bench::bench(args).await,
+            #[cfg(feature = "check")]
+            Command::BenchPeer(args) => lockwright_check::bench_peer(args).await,
+            #[cfg(feature = "check")]
+            Command::Check(args) => lockwright_check::check(args).await,
+            #[cfg(feature = "check")]
+            Command::Bench(args) => lockwright_check::bench(args).await,
         }
     });
     // Background releases of dropped guards get a moment to reach the store.
@@ -478,6 +365,13 @@ fn run_command() -> i32 {
         }
     };
     let sig = DIE_BY.load(Ordering::SeqCst);
+    // `check` keeps its own flag, since its crate cannot set this one; a
+    // process runs one subcommand, so at most one of the two is set.
+    #[cfg(feature = "check")]
+    let sig = match lockwright_check::signal_to_end_by() {
+        Some(s) if sig == 0 => s as i32,
+        _ => sig,
+    };
     if sig != 0 {
         if let Ok(sig) = nix::sys::signal::Signal::try_from(sig) {
             // SAFETY: restores the default action of one signal, then
@@ -490,6 +384,28 @@ fn run_command() -> i32 {
         }
     }
     code
+}
+
+/// `check`'s fault-run worker (`__check-worker`), if this process was
+/// started as one: its exit code. Looked for before clap parses, as the
+/// group watcher is: the worker takes its arguments as they come.
+#[cfg(feature = "check")]
+fn check_worker() -> Option<i32> {
+    if std::env::args_os().nth(1)? != lockwright_check::WORKER_SUBCOMMAND {
+        return None;
+    }
+    init_tracing(0, true);
+    let rest: Vec<String> = std::env::args_os()
+        .skip(2)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    Some(lockwright_check::worker_main(&rest))
+}
+
+/// Without the `check` feature there is no fault run, so no worker.
+#[cfg(not(feature = "check"))]
+fn check_worker() -> Option<i32> {
+    None
 }
 
 /// A signal this process should end by, once everything is cleaned up.

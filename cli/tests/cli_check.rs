@@ -4,6 +4,7 @@
 
 #![cfg(all(
     unix,
+    feature = "check",
     feature = "sqlite",
     feature = "postgres",
     feature = "mysql",

@@ -2,7 +2,7 @@
 //! binary, on an SQLite file (no server needed): stdout is one JSON
 //! document, its figures JSON numbers, and everything else goes to stderr.
 
-#![cfg(all(unix, feature = "sqlite"))]
+#![cfg(all(unix, feature = "check", feature = "sqlite"))]
 
 mod common;
 

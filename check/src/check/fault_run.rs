@@ -23,8 +23,9 @@ use super::report::{fault_run_result, print_fault_run_header, print_fault_table,
 use super::resource::Resource;
 use super::worker::Claims;
 use super::workers::{Spawner, Workers};
+use crate::args::CheckArgs;
 use crate::endpoints::Endpoints;
-use crate::CheckArgs;
+use crate::exit::die_by_signal_on_exit;
 
 /// Runs the fault run `args` asks for against the store at `url`; its part
 /// of the report (the table printed too, if `text`).
@@ -121,7 +122,7 @@ pub(crate) async fn fault_run(
             at.saturating_duration_since(started).as_secs_f64()
         );
         // Then end by that signal, as a shell expects of an interrupted command.
-        crate::die_by_signal_on_exit(sig);
+        die_by_signal_on_exit(sig);
     }
 
     // Stop now, not when the faults would have ended (a pause or partition
@@ -162,7 +163,7 @@ pub(crate) async fn fault_run(
             eprintln!(
                 "lockwright check: {sig} after the fault run; not waiting for the lock to free"
             );
-            crate::die_by_signal_on_exit(sig);
+            die_by_signal_on_exit(sig);
         }
     }
     let result = fault_run_result(&judged.verdict, &counts, election.as_ref());

@@ -15,8 +15,9 @@ use tokio::sync::Mutex;
 
 use super::history;
 use super::resource::Resource;
-use super::worker::Claims;
-use super::{WORKER_CLAIMS_ENV, WORKER_ELECTION_ENV, WORKER_SUBCOMMAND, WORKER_URL_ENV};
+use super::worker::{
+    Claims, WORKER_CLAIMS_ENV, WORKER_ELECTION_ENV, WORKER_SUBCOMMAND, WORKER_URL_ENV,
+};
 use crate::endpoints::Endpoints;
 use crate::proxy::{self, Control};
 

@@ -1,6 +1,6 @@
-//! The fault run's nemesis: which faults there are, and the loop that
-//! injects them into the workers (killing, freezing, cutting off and
-//! slowing them) while keeping enough of them free to take the lock.
+//! The fault run's nemesis: the loop that injects the faults (`faults.rs`
+//! says which there are) into the workers (killing, freezing, cutting off
+//! and slowing them) while keeping enough of them free to take the lock.
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -9,88 +9,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
-use serde::Serialize;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::faults::Fault;
 use super::history;
 use super::resource::Resource;
 use super::worker::rand_below;
 use super::workers::{pid_of, Slot, Spawner, Workers};
-
-/// A fault the nemesis injects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum Fault {
-    /// SIGKILL a worker (a holder when there is one), then start another.
-    Kill,
-    /// SIGSTOP a worker past its lease, then SIGCONT.
-    Pause,
-    /// Cut a worker off from the store at its proxy past its lease.
-    Partition,
-    /// Slow a worker's traffic to the store for a few seconds.
-    Latency,
-    /// Fail the store's primary over to a replica (Redis Sentinel and
-    /// Cluster): the whole deployment, not one worker.
-    Failover,
-}
-
-impl Fault {
-    /// The name `--faults` and the reports use.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Fault::Kill => "kill",
-            Fault::Pause => "pause",
-            Fault::Partition => "partition",
-            Fault::Latency => "latency",
-            Fault::Failover => "failover",
-        }
-    }
-
-    /// Faults made at the proxy.
-    pub(crate) fn needs_proxy(self) -> bool {
-        matches!(self, Fault::Partition | Fault::Latency)
-    }
-
-    /// Faults aimed at a holder inside its critical section.
-    fn aims_at_holders(self) -> bool {
-        matches!(self, Fault::Kill | Fault::Pause)
-    }
-}
-
-/// The faults `--faults` asked for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Faults(pub(crate) Vec<Fault>);
-
-/// Parses `--faults`: a comma-separated list, or `none`.
-pub(crate) fn parse_faults(s: &str) -> std::result::Result<Faults, String> {
-    if s.trim() == "none" {
-        return Ok(Faults(Vec::new()));
-    }
-    let mut out = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let f = match part {
-            "kill" => Fault::Kill,
-            "pause" => Fault::Pause,
-            "partition" => Fault::Partition,
-            "latency" => Fault::Latency,
-            "failover" => Fault::Failover,
-            other => {
-                return Err(format!(
-                    "unknown fault {other:?}; known: kill, pause, partition, latency, failover, \
-                     or none"
-                ))
-            }
-        };
-        if !out.contains(&f) {
-            out.push(f);
-        }
-    }
-    if out.is_empty() {
-        return Err("no faults named; use none for a run without faults".into());
-    }
-    Ok(Faults(out))
-}
 
 /// The nemesis: a new fault every 50-250 ms while fewer than half the
 /// workers are under one, so the rest keep taking the lock.

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::faults::Fault;
 use super::history::Verdict;
-use super::nemesis::Fault;
 use super::observers::LeaderVerdict;
 use super::worker::Claims;
 

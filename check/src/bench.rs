@@ -12,14 +12,16 @@ use std::time::{Duration, Instant};
 use futures::stream::{self, StreamExt};
 use lockwright::backend::RedactedUrl;
 use lockwright::{Error, LockGuard, LockOptions, Locker, OwnerToken, Result};
-use lockwright_cli::timing::{percentile, percentile_ms, HandOffs};
+use lockwright_conformance::faults::{Observed, Observer};
 use serde::Serialize;
 use serde_json::json;
 
-use super::endpoints::Endpoints;
-use super::proxy::{self, Control};
-use super::BenchArgs;
-use lockwright_conformance::faults::{Observed, Observer};
+use crate::args::BenchArgs;
+use crate::bench_election;
+use crate::bench_procs;
+use crate::endpoints::Endpoints;
+use crate::proxy::{self, Control};
+use lockwright_cli_kit::timing::{percentile, percentile_ms, HandOffs};
 
 /// Most locks the held-lock run takes with SQL session locks, where each
 /// one holds a server connection.
@@ -91,7 +93,7 @@ fn run_key(tag: &str) -> String {
 
 /// `lockwright bench`: the table on stdout, or with `--json` one JSON
 /// document (progress and notices on stderr either way).
-pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
+pub async fn bench(args: BenchArgs) -> Result<i32> {
     let url = args.store.shared_url()?.to_owned();
     let shown = RedactedUrl::new(&url);
     let scheme = lockwright::backend::scheme(&url)?;
@@ -149,7 +151,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
     let procs = timed(
         "contended, 2 processes",
         d,
-        super::bench_procs::run(&lockers[0], &url, &run_key("processes"), d),
+        bench_procs::run(&lockers[0], &url, &run_key("processes"), d),
     )
     .await?;
     // Semaphores and read-write locks beside the mutex, one client each,
@@ -170,7 +172,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
         let figures = timed(
             "election, 2 candidates",
             d,
-            super::bench_election::run(&lockers[..2], &watcher, &run_key("election"), d),
+            bench_election::run(&lockers[..2], &watcher, &run_key("election"), d),
         )
         .await?;
         let _ = watcher.close().await;
@@ -235,8 +237,8 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
             percentile(&procs.handoffs, 0.99),
             procs.shares[0] * 100.0,
             procs.shares[1] * 100.0,
-            super::bench_procs::HOLD.as_millis(),
-            super::bench_procs::THINK.as_millis()
+            bench_procs::HOLD.as_millis(),
+            bench_procs::THINK.as_millis()
         );
         match &election {
             Some(e) => println!(
@@ -308,8 +310,8 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<i32> {
             "handoff_p50_ms": percentile_ms(&procs.handoffs, 0.50),
             "handoff_p99_ms": percentile_ms(&procs.handoffs, 0.99),
             "shares_pct": procs.shares.map(|s| s * 100.0),
-            "hold_ms": u64::try_from(super::bench_procs::HOLD.as_millis()).unwrap_or(u64::MAX),
-            "think_ms": u64::try_from(super::bench_procs::THINK.as_millis()).unwrap_or(u64::MAX),
+            "hold_ms": u64::try_from(bench_procs::HOLD.as_millis()).unwrap_or(u64::MAX),
+            "think_ms": u64::try_from(bench_procs::THINK.as_millis()).unwrap_or(u64::MAX),
         }));
         if let Some(e) = &election {
             runs.push(json!({

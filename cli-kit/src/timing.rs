@@ -2,6 +2,7 @@
 //! next grant to a different client. `lockwright demo`, `lockwright bench`
 //! and `lockwright-bench` all use this, so the figures they print mean the
 //! same thing.
+//!
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use lockwright::{Error, LockOptions, Locker, Result};
-use lockwright_cli::timing::HandOffs;
+
+use lockwright_cli_kit::timing::HandOffs;
 
 /// How long each reign lasts: longer than the observer's poll, so that
 /// it can see every reign.

@@ -5,11 +5,16 @@
 //!
 //! Here: the command itself and the conformance part. The fault run is
 //! `fault_run` (start to verdict), `workers` (the worker processes and
-//! the proxies in front of them), `nemesis` (the faults and their
-//! injection), `resource` (the counter the workers protect, and its
-//! records), `history` (the checker), `observers` (`--election`'s leader
-//! watchers and their checker) and `report` (the JSON and the tables);
-//! `worker` is a worker process's own code.
+//! the proxies in front of them), `faults` (which faults there are, as
+//! `--faults` names them), `nemesis` (their injection), `resource` (the
+//! counter the workers protect, and its records), `history` (the checker),
+//! `observers` (`--election`'s leader watchers and their checker) and
+//! `report` (the JSON and the tables); `worker` is a worker process's own
+//! code, and says how a worker is started (its subcommand and
+//! environment). `harness` is the conformance suite's view of the URL.
+//!
+//! Files import downwards only: this one uses the others, `fault_run` the
+//! rest of the fault run's, down to `history`, which imports none.
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
@@ -17,10 +22,11 @@ use std::time::{Duration, Instant};
 use lockwright::backend::{Binding, RedactedUrl};
 use lockwright::{Error, Result};
 
-use super::endpoints::{closed_port, Endpoints};
-use super::CheckArgs;
+use crate::args::CheckArgs;
+use crate::endpoints::{closed_port, Endpoints};
 
 mod fault_run;
+pub(crate) mod faults;
 mod harness;
 pub(crate) mod history;
 mod memory;
@@ -35,8 +41,7 @@ mod workers;
 mod tests;
 
 use fault_run::fault_run;
-use nemesis::Fault;
-pub(crate) use nemesis::{parse_faults, Faults};
+use faults::Fault;
 
 /// Whether `--faults failover` can be made on a store of this URL scheme:
 /// one whose primary has a replica the check can promote.
@@ -55,20 +60,8 @@ const EX_FOUND: i32 = 1;
 /// a few faults.
 const MAX_FAULT_TTL: Duration = Duration::from_secs(60);
 
-/// The hidden subcommand a fault-run worker runs as.
-pub(crate) const WORKER_SUBCOMMAND: &str = "__check-worker";
-
-/// Where a worker finds its store URL.
-pub(crate) const WORKER_URL_ENV: &str = "LOCKWRIGHT_CHECK_WORKER_URL";
-
-/// What a worker takes instead of the lock (`--permits`, `--read-write`).
-pub(crate) const WORKER_CLAIMS_ENV: &str = "LOCKWRIGHT_CHECK_WORKER_CLAIMS";
-
-/// Set for a worker that campaigns instead of locking (`--election`).
-pub(crate) const WORKER_ELECTION_ENV: &str = "LOCKWRIGHT_CHECK_WORKER_ELECTION";
-
 /// `lockwright check`: its exit status, or the error that ended it.
-pub(crate) async fn check(args: CheckArgs) -> Result<i32> {
+pub async fn check(args: CheckArgs) -> Result<i32> {
     let url = args.store.shared_url()?.to_owned();
     let shown = RedactedUrl::new(&url).to_string();
     if args.no_conformance && args.duration.is_zero() {

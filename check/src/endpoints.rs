@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use lockwright::backend::{scheme, HostPort, RedactedUrl, ServerUrl};
+use lockwright::backend::{driver, HostPort, RedactedUrl, ServerUrl};
 use lockwright::{Error, Result};
 
 /// A store URL and the TCP servers it names, parsed once by the core.
@@ -24,28 +24,15 @@ impl Endpoints {
     /// # Errors
     /// `Config` for a URL whose scheme is unknown or that does not parse.
     pub(crate) fn of(url: &str) -> Result<Option<Endpoints>> {
-        let Some(port) = scheme(url)?.default_port else {
+        let (scheme, driver) = driver(url)?;
+        let Some(port) = scheme.default_port else {
             return Ok(None);
         };
         let url = ServerUrl::parse(url, port)?;
-        // TLS checks the server's name, which a local proxy would replace;
-        // sentinels and a Cluster's nodes name the servers the client then
-        // goes to, past any proxy.
-        let lower = url.url().expose().to_ascii_lowercase();
-        if matches!(
-            url.scheme(),
-            "rediss"
-                | "etcds"
-                | "memcaches"
-                | "redis+sentinel"
-                | "rediss+sentinel"
-                | "redis+cluster"
-                | "rediss+cluster"
-        ) || lower.contains("sslmode=verify")
-            || lower.contains("ssl-mode=verify")
-            || lower.contains("ssl_mode=verify")
-            || url.hosts().is_empty()
-        {
+        // The store's driver says which URLs a local proxy cannot stand in
+        // for (TLS that checks the server's name; servers that name the
+        // servers the client goes to next).
+        if driver.is_direct(&url) || url.hosts().is_empty() {
             return Ok(None);
         }
         let servers = url.hosts().iter().map(HostPort::to_string).collect();

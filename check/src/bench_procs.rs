@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use lockwright::{Error, LockOptions, Locker, Result};
 use tokio::io::AsyncReadExt;
 
-use super::BenchPeerArgs;
+use crate::args::BenchPeerArgs;
 
 /// How long each process holds the lock each time.
 pub(crate) const HOLD: Duration = Duration::from_millis(20);
@@ -66,7 +66,7 @@ async fn contend(locker: &Locker, key: &str, d: Duration) -> Result<Vec<Turn>> {
 }
 
 /// `lockwright __bench-peer`: contends, then prints its turns, one per line.
-pub(crate) async fn peer(args: BenchPeerArgs) -> Result<i32> {
+pub async fn peer(args: BenchPeerArgs) -> Result<i32> {
     let locker = lockwright::connect(&args.url).await?;
     let turns = contend(&locker, &args.key, args.duration).await?;
     let _ = locker.close().await;

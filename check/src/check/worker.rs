@@ -7,6 +7,9 @@
 //! With `check --permits N` a worker holds one of N permits and touches
 //! no counter (N holders at once would race on it by design); with
 //! `--read-write`, two sections in three are a reader's, which only read.
+//!
+//! Here too: how a worker is started (its hidden subcommand and the
+//! environment it reads), which `workers.rs` uses to start one.
 
 use std::time::{Duration, Instant};
 
@@ -14,7 +17,31 @@ use lockwright::{Election, LockGuard, LockKey, LockOptions, Locker, Result};
 use tokio_util::sync::CancellationToken;
 
 use super::history::{instant_ns, mono_ns};
-use super::resource::{Channel, Request};
+use super::observers::worker_value;
+use super::resource::{Channel, Remote, Request};
+use crate::args::CheckArgs;
+
+/// The hidden subcommand a fault-run worker runs as.
+pub const WORKER_SUBCOMMAND: &str = "__check-worker";
+
+/// Where a worker finds its store URL.
+pub(crate) const WORKER_URL_ENV: &str = "LOCKWRIGHT_CHECK_WORKER_URL";
+
+/// What a worker takes instead of the lock (`--permits`, `--read-write`).
+pub(crate) const WORKER_CLAIMS_ENV: &str = "LOCKWRIGHT_CHECK_WORKER_CLAIMS";
+
+/// Set for a worker that campaigns instead of locking (`--election`).
+pub(crate) const WORKER_ELECTION_ENV: &str = "LOCKWRIGHT_CHECK_WORKER_ELECTION";
+
+/// The worker's exit status for a command line it was not started with:
+/// `EX_USAGE`, the value the command's own `EX_USAGE` (cli/src/main.rs)
+/// has; defined again here, since this crate cannot use the command's.
+const EX_USAGE: i32 = 64;
+
+/// The worker's exit status when it cannot start its runtime: `EX_OSERR`,
+/// the value the command's own `EX_OSERR` (cli/src/main.rs) has; defined
+/// again here for the same reason.
+const EX_OSERR: i32 = 71;
 
 /// The latest deadline a guard has reported (a lost guard keeps its last).
 fn deadline(guard: &LockGuard, last: u64) -> u64 {
@@ -34,7 +61,7 @@ pub(crate) enum Claims {
 
 impl Claims {
     /// What `check`'s flags ask for.
-    pub(crate) fn of(args: &crate::CheckArgs) -> Self {
+    pub(crate) fn of(args: &CheckArgs) -> Self {
         match (args.permits, args.read_write) {
             (Some(n), _) => Claims::Permits(n),
             (None, true) => Claims::ReadWrite,
@@ -98,10 +125,7 @@ async fn take(
     opts: &LockOptions,
 ) -> Result<Hold> {
     if let Some(e) = election {
-        return e
-            .campaign(super::observers::worker_value(id), opts)
-            .await
-            .map(Hold::Lead);
+        return e.campaign(worker_value(id), opts).await.map(Hold::Lead);
     }
     let guard = match claims {
         Claims::Lock => locker.lock_with(key, opts).await,
@@ -240,7 +264,7 @@ pub(crate) fn rand_below(n: u64) -> u64 {
 
 /// The hidden `__check-worker KEY TTL PORT ID` subcommand: one worker
 /// process, its URL in the environment, stopped by the end of its stdin.
-pub(crate) fn main(args: &[String]) -> i32 {
+pub fn main(args: &[String]) -> i32 {
     let parsed = (|| {
         let [key, ttl, port, id] = args else {
             return None;
@@ -252,13 +276,9 @@ pub(crate) fn main(args: &[String]) -> i32 {
             id.parse::<u32>().ok()?,
         ))
     })();
-    let (Some((key, ttl, port, id)), Ok(url)) = (parsed, std::env::var(super::WORKER_URL_ENV))
-    else {
-        eprintln!(
-            "lockwright: {} is started by `lockwright check` only",
-            super::WORKER_SUBCOMMAND
-        );
-        return super::super::EX_USAGE;
+    let (Some((key, ttl, port, id)), Ok(url)) = (parsed, std::env::var(WORKER_URL_ENV)) else {
+        eprintln!("lockwright: {WORKER_SUBCOMMAND} is started by `lockwright check` only");
+        return EX_USAGE;
     };
     // Dies with `check`, even frozen: a worker left behind would hold a
     // connection, and perhaps the lock, with nobody to stop it.
@@ -271,7 +291,7 @@ pub(crate) fn main(args: &[String]) -> i32 {
         .enable_all()
         .build()
     else {
-        return super::super::EX_OSERR;
+        return EX_OSERR;
     };
     let code = rt.block_on(run(&url, &key, ttl, port, id));
     rt.shutdown_timeout(Duration::from_secs(1));
@@ -294,11 +314,11 @@ async fn run(url: &str, key: &str, ttl: Duration, port: u16, id: u32) -> i32 {
             while matches!(stdin.read(&mut sink).await, Ok(n) if n > 0) {}
             eof.cancel();
         });
-        let election = match std::env::var_os(super::WORKER_ELECTION_ENV) {
+        let election = match std::env::var_os(WORKER_ELECTION_ENV) {
             Some(_) => Some(locker.election(&key)?),
             None => None,
         };
-        let claims = std::env::var(super::WORKER_CLAIMS_ENV)
+        let claims = std::env::var(WORKER_CLAIMS_ENV)
             .ok()
             .and_then(|c| Claims::from_env(&c))
             .unwrap_or(Claims::Lock);
@@ -321,9 +341,8 @@ async fn run(url: &str, key: &str, ttl: Duration, port: u16, id: u32) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("lockwright check worker {id}: {}", e.chain());
-            super::super::exit_code(&e)
+            // The command's one table, as its own `exit_code` reads it.
+            e.kind().exit_code()
         }
     }
 }
-
-use super::resource::Remote;
