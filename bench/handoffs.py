@@ -1,5 +1,5 @@
 """Hand-off timing and the contention run shared by the Python baselines
-(zk_kazoo.py, mc_sherlock.py): the same measure as src/cli/timing.rs, so
+(zk_kazoo.py, mc_sherlock.py): the same measure as cli-kit/src/timing.rs, so
 their figures and ours mean the same thing."""
 
 import math
@@ -8,7 +8,7 @@ import time
 
 
 class HandOffs:
-    """Release-to-grant gaps between different clients (cf. src/cli/timing.rs)."""
+    """Release-to-grant gaps between different clients (cf. cli-kit/src/timing.rs)."""
 
     def __init__(self):
         self.mutex = threading.Lock()

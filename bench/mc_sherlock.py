@@ -19,7 +19,7 @@ stdout (errors go to stderr, with a nonzero exit status):
                retry_interval (set to RETRY_INTERVAL, far below its 0.1 s
                default). Hand-off latency runs from one client's release
                start to the next grant to a different client, the same
-               measure as src/cli/timing.rs.
+               measure as cli-kit/src/timing.rs.
 
 `lockwright-bench memcached` runs this as a subprocess and prints its figures
 beside its own. Every run locks under a fresh key (--key plus a random

@@ -11,7 +11,7 @@ with a nonzero exit status):
                blocking acquire / tiny critical section / release on one
                lock for T seconds. Hand-off latency runs from one client's
                release start to the next grant to a different client, the
-               same measure as src/cli/timing.rs.
+               same measure as cli-kit/src/timing.rs.
 
 `lockwright-bench zookeeper` runs this as a subprocess and prints its figures
 beside its own. Every run locks under a fresh path (--path plus a random

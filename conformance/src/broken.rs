@@ -79,6 +79,19 @@ pub enum Defect {
     ReadersIgnoreWaitingWriters,
     /// Ignores a downgrade: the reader beside a writer queues like any other.
     DowngradeGap,
+    /// Grants a reader's exclusive claim on a name it reads as one more
+    /// read hold (as a store that checked the claim's kind against other
+    /// owners' holds only, never against the owner's own, would): the
+    /// reader believes it writes beside other readers.
+    UpgradeAdmitted,
+    /// A reader's second read of a name it reads already adds no hold
+    /// (as a store keeping a set of readers, not a count, would): the
+    /// grant says one hold, and the reader's first release frees it.
+    ReaderReentryUncounted,
+    /// A semaphore's claim on a name that readers hold waits for them, as
+    /// a store that judged it as a mutex's claim would, where the store
+    /// must refuse it (a name is a semaphore or a read-write lock).
+    PermitsWaitOnReaders,
     /// Ignores a waiter giving up, so a writer's mark stays until its TTL.
     AbandonIgnored,
     /// Keeps a record of every name a semaphore or read-write lock used.
@@ -101,7 +114,7 @@ const LATE_GRANT_KEPT: Duration = Duration::from_secs(2);
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 30] = [
+    pub const ALL: [Defect; 33] = [
         Defect::ReleaseWithoutOwnerCheck,
         Defect::NoExpiry,
         Defect::RenewReleases,
@@ -127,6 +140,9 @@ impl Defect {
         Defect::WriterIgnoresReaders,
         Defect::ReadersIgnoreWaitingWriters,
         Defect::DowngradeGap,
+        Defect::UpgradeAdmitted,
+        Defect::ReaderReentryUncounted,
+        Defect::PermitsWaitOnReaders,
         Defect::AbandonIgnored,
         Defect::LeaksClaimedNames,
         Defect::BatchRenewsAnyHolder,
@@ -203,6 +219,25 @@ impl Broken {
             }
             _ => owner.clone(),
         }
+    }
+
+    /// `UpgradeAdmitted`: an exclusive claim by an owner that reads `key`
+    /// now, made as a read claim, which the store grants as a re-entry of
+    /// the owner's read hold; any other claim as it is.
+    async fn upgrade_as_read(&self, key: &LockKey, owner: OwnerToken) -> Result<OwnerToken> {
+        if self.defect != Defect::UpgradeAdmitted || owner.claim().is_shared() {
+            return Ok(owner);
+        }
+        let status = self.inner.inspect(key).await?;
+        let reads = status
+            .holders
+            .iter()
+            .any(|h| h.shared && h.owner.as_ref() == Some(&owner));
+        Ok(if reads {
+            owner.with_claim(Claim::Shared)
+        } else {
+            owner
+        })
     }
 
     /// A grant the store refused, made anyway by the defect: one more
@@ -309,12 +344,30 @@ lockwright_core::forward_backend! {
                 Defect::NoExpiry => ttl.max(Duration::from_secs(3600)),
                 _ => ttl,
             };
-            let owner = &self.rewrite_claim(key, owner);
+            let rewritten = self.rewrite_claim(key, owner);
+            let rewritten = self.upgrade_as_read(key, rewritten).await?;
+            let owner = &rewritten;
             let claim = owner.claim();
             let n = claim.exclusive_permits().unwrap_or(0);
             if self.defect == Defect::ExpiredPermitsCounted && n > 1 {
                 let counted = self.extra.permits.lock().unwrap().get(key).map_or(0, Vec::len);
                 if counted >= n as usize {
+                    return Ok(Acquire::Contended { retry_after: None });
+                }
+            }
+            if self.defect == Defect::ReaderReentryUncounted && claim.is_shared() {
+                let status = self.inner.inspect(key).await?;
+                if status.holders.iter().any(|h| h.shared && h.owner.as_ref() == Some(owner)) {
+                    return Ok(Acquire::Acquired(Grant {
+                        fence: status.fence,
+                        holds: 1,
+                        lease: None,
+                    }));
+                }
+            }
+            if self.defect == Defect::PermitsWaitOnReaders && n > 1 {
+                let status = self.inner.inspect(key).await?;
+                if status.holders.iter().any(|h| h.shared) {
                     return Ok(Acquire::Contended { retry_after: None });
                 }
             }

@@ -169,6 +169,9 @@ macro_rules! __case_list {
                 abandoned_permit_acquire_leaves_nothing,
                 permit_state_is_bounded,
             }
+            ClaimRules claim_rules {
+                claims_answer_as_the_model_does,
+            }
         }
     };
 }

@@ -140,11 +140,20 @@ async fn silent_changes_are_caught() {
     check(Defect::SilentChanges, &["announced_changes_wake_observers"]).await;
 }
 
-/// A defect of semaphores or read-write locks is caught by `case` and by
-/// no other case of the suite: every safety case of the permits rule has
-/// a defect that it alone catches.
+/// A defect is caught by `case` and by no other case of the suite.
 async fn caught_by_alone(defect: Defect, case: &str) {
     caught_by_these_alone(defect, &[case]).await;
+}
+
+/// The case that compares a store's answers to claims with the reference
+/// model's: it catches a defect of semaphores or read-write locks that its
+/// sequences meet (its fixed opening meets each rule once).
+const MODEL: &str = "claims_answer_as_the_model_does";
+
+/// A defect is caught by `case`, the case made for it, by the comparison
+/// with the model, and by no other case of the suite.
+async fn caught_by_alone_and_the_model(defect: Defect, case: &str) {
+    caught_by_these_alone(defect, &[case, MODEL]).await;
 }
 
 /// A defect is caught by `cases` (in suite order) and by no other case.
@@ -158,42 +167,52 @@ async fn caught_by_these_alone(defect: Defect, cases: &[&str]) {
     );
 }
 
+/// The model's opening finds the fourth claim on a full semaphore granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_semaphore_that_over_grants_is_caught() {
-    caught_by_alone(
+    caught_by_alone_and_the_model(
         Defect::PermitsOverGrant,
         "n_plus_one_clients_never_hold_n_plus_one_permits",
     )
     .await;
 }
 
+/// The model's opening counts a re-entered permit as one, and refuses
+/// another N where the defect, counting every grant, answers "contended".
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn expired_permits_counted_are_caught() {
-    caught_by_alone(Defect::ExpiredPermitsCounted, "expired_permit_is_reclaimed").await;
+    caught_by_alone_and_the_model(Defect::ExpiredPermitsCounted, "expired_permit_is_reclaimed")
+        .await;
 }
 
+/// The model's opening finds a semaphore of 3 turned into the N first
+/// claimed on the name (a writer's 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn permits_not_kept_are_caught() {
-    caught_by_alone(Defect::PermitsNotKept, "mismatched_permits_are_refused").await;
+    caught_by_alone_and_the_model(Defect::PermitsNotKept, "mismatched_permits_are_refused").await;
 }
 
+/// The model's opening finds an owner that holds no permit releasing
+/// another's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_permit_release_without_owner_check_is_caught() {
-    caught_by_alone(
+    caught_by_alone_and_the_model(
         Defect::PermitReleaseWithoutOwnerCheck,
         "stale_permit_holder_cannot_release_or_renew",
     )
     .await;
 }
 
+/// The model's opening finds a third reader refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn readers_that_exclude_are_caught() {
-    caught_by_alone(Defect::ReadersExclude, "readers_share").await;
+    caught_by_alone_and_the_model(Defect::ReadersExclude, "readers_share").await;
 }
 
+/// The model's opening finds a writer granted beside three readers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_writer_that_ignores_readers_is_caught() {
-    caught_by_alone(
+    caught_by_alone_and_the_model(
         Defect::WriterIgnoresReaders,
         "writer_excludes_readers_and_writers",
     )
@@ -218,9 +237,40 @@ async fn a_downgrade_gap_is_caught() {
     .await;
 }
 
+/// A reader's second read must add a hold: the downgrade case's writer
+/// reads twice, and the model's opening re-enters a read hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_uncounted_reader_reentry_is_caught() {
+    caught_by_these_alone(
+        Defect::ReaderReentryUncounted,
+        &["writer_downgrades_reader_never_upgrades", MODEL],
+    )
+    .await;
+}
+
+/// Only the comparison with the model makes a semaphore's claim on a name
+/// that readers hold, which must be refused, not left to wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn permits_that_wait_on_readers_are_caught() {
+    caught_by_alone(Defect::PermitsWaitOnReaders, MODEL).await;
+}
+
+/// The downgrade case's reader asks to write with its own token, and so
+/// does the model's opening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_admitted_upgrade_is_caught() {
+    caught_by_these_alone(
+        Defect::UpgradeAdmitted,
+        &["writer_downgrades_reader_never_upgrades", MODEL],
+    )
+    .await;
+}
+
+/// The model's opening finds a new reader kept out by the mark of a
+/// writer that gave up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_ignored_abandon_is_caught() {
-    caught_by_alone(
+    caught_by_alone_and_the_model(
         Defect::AbandonIgnored,
         "abandoned_permit_acquire_leaves_nothing",
     )

@@ -584,8 +584,15 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
         self.try_acquire(key, owner, ttl).await
     }
 
-    /// Gives up waiting: removes `ticket` from the queue and, if the lock was
-    /// already handed to it, releases that hold. The default does nothing.
+    /// Gives up waiting, undoing everything a refused or queued attempt of
+    /// `owner` left in the store: removes `ticket` from the queue and, if
+    /// the lock was already handed to it, releases that hold; and removes
+    /// the mark a refused writer left to keep new readers out (and, where
+    /// the store keeps places in line, a refused reader's place), so that
+    /// readers are not held up by a writer that is gone. The `Locker` calls
+    /// it when a wait ends unmet, and in the background when an acquire is
+    /// dropped. The default does nothing: right only for a store that
+    /// neither queues nor marks.
     async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
         let _ = (key, owner, ticket);
         Ok(())

@@ -12,6 +12,7 @@ use lockwright_core::{LockKey, LockOptions, Locker, OwnerToken};
 
 use crate::Harness;
 
+pub mod claim_rules;
 pub mod election;
 pub mod exclusion;
 pub mod expiry;
@@ -65,6 +66,8 @@ pub enum Rule {
     Election,
     /// [`permits`]: semaphores and read-write locks, for more than one holder.
     Permits,
+    /// [`claim_rules`]: every store answers claims as the reference model does.
+    ClaimRules,
 }
 
 impl Rule {
@@ -87,6 +90,7 @@ impl Rule {
             Rule::MultiLock => "multi_lock",
             Rule::Election => "election",
             Rule::Permits => "permits",
+            Rule::ClaimRules => "claim_rules",
         }
     }
 }
@@ -271,6 +275,6 @@ mod tests {
                 seen.push(case.rule);
             }
         }
-        assert_eq!(seen.len(), 16);
+        assert_eq!(seen.len(), 17);
     }
 }
