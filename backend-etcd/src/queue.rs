@@ -10,7 +10,7 @@
 use std::sync::{Arc, Weak};
 
 use etcd_client::{
-    Compare, CompareOp, Event, EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
+    Compare, CompareOp, Event, EventType, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp,
     WatchOptions,
 };
 use lockwright_core::backend::{lock_unpoisoned, Acquire, Watch};
@@ -74,6 +74,37 @@ impl Inner {
             return self.beside(key, owner, writer).await;
         }
         let prefix = self.prefix(key);
+        let Some((q, line)) = self.place_in_line(owner, ticket, &prefix).await? else {
+            return Ok(Acquire::Contended { retry_after: None });
+        };
+        let claim = owner.claim();
+        let held = match claims::holds(key, claim, q.rev, &line) {
+            Ok(held) => held,
+            Err(refused) => {
+                // Another kind of claim holds: ours leaves the line before
+                // the refusal is told (a caller that exits on it must not
+                // leave a key behind), if it is still this waiter's to take
+                // out (else a give-up or a dropped watch took it already).
+                self.leave_refused(ticket, q).await;
+                return Err(refused);
+            }
+        };
+        if held {
+            return self.take_turn(key, owner, ticket, q).await;
+        }
+        self.wait_in_line(key, claim, &prefix, &q, ticket).await?;
+        Ok(Acquire::Contended { retry_after: None })
+    }
+
+    /// Waiter `ticket`'s key in line and the line read with it: the key
+    /// it stands there with (the line read again), or a new one put now;
+    /// `None` when this attempt ends contended without one.
+    async fn place_in_line(
+        &self,
+        owner: &OwnerToken,
+        ticket: &OwnerToken,
+        prefix: &str,
+    ) -> Result<Option<(Queued, Vec<KeyValue>)>> {
         let queued = lock_unpoisoned(&self.waiters)
             .get(ticket)
             .and_then(|w| w.queued.clone());
@@ -86,22 +117,22 @@ impl Inner {
             other => other,
         };
         let claim = owner.claim();
-        let (q, line) = match queued {
+        match queued {
             Some(q) => {
                 let got = self
                     .node
-                    .get(&prefix, Some(claims::line_read(claim)))
+                    .get(prefix, Some(claims::line_read(claim)))
                     .await?;
-                (q, got.kvs().to_vec())
+                Ok(Some((q, got.kvs().to_vec())))
             }
             None => {
                 let value = claims::value_of(owner)?;
                 let read = claims::line_read(claim);
-                let (mut attempt, mine, line) = self.enter(&prefix, &value, read).await?;
+                let (mut attempt, mine, line) = self.enter(prefix, &value, read).await?;
                 if mine == 0 {
                     attempt.delete().await?;
                     self.wake(ticket);
-                    return Ok(Acquire::Contended { retry_after: None });
+                    return Ok(None);
                 }
                 let q = Queued {
                     key: attempt.key.clone(),
@@ -111,63 +142,80 @@ impl Inner {
                 let mut waiters = lock_unpoisoned(&self.waiters);
                 let Some(w) = waiters.get_mut(ticket) else {
                     // It gave up meanwhile: the attempt's key goes.
-                    return Ok(Acquire::Contended { retry_after: None });
+                    return Ok(None);
                 };
                 attempt.kept = true;
                 w.queued = Some(q.clone());
-                (q, line)
+                Ok(Some((q, line)))
             }
-        };
-        let held = match claims::holds(key, claim, q.rev, &line) {
-            Ok(held) => held,
-            Err(refused) => {
-                // Another kind of claim holds: ours leaves the line before
-                // the refusal is told (a caller that exits on it must not
-                // leave a key behind), if it is still this waiter's to take
-                // out (else a give-up or a dropped watch took it already).
-                let ours = match lock_unpoisoned(&self.waiters).get_mut(ticket) {
-                    Some(w) if w.queued.as_ref().is_some_and(|x| x.same(&q)) => {
-                        w.queued = None;
-                        true
-                    }
-                    _ => false,
-                };
-                if ours {
-                    let _ = leave_line_now(self.keys.clone(), q).await;
-                }
-                return Err(refused);
-            }
-        };
-        if held {
-            // First in line. The grant is trusted from this attempt's start:
-            // the lease is kept alive now, and the grant stands only if
-            // that is confirmed, and only while this waiter still stands
-            // in line with this key (one that gave up meanwhile left its
-            // key to `leave_line`).
-            if !q.session.keep_alive().await? {
-                self.wake(ticket);
-                return Ok(Acquire::Contended { retry_after: None });
-            }
-            {
-                let mut waiters = lock_unpoisoned(&self.waiters);
-                match waiters.get_mut(ticket) {
-                    Some(w) if w.queued.as_ref().is_some_and(|x| x.same(&q)) => {
-                        w.queued = None;
-                        if let Some(task) = w.watching.take() {
-                            task.abort();
-                        }
-                    }
-                    _ => return Ok(Acquire::Contended { retry_after: None }),
-                }
-            }
-            return Ok(Acquire::Acquired(
-                self.hold(key, owner, q.key, q.rev, q.session),
-            ));
         }
+    }
+
+    /// Takes `q` out of line for a refused waiter `ticket`, now, if it
+    /// still stands there with it.
+    async fn leave_refused(&self, ticket: &OwnerToken, q: Queued) {
+        let ours = match lock_unpoisoned(&self.waiters).get_mut(ticket) {
+            Some(w) if w.queued.as_ref().is_some_and(|x| x.same(&q)) => {
+                w.queued = None;
+                true
+            }
+            _ => false,
+        };
+        if ours {
+            let _ = leave_line_now(self.keys.clone(), q).await;
+        }
+    }
+
+    /// Waiter `ticket`, first in line with `q`, holds: the grant, or
+    /// contention if its lease is not confirmed alive or it left the line
+    /// meanwhile.
+    async fn take_turn(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ticket: &OwnerToken,
+        q: Queued,
+    ) -> Result<Acquire> {
+        // First in line. The grant is trusted from this attempt's start:
+        // the lease is kept alive now, and the grant stands only if
+        // that is confirmed, and only while this waiter still stands
+        // in line with this key (one that gave up meanwhile left its
+        // key to `leave_line`).
+        if !q.session.keep_alive().await? {
+            self.wake(ticket);
+            return Ok(Acquire::Contended { retry_after: None });
+        }
+        {
+            let mut waiters = lock_unpoisoned(&self.waiters);
+            match waiters.get_mut(ticket) {
+                Some(w) if w.queued.as_ref().is_some_and(|x| x.same(&q)) => {
+                    w.queued = None;
+                    if let Some(task) = w.watching.take() {
+                        task.abort();
+                    }
+                }
+                _ => return Ok(Acquire::Contended { retry_after: None }),
+            }
+        }
+        Ok(Acquire::Acquired(
+            self.hold(key, owner, q.key, q.rev, q.session),
+        ))
+    }
+
+    /// Waiter `ticket`, not first, watches for its turn; if there is
+    /// nothing to watch it is woken to look again at once.
+    async fn wait_in_line(
+        &self,
+        key: &LockKey,
+        claim: Claim,
+        prefix: &str,
+        q: &Queued,
+        ticket: &OwnerToken,
+    ) -> Result<()> {
         let watching = if claim == Claim::MUTEX {
-            self.watch_predecessor(&prefix, &q, ticket).await?
+            self.watch_predecessor(prefix, q, ticket).await?
         } else {
-            self.watch_line(key, claim, &prefix, &q, ticket).await?
+            self.watch_line(key, claim, prefix, q, ticket).await?
         };
         if !watching {
             // Nobody before us now, though we were not first when we
@@ -180,11 +228,11 @@ impl Inner {
                 .first()
                 .is_some_and(|kv| kv.create_revision() == q.rev && kv.lease() == q.session.id);
             if !ours {
-                self.unqueue(ticket, &q);
+                self.unqueue(ticket, q);
             }
             self.wake(ticket);
         }
-        Ok(Acquire::Contended { retry_after: None })
+        Ok(())
     }
 
     /// Wakes waiter `ticket` to ask again at once.

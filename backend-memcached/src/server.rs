@@ -21,7 +21,7 @@ use tokio::sync::watch;
 
 use crate::claims::{GroupRenewal, GROUP_TRIES};
 use crate::error::unexpected;
-use crate::layout::{encode, store_ttl, Body, Item, CLOCK_LAG};
+use crate::layout::{encode, store_ttl, Body, Group, Item, CLOCK_LAG};
 use crate::node::Node;
 use crate::wire::{self, Commands, Reply};
 
@@ -248,89 +248,10 @@ impl LockBackend for Node {
             .map(|r| Self::check_ttl(r.ttl).err().map(Err))
             .collect();
         self.renew_known(requests, &keys, &mut results).await;
-        let mut pending: Vec<usize> = (0..requests.len())
+        let pending: Vec<usize> = (0..requests.len())
             .filter(|&i| results[i].is_none())
             .collect();
-        let run = async {
-            // A group's item has a writer per holder: tried more often.
-            let (mut tries, mut limit) = (0, CAS_TRIES);
-            while !pending.is_empty() && tries < limit {
-                tries += 1;
-                // The server's clock first, for the members of groups.
-                let mut reads = Commands::default();
-                reads.get(&self.clock_key());
-                for &i in &pending {
-                    reads.get(&keys[i]);
-                }
-                let mut replies = self.send(&reads).await?.into_iter();
-                // A clock item gone wrong fails only the groups' renewals.
-                let clock = self.clock_of(replies.next());
-                let mut writes = Commands::default();
-                let mut written: Vec<Vec<usize>> = Vec::new();
-                let mut groups = Vec::new();
-                for (&i, reply) in pending.iter().zip(replies) {
-                    let r = &requests[i];
-                    match self.item(&keys[i], reply) {
-                        Ok(Some(Item {
-                            body: Body::Lock(h),
-                            cas,
-                            ..
-                        })) if h.owner == r.owner.as_str() => {
-                            writes.cas(
-                                &keys[i],
-                                &encode(&r.owner, h.holds, h.value.as_deref()),
-                                store_ttl(r.ttl),
-                                cas,
-                            );
-                            written.push(vec![i]);
-                        }
-                        Ok(Some(Item {
-                            body: Body::Group(g),
-                            cas,
-                            ..
-                        })) => groups.push((i, g, cas)),
-                        Ok(_) => results[i] = Some(Ok(Renew::NotHeld)),
-                        Err(e) => results[i] = Some(Err(e)),
-                    }
-                }
-                if !groups.is_empty() {
-                    limit = GROUP_TRIES;
-                    let renewal = GroupRenewal {
-                        requests,
-                        keys: &keys,
-                        writes: &mut writes,
-                        written: &mut written,
-                        results: &mut results,
-                    };
-                    self.renew_groups(renewal, groups, clock).await;
-                }
-                pending.clear();
-                if written.is_empty() {
-                    break;
-                }
-                let replies = self.send(&writes).await?;
-                let mut full: Option<Error> = None;
-                for (each, reply) in written.into_iter().zip(replies) {
-                    let result = match reply {
-                        Reply::Stored => Some(Ok(Renew::Renewed)),
-                        Reply::NotFound => Some(Ok(Renew::NotHeld)),
-                        // Changed in between: read it again.
-                        Reply::Exists => {
-                            pending.extend(&each);
-                            None
-                        }
-                        Reply::OutOfMemory(m) => {
-                            Some(Err(full.get_or_insert_with(|| self.full(&m)).clone()))
-                        }
-                        other => Some(Err(unexpected(&other))),
-                    };
-                    for i in each {
-                        results[i] = result.clone();
-                    }
-                }
-            }
-            Ok(())
-        };
+        let run = self.renew_rounds(requests, &keys, &mut results, pending);
         // A failed exchange, or no answer in time: every renewal not yet
         // answered gets that error.
         if let Err(e) = self.bounded(run).await {
@@ -434,5 +355,142 @@ impl LockBackend for Node {
 
     fn alarm(&self) -> Option<watch::Receiver<u64>> {
         Some(self.alarm.subscribe())
+    }
+}
+
+/// One round's `cas` writes of a renewal batch: the commands, the
+/// requests each answers, and the groups found (the request, the group
+/// read for it, its CAS), whose writes `renew_groups` adds.
+struct Round {
+    writes: Commands,
+    written: Vec<Vec<usize>>,
+    groups: Vec<(usize, Group, u64)>,
+}
+
+/// The steps of `LockBackend::renew_many` on one server.
+impl Node {
+    /// Renews the `pending` requests, reading and writing their items
+    /// again while they changed in between, a limited number of rounds;
+    /// an error is the exchange's, for every renewal not yet answered.
+    async fn renew_rounds(
+        &self,
+        requests: &[RenewRequest],
+        keys: &[String],
+        results: &mut [Option<Result<Renew>>],
+        mut pending: Vec<usize>,
+    ) -> Result<()> {
+        // A group's item has a writer per holder: tried more often.
+        let (mut tries, mut limit) = (0, CAS_TRIES);
+        while !pending.is_empty() && tries < limit {
+            tries += 1;
+            // The server's clock first, for the members of groups.
+            let mut reads = Commands::default();
+            reads.get(&self.clock_key());
+            for &i in &pending {
+                reads.get(&keys[i]);
+            }
+            let mut replies = self.send(&reads).await?.into_iter();
+            // A clock item gone wrong fails only the groups' renewals.
+            let clock = self.clock_of(replies.next());
+            let Round {
+                mut writes,
+                mut written,
+                groups,
+            } = self.plan_round(requests, keys, results, &pending, replies);
+            if !groups.is_empty() {
+                limit = GROUP_TRIES;
+                let renewal = GroupRenewal {
+                    requests,
+                    keys,
+                    writes: &mut writes,
+                    written: &mut written,
+                    results: &mut *results,
+                };
+                self.renew_groups(renewal, groups, clock).await;
+            }
+            pending.clear();
+            if written.is_empty() {
+                break;
+            }
+            let replies = self.send(&writes).await?;
+            self.note_round(written, replies, results, &mut pending);
+        }
+        Ok(())
+    }
+
+    /// The `cas` writes for the items read for `pending` (`replies`, in
+    /// its order): a lock's item still ours is written back; a group's is
+    /// left to `renew_groups`; any other answers its request now.
+    fn plan_round(
+        &self,
+        requests: &[RenewRequest],
+        keys: &[String],
+        results: &mut [Option<Result<Renew>>],
+        pending: &[usize],
+        replies: impl Iterator<Item = Reply>,
+    ) -> Round {
+        let mut writes = Commands::default();
+        let mut written: Vec<Vec<usize>> = Vec::new();
+        let mut groups = Vec::new();
+        for (&i, reply) in pending.iter().zip(replies) {
+            let r = &requests[i];
+            match self.item(&keys[i], reply) {
+                Ok(Some(Item {
+                    body: Body::Lock(h),
+                    cas,
+                    ..
+                })) if h.owner == r.owner.as_str() => {
+                    writes.cas(
+                        &keys[i],
+                        &encode(&r.owner, h.holds, h.value.as_deref()),
+                        store_ttl(r.ttl),
+                        cas,
+                    );
+                    written.push(vec![i]);
+                }
+                Ok(Some(Item {
+                    body: Body::Group(g),
+                    cas,
+                    ..
+                })) => groups.push((i, g, cas)),
+                Ok(_) => results[i] = Some(Ok(Renew::NotHeld)),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        Round {
+            writes,
+            written,
+            groups,
+        }
+    }
+
+    /// Answers the requests each write was for (`written`) from its reply;
+    /// those whose item changed in between go back to `pending`.
+    fn note_round(
+        &self,
+        written: Vec<Vec<usize>>,
+        replies: Vec<Reply>,
+        results: &mut [Option<Result<Renew>>],
+        pending: &mut Vec<usize>,
+    ) {
+        let mut full: Option<Error> = None;
+        for (each, reply) in written.into_iter().zip(replies) {
+            let result = match reply {
+                Reply::Stored => Some(Ok(Renew::Renewed)),
+                Reply::NotFound => Some(Ok(Renew::NotHeld)),
+                // Changed in between: read it again.
+                Reply::Exists => {
+                    pending.extend(&each);
+                    None
+                }
+                Reply::OutOfMemory(m) => {
+                    Some(Err(full.get_or_insert_with(|| self.full(&m)).clone()))
+                }
+                other => Some(Err(unexpected(&other))),
+            };
+            for i in each {
+                results[i] = result.clone();
+            }
+        }
     }
 }

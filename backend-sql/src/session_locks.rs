@@ -150,6 +150,106 @@ fn lapse_later(slot: Weak<tokio::sync::Mutex<Held>>, id: u64) {
     });
 }
 
+/// Re-entry of the holder `h` of session `s`: one more hold, locked
+/// again on the session that holds it.
+async fn reenter(
+    held: &mut Held,
+    s: usize,
+    h: usize,
+    n: &Name,
+    key: &LockKey,
+    shared: bool,
+) -> Result<Acquire> {
+    if held.sessions[s].holders[h].shared != shared {
+        return Err(claim_changed(key, held.sessions[s].holders[h].shared));
+    }
+    let mut session = held.sessions.swap_remove(s);
+    // Re-entry: the server counts holds per session, so lock again on
+    // the session that holds it (past the turnstile: it holds).
+    let again = if shared {
+        session.conn.shared(n, false).await
+    } else {
+        session
+            .conn
+            .exclusive(n, false)
+            .await
+            .map(|g| g == Got::Lock)
+    };
+    // An error: the session is broken, and with it its locks.
+    let again = again.map_err(map_err)?;
+    let holds = &mut session.holders[h].holds;
+    *holds += u32::from(again);
+    let holds = *holds;
+    held.sessions.push(session);
+    if again {
+        granted(holds)
+    } else {
+        Err(Error::backend(
+            "the server refused a re-entrant session lock",
+        ))
+    }
+}
+
+/// A read hold for `owner` beside its writer `w`'s exclusive hold, on the
+/// writer's session; refused if the writer holds nothing here.
+async fn downgrade(held: &mut Held, w: &str, n: &Name, owner: &OwnerToken) -> Result<Acquire> {
+    // A downgrade, on the writer's own session, where the server
+    // grants the shared lock beside the exclusive one whoever waits.
+    let writer = |s: &Session| s.holders.iter().any(|h| !h.shared && h.owner.as_str() == w);
+    let Some(s) = held.sessions.iter().position(writer) else {
+        // Never a read hold after a gap in the writer's.
+        return refused();
+    };
+    let mut session = held.sessions.swap_remove(s);
+    let got = session.conn.shared(n, false).await.map_err(map_err)?;
+    if got {
+        session.holders.push(Holder {
+            owner: owner.clone(),
+            holds: 1,
+            shared: true,
+        });
+    }
+    held.sessions.push(session);
+    if got {
+        granted(1)
+    } else {
+        refused()
+    }
+}
+
+/// A writer that holds the turnstile tries for the lock on its mark's
+/// session: the answer, or `None` (nothing of `owner`'s marked, or the
+/// mark's connection broke) to go on with a new session.
+async fn retry_marked(held: &mut Held, n: &Name, owner: &OwnerToken) -> Result<Option<Acquire>> {
+    if !held.mark.as_ref().is_some_and(|m| m.owner == *owner) {
+        return Ok(None);
+    }
+    let mut m = held.mark.take().expect("checked above");
+    match m.conn.exclusive(n, false).await {
+        Ok(Got::Lock) => {
+            // In: the turnstile goes, so readers wait on the lock alone.
+            m.conn.unmark(n).await.map_err(map_err)?;
+            held.sessions.push(Session {
+                conn: m.conn,
+                holders: vec![Holder {
+                    owner: owner.clone(),
+                    holds: 1,
+                    shared: false,
+                }],
+            });
+            granted(1).map(Some)
+        }
+        Ok(_) => {
+            m.renewed = Instant::now();
+            held.mark = Some(m);
+            refused().map(Some)
+        }
+        // The mark's connection broke, and the turnstile with it:
+        // marked again by the caller, on a fresh connection.
+        Err(_) => Ok(None),
+    }
+}
+
 impl SessionLocks {
     pub(crate) fn new(config: &SqlConfig) -> Result<Self> {
         Ok(SessionLocks {
@@ -252,54 +352,10 @@ impl SessionLocks {
         // dropped mid-request, its connection closes and the server frees
         // what it holds, where the slot would not know what it held.
         if let Some((s, h)) = held.find(owner) {
-            if held.sessions[s].holders[h].shared != shared {
-                return Err(claim_changed(key, held.sessions[s].holders[h].shared));
-            }
-            let mut session = held.sessions.swap_remove(s);
-            // Re-entry: the server counts holds per session, so lock again on
-            // the session that holds it (past the turnstile: it holds).
-            let again = if shared {
-                session.conn.shared(&n, false).await
-            } else {
-                session
-                    .conn
-                    .exclusive(&n, false)
-                    .await
-                    .map(|g| g == Got::Lock)
-            };
-            // An error: the session is broken, and with it its locks.
-            let again = again.map_err(map_err)?;
-            let holds = &mut session.holders[h].holds;
-            *holds += u32::from(again);
-            let holds = *holds;
-            held.sessions.push(session);
-            return if again {
-                granted(holds)
-            } else {
-                Err(Error::backend(
-                    "the server refused a re-entrant session lock",
-                ))
-            };
+            return reenter(held, s, h, &n, key, shared).await;
         }
         if let Some(w) = owner.writer() {
-            // A downgrade, on the writer's own session, where the server
-            // grants the shared lock beside the exclusive one whoever waits.
-            let writer = |s: &Session| s.holders.iter().any(|h| !h.shared && h.owner.as_str() == w);
-            let Some(s) = held.sessions.iter().position(writer) else {
-                // Never a read hold after a gap in the writer's.
-                return refused();
-            };
-            let mut session = held.sessions.swap_remove(s);
-            let got = session.conn.shared(&n, false).await.map_err(map_err)?;
-            if got {
-                session.holders.push(Holder {
-                    owner: owner.clone(),
-                    holds: 1,
-                    shared: true,
-                });
-            }
-            held.sessions.push(session);
-            return if got { granted(1) } else { refused() };
+            return downgrade(held, w, &n, owner).await;
         }
         if held.writing() || shared && held.mark.is_some() {
             // This process writes, or a writer of it waits: the server
@@ -309,46 +365,26 @@ impl SessionLocks {
             }
             return refused();
         }
-        if held.mark.as_ref().is_some_and(|m| m.owner == *owner) {
-            let mut m = held.mark.take().expect("checked above");
-            match m.conn.exclusive(&n, false).await {
-                Ok(Got::Lock) => {
-                    // In: the turnstile goes, so readers wait on the lock alone.
-                    m.conn.unmark(&n).await.map_err(map_err)?;
-                    held.sessions.push(Session {
-                        conn: m.conn,
-                        holders: vec![Holder {
-                            owner: owner.clone(),
-                            holds: 1,
-                            shared: false,
-                        }],
-                    });
-                    return granted(1);
-                }
-                Ok(_) => {
-                    m.renewed = Instant::now();
-                    held.mark = Some(m);
-                    return refused();
-                }
-                // The mark's connection broke, and the turnstile with it:
-                // marked again below, on a fresh connection.
-                Err(_) => {}
-            }
+        if let Some(outcome) = retry_marked(held, &n, owner).await? {
+            return Ok(outcome);
         }
+        self.attempt_new(held, slot, &n, owner, shared).await
+    }
+
+    /// An attempt on a session of its own: the lock, the turnstile (kept
+    /// as this writer's mark), or a refusal (the connection goes idle).
+    async fn attempt_new(
+        &self,
+        held: &mut Held,
+        slot: &Slot,
+        n: &Name,
+        owner: &OwnerToken,
+        shared: bool,
+    ) -> Result<Acquire> {
         // A refused writer takes the turnstile unless one of this process
         // already holds it.
         let mark = !shared && self.shared() && held.mark.is_none();
-        let mut conn = self.checkout().await?;
-        let got = match first(&mut conn, &n, shared, mark).await {
-            Ok(got) => got,
-            Err(_) => {
-                // An idle connection may have died with a server restart; one
-                // fresh attempt tells that apart from a database that is down.
-                drop(conn);
-                conn = self.checkout_fresh().await?;
-                first(&mut conn, &n, shared, mark).await.map_err(map_err)?
-            }
-        };
+        let (conn, got) = self.first_on_new(n, shared, mark).await?;
         match got {
             Got::Lock => {
                 held.sessions.push(Session {
@@ -378,6 +414,23 @@ impl SessionLocks {
                 refused()
             }
         }
+    }
+
+    /// The `first` attempt on an idle (or new) connection, tried once
+    /// more on a fresh connection if it fails; the connection and its answer.
+    async fn first_on_new(&self, n: &Name, shared: bool, mark: bool) -> Result<(Conn, Got)> {
+        let mut conn = self.checkout().await?;
+        let got = match first(&mut conn, n, shared, mark).await {
+            Ok(got) => got,
+            Err(_) => {
+                // An idle connection may have died with a server restart; one
+                // fresh attempt tells that apart from a database that is down.
+                drop(conn);
+                conn = self.checkout_fresh().await?;
+                first(&mut conn, n, shared, mark).await.map_err(map_err)?
+            }
+        };
+        Ok((conn, got))
     }
 
     /// Lets go of the turnstile `owner` holds as a waiting writer, if any;

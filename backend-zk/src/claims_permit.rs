@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use lockwright_core::backend::{permits_mismatch, Grant};
 use lockwright_core::{LockKey, OwnerToken, Result};
-use zookeeper_client::{CreateMode, Error as ZkError, MultiReadResult};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiReadResult};
 
 use crate::claims::{other_kind, Undo};
 use crate::cleanup::delete_surely;
@@ -105,44 +105,65 @@ impl Inner {
             }
             Err(e) => return Err(map_err(e)),
         };
-        let children = |i: usize| match results.get(i) {
-            Some(MultiReadResult::Children { children }) => Some(children.as_slice()),
-            _ => None,
-        };
-        let at_gate = children(0).is_some_and(|c| c.iter().any(|c| layout::is_contender(c)));
-        if let Some(e) = children(2).and_then(|others| other_kind(key, n, others)) {
-            return Err(e);
-        }
-        let kept = match results.get(3) {
-            Some(MultiReadResult::Data { data, .. }) => std::str::from_utf8(data).ok(),
-            _ => None,
-        };
-        let name = lease.path.rsplit('/').next().unwrap_or_default();
-        // Live leases kept with another N refuse us here, as at the gate:
-        // a holder's gate node whose delete is still in flight must not
-        // turn a refusal into contention.
-        let others_hold = children(1).is_some_and(|c| c.iter().any(|c| c != name));
-        if let Some(k) = kept.and_then(|t| t.parse::<u32>().ok()) {
-            if k != n && others_hold {
-                return Err(permits_mismatch(key, k, n));
-            }
-        }
-        let held =
-            children(1).is_some_and(|c| c.len() <= n as usize && c.iter().any(|c| c == name));
+        let keep = lease_kept(key, n, &lease, &results)?;
         undo.disarm();
-        if held && !at_gate && kept == Some(n.to_string().as_str()) {
+        if keep {
             let grant = lease.grant(1);
             self.hold(key, owner, lease, ticket.cloned());
             return Ok(Some(grant));
         }
-        let sent = client.delete(&lease.path, None);
-        tokio::spawn(async move {
-            if let Err(e) = sent.await {
-                if is_transient(&e) {
-                    delete_surely(lease.session, lease.path).await;
-                }
-            }
-        });
+        give_back(client, lease);
         Ok(None)
     }
+}
+
+/// Whether our `lease` may be kept, judged from the `multiRead`'s
+/// `results` (the gate's, the leases' and the key directory's children,
+/// then the leases' N): held among at most `n`, nobody at the gate, and
+/// kept with our N; an error if the name is another kind's, or its live
+/// leases are kept with another N.
+fn lease_kept(
+    key: &LockKey,
+    n: u32,
+    lease: &Contender,
+    results: &[MultiReadResult],
+) -> Result<bool> {
+    let children = |i: usize| match results.get(i) {
+        Some(MultiReadResult::Children { children }) => Some(children.as_slice()),
+        _ => None,
+    };
+    let at_gate = children(0).is_some_and(|c| c.iter().any(|c| layout::is_contender(c)));
+    if let Some(e) = children(2).and_then(|others| other_kind(key, n, others)) {
+        return Err(e);
+    }
+    let kept = match results.get(3) {
+        Some(MultiReadResult::Data { data, .. }) => std::str::from_utf8(data).ok(),
+        _ => None,
+    };
+    let name = lease.path.rsplit('/').next().unwrap_or_default();
+    // Live leases kept with another N refuse us here, as at the gate:
+    // a holder's gate node whose delete is still in flight must not
+    // turn a refusal into contention.
+    let others_hold = children(1).is_some_and(|c| c.iter().any(|c| c != name));
+    if let Some(k) = kept.and_then(|t| t.parse::<u32>().ok()) {
+        if k != n && others_hold {
+            return Err(permits_mismatch(key, k, n));
+        }
+    }
+    let held = children(1).is_some_and(|c| c.len() <= n as usize && c.iter().any(|c| c == name));
+    Ok(held && !at_gate && kept == Some(n.to_string().as_str()))
+}
+
+/// Deletes our lease, not kept: the delete is sent now (so it is gone
+/// before any later request of ours is served) and its answer awaited in
+/// the background, where a transient failure is followed by a sure delete.
+fn give_back(client: &Client, lease: Contender) {
+    let sent = client.delete(&lease.path, None);
+    tokio::spawn(async move {
+        if let Err(e) = sent.await {
+            if is_transient(&e) {
+                delete_surely(lease.session, lease.path).await;
+            }
+        }
+    });
 }

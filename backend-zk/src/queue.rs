@@ -319,38 +319,7 @@ pub(crate) async fn wait_turn(
         Role::Lease(_) => Role::Mutex,
         r => r,
     };
-    let mut first = loop {
-        let mut children = match session.client.list_children(&dir).await {
-            Ok(c) => c,
-            Err(e) if is_transient(&e) && session.connected().await => {
-                tokio::time::sleep(RETRY_PAUSE).await;
-                continue;
-            }
-            Err(_) => break false,
-        };
-        layout::sort_queue(&mut children);
-        let before = match turn(&children, &name, queue_role) {
-            Turn::Mine => break true,
-            Turn::Gone => break false,
-            Turn::After(b) => format!("{dir}/{b}"),
-        };
-        #[cfg(feature = "internals")]
-        if let Some(inner) = inner.upgrade() {
-            if let Some(w) = lock_unpoisoned(&inner.waiters).get_mut(&ticket) {
-                w.watching = Some(before.clone());
-            }
-        }
-        match session.client.get_and_watch_data(&before).await {
-            Ok((_, _, watcher)) => {
-                watcher.changed().await;
-            }
-            Err(ZkError::NoNode) => {}
-            Err(e) if is_transient(&e) && session.connected().await => {
-                tokio::time::sleep(RETRY_PAUSE).await;
-            }
-            Err(_) => break false,
-        }
-    };
+    let mut first = wait_first(&inner, &ticket, &session, &dir, &name, queue_role).await;
     if let (true, Role::Lease(n)) = (first, role) {
         first = crate::claims::wait_lease(&inner, &session, &key, n, &key_dir, &ticket, &mut lease)
             .await;
@@ -362,16 +331,8 @@ pub(crate) async fn wait_turn(
         // A semaphore's waiter holds by its lease, recorded before its
         // gate goes (so a look at the waiter meanwhile finds the lease);
         // the gate goes before the grant is told, as Curator's does.
-        {
-            let mut waiters = lock_unpoisoned(&inner.waiters);
-            let Some(w) = waiters
-                .get_mut(&ticket)
-                .filter(|w| w.node.as_ref().is_some_and(|n| n.path == node.path))
-            else {
-                return;
-            };
-            w.node = Some(l.clone());
-            w.lease = None;
+        if !hold_by_lease(&inner, &ticket, &node, l) {
+            return;
         }
         delete_surely(session.clone(), node.path.clone()).await;
     }
@@ -396,13 +357,7 @@ pub(crate) async fn wait_turn(
         w.node = None;
         drop(waiters);
         if !session.is_over() {
-            tokio::spawn(async move {
-                // The lease first, as Curator returns it.
-                if let Some(l) = lease {
-                    delete_surely(session.clone(), l.path).await;
-                }
-                delete_surely(session, node.path).await;
-            });
+            leave_queue(session, lease, node);
         }
         return;
     }
@@ -412,4 +367,99 @@ pub(crate) async fn wait_turn(
     if let Some(tx) = &w.grants {
         let _ = tx.send(grant);
     }
+}
+
+/// Waits until our node `name` in `dir` comes first (as `queue_role`
+/// sees its queue): `true` then, `false` if the node is gone or the store
+/// fails for good.
+async fn wait_first(
+    inner: &Weak<Inner>,
+    ticket: &OwnerToken,
+    session: &Session,
+    dir: &str,
+    name: &str,
+    queue_role: Role,
+) -> bool {
+    // Which node the waiter watches is kept only for tests (`internals`).
+    #[cfg(not(feature = "internals"))]
+    let _ = (inner, ticket);
+    loop {
+        let Some(mut children) = list_queue(session, dir).await else {
+            return false;
+        };
+        layout::sort_queue(&mut children);
+        let before = match turn(&children, name, queue_role) {
+            Turn::Mine => return true,
+            Turn::Gone => return false,
+            Turn::After(b) => format!("{dir}/{b}"),
+        };
+        #[cfg(feature = "internals")]
+        if let Some(inner) = inner.upgrade() {
+            if let Some(w) = lock_unpoisoned(&inner.waiters).get_mut(ticket) {
+                w.watching = Some(before.clone());
+            }
+        }
+        if !watch_until_changed(session, &before).await {
+            return false;
+        }
+    }
+}
+
+/// The queue's children in `dir`, listed again after a pause while the
+/// failure is transient and the session still connected; `None` once
+/// listing fails otherwise.
+async fn list_queue(session: &Session, dir: &str) -> Option<Vec<String>> {
+    loop {
+        match session.client.list_children(dir).await {
+            Ok(c) => return Some(c),
+            Err(e) if is_transient(&e) && session.connected().await => {
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Waits for the node `before` to change or go (a data watch; `NoNode`:
+/// gone already), or pauses after a transient failure while the session
+/// is connected; `false` if the watch failed otherwise.
+async fn watch_until_changed(session: &Session, before: &str) -> bool {
+    match session.client.get_and_watch_data(before).await {
+        Ok((_, _, watcher)) => {
+            watcher.changed().await;
+        }
+        Err(ZkError::NoNode) => {}
+        Err(e) if is_transient(&e) && session.connected().await => {
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+        Err(_) => return false,
+    }
+    true
+}
+
+/// Records waiter `ticket`'s lease `l` as its node in place of its gate
+/// `node`; `false` if the waiter no longer stands there with `node`.
+fn hold_by_lease(inner: &Inner, ticket: &OwnerToken, node: &Contender, l: &Contender) -> bool {
+    let mut waiters = lock_unpoisoned(&inner.waiters);
+    let Some(w) = waiters
+        .get_mut(ticket)
+        .filter(|w| w.node.as_ref().is_some_and(|n| n.path == node.path))
+    else {
+        return false;
+    };
+    w.node = Some(l.clone());
+    w.lease = None;
+    true
+}
+
+/// Deletes, in the background, the nodes of a waiter whose turn did not
+/// come.
+fn leave_queue(session: Arc<Session>, lease: Option<Contender>, node: Contender) {
+    tokio::spawn(async move {
+        // The lease first, as Curator returns it.
+        if let Some(l) = lease {
+            delete_surely(session.clone(), l.path).await;
+        }
+        delete_surely(session, node.path).await;
+    });
 }
