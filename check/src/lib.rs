@@ -12,9 +12,14 @@
 //!
 //! The files import downwards only. `bench` uses `bench_procs` and
 //! `bench_election`; `check/` (its `mod.rs` says how its files stack) and
-//! they use `args` (the subcommands' options), `endpoints`, `proxy`
-//! and `exit` (the signal to end by), which import nothing of
-//! this crate but `--faults`' parser, `check/faults.rs`, a leaf itself.
+//! they use `args` (the subcommands' options), `endpoints` and `proxy`,
+//! which import nothing of this crate but `--faults`' parser,
+//! `check/faults.rs`, a leaf itself.
+//!
+//! How the process ends is not here: the exit codes and the signal to end
+//! by (which an interrupted fault run sets) are `lockwright_cli_kit::exit`,
+//! one flag and one set of codes for the whole command, which its `main`
+//! reads at exit.
 
 mod args;
 mod bench;
@@ -22,7 +27,6 @@ mod bench_election;
 mod bench_procs;
 mod check;
 mod endpoints;
-mod exit;
 mod proxy;
 
 pub use args::{BenchArgs, BenchPeerArgs, CheckArgs};
@@ -30,4 +34,3 @@ pub use bench::bench;
 pub use bench_procs::peer as bench_peer;
 pub use check::check;
 pub use check::worker::{main as worker_main, WORKER_SUBCOMMAND};
-pub use exit::signal_to_end_by;

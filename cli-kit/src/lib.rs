@@ -1,14 +1,19 @@
 //! What the `lockwright` command (`lockwright-cli`), its `check` and
 //! `bench` (`lockwright-check`, a crate of its own so that the command
 //! builds without the test suite) and `lockwright-bench` share, so that
-//! they read options and report figures the same way. Not a stable API:
-//! the command is the product.
+//! they read options, report figures and end the process the same way.
+//! Not a stable API: the command is the product.
+//!
+//! This file: the `--url` option and duration options. `timing` is the
+//! hand-off timing, `exit` the exit codes and the signal to end by; the
+//! files use nothing of each other.
 
 use std::time::Duration;
 
 use clap::Args;
 use lockwright::Error;
 
+pub mod exit;
 pub mod timing;
 
 // No `///` on the struct: clap would take it as the description of every

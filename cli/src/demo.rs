@@ -9,8 +9,9 @@ use lockwright::backend::RedactedUrl;
 use lockwright::{LockOptions, OwnerToken, Result};
 use lockwright_cli_kit::timing::{percentile, HandOffs};
 
-use super::DemoArgs;
+use crate::args::DemoArgs;
 
+/// `lockwright demo`: 0 if mutual exclusion held, 1 if not, or the error that ended it.
 pub(crate) async fn demo(args: DemoArgs) -> Result<i32> {
     let workers = args.workers as usize;
     let rounds = u64::from(args.rounds);

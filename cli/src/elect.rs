@@ -10,11 +10,13 @@ use std::os::unix::ffi::OsStrExt;
 
 use futures::StreamExt;
 use lockwright::{Error, Leader, LockOptions, Result, MAX_VALUE_LEN};
+use lockwright_cli_kit::exit::{die_by_signal_on_exit, EX_OSERR};
 
-use super::status;
-use super::supervise::{self, Signals, Spec};
-use super::{wait_policy, ElectArgs, LeaderArgs, EX_OSERR};
+use crate::args::{ElectArgs, LeaderArgs};
+use crate::status;
+use crate::supervise::{self, Signals, Spec};
 
+/// `lockwright elect`: the command's exit code, or the error that ended it.
 pub(crate) async fn elect(args: ElectArgs) -> Result<i32> {
     let url = args.store.shared_url()?;
     let value = args.value.as_bytes().to_vec();
@@ -32,7 +34,7 @@ pub(crate) async fn elect(args: ElectArgs) -> Result<i32> {
         ttl: args.ttl,
         kill_after: args.kill_after,
         command: &args.command,
-        wait: wait_policy(args.no_wait, args.wait),
+        wait: args.wait_policy(),
     };
     let ttl = args.ttl;
     let key = args.key.as_str();
@@ -46,6 +48,7 @@ pub(crate) async fn elect(args: ElectArgs) -> Result<i32> {
     .await
 }
 
+/// `lockwright leader`: 0 whether someone leads or not, or the error that ended it.
 pub(crate) async fn leader(args: LeaderArgs) -> Result<i32> {
     // Lazy, as `status`: a read must not create the lease table, and a
     // store that is down fails the first read with Unavailable.
@@ -92,7 +95,7 @@ async fn watch(election: &lockwright::Election, args: &LeaderArgs) -> Result<i32
                 // A hang-up ends the watch as a kill would (by the signal);
                 // an interrupt or termination is how a watch is meant to end.
                 if sig == nix::sys::signal::Signal::SIGHUP {
-                    super::die_by_signal_on_exit(sig);
+                    die_by_signal_on_exit(sig);
                     return Ok(128 + sig as i32);
                 }
                 return Ok(0);
@@ -159,6 +162,7 @@ struct Json<'a> {
     lease_left_ms: Option<Option<u64>>,
 }
 
+/// One reading as a line of `--json`.
 fn json(key: &str, now: Option<&Leader>) -> String {
     let line = match now {
         None => Json {
@@ -189,6 +193,7 @@ fn json(key: &str, now: Option<&Leader>) -> String {
     serde_json::to_string(&line).unwrap_or_default()
 }
 
+/// A value that is not UTF-8, as lowercase hex.
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -2,21 +2,27 @@
 //! elected leader, say whether a key is held and who leads, demonstrate
 //! mutual exclusion, prove a deployment (`check`) and size one (`bench`).
 //!
-//! This file: argument parsing and exit codes (sysexits.h values, so scripts
-//! can tell "busy" from "broken"; errors map by
-//! [`lockwright::ErrorKind::exit_code`]).
+//! This file: the subcommands, and how the process ends: its exit code
+//! (sysexits.h values, so scripts can tell "busy" from "broken"; errors map
+//! by [`lockwright::ErrorKind::exit_code`]) or the signal it ends by. The
+//! codes and the one "end by this signal" flag are `lockwright_cli_kit::exit`,
+//! which `check` shares; the subcommands' options are `args.rs`.
+//!
+//! Files import downwards only: this one uses the others; `run` and `elect`
+//! use `supervise`, which uses `group`; `elect` uses `status`; the
+//! subcommands' files use `args`, and none uses this one.
 //!
 //! `check` and `bench` (and their hidden worker and peer subcommands) are
 //! the `lockwright-check` crate, behind the `check` feature (on by
 //! default): they need the conformance suite, which the rest does not.
 
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
-use lockwright::{Error, WaitPolicy};
-use lockwright_cli_kit::{duration, StoreArgs};
+use clap::{Parser, Subcommand};
+use lockwright::Error;
+use lockwright_cli_kit::exit::{signal_to_end_by, EX_OSERR, EX_USAGE};
 
+mod args;
 mod demo;
 mod elect;
 mod group;
@@ -24,14 +30,10 @@ mod run;
 mod status;
 mod supervise;
 
-/// Configuration that retrying will not fix: bad usage, URL, option,
-/// credentials, database, table.
-pub(crate) const EX_USAGE: i32 = 64;
-/// The lock was lost (or could not be kept) while the command ran.
-pub(crate) const EX_SOFTWARE: i32 = 70;
-/// The operating system refused something we need (a runtime, a process).
-pub(crate) const EX_OSERR: i32 = 71;
+use args::{DemoArgs, ElectArgs, LeaderArgs, RunArgs, StatusArgs};
 
+// `Cli` and `Command` have no `///`: clap would take it as the command's
+// description (`about` below, and each variant's doc for its subcommand).
 #[derive(Parser, Debug)]
 #[command(
     name = "lockwright",
@@ -125,147 +127,9 @@ enum Command {
     Bench(lockwright_check::BenchArgs),
 }
 
-#[derive(Args, Debug)]
-struct RunArgs {
-    #[command(flatten)]
-    store: StoreArgs,
-    /// The lock name.
-    #[arg(long)]
-    key: String,
-    /// Lease length; renewed every third of it while the command runs. On
-    /// ZooKeeper and etcd the session keeps the lock instead: a holder that
-    /// dies frees it once its `session_timeout` or `lease_ttl` (in the URL)
-    /// runs out, and the TTL only paces renewals.
-    #[arg(long, default_value = "30s", value_parser = duration)]
-    ttl: Duration,
-    /// How long to wait for a held lock: `none` (one attempt), `forever`
-    /// (the default), or a duration such as `5s`.
-    #[arg(long, value_parser = parse_wait, conflicts_with = "no_wait")]
-    wait: Option<WaitPolicy>,
-    /// Give up at once if the lock is held (the same as `--wait none`).
-    #[arg(long)]
-    no_wait: bool,
-    /// Hold one of N permits: at most N copies of the command run at once
-    /// across every host (a cluster-wide `sem`). Every run on the key must
-    /// give the same N, from 1 to 1024. `--permits 1` is the plain lock.
-    #[arg(long, value_name = "N", conflicts_with = "shared",
-        value_parser = clap::value_parser!(u32).range(1..=i64::from(lockwright::MAX_PERMITS)))]
-    permits: Option<u32>,
-    /// Hold a read (shared) lock: any number of `--shared` runs at once, none
-    /// beside a run without it (a writer). A waiting writer stops new readers.
-    #[arg(long)]
-    shared: bool,
-    /// When renewal fails, how long the command gets between SIGTERM and
-    /// SIGKILL [default: a third of the TTL, at most 10s]. Capped so that the
-    /// SIGKILL lands before the lease ends.
-    #[arg(long, value_parser = duration)]
-    kill_after: Option<Duration>,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, num_args = 1..)]
-    command: Vec<String>,
-}
-
-impl RunArgs {
-    fn wait_policy(&self) -> WaitPolicy {
-        wait_policy(self.no_wait, self.wait)
-    }
-}
-
-/// `--no-wait` and `--wait`, as `run` and `elect` read them: forever
-/// unless told otherwise.
-fn wait_policy(no_wait: bool, wait: Option<WaitPolicy>) -> WaitPolicy {
-    match (no_wait, wait) {
-        (true, _) => WaitPolicy::NoWait,
-        (false, Some(p)) => p,
-        (false, None) => WaitPolicy::Forever,
-    }
-}
-
-#[derive(Args, Debug)]
-struct ElectArgs {
-    #[command(flatten)]
-    store: StoreArgs,
-    /// The election's name (the key of its lock).
-    #[arg(long)]
-    key: String,
-    /// What this candidate advertises while it leads, e.g. its address (at
-    /// most 1024 bytes); `lockwright leader` shows it.
-    #[arg(long, value_parser = clap::value_parser!(std::ffi::OsString))]
-    value: std::ffi::OsString,
-    /// Lease length; renewed every third of it while the command runs. A
-    /// leader that dies is replaced once it runs out (ZooKeeper and etcd:
-    /// once its session's `session_timeout` or `lease_ttl` runs out).
-    #[arg(long, default_value = "30s", value_parser = duration)]
-    ttl: Duration,
-    /// How long to wait to lead: `forever` (the default: a candidate
-    /// stands until it leads), `none` (one attempt), or a duration such as
-    /// `5s`.
-    #[arg(long, value_parser = parse_wait, conflicts_with = "no_wait")]
-    wait: Option<WaitPolicy>,
-    /// Give up at once if someone else leads (the same as `--wait none`).
-    #[arg(long)]
-    no_wait: bool,
-    /// When renewal fails, how long the command gets between SIGTERM and
-    /// SIGKILL [default: a third of the TTL, at most 10s]. Capped so that the
-    /// SIGKILL lands before the lease ends.
-    #[arg(long, value_parser = duration)]
-    kill_after: Option<Duration>,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, num_args = 1..)]
-    command: Vec<String>,
-}
-
-#[derive(Args, Debug)]
-struct LeaderArgs {
-    #[command(flatten)]
-    store: StoreArgs,
-    /// The election's name (the key of its lock).
-    #[arg(long)]
-    key: String,
-    /// One JSON object per line instead of text, for scripts:
-    /// {"key":…,"leader":"VALUE","encoding":"utf8","term":N,"lease_left_ms":N},
-    /// "encoding":"hex" with the value in hex when it is not UTF-8, or
-    /// {"key":…,"leader":null} when nobody leads.
-    #[arg(long)]
-    json: bool,
-    /// Follow the election: who leads now, then one line per change, until
-    /// SIGINT or SIGTERM (exit 0). A store outage is one line on stderr; the
-    /// watch goes on.
-    #[arg(long)]
-    watch: bool,
-}
-
-fn parse_wait(s: &str) -> Result<WaitPolicy, String> {
-    s.parse().map_err(|e: Error| e.message().to_owned())
-}
-
-#[derive(Args, Debug)]
-struct StatusArgs {
-    #[command(flatten)]
-    store: StoreArgs,
-    /// The lock name.
-    #[arg(long)]
-    key: String,
-    /// One JSON object instead of a line of text, for scripts.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Args, Debug)]
-struct DemoArgs {
-    #[command(flatten)]
-    store: StoreArgs,
-    /// Contending workers, each with its own connection.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
-    workers: u32,
-    /// Increments per worker.
-    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    rounds: u32,
-}
-
 /// The exit status for an error that ends the command: the one table,
 /// [`lockwright::ErrorKind::exit_code`].
-pub(crate) fn exit_code(e: &Error) -> i32 {
+fn exit_code(e: &Error) -> i32 {
     e.kind().exit_code()
 }
 
@@ -299,6 +163,7 @@ fn init_tracing(verbose: u8, quiet_warnings: bool) {
         .try_init();
 }
 
+/// Runs the command line, then exits with its code.
 fn main() {
     std::process::exit(run_command());
 }
@@ -364,24 +229,17 @@ fn run_command() -> i32 {
             exit_code(&e)
         }
     };
-    let sig = DIE_BY.load(Ordering::SeqCst);
-    // `check` keeps its own flag, since its crate cannot set this one; a
-    // process runs one subcommand, so at most one of the two is set.
-    #[cfg(feature = "check")]
-    let sig = match lockwright_check::signal_to_end_by() {
-        Some(s) if sig == 0 => s as i32,
-        _ => sig,
-    };
-    if sig != 0 {
-        if let Ok(sig) = nix::sys::signal::Signal::try_from(sig) {
-            // SAFETY: restores the default action of one signal, then
-            // raises it on this process; no handler code runs.
-            #[allow(unsafe_code)]
-            unsafe {
-                let _ = nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl);
-            }
-            let _ = nix::sys::signal::raise(sig);
+    // Set by whichever subcommand ran (`run`, `elect`, `leader --watch`,
+    // `check`): end by that signal, as a shell expects of an interrupted
+    // command, now that everything is cleaned up.
+    if let Some(sig) = signal_to_end_by() {
+        // SAFETY: restores the default action of one signal, then
+        // raises it on this process; no handler code runs.
+        #[allow(unsafe_code)]
+        unsafe {
+            let _ = nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl);
         }
+        let _ = nix::sys::signal::raise(sig);
     }
     code
 }
@@ -406,19 +264,4 @@ fn check_worker() -> Option<i32> {
 #[cfg(not(feature = "check"))]
 fn check_worker() -> Option<i32> {
     None
-}
-
-/// A signal this process should end by, once everything is cleaned up.
-static DIE_BY: AtomicI32 = AtomicI32::new(0);
-
-/// Ends `lockwright` by `sig` (after clean-up) rather than by exit code
-/// 128+N, when the user interrupted it or the command died by it: a shell
-/// stops a loop or script only for a child that died by SIGINT, so the
-/// exit code alone would let `for …; do lockwright run …; done` run on
-/// after Ctrl-C.
-pub(crate) fn die_by_signal_on_exit(sig: nix::sys::signal::Signal) {
-    use nix::sys::signal::Signal;
-    if matches!(sig, Signal::SIGINT | Signal::SIGTERM | Signal::SIGHUP) {
-        DIE_BY.store(sig as i32, Ordering::SeqCst);
-    }
 }

@@ -5,9 +5,10 @@
 
 use lockwright::{Claim, LockOptions, Result};
 
-use super::supervise::{self, Spec};
-use super::RunArgs;
+use crate::args::RunArgs;
+use crate::supervise::{self, Spec};
 
+/// `lockwright run`: the command's exit code, or the error that ended it.
 pub(crate) async fn run(args: RunArgs) -> Result<i32> {
     let url = args.store.shared_url()?;
     let spec = Spec {

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use lockwright::{LockStatus, Result};
 
-use super::StatusArgs;
+use crate::args::StatusArgs;
 
+/// `lockwright status`: 0 whether the key is held or free, or the error that ended it.
 pub(crate) async fn status(args: StatusArgs) -> Result<i32> {
     // Lazy: a status read must not create the lease table (a mistyped
     // ?table= would otherwise read "free" from a table it just made).
@@ -20,6 +21,7 @@ pub(crate) async fn status(args: StatusArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// The status as text: a headline, then one line per holder when there are several.
 fn line(key: &str, s: &LockStatus) -> String {
     let mut out = format!("{key:?}: ");
     if s.held && s.holders.len() > 1 {
@@ -97,6 +99,7 @@ pub(crate) fn human(d: Duration) -> String {
     }
 }
 
+/// The status as `--json`'s one object.
 fn json(key: &str, s: &LockStatus) -> serde_json::Value {
     serde_json::json!({
         "key": key,

@@ -17,13 +17,13 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use lockwright::{Error, ErrorKind, Leadership, LockGuard, Locker, LostReason, Result, WaitPolicy};
+use lockwright_cli_kit::exit::{die_by_signal_on_exit, EX_SOFTWARE};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal as Stream, SignalKind};
 
-use super::group::{self, Watcher};
-use super::EX_SOFTWARE;
+use crate::group::{self, Watcher};
 
 /// How long background clean-ups (leaving a wait queue, undoing an acquire
 /// whose reply was lost) get before the process exits.
@@ -170,6 +170,7 @@ struct Timeline {
 }
 
 impl Timeline {
+    /// The timeline for a lease of `ttl`, with `--kill-after` capped to fit it.
     fn new(ttl: Duration, kill_after: Option<Duration>) -> Self {
         let margin = (ttl / 20).clamp(Duration::from_millis(5), Duration::from_secs(1));
         let cap = (ttl / 2).saturating_sub(margin);
@@ -193,7 +194,7 @@ where
     let (locker, wait) = tokio::select! {
         r = connect_within(spec.url, spec.wait) => r?,
         sig = signals.recv() => {
-            super::die_by_signal_on_exit(sig);
+            die_by_signal_on_exit(sig);
             return Ok(128 + sig as i32);
         }
     };
@@ -214,7 +215,7 @@ where
         r = acquire(locker.clone(), wait) => r,
         sig = signals.recv() => {
             locker.settle(SETTLE).await;
-            super::die_by_signal_on_exit(sig);
+            die_by_signal_on_exit(sig);
             return Ok(128 + sig as i32);
         }
     };
@@ -259,6 +260,7 @@ struct Ended {
 }
 
 impl Ended {
+    /// Ended with `code`, nothing more to say.
     fn code(code: i32) -> Ended {
         Ended {
             code,
@@ -663,6 +665,7 @@ async fn stopped<H: Held>(held: H, running: Running, why: Stop) -> Result<Ended>
     Ok(Ended::lost(H::WHAT, reason, Signal::SIGKILL))
 }
 
+/// The command's group is gone: the terminal comes back, the watcher may leave.
 fn finish(foreground: bool, watcher: Watcher) {
     if foreground {
         group::reclaim_terminal();
@@ -670,6 +673,7 @@ fn finish(foreground: bool, watcher: Watcher) {
     watcher.done();
 }
 
+/// Why a lock was lost, in words for the last line.
 fn describe(reason: LostReason) -> &'static str {
     match reason {
         LostReason::Expired => "not renewed before its deadline",
@@ -678,10 +682,11 @@ fn describe(reason: LostReason) -> &'static str {
     }
 }
 
+/// The command's exit code, or 128+N when signal N ended it (N recorded to end by, too).
 fn status_code(status: ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     if let Some(sig) = status.signal().and_then(|s| Signal::try_from(s).ok()) {
-        super::die_by_signal_on_exit(sig);
+        die_by_signal_on_exit(sig);
     }
     status
         .code()

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use lockwright::backend::Capabilities;
 use lockwright::{Error, LockKey, OwnerToken, Result};
+use lockwright_cli_kit::exit::die_by_signal_on_exit;
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::task::JoinHandle;
@@ -25,7 +26,6 @@ use super::worker::Claims;
 use super::workers::{Spawner, Workers};
 use crate::args::CheckArgs;
 use crate::endpoints::Endpoints;
-use crate::exit::die_by_signal_on_exit;
 
 /// Runs the fault run `args` asks for against the store at `url`; its part
 /// of the report (the table printed too, if `text`).

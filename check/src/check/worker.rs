@@ -14,6 +14,10 @@
 use std::time::{Duration, Instant};
 
 use lockwright::{Election, LockGuard, LockKey, LockOptions, Locker, Result};
+// `EX_USAGE` for a command line `check` did not write, `EX_OSERR` for a
+// runtime that cannot start: the command's own codes, since a worker is the
+// `lockwright` executable too.
+use lockwright_cli_kit::exit::{EX_OSERR, EX_USAGE};
 use tokio_util::sync::CancellationToken;
 
 use super::history::{instant_ns, mono_ns};
@@ -32,16 +36,6 @@ pub(crate) const WORKER_CLAIMS_ENV: &str = "LOCKWRIGHT_CHECK_WORKER_CLAIMS";
 
 /// Set for a worker that campaigns instead of locking (`--election`).
 pub(crate) const WORKER_ELECTION_ENV: &str = "LOCKWRIGHT_CHECK_WORKER_ELECTION";
-
-/// The worker's exit status for a command line it was not started with:
-/// `EX_USAGE`, the value the command's own `EX_USAGE` (cli/src/main.rs)
-/// has; defined again here, since this crate cannot use the command's.
-const EX_USAGE: i32 = 64;
-
-/// The worker's exit status when it cannot start its runtime: `EX_OSERR`,
-/// the value the command's own `EX_OSERR` (cli/src/main.rs) has; defined
-/// again here for the same reason.
-const EX_OSERR: i32 = 71;
 
 /// The latest deadline a guard has reported (a lost guard keeps its last).
 fn deadline(guard: &LockGuard, last: u64) -> u64 {
