@@ -105,10 +105,14 @@ fn code_of(text: &str) -> String {
             i += 3;
         } else if let Some(escaped) = rest.strip_prefix("'\\") {
             i += escaped.find('\'').map_or(rest.len(), |n| n + 3);
-        } else if let Some(after) = rest.strip_prefix("#[cfg(test)]") {
+        } else if let Some(after) = test_only(rest) {
             // Skip the item that follows when it is a module with a body.
             let item = after.trim_start();
-            if item.starts_with("mod ") && item.find('{') < item.find(';') {
+            let body_first = match (item.find('{'), item.find(';')) {
+                (Some(open), Some(semi)) => open < semi,
+                (open, _) => open.is_some(),
+            };
+            if item.starts_with("mod ") && body_first {
                 let open = rest.len() - item.len() + item.find('{').unwrap();
                 let mut depth = 0;
                 let mut j = open;
@@ -127,7 +131,7 @@ fn code_of(text: &str) -> String {
                 }
                 i += j;
             } else {
-                i += "#[cfg(test)]".len();
+                i += rest.len() - after.len();
             }
         } else {
             let c = rest.chars().next().unwrap();
@@ -136,6 +140,44 @@ fn code_of(text: &str) -> String {
         }
     }
     out
+}
+
+/// What follows an attribute that compiles its item for tests only
+/// (`#[cfg(test)]`, `#[cfg(all(test, …))]`), if `text` starts with one.
+fn test_only(text: &str) -> Option<&str> {
+    for start in ["#[cfg(test)]", "#[cfg(all(test,"] {
+        if text.starts_with(start) {
+            let end = text.find(")]")?;
+            return Some(&text[end + 2..]);
+        }
+    }
+    None
+}
+
+/// The child modules a file declares (`mod x;`, `pub mod x;`, after any
+/// attribute on the same line); test modules are gone from `code` already.
+fn children_of(code: &str) -> Vec<String> {
+    code.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let decl = line.strip_suffix(';')?;
+            let at = decl.rfind("mod ")?;
+            let before = &decl[..at];
+            // `mod` as a word of its own: `pub mod x;`, `] mod x;`, not `foo_mod x;`.
+            let ok = before.is_empty() || before.ends_with(' ');
+            let name = decl[at + 4..].trim();
+            (ok && !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_'))
+                .then(|| name.to_owned())
+        })
+        .collect()
+}
+
+/// Whether the statement that the text before a path ends in is a
+/// re-export (`pub use …`, `pub(crate) use …`).
+fn in_reexport(before: &str) -> bool {
+    let statement = before.rsplit([';', '{', '}']).next().unwrap_or("");
+    let statement = statement.trim_start();
+    statement.starts_with("pub use") || statement.starts_with("pub(crate) use")
 }
 
 /// The module paths `code` names through `crate::` and `super::`, each
@@ -153,9 +195,7 @@ fn paths_named(code: &str, here: &[String]) -> Vec<Vec<String>> {
             }
             // A re-export (`pub use crate::x::Y;`) is a door, not a use:
             // the module that opens it does not depend on what it shows.
-            let statement = code[..at].rsplit([';', '{', '}']).next().unwrap_or("");
-            let statement = statement.trim_start();
-            if statement.starts_with("pub use") || statement.starts_with("pub(crate) use") {
+            if in_reexport(&code[..at]) {
                 continue;
             }
             let mut base: Vec<String> = if start == "crate::" {
@@ -172,6 +212,62 @@ fn paths_named(code: &str, here: &[String]) -> Vec<Vec<String>> {
             parse_tree(rest, base, &mut paths);
             found.extend(paths);
         }
+    }
+    found
+}
+
+/// The module paths `code` names through its own child modules
+/// (`run::run(args)` in a `main.rs` that declares `mod run;`), resolved
+/// from the module `here`; re-exports left out, as above.
+fn child_paths_named(code: &str, here: &[String], children: &[String]) -> Vec<Vec<String>> {
+    let mut found = Vec::new();
+    for child in children {
+        let start = format!("{child}::");
+        let mut from = 0;
+        while let Some(n) = code[from..].find(&start) {
+            let at = from + n;
+            from = at + start.len();
+            let before = code[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$' || c == ':') {
+                continue;
+            }
+            if in_reexport(&code[..at]) {
+                continue;
+            }
+            let mut base = here.to_vec();
+            base.push(child.clone());
+            let mut paths = Vec::new();
+            parse_tree(&code[from..], base, &mut paths);
+            found.extend(paths);
+        }
+    }
+    found
+}
+
+/// The names a module file re-exports from its own files (`pub use
+/// child::{A, B};`, `pub use crate::x::A;`), each with the module path it
+/// names, resolved from the module `here`.
+fn reexports_of(code: &str, here: &[String], children: &[String]) -> Vec<Vec<String>> {
+    let mut found = Vec::new();
+    for statement in code.split(';') {
+        let statement = statement.trim_start();
+        let Some(path) = statement
+            .strip_prefix("pub use ")
+            .or_else(|| statement.strip_prefix("pub(crate) use "))
+        else {
+            continue;
+        };
+        let path = path.trim_start();
+        let (base, rest) = if let Some(rest) = path.strip_prefix("crate::") {
+            (Vec::new(), rest)
+        } else if let Some(rest) = path.strip_prefix("self::") {
+            (here.to_vec(), rest)
+        } else if children.iter().any(|c| path.starts_with(&format!("{c}::"))) {
+            (here.to_vec(), path)
+        } else {
+            continue;
+        };
+        parse_tree(rest, base, &mut found);
     }
     found
 }
@@ -230,11 +326,33 @@ fn parse_tree(text: &str, prefix: Vec<String>, out: &mut Vec<Vec<String>>) -> us
     }
 }
 
-/// The file that defines the longest module prefix of `path`.
-fn file_of(path: &[String], modules: &BTreeMap<Vec<String>, String>) -> Option<String> {
-    (0..=path.len())
-        .rev()
-        .find_map(|n| modules.get(&path[..n]).cloned())
+/// A crate's modules: each module path's file, and the names each module
+/// re-exports with the path they stand for.
+struct Modules {
+    files: BTreeMap<Vec<String>, String>,
+    reexports: BTreeMap<Vec<String>, BTreeMap<String, Vec<String>>>,
+}
+
+impl Modules {
+    /// The file that defines the longest module prefix of `path`; a name
+    /// that module re-exports leads on to the file it comes from.
+    fn file_of(&self, path: &[String]) -> Option<String> {
+        let n = (0..=path.len())
+            .rev()
+            .find(|n| self.files.contains_key(&path[..*n]))?;
+        let module = &path[..n];
+        if let Some(target) = path
+            .get(n)
+            .and_then(|name| self.reexports.get(module)?.get(name))
+        {
+            if target.as_slice() != path {
+                if let Some(file) = self.file_of(target) {
+                    return Some(file);
+                }
+            }
+        }
+        self.files.get(module).cloned()
+    }
 }
 
 /// Each file's `crate::`/`super::` edges to other files of its crate.
@@ -242,50 +360,53 @@ fn edges_of(crate_dir: &str) -> BTreeMap<String, BTreeSet<String>> {
     let dir = root().join(crate_dir);
     let mut files = Vec::new();
     rust_files(&dir, "src", &mut files);
+    // Every file's code, module path and declared children, read once.
+    let read: BTreeMap<String, (String, Vec<String>, Vec<String>)> = files
+        .iter()
+        .filter(|f| !f.starts_with("src/bin/"))
+        .map(|f| {
+            let code = code_of(&fs::read_to_string(dir.join(f)).unwrap());
+            let children = children_of(&code);
+            (f.clone(), (code, module_of(f), children))
+        })
+        .collect();
     // A package with a library and a binary has two roots; the library's
     // modules are the ones its lib.rs declares.
-    let lib_mods: BTreeSet<String> = fs::read_to_string(dir.join("src/lib.rs"))
-        .map(|t| {
-            code_of(&t)
-                .lines()
-                .filter_map(|l| {
-                    let l = l
-                        .trim()
-                        .trim_start_matches("pub ")
-                        .trim_start_matches("pub(crate) ");
-                    l.strip_prefix("mod ")?.strip_suffix(';').map(str::to_owned)
-                })
-                .collect()
-        })
+    let lib_mods: BTreeSet<String> = read
+        .get("src/lib.rs")
+        .map(|(_, _, children)| children.iter().cloned().collect())
         .unwrap_or_default();
-    let has_main = files.iter().any(|f| f == "src/main.rs");
+    let has_main = read.contains_key("src/main.rs");
+    let in_lib_of = |file: &str, module: &[String]| {
+        module.first().is_some_and(|m| lib_mods.contains(m)) || file == "src/lib.rs" || !has_main
+    };
     let mut edges = BTreeMap::new();
-    for file in &files {
-        if file.starts_with("src/bin/") {
-            continue;
-        }
-        let here = module_of(file);
-        let in_lib = here.first().is_some_and(|m| lib_mods.contains(m))
-            || (file == "src/lib.rs")
-            || !has_main;
-        let mut modules = BTreeMap::new();
-        for f in &files {
-            let m = module_of(f);
-            let root_file = m.is_empty();
-            let mine = if root_file {
+    for (file, (code, here, children)) in &read {
+        let in_lib = in_lib_of(file, here);
+        let mut modules = Modules {
+            files: BTreeMap::new(),
+            reexports: BTreeMap::new(),
+        };
+        for (f, (c, m, kids)) in &read {
+            let mine = if m.is_empty() {
                 f == if in_lib { "src/lib.rs" } else { "src/main.rs" }
             } else {
-                lib_mods.contains(&m[0]) == in_lib || !has_main
+                in_lib_of(f, m) == in_lib
             };
-            if mine && !f.starts_with("src/bin/") {
-                modules.insert(m, f.clone());
+            if mine {
+                modules.files.insert(m.clone(), f.clone());
+                let names = reexports_of(c, m, kids)
+                    .into_iter()
+                    .filter_map(|p| Some((p.last()?.clone(), p)))
+                    .collect();
+                modules.reexports.insert(m.clone(), names);
             }
         }
-        let text = fs::read_to_string(dir.join(file)).unwrap();
-        let code = code_of(&text);
-        let to: BTreeSet<String> = paths_named(&code, &here)
+        let mut named = paths_named(code, here);
+        named.extend(child_paths_named(code, here, children));
+        let to: BTreeSet<String> = named
             .iter()
-            .filter_map(|p| file_of(p, &modules))
+            .filter_map(|p| modules.file_of(p))
             .filter(|f| f != file)
             .collect();
         edges.insert(file.clone(), to);
@@ -406,6 +527,31 @@ fn the_import_reader_reads_paths() {
         .collect();
     got.sort();
     assert_eq!(got, ["a::c::D", "e::f", "x::Y", "z::V", "z::W"]);
+    let root_code = code_of("fn main() { run::run(a); }\npub use demo::Shown;\nuse x::y;");
+    let kids = ["run".to_owned(), "demo".to_owned()];
+    let got: Vec<String> = child_paths_named(&root_code, &[], &kids)
+        .iter()
+        .map(|p| p.join("::"))
+        .collect();
+    assert_eq!(got, ["run::run"]);
+    let decls = "mod a;\npub mod b;\n#[cfg(feature = \"x\")] mod c;\npub(crate) mod d;\nfoo_mod e;";
+    assert_eq!(children_of(&code_of(decls)), ["a", "b", "c", "d"]);
+    let to = |p: &[&str]| p.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
+    let modules = Modules {
+        files: BTreeMap::from([
+            (to(&[]), "lib.rs".to_owned()),
+            (to(&["x"]), "x.rs".to_owned()),
+        ]),
+        reexports: BTreeMap::from([(to(&[]), BTreeMap::from([("Y".to_owned(), to(&["x", "Y"]))]))]),
+    };
+    assert_eq!(modules.file_of(&to(&["Y"])).as_deref(), Some("x.rs"));
+    assert_eq!(modules.file_of(&to(&["Z"])).as_deref(), Some("lib.rs"));
+    let reexported = reexports_of(
+        &code_of("pub use x::{Y, Z};\npub use other_crate::W;"),
+        &[],
+        &to(&["x"]),
+    );
+    assert_eq!(reexported, [to(&["x", "Y"]), to(&["x", "Z"])]);
     let mut edges = BTreeMap::new();
     edges.insert("a".to_owned(), BTreeSet::from(["b".to_owned()]));
     edges.insert("b".to_owned(), BTreeSet::from(["a".to_owned()]));

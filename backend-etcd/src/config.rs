@@ -2,10 +2,14 @@
 
 use std::time::Duration;
 
-use lockwright_core::backend::{RedactedUrl, ServerUrl, TlsFiles};
+use lockwright_core::backend::{RedactedUrl, Scheme, ServerUrl, TlsFiles};
 use lockwright_core::{Error, Result};
 
-use crate::SCHEMES;
+/// The URL schemes this crate answers to.
+pub const SCHEMES: &[Scheme] = &[
+    Scheme::new("etcd", "etcd", Some(2379)),
+    Scheme::new("etcds", "etcd", Some(2379)),
+];
 
 /// Where the locks live when the URL names no path.
 const DEFAULT_ROOT: &str = "/lockwright";

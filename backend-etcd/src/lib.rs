@@ -105,15 +105,10 @@ mod status;
 
 pub use backend::EtcdBackend;
 pub use config::EtcdConfig;
+pub use config::SCHEMES;
 pub use lockwright_core::backend::TlsFiles;
 
-use lockwright_core::backend::{Driver, Scheme, ServerUrl};
-
-/// The URL schemes this crate answers to.
-pub const SCHEMES: &[Scheme] = &[
-    Scheme::new("etcd", "etcd", Some(2379)),
-    Scheme::new("etcds", "etcd", Some(2379)),
-];
+use lockwright_core::backend::{Driver, ServerUrl};
 
 /// Opens the etcd backend for an `etcd://` URL; no connection is made
 /// until the first request.

@@ -2,10 +2,15 @@
 
 use std::time::Duration;
 
-use lockwright_core::backend::{quorum_servers, RedactedUrl, ServerUrl, TlsFiles};
+use lockwright_core::backend::{quorum_servers, RedactedUrl, Scheme, ServerUrl, TlsFiles};
 use lockwright_core::{Error, Result};
 
-use crate::SCHEMES;
+/// The URL schemes this crate answers to.
+pub const SCHEMES: &[Scheme] = &[
+    Scheme::new("memcache", "memcached", Some(11211)),
+    Scheme::new("memcached", "memcached", Some(11211)),
+    Scheme::new("memcaches", "memcached", Some(11211)),
+];
 
 /// The longest key prefix: a hashed key (`<prefix>#` and 64 hex digits)
 /// must stay within memcached's 250 bytes.

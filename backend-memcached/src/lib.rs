@@ -158,15 +158,9 @@ mod wire;
 
 pub use backend::MemcachedBackend;
 pub use config::MemcachedConfig;
+pub use config::SCHEMES;
 
-use lockwright_core::backend::{Driver, Scheme, ServerUrl};
-
-/// The URL schemes this crate answers to.
-pub const SCHEMES: &[Scheme] = &[
-    Scheme::new("memcache", "memcached", Some(11211)),
-    Scheme::new("memcached", "memcached", Some(11211)),
-    Scheme::new("memcaches", "memcached", Some(11211)),
-];
+use lockwright_core::backend::{Driver, ServerUrl};
 
 /// Opens the memcached backend for a `memcache://` or `memcaches://` URL;
 /// no connection is made until the first request.

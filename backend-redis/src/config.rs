@@ -7,7 +7,18 @@ use lockwright_core::backend::{
 };
 use lockwright_core::{Error, Result};
 
-use crate::SCHEMES;
+/// The URL schemes this crate answers to.
+pub const SCHEMES: &[Scheme] = &[
+    Scheme::new("redis", "Redis", Some(6379)),
+    Scheme::new("rediss", "Redis", Some(6379)),
+    Scheme::new("redis+unix", "Redis", None),
+    Scheme::new("unix", "Redis", None),
+    Scheme::new("redis+redlock", "Redlock", Some(6379)),
+    Scheme::new("redis+sentinel", "Redis Sentinel", Some(26379)),
+    Scheme::new("rediss+sentinel", "Redis Sentinel", Some(26379)),
+    Scheme::new("redis+cluster", "Redis Cluster", Some(6379)),
+    Scheme::new("rediss+cluster", "Redis Cluster", Some(6379)),
+];
 
 /// The parameters the redis driver reads from a URL's query: `db`, `user`
 /// and `pass` only on a unix socket (over TCP they go in the URL's path and

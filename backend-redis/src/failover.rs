@@ -5,10 +5,10 @@
 
 use std::time::{Duration, Instant};
 
-use lockwright_core::backend::HostPort;
+use lockwright_core::backend::{HostPort, RedactedUrl, Scheme};
 use lockwright_core::{Error, ErrorKind, Result};
 
-use crate::config::RedisConfig;
+use crate::config::{RedisConfig, SCHEMES};
 use crate::error::map_err;
 use crate::tls;
 use redis::IntoConnectionInfo;
@@ -65,6 +65,23 @@ fn overdue(what: &str, start: Instant) -> Result<()> {
 /// file that cannot be used; `Unavailable` when no failover could be made or
 /// it did not finish within a minute.
 pub(crate) async fn failover(url: &str) -> Result<String> {
+    // Only Sentinel and Cluster have a replica to promote: any other URL
+    // is refused before it is read, as the facade did when it chose.
+    let scheme = Scheme::find(SCHEMES, url)?;
+    if !matches!(
+        scheme.name,
+        "redis+sentinel" | "rediss+sentinel" | "redis+cluster" | "rediss+cluster"
+    ) {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "{}: no failover to make on {}; it needs a redis+sentinel:// or \
+                 redis+cluster:// URL",
+                RedactedUrl::new(url),
+                scheme.store
+            ),
+        ));
+    }
     let config = RedisConfig::from_url(url)?;
     // A TLS file that cannot be used is `Config` now, not a minute of
     // connections that fail below (which skip a server that refuses).

@@ -260,25 +260,13 @@ mod tls;
 
 pub use backend::RedisBackend;
 pub use config::RedisConfig;
+pub use config::SCHEMES;
 pub use lockwright_core::backend::TlsFiles;
 pub use redlock::RedlockBackend;
 
 use std::sync::Arc;
 
 use lockwright_core::backend::{Driver, LockBackend, Scheme, ServerUrl};
-
-/// The URL schemes this crate answers to.
-pub const SCHEMES: &[Scheme] = &[
-    Scheme::new("redis", "Redis", Some(6379)),
-    Scheme::new("rediss", "Redis", Some(6379)),
-    Scheme::new("redis+unix", "Redis", None),
-    Scheme::new("unix", "Redis", None),
-    Scheme::new("redis+redlock", "Redlock", Some(6379)),
-    Scheme::new("redis+sentinel", "Redis Sentinel", Some(26379)),
-    Scheme::new("rediss+sentinel", "Redis Sentinel", Some(26379)),
-    Scheme::new("redis+cluster", "Redis Cluster", Some(6379)),
-    Scheme::new("rediss+cluster", "Redis Cluster", Some(6379)),
-];
 
 /// Opens the backend a Redis URL names: [`RedlockBackend`] for
 /// `redis+redlock://`, [`RedisBackend`] for the others. No connection is

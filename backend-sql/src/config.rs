@@ -5,7 +5,15 @@ use std::time::Duration;
 use lockwright_core::backend::{RedactedUrl, Scheme, ServerUrl, UrlParams};
 use lockwright_core::{Error, Result};
 
-use crate::SCHEMES;
+/// The URL schemes this crate answers to (each dialect is built in by its
+/// own cargo feature; a URL for one that is not says which to enable).
+pub const SCHEMES: &[Scheme] = &[
+    Scheme::new("sqlite", "SQLite", None),
+    Scheme::new("postgres", "PostgreSQL", Some(5432)),
+    Scheme::new("postgresql", "PostgreSQL", Some(5432)),
+    Scheme::new("mysql", "MySQL/MariaDB", Some(3306)),
+    Scheme::new("mariadb", "MySQL/MariaDB", Some(3306)),
+];
 
 /// How long a free lease row is kept by default (see [`SqlConfig::retention`]).
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(60);

@@ -136,22 +136,13 @@ mod session_sql;
 
 use std::sync::Arc;
 
-use lockwright_core::backend::{Driver, LockBackend, Scheme, ServerUrl};
+use lockwright_core::backend::{Driver, LockBackend, ServerUrl};
 use lockwright_core::Result;
 
 pub use backend::{LeaseStatements, SqlBackend};
+pub use config::SCHEMES;
 pub use config::{validate_table_name, Dialect, Mode, SqlConfig, DEFAULT_RETENTION, DEFAULT_TABLE};
 pub use session_backend::SqlSessionBackend;
-
-/// The URL schemes this crate answers to (each dialect is built in by its
-/// own cargo feature; a URL for one that is not says which to enable).
-pub const SCHEMES: &[Scheme] = &[
-    Scheme::new("sqlite", "SQLite", None),
-    Scheme::new("postgres", "PostgreSQL", Some(5432)),
-    Scheme::new("postgresql", "PostgreSQL", Some(5432)),
-    Scheme::new("mysql", "MySQL/MariaDB", Some(3306)),
-    Scheme::new("mariadb", "MySQL/MariaDB", Some(3306)),
-];
 
 /// Opens the backend a SQL URL names: [`SqlBackend`] for lease rows (the
 /// default), [`SqlSessionBackend`] for `?mode=session`.

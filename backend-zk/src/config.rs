@@ -2,10 +2,16 @@
 
 use std::time::Duration;
 
-use lockwright_core::backend::{RedactedUrl, ServerUrl};
+use lockwright_core::backend::{RedactedUrl, Scheme, ServerUrl};
 use lockwright_core::{Error, Result};
 
-use crate::{layout, SCHEMES};
+use crate::layout;
+
+/// The URL schemes this crate answers to.
+pub const SCHEMES: &[Scheme] = &[
+    Scheme::new("zk", "ZooKeeper", Some(2181)),
+    Scheme::new("zookeeper", "ZooKeeper", Some(2181)),
+];
 
 /// Where the lock directories go when the URL names no path.
 const DEFAULT_ROOT: &str = "/lockwright";

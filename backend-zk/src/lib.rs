@@ -202,14 +202,9 @@ mod status;
 
 pub use backend::ZkBackend;
 pub use config::ZkConfig;
+pub use config::SCHEMES;
 
-use lockwright_core::backend::{Driver, Scheme};
-
-/// The URL schemes this crate answers to.
-pub const SCHEMES: &[Scheme] = &[
-    Scheme::new("zk", "ZooKeeper", Some(2181)),
-    Scheme::new("zookeeper", "ZooKeeper", Some(2181)),
-];
+use lockwright_core::backend::Driver;
 
 /// Opens the ZooKeeper backend for a `zk://` URL; no connection is made
 /// until the first request.

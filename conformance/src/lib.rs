@@ -28,55 +28,23 @@
 pub mod broken;
 pub mod cases;
 pub mod faults;
+mod harness;
 #[cfg(feature = "kit")]
 pub mod kit;
 mod memory;
 pub mod quorum;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use futures::future::BoxFuture;
-use lockwright_core::backend::LockBackend;
 
 pub use cases::Rule;
+pub use harness::Harness;
 pub use memory::{MemoryHarness, QuorumHarness};
 
 /// How long one case may run before it counts as failed (a broken backend
 /// must fail the suite, not hang it).
 pub const CASE_TIMEOUT: Duration = Duration::from_secs(90);
-
-/// What a backend's tests provide so the suite can drive a real store.
-#[async_trait]
-pub trait Harness: Send + Sync {
-    /// A new client of the store under test, with its own connection(s), as a
-    /// separate process would have.
-    async fn client(&self) -> Arc<dyn LockBackend>;
-
-    /// A client configured like the others but pointed at a store that is
-    /// down or unreachable (a closed port, a missing database file).
-    async fn unreachable_client(&self) -> Arc<dyn LockBackend>;
-
-    /// Ends every session `client` has with the store, from the server side,
-    /// as a crash or a lost network would. Session-bound backends
-    /// ([`Binding::Session`](lockwright_core::backend::Binding::Session)) must provide
-    /// it: their cases end a holder's session where lease-bound cases wait
-    /// for the lease to run out.
-    async fn end_sessions(&self, client: &Arc<dyn LockBackend>) -> anyhow::Result<()> {
-        let _ = client;
-        anyhow::bail!("this harness cannot end a client's sessions, which session-bound cases need")
-    }
-
-    /// How many lock names starting with `prefix` the store keeps any state
-    /// for, read from the store itself: Redis keys, SQL rows, in-memory
-    /// slots. Under Redlock, the most any one node keeps. The bounded-state
-    /// cases need it; a harness that cannot inspect its store fails them.
-    async fn stored_names(&self, prefix: &str) -> anyhow::Result<u64> {
-        let _ = prefix;
-        anyhow::bail!("this harness cannot inspect its store, which the bounded-state cases need")
-    }
-}
 
 /// The one list of cases, by the contract rule each proves (a rule's
 /// cases live in `cases/<rule>.rs`). `__expand_cases!` turns it into
