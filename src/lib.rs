@@ -78,6 +78,7 @@ pub mod backend {
 
 mod registry;
 
+/// The SQL backend: SQLite, PostgreSQL, MySQL/MariaDB.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use lockwright_sql as sql;
 

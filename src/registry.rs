@@ -88,21 +88,32 @@ static REGISTERED: RwLock<Vec<Driver>> = RwLock::new(Vec::new());
 /// ```
 ///
 /// # Errors
-/// `Config` when one of its schemes is already answered: by a store built
+/// `Config` for a driver without schemes, a scheme that no URL could name
+/// (it starts with a lowercase letter, then lowercase letters, digits, `+`,
+/// `-`, `.`), one named twice, or one already answered: by a store built
 /// into this binary, or by a driver registered before. (A scheme of this
 /// repository's stores whose feature is off may be taken.)
 pub fn register(driver: Driver) -> Result<()> {
     let mut registered = REGISTERED.write().unwrap_or_else(|e| e.into_inner());
-    for scheme in driver.schemes() {
+    if driver.schemes().is_empty() {
+        return Err(Error::config("cannot register a driver without a scheme"));
+    }
+    for (i, scheme) in driver.schemes().iter().enumerate() {
         let name = scheme.name;
-        let valid = !name.is_empty()
+        // What `scheme_of` reads a URL's scheme as, so that it can be reached.
+        let valid = name.starts_with(|c: char| c.is_ascii_lowercase())
             && name
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+-.".contains(&b));
         if !valid {
             return Err(Error::config(format!(
-                "cannot register scheme {name:?}: a scheme is lowercase letters, digits, \
-                 `+`, `-` and `.`"
+                "cannot register scheme {name:?}: a scheme is a lowercase letter, then \
+                 lowercase letters, digits, `+`, `-` and `.`"
+            )));
+        }
+        if driver.schemes()[..i].iter().any(|s| s.name == name) {
+            return Err(Error::config(format!(
+                "cannot register scheme {name:?}: the driver names it twice"
             )));
         }
         let built_in = KNOWN
@@ -195,7 +206,7 @@ pub async fn failover(url: &str) -> Result<String> {
         None => Err(Error::new(
             ErrorKind::Unsupported,
             format!(
-                "{}: {} has no failover to make on purpose",
+                "{}: no failover to make on {}",
                 RedactedUrl::new(url),
                 scheme.store
             ),
@@ -217,9 +228,14 @@ pub async fn verify(url: &str, backend: &dyn LockBackend) -> Result<()> {
     if matches!(e.kind(), ErrorKind::Config | ErrorKind::InvalidOptions) {
         return Err(e);
     }
+    // Only this repository's stores are told apart by what answers: a
+    // registered store may speak any protocol under a name of its own.
     let Ok(scheme) = scheme(url) else {
         return Err(e);
     };
+    if !KNOWN.iter().any(|k| k.schemes.contains(&scheme.name)) {
+        return Err(e);
+    }
     let first = scheme
         .default_port
         .and_then(|port| ServerUrl::parse(url, port).ok())
@@ -284,12 +300,16 @@ mod tests {
         const MEMORY_AGAIN: Driver = Driver::new(&[Scheme::new("memory", "x", None)], memory);
         const TWICE: Driver = Driver::new(&[Scheme::new("twice-test", "x", None)], memory);
         const BAD: Driver = Driver::new(&[Scheme::new("Bad Scheme", "x", None)], memory);
+        const DIGIT: Driver = Driver::new(&[Scheme::new("9p", "x", None)], memory);
+        const NONE: Driver = Driver::new(&[], memory);
         let e = register(MEMORY_AGAIN).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Config);
         assert!(e.to_string().contains("built into"), "{e}");
         register(TWICE).unwrap();
         let e = register(TWICE).unwrap_err();
         assert!(e.to_string().contains("registered before"), "{e}");
-        assert_eq!(register(BAD).unwrap_err().kind(), ErrorKind::Config);
+        for refused in [BAD, DIGIT, NONE] {
+            assert_eq!(register(refused).unwrap_err().kind(), ErrorKind::Config);
+        }
     }
 }

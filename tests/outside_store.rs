@@ -62,6 +62,6 @@ async fn a_registered_store_is_reached_through_connect() {
     guard.release().await.unwrap();
     locker.close().await.unwrap();
 
-    // Its scheme is now taken; the built-in ones never were to take.
+    // Its scheme is now taken.
     assert!(lockwright::backend::register(DRIVER).is_err());
 }

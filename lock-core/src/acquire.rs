@@ -122,9 +122,8 @@ impl Acquirer {
             waited_seconds = tracing::field::Empty,
         );
         let meter = AcquireMeter::start(labels);
-        let mut handed = false;
-        let result = self
-            .acquire_loop(request, opts, meter.labels(), &mut handed)
+        let (result, handed) = self
+            .acquire_loop(request, opts, meter.labels())
             .instrument(span.clone())
             .await;
         let outcome = match &result {
@@ -145,20 +144,20 @@ impl Acquirer {
         result
     }
 
-    /// The loop, from its checks to its end. `handed` is set once an
-    /// attempt found the lock held, so that a grant after it counts as a
-    /// hand-off.
+    /// The loop, from its checks to its end; with it, whether an attempt
+    /// found the lock held, so that a grant after it counts as a hand-off.
     async fn acquire_loop(
         &self,
         request: AcquireRequest,
         opts: &LockOptions,
         labels: &Labels,
-        handed: &mut bool,
-    ) -> Result<Option<LockGuard>> {
-        let mut acquiring = Acquiring::begin(self, request, opts, labels)?;
+    ) -> (Result<Option<LockGuard>>, bool) {
+        let mut acquiring = match Acquiring::begin(self, request, opts, labels) {
+            Ok(acquiring) => acquiring,
+            Err(e) => return (Err(e), false),
+        };
         let result = acquiring.run().await;
-        *handed = acquiring.handed;
-        result
+        (result, acquiring.handed)
     }
 
     /// Refuses an acquire on a closed locker.
@@ -441,20 +440,26 @@ impl<'a> Acquiring<'a> {
                 Ok(true)
             }
             Err(e) => {
-                self.labels.store_error(e.kind());
-                self.outage
-                    .ride(
-                        e,
-                        &self.key,
-                        self.give_up,
-                        &mut self.attempts,
-                        &self.acquirer.watchdog,
-                    )
-                    .await?;
+                self.ride(e).await?;
                 self.subscribed = false;
                 Ok(false)
             }
         }
+    }
+
+    /// A store error, counted, then ridden out as an outage (see
+    /// [`Outage::ride`]) or returned when the wait cannot ride it.
+    async fn ride(&mut self, e: Error) -> Result<Ride> {
+        self.labels.store_error(e.kind());
+        self.outage
+            .ride(
+                e,
+                &self.key,
+                self.give_up,
+                &mut self.attempts,
+                &self.acquirer.watchdog,
+            )
+            .await
     }
 
     /// One attempt, polled in place: the store's answer, or `None` after a
@@ -469,17 +474,7 @@ impl<'a> Acquiring<'a> {
                 Ok(Some(a))
             }
             Err(e) => {
-                self.labels.store_error(e.kind());
-                let ride = self
-                    .outage
-                    .ride(
-                        e,
-                        &self.key,
-                        self.give_up,
-                        &mut self.attempts,
-                        &self.acquirer.watchdog,
-                    )
-                    .await?;
+                let ride = self.ride(e).await?;
                 self.owner = self.attempts.owner.clone();
                 if ride == Ride::Requeue {
                     // The old subscription and its grants were the

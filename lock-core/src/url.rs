@@ -1,5 +1,5 @@
-//! Connection URLs: taken apart once ([`ServerUrl`]), never shown with
-//! their secrets ([`RedactedUrl`]), and the schemes backends declare.
+//! Connection URLs: taken apart once ([`ServerUrl`]), and the schemes
+//! backends declare. (`redact.rs` shows them without their secrets.)
 
 use std::fmt;
 

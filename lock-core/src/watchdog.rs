@@ -510,7 +510,7 @@ impl Watchdog {
     /// no batch is out.
     fn look(&self, now: Instant, sweep_at: Option<Instant>, nothing_in_flight: bool) -> Look {
         let mut due = Vec::new();
-        // How long the batch may stay in flight (see below).
+        // How long the batch may stay in flight (see `renew_batch`).
         let mut limit = Duration::MAX;
         let mut next_wake: Option<Instant> = None;
         let mut st = self.lock();

@@ -6,12 +6,13 @@
 //! Seeded random sequences of acquires (a mutex, a semaphore's permit of
 //! 2 or 3, a read, a write, by owners whose claims change between their
 //! acquires) and releases, after a fixed opening that names each rule
-//! once, go to one client of the store and to a fresh
+//! once, go to the store (each owner through a client of its own) and to a fresh
 //! [`MemoryBackend`](lockwright_core::backend::MemoryBackend).
 //! `LOCKWRIGHT_CLAIMS_SEED` replays a run (`<seed>`) or one of its
 //! sequences (`<seed>:<sequence>`).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -262,14 +263,23 @@ impl Owner {
     }
 }
 
+/// The lease of the holds the expiring sequence waits out: the suite's
+/// short TTL, but at least 3 s, so that a loaded host answers the ops
+/// before the wait well within half of it.
+fn expiring_ttl(caps: &Capabilities) -> Duration {
+    short_ttl(caps).max(Duration::from_secs(3))
+}
+
 /// The two answers of an op that differ: the store's, then the model's.
 type Difference = Option<(String, String)>;
 
-/// One sequence as it is played: the store's client and a fresh model,
+/// One sequence as it is played: the store's clients and a fresh model,
 /// the name, the owners, and the ops played so far.
 struct Run<'a> {
-    /// One client of the store under test.
-    store: &'a dyn LockBackend,
+    /// A client of the store under test for each owner, so that what one
+    /// owner meets of another is the store's answer, not one client's
+    /// bookkeeping.
+    stores: &'a [Arc<dyn LockBackend>],
     /// The reference model, fresh for the sequence.
     model: MemoryBackend,
     /// The sequence's own name.
@@ -287,7 +297,12 @@ struct Run<'a> {
 impl<'a> Run<'a> {
     /// Sequence `sequence` of the run seeded `seed`, on `key`. Its owners'
     /// tokens come from the seed, so that a replay sends the same ones.
-    fn new(store: &'a dyn LockBackend, key: LockKey, seed: u64, sequence: usize) -> Result<Self> {
+    fn new(
+        stores: &'a [Arc<dyn LockBackend>],
+        key: LockKey,
+        seed: u64,
+        sequence: usize,
+    ) -> Result<Self> {
         let mut owners = Vec::with_capacity(OWNERS);
         for o in 0..OWNERS {
             let token = OwnerToken::from_string(format!(
@@ -301,7 +316,7 @@ impl<'a> Run<'a> {
             });
         }
         Ok(Run {
-            store,
+            stores,
             model: MemoryBackend::new(),
             key,
             owners,
@@ -316,7 +331,11 @@ impl<'a> Run<'a> {
         // Holds taken before the wait have the short TTL, so that the wait
         // is short; every other hold one that nothing waits out.
         let mut waiting = ops.contains(&Op::Expire);
-        let mut ttl = if waiting { short_ttl(caps) } else { LONG_TTL };
+        let mut ttl = if waiting {
+            expiring_ttl(caps)
+        } else {
+            LONG_TTL
+        };
         let started = Instant::now();
         for &op in ops {
             self.played.push(op);
@@ -351,7 +370,7 @@ impl<'a> Run<'a> {
         let token = owner.claiming(kind)?;
         owner.last = token.clone();
         let ticket = owner.ticket.clone();
-        let store = self.store.try_acquire(&self.key, &token, ttl).await;
+        let store = self.stores[o].try_acquire(&self.key, &token, ttl).await;
         let model = self.model.try_acquire(&self.key, &token, ttl).await;
         let contended = matches!(store, Ok(Acquire::Contended { .. }))
             || matches!(model, Ok(Acquire::Contended { .. }));
@@ -360,7 +379,7 @@ impl<'a> Run<'a> {
             // a refused reader) leaves a mark or a place, which the Locker
             // takes away when it gives up; this case gives up at once, so
             // that no mark outlives its op on either side.
-            self.store
+            self.stores[o]
                 .abandon(&self.key, &token, &ticket)
                 .await
                 .context("the store could not take a refused claim's mark away")?;
@@ -385,7 +404,7 @@ impl<'a> Run<'a> {
         // holds nothing releases with the claim it last asked for, and
         // every store must answer that it holds nothing, whatever claim.
         let token = owner.held.clone().unwrap_or_else(|| owner.last.clone());
-        let store = self.store.release(&self.key, &token).await;
+        let store = self.stores[o].release(&self.key, &token).await;
         let model = self.model.release(&self.key, &token).await;
         let (s, m) = (Answer::of_release(&store), Answer::of_release(&model));
         if s != m {
@@ -403,7 +422,7 @@ impl<'a> Run<'a> {
     /// the store is probed until the name is free there too.
     async fn expire(&mut self, caps: &Capabilities, ttl: Duration) -> Result<()> {
         tokio::time::sleep(past_expiry(caps, ttl)).await;
-        free_in_store(self.store, &self.key, caps, ttl).await?;
+        free_in_store(&*self.stores[0], &self.key, caps, ttl).await?;
         for owner in &mut self.owners {
             owner.held = None;
         }
@@ -413,8 +432,8 @@ impl<'a> Run<'a> {
     /// Releases every hold still out, on both sides, with each claim the
     /// store grants (a store may find a hold by the claim it was taken by).
     async fn clean_up(&self, kinds: &[Kind]) -> Result<()> {
-        let sides: [&dyn LockBackend; 2] = [self.store, &self.model];
-        for owner in &self.owners {
+        for (o, owner) in self.owners.iter().enumerate() {
+            let sides: [&dyn LockBackend; 2] = [&*self.stores[o], &self.model];
             for &kind in kinds {
                 let token = owner.claiming(kind)?;
                 for side in sides {
@@ -568,14 +587,17 @@ fn sequence(seed: u64, i: usize, kinds: &[Kind], expiring: bool) -> Vec<Op> {
 /// Sequences of acquires (a mutex, a semaphore's permit of 2 or 3, a read,
 /// a write, by three or four owners whose claims change between their
 /// acquires) and releases, and on a lease-bound store one wait past the
-/// holders' leases, get from one client of the store the answers the
+/// holders' leases, get from the store (a client for each owner) the answers the
 /// reference model gives: the same grants with the same holds, the same
 /// contention, the same kind of refusal (an upgrade, another N, a
 /// semaphore's name read), the same releases. A fixed opening names each
 /// rule once; 12 seeded random sequences of 25 ops follow.
 pub async fn claims_answer_as_the_model_does(h: &dyn Harness) -> Result<()> {
-    let store = h.client().await;
-    let caps = store.capabilities();
+    let mut stores = Vec::with_capacity(OWNERS);
+    for _ in 0..OWNERS {
+        stores.push(h.client().await);
+    }
+    let caps = stores[0].capabilities();
     let kinds = kinds_of(&caps);
     let (seed, only) = replay()?;
     for i in 0..=SEQUENCES {
@@ -592,7 +614,7 @@ pub async fn claims_answer_as_the_model_does(h: &dyn Harness) -> Result<()> {
             } else {
                 format!("s{i}-try{tries}")
             };
-            let mut run = Run::new(&*store, key(CASE, &name), seed, i)?;
+            let mut run = Run::new(&stores, key(CASE, &name), seed, i)?;
             let ended = run.play(&ops, &caps).await;
             // Nothing is left held, whatever the sequence came to.
             let cleaned = run.clean_up(&kinds).await;
