@@ -34,6 +34,9 @@ pub struct CheckArgs {
     /// Skip the conformance cases; only the fault run.
     #[arg(long)]
     pub(crate) no_conformance: bool,
+    // The doc below is --help text, where `w<id>` reads as it should; as
+    // rustdoc sees it, an unclosed HTML tag.
+    #[allow(rustdoc::invalid_html_tags)]
     /// Workers campaign in an election (advertising w<id>) instead of
     /// locking, and two observers in this process watch the leader: the
     /// run also checks that terms never go back, that each term names the
