@@ -7,7 +7,7 @@
 //! 2 or 3, a read, a write, by owners whose claims change between their
 //! acquires) and releases, after a fixed opening that names each rule
 //! once, go to the store (each owner through a client of its own) and to a fresh
-//! [`MemoryBackend`](lockwright_core::backend::MemoryBackend).
+//! [`MemoryBackend`].
 //! `LOCKWRIGHT_CLAIMS_SEED` replays a run (`<seed>`) or one of its
 //! sequences (`<seed>:<sequence>`).
 
