@@ -180,24 +180,25 @@ fn in_reexport(before: &str) -> bool {
     statement.starts_with("pub use") || statement.starts_with("pub(crate) use")
 }
 
+/// Where in `code` a path that starts with `start` goes on, for each such
+/// path that begins there (not the tail of a longer path or a name) and
+/// is not re-exported: a re-export (`pub use crate::x::Y;`) is a door,
+/// not a use, as the module that opens it does not depend on what it shows.
+fn path_starts<'a>(code: &'a str, start: &'a str) -> impl Iterator<Item = usize> + 'a {
+    code.match_indices(start).filter_map(move |(at, _)| {
+        let before = code[..at].chars().next_back();
+        let inside =
+            before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$' || c == ':');
+        (!inside && !in_reexport(&code[..at])).then_some(at + start.len())
+    })
+}
+
 /// The module paths `code` names through `crate::` and `super::`, each
 /// resolved from the module `here`.
 fn paths_named(code: &str, here: &[String]) -> Vec<Vec<String>> {
     let mut found = Vec::new();
     for start in ["crate::", "super::"] {
-        let mut from = 0;
-        while let Some(n) = code[from..].find(start) {
-            let at = from + n;
-            from = at + start.len();
-            let before = code[..at].chars().next_back();
-            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$' || c == ':') {
-                continue;
-            }
-            // A re-export (`pub use crate::x::Y;`) is a door, not a use:
-            // the module that opens it does not depend on what it shows.
-            if in_reexport(&code[..at]) {
-                continue;
-            }
+        for from in path_starts(code, start) {
             let mut base: Vec<String> = if start == "crate::" {
                 Vec::new()
             } else {
@@ -208,9 +209,7 @@ fn paths_named(code: &str, here: &[String]) -> Vec<Vec<String>> {
                 base.pop();
                 rest = r;
             }
-            let mut paths = Vec::new();
-            parse_tree(rest, base, &mut paths);
-            found.extend(paths);
+            parse_tree(rest, base, &mut found);
         }
     }
     found
@@ -222,23 +221,10 @@ fn paths_named(code: &str, here: &[String]) -> Vec<Vec<String>> {
 fn child_paths_named(code: &str, here: &[String], children: &[String]) -> Vec<Vec<String>> {
     let mut found = Vec::new();
     for child in children {
-        let start = format!("{child}::");
-        let mut from = 0;
-        while let Some(n) = code[from..].find(&start) {
-            let at = from + n;
-            from = at + start.len();
-            let before = code[..at].chars().next_back();
-            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$' || c == ':') {
-                continue;
-            }
-            if in_reexport(&code[..at]) {
-                continue;
-            }
+        for from in path_starts(code, &format!("{child}::")) {
             let mut base = here.to_vec();
             base.push(child.clone());
-            let mut paths = Vec::new();
-            parse_tree(&code[from..], base, &mut paths);
-            found.extend(paths);
+            parse_tree(&code[from..], base, &mut found);
         }
     }
     found
