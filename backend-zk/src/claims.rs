@@ -268,7 +268,7 @@ impl Inner {
     /// A semaphore's attempt first at its gate: the lease, if N allow it.
     /// Otherwise a waiter (`ticket`) keeps the gate and its lease node and
     /// queues (`Err`); a no-wait attempt leaves both (`try_acquire` deletes
-    /// them). A refusal deletes both.
+    /// them). A refusal deletes both before it returns.
     pub(crate) async fn first_lease(
         &self,
         key: &LockKey,
@@ -335,7 +335,17 @@ impl Inner {
                 entered.lease = lease;
                 Ok(Err(entered))
             }
-            Step::Refused(e) => Err(e),
+            Step::Refused(e) => {
+                // The gate and the lease go before the refusal is told,
+                // so that the next client to ask does not meet them.
+                gate.disarm();
+                if let Some(u) = undo_lease {
+                    u.disarm();
+                }
+                entered.lease = lease;
+                entered.leave().await;
+                Err(e)
+            }
             Step::Gone => Err(Error::unavailable(
                 "the ZooKeeper session ended while taking a semaphore's lease",
             )),

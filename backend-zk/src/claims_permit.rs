@@ -105,7 +105,18 @@ impl Inner {
             }
             Err(e) => return Err(map_err(e)),
         };
-        let keep = lease_kept(key, n, &lease, &results)?;
+        let keep = match lease_kept(key, n, &lease, &results) {
+            Ok(keep) => keep,
+            Err(refused) => {
+                // The lease goes before the refusal is told: another
+                // client asking next must not meet it as a holder of this
+                // N (our own session's requests would be served after
+                // the delete anyway, another's would not).
+                undo.disarm();
+                let _ = crate::cleanup::delete(lease).await;
+                return Err(refused);
+            }
+        };
         undo.disarm();
         if keep {
             let grant = lease.grant(1);

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::join_all;
 use lockwright_core::backend::{
-    Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest, Watch,
+    permits_mismatch, Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
+    Watch,
 };
 use lockwright_core::{
     Claim, Error, ErrorKind, FencingToken, LockKey, LockStatus, OwnerToken, Result,
@@ -107,14 +108,22 @@ pub enum Defect {
     /// A renewal by an owner that does not hold the name answers
     /// `NotHeld`, yet extends the holder's lease to the TTL it asked for.
     StrangerRenewExtends,
+    /// A refused exclusive claim stays in the store for a moment (as one
+    /// deleted in the background after its refusal is told would): for
+    /// [`LINGER`] a claim of another N on the name is refused as if the
+    /// refused claim held it.
+    RefusalLingers,
 }
+
+/// How long `RefusalLingers` keeps a refused claim.
+const LINGER: Duration = Duration::from_millis(300);
 
 /// How long `CampaignGrantLandsLate` keeps a contended request to grant.
 const LATE_GRANT_KEPT: Duration = Duration::from_secs(2);
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 33] = [
+    pub const ALL: [Defect; 34] = [
         Defect::ReleaseWithoutOwnerCheck,
         Defect::NoExpiry,
         Defect::RenewReleases,
@@ -148,6 +157,7 @@ impl Defect {
         Defect::BatchRenewsAnyHolder,
         Defect::RenewBatchByNameOnly,
         Defect::StrangerRenewExtends,
+        Defect::RefusalLingers,
     ];
 }
 
@@ -182,6 +192,9 @@ struct Extra {
     permits: Mutex<HashMap<LockKey, Vec<OwnerToken>>>,
     /// `PermitsNotKept`: the first N claimed on each name.
     first_permits: Mutex<HashMap<LockKey, u32>>,
+    /// `RefusalLingers`: the N of the last refused exclusive claim on each
+    /// name, and when it was refused.
+    lingering: Mutex<HashMap<LockKey, (u32, Instant)>>,
 }
 
 impl Broken {
@@ -387,7 +400,21 @@ lockwright_core::forward_backend! {
                     .entry(key.clone())
                     .or_insert_with(|| v.to_vec());
             }
+            if self.defect == Defect::RefusalLingers && n > 0 {
+                let left = self.extra.lingering.lock().unwrap().get(key).copied();
+                if let Some((kept, _)) = left.filter(|(m, at)| *m != n && at.elapsed() < LINGER) {
+                    return Err(permits_mismatch(key, kept, n));
+                }
+            }
             let mut outcome = self.inner.try_acquire(key, owner, ttl).await;
+            if self.defect == Defect::RefusalLingers && n > 0 {
+                if let Err(e) = &outcome {
+                    if e.kind() == ErrorKind::InvalidOptions {
+                        let at = Instant::now();
+                        self.extra.lingering.lock().unwrap().insert(key.clone(), (n, at));
+                    }
+                }
+            }
             let takes_over = (self.defect == Defect::EarlyTakeover && self.nearly_expired(key))
                 || (self.defect == Defect::CampaignIgnoresLeader && candidate);
             if takes_over && matches!(outcome, Ok(Acquire::Contended { .. })) {

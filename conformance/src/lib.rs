@@ -129,6 +129,7 @@ macro_rules! __case_list {
                 n_plus_one_clients_never_hold_n_plus_one_permits,
                 expired_permit_is_reclaimed,
                 mismatched_permits_are_refused,
+                a_refused_claim_leaves_nothing,
                 stale_permit_holder_cannot_release_or_renew,
                 readers_share,
                 writer_excludes_readers_and_writers,

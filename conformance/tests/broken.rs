@@ -384,3 +384,10 @@ async fn a_strangers_renewal_that_extends_the_lease_is_caught() {
     )
     .await;
 }
+
+/// The case made for it plays a claim right after a refusal, round after
+/// round; the model's opening does once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refusal_that_lingers_is_caught() {
+    caught_by_alone_and_the_model(Defect::RefusalLingers, "a_refused_claim_leaves_nothing").await;
+}

@@ -235,6 +235,81 @@ pub async fn mismatched_permits_are_refused(h: &dyn Harness) -> Result<()> {
     Ok(())
 }
 
+/// How many times [`a_refused_claim_leaves_nothing`] plays its rounds: a
+/// trace deleted in the background is met only when the next claim
+/// outruns the delete.
+const REFUSAL_ROUNDS: usize = 12;
+
+/// A refused claim leaves nothing behind, by the time its refusal is
+/// told: right after a claim of 2 permits is refused on a name a mutex
+/// holds, another client's mutex claim there is contended (it meets the
+/// holder, not the refused claim); right after a mutex's claim is refused
+/// on a name a semaphore of 3 holds, another client's permit of 3 there
+/// is granted. Each owner asks through a client of its own.
+pub async fn a_refused_claim_leaves_nothing(h: &dyn Harness) -> Result<()> {
+    let case = "a_refused_claim_leaves_nothing";
+    let holder = Locker::from_arc(h.client().await);
+    let refused = Locker::from_arc(h.client().await);
+    let next = Locker::from_arc(h.client().await);
+    if !holder.capabilities().permits {
+        return Ok(());
+    }
+    for round in 0..REFUSAL_ROUNDS {
+        let k = key(case, &format!("mutex-{round}"));
+        let held = holder
+            .try_lock_with(&k, &now())
+            .await?
+            .context("a mutex on a free name")?;
+        match refused.semaphore(&k, 2)?.try_acquire(&now()).await {
+            Err(e) if e.kind() == ErrorKind::InvalidOptions => {}
+            other => bail!(
+                "round {round}: a claim of 2 permits on a held mutex's name ended with {:?}, \
+                 not InvalidOptions",
+                other.map(|g| g.is_some())
+            ),
+        }
+        match next.try_lock_with(&k, &now()).await {
+            Ok(None) => {}
+            Ok(Some(_)) => bail!("round {round}: a second mutex holder"),
+            Err(e) => bail!(
+                "round {round}: right after a claim of 2 permits was refused on a held \
+                 mutex's name, another client's mutex claim there ended with `{e}`, not \
+                 contended: the refused claim was still in the store"
+            ),
+        }
+        held.release().await?;
+
+        let k = key(case, &format!("semaphore-{round}"));
+        let held = holder
+            .semaphore(&k, 3)?
+            .try_acquire(&now())
+            .await?
+            .context("a permit of 3 on a free name")?;
+        match refused.try_lock_with(&k, &now()).await {
+            Err(e) if e.kind() == ErrorKind::InvalidOptions => {}
+            other => bail!(
+                "round {round}: a mutex claim on a held semaphore's name ended with {:?}, \
+                 not InvalidOptions",
+                other.map(|g| g.is_some())
+            ),
+        }
+        match next.semaphore(&k, 3)?.try_acquire(&now()).await {
+            Ok(Some(g)) => g.release().await?,
+            Ok(None) => bail!(
+                "round {round}: a permit of 3 with one of 3 held was contended, right \
+                 after a mutex claim there was refused"
+            ),
+            Err(e) => bail!(
+                "round {round}: right after a mutex claim was refused on a semaphore's \
+                 name, another client's permit of the same N ended with `{e}`: the \
+                 refused claim was still in the store"
+            ),
+        }
+        held.release().await?;
+    }
+    Ok(())
+}
+
 /// A permit's owner alone releases or renews it: after its lease ran out,
 /// the former owner's release and renewal are `NotHeld`, as is a
 /// stranger's release, and neither takes the permit of a live holder.
