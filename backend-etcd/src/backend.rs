@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use lockwright_core::backend::{
-    claim_changed, lock_unpoisoned, renew_one, Acquire, Binding, Capabilities, Grant, LockBackend,
+    lock_unpoisoned, refusal, renew_one, Acquire, Binding, Capabilities, Found, Grant, LockBackend,
     Release, Renew, RenewRequest, Watch,
 };
 use lockwright_core::{Claim, LockKey, LockStatus, OwnerToken, Result};
@@ -73,7 +73,13 @@ impl Inner {
             return Ok(None);
         };
         if hold.claim != owner.claim() {
-            return Err(claim_changed(key, hold.claim.is_shared()));
+            // The hold is the name's, as far as this owner's claim goes.
+            let found = Found {
+                own_shared: Some(hold.claim.is_shared()),
+                kept: hold.claim.exclusive_permits(),
+                readers: hold.claim.is_shared(),
+            };
+            return Err(refusal(key, owner.claim(), found));
         }
         if !self.still_ours(&hold).await? {
             self.forget(&id, &hold);

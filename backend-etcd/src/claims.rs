@@ -27,9 +27,7 @@
 //! in the moment before it is deleted, is taken for the holder then).
 
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
-use lockwright_core::backend::{
-    lock_unpoisoned, permits_mismatch, semaphore_or_rwlock, Acquire, Release,
-};
+use lockwright_core::backend::{gets_the_lock, judge, lock_unpoisoned, Acquire, Found, Release};
 use lockwright_core::{Claim, LockKey, OwnerToken, Result};
 
 use crate::layout::first_created;
@@ -114,39 +112,27 @@ pub(crate) fn holds(key: &LockKey, claim: Claim, mine: i64, line: &[KeyValue]) -
         .filter(|kv| kv.create_revision() != mine)
         .cloned()
         .collect();
-    for kv in holders(&others) {
-        refuse_other_kind(key, claim, claim_of(kv.value()))?;
-    }
+    let held: Vec<Claim> = holders(&others)
+        .iter()
+        .map(|kv| claim_of(kv.value()))
+        .collect();
+    let found = Found {
+        own_shared: None,
+        kept: held.iter().find_map(|c| c.exclusive_permits()),
+        readers: held.iter().any(|c| c.is_shared()),
+    };
+    judge(key, claim, found)?;
     // Our key must be there (first, in a read of the first key alone): a
     // key deleted from outside (`etcdctl del`) holds nothing, though no
     // key is before it any more.
     if !line.iter().any(|kv| kv.create_revision() == mine) {
         return Ok(false);
     }
-    let mut ahead = line.iter().filter(|kv| kv.create_revision() < mine);
-    Ok(match claim {
-        Claim::Exclusive { permits } => {
-            ahead.count() < usize::try_from(permits).unwrap_or(usize::MAX)
-        }
-        Claim::Shared => ahead.all(|kv| claim_of(kv.value()) == Claim::Shared),
-    })
-}
-
-/// Refuses a claim `ours` on a name where a key makes the claim `theirs`,
-/// unless the two belong to one kind of lock.
-fn refuse_other_kind(key: &LockKey, ours: Claim, theirs: Claim) -> Result<()> {
-    match (ours, theirs) {
-        (Claim::Exclusive { permits: n }, Claim::Exclusive { permits: m }) if n != m => {
-            Err(permits_mismatch(key, m, n))
-        }
-        (Claim::Exclusive { permits: n }, Claim::Shared) if n > 1 => {
-            Err(semaphore_or_rwlock(key, n, true))
-        }
-        (Claim::Shared, Claim::Exclusive { permits: m }) if m > 1 => {
-            Err(semaphore_or_rwlock(key, m, false))
-        }
-        _ => Ok(()),
-    }
+    let ahead = line
+        .iter()
+        .filter(|kv| kv.create_revision() < mine)
+        .map(|kv| claim_of(kv.value()));
+    Ok(gets_the_lock(claim, ahead))
 }
 
 /// The keys of `line` (by create revision) that hold now: of the first

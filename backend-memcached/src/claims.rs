@@ -32,7 +32,7 @@
 use std::time::Duration;
 
 use lockwright_core::backend::{
-    claim_changed, permits_mismatch, Acquire, Grant, Release, Renew, RenewRequest, MARK_LIFE,
+    judge, Acquire, Found, Grant, Release, Renew, RenewRequest, MARK_LIFE,
 };
 use lockwright_core::{Claim, Error, Holder, LockKey, LockStatus, OwnerToken, Result};
 
@@ -221,10 +221,16 @@ impl Node {
                 retry_after: Some(Duration::from_secs(secs)),
             }))
         };
+        // The item is one exclusive hold: another N, or a read by its own
+        // owner, is refused.
+        let found = Found {
+            own_shared: (h.owner == owner.as_str()).then_some(false),
+            kept: Some(1),
+            readers: false,
+        };
+        judge(key, owner.claim(), found)?;
         match owner.claim() {
-            Claim::Exclusive { permits: 1 } => refused(left.unwrap_or(0)),
-            Claim::Exclusive { permits } => Err(permits_mismatch(key, 1, permits)),
-            Claim::Shared if h.owner == owner.as_str() => Err(claim_changed(key, false)),
+            Claim::Exclusive { .. } => refused(left.unwrap_or(0)),
             // A downgrade, or a reader to wait in line behind this writer
             // (a writer's value, an election's, stays in its item).
             Claim::Shared

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lockwright_core::backend::{claim_changed, permits_mismatch, semaphore_or_rwlock};
+use lockwright_core::backend::{judge, Found};
 use lockwright_core::{Claim, LockKey, OwnerToken, Result};
 
 use crate::layout::{Group, Mark, Member, Tag};
@@ -42,134 +42,162 @@ pub(crate) fn decide(
 ) -> Result<Outcome> {
     let me = owner.as_str();
     let claim = owner.claim();
-    let wait = |until: u64| Duration::from_secs(until.saturating_sub(now));
     // The permits kept: a semaphore's N, or 1 while a downgraded writer
     // (exclusive) holds.
     let kept = g
         .permits
         .or_else(|| g.members.iter().any(|m| m.tag == Tag::Writer).then_some(1));
+    let found = Found {
+        own_shared: g
+            .members
+            .iter()
+            .find(|m| m.owner == me)
+            .map(|m| m.tag == Tag::Reader),
+        kept,
+        readers: g.members.iter().any(|m| m.tag == Tag::Reader),
+    };
+    judge(key, claim, found)?;
     if let Some(m) = g.members.iter_mut().find(|m| m.owner == me) {
-        let shared = m.tag == Tag::Reader;
-        if shared != claim.is_shared() {
-            return Err(claim_changed(key, shared));
-        }
-        if let (Some(asked), Some(kept)) = (claim.exclusive_permits(), kept) {
-            if asked != kept {
-                return Err(permits_mismatch(key, kept, asked));
-            }
-        }
         m.holds = m.holds.saturating_add(1);
         m.end = m.end.max(end);
         return Ok(Outcome::Granted(m.holds));
     }
-    let soonest =
-        |f: &dyn Fn(&Member) -> bool| g.members.iter().filter(|m| f(m)).map(|m| m.end).min();
-    let readers = soonest(&|m| m.tag == Tag::Reader);
-    // The marks of the other kind that came before this owner's own (all
-    // of them, if it has none): a waiter yields to those, so back-to-back
-    // writers cannot starve a waiting reader, nor readers a writer.
-    let before = |reader: bool| {
-        let mine = g.marks.iter().position(|m| m.owner == me);
+    let ask = Ask {
+        me,
+        now,
+        end,
+        mark_end,
+    };
+    Ok(match claim {
+        Claim::Exclusive { permits } => ask.exclusive(g, permits),
+        Claim::Shared => ask.shared(g, owner.writer()),
+    })
+}
+
+/// A new claim on a group, which the claim rules admit: who asks, and
+/// the times its answer is made of.
+struct Ask<'a> {
+    /// The asking owner.
+    me: &'a str,
+    /// The clock, in seconds.
+    now: u64,
+    /// A new hold's end.
+    end: u64,
+    /// A writer's mark's end.
+    mark_end: u64,
+}
+
+impl Ask<'_> {
+    /// An exclusive claim of `permits`: a writer's or a mutex's (1), or a
+    /// semaphore's permit.
+    fn exclusive(&self, g: &mut Group, permits: u32) -> Outcome {
+        if g.members.is_empty() {
+            if let (1, Some(until)) = (permits, self.marked_before(g, true)) {
+                // Readers waited first: they go before this writer.
+                return self.waits(g, until, false);
+            }
+            if permits == 1 && g.marks.iter().all(|m| m.owner == self.me) {
+                return Outcome::Free;
+            }
+            if permits == 1 {
+                // Others wait: holding as a member, not a mutex's item,
+                // keeps their marks, so later readers still wait when this
+                // writer goes, and earlier ones go first.
+                return self.join(g, Tag::Writer);
+            }
+            // A semaphore has no use for a writer's marks.
+            g.marks.clear();
+            g.permits = Some(permits);
+            return self.join(g, Tag::Permit);
+        }
+        if let Some(until) = soonest(g, |m| m.tag == Tag::Reader) {
+            // Stop new readers until this writer is served or gives up.
+            return self.waits(g, until, false);
+        }
+        if g.members.len() < permits as usize {
+            return self.join(g, Tag::Permit);
+        }
+        // A writer behind a writer keeps its place while others wait in
+        // line (readers that came later must not pass it).
+        let until = soonest(g, |_| true).unwrap_or(self.now);
+        Outcome::Refused {
+            retry_after: self.wait(until),
+            marked: permits == 1 && !g.marks.is_empty() && mark(g, self.me, self.mark_end, false),
+        }
+    }
+
+    /// A shared claim, made `beside` a writer's hold (a downgrade) or not.
+    fn shared(&self, g: &mut Group, beside: Option<&str>) -> Outcome {
+        let writer = soonest(g, |m| m.tag == Tag::Writer);
+        if let Some(w) = beside {
+            let mut writers = g.members.iter().filter(|m| m.tag == Tag::Writer);
+            if writer.is_some() && writers.all(|m| m.owner == w) {
+                return self.join(g, Tag::Reader);
+            }
+            // A downgrade whose writer no longer holds: refused, never a
+            // read hold after a gap.
+            return Outcome::Refused {
+                retry_after: Duration::ZERO,
+                marked: false,
+            };
+        }
+        if g.members.len() >= MAX_MEMBERS {
+            let until = soonest(g, |_| true).unwrap_or(self.now);
+            return Outcome::Refused {
+                retry_after: self.wait(until),
+                marked: false,
+            };
+        }
+        match writer.or(self.marked_before(g, false)) {
+            // In line behind the writers that came first, ahead of any
+            // that come later.
+            Some(until) => self.waits(g, until, true),
+            None => self.join(g, Tag::Reader),
+        }
+    }
+
+    /// Joins the group as a member of `tag`, its mark gone.
+    fn join(&self, g: &mut Group, tag: Tag) -> Outcome {
+        g.marks.retain(|m| m.owner != self.me);
+        g.members.push(Member {
+            owner: self.me.to_owned(),
+            holds: 1,
+            end: self.end,
+            tag,
+        });
+        Outcome::Granted(1)
+    }
+
+    /// Waits until `until`, marked as a `reader` or writer in line.
+    fn waits(&self, g: &mut Group, until: u64, reader: bool) -> Outcome {
+        Outcome::Refused {
+            retry_after: self.wait(until),
+            marked: mark(g, self.me, self.mark_end, reader),
+        }
+    }
+
+    /// From now until `until`.
+    fn wait(&self, until: u64) -> Duration {
+        Duration::from_secs(until.saturating_sub(self.now))
+    }
+
+    /// The latest end of the marks of readers (`reader`) or writers that
+    /// came before this owner's own (all of them, if it has none): a
+    /// waiter yields to those, so back-to-back writers cannot starve a
+    /// waiting reader, nor readers a writer.
+    fn marked_before(&self, g: &Group, reader: bool) -> Option<u64> {
+        let mine = g.marks.iter().position(|m| m.owner == self.me);
         g.marks[..mine.unwrap_or(g.marks.len())]
             .iter()
             .filter(|m| m.reader == reader)
             .map(|m| m.end)
             .max()
-    };
-    let (readers_before, writers_before) = (before(true), before(false));
-    let join = |g: &mut Group, tag| {
-        g.marks.retain(|m| m.owner != me);
-        g.members.push(Member {
-            owner: me.to_owned(),
-            holds: 1,
-            end,
-            tag,
-        });
-        Ok(Outcome::Granted(1))
-    };
-    match claim {
-        Claim::Exclusive { permits } => {
-            if let Some(kept) = kept.filter(|&kept| kept != permits) {
-                return Err(permits_mismatch(key, kept, permits));
-            }
-            if readers.is_some() && permits > 1 {
-                return Err(semaphore_or_rwlock(key, permits, true));
-            }
-            if g.members.is_empty() {
-                if let (1, Some(until)) = (permits, readers_before) {
-                    // Readers waited first: they go before this writer.
-                    return Ok(Outcome::Refused {
-                        retry_after: wait(until),
-                        marked: mark(g, me, mark_end, false),
-                    });
-                }
-                if permits == 1 && g.marks.iter().all(|m| m.owner == me) {
-                    return Ok(Outcome::Free);
-                }
-                if permits == 1 {
-                    // Others wait: holding as a member, not a mutex's
-                    // item, keeps their marks, so later readers still wait
-                    // when this writer goes, and earlier ones go first.
-                    return join(g, Tag::Writer);
-                }
-                // A semaphore has no use for a writer's marks.
-                g.marks.clear();
-                g.permits = Some(permits);
-                return join(g, Tag::Permit);
-            }
-            if let Some(until) = readers {
-                // Stop new readers until this writer is served or gives up.
-                return Ok(Outcome::Refused {
-                    retry_after: wait(until),
-                    marked: mark(g, me, mark_end, false),
-                });
-            }
-            if g.members.len() < permits as usize {
-                return join(g, Tag::Permit);
-            }
-            // A writer behind a writer keeps its place while others wait in
-            // line (readers that came later must not pass it).
-            Ok(Outcome::Refused {
-                retry_after: wait(soonest(&|_| true).unwrap_or(now)),
-                marked: permits == 1 && !g.marks.is_empty() && mark(g, me, mark_end, false),
-            })
-        }
-        Claim::Shared => {
-            if let Some(kept) = g.permits {
-                return Err(semaphore_or_rwlock(key, kept, false));
-            }
-            let writer = soonest(&|m| m.tag == Tag::Writer);
-            if let Some(w) = owner.writer() {
-                let writers = g.members.iter().filter(|m| m.tag == Tag::Writer);
-                if writer.is_some() && writers.clone().all(|m| m.owner == w) {
-                    return join(g, Tag::Reader);
-                }
-                // A downgrade whose writer no longer holds: refused, never
-                // a read hold after a gap.
-                return Ok(Outcome::Refused {
-                    retry_after: Duration::ZERO,
-                    marked: false,
-                });
-            }
-            if g.members.len() >= MAX_MEMBERS {
-                return Ok(Outcome::Refused {
-                    retry_after: wait(soonest(&|_| true).unwrap_or(now)),
-                    marked: false,
-                });
-            }
-            match writer.or(writers_before) {
-                Some(until) => {
-                    // In line behind the writers that came first, ahead
-                    // of any that come later.
-                    Ok(Outcome::Refused {
-                        retry_after: wait(until),
-                        marked: mark(g, me, mark_end, true),
-                    })
-                }
-                None => join(g, Tag::Reader),
-            }
-        }
     }
+}
+
+/// The soonest end of the group's members that `which` picks.
+fn soonest(g: &Group, which: impl Fn(&Member) -> bool) -> Option<u64> {
+    g.members.iter().filter(|m| which(m)).map(|m| m.end).min()
 }
 
 /// Marks `me` waiting until `end`, in its first place if it has one.

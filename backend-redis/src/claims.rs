@@ -41,9 +41,7 @@
 
 use std::time::Duration;
 
-use lockwright_core::backend::{
-    claim_changed, permits_mismatch, semaphore_or_rwlock, Acquire, Grant,
-};
+use lockwright_core::backend::{refusal, Acquire, Found, Grant};
 use lockwright_core::{
     Claim, Error, FencingToken, Holder, LockKey, LockStatus, OwnerToken, Result,
 };
@@ -437,31 +435,41 @@ pub(crate) fn kind(claim: Claim) -> String {
 /// contention, or the caller's mistake (another kind, another N, or a
 /// change of claim by a holder).
 pub(crate) fn answer(key: &LockKey, claim: Claim, reply: &[i64]) -> Result<Acquire> {
-    let asked = match claim {
-        Claim::Exclusive { permits } => Some(permits),
-        Claim::Shared => None,
-    };
     let n = |k: i64| u32::try_from(k).unwrap_or(u32::MAX);
-    match (reply, asked) {
-        ([1, fence, holds], _) => Ok(Acquire::Acquired(Grant {
+    // What the script found: a kind number is -1 for readers, 0 or 1
+    // for a mutex or writer, N for a semaphore.
+    let found = |k: i64| match k {
+        -1 => Found {
+            readers: true,
+            ..Found::NOTHING
+        },
+        k => Found {
+            kept: Some(n(k.max(1))),
+            ..Found::NOTHING
+        },
+    };
+    match reply {
+        [1, fence, holds] => Ok(Acquire::Acquired(Grant {
             fence: Some(FencingToken(u64::try_from(*fence).unwrap_or(0))),
             holds: n(*holds),
             lease: None,
         })),
         // A mutex or writer meeting a semaphore.
-        ([0, _, k], Some(1)) if *k > 1 => Err(permits_mismatch(key, n(*k), 1)),
-        ([0, pttl] | [0, pttl, _], _) => Ok(Acquire::Contended {
+        [0, _, k] if claim == Claim::MUTEX && *k > 1 => Err(refusal(key, claim, found(*k))),
+        [0, pttl] | [0, pttl, _] => Ok(Acquire::Contended {
             retry_after: u64::try_from(*pttl).ok().map(Duration::from_millis),
         }),
-        ([2, -1], Some(p)) => Err(semaphore_or_rwlock(key, p, true)),
-        ([2, k], None) => Err(semaphore_or_rwlock(key, n(*k), false)),
-        ([2, k], Some(p)) => Err(permits_mismatch(key, n(*k), p)),
+        // The name is held as another kind.
+        [2, k] => Err(refusal(key, claim, found(*k))),
         // The owner holds the name with another kind of claim.
-        ([3, -1], _) => Err(claim_changed(key, true)),
-        ([3, k], Some(1)) if *k > 1 => Err(permits_mismatch(key, n(*k), 1)),
-        ([3, _], Some(p)) if p > 1 => Err(permits_mismatch(key, 1, p)),
-        ([3, _], _) => Err(claim_changed(key, false)),
-        (other, _) => Err(Error::backend(format!(
+        [3, k] => {
+            let own = Found {
+                own_shared: Some(*k == -1),
+                ..found(*k)
+            };
+            Err(refusal(key, claim, own))
+        }
+        other => Err(Error::backend(format!(
             "unexpected acquire reply {other:?}"
         ))),
     }

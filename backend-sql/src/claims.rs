@@ -31,9 +31,7 @@
 
 use std::time::Duration;
 
-use lockwright_core::backend::{
-    claim_changed, permits_mismatch, semaphore_or_rwlock, Acquire, Release, Renew,
-};
+use lockwright_core::backend::{judge, refusal, Acquire, Found, Release, Renew};
 use lockwright_core::{Claim, LockKey, OwnerToken, Result};
 
 use crate::claims_sql::{bound, ClaimsSql};
@@ -188,13 +186,29 @@ macro_rules! acquire_in {
             let row = name_row(&read);
             let until = now + ttl_ms($ttl);
             let mut beside_writer = false;
-            match (classify(row.as_ref(), now), claim) {
-                (Name::Token(o), Claim::Exclusive { permits }) if o == me => {
-                    return Ok(Err(permits_mismatch(key, 1, permits)));
-                }
-                (Name::Token(o), Claim::Shared) if o == me => {
-                    return Ok(Err(claim_changed(key, false)));
-                }
+            let name = classify(row.as_ref(), now);
+            // Only semaphores' and readers' claims come here (a mutex's or
+            // writer's takes the name row's statements).
+            let found = match &name {
+                Name::Token(o) => Found {
+                    own_shared: (o == me).then_some(false),
+                    kept: Some(1),
+                    readers: false,
+                },
+                Name::Permits(kept) => Found {
+                    kept: Some(*kept),
+                    ..Found::NOTHING
+                },
+                Name::Shared => Found {
+                    readers: true,
+                    ..Found::NOTHING
+                },
+                Name::Free => Found::NOTHING,
+            };
+            if let Err(e) = judge(key, claim, found) {
+                return Ok(Err(e));
+            }
+            match (name, claim) {
                 (Name::Token(o), Claim::Shared) if owner.writer() == Some(o.as_str()) => {
                     // A downgrade: the writer's hold moves to a row of its own.
                     let (_, holds, fence, expires) = row.clone().expect("a live row");
@@ -207,20 +221,14 @@ macro_rules! acquire_in {
                         .await?;
                     beside_writer = true;
                 }
-                (Name::Token(_), Claim::Exclusive { permits }) => {
-                    return Ok(Err(permits_mismatch(key, 1, permits)));
+                (Name::Token(_), Claim::Exclusive { .. }) => {
+                    return Ok(Err(refusal(key, claim, found)));
                 }
                 (Name::Token(_), Claim::Shared) => {
                     return Ok(Ok(contended(row.map(|r| r.3), now)));
                 }
-                (Name::Permits(kept), Claim::Exclusive { permits }) if kept != permits => {
-                    return Ok(Err(permits_mismatch(key, kept, permits)));
-                }
-                (Name::Permits(kept), Claim::Shared) => {
-                    return Ok(Err(semaphore_or_rwlock(key, kept, false)));
-                }
-                (Name::Shared, Claim::Exclusive { permits }) if permits > 1 => {
-                    return Ok(Err(semaphore_or_rwlock(key, permits, true)));
+                (Name::Permits(_), Claim::Shared) => {
+                    return Ok(Err(refusal(key, claim, found)));
                 }
                 (Name::Shared, Claim::Exclusive { .. }) => {
                     return Ok(Ok(contended(row.map(|r| r.3), now)));
@@ -248,8 +256,12 @@ macro_rules! acquire_in {
                 .fetch_all(&mut *$c)
                 .await?;
             if let Some(mine) = rows.iter().find(|r| r.0 == me && r.2 > 0) {
-                if (mine.1 != 0) != claim.is_shared() {
-                    return Ok(Err(claim_changed(key, mine.1 != 0)));
+                let own = Found {
+                    own_shared: Some(mine.1 != 0),
+                    ..Found::NOTHING
+                };
+                if let Err(e) = judge(key, claim, own) {
+                    return Ok(Err(e));
                 }
                 bound!(query, &this.sql.add_hold; &hash, me, until)
                     .execute(&mut *$c)

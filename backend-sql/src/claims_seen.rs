@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use lockwright_core::backend::{claim_changed, permits_mismatch, MARK_LIFE};
-use lockwright_core::{FencingToken, Holder, LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::backend::{reentry_refused, refusal, Found, MARK_LIFE};
+use lockwright_core::{Claim, FencingToken, Holder, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::claims::{hold_name, in_txn, left, name_row, Claims, NowAndName};
 use crate::claims_sql::bound;
@@ -43,15 +43,23 @@ impl Claims {
                 .await?;
             let now = read.0;
             match classify(name_row(&read).as_ref(), now) {
-                Name::Permits(kept) => Ok(Err(permits_mismatch(key, kept, 1))),
+                Name::Permits(kept) => {
+                    let found = Found {
+                        kept: Some(kept),
+                        ..Found::NOTHING
+                    };
+                    Ok(Err(refusal(key, Claim::MUTEX, found)))
+                }
                 Name::Shared => {
                     let mine: Option<i64> = bound!(query_scalar, &self.sql.mine;
                         &hash, owner.as_str(), now)
                     .fetch_optional(&mut *c)
                         .await?;
                     if let Some(shared) = mine {
-                        // A reader asking to write: never an upgrade.
-                        return Ok(Err(claim_changed(key, shared != 0)));
+                        // A reader asking to write: never an upgrade (nor
+                        // a downgraded writer's hold, kept among its
+                        // readers, taken again).
+                        return Ok(Err(reentry_refused(key, shared != 0)));
                     }
                     let until = now + ttl_ms(ttl.min(MARK_LIFE));
                     bound!(query, &self.sql.mark; &hash, owner.as_str(), key.as_str(), until)

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use lockwright_core::backend::{
-    claim_changed, lock_unpoisoned, Acquire, Grant, Release, Renew, MARK_LIFE,
+    lock_unpoisoned, reentry_refused, Acquire, Grant, Release, Renew, MARK_LIFE,
 };
 use lockwright_core::{Error, ErrorKind, LockKey, LockStatus, OwnerToken, Result};
 
@@ -160,8 +160,9 @@ async fn reenter(
     key: &LockKey,
     shared: bool,
 ) -> Result<Acquire> {
-    if held.sessions[s].holders[h].shared != shared {
-        return Err(claim_changed(key, held.sessions[s].holders[h].shared));
+    let own_shared = held.sessions[s].holders[h].shared;
+    if own_shared != shared {
+        return Err(reentry_refused(key, own_shared));
     }
     let mut session = held.sessions.swap_remove(s);
     // Re-entry: the server counts holds per session, so lock again on

@@ -16,10 +16,8 @@
 
 use std::sync::{Arc, Weak};
 
-use lockwright_core::backend::{
-    claim_changed, lock_unpoisoned, permits_mismatch, semaphore_or_rwlock, Acquire, Grant,
-};
-use lockwright_core::{Error, LockKey, OwnerToken, Result};
+use lockwright_core::backend::{judge, lock_unpoisoned, refusal, Acquire, Found, Grant};
+use lockwright_core::{Claim, Error, LockKey, OwnerToken, Result};
 use zookeeper_client::{CreateMode, Error as ZkError, OneshotWatcher};
 
 use crate::cleanup::{delete_surely, find_and_delete, RETRY_PAUSE};
@@ -167,7 +165,15 @@ pub(crate) async fn lease_step(
                 .call(client.set_data(&leases, n.to_string().as_bytes(), Some(stat.version)))
                 .await;
         } else if let Some(k) = kept {
-            return Ok(Step::Refused(permits_mismatch(key, k, n)));
+            let found = Found {
+                kept: Some(k),
+                ..Found::NOTHING
+            };
+            return Ok(Step::Refused(refusal(
+                key,
+                Claim::Exclusive { permits: n },
+                found,
+            )));
         }
     }
     Ok(if children.len() <= n as usize {
@@ -180,12 +186,16 @@ pub(crate) async fn lease_step(
 /// The refusal of a semaphore of `n` when `key_dir`'s listing `others`
 /// shows a mutex's or read-write lock's contender.
 pub(crate) fn other_kind(key: &LockKey, n: u32, others: &[String]) -> Option<Error> {
-    let c = others.iter().find(|c| layout::is_contender(c))?;
-    Some(if c.contains(layout::READ_NAME) {
-        semaphore_or_rwlock(key, n, true)
-    } else {
-        permits_mismatch(key, 1, n)
-    })
+    let mut contenders = others.iter().filter(|c| layout::is_contender(c));
+    let found = Found {
+        own_shared: None,
+        kept: contenders
+            .clone()
+            .any(|c| !c.contains(layout::READ_NAME))
+            .then_some(1),
+        readers: contenders.any(|c| c.contains(layout::READ_NAME)),
+    };
+    judge(key, Claim::Exclusive { permits: n }, found).err()
 }
 
 /// A semaphore's queued waiter, first at its gate: waits until its lease
@@ -434,31 +444,27 @@ impl Inner {
         if children.is_empty() {
             return Ok(None);
         }
+        // 0: a peer's semaphore that did not write its N.
         let kept = std::str::from_utf8(&data)
             .ok()
             .and_then(|t| t.parse::<u32>().ok())
             .unwrap_or(0);
-        Ok(Some(if role == Role::Reader {
-            semaphore_or_rwlock(key, kept, false)
-        } else {
-            permits_mismatch(key, kept, 1)
-        }))
+        let found = Found {
+            kept: Some(kept),
+            ..Found::NOTHING
+        };
+        Ok(Some(refusal(key, role.claim(), found)))
     }
 }
 
 /// The refusal for `owner`, holding `key` here as `held`, asking again as
 /// `asked`; `None` when it re-enters.
 pub(crate) fn changed_claim(key: &LockKey, held: Role, asked: Role) -> Option<Error> {
-    Some(match (held, asked) {
-        (Role::Reader, Role::Reader) => return None,
-        (Role::Lease(k), Role::Lease(n)) if k == n => return None,
-        (h, a) if h.is_exclusive() && a.is_exclusive() => return None,
-        (Role::Lease(k), Role::Lease(n)) => permits_mismatch(key, k, n),
-        (Role::Lease(k), Role::Reader) => semaphore_or_rwlock(key, k, false),
-        (Role::Lease(k), _) => permits_mismatch(key, k, 1),
-        (Role::Reader, Role::Lease(n)) => semaphore_or_rwlock(key, n, true),
-        (Role::Reader, _) => claim_changed(key, true),
-        (_, Role::Lease(n)) => permits_mismatch(key, 1, n),
-        (_, _) => claim_changed(key, false),
-    })
+    let held = held.claim();
+    let found = Found {
+        own_shared: Some(held.is_shared()),
+        kept: held.exclusive_permits(),
+        readers: held.is_shared(),
+    };
+    judge(key, asked.claim(), found).err()
 }

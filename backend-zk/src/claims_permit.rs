@@ -22,8 +22,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use lockwright_core::backend::{permits_mismatch, Grant};
-use lockwright_core::{LockKey, OwnerToken, Result};
+use lockwright_core::backend::{refusal, Found, Grant};
+use lockwright_core::{Claim, LockKey, OwnerToken, Result};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiReadResult};
 
 use crate::claims::{other_kind, Undo};
@@ -158,7 +158,11 @@ fn lease_kept(
     let others_hold = children(1).is_some_and(|c| c.iter().any(|c| c != name));
     if let Some(k) = kept.and_then(|t| t.parse::<u32>().ok()) {
         if k != n && others_hold {
-            return Err(permits_mismatch(key, k, n));
+            let found = Found {
+                kept: Some(k),
+                ..Found::NOTHING
+            };
+            return Err(refusal(key, Claim::Exclusive { permits: n }, found));
         }
     }
     let held = children(1).is_some_and(|c| c.len() <= n as usize && c.iter().any(|c| c == name));

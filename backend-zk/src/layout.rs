@@ -53,6 +53,15 @@ impl Role {
         }
     }
 
+    /// The claim this role makes, for the claim rules.
+    pub(crate) fn claim(self) -> lockwright_core::Claim {
+        match self {
+            Role::Reader => lockwright_core::Claim::Shared,
+            Role::Lease(permits) => lockwright_core::Claim::Exclusive { permits },
+            Role::Mutex | Role::Writer => lockwright_core::Claim::MUTEX,
+        }
+    }
+
     fn marker(self) -> &'static str {
         match self {
             Role::Mutex => LOCK_NAME,

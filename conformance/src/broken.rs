@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::join_all;
 use lockwright_core::backend::{
-    permits_mismatch, Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
-    Watch,
+    refusal, Acquire, Capabilities, Found, Grant, LockBackend, Release, Renew, RenewRequest, Watch,
 };
 use lockwright_core::{
     Claim, Error, ErrorKind, FencingToken, LockKey, LockStatus, OwnerToken, Result,
@@ -403,7 +402,11 @@ lockwright_core::forward_backend! {
             if self.defect == Defect::RefusalLingers && n > 0 {
                 let left = self.extra.lingering.lock().unwrap().get(key).copied();
                 if let Some((kept, _)) = left.filter(|(m, at)| *m != n && at.elapsed() < LINGER) {
-                    return Err(permits_mismatch(key, kept, n));
+                    let found = Found {
+                        kept: Some(kept),
+                        ..Found::NOTHING
+                    };
+                    return Err(refusal(key, claim, found));
                 }
             }
             let mut outcome = self.inner.try_acquire(key, owner, ttl).await;

@@ -3,6 +3,7 @@
 //! (URL parameters, TTL checks, clock-drift margins). Applications need
 //! none of this; they use the crate root.
 
+pub use crate::claims::{gets_the_lock, judge, reentry_refused, refusal, Found};
 pub use crate::driver::{Driver, FailOver, Opener};
 pub use crate::lease::{clock_drift, local_deadline};
 pub use crate::memory::MemoryBackend;
@@ -371,66 +372,6 @@ impl Watch {
 /// tries again at least every quarter of it while it has a mark out. So a
 /// writer that died unseen holds readers up this long, not a whole TTL.
 pub const MARK_LIFE: Duration = Duration::from_secs(2);
-
-/// The error for a claim whose permits differ from the ones the store
-/// keeps for `key` while it is held: every holder of a name must agree on
-/// its permits, or a semaphore would over-grant. Marked
-/// [unapplied](Error::unapplied): a store refuses before changing anything.
-pub fn permits_mismatch(key: &LockKey, kept: u32, asked: u32) -> Error {
-    let what = |n: u32| match n {
-        1 => "1 permit (a mutex or a write lock)".to_owned(),
-        n => format!("{n} permits (a semaphore)"),
-    };
-    Error::invalid_options(format!(
-        "{:?} is held with {} and this claim asks for {}: every holder of a name must agree on \
-         its permits",
-        key.as_str(),
-        what(kept),
-        what(asked)
-    ))
-    .unapplied()
-}
-
-/// The error for a read claim on a name held as a semaphore of `permits`
-/// (`reading: false`), or a semaphore's claim of `permits` on a name that
-/// readers hold (`reading: true`): a name is a semaphore or a read-write
-/// lock, never both. Marked [unapplied](Error::unapplied).
-pub fn semaphore_or_rwlock(key: &LockKey, permits: u32, reading: bool) -> Error {
-    let k = key.as_str();
-    Error::invalid_options(if reading {
-        format!(
-            "{k:?} is held by readers (a read-write lock) and this claim asks for {permits} \
-             permits (a semaphore): a name is one or the other"
-        )
-    } else {
-        format!(
-            "{k:?} is held with {permits} permits (a semaphore) and this claim asks for a read \
-             hold (a read-write lock): a name is one or the other"
-        )
-    })
-    .unapplied()
-}
-
-/// The error for an owner that holds `key` and asks for it again with
-/// another kind of claim: a read hold cannot become a write hold (two
-/// readers upgrading at once would wait on each other for ever), and a
-/// writer reads by a downgrade ([`OwnerToken::beside`]). Marked
-/// [unapplied](Error::unapplied), as [`permits_mismatch`] is.
-pub fn claim_changed(key: &LockKey, held_shared: bool) -> Error {
-    let k = key.as_str();
-    Error::invalid_options(if held_shared {
-        format!(
-            "{k:?}: this owner holds a read lock, which cannot be upgraded to a write lock \
-             (release it, then take the write lock)"
-        )
-    } else {
-        format!(
-            "{k:?}: this owner holds it exclusively; a writer takes a read lock by a downgrade \
-             (ReadWriteLock::downgrade), not with the same owner"
-        )
-    })
-    .unapplied()
-}
 
 /// One renewal sent as a batch of one, for a backend whose
 /// [`LockBackend::renew_many`] is the real implementation (one script, one

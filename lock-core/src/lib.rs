@@ -18,6 +18,7 @@ mod acquire;
 mod attempts;
 pub mod backend;
 mod background;
+mod claims;
 mod driver;
 mod election;
 mod error;

@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::backend::{
-    claim_changed, permits_mismatch, semaphore_or_rwlock, Acquire, Binding, Capabilities, Grant,
-    LockBackend, Release, Renew, Watch, MARK_LIFE,
+    Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, Watch, MARK_LIFE,
 };
+use crate::claims::{judge, Found};
 use crate::error::{Error, Result};
 use crate::key::{Claim, FencingToken, LockKey, OwnerToken};
 use crate::lease::{Holder, LockStatus};
@@ -77,6 +77,56 @@ impl Slot {
     }
     fn announce(&self) {
         self.changed.send_modify(|v| *v += 1);
+    }
+    /// How long a new `claim` by `owner`, which the rules admit, waits
+    /// at the least (`None`: granted now). An exclusive claim waits for
+    /// readers (and marks the name so that no new reader enters) or for
+    /// a free permit; a shared one waits for writers, live or waiting,
+    /// unless it is a downgrade beside the writer that holds.
+    fn blocked(
+        &mut self,
+        owner: &OwnerToken,
+        claim: Claim,
+        now: Instant,
+        ttl: Duration,
+    ) -> Option<Duration> {
+        match claim {
+            Claim::Exclusive { permits } => {
+                let readers = self.soonest(now, |h| h.shared);
+                if readers.is_some() {
+                    // Stop new readers until this writer is served or gives up.
+                    self.writers_waiting.retain(|(o, _)| o != owner);
+                    self.writers_waiting
+                        .push((owner.clone(), now + ttl.min(MARK_LIFE)));
+                    readers
+                } else if self.holders.len() >= permits as usize {
+                    self.soonest(now, |_| true)
+                } else {
+                    None
+                }
+            }
+            Claim::Shared => {
+                let writers = self.soonest(now, |h| !h.shared);
+                let beside_writer = owner.writer().is_some_and(|w| {
+                    let mut writers = self.holders.iter().filter(|h| !h.shared).peekable();
+                    writers.peek().is_some() && writers.all(|h| h.owner.as_str() == w)
+                });
+                if beside_writer {
+                    None
+                } else if owner.writer().is_some() {
+                    // A downgrade whose writer no longer holds: refused,
+                    // never a read hold after a gap.
+                    Some(Duration::ZERO)
+                } else if writers.is_some() {
+                    writers
+                } else {
+                    self.writers_waiting
+                        .iter()
+                        .map(|(_, until)| until.saturating_duration_since(now))
+                        .max()
+                }
+            }
+        }
     }
     /// The soonest a live hold among those matching `which` runs out.
     fn soonest(&self, now: Instant, which: impl Fn(&Hold) -> bool) -> Option<Duration> {
@@ -212,21 +262,17 @@ impl LockBackend for MemoryBackend {
         let slot = slots.entry(key.clone()).or_insert_with(Slot::free);
         slot.prune(now);
         let claim = owner.claim();
-        let live_permits = slot
-            .holders
-            .iter()
-            .any(|h| !h.shared)
-            .then_some(slot.permits);
+        let found = Found {
+            own_shared: slot.hold_of(owner, now).map(|h| h.shared),
+            kept: slot
+                .holders
+                .iter()
+                .any(|h| !h.shared)
+                .then_some(slot.permits),
+            readers: slot.holders.iter().any(|h| h.shared),
+        };
+        judge(key, claim, found)?;
         if let Some(hold) = slot.hold_of(owner, now) {
-            if hold.shared != claim.is_shared() {
-                return Err(claim_changed(key, hold.shared));
-            }
-            match (claim.exclusive_permits(), live_permits) {
-                (Some(asked), Some(kept)) if asked != kept => {
-                    return Err(permits_mismatch(key, kept, asked));
-                }
-                _ => {}
-            }
             hold.holds += 1;
             hold.expires = now + ttl;
             return Ok(Acquire::Acquired(Grant {
@@ -235,53 +281,7 @@ impl LockBackend for MemoryBackend {
                 lease: None,
             }));
         }
-        let blocked = match claim {
-            Claim::Exclusive { permits } => {
-                if let Some(kept) = live_permits.filter(|kept| *kept != permits) {
-                    return Err(permits_mismatch(key, kept, permits));
-                }
-                let readers = slot.soonest(now, |h| h.shared);
-                if readers.is_some() && permits > 1 {
-                    return Err(semaphore_or_rwlock(key, permits, true));
-                }
-                let full = slot.holders.len() >= permits as usize;
-                if readers.is_some() {
-                    // Stop new readers until this writer is served or gives up.
-                    slot.writers_waiting.retain(|(o, _)| o != owner);
-                    slot.writers_waiting
-                        .push((owner.clone(), now + ttl.min(MARK_LIFE)));
-                    readers
-                } else if full {
-                    slot.soonest(now, |_| true)
-                } else {
-                    None
-                }
-            }
-            Claim::Shared => {
-                if let Some(kept) = live_permits.filter(|kept| *kept > 1) {
-                    return Err(semaphore_or_rwlock(key, kept, false));
-                }
-                let writers = slot.soonest(now, |h| !h.shared);
-                let beside_writer = owner.writer().is_some_and(|w| {
-                    let mut writers = slot.holders.iter().filter(|h| !h.shared).peekable();
-                    writers.peek().is_some() && writers.all(|h| h.owner.as_str() == w)
-                });
-                if beside_writer {
-                    None
-                } else if owner.writer().is_some() {
-                    // A downgrade whose writer no longer holds: refused,
-                    // never a read hold after a gap.
-                    Some(Duration::ZERO)
-                } else if writers.is_some() {
-                    writers
-                } else {
-                    slot.writers_waiting
-                        .iter()
-                        .map(|(_, until)| until.saturating_duration_since(now))
-                        .max()
-                }
-            }
-        };
+        let blocked = slot.blocked(owner, claim, now, ttl);
         if let Some(left) = blocked {
             return Ok(Acquire::Contended {
                 retry_after: Some(left),

@@ -162,9 +162,9 @@ const THEMES: &[&[Kind]] = &[
 ];
 
 /// What one side answered, compared by class: grants by their holds,
-/// refusals by their error's kind (stores name the same refusal in
-/// different words: another N on a re-entry is `claim_changed` on etcd,
-/// `permits_mismatch` on the model), fences and leases not at all.
+/// refusals by their error's kind (every store words a refusal with the
+/// core's claim rules, but where two rules refuse one claim, a store may
+/// meet either first), fences and leases not at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Answer {
     /// Acquired, with the owner's holds now.
