@@ -4,7 +4,7 @@
 //! command then reach it the same way. Each crate declares its schemes
 //! and opener itself (its `DRIVER`); nothing here knows a store's URLs.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
 use lockwright_core::backend::{
     scheme_of, Driver, LockBackend, MemoryBackend, RedactedUrl, Scheme, ServerUrl,
@@ -66,6 +66,13 @@ const KNOWN: &[Known] = &[
 /// The drivers an application registered, looked at before the built-in ones.
 static REGISTERED: RwLock<Vec<Driver>> = RwLock::new(Vec::new());
 
+/// The registered drivers, to read. A registration that panicked (it
+/// cannot: it checks before it pushes) would leave the list whole, so a
+/// poisoned lock is read as it stands.
+fn registered() -> RwLockReadGuard<'static, Vec<Driver>> {
+    REGISTERED.read().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Adds a backend written outside this repository: from now on
 /// [`connect`](crate::connect), [`open`] and a build of the `lockwright`
 /// command that calls this first accept the schemes `driver` declares.
@@ -94,7 +101,7 @@ static REGISTERED: RwLock<Vec<Driver>> = RwLock::new(Vec::new());
 /// into this binary, or by a driver registered before. (A scheme of this
 /// repository's stores whose feature is off may be taken.)
 pub fn register(driver: Driver) -> Result<()> {
-    let mut registered = REGISTERED.write().unwrap_or_else(|e| e.into_inner());
+    let mut registered = REGISTERED.write().unwrap_or_else(PoisonError::into_inner);
     if driver.schemes().is_empty() {
         return Err(Error::config("cannot register a driver without a scheme"));
     }
@@ -145,7 +152,7 @@ pub fn driver(url: &str) -> Result<(Scheme, Driver)> {
     let name = scheme_of(url)?;
     let shown = RedactedUrl::new(url);
     {
-        let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
+        let registered = registered();
         if let Some((s, d)) = registered
             .iter()
             .find_map(|d| Some((*d.scheme(&name)?, *d)))
@@ -155,7 +162,7 @@ pub fn driver(url: &str) -> Result<(Scheme, Driver)> {
     }
     let Some(known) = KNOWN.iter().find(|k| k.schemes.contains(&name.as_str())) else {
         let mut all: Vec<&str> = KNOWN.iter().flat_map(|k| k.schemes).copied().collect();
-        let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
+        let registered = registered();
         all.extend(registered.iter().flat_map(|d| d.schemes()).map(|s| s.name));
         return Err(Error::config(format!(
             "{shown}: unknown scheme {name:?}; known: {}",

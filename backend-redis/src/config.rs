@@ -14,10 +14,10 @@ pub const SCHEMES: &[Scheme] = &[
     Scheme::new("redis+unix", "Redis", None),
     Scheme::new("unix", "Redis", None),
     Scheme::new("redis+redlock", "Redlock", Some(6379)),
-    Scheme::new("redis+sentinel", "Redis Sentinel", Some(26379)),
-    Scheme::new("rediss+sentinel", "Redis Sentinel", Some(26379)),
-    Scheme::new("redis+cluster", "Redis Cluster", Some(6379)),
-    Scheme::new("rediss+cluster", "Redis Cluster", Some(6379)),
+    Scheme::new("redis+sentinel", "Redis Sentinel", Some(26379)).with_replicas(),
+    Scheme::new("rediss+sentinel", "Redis Sentinel", Some(26379)).with_replicas(),
+    Scheme::new("redis+cluster", "Redis Cluster", Some(6379)).with_replicas(),
+    Scheme::new("rediss+cluster", "Redis Cluster", Some(6379)).with_replicas(),
 ];
 
 /// The parameters the redis driver reads from a URL's query: `db`, `user`

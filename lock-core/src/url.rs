@@ -45,6 +45,9 @@ pub struct Scheme {
     /// The port of a server written without one; `None` for a store not
     /// reached through a `host[:port]` list (a file, a Unix socket).
     pub default_port: Option<u16>,
+    /// Whether the store it names has replicas that a failover promotes
+    /// (what `lockwright check --faults failover` needs).
+    pub replicas: bool,
 }
 
 impl Scheme {
@@ -55,14 +58,23 @@ impl Scheme {
             name,
             store,
             default_port,
+            replicas: false,
         }
+    }
+
+    /// The same scheme, naming a store whose primary has replicas that a
+    /// failover promotes.
+    #[must_use]
+    pub const fn with_replicas(mut self) -> Self {
+        self.replicas = true;
+        self
     }
 
     /// The entry of `schemes` that `url`'s scheme names.
     ///
     /// ```
     /// use lockwright_core::backend::Scheme;
-    /// const S: &[Scheme] = &[Scheme { name: "zk", store: "ZooKeeper", default_port: Some(2181) }];
+    /// const S: &[Scheme] = &[Scheme::new("zk", "ZooKeeper", Some(2181))];
     /// assert_eq!(Scheme::find(S, "ZK://h").unwrap().store, "ZooKeeper");
     /// assert!(Scheme::find(S, "redis://h").is_err());
     /// ```

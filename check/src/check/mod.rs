@@ -43,14 +43,6 @@ mod tests;
 use fault_run::fault_run;
 use faults::Fault;
 
-/// Whether `--faults failover` can be made on a store of this URL scheme:
-/// one whose primary has a replica the check can promote.
-pub(crate) fn can_fail_over(scheme: &str) -> bool {
-    matches!(
-        scheme,
-        "redis+sentinel" | "rediss+sentinel" | "redis+cluster" | "rediss+cluster"
-    )
-}
 use report::{CaseOutcome, CaseResult, Report};
 
 /// The exit status when a case failed or the fault run found a violation.
@@ -115,17 +107,14 @@ pub async fn check(args: CheckArgs) -> Result<i32> {
         ));
     }
     let scheme = lockwright::backend::scheme(&url)?;
-    let (store, url_scheme) = (scheme.store, scheme.name);
-    if args.faults.0.contains(&Fault::Failover)
-        && !args.duration.is_zero()
-        && !can_fail_over(url_scheme)
-    {
+    let store = scheme.store;
+    if args.faults.0.contains(&Fault::Failover) && !args.duration.is_zero() && !scheme.replicas {
         // Refused, not skipped: a run that injected none of the faults
         // asked for would read as a pass.
         return Err(Error::invalid_options(format!(
-            "--faults failover: {shown} is not a Redis Sentinel or Cluster URL, so there is \
-             no replica to fail over to (use redis+sentinel:// or redis+cluster://, or leave \
-             failover out)"
+            "--faults failover: {shown} names {store}, which has no replica to fail over to \
+             (leave failover out, or use the URL of a store with replicas, as the README's \
+             list of faults says)"
         )));
     }
     let endpoints = Endpoints::of(&url)?;
@@ -258,7 +247,7 @@ pub async fn check(args: CheckArgs) -> Result<i32> {
     if args.json {
         let report = Report {
             url: shown,
-            url_scheme: url_scheme.to_owned(),
+            url_scheme: scheme.name.to_owned(),
             store: store.to_string(),
             fencing: caps.fencing,
             result,
