@@ -195,8 +195,9 @@ macro_rules! acquire_in {
                     kept: Some(1),
                     readers: false,
                 },
+                // A group of permits is a semaphore, whatever N it says.
                 Name::Permits(kept) => Found {
-                    kept: Some(*kept),
+                    kept: Some(if *kept > 1 { *kept } else { 0 }),
                     ..Found::NOTHING
                 },
                 Name::Shared => Found {

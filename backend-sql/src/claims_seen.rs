@@ -44,8 +44,9 @@ impl Claims {
             let now = read.0;
             match classify(name_row(&read).as_ref(), now) {
                 Name::Permits(kept) => {
+                    // A group of permits is a semaphore, whatever N it says.
                     let found = Found {
-                        kept: Some(kept),
+                        kept: Some(if kept > 1 { kept } else { 0 }),
                         ..Found::NOTHING
                     };
                     Ok(Err(refusal(key, Claim::MUTEX, found)))

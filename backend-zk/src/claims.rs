@@ -198,9 +198,20 @@ pub(crate) fn other_kind(key: &LockKey, n: u32, others: &[String]) -> Option<Err
     judge(key, Claim::Exclusive { permits: n }, found).err()
 }
 
+/// How a semaphore's queued waiter's wait at its gate ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseWait {
+    /// Its lease is held.
+    Held,
+    /// The name turned out to be another kind's, or kept with another N.
+    Refused,
+    /// The session ended, the waiter went, or the store failed for good.
+    Ended,
+}
+
 /// A semaphore's queued waiter, first at its gate: waits until its lease
-/// is held (`true`), or the name turns out to be another kind's, or the
-/// session ends (`false`).
+/// is held, or the name turns out to be another kind's, or the session
+/// ends.
 pub(crate) async fn wait_lease(
     inner: &Weak<Inner>,
     session: &Arc<Session>,
@@ -209,30 +220,31 @@ pub(crate) async fn wait_lease(
     key_dir: &str,
     ticket: &OwnerToken,
     lease: &mut Option<Contender>,
-) -> bool {
+) -> LeaseWait {
     let prefix = layout::contender_prefix(Role::Lease(n));
     if lease.is_none() {
         let Some(i) = inner.upgrade() else {
-            return false;
+            return LeaseWait::Ended;
         };
         let mut waiters = lock_unpoisoned(&i.waiters);
         let Some(w) = waiters.get_mut(ticket) else {
-            return false;
+            return LeaseWait::Ended;
         };
         w.lease = Some((format!("{key_dir}/{SEM_LEASES}"), prefix.clone()));
     }
     loop {
         let Some(i) = inner.upgrade() else {
-            return false;
+            return LeaseWait::Ended;
         };
         let step = lease_step(&i, session, key, n, key_dir, &prefix, lease).await;
         drop(i);
         match step {
-            Ok(Step::Granted) => return true,
+            Ok(Step::Granted) => return LeaseWait::Held,
             Ok(Step::Full(watcher)) => {
                 watcher.changed().await;
             }
-            Ok(Step::Refused(_) | Step::Gone) => return false,
+            Ok(Step::Refused(_)) => return LeaseWait::Refused,
+            Ok(Step::Gone) => return LeaseWait::Ended,
             Err(e) if is_transient(&e) && session.connected().await => {
                 if lease.is_none() {
                     // A create whose answer was lost may have made a
@@ -243,7 +255,7 @@ pub(crate) async fn wait_lease(
                 }
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
-            Err(_) => return false,
+            Err(_) => return LeaseWait::Ended,
         }
     }
 }
@@ -444,10 +456,12 @@ impl Inner {
         if children.is_empty() {
             return Ok(None);
         }
-        // 0: a peer's semaphore that did not write its N.
+        // Live leases make a semaphore whatever N its directory says: 0
+        // for one that did not write an N of 2 or more (a peer's).
         let kept = std::str::from_utf8(&data)
             .ok()
             .and_then(|t| t.parse::<u32>().ok())
+            .filter(|&n| n > 1)
             .unwrap_or(0);
         let found = Found {
             kept: Some(kept),

@@ -17,22 +17,29 @@ use lockwright_core::backend::{lock_unpoisoned, Acquire};
 use lockwright_core::{Error, LockKey, OwnerToken, Result};
 use zookeeper_client::{CreateMode, Error as ZkError};
 
+use crate::claims::{wait_lease, LeaseWait};
 use crate::cleanup::{delete_surely, find_and_delete, undo_create, RETRY_PAUSE};
 use crate::error::{is_transient, map_err};
 use crate::layout::{self, Role, SEM_LEASES, SEM_LOCKS};
 use crate::node::{Contender, Exchange, Session};
-use crate::state::{Entered, Inner};
+use crate::state::{Entered, Inner, Waiter};
 
 impl Entered {
     /// Leaves the queue: our node goes now (or in the background once the
     /// store answers), a lease node with it.
     pub(crate) async fn leave(self) {
+        Entered::leave_nodes(self.lease, self.node).await;
+    }
+
+    /// Deletes a contender's `lease` node, then its queue `node`, now (or
+    /// in the background once the store answers).
+    pub(crate) async fn leave_nodes(lease: Option<Contender>, node: Contender) {
         // The lease first, as Curator returns it: the gate's next holder
         // must not count it.
-        if let Some(l) = self.lease {
+        if let Some(l) = lease {
             let _ = crate::cleanup::delete(l).await;
         }
-        let _ = crate::cleanup::delete(self.node).await;
+        let _ = crate::cleanup::delete(node).await;
     }
 }
 
@@ -320,9 +327,11 @@ pub(crate) async fn wait_turn(
         r => r,
     };
     let mut first = wait_first(&inner, &ticket, &session, &dir, &name, queue_role).await;
+    let mut refused = false;
     if let (true, Role::Lease(n)) = (first, role) {
-        first = crate::claims::wait_lease(&inner, &session, &key, n, &key_dir, &ticket, &mut lease)
-            .await;
+        let wait = wait_lease(&inner, &session, &key, n, &key_dir, &ticket, &mut lease).await;
+        first = wait == LeaseWait::Held;
+        refused = wait == LeaseWait::Refused;
     }
     let Some(inner) = inner.upgrade() else {
         return;
@@ -343,6 +352,30 @@ pub(crate) async fn wait_turn(
     // A listing that found us first says nothing of a session that has
     // ended since.
     let first = first && !session.is_over();
+    if refused {
+        // The nodes go before the waiter learns it is out of line: its
+        // next attempt tells the refusal, and another client asking then
+        // must not meet them. Meanwhile the waiter still counts as queued,
+        // so an abandon still deletes them.
+        let ours = |w: &Waiter| w.node.as_ref().is_some_and(|n| n.path == holder.path);
+        if !lock_unpoisoned(&inner.waiters)
+            .get(&ticket)
+            .is_some_and(ours)
+        {
+            // Abandoned meanwhile: the abandon deleted (or deletes) the nodes.
+            return;
+        }
+        Entered::leave_nodes(lease, node).await;
+        if let Some(w) = lock_unpoisoned(&inner.waiters)
+            .get_mut(&ticket)
+            .filter(|w| ours(w))
+        {
+            w.task = None;
+            w.lease = None;
+            w.node = None;
+        }
+        return;
+    }
     let mut waiters = lock_unpoisoned(&inner.waiters);
     let current = waiters
         .get_mut(&ticket)

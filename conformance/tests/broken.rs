@@ -186,10 +186,19 @@ async fn expired_permits_counted_are_caught() {
 }
 
 /// The model's opening finds a semaphore of 3 turned into the N first
-/// claimed on the name (a writer's 1).
+/// claimed on the name (a writer's 1); the refusal case's first claim of
+/// 2 permits, on a mutex's name, is not refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn permits_not_kept_are_caught() {
-    caught_by_alone_and_the_model(Defect::PermitsNotKept, "mismatched_permits_are_refused").await;
+    caught_by_these_alone(
+        Defect::PermitsNotKept,
+        &[
+            "mismatched_permits_are_refused",
+            "a_refused_claim_leaves_nothing",
+            MODEL,
+        ],
+    )
+    .await;
 }
 
 /// The model's opening finds an owner that holds no permit releasing

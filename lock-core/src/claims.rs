@@ -1,10 +1,11 @@
 //! The claim rules, written once: whether a claim may share a name with
 //! the holds a store finds there ([`judge`]), who holds in an ordered line
 //! of claims ([`gets_the_lock`], Curator's predicate), and the errors a
-//! refused claim gets. Every store in Rust calls them; a store whose rule
-//! runs inside the server (a Lua script, an SQL statement) keeps its own
-//! expression of it and turns what the server found into the same error
-//! with [`refusal`].
+//! refused claim gets. Every store whose rule runs in Rust calls `judge`
+//! (etcd's line also `gets_the_lock`; ZooKeeper's queue keeps Curator's
+//! own layout of it); a store whose rule runs inside the server (a Lua
+//! script, an SQL statement) keeps its own expression of it and turns
+//! what the server found into the same error with [`refusal`].
 //!
 //! The rules, on any name:
 //! - every exclusive holder agrees on N (a mutex or writer is 1, a
@@ -57,8 +58,8 @@ impl Found {
 /// - the owner holds the name with a claim of the other kind (a reader
 ///   asking to write, or a writer to read with its own owner);
 /// - an exclusive claim of N while the holds keep another N;
-/// - permits of N > 1 while readers hold, or a read while permits of
-///   N > 1 are held.
+/// - permits of N > 1 while readers hold, or a read while a semaphore's
+///   permits are held (`kept` other than 1).
 pub fn judge(key: &LockKey, claim: Claim, found: Found) -> Result<()> {
     if let Some(own_shared) = found.own_shared {
         if own_shared != claim.is_shared() {
@@ -101,9 +102,9 @@ pub fn refusal(key: &LockKey, claim: Claim, found: Found) -> Error {
 /// The refusal of an owner's second claim on `key` that the store cannot
 /// count with the hold it keeps for that owner (`held_shared`: whether
 /// that hold is shared): the rules' refusal of a reader asking to write,
-/// and of a writer asking to read with its own owner, which a store also
-/// gives where it keeps a hold in a form it cannot re-enter (a downgraded
-/// writer's, among its readers).
+/// or of a writer asking to read with its own owner. A store that keeps a
+/// hold in a form it cannot re-enter (SQL's downgraded writer, among its
+/// readers) refuses its owner's write with the writer's words.
 pub fn reentry_refused(key: &LockKey, held_shared: bool) -> Error {
     claim_changed(key, held_shared)
 }

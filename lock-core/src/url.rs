@@ -46,7 +46,8 @@ pub struct Scheme {
     /// reached through a `host[:port]` list (a file, a Unix socket).
     pub default_port: Option<u16>,
     /// Whether the store it names has replicas that a failover promotes
-    /// (what `lockwright check --faults failover` needs).
+    /// (what `lockwright check --faults failover` needs; the store's
+    /// [`Driver`](crate::backend::Driver) says how to make one).
     pub replicas: bool,
 }
 
