@@ -109,7 +109,7 @@ pub enum Defect {
     StrangerRenewExtends,
     /// A refused exclusive claim stays in the store for a moment (as one
     /// deleted in the background after its refusal is told would): for
-    /// [`LINGER`] a claim of another N on the name is refused as if the
+    /// 300 ms a claim of another N on the name is refused as if the
     /// refused claim held it.
     RefusalLingers,
 }
