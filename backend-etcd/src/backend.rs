@@ -74,12 +74,7 @@ impl Inner {
         };
         if hold.claim != owner.claim() {
             // The hold is the name's, as far as this owner's claim goes.
-            let found = Found {
-                own_shared: Some(hold.claim.is_shared()),
-                kept: hold.claim.exclusive_permits(),
-                readers: hold.claim.is_shared(),
-            };
-            return Err(refusal(key, owner.claim(), found));
+            return Err(refusal(key, owner.claim(), Found::own(hold.claim)));
         }
         if !self.still_ours(&hold).await? {
             self.forget(&id, &hold);

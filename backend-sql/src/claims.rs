@@ -196,10 +196,7 @@ macro_rules! acquire_in {
                     readers: false,
                 },
                 // A group of permits is a semaphore, whatever N it says.
-                Name::Permits(kept) => Found {
-                    kept: Some(if *kept > 1 { *kept } else { 0 }),
-                    ..Found::NOTHING
-                },
+                Name::Permits(kept) => Found::semaphore(*kept),
                 Name::Shared => Found {
                     readers: true,
                     ..Found::NOTHING

@@ -45,11 +45,7 @@ impl Claims {
             match classify(name_row(&read).as_ref(), now) {
                 Name::Permits(kept) => {
                     // A group of permits is a semaphore, whatever N it says.
-                    let found = Found {
-                        kept: Some(if kept > 1 { kept } else { 0 }),
-                        ..Found::NOTHING
-                    };
-                    Ok(Err(refusal(key, Claim::MUTEX, found)))
+                    Ok(Err(refusal(key, Claim::MUTEX, Found::semaphore(kept))))
                 }
                 Name::Shared => {
                     let mine: Option<i64> = bound!(query_scalar, &self.sql.mine;

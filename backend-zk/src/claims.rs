@@ -165,10 +165,7 @@ pub(crate) async fn lease_step(
                 .call(client.set_data(&leases, n.to_string().as_bytes(), Some(stat.version)))
                 .await;
         } else if let Some(k) = kept {
-            let found = Found {
-                kept: Some(k),
-                ..Found::NOTHING
-            };
+            let found = Found::semaphore(k);
             return Ok(Step::Refused(refusal(
                 key,
                 Claim::Exclusive { permits: n },
@@ -456,29 +453,17 @@ impl Inner {
         if children.is_empty() {
             return Ok(None);
         }
-        // Live leases make a semaphore whatever N its directory says: 0
-        // for one that did not write an N of 2 or more (a peer's).
+        // Live leases make a semaphore, whatever N its directory says.
         let kept = std::str::from_utf8(&data)
             .ok()
             .and_then(|t| t.parse::<u32>().ok())
-            .filter(|&n| n > 1)
             .unwrap_or(0);
-        let found = Found {
-            kept: Some(kept),
-            ..Found::NOTHING
-        };
-        Ok(Some(refusal(key, role.claim(), found)))
+        Ok(Some(refusal(key, role.claim(), Found::semaphore(kept))))
     }
 }
 
 /// The refusal for `owner`, holding `key` here as `held`, asking again as
 /// `asked`; `None` when it re-enters.
 pub(crate) fn changed_claim(key: &LockKey, held: Role, asked: Role) -> Option<Error> {
-    let held = held.claim();
-    let found = Found {
-        own_shared: Some(held.is_shared()),
-        kept: held.exclusive_permits(),
-        readers: held.is_shared(),
-    };
-    judge(key, asked.claim(), found).err()
+    judge(key, asked.claim(), Found::own(held.claim())).err()
 }

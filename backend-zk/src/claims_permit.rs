@@ -158,10 +158,7 @@ fn lease_kept(
     let others_hold = children(1).is_some_and(|c| c.iter().any(|c| c != name));
     if let Some(k) = kept.and_then(|t| t.parse::<u32>().ok()) {
         if k != n && others_hold {
-            let found = Found {
-                kept: Some(k),
-                ..Found::NOTHING
-            };
+            let found = Found::semaphore(k);
             return Err(refusal(key, Claim::Exclusive { permits: n }, found));
         }
     }

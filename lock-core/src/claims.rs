@@ -45,6 +45,25 @@ impl Found {
         kept: None,
         readers: false,
     };
+
+    /// Live holds of a semaphore keeping `n` permits; an `n` under 2
+    /// (none written, as a peer's semaphore may leave it) is read as an N
+    /// the store cannot tell.
+    pub fn semaphore(n: u32) -> Found {
+        Found {
+            kept: Some(if n > 1 { n } else { 0 }),
+            ..Found::NOTHING
+        }
+    }
+
+    /// The asking owner's own live hold, made by `claim`, and nothing else.
+    pub fn own(claim: Claim) -> Found {
+        Found {
+            own_shared: Some(claim.is_shared()),
+            kept: claim.exclusive_permits(),
+            readers: claim.is_shared(),
+        }
+    }
 }
 
 /// Whether `claim` on `key` may share the name with what the store
