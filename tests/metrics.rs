@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use lockwright::backend::{Acquire, LockBackend, Renew, RenewRequest};
-use lockwright::{meter, Error, ErrorKind, LockKey, LockOptions, Locker, OwnerToken, Result};
+use lockwright::backend::{Acquire, AcquireRequest, LockBackend, Renew, RenewRequest};
+use lockwright::{meter, Error, ErrorKind, LockOptions, Locker, Result};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::MetricKind;
 
@@ -31,41 +31,22 @@ fn refused() -> Error {
 lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for Faulty {
-        // Fail on demand; otherwise the store's.
-        async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Acquire> {
+        // Fail on demand, a waiter's attempts too; otherwise the store's.
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
             if self.fail_acquire.load(Ordering::SeqCst) {
                 return Err(refused());
             }
-            self.inner.try_acquire(key, owner, ttl).await
-        }
-        // As try_acquire.
-        async fn try_acquire_waiting(
-            &self, key: &LockKey, owner: &OwnerToken, ttl: Duration, ticket: &OwnerToken,
-        ) -> Result<Acquire> {
-            if self.fail_acquire.load(Ordering::SeqCst) {
-                return Err(refused());
-            }
-            self.inner.try_acquire_waiting(key, owner, ttl, ticket).await
+            self.inner.try_acquire(request).await
         }
         // Fail on demand; otherwise the store's.
-        async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-            if self.fail_renew.load(Ordering::SeqCst) {
-                return Err(refused());
-            }
-            if self.renew_not_held.load(Ordering::SeqCst) {
-                return Ok(Renew::NotHeld);
-            }
-            self.inner.renew(key, owner, ttl).await
-        }
-        // As renew, for each lease.
-        async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
             if self.fail_renew.load(Ordering::SeqCst) {
                 return requests.iter().map(|_| Err(refused())).collect();
             }
             if self.renew_not_held.load(Ordering::SeqCst) {
                 return requests.iter().map(|_| Ok(Renew::NotHeld)).collect();
             }
-            self.inner.renew_many(requests).await
+            self.inner.renew(requests).await
         }
     }
 }

@@ -5,10 +5,11 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use lockwright::backend::{forward_backend, Acquire, Driver, LockBackend, MemoryBackend, Scheme};
-use lockwright::{ErrorKind, LockKey, OwnerToken, Result};
+use lockwright::backend::{
+    forward_backend, Acquire, AcquireRequest, Driver, LockBackend, MemoryBackend, Scheme,
+};
+use lockwright::{ErrorKind, Result};
 
 /// Attempts the outside store has answered, across every backend it opened.
 static ATTEMPTS: AtomicU32 = AtomicU32::new(0);
@@ -22,17 +23,11 @@ struct Counted {
 forward_backend! {
     (self) => self.inner;
     impl LockBackend for Counted {
-        // Counted, so the test sees that this backend answered.
-        async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Acquire> {
+        // Counted, so the test sees that this backend answered (a
+        // waiter's attempts as well).
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
             ATTEMPTS.fetch_add(1, Ordering::SeqCst);
-            self.inner.try_acquire(key, owner, ttl).await
-        }
-        // As try_acquire.
-        async fn try_acquire_waiting(
-            &self, key: &LockKey, owner: &OwnerToken, ttl: Duration, ticket: &OwnerToken,
-        ) -> Result<Acquire> {
-            ATTEMPTS.fetch_add(1, Ordering::SeqCst);
-            self.inner.try_acquire_waiting(key, owner, ttl, ticket).await
+            self.inner.try_acquire(request).await
         }
     }
 }

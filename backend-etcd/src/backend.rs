@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use lockwright_core::backend::{
-    lock_unpoisoned, refusal, renew_one, Acquire, Binding, Capabilities, Found, Grant, LockBackend,
-    Release, Renew, RenewRequest, Watch,
+    lock_unpoisoned, refusal, Acquire, AcquireRequest, Binding, Capabilities, Changes, Found,
+    Grant, HoldId, LockBackend, Release, Renew, RenewRequest, Watch,
 };
 use lockwright_core::{Claim, LockKey, LockStatus, OwnerToken, Result};
 
@@ -67,14 +67,14 @@ impl EtcdBackend {
 
 impl Inner {
     /// A re-entry: one more hold on a key still ours.
-    pub(crate) async fn reenter(&self, key: &LockKey, owner: &OwnerToken) -> Result<Option<Grant>> {
-        let id = (key.clone(), owner.clone());
+    pub(crate) async fn reenter(&self, asked: &HoldId) -> Result<Option<Grant>> {
+        let id = (asked.key.clone(), asked.owner.clone());
         let Some(hold) = lock_unpoisoned(&self.held).get(&id).cloned() else {
             return Ok(None);
         };
-        if hold.claim != owner.claim() {
+        if hold.claim != asked.claim() {
             // The hold is the name's, as far as this owner's claim goes.
-            return Err(refusal(key, owner.claim(), Found::own(hold.claim)));
+            return Err(refusal(&asked.key, asked.claim(), Found::own(hold.claim)));
         }
         if !self.still_ours(&hold).await? {
             self.forget(&id, &hold);
@@ -127,15 +127,16 @@ impl Inner {
 
     /// One attempt, as Go's `Mutex.TryLock`: our key is the first
     /// contender, or goes again at once.
-    async fn attempt(&self, key: &LockKey, owner: &OwnerToken) -> Result<Acquire> {
-        if let Some(g) = self.reenter(key, owner).await? {
+    async fn attempt(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let key = request.key();
+        if let Some(g) = self.reenter(&request.hold).await? {
             return Ok(Acquire::Acquired(g));
         }
-        if let Some(writer) = owner.writer() {
-            return self.beside(key, owner, writer).await;
+        if let Some(writer) = request.hold.kind.beside() {
+            return self.beside(&request.hold, writer).await;
         }
         let prefix = self.prefix(key);
-        let (claim, value) = (owner.claim(), claims::value_of(owner)?);
+        let (claim, value) = (request.claim(), claims::value_of(request)?);
         // A grant is trusted only while the lease it is on is sure to live,
         // and a put does not renew a lease. A lease confirmed within the
         // last half of its TTL (the background keep-alive confirms it every
@@ -178,7 +179,7 @@ impl Inner {
             }
             attempt.kept = true;
             let (name, held_on) = (attempt.key.clone(), attempt.session.clone());
-            let mut grant = self.hold(key, owner, name, mine, held_on);
+            let mut grant = self.hold(&request.hold, name, mine, held_on);
             grant.lease = if same { lent } else { None };
             return Ok(Acquire::Acquired(grant));
         }
@@ -271,18 +272,17 @@ impl LockBackend for EtcdBackend {
         }
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
-        let _ = ttl;
-        self.inner.attempt(key, owner).await
+    /// A single attempt; or, for a waiter (`request.ticket`), an attempt
+    /// that keeps its place in line when refused (see `queue.rs`).
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        match &request.ticket {
+            None => self.inner.attempt(request).await,
+            Some(ticket) => self.inner.attempt_in_line(request, ticket).await,
+        }
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        self.inner.release(key, owner).await
+    async fn release(&self, hold: &HoldId) -> Result<Release> {
+        self.inner.release(&hold.key, &hold.owner).await
     }
 
     /// A waiter's wake-ups: each delete of the key just before its own.
@@ -291,29 +291,13 @@ impl LockBackend for EtcdBackend {
         Ok(Some(self.inner.subscribe(ticket)))
     }
 
-    /// An attempt that keeps its place in line when refused (see `queue.rs`).
-    async fn try_acquire_waiting(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-        ticket: &OwnerToken,
-    ) -> Result<Acquire> {
-        let _ = ttl;
-        self.inner.attempt_in_line(key, owner, ticket).await
-    }
-
     /// The waiter's key leaves the line.
-    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
-        let _ = (key, owner);
+    async fn abandon(&self, hold: &HoldId, ticket: &OwnerToken) -> Result<()> {
+        let _ = hold;
         self.inner.give_up(ticket).await
     }
 
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        renew_one(self, key, owner, ttl).await
-    }
-
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+    async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
         self.inner.renew_many(requests).await
     }
 
@@ -321,12 +305,12 @@ impl LockBackend for EtcdBackend {
         self.inner.inspect(key).await
     }
 
-    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
-        self.inner.proclaim(key, owner, value).await
+    async fn proclaim(&self, hold: &HoldId, value: &[u8]) -> Result<Renew> {
+        self.inner.proclaim(&hold.key, &hold.owner, value).await
     }
 
     /// Every change of the name's contenders (see `observe.rs`).
-    async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
-        Ok(Some(self.inner.changes(key).await?))
+    async fn changes(&self, key: &LockKey) -> Result<Option<Changes>> {
+        Ok(Some(Changes::from(self.inner.changes(key).await?)))
     }
 }

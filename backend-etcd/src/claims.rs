@@ -27,7 +27,9 @@
 //! in the moment before it is deleted, is taken for the holder then).
 
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
-use lockwright_core::backend::{gets_the_lock, judge, lock_unpoisoned, Acquire, Found, Release};
+use lockwright_core::backend::{
+    gets_the_lock, judge, lock_unpoisoned, Acquire, AcquireRequest, Found, HoldId, Release,
+};
 use lockwright_core::{Claim, LockKey, OwnerToken, Result};
 
 use crate::layout::first_created;
@@ -53,16 +55,19 @@ pub(crate) fn claim_of(value: &[u8]) -> Claim {
     }
 }
 
-/// The value `owner`'s key carries: its kind, or for a mutex or writer
-/// its advertised value (Go's: empty, or an election's proposal).
+/// The value the key of `request`'s owner carries: its kind, or for a
+/// mutex or writer its advertised value (Go's: empty, or an election's
+/// proposal).
 ///
 /// # Errors
 /// `InvalidOptions` for an advertised value in this module's own form
 /// (see [`check_value`]).
-pub(crate) fn value_of(owner: &OwnerToken) -> Result<Vec<u8>> {
-    Ok(match owner.claim() {
+pub(crate) fn value_of(request: &AcquireRequest) -> Result<Vec<u8>> {
+    Ok(match request.claim() {
         Claim::Shared => SHARED.to_vec(),
-        Claim::Exclusive { permits: 1 } => check_value(owner.value().unwrap_or_default())?.to_vec(),
+        Claim::Exclusive { permits: 1 } => {
+            check_value(request.value().unwrap_or_default())?.to_vec()
+        }
         Claim::Exclusive { permits } => format!("{PERMITS}{permits}").into_bytes(),
     })
 }
@@ -164,17 +169,10 @@ impl Inner {
     /// again (as it is, compared on its create revision, with its lease
     /// kept alive beside), and the write's revision is the read hold's
     /// fence: above the writer's, as every later grant's is.
-    pub(crate) async fn beside(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        writer: &str,
-    ) -> Result<Acquire> {
+    pub(crate) async fn beside(&self, reader: &HoldId, writer: &OwnerToken) -> Result<Acquire> {
         let no_writer = Acquire::Contended { retry_after: None };
-        let Ok(writer) = OwnerToken::from_string(writer) else {
-            return Ok(no_writer);
-        };
-        let id = (key.clone(), writer);
+        let key = &reader.key;
+        let id = (key.clone(), writer.clone());
         let found = lock_unpoisoned(&self.held).get(&id).cloned();
         let Some(w) = found.filter(|h| h.claim == Claim::MUTEX && !h.session.is_dead()) else {
             return Ok(no_writer);
@@ -184,9 +182,9 @@ impl Inner {
             self.forget(&id, &w);
             return Ok(no_writer);
         };
-        let mut grant = self.hold(key, owner, w.key, w.rev, w.session);
+        let mut grant = self.hold(reader, w.key, w.rev, w.session);
         grant.fence = fence(rev);
-        if let Some(h) = lock_unpoisoned(&self.held).get_mut(&(key.clone(), owner.clone())) {
+        if let Some(h) = lock_unpoisoned(&self.held).get_mut(&(key.clone(), reader.owner.clone())) {
             h.fence = rev;
         }
         Ok(Acquire::Acquired(grant))
@@ -206,18 +204,27 @@ impl Inner {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use lockwright_core::backend::HoldKind;
+
     use super::*;
 
-    fn owner(claim: Claim) -> OwnerToken {
-        OwnerToken::generate().with_claim(claim)
+    fn request(claim: Claim) -> AcquireRequest {
+        let hold = HoldId::new(
+            LockKey::new("k").unwrap(),
+            OwnerToken::generate(),
+            HoldKind::of_claim(claim),
+        );
+        AcquireRequest::new(hold, Duration::from_secs(5))
     }
 
     #[test]
     fn values_say_the_claim_and_go_s_are_a_writer_s() {
         for claim in [Claim::MUTEX, Claim::Shared, Claim::permits(3).unwrap()] {
-            assert_eq!(claim_of(&value_of(&owner(claim)).unwrap()), claim);
+            assert_eq!(claim_of(&value_of(&request(claim)).unwrap()), claim);
         }
-        let posing = OwnerToken::generate()
+        let posing = request(Claim::MUTEX)
             .with_value("lockwright:shared")
             .unwrap();
         assert!(

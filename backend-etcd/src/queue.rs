@@ -13,7 +13,7 @@ use etcd_client::{
     Compare, CompareOp, Event, EventType, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp,
     WatchOptions,
 };
-use lockwright_core::backend::{lock_unpoisoned, Acquire, Watch};
+use lockwright_core::backend::{lock_unpoisoned, Acquire, AcquireRequest, HoldId, Watch};
 use lockwright_core::{Claim, LockKey, OwnerToken, Result};
 use tokio::sync::watch;
 
@@ -63,21 +63,21 @@ impl Inner {
     /// it stays in line, watching the key just before its own.
     pub(crate) async fn attempt_in_line(
         &self,
-        key: &LockKey,
-        owner: &OwnerToken,
+        request: &AcquireRequest,
         ticket: &OwnerToken,
     ) -> Result<Acquire> {
-        if let Some(g) = self.reenter(key, owner).await? {
+        let key = request.key();
+        if let Some(g) = self.reenter(&request.hold).await? {
             return Ok(Acquire::Acquired(g));
         }
-        if let Some(writer) = owner.writer() {
-            return self.beside(key, owner, writer).await;
+        if let Some(writer) = request.hold.kind.beside() {
+            return self.beside(&request.hold, writer).await;
         }
         let prefix = self.prefix(key);
-        let Some((q, line)) = self.place_in_line(owner, ticket, &prefix).await? else {
+        let Some((q, line)) = self.place_in_line(request, ticket, &prefix).await? else {
             return Ok(Acquire::Contended { retry_after: None });
         };
-        let claim = owner.claim();
+        let claim = request.claim();
         let held = match claims::holds(key, claim, q.rev, &line) {
             Ok(held) => held,
             Err(refused) => {
@@ -90,7 +90,7 @@ impl Inner {
             }
         };
         if held {
-            return self.take_turn(key, owner, ticket, q).await;
+            return self.take_turn(&request.hold, ticket, q).await;
         }
         self.wait_in_line(key, claim, &prefix, &q, ticket).await?;
         Ok(Acquire::Contended { retry_after: None })
@@ -101,7 +101,7 @@ impl Inner {
     /// `None` when this attempt ends contended without one.
     async fn place_in_line(
         &self,
-        owner: &OwnerToken,
+        request: &AcquireRequest,
         ticket: &OwnerToken,
         prefix: &str,
     ) -> Result<Option<(Queued, Vec<KeyValue>)>> {
@@ -116,7 +116,7 @@ impl Inner {
             }
             other => other,
         };
-        let claim = owner.claim();
+        let claim = request.claim();
         match queued {
             Some(q) => {
                 let got = self
@@ -126,7 +126,7 @@ impl Inner {
                 Ok(Some((q, got.kvs().to_vec())))
             }
             None => {
-                let value = claims::value_of(owner)?;
+                let value = claims::value_of(request)?;
                 let read = claims::line_read(claim);
                 let (mut attempt, mine, line) = self.enter(prefix, &value, read).await?;
                 if mine == 0 {
@@ -169,13 +169,7 @@ impl Inner {
     /// Waiter `ticket`, first in line with `q`, holds: the grant, or
     /// contention if its lease is not confirmed alive or it left the line
     /// meanwhile.
-    async fn take_turn(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ticket: &OwnerToken,
-        q: Queued,
-    ) -> Result<Acquire> {
+    async fn take_turn(&self, hold: &HoldId, ticket: &OwnerToken, q: Queued) -> Result<Acquire> {
         // First in line. The grant is trusted from this attempt's start:
         // the lease is kept alive now, and the grant stands only if
         // that is confirmed, and only while this waiter still stands
@@ -197,9 +191,7 @@ impl Inner {
                 _ => return Ok(Acquire::Contended { retry_after: None }),
             }
         }
-        Ok(Acquire::Acquired(
-            self.hold(key, owner, q.key, q.rev, q.session),
-        ))
+        Ok(Acquire::Acquired(self.hold(hold, q.key, q.rev, q.session)))
     }
 
     /// Waiter `ticket`, not first, watches for its turn; if there is

@@ -16,7 +16,7 @@ impl Inner {
             let held = lock_unpoisoned(&self.held);
             requests
                 .iter()
-                .map(|r| held.get(&(r.key.clone(), r.owner.clone())).cloned())
+                .map(|r| held.get(&(r.key().clone(), r.owner().clone())).cloned())
                 .collect()
         };
         let live: Vec<&Hold> = holds
@@ -64,7 +64,7 @@ impl Inner {
                         })
                 });
                 if let (false, Some(h)) = (ours, h) {
-                    self.forget(&(r.key.clone(), r.owner.clone()), h);
+                    self.forget(&(r.key().clone(), r.owner().clone()), h);
                 }
                 Ok(if ours { Renew::Renewed } else { Renew::NotHeld })
             })

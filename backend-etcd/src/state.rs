@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-use lockwright_core::backend::{lock_unpoisoned, Grant};
+use lockwright_core::backend::{lock_unpoisoned, Grant, HoldId};
 use lockwright_core::{Claim, FencingToken, LockKey, OwnerToken, Result};
 use tokio::sync::watch;
 
@@ -124,23 +124,16 @@ impl Inner {
     }
 
     /// Records the hold `attempt`'s key is, made at `rev`, and its grant.
-    pub(crate) fn hold(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        name: String,
-        rev: i64,
-        session: Arc<Session>,
-    ) -> Grant {
+    pub(crate) fn hold(&self, id: &HoldId, name: String, rev: i64, session: Arc<Session>) -> Grant {
         let hold = Hold {
             key: name,
             rev,
             session,
             holds: 1,
             fence: rev,
-            claim: owner.claim(),
+            claim: id.claim(),
         };
-        lock_unpoisoned(&self.held).insert((key.clone(), owner.clone()), hold);
+        lock_unpoisoned(&self.held).insert((id.key.clone(), id.owner.clone()), hold);
         Grant {
             fence: fence(rev),
             holds: 1,

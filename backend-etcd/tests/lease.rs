@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{raw_client, server_hosts};
-use lockwright_core::backend::{Acquire, LockBackend};
+use lockwright_core::backend::{Acquire, LockBackendExt};
 use lockwright_core::{LockKey, OwnerToken};
 use lockwright_etcd::{internals, EtcdBackend};
 
@@ -24,13 +24,13 @@ async fn a_grant_is_trusted_no_longer_than_its_lease_lives() {
     let k = |n: &str| LockKey::new(format!("{n}-{}", std::process::id())).unwrap();
     let ttl = Duration::from_secs(30);
     let (a, o) = (k("a"), OwnerToken::generate());
-    let first = b.try_acquire(&a, &o, ttl).await.unwrap();
+    let first = b.try_lock(&a, &o, ttl).await.unwrap();
     assert!(matches!(first, Acquire::Acquired(_)));
     let lease = internals::lease(&b).await.expect("a lease");
     // Less than the background keep-alive's period (2 s) later.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (c, o2) = (k("b"), OwnerToken::generate());
-    let Acquire::Acquired(second) = b.try_acquire(&c, &o2, ttl).await.unwrap() else {
+    let Acquire::Acquired(second) = b.try_lock(&c, &o2, ttl).await.unwrap() else {
         panic!("uncontended");
     };
     let mut raw = raw_client(&server_hosts()).await;

@@ -120,12 +120,10 @@ mod tests {
             | Method::TryAcquire
             | Method::Release
             | Method::Renew
-            | Method::RenewMany
             | Method::Inspect
             | Method::Proclaim
             | Method::Changes
             | Method::Watch
-            | Method::TryAcquireWaiting
             | Method::Abandon => Expect::Forwarded,
         };
         check(&backend, &[&store], expect).await.unwrap();

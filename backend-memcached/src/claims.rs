@@ -32,7 +32,7 @@
 use std::time::Duration;
 
 use lockwright_core::backend::{
-    judge, Acquire, Found, Grant, Release, Renew, RenewRequest, MARK_LIFE,
+    judge, Acquire, AcquireRequest, Found, Grant, HoldId, Release, Renew, RenewRequest, MARK_LIFE,
 };
 use lockwright_core::{Claim, Error, Holder, LockKey, LockStatus, OwnerToken, Result};
 
@@ -98,7 +98,11 @@ impl Node {
             let mut renewed = Vec::new();
             for i in each {
                 let r = &to.requests[i];
-                match g.members.iter_mut().find(|m| m.owner == r.owner.as_str()) {
+                match g
+                    .members
+                    .iter_mut()
+                    .find(|m| m.owner == r.hold.owner.as_str())
+                {
                     Some(m) => {
                         m.end = now + secs(store_ttl(r.ttl));
                         renewed.push(i);
@@ -116,14 +120,9 @@ impl Node {
     /// A claim other than the mutex's, or any claim on a name a group
     /// holds: read with the clock, decided, and written over the version
     /// read.
-    pub(crate) async fn group_acquire(
-        &self,
-        key: &LockKey,
-        k: &str,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
-        let claim = owner.claim();
+    pub(crate) async fn group_acquire(&self, request: &AcquireRequest, k: &str) -> Result<Acquire> {
+        let (key, owner, ttl) = (request.key(), request.owner(), request.ttl);
+        let claim = request.claim();
         let granted = |holds| {
             Ok(Acquire::Acquired(Grant {
                 fence: None,
@@ -131,7 +130,7 @@ impl Node {
                 lease: None,
             }))
         };
-        let mut read = match self.fresh_group(key, k, owner, ttl).await? {
+        let mut read = match self.fresh_group(&request.hold, k, ttl).await? {
             Some(Fresh::Granted) => return granted(1),
             Some(Fresh::Read(now, item)) => Some((now, item)),
             None => None,
@@ -153,7 +152,7 @@ impl Node {
                     body: Body::Lock(h),
                     cas,
                     left,
-                }) => match self.beside_lock(key, owner, h, now, left)? {
+                }) => match self.beside_lock(&request.hold, h, now, left)? {
                     Ok(g) => (g, Some(cas)),
                     Err(refused) => return Ok(refused),
                 },
@@ -165,7 +164,7 @@ impl Node {
             };
             g.prune(now);
             let mark_end = now + secs(ttl.min(MARK_LIFE)) + 1;
-            let outcome = decide(key, owner, &mut g, now, end, mark_end)?;
+            let outcome = decide(&request.hold, &mut g, now, end, mark_end)?;
             let mut c = Commands::default();
             match (&outcome, cas) {
                 (
@@ -180,9 +179,11 @@ impl Node {
                     })
                 }
                 (Outcome::Free, Some(cas)) => {
-                    c.cas(k, &encode(owner, 1, owner.value()), store_ttl(ttl), cas)
+                    c.cas(k, &encode(owner, 1, request.value()), store_ttl(ttl), cas)
                 }
-                (Outcome::Free, None) => c.add(k, &encode(owner, 1, owner.value()), store_ttl(ttl)),
+                (Outcome::Free, None) => {
+                    c.add(k, &encode(owner, 1, request.value()), store_ttl(ttl))
+                }
                 (_, Some(cas)) => c.cas_at(k, &g.encode(), g.end().unwrap_or(end), cas),
                 (_, None) => c.add_at(k, &g.encode(), g.end().unwrap_or(end)),
             };
@@ -210,12 +211,13 @@ impl Node {
     /// is refused.
     fn beside_lock(
         &self,
-        key: &LockKey,
-        owner: &OwnerToken,
+        hold: &HoldId,
         h: Lock,
         now: u64,
         left: Option<u64>,
     ) -> Result<std::result::Result<Group, Acquire>> {
+        let (key, owner) = (&hold.key, &hold.owner);
+        let beside = hold.kind.beside().map(OwnerToken::as_str);
         let refused = |secs: u64| {
             Ok(Err(Acquire::Contended {
                 retry_after: Some(Duration::from_secs(secs)),
@@ -228,14 +230,13 @@ impl Node {
             kept: Some(1),
             readers: false,
         };
-        judge(key, owner.claim(), found)?;
-        match owner.claim() {
+        judge(key, hold.claim(), found)?;
+        match hold.claim() {
             Claim::Exclusive { .. } => refused(left.unwrap_or(0)),
             // A downgrade, or a reader to wait in line behind this writer
             // (a writer's value, an election's, stays in its item).
             Claim::Shared
-                if owner.writer() == Some(h.owner.as_str())
-                    || (owner.writer().is_none() && h.value.is_none()) =>
+                if beside == Some(h.owner.as_str()) || (beside.is_none() && h.value.is_none()) =>
             {
                 // The clock was read before the item, and may have jumped
                 // by two in between: the hold ends by `now + left + 2`.
@@ -258,7 +259,7 @@ impl Node {
             }
             // A downgrade whose writer no longer holds: never a read hold
             // after a gap.
-            Claim::Shared if owner.writer().is_some() => refused(0),
+            Claim::Shared if beside.is_some() => refused(0),
             Claim::Shared => refused(left.unwrap_or(0)),
         }
     }

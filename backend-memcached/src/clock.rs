@@ -21,7 +21,8 @@
 
 use std::time::{Duration, Instant};
 
-use lockwright_core::{Claim, Error, LockKey, OwnerToken, Result};
+use lockwright_core::backend::HoldId;
+use lockwright_core::{Claim, Error, Result};
 
 use crate::error::unexpected;
 use crate::layout::{store_ttl, Group, Item, CLOCK_LAG};
@@ -125,20 +126,19 @@ impl Node {
     /// kind of claim, or the clock item missing; the caller reads as usual.
     pub(crate) async fn fresh_group(
         &self,
-        key: &LockKey,
+        hold: &HoldId,
         k: &str,
-        owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Option<Fresh>> {
         let Some(now) = self.clock_ahead() else {
             return Ok(None);
         };
-        if owner.claim() == Claim::MUTEX || owner.writer().is_some() {
+        if hold.claim() == Claim::MUTEX || hold.kind.beside().is_some() {
             return Ok(None);
         }
         let lease = secs(store_ttl(ttl));
         let (mut g, end) = (Group::default(), now + lease);
-        if decide(key, owner, &mut g, now, end, end)? != Outcome::Granted(1) {
+        if decide(hold, &mut g, now, end, end)? != Outcome::Granted(1) {
             return Ok(None);
         }
         let mut c = Commands::default();
@@ -159,7 +159,7 @@ impl Node {
             Some(Reply::Stored) => {
                 // The clock is not where the reading said: undone, never
                 // granted.
-                self.group_release(key, k, owner).await?;
+                self.group_release(&hold.key, k, &hold.owner).await?;
                 return Ok(None);
             }
             Some(Reply::NotStored) => {}

@@ -57,8 +57,8 @@ impl Node {
         let picked: Vec<(usize, Known)> = requests
             .iter()
             .enumerate()
-            .filter(|(i, r)| results[*i].is_none() && r.owner.claim() == Claim::MUTEX)
-            .filter_map(|(i, r)| self.known.take(&keys[i], &r.owner).map(|k| (i, k)))
+            .filter(|(i, r)| results[*i].is_none() && r.hold.claim() == Claim::MUTEX)
+            .filter_map(|(i, r)| self.known.take(&keys[i], r.owner()).map(|k| (i, k)))
             .collect();
         let Some(bound) = picked.iter().map(|(_, k)| k.opened).min() else {
             return;
@@ -66,7 +66,7 @@ impl Node {
         let mut c = Commands::default();
         for (i, k) in &picked {
             let r = &requests[*i];
-            let data = encode(&r.owner, k.holds, k.value.as_deref());
+            let data = encode(r.owner(), k.holds, k.value.as_deref());
             c.cas(&keys[*i], &data, store_ttl(r.ttl), k.cas)
                 .get(&keys[*i]);
         }
@@ -80,7 +80,7 @@ impl Node {
                 break;
             };
             if matches!(stored, Reply::Stored) {
-                let (key, owner) = (&keys[i], &requests[i].owner);
+                let (key, owner) = (&keys[i], requests[i].owner());
                 let read = self.item(key, read).ok().flatten();
                 self.known.note(key, owner, k.holds, read.as_ref(), opened);
                 results[i] = Some(Ok(Renew::Renewed));

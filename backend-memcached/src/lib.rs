@@ -19,7 +19,7 @@
 //!   and stores the new value with `cas` and the expiry the item had: the
 //!   seconds left `mg` reported, which the server counts from the same
 //!   clock, so the lease ends when it would have. A first grant writes the
-//!   value the owner token carries with the `add`; re-entries, renewals
+//!   value the acquire request carries with the `add`; re-entries, renewals
 //!   and releases of one hold keep the item's value.
 //!
 //! The CAS makes each write conditional on nothing having changed since

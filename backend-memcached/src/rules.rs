@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use lockwright_core::backend::{judge, Found};
-use lockwright_core::{Claim, LockKey, OwnerToken, Result};
+use lockwright_core::backend::{judge, Found, HoldId};
+use lockwright_core::{Claim, OwnerToken, Result};
 
 use crate::layout::{Group, Mark, Member, Tag};
 /// The most holders one group keeps: memcached's items hold 1 MB, and a
@@ -33,15 +33,14 @@ pub(crate) enum Outcome {
 /// marks were pruned at `now`: `end` is a new hold's end, `mark_end` a
 /// writer's mark's.
 pub(crate) fn decide(
-    key: &LockKey,
-    owner: &OwnerToken,
+    hold: &HoldId,
     g: &mut Group,
     now: u64,
     end: u64,
     mark_end: u64,
 ) -> Result<Outcome> {
-    let me = owner.as_str();
-    let claim = owner.claim();
+    let me = hold.owner.as_str();
+    let claim = hold.claim();
     // The permits kept: a semaphore's N, or 1 while a downgraded writer
     // (exclusive) holds.
     let kept = g
@@ -56,7 +55,7 @@ pub(crate) fn decide(
         kept,
         readers: g.members.iter().any(|m| m.tag == Tag::Reader),
     };
-    judge(key, claim, found)?;
+    judge(&hold.key, claim, found)?;
     if let Some(m) = g.members.iter_mut().find(|m| m.owner == me) {
         m.holds = m.holds.saturating_add(1);
         m.end = m.end.max(end);
@@ -70,7 +69,7 @@ pub(crate) fn decide(
     };
     Ok(match claim {
         Claim::Exclusive { permits } => ask.exclusive(g, permits),
-        Claim::Shared => ask.shared(g, owner.writer()),
+        Claim::Shared => ask.shared(g, hold.kind.beside().map(OwnerToken::as_str)),
     })
 }
 

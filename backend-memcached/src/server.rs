@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockwright_core::backend::{
-    renew_one, Acquire, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
+    Acquire, AcquireRequest, Capabilities, Grant, HoldId, LockBackend, Release, Renew, RenewRequest,
 };
 use lockwright_core::{Claim, Error, LockKey, LockStatus, OwnerToken, Result, MAX_VALUE_LEN};
 use tokio::sync::watch;
@@ -58,8 +58,8 @@ impl Node {
     }
 }
 
-// memcached has no notification and no queue: `watch` and
-// `try_acquire_waiting` keep the trait's defaults (waiters poll; an
+// memcached has no notification and no queue: `watch` keeps the trait's
+// default and `try_acquire` ignores a waiter's ticket (waiters poll; an
 // attempt is an attempt), alone or as a quorum's node.
 #[async_trait]
 impl LockBackend for Node {
@@ -93,23 +93,19 @@ impl LockBackend for Node {
     /// `add`, and a read of the item in the same round trip. A lock held by
     /// another owner is `Contended` whatever the server's memory: a full
     /// server refuses new locks, never hands out a held one.
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let (key, owner, ttl) = (request.key(), request.owner(), request.ttl);
         Self::check_ttl(ttl)?;
         let k = self.key(key);
-        if owner.claim() != Claim::MUTEX {
-            return self.bounded(self.group_acquire(key, &k, owner, ttl)).await;
+        if request.claim() != Claim::MUTEX {
+            return self.bounded(self.group_acquire(request, &k)).await;
         }
         self.bounded(async {
             for _ in 0..CAS_TRIES {
                 // The read rides with the `add`: our new item's CAS for a
                 // fast release, or the holder, in one round trip.
                 let mut c = Commands::default();
-                c.add(&k, &encode(owner, 1, owner.value()), store_ttl(ttl))
+                c.add(&k, &encode(owner, 1, request.value()), store_ttl(ttl))
                     .get(&k);
                 let (added, read, opened) = self.write_and_read(&c).await?;
                 let read = self.item(&k, read);
@@ -136,7 +132,7 @@ impl LockBackend for Node {
                 let holder = match item.body {
                     Body::Lock(h) => h,
                     // Permits or readers: their rules (a writer's mark).
-                    Body::Group(_) => return self.group_acquire(key, &k, owner, ttl).await,
+                    Body::Group(_) => return self.group_acquire(request, &k).await,
                 };
                 if holder.owner != owner.as_str() {
                     if let Some(m) = full {
@@ -170,9 +166,10 @@ impl LockBackend for Node {
         .await
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+    async fn release(&self, hold: &HoldId) -> Result<Release> {
+        let (key, owner) = (&hold.key, &hold.owner);
         let k = self.key(key);
-        if owner.claim() != Claim::MUTEX {
+        if hold.claim() != Claim::MUTEX {
             return self.bounded(self.group_release(key, &k, owner)).await;
         }
         self.bounded(async {
@@ -223,26 +220,22 @@ impl LockBackend for Node {
         .await
     }
 
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        renew_one(self, key, owner, ttl).await
-    }
-
     /// Every lease in two round trips, whatever their number: one write of
     /// all the `mg` reads, then one of all the `cas` writes (the same value
     /// again, with the new expiry, over the version read). `mg … T` would
     /// touch without looking at the CAS, and could shorten another owner's
     /// lease.
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+    async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
         if requests.len() > MAX_PIPELINE {
             // Every command is written before any reply is read: a huge
             // batch would fill both sides' socket buffers and stall.
             let mut out = Vec::with_capacity(requests.len());
             for chunk in requests.chunks(MAX_PIPELINE) {
-                out.extend(self.renew_many(chunk).await);
+                out.extend(self.renew(chunk).await);
             }
             return out;
         }
-        let keys: Vec<String> = requests.iter().map(|r| self.key(&r.key)).collect();
+        let keys: Vec<String> = requests.iter().map(|r| self.key(r.key())).collect();
         let mut results: Vec<Option<Result<Renew>>> = requests
             .iter()
             .map(|r| Self::check_ttl(r.ttl).err().map(Err))
@@ -266,7 +259,7 @@ impl LockBackend for Node {
                 r.unwrap_or_else(|| {
                     Err(Error::unavailable(format!(
                         "the lock {} kept changing under {CAS_TRIES} attempts",
-                        q.key
+                        q.key()
                     )))
                 })
             })
@@ -304,7 +297,8 @@ impl LockBackend for Node {
     /// [`Commands::cas_keeping`]): the lease ends when it would have. A
     /// renewal's `cas` landing in between makes ours `EXISTS`, and we read
     /// again.
-    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+    async fn proclaim(&self, hold: &HoldId, value: &[u8]) -> Result<Renew> {
+        let (key, owner) = (&hold.key, &hold.owner);
         if value.len() > MAX_VALUE_LEN {
             return Err(Error::invalid_options(format!(
                 "a leader's value is at most {MAX_VALUE_LEN} bytes, not {}",
@@ -348,9 +342,9 @@ impl LockBackend for Node {
     }
 
     /// Takes away the writer's mark `owner` left on readers, if any.
-    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, _ticket: &OwnerToken) -> Result<()> {
-        let k = self.key(key);
-        self.bounded(self.unmark(&k, owner)).await
+    async fn abandon(&self, hold: &HoldId, _ticket: &OwnerToken) -> Result<()> {
+        let k = self.key(&hold.key);
+        self.bounded(self.unmark(&k, &hold.owner)).await
     }
 
     fn alarm(&self) -> Option<watch::Receiver<u64>> {
@@ -367,7 +361,7 @@ struct Round {
     groups: Vec<(usize, Group, u64)>,
 }
 
-/// The steps of `LockBackend::renew_many` on one server.
+/// The steps of `LockBackend::renew` on one server.
 impl Node {
     /// Renews the `pending` requests, reading and writing their items
     /// again while they changed in between, a limited number of rounds;
@@ -439,10 +433,10 @@ impl Node {
                     body: Body::Lock(h),
                     cas,
                     ..
-                })) if h.owner == r.owner.as_str() => {
+                })) if h.owner == r.owner().as_str() => {
                     writes.cas(
                         &keys[i],
-                        &encode(&r.owner, h.holds, h.value.as_deref()),
+                        &encode(r.owner(), h.holds, h.value.as_deref()),
                         store_ttl(r.ttl),
                         cas,
                     );

@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use lockwright_conformance::kit::free_port;
-use lockwright_core::backend::{Acquire, LockBackend, Release, Renew};
+use lockwright_core::backend::{Acquire, LockBackend, LockBackendExt, Release, Renew};
 use lockwright_core::{ErrorKind, LockKey, OwnerToken};
 use lockwright_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -78,7 +78,7 @@ async fn take_once_expired(b: &MemcachedBackend, key: &LockKey, owner: &OwnerTok
     let start = Instant::now();
     loop {
         match b
-            .try_acquire(key, owner, Duration::from_secs(30))
+            .try_lock(key, owner, Duration::from_secs(30))
             .await
             .unwrap()
         {
@@ -123,7 +123,7 @@ async fn a_lapsed_holder_can_neither_release_nor_renew_the_next_holders_lock() {
     let renewed = LockKey::new("renewed").unwrap();
 
     for key in [&released, &renewed] {
-        let got = a.try_acquire(key, &a_owner, TTL).await.unwrap();
+        let got = a.try_lock(key, &a_owner, TTL).await.unwrap();
         assert!(matches!(got, Acquire::Acquired(_)), "{key}: {got:?}");
     }
     assert_cas_zero(&addr, "released").await;
@@ -133,8 +133,8 @@ async fn a_lapsed_holder_can_neither_release_nor_renew_the_next_holders_lock() {
         take_once_expired(&b, key, &b_owner).await;
     }
 
-    let release = a.release(&released, &a_owner).await;
-    let renew = a.renew(&renewed, &a_owner, TTL).await;
+    let release = a.unlock(&released, &a_owner).await;
+    let renew = a.renew_lock(&renewed, &a_owner, TTL).await;
     assert!(
         matches!(release, Ok(Release::NotHeld)),
         "A's release of the lock B holds now: {release:?}"
@@ -147,7 +147,7 @@ async fn a_lapsed_holder_can_neither_release_nor_renew_the_next_holders_lock() {
     // B still holds both, untouched.
     let other = OwnerToken::generate();
     for key in [&released, &renewed] {
-        let got = c.try_acquire(key, &other, TTL).await.unwrap();
+        let got = c.try_lock(key, &other, TTL).await.unwrap();
         assert!(
             matches!(got, Acquire::Contended { .. }),
             "a third client on {key}, which B holds: {got:?}"
@@ -159,7 +159,7 @@ async fn a_lapsed_holder_can_neither_release_nor_renew_the_next_holders_lock() {
             Some(b_owner.as_str()),
             "{key}: its holder"
         );
-        assert_eq!(b.release(key, &b_owner).await.unwrap(), Release::Freed);
+        assert_eq!(b.unlock(key, &b_owner).await.unwrap(), Release::Freed);
     }
 }
 
@@ -177,7 +177,7 @@ async fn an_owner_takes_and_releases_a_lock_on_a_cas_disabled_server() {
     let ttl = Duration::from_secs(10);
 
     for round in 0..2 {
-        let got = a.try_acquire(&key, &owner, ttl).await.unwrap();
+        let got = a.try_lock(&key, &owner, ttl).await.unwrap();
         assert!(
             matches!(got, Acquire::Acquired(_)),
             "round {round}: {got:?}"
@@ -185,7 +185,7 @@ async fn an_owner_takes_and_releases_a_lock_on_a_cas_disabled_server() {
         if round == 0 {
             assert_cas_zero(&addr, "plain").await;
         }
-        match a.renew(&key, &owner, ttl).await {
+        match a.renew_lock(&key, &owner, ttl).await {
             Ok(Renew::Renewed) => {}
             Err(e) if e.kind() == ErrorKind::Unavailable => {}
             other => panic!("round {round}: the owner's renewal: {other:?}"),
@@ -196,7 +196,7 @@ async fn an_owner_takes_and_releases_a_lock_on_a_cas_disabled_server() {
             status.owner.as_ref().map(OwnerToken::as_str),
             Some(owner.as_str())
         );
-        assert_eq!(a.release(&key, &owner).await.unwrap(), Release::Freed);
+        assert_eq!(a.unlock(&key, &owner).await.unwrap(), Release::Freed);
         assert!(!a.inspect(&key).await.unwrap().held, "round {round}");
     }
 }

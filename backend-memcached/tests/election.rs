@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use lockwright_conformance::kit::unique_prefix;
 use lockwright_conformance::kit::values::{awkward, every_byte};
-use lockwright_core::backend::{Acquire, LockBackend, Release, Renew};
+use lockwright_core::backend::{
+    Acquire, AcquireRequest, LockBackend, LockBackendExt, Release, Renew,
+};
 use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken, MAX_VALUE_LEN};
 use lockwright_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -93,7 +95,26 @@ fn data(owner: &OwnerToken, holds: u32, value: Option<&[u8]>) -> Vec<u8> {
 }
 
 async fn grant(b: &impl LockBackend, k: &LockKey, owner: &OwnerToken, ttl: Duration) {
-    match b.try_acquire(k, owner, ttl).await.unwrap() {
+    take(b, &AcquireRequest::mutex(k, owner, ttl)).await;
+}
+
+/// As [`grant`], carrying `value` for the store to write with the grant.
+async fn grant_with(
+    b: &impl LockBackend,
+    k: &LockKey,
+    owner: &OwnerToken,
+    value: impl Into<Vec<u8>>,
+    ttl: Duration,
+) {
+    let request = AcquireRequest::mutex(k, owner, ttl)
+        .with_value(value)
+        .unwrap();
+    take(b, &request).await;
+}
+
+async fn take(b: &impl LockBackend, request: &AcquireRequest) {
+    let k = request.key();
+    match b.try_acquire(request).await.unwrap() {
         Acquire::Acquired(_) => {}
         other => panic!("expected to take {k:?}, got {other:?}"),
     }
@@ -107,14 +128,14 @@ async fn a_value_round_trips_through_grant_proclaim_and_inspect() {
     assert_eq!(every_byte().len(), 1024);
     for value in awkward() {
         let k = key("round-trip");
-        let owner = OwnerToken::generate().with_value(value.clone()).unwrap();
-        grant(&b, &k, &owner, TTL).await;
+        let owner = OwnerToken::generate();
+        grant_with(&b, &k, &owner, value.clone(), TTL).await;
         let st = b.inspect(&k).await.unwrap();
         assert!(st.held);
         assert_eq!(st.value.as_deref(), Some(value.as_slice()), "{value:?}");
         assert_eq!(st.owner.as_ref(), Some(&owner));
         assert_eq!(s.item(&k).await.unwrap().0, data(&owner, 1, Some(&value)));
-        assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+        assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::Freed);
         assert_eq!(s.item(&k).await, None);
         let st = b.inspect(&k).await.unwrap();
         assert_eq!((st.held, st.value), (false, None));
@@ -129,7 +150,7 @@ async fn a_value_round_trips_through_grant_proclaim_and_inspect() {
     assert_eq!(b.inspect(&k).await.unwrap().value, None);
     for value in awkward() {
         assert_eq!(
-            b.proclaim(&k, &owner, &value).await.unwrap(),
+            b.proclaim_as(&k, &owner, &value).await.unwrap(),
             Renew::Renewed
         );
         let st = b.inspect(&k).await.unwrap();
@@ -138,13 +159,13 @@ async fn a_value_round_trips_through_grant_proclaim_and_inspect() {
         assert_eq!(s.item(&k).await.unwrap().0, data(&owner, 1, Some(&value)));
     }
     let over = vec![b'x'; MAX_VALUE_LEN + 1];
-    let err = b.proclaim(&k, &owner, &over).await.unwrap_err();
+    let err = b.proclaim_as(&k, &owner, &over).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidOptions, "{err}");
     assert_eq!(
         s.item(&k).await.unwrap().0,
         data(&owner, 1, Some(&every_byte()))
     );
-    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::Freed);
 }
 
 #[tokio::test]
@@ -152,23 +173,23 @@ async fn re_entries_and_renewals_keep_the_value() {
     let s = Single::new();
     let b = s.backend();
     let k = key("re-entry");
-    let owner = OwnerToken::generate().with_value("first").unwrap();
-    grant(&b, &k, &owner, TTL).await;
+    let owner = OwnerToken::generate();
+    grant_with(&b, &k, &owner, "first", TTL).await;
     assert_eq!(
-        b.proclaim(&k, &owner, b"second").await.unwrap(),
+        b.proclaim_as(&k, &owner, b"second").await.unwrap(),
         Renew::Renewed
     );
-    // The token still carries "first": a re-entry is no new grant.
-    grant(&b, &k, &owner, TTL).await;
+    // The request still carries "first": a re-entry is no new grant.
+    grant_with(&b, &k, &owner, "first", TTL).await;
     let st = b.inspect(&k).await.unwrap();
     assert_eq!((st.holds, st.value.as_deref()), (2, Some(&b"second"[..])));
-    assert_eq!(b.renew(&k, &owner, TTL).await.unwrap(), Renew::Renewed);
-    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::StillHeld(1));
+    assert_eq!(b.renew_lock(&k, &owner, TTL).await.unwrap(), Renew::Renewed);
+    assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::StillHeld(1));
     assert_eq!(
         s.item(&k).await.unwrap().0,
         data(&owner, 1, Some(b"second"))
     );
-    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::Freed);
     assert_eq!(s.item(&k).await, None);
 }
 
@@ -183,7 +204,10 @@ async fn proclaim_keeps_the_expiry() {
     grant(&b, &k, &owner, Duration::from_secs(10)).await;
     let (_, before) = s.item(&k).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert_eq!(b.proclaim(&k, &owner, b"v").await.unwrap(), Renew::Renewed);
+    assert_eq!(
+        b.proclaim_as(&k, &owner, b"v").await.unwrap(),
+        Renew::Renewed
+    );
     let (_, after) = s.item(&k).await.unwrap();
     assert!(
         after <= before,
@@ -200,7 +224,7 @@ async fn proclaim_keeps_the_expiry() {
     grant(&b, &k, &owner, SHORT).await;
     let mut n = 0;
     while b
-        .proclaim(&k, &owner, format!("{n}").as_bytes())
+        .proclaim_as(&k, &owner, format!("{n}").as_bytes())
         .await
         .unwrap()
         == Renew::Renewed
@@ -230,15 +254,15 @@ async fn a_proclaim_racing_a_renewal_reads_again_and_keeps_the_renewed_lease() {
     for i in 0..20 {
         assert_eq!(
             renewer
-                .renew(&k, &owner, Duration::from_secs(5))
+                .renew_lock(&k, &owner, Duration::from_secs(5))
                 .await
                 .unwrap(),
             Renew::Renewed
         );
         let value = format!("value {i}");
         let (renewed, proclaimed) = tokio::join!(
-            renewer.renew(&k, &owner, Duration::from_secs(60)),
-            b.proclaim(&k, &owner, value.as_bytes())
+            renewer.renew_lock(&k, &owner, Duration::from_secs(60)),
+            b.proclaim_as(&k, &owner, value.as_bytes())
         );
         assert_eq!(renewed.unwrap(), Renew::Renewed);
         assert_eq!(proclaimed.unwrap(), Renew::Renewed);
@@ -249,7 +273,7 @@ async fn a_proclaim_racing_a_renewal_reads_again_and_keeps_the_renewed_lease() {
             "round {i}: the renewal's lease was lost ({left} s left)"
         );
     }
-    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::Freed);
 }
 
 #[tokio::test]
@@ -258,17 +282,23 @@ async fn strangers_and_former_holders_write_nothing() {
     let b = s.backend();
     let k = key("stranger");
     let nobody = OwnerToken::generate();
-    assert_eq!(b.proclaim(&k, &nobody, b"x").await.unwrap(), Renew::NotHeld);
+    assert_eq!(
+        b.proclaim_as(&k, &nobody, b"x").await.unwrap(),
+        Renew::NotHeld
+    );
     assert_eq!(
         s.item(&k).await,
         None,
         "a proclaim on a free key stored an item"
     );
 
-    let owner = OwnerToken::generate().with_value("mine").unwrap();
-    grant(&b, &k, &owner, SHORT).await;
+    let owner = OwnerToken::generate();
+    grant_with(&b, &k, &owner, "mine", SHORT).await;
     let before = s.item(&k).await.unwrap().0;
-    assert_eq!(b.proclaim(&k, &nobody, b"x").await.unwrap(), Renew::NotHeld);
+    assert_eq!(
+        b.proclaim_as(&k, &nobody, b"x").await.unwrap(),
+        Renew::NotHeld
+    );
     assert_eq!(s.item(&k).await.unwrap().0, before);
 
     // Once the lease is over, its former holder cannot bring it back.
@@ -278,19 +308,19 @@ async fn strangers_and_former_holders_write_nothing() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
-        b.proclaim(&k, &owner, b"late").await.unwrap(),
+        b.proclaim_as(&k, &owner, b"late").await.unwrap(),
         Renew::NotHeld
     );
     assert_eq!(s.item(&k).await, None);
     let next = OwnerToken::generate();
     grant(&b, &k, &next, TTL).await;
     assert_eq!(
-        b.proclaim(&k, &owner, b"late").await.unwrap(),
+        b.proclaim_as(&k, &owner, b"late").await.unwrap(),
         Renew::NotHeld
     );
     let st = b.inspect(&k).await.unwrap();
     assert_eq!((st.owner.as_ref(), st.value), (Some(&next), None));
-    assert_eq!(b.release(&k, &next).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &next).await.unwrap(), Release::Freed);
 }
 
 /// An item as the previous version wrote it (`<owner> <holds>`, no value):
@@ -323,24 +353,26 @@ async fn an_item_of_the_previous_version_is_a_hold_without_a_value() {
         (st.holds, st.owner.as_ref(), st.value),
         (2, Some(&holder), None)
     );
-    let stranger = b
-        .try_acquire(&k, &OwnerToken::generate(), TTL)
-        .await
-        .unwrap();
+    let stranger = b.try_lock(&k, &OwnerToken::generate(), TTL).await.unwrap();
     assert!(
         matches!(stranger, Acquire::Contended { .. }),
         "{stranger:?}"
     );
-    assert_eq!(b.release(&k, &holder).await.unwrap(), Release::StillHeld(1));
+    assert_eq!(b.unlock(&k, &holder).await.unwrap(), Release::StillHeld(1));
     assert_eq!(s.item(&k).await.unwrap().0, data(&holder, 1, None));
-    assert_eq!(b.renew(&k, &holder, TTL).await.unwrap(), Renew::Renewed);
     assert_eq!(
-        b.proclaim(&k, &holder, b"now with a value").await.unwrap(),
+        b.renew_lock(&k, &holder, TTL).await.unwrap(),
+        Renew::Renewed
+    );
+    assert_eq!(
+        b.proclaim_as(&k, &holder, b"now with a value")
+            .await
+            .unwrap(),
         Renew::Renewed
     );
     let st = b.inspect(&k).await.unwrap();
     assert_eq!(st.value.as_deref(), Some(&b"now with a value"[..]));
-    assert_eq!(b.release(&k, &holder).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &holder).await.unwrap(), Release::Freed);
     assert_eq!(s.item(&k).await, None);
 }
 

@@ -14,7 +14,7 @@ use lockwright_conformance::kit::{fault_server, free_port, unique_prefix};
 use lockwright_conformance::quorum::{
     acquire_succeeds_iff_a_majority_is_free, late_answers_do_not_count,
 };
-use lockwright_core::backend::{Acquire, LockBackend, Quorum, Release, Renew};
+use lockwright_core::backend::{Acquire, LockBackend, LockBackendExt, Quorum, Release, Renew};
 use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
 use lockwright_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -67,11 +67,11 @@ async fn a_stale_holder_cannot_release_or_renew_the_next_holders_lock() {
     let key = LockKey::new("stale").unwrap();
     let (old, new) = (OwnerToken::generate(), OwnerToken::generate());
     let ttl = Duration::from_secs(2);
-    assert!(acquired(&a.try_acquire(&key, &old, ttl).await.unwrap()));
+    assert!(acquired(&a.try_lock(&key, &old, ttl).await.unwrap()));
     // A 2 s lease is stored for 4 s (memcached may end it two seconds early).
     tokio::time::sleep(Duration::from_millis(4300)).await;
     assert!(acquired(
-        &b.try_acquire(&key, &new, Duration::from_secs(30))
+        &b.try_lock(&key, &new, Duration::from_secs(30))
             .await
             .unwrap()
     ));
@@ -80,9 +80,11 @@ async fn a_stale_holder_cannot_release_or_renew_the_next_holders_lock() {
         .await
         .expect("the new holder's item");
     assert!(before.0.starts_with(new.as_str()), "{before:?}");
-    assert_eq!(a.release(&key, &old).await.unwrap(), Release::NotHeld);
+    assert_eq!(a.unlock(&key, &old).await.unwrap(), Release::NotHeld);
     assert_eq!(
-        a.renew(&key, &old, Duration::from_secs(60)).await.unwrap(),
+        a.renew_lock(&key, &old, Duration::from_secs(60))
+            .await
+            .unwrap(),
         Renew::NotHeld
     );
     let after = raw_item(&server, &item).await.expect("still there");
@@ -90,7 +92,7 @@ async fn a_stale_holder_cannot_release_or_renew_the_next_holders_lock() {
         before, after,
         "the stale holder changed the new holder's item"
     );
-    assert_eq!(b.release(&key, &new).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&key, &new).await.unwrap(), Release::Freed);
     assert_eq!(raw_item(&server, &item).await, None);
 }
 
@@ -290,7 +292,7 @@ async fn a_cas_remembered_from_before_a_restart_changes_nothing() {
     let (old, new) = (OwnerToken::generate(), OwnerToken::generate());
     let a = MemcachedBackend::connect(&url).unwrap();
     for k in [&renewed, &released] {
-        assert!(acquired(&a.try_acquire(k, &old, ttl).await.unwrap()));
+        assert!(acquired(&a.try_lock(k, &old, ttl).await.unwrap()));
     }
     let before = [
         raw_item(&own.addr(), "rs:k1").await.unwrap().1,
@@ -299,7 +301,7 @@ async fn a_cas_remembered_from_before_a_restart_changes_nothing() {
     own.restart();
     let b = MemcachedBackend::connect(&url).unwrap();
     for k in [&renewed, &released] {
-        assert!(acquired(&b.try_acquire(k, &new, ttl).await.unwrap()));
+        assert!(acquired(&b.try_lock(k, &new, ttl).await.unwrap()));
     }
     let after = [
         raw_item(&own.addr(), "rs:k1").await.unwrap(),
@@ -310,8 +312,11 @@ async fn a_cas_remembered_from_before_a_restart_changes_nothing() {
         [after[0].1, after[1].1],
         "the restarted server gave other CAS values: this test shows nothing"
     );
-    assert_eq!(a.renew(&renewed, &old, ttl).await.unwrap(), Renew::NotHeld);
-    assert_eq!(a.release(&released, &old).await.unwrap(), Release::NotHeld);
+    assert_eq!(
+        a.renew_lock(&renewed, &old, ttl).await.unwrap(),
+        Renew::NotHeld
+    );
+    assert_eq!(a.unlock(&released, &old).await.unwrap(), Release::NotHeld);
     let now = [
         raw_item(&own.addr(), "rs:k1").await.unwrap(),
         raw_item(&own.addr(), "rs:k2").await.unwrap(),

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::{fill_until_full, raw, OwnServer};
 use lockwright_conformance::kit::{free_port, unique_prefix};
-use lockwright_core::backend::LockBackend;
+use lockwright_core::backend::{LockBackend, LockBackendExt};
 use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, LostReason, OwnerToken};
 use lockwright_memcached::MemcachedBackend;
 
@@ -94,7 +94,7 @@ async fn a_full_server_never_hands_a_held_lock_to_another_owner() {
     let (key, holder) = (LockKey::new(NAME).unwrap(), OwnerToken::generate());
     let ttl = Duration::from_secs(60);
     assert!(matches!(
-        backend.try_acquire(&key, &holder, ttl).await,
+        backend.try_lock(&key, &holder, ttl).await,
         Ok(lockwright_core::backend::Acquire::Acquired(_))
     ));
     s.fill(NAME).await;
@@ -122,7 +122,7 @@ async fn a_full_server_never_hands_a_held_lock_to_another_owner() {
     // The holder's renewal is refused for want of memory, and leaves the
     // lock in place until its lease ends.
     let e = backend
-        .renew(&key, &holder, ttl)
+        .renew_lock(&key, &holder, ttl)
         .await
         .expect_err("a renewal on a full server cannot store");
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
@@ -136,7 +136,7 @@ async fn a_full_server_never_hands_a_held_lock_to_another_owner() {
 
     // A re-entry needs a write too: refused, and the lock stays.
     let e = backend
-        .try_acquire(&key, &holder, ttl)
+        .try_lock(&key, &holder, ttl)
         .await
         .expect_err("a re-entry on a full server cannot store");
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
@@ -152,7 +152,7 @@ async fn a_full_server_never_hands_a_held_lock_to_another_owner() {
 
     // Release needs no memory.
     assert_eq!(
-        backend.release(&key, &holder).await.unwrap(),
+        backend.unlock(&key, &holder).await.unwrap(),
         lockwright_core::backend::Release::Freed
     );
 }
@@ -268,7 +268,7 @@ async fn a_full_quorum_never_hands_a_held_lock_to_another_owner() {
     // undone: an undo would release the hold the owner had before.
     let again = MemcachedBackend::connect(&url).unwrap();
     let e = again
-        .try_acquire(
+        .try_lock(
             &LockKey::new(NAME).unwrap(),
             guard.owner(),
             Duration::from_secs(60),

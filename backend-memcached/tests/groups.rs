@@ -10,7 +10,9 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use common::{raw, server};
 use lockwright_conformance::kit::unique_prefix;
-use lockwright_core::backend::{Acquire, LockBackend, Release, Renew, RenewRequest};
+use lockwright_core::backend::{
+    renew_one, Acquire, AcquireRequest, HoldId, HoldKind, LockBackend, Release, Renew, RenewRequest,
+};
 use lockwright_core::{Claim, ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
 use lockwright_memcached::MemcachedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -28,6 +30,22 @@ fn locker(prefix: &str) -> Locker {
 
 fn now() -> LockOptions {
     LockOptions::new().ttl(Duration::from_secs(10)).no_wait()
+}
+
+/// A hold of `key` of `kind` by a new owner.
+fn hold(key: &LockKey, kind: HoldKind) -> HoldId {
+    HoldId::new(key.clone(), OwnerToken::generate(), kind)
+}
+
+/// One attempt at `hold` for `ttl`.
+async fn attempt(
+    backend: &MemcachedBackend,
+    hold: &HoldId,
+    ttl: Duration,
+) -> lockwright_core::Result<Acquire> {
+    backend
+        .try_acquire(&AcquireRequest::new(hold.clone(), ttl))
+        .await
 }
 
 /// The server's clock as `stats` reports it.
@@ -200,24 +218,16 @@ async fn a_batch_renews_every_holder_of_one_group() -> Result<()> {
     let ttl = Duration::from_secs(10);
     let mut requests = Vec::new();
     for _ in 0..6 {
-        let owner = OwnerToken::generate().with_claim(Claim::permits(8)?);
-        match backend.try_acquire(&key, &owner, ttl).await? {
+        let owner = hold(&key, HoldKind::of_claim(Claim::permits(8)?));
+        match attempt(&backend, &owner, ttl).await? {
             Acquire::Acquired(_) => {}
             other => bail!("a free permit: {other:?}"),
         }
-        requests.push(RenewRequest {
-            key: key.clone(),
-            owner,
-            ttl: Duration::from_secs(20),
-        });
+        requests.push(RenewRequest::new(owner, Duration::from_secs(20)));
     }
-    let stranger = OwnerToken::generate().with_claim(Claim::permits(8)?);
-    requests.push(RenewRequest {
-        key: key.clone(),
-        owner: stranger,
-        ttl,
-    });
-    let results = backend.renew_many(&requests).await;
+    let stranger = hold(&key, HoldKind::of_claim(Claim::permits(8)?));
+    requests.push(RenewRequest::new(stranger, ttl));
+    let results = backend.renew(&requests).await;
     for (i, r) in results.iter().enumerate().take(6) {
         ensure!(
             matches!(r, Ok(Renew::Renewed)),
@@ -238,7 +248,7 @@ async fn a_batch_renews_every_holder_of_one_group() -> Result<()> {
         "not every holder has its new lease: {status:?}"
     );
     for r in &requests[..6] {
-        backend.release(&key, &r.owner).await?;
+        backend.release(&r.hold).await?;
     }
     Ok(())
 }
@@ -251,40 +261,37 @@ async fn a_writer_served_beside_marks_keeps_them_and_excludes_permits() -> Resul
     let backend = backend(&unique_prefix());
     let key = LockKey::new("catalogue")?;
     let ttl = Duration::from_secs(10);
-    let reader = OwnerToken::generate().with_claim(Claim::Shared);
-    let (a, b) = (
-        OwnerToken::generate().writing(),
-        OwnerToken::generate().writing(),
-    );
+    let reader = hold(&key, HoldKind::Reader { beside: None });
+    let (a, b) = (hold(&key, HoldKind::Writer), hold(&key, HoldKind::Writer));
     let granted = |r: &Acquire| matches!(r, Acquire::Acquired(_));
-    ensure!(granted(&backend.try_acquire(&key, &reader, ttl).await?));
+    ensure!(granted(&attempt(&backend, &reader, ttl).await?));
     for w in [&a, &b] {
-        ensure!(!granted(&backend.try_acquire(&key, w, ttl).await?));
+        ensure!(!granted(&attempt(&backend, w, ttl).await?));
     }
-    backend.release(&key, &reader).await?;
+    backend.release(&reader).await?;
     ensure!(
-        granted(&backend.try_acquire(&key, &b, ttl).await?),
+        granted(&attempt(&backend, &b, ttl).await?),
         "the writer was not served once the reader left"
     );
-    let permit = OwnerToken::generate().with_claim(Claim::permits(3)?);
-    match backend.try_acquire(&key, &permit, ttl).await {
+    let permit = hold(&key, HoldKind::of_claim(Claim::permits(3)?));
+    match attempt(&backend, &permit, ttl).await {
         Err(e) if e.kind() == ErrorKind::InvalidOptions => {}
         other => bail!("a permit beside a writer: {other:?}"),
     }
-    let late = OwnerToken::generate().with_claim(Claim::Shared);
-    ensure!(!granted(&backend.try_acquire(&key, &late, ttl).await?));
-    ensure!(matches!(backend.release(&key, &b).await?, Release::Freed));
+    let late = hold(&key, HoldKind::Reader { beside: None });
+    ensure!(!granted(&attempt(&backend, &late, ttl).await?));
+    ensure!(matches!(backend.release(&b).await?, Release::Freed));
     ensure!(
-        !granted(&backend.try_acquire(&key, &late, ttl).await?),
+        !granted(&attempt(&backend, &late, ttl).await?),
         "a reader got in ahead of the writer whose mark was out"
     );
     ensure!(
-        granted(&backend.try_acquire(&key, &a, ttl).await?),
+        granted(&attempt(&backend, &a, ttl).await?),
         "the marked writer was not served"
     );
-    ensure!(matches!(backend.release(&key, &a).await?, Release::Freed));
-    ensure!(granted(&backend.try_acquire(&key, &late, ttl).await?));
-    backend.release(&key, &late).await?;
+    ensure!(matches!(backend.release(&a).await?, Release::Freed));
+    ensure!(granted(&attempt(&backend, &late, ttl).await?));
+    backend.release(&late).await?;
     Ok(())
 }
 
@@ -300,42 +307,39 @@ async fn a_reader_waiting_first_goes_before_later_writers() -> Result<()> {
     let backend = backend(&prefix);
     let key = LockKey::new("catalogue")?;
     let ttl = Duration::from_secs(10);
-    let reader = || OwnerToken::generate().with_claim(Claim::Shared);
-    let (w1, w2, w3) = (
-        OwnerToken::generate().writing(),
-        OwnerToken::generate().writing(),
-        OwnerToken::generate().writing(),
-    );
+    let reader = || hold(&key, HoldKind::Reader { beside: None });
+    let writer = || hold(&key, HoldKind::Writer);
+    let (w1, w2, w3) = (writer(), writer(), writer());
     let (r1, r2) = (reader(), reader());
     let granted = |r: &Acquire| matches!(r, Acquire::Acquired(_));
-    ensure!(granted(&backend.try_acquire(&key, &w1, ttl).await?));
-    ensure!(!granted(&backend.try_acquire(&key, &r1, ttl).await?));
-    ensure!(!granted(&backend.try_acquire(&key, &w2, ttl).await?));
+    ensure!(granted(&attempt(&backend, &w1, ttl).await?));
+    ensure!(!granted(&attempt(&backend, &r1, ttl).await?));
+    ensure!(!granted(&attempt(&backend, &w2, ttl).await?));
     // The writer's item, now a group with the reader's mark, is still its.
     ensure!(matches!(
-        backend.renew(&key, &w1, ttl).await?,
+        renew_one(&backend, &w1, ttl).await?,
         Renew::Renewed
     ));
-    ensure!(matches!(backend.release(&key, &w1).await?, Release::Freed));
+    ensure!(matches!(backend.release(&w1).await?, Release::Freed));
     ensure!(
-        !granted(&backend.try_acquire(&key, &w2, ttl).await?),
+        !granted(&attempt(&backend, &w2, ttl).await?),
         "a writer got in ahead of a reader that waited first"
     );
-    ensure!(granted(&backend.try_acquire(&key, &r1, ttl).await?));
-    ensure!(!granted(&backend.try_acquire(&key, &w2, ttl).await?));
+    ensure!(granted(&attempt(&backend, &r1, ttl).await?));
+    ensure!(!granted(&attempt(&backend, &w2, ttl).await?));
     ensure!(
-        !granted(&backend.try_acquire(&key, &r2, ttl).await?),
+        !granted(&attempt(&backend, &r2, ttl).await?),
         "a reader got in ahead of a waiting writer"
     );
-    ensure!(matches!(backend.release(&key, &r1).await?, Release::Freed));
-    ensure!(granted(&backend.try_acquire(&key, &w2, ttl).await?));
-    ensure!(matches!(backend.release(&key, &w2).await?, Release::Freed));
-    backend.abandon(&key, &r2, &OwnerToken::generate()).await?;
+    ensure!(matches!(backend.release(&r1).await?, Release::Freed));
+    ensure!(granted(&attempt(&backend, &w2, ttl).await?));
+    ensure!(matches!(backend.release(&w2).await?, Release::Freed));
+    backend.abandon(&r2, &OwnerToken::generate()).await?;
     ensure!(
-        granted(&backend.try_acquire(&key, &w3, ttl).await?),
+        granted(&attempt(&backend, &w3, ttl).await?),
         "a reader that gave up still kept a writer out"
     );
-    ensure!(matches!(backend.release(&key, &w3).await?, Release::Freed));
+    ensure!(matches!(backend.release(&w3).await?, Release::Freed));
     ensure!(
         value_and_left(&format!("{prefix}catalogue"))
             .await?

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockwright_core::backend::{
-    Acquire, Capabilities, LockBackend, Release, Renew, RenewRequest, Watch,
+    Acquire, AcquireRequest, Capabilities, Changes, HoldId, LockBackend, Release, Renew,
+    RenewRequest, Watch,
 };
 use lockwright_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
@@ -131,34 +132,21 @@ impl LockBackend for RedisBackend {
         self.inner.node.inspect(&self.keys(key)).await
     }
 
-    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+    async fn proclaim(&self, hold: &HoldId, value: &[u8]) -> Result<Renew> {
         let set = self
             .inner
             .node
-            .proclaim(&self.keys(key), owner, value)
+            .proclaim(&self.keys(&hold.key), &hold.owner, value)
             .await?;
         Ok(if set { Renew::Renewed } else { Renew::NotHeld })
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
-        self.inner
-            .node
-            .acquire(key, &self.keys(key), owner, ttl, None)
-            .await
-    }
-
-    async fn try_acquire_waiting(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-        ticket: &OwnerToken,
-    ) -> Result<Acquire> {
+    /// A request with a ticket queues it when the key is held.
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let keys = self.keys(request.key());
+        let Some(ticket) = &request.ticket else {
+            return self.inner.node.acquire(&keys, request, None).await;
+        };
         let refresh = self.inner.config.waiter_refresh;
         let waiter = Waiter {
             ticket,
@@ -167,7 +155,7 @@ impl LockBackend for RedisBackend {
         let outcome = self
             .inner
             .node
-            .acquire(key, &self.keys(key), owner, ttl, Some(waiter))
+            .acquire(&keys, request, Some(waiter))
             .await?;
         // Wake to refresh the place in the queue before it lapses.
         Ok(match outcome {
@@ -178,36 +166,21 @@ impl LockBackend for RedisBackend {
         })
     }
 
-    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
+    async fn abandon(&self, hold: &HoldId, ticket: &OwnerToken) -> Result<()> {
         self.inner
             .node
-            .abandon(&self.keys(key), owner, ticket)
+            .abandon(&self.keys(&hold.key), &hold.owner, ticket)
             .await
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        self.inner.node.release(&self.keys(key), owner).await
-    }
-
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        let request = RenewRequest {
-            key: key.clone(),
-            owner: owner.clone(),
-            ttl,
-        };
-        let out = self
-            .inner
+    async fn release(&self, hold: &HoldId) -> Result<Release> {
+        self.inner
             .node
-            .renew_many(&self.inner.config.prefix, std::slice::from_ref(&request))
-            .await?;
-        Ok(if out.first() == Some(&true) {
-            Renew::Renewed
-        } else {
-            Renew::NotHeld
-        })
+            .release(&self.keys(&hold.key), &hold.owner)
+            .await
     }
 
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+    async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
         match self
             .inner
             .node
@@ -225,8 +198,10 @@ impl LockBackend for RedisBackend {
     /// The lock's channel, on which the scripts announce each change of a
     /// lock that carries a value (a plain lock's go unannounced, and cost
     /// nothing).
-    async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
-        Ok(Some(self.inner.node.changes(&self.keys(key)).await?))
+    async fn changes(&self, key: &LockKey) -> Result<Option<Changes>> {
+        Ok(Some(Changes::from(
+            self.inner.node.changes(&self.keys(key)).await?,
+        )))
     }
 
     async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {

@@ -5,8 +5,10 @@
 
 use std::time::Duration;
 
-use lockwright_core::backend::{Acquire, RedactedUrl, Release, RenewRequest, Watch};
-use lockwright_core::{Claim, Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
+use lockwright_core::backend::{
+    Acquire, AcquireRequest, RedactedUrl, Release, RenewRequest, Watch,
+};
+use lockwright_core::{Claim, Error, FencingToken, LockStatus, OwnerToken, Result};
 use redis::cluster::ClusterClient;
 use redis::cluster_routing::Slot;
 use tokio::sync::OnceCell;
@@ -254,20 +256,19 @@ impl Node {
     }
 
     /// One attempt; a `waiter` is queued (or its place refreshed) if the
-    /// key is held, and its grant published on this node's hub. An owner
+    /// key is held, and its grant published on this node's hub. A request
     /// that carries a value has it written with its first grant.
     pub(crate) async fn acquire(
         &self,
-        key: &LockKey,
         keys: &Keys,
-        owner: &OwnerToken,
-        ttl: Duration,
+        request: &AcquireRequest,
         waiter: Option<Waiter<'_>>,
     ) -> Result<Acquire> {
-        let claim = owner.claim();
+        let (key, owner, ttl) = (request.key(), request.owner(), request.ttl);
+        let claim = request.claim();
         let waits = waiter.is_some();
         let outcome = self.attempts(false, |mut link| async move {
-            let value = owner.value();
+            let value = request.value();
             let script = if claim != Claim::MUTEX {
                 scripts::claim_acquire_at(self.fenced, link.shift)
             } else if value.is_some() {
@@ -279,7 +280,7 @@ impl Node {
             call.arg(owner.as_str()).arg(ms(ttl));
             if claim != Claim::MUTEX {
                 call.arg(claims::kind(claim))
-                    .arg(owner.writer().unwrap_or(""));
+                    .arg(request.hold.kind.beside().map_or("", OwnerToken::as_str));
             }
             if let Some(w) = waiter {
                 // Listening before queueing, so the grant cannot be missed.
@@ -398,7 +399,7 @@ impl Node {
         let cluster = self.is_cluster();
         let keys: Vec<String> = requests
             .iter()
-            .map(|r| Keys::lock(prefix, &r.key, cluster))
+            .map(|r| Keys::lock(prefix, r.key(), cluster))
             .collect();
         if !cluster {
             return self.renew_batch(&keys, requests).await;
@@ -435,7 +436,7 @@ impl Node {
             let script = scripts::renew();
             let mut call = script.prepare_invoke();
             for (k, r) in keys.iter().zip(requests) {
-                call.key(k).arg(r.owner.as_str()).arg(ms(r.ttl));
+                call.key(k).arg(r.owner().as_str()).arg(ms(r.ttl));
             }
             let (out, acked): (Vec<i64>, _) = self.conn.run(&mut link, &call, true).await?;
             // Renewed on the primary only: failed, so the watchdog tries

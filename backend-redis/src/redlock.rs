@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockwright_core::backend::{
-    renew_one, AbortOnDrop, Acquire, Capabilities, LockBackend, Quorum, Release, Renew,
-    RenewRequest, Watch,
+    AbortOnDrop, Acquire, AcquireRequest, Capabilities, Changes, HoldId, LockBackend, Quorum,
+    Release, Renew, RenewRequest,
 };
 use lockwright_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
@@ -42,10 +42,10 @@ pub(crate) struct QuorumNode {
     prefix: String,
 }
 
-// A node, not a wrapper: `watch`, `try_acquire_waiting` and `alarm` keep
-// the trait's defaults (no notification, no queue, no alarm), which is all
-// a node has to say; the quorum answers those itself and never asks its
-// nodes. `abandon` takes a writer's mark away. `changes` is the node's own: Redlock merges them.
+// A node, not a wrapper: `watch` and `alarm` keep the trait's defaults (no
+// notification, no alarm), and a waiter's ticket is ignored (no queue),
+// which is all a node has to say; the quorum answers those itself and
+// never asks its nodes. `abandon` takes a writer's mark away. `changes` is the node's own: Redlock merges them.
 #[async_trait]
 impl LockBackend for QuorumNode {
     fn capabilities(&self) -> Capabilities {
@@ -61,36 +61,35 @@ impl LockBackend for QuorumNode {
         self.node.ping().await
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         self.node
-            .acquire(key, &Keys::new(&self.prefix, key, false), owner, ttl, None)
+            .acquire(
+                &Keys::new(&self.prefix, request.key(), false),
+                request,
+                None,
+            )
             .await
     }
 
     /// A writer giving up takes its mark away (see `claims.rs`).
-    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
+    async fn abandon(&self, hold: &HoldId, ticket: &OwnerToken) -> Result<()> {
         self.node
-            .abandon(&Keys::new(&self.prefix, key, false), owner, ticket)
+            .abandon(
+                &Keys::new(&self.prefix, &hold.key, false),
+                &hold.owner,
+                ticket,
+            )
             .await
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+    async fn release(&self, hold: &HoldId) -> Result<Release> {
         self.node
-            .release(&Keys::new(&self.prefix, key, false), owner)
+            .release(&Keys::new(&self.prefix, &hold.key, false), &hold.owner)
             .await
-    }
-
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        renew_one(self, key, owner, ttl).await
     }
 
     /// One script call for every lease on this node.
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+    async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
         match self.node.renew_many(&self.prefix, requests).await {
             Ok(renewed) => renewed
                 .into_iter()
@@ -108,17 +107,21 @@ impl LockBackend for QuorumNode {
             .await
     }
 
-    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+    async fn proclaim(&self, hold: &HoldId, value: &[u8]) -> Result<Renew> {
         let set = self
             .node
-            .proclaim(&Keys::new(&self.prefix, key, false), owner, value)
+            .proclaim(
+                &Keys::new(&self.prefix, &hold.key, false),
+                &hold.owner,
+                value,
+            )
             .await?;
         Ok(if set { Renew::Renewed } else { Renew::NotHeld })
     }
 
-    async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+    async fn changes(&self, key: &LockKey) -> Result<Option<Changes>> {
         let keys = Keys::new(&self.prefix, key, false);
-        Ok(Some(self.node.changes(&keys).await?))
+        Ok(Some(Changes::from(self.node.changes(&keys).await?)))
     }
 }
 
@@ -128,7 +131,7 @@ impl LockBackend for QuorumNode {
 /// nodes, so it is heard while the watch has `n − quorum + 1` nodes
 /// subscribed; it ends (and the observer subscribes again) when fewer are
 /// left, and fewer at the start is the first node's error.
-async fn merged<B: LockBackend>(quorum: &Quorum<B>, key: &LockKey) -> Result<Option<Watch>> {
+async fn merged<B: LockBackend>(quorum: &Quorum<B>, key: &LockKey) -> Result<Option<Changes>> {
     let nodes = quorum.nodes();
     let needed = nodes.len() - quorum.quorum() + 1;
     let answers = futures::future::join_all(nodes.iter().map(|n| n.changes(key))).await;
@@ -164,7 +167,7 @@ async fn merged<B: LockBackend>(quorum: &Quorum<B>, key: &LockKey) -> Result<Opt
         }
     });
     // The task that merges the nodes' notices ends when its watch is dropped.
-    Ok(Some(Watch::new(
+    Ok(Some(Changes::new(
         rx,
         Some(Box::new(AbortOnDrop::new(task.abort_handle()))),
     )))
@@ -235,7 +238,7 @@ impl RedlockBackend {
 lockwright_core::forward_backend! {
     (self) => self.inner.quorum;
     impl LockBackend for RedlockBackend {
-        async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+        async fn changes(&self, key: &LockKey) -> Result<Option<Changes>> {
             merged(&self.inner.quorum, key).await
         }
     }

@@ -14,7 +14,9 @@ use lockwright_conformance::kit::observe::{heard_by_notice, leads, until, NEVER,
 use lockwright_conformance::kit::process::redis_server;
 use lockwright_conformance::kit::servers::{redis_url, redlock_ports};
 use lockwright_conformance::kit::values::awkward;
-use lockwright_core::backend::{Acquire, LockBackend, Notice, Release, Renew, Watch};
+use lockwright_core::backend::{
+    Acquire, AcquireRequest, Changes, HoldId, LockBackend, LockBackendExt, Notice, Release, Renew,
+};
 use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
 use lockwright_redis::{RedisBackend, RedlockBackend};
 
@@ -35,10 +37,27 @@ fn key(name: &str) -> LockKey {
 }
 
 async fn grant(b: &impl LockBackend, k: &LockKey, owner: &OwnerToken, ttl: Duration) -> u64 {
-    match b.try_acquire(k, owner, ttl).await.unwrap() {
+    grant_with(b, &AcquireRequest::mutex(k, owner, ttl)).await
+}
+
+async fn grant_with(b: &impl LockBackend, request: &AcquireRequest) -> u64 {
+    let k = request.key();
+    match b.try_acquire(request).await.unwrap() {
         Acquire::Acquired(g) => g.fence.map_or(0, |f| f.0),
         other => panic!("expected to take {k:?}, got {other:?}"),
     }
+}
+
+/// A mutex attempt of `owner` on `k` that advertises `value`.
+fn valued(
+    k: &LockKey,
+    owner: &OwnerToken,
+    value: impl Into<Vec<u8>>,
+    ttl: Duration,
+) -> AcquireRequest {
+    AcquireRequest::mutex(k, owner, ttl)
+        .with_value(value)
+        .unwrap()
 }
 
 /// Every key the single server keeps for the lock name `name`.
@@ -52,14 +71,14 @@ async fn a_value_round_trips_through_grant_and_inspect() {
     for value in awkward() {
         let n = name("round-trip");
         let k = key(&n);
-        let owner = OwnerToken::generate().with_value(value.clone()).unwrap();
-        let fence = grant(&b, &k, &owner, TTL).await;
+        let owner = OwnerToken::generate();
+        let fence = grant_with(&b, &valued(&k, &owner, value.clone(), TTL)).await;
         let s = b.inspect(&k).await.unwrap();
         assert!(s.held);
         assert_eq!(s.value.as_deref(), Some(value.as_slice()), "{value:?}");
         assert_eq!(s.owner.as_ref(), Some(&owner));
         assert_eq!(s.fence.map(|f| f.0), Some(fence));
-        assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+        assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::Freed);
         assert!(stored(&n).await.is_empty(), "{n}: keys left after release");
     }
 }
@@ -73,24 +92,27 @@ async fn a_plain_holder_has_no_value_and_a_re_entry_leaves_the_value_alone() {
     let s = b.inspect(&k).await.unwrap();
     assert_eq!((s.held, s.value), (true, None));
     assert_eq!(s.owner.as_ref(), Some(&plain));
-    assert_eq!(b.release(&k, &plain).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &plain).await.unwrap(), Release::Freed);
 
-    let owner = OwnerToken::generate().with_value("first").unwrap();
-    let fence = grant(&b, &k, &owner, TTL).await;
+    let owner = OwnerToken::generate();
+    let fence = grant_with(&b, &valued(&k, &owner, "first", TTL)).await;
     assert_eq!(
-        b.proclaim(&k, &owner, b"second").await.unwrap(),
+        b.proclaim_as(&k, &owner, b"second").await.unwrap(),
         Renew::Renewed
     );
-    // The token still carries "first": a re-entry is no new grant.
-    assert_eq!(grant(&b, &k, &owner, TTL).await, fence);
+    // The request still carries "first": a re-entry is no new grant.
+    assert_eq!(
+        grant_with(&b, &valued(&k, &owner, "first", TTL)).await,
+        fence
+    );
     let s = b.inspect(&k).await.unwrap();
     assert_eq!((s.holds, s.value.as_deref()), (2, Some(&b"second"[..])));
-    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::StillHeld(1));
+    assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::StillHeld(1));
     assert_eq!(
         b.inspect(&k).await.unwrap().value.as_deref(),
         Some(&b"second"[..])
     );
-    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::Freed);
 }
 
 #[tokio::test]
@@ -103,7 +125,7 @@ async fn proclaim_by_the_owner_sets_the_value_on_either_form() {
     let fence = grant(&b, &k, &owner, TTL).await;
     for value in awkward() {
         assert_eq!(
-            b.proclaim(&k, &owner, &value).await.unwrap(),
+            b.proclaim_as(&k, &owner, &value).await.unwrap(),
             Renew::Renewed
         );
         let s = b.inspect(&k).await.unwrap();
@@ -111,20 +133,23 @@ async fn proclaim_by_the_owner_sets_the_value_on_either_form() {
         assert_eq!(s.fence.map(|f| f.0), Some(fence), "the fence is kept");
         assert!(s.remaining.unwrap() > TTL - Duration::from_secs(5), "{s:?}");
     }
-    assert_eq!(b.renew(&k, &owner, TTL).await.unwrap(), Renew::Renewed);
-    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+    assert_eq!(b.renew_lock(&k, &owner, TTL).await.unwrap(), Renew::Renewed);
+    assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::Freed);
     let s = b.inspect(&k).await.unwrap();
     assert_eq!((s.held, s.value), (false, None));
 
     // The hash form, held with a value from the grant.
-    let owner = OwnerToken::generate().with_value("v1").unwrap();
-    grant(&b, &k, &owner, TTL).await;
-    assert_eq!(b.proclaim(&k, &owner, b"v2").await.unwrap(), Renew::Renewed);
+    let owner = OwnerToken::generate();
+    grant_with(&b, &valued(&k, &owner, "v1", TTL)).await;
+    assert_eq!(
+        b.proclaim_as(&k, &owner, b"v2").await.unwrap(),
+        Renew::Renewed
+    );
     assert_eq!(
         b.inspect(&k).await.unwrap().value.as_deref(),
         Some(&b"v2"[..])
     );
-    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::Freed);
 }
 
 #[tokio::test]
@@ -134,30 +159,37 @@ async fn proclaim_by_a_stranger_or_an_expired_owner_is_not_held_and_writes_nothi
     let k = key(&n);
     // Free: nothing held, nothing written.
     let nobody = OwnerToken::generate();
-    assert_eq!(b.proclaim(&k, &nobody, b"x").await.unwrap(), Renew::NotHeld);
+    assert_eq!(
+        b.proclaim_as(&k, &nobody, b"x").await.unwrap(),
+        Renew::NotHeld
+    );
     assert!(stored(&n).await.is_empty());
 
     // Held by someone else, in either form.
-    for owner in [
-        OwnerToken::generate(),
-        OwnerToken::generate().with_value("mine").unwrap(),
+    for take in [
+        AcquireRequest::mutex(&k, &OwnerToken::generate(), TTL),
+        valued(&k, &OwnerToken::generate(), "mine", TTL),
     ] {
-        grant(&b, &k, &owner, TTL).await;
+        let owner = take.owner().clone();
+        grant_with(&b, &take).await;
         let before = b.inspect(&k).await.unwrap();
-        assert_eq!(b.proclaim(&k, &nobody, b"x").await.unwrap(), Renew::NotHeld);
+        assert_eq!(
+            b.proclaim_as(&k, &nobody, b"x").await.unwrap(),
+            Renew::NotHeld
+        );
         let after = b.inspect(&k).await.unwrap();
         assert_eq!(after.value, before.value);
         assert_eq!(after.owner, before.owner);
         assert_eq!(after.fence, before.fence);
-        assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+        assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::Freed);
     }
 
     // Expired, then nothing: proclaim does not bring it back.
-    let owner = OwnerToken::generate().with_value("old").unwrap();
-    grant(&b, &k, &owner, SHORT).await;
+    let owner = OwnerToken::generate();
+    grant_with(&b, &valued(&k, &owner, "old", SHORT)).await;
     tokio::time::sleep(SHORT * 2).await;
     assert_eq!(
-        b.proclaim(&k, &owner, b"new").await.unwrap(),
+        b.proclaim_as(&k, &owner, b"new").await.unwrap(),
         Renew::NotHeld
     );
     assert!(stored(&n).await.is_empty());
@@ -166,17 +198,17 @@ async fn proclaim_by_a_stranger_or_an_expired_owner_is_not_held_and_writes_nothi
     let plain = OwnerToken::generate();
     grant(&b, &k, &plain, SHORT).await;
     tokio::time::sleep(SHORT * 2).await;
-    let next = OwnerToken::generate().with_value("next").unwrap();
-    grant(&b, &k, &next, TTL).await;
+    let next = OwnerToken::generate();
+    grant_with(&b, &valued(&k, &next, "next", TTL)).await;
     assert_eq!(
-        b.proclaim(&k, &plain, b"stale").await.unwrap(),
+        b.proclaim_as(&k, &plain, b"stale").await.unwrap(),
         Renew::NotHeld
     );
     assert_eq!(
         b.inspect(&k).await.unwrap().value.as_deref(),
         Some(&b"next"[..])
     );
-    assert_eq!(b.release(&k, &next).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &next).await.unwrap(), Release::Freed);
 }
 
 #[tokio::test]
@@ -184,24 +216,24 @@ async fn the_value_goes_with_the_lock_on_release_and_expiry() {
     let b = backend();
     let n = name("gone");
     let k = key(&n);
-    let owner = OwnerToken::generate().with_value("leader").unwrap();
-    grant(&b, &k, &owner, TTL).await;
-    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+    let owner = OwnerToken::generate();
+    grant_with(&b, &valued(&k, &owner, "leader", TTL)).await;
+    assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::Freed);
     assert!(stored(&n).await.is_empty());
     let plain = OwnerToken::generate();
     grant(&b, &k, &plain, TTL).await;
     assert_eq!(b.inspect(&k).await.unwrap().value, None);
-    assert_eq!(b.release(&k, &plain).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &plain).await.unwrap(), Release::Freed);
 
-    let owner = OwnerToken::generate().with_value("leader").unwrap();
-    grant(&b, &k, &owner, SHORT).await;
+    let owner = OwnerToken::generate();
+    grant_with(&b, &valued(&k, &owner, "leader", SHORT)).await;
     tokio::time::sleep(SHORT * 2).await;
     let s = b.inspect(&k).await.unwrap();
     assert_eq!((s.held, s.value), (false, None));
     assert!(stored(&n).await.is_empty());
     grant(&b, &k, &plain, TTL).await;
     assert_eq!(b.inspect(&k).await.unwrap().value, None);
-    assert_eq!(b.release(&k, &plain).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &plain).await.unwrap(), Release::Freed);
 }
 
 /// The releaser's script hands the lock over and writes the waiter's value
@@ -212,16 +244,14 @@ async fn a_hand_off_writes_the_waiters_value_with_the_grant() {
     for value in awkward() {
         let n = name("handoff");
         let k = key(&n);
-        let holder = OwnerToken::generate().with_value("holder").unwrap();
-        grant(&b, &k, &holder, TTL).await;
-        let (w, ticket) = (
-            OwnerToken::generate().with_value(value.clone()).unwrap(),
-            OwnerToken::generate(),
-        );
+        let holder = OwnerToken::generate();
+        grant_with(&b, &valued(&k, &holder, "holder", TTL)).await;
+        let (w, ticket) = (OwnerToken::generate(), OwnerToken::generate());
+        let queue = valued(&k, &w, value.clone(), TTL).waiting(&ticket);
         let mut watch = b.watch(&k, &ticket).await.unwrap().expect("Redis notifies");
-        let queued = b.try_acquire_waiting(&k, &w, TTL, &ticket).await.unwrap();
+        let queued = b.try_acquire(&queue).await.unwrap();
         assert!(matches!(queued, Acquire::Contended { .. }), "{queued:?}");
-        assert_eq!(b.release(&k, &holder).await.unwrap(), Release::Freed);
+        assert_eq!(b.unlock(&k, &holder).await.unwrap(), Release::Freed);
         let notice = tokio::time::timeout(Duration::from_secs(5), watch.changed())
             .await
             .expect("the grant message arrives");
@@ -230,7 +260,7 @@ async fn a_hand_off_writes_the_waiters_value_with_the_grant() {
         assert_eq!(s.owner.as_ref(), Some(&w));
         assert_eq!(s.value.as_deref(), Some(value.as_slice()));
         // The waiter's refresh claims the grant; the value stays.
-        match b.try_acquire_waiting(&k, &w, TTL, &ticket).await.unwrap() {
+        match b.try_acquire(&queue).await.unwrap() {
             Acquire::Acquired(g) => assert_eq!(g.holds, 1),
             other => panic!("the refresh should find the grant, got {other:?}"),
         }
@@ -238,7 +268,7 @@ async fn a_hand_off_writes_the_waiters_value_with_the_grant() {
             b.inspect(&k).await.unwrap().value.as_deref(),
             Some(value.as_slice())
         );
-        assert_eq!(b.release(&k, &w).await.unwrap(), Release::Freed);
+        assert_eq!(b.unlock(&k, &w).await.unwrap(), Release::Freed);
         assert!(stored(&n).await.is_empty(), "{n}: keys left");
     }
 }
@@ -249,18 +279,20 @@ async fn a_hand_off_writes_the_waiters_value_with_the_grant() {
 async fn a_hand_off_to_a_plain_waiter_carries_no_value() {
     let b = backend();
     let k = key(&name("handoff-plain"));
-    let holder = OwnerToken::generate().with_value("holder").unwrap();
-    grant(&b, &k, &holder, TTL).await;
+    let holder = OwnerToken::generate();
+    grant_with(&b, &valued(&k, &holder, "holder", TTL)).await;
     let (w, ticket) = (OwnerToken::generate(), OwnerToken::generate());
     let mut watch = b.watch(&k, &ticket).await.unwrap().expect("Redis notifies");
-    b.try_acquire_waiting(&k, &w, TTL, &ticket).await.unwrap();
-    b.release(&k, &holder).await.unwrap();
+    b.try_lock_waiting(&HoldId::mutex(k.clone(), w.clone()), TTL, &ticket)
+        .await
+        .unwrap();
+    b.unlock(&k, &holder).await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), watch.changed())
         .await
         .expect("the grant message arrives");
     let s = b.inspect(&k).await.unwrap();
     assert_eq!((s.owner.as_ref(), s.value), (Some(&w), None));
-    b.abandon(&k, &w, &ticket).await.unwrap();
+    b.abandon_lock(&k, &w, &ticket).await.unwrap();
     assert!(!b.inspect(&k).await.unwrap().held);
 }
 
@@ -394,8 +426,14 @@ async fn a_redlock_observer_hears_each_change_long_before_its_poll() {
 }
 
 /// Whether `watch` wakes within `within`.
-async fn woken(watch: &mut Watch, within: Duration) -> bool {
-    tokio::time::timeout(within, watch.changed()).await.is_ok()
+async fn woken(watch: &mut Changes, within: Duration) -> bool {
+    // A subscription that ended never wakes (as `Watch::changed`).
+    let changed = async {
+        if watch.notice().await.is_none() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::time::timeout(within, changed).await.is_ok()
 }
 
 /// A plain lock's grant, re-entry, renewal and release, in either form,
@@ -410,31 +448,30 @@ async fn only_a_lock_with_a_value_is_announced() {
     let plain = OwnerToken::generate();
     grant(&b, &k, &plain, TTL).await;
     grant(&b, &k, &plain, TTL).await;
-    assert_eq!(b.renew(&k, &plain, TTL).await.unwrap(), Renew::Renewed);
-    b.release(&k, &plain).await.unwrap();
-    assert_eq!(b.release(&k, &plain).await.unwrap(), Release::Freed);
+    assert_eq!(b.renew_lock(&k, &plain, TTL).await.unwrap(), Renew::Renewed);
+    b.unlock(&k, &plain).await.unwrap();
+    assert_eq!(b.unlock(&k, &plain).await.unwrap(), Release::Freed);
     assert!(
         !woken(&mut watch, quiet).await,
         "a plain lock was announced"
     );
 
-    let owner = OwnerToken::generate().with_value("v").unwrap();
-    grant(&b, &k, &owner, TTL).await;
+    let owner = OwnerToken::generate();
+    grant_with(&b, &valued(&k, &owner, "v", TTL)).await;
     assert!(woken(&mut watch, SOON).await, "a grant with a value");
-    b.proclaim(&k, &owner, b"v2").await.unwrap();
+    b.proclaim_as(&k, &owner, b"v2").await.unwrap();
     assert!(woken(&mut watch, SOON).await, "a proclaim");
-    assert_eq!(b.renew(&k, &owner, TTL).await.unwrap(), Renew::Renewed);
+    assert_eq!(b.renew_lock(&k, &owner, TTL).await.unwrap(), Renew::Renewed);
     assert!(!woken(&mut watch, quiet).await, "a renewal was announced");
-    let (w, ticket) = (
-        OwnerToken::generate().with_value("w").unwrap(),
-        OwnerToken::generate(),
-    );
+    let (w, ticket) = (OwnerToken::generate(), OwnerToken::generate());
     let _grants = b.watch(&k, &ticket).await.unwrap();
-    b.try_acquire_waiting(&k, &w, TTL, &ticket).await.unwrap();
-    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+    b.try_acquire(&valued(&k, &w, "w", TTL).waiting(&ticket))
+        .await
+        .unwrap();
+    assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::Freed);
     assert!(woken(&mut watch, SOON).await, "a release handing off");
     assert_eq!(b.inspect(&k).await.unwrap().owner.as_ref(), Some(&w));
-    b.abandon(&k, &w, &ticket).await.unwrap();
+    b.abandon_lock(&k, &w, &ticket).await.unwrap();
     assert!(woken(&mut watch, SOON).await, "an abandoned hand-off");
     assert!(!b.inspect(&k).await.unwrap().held);
 }

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use lockwright_conformance::kit::process::redis_server;
-use lockwright_core::backend::LockBackend;
+use lockwright_core::backend::{LockBackend, LockBackendExt};
 use lockwright_core::{ErrorKind, LockKey, OwnerToken};
 use lockwright_redis::internals::map_error;
 use lockwright_redis::RedisBackend;
@@ -123,12 +123,12 @@ async fn a_grant_whose_wait_was_unblocked_is_undone_and_unavailable() {
     let plain = RedisBackend::connect(&format!("redis://127.0.0.1:{port}")).unwrap();
     let other = OwnerToken::generate();
     plain
-        .try_acquire(&key, &other, Duration::from_secs(30))
+        .try_lock(&key, &other, Duration::from_secs(30))
         .await
         .unwrap();
-    plain.release(&key, &other).await.unwrap();
+    plain.unlock(&key, &other).await.unwrap();
     let owner = OwnerToken::generate();
-    let attempt = backend.try_acquire(&key, &owner, Duration::from_secs(30));
+    let attempt = backend.try_lock(&key, &owner, Duration::from_secs(30));
     let start = Instant::now();
     let (r, ()) = tokio::join!(attempt, unblock_wait(port));
     let e = r.expect_err("an unacknowledged grant is no grant");

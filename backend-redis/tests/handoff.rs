@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lockwright_conformance::kit::servers::redis_url;
-use lockwright_core::backend::{Acquire, LockBackend, Notice, Release, Watch};
+use lockwright_core::backend::{
+    Acquire, AcquireRequest, HoldId, LockBackend, LockBackendExt, Notice, Release, Watch,
+};
 use lockwright_core::{LockKey, LockOptions, Locker, OwnerToken, Result};
 use lockwright_redis::RedisBackend;
 use tokio::sync::{mpsc, watch};
@@ -30,7 +32,7 @@ fn key(name: &str) -> LockKey {
 
 async fn take(b: &RedisBackend, k: &LockKey) -> (OwnerToken, u64) {
     let me = OwnerToken::generate();
-    match b.try_acquire(k, &me, TTL).await.unwrap() {
+    match b.try_lock(k, &me, TTL).await.unwrap() {
         Acquire::Acquired(g) => (me, g.fence.unwrap().0),
         other => panic!("expected to take {k:?}, got {other:?}"),
     }
@@ -84,20 +86,24 @@ async fn a_lost_grant_is_found_on_refresh() {
     let (w, ticket) = (OwnerToken::generate(), OwnerToken::generate());
     // Queued without registering the ticket: the hub drops its message.
     assert!(is_held(
-        b.try_acquire_waiting(&k, &w, TTL, &ticket).await.unwrap()
-    ));
-    assert_eq!(b.release(&k, &a).await.unwrap(), Release::Freed);
-    // Handed over: the key is held for the waiter, nobody else gets it.
-    assert!(is_held(
-        b.try_acquire(&k, &OwnerToken::generate(), TTL)
+        b.try_lock_waiting(&HoldId::mutex(k.clone(), w.clone()), TTL, &ticket)
             .await
             .unwrap()
     ));
-    match b.try_acquire_waiting(&k, &w, TTL, &ticket).await.unwrap() {
+    assert_eq!(b.unlock(&k, &a).await.unwrap(), Release::Freed);
+    // Handed over: the key is held for the waiter, nobody else gets it.
+    assert!(is_held(
+        b.try_lock(&k, &OwnerToken::generate(), TTL).await.unwrap()
+    ));
+    match b
+        .try_lock_waiting(&HoldId::mutex(k.clone(), w.clone()), TTL, &ticket)
+        .await
+        .unwrap()
+    {
         Acquire::Acquired(g) => assert_eq!(g.holds, 1, "claimed, not re-entered"),
         other => panic!("the refresh should find the grant, got {other:?}"),
     }
-    assert_eq!(b.release(&k, &w).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &w).await.unwrap(), Release::Freed);
     take(&b, &k).await;
 }
 
@@ -110,9 +116,11 @@ async fn giving_up_after_the_hand_off_passes_the_lock_on() {
     let (w, ticket) = (OwnerToken::generate(), OwnerToken::generate());
     let mut watch = b.watch(&k, &ticket).await.unwrap().expect("Redis notifies");
     assert!(is_held(
-        b.try_acquire_waiting(&k, &w, TTL, &ticket).await.unwrap()
+        b.try_lock_waiting(&HoldId::mutex(k.clone(), w.clone()), TTL, &ticket)
+            .await
+            .unwrap()
     ));
-    b.release(&k, &a).await.unwrap();
+    b.unlock(&k, &a).await.unwrap();
     let notice = tokio::time::timeout(Duration::from_secs(5), watch.changed())
         .await
         .expect("the grant message arrives");
@@ -121,11 +129,9 @@ async fn giving_up_after_the_hand_off_passes_the_lock_on() {
         other => panic!("expected a grant, got {other:?}"),
     }
     assert!(is_held(
-        b.try_acquire(&k, &OwnerToken::generate(), TTL)
-            .await
-            .unwrap()
+        b.try_lock(&k, &OwnerToken::generate(), TTL).await.unwrap()
     ));
-    b.abandon(&k, &w, &ticket).await.unwrap();
+    b.abandon_lock(&k, &w, &ticket).await.unwrap();
     take(&b, &k).await;
 }
 
@@ -138,7 +144,7 @@ async fn a_silent_waiter_is_skipped() {
     let (a, _) = take(&b, &k).await;
     let (dead, ticket) = (OwnerToken::generate(), OwnerToken::generate());
     assert!(is_held(
-        b.try_acquire_waiting(&k, &dead, TTL, &ticket)
+        b.try_lock_waiting(&HoldId::mutex(k.clone(), dead.clone()), TTL, &ticket)
             .await
             .unwrap()
     ));
@@ -151,7 +157,7 @@ async fn a_silent_waiter_is_skipped() {
     });
     // The dead waiter's place is kept for four refresh periods (200 ms).
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(b.release(&k, &a).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &a).await.unwrap(), Release::Freed);
     let g = task
         .await
         .unwrap()
@@ -166,27 +172,27 @@ async fn a_newcomer_cannot_jump_the_queue_after_expiry() {
     let b = backend("500ms");
     let a = OwnerToken::generate();
     assert!(!is_held(
-        b.try_acquire(&k, &a, Duration::from_millis(100))
+        b.try_lock(&k, &a, Duration::from_millis(100))
             .await
             .unwrap()
     ));
     let (w, ticket) = (OwnerToken::generate(), OwnerToken::generate());
     let mut watch = b.watch(&k, &ticket).await.unwrap().unwrap();
     assert!(is_held(
-        b.try_acquire_waiting(&k, &w, TTL, &ticket).await.unwrap()
+        b.try_lock_waiting(&HoldId::mutex(k.clone(), w.clone()), TTL, &ticket)
+            .await
+            .unwrap()
     ));
     tokio::time::sleep(Duration::from_millis(200)).await;
     // The holder's lease ran out; the newcomer's attempt serves the waiter.
     assert!(is_held(
-        b.try_acquire(&k, &OwnerToken::generate(), TTL)
-            .await
-            .unwrap()
+        b.try_lock(&k, &OwnerToken::generate(), TTL).await.unwrap()
     ));
     let notice = tokio::time::timeout(Duration::from_secs(5), watch.changed())
         .await
         .expect("the grant message arrives");
     assert!(matches!(notice, Notice::Granted(_)));
-    assert_eq!(b.release(&k, &w).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &w).await.unwrap(), Release::Freed);
 }
 
 /// A hand-off grants the waiter's liveness window (2 s with the default
@@ -269,7 +275,10 @@ async fn a_lock_turned_into_a_hash_at_its_last_millisecond_still_expires() {
         let (me, ticket) = (OwnerToken::generate(), OwnerToken::generate());
         let started = Instant::now();
         loop {
-            let out = b.try_acquire_waiting(&k, &me, TTL, &ticket).await.unwrap();
+            let out = b
+                .try_lock_waiting(&HoldId::mutex(k.clone(), me.clone()), TTL, &ticket)
+                .await
+                .unwrap();
             let kind: String = redis::cmd("TYPE")
                 .arg(&lock)
                 .query_async(&mut c)
@@ -292,8 +301,8 @@ async fn a_lock_turned_into_a_hash_at_its_last_millisecond_still_expires() {
                 "round {round}: the dead holder's lock never expired"
             );
         }
-        let _ = b.abandon(&k, &me, &ticket).await;
-        let _ = b.release(&k, &me).await;
+        let _ = b.abandon_lock(&k, &me, &ticket).await;
+        let _ = b.unlock(&k, &me).await;
     }
     // The rounds did reach the conversion they are about.
     assert!(
@@ -464,13 +473,10 @@ lockwright_core::forward_backend! {
                 Some(Box::new(AbortOnDrop(task.abort_handle()))),
             )))
         }
-        async fn try_acquire_waiting(
-            &self,
-            k: &LockKey,
-            o: &OwnerToken,
-            ttl: Duration,
-            ticket: &OwnerToken,
-        ) -> Result<Acquire> {
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+            if request.ticket.is_none() {
+                return self.inner.try_acquire(request).await;
+            }
             let mut n = 0;
             // The second attempt's time is set before anyone watching the
             // count can see it.
@@ -481,7 +487,7 @@ lockwright_core::forward_backend! {
                     *self.second.lock().unwrap() = Some(Instant::now());
                 }
             });
-            let outcome = self.inner.try_acquire_waiting(k, o, ttl, ticket).await?;
+            let outcome = self.inner.try_acquire(request).await?;
             self.answered.send_modify(|a| *a += 1);
             Ok(match (n, outcome) {
                 (1, Acquire::Contended { .. }) => Acquire::Contended {

@@ -7,7 +7,10 @@
 use std::time::Duration;
 
 use lockwright_conformance::kit::servers::{redis_url, redlock_ports};
-use lockwright_core::backend::{Acquire, LockBackend, Release, Renew};
+use lockwright_core::backend::{
+    renew_one, Acquire, AcquireRequest, HoldId, HoldKind, LockBackend, LockBackendExt, Release,
+    Renew,
+};
 use lockwright_core::{Claim, ErrorKind, FencingToken, LockKey, OwnerToken};
 use lockwright_redis::{RedisBackend, RedlockBackend};
 
@@ -19,8 +22,18 @@ fn key(name: &str) -> LockKey {
     LockKey::new(format!("lone:{name}:{}", OwnerToken::generate().as_str())).unwrap()
 }
 
-fn permit(n: u32) -> OwnerToken {
-    OwnerToken::generate().with_claim(Claim::permits(n).unwrap())
+/// A new owner's hold of one of `n` permits of `k`.
+fn permit(k: &LockKey, n: u32) -> HoldId {
+    HoldId::new(
+        k.clone(),
+        OwnerToken::generate(),
+        HoldKind::of_claim(Claim::permits(n).unwrap()),
+    )
+}
+
+/// An attempt at `hold` for [`TTL`].
+fn ask(hold: &HoldId) -> AcquireRequest {
+    AcquireRequest::new(hold.clone(), TTL)
 }
 
 fn lock_key(k: &LockKey) -> String {
@@ -40,8 +53,8 @@ async fn form(c: &mut redis::aio::MultiplexedConnection, k: &LockKey) -> String 
         .unwrap()
 }
 
-async fn fence_of(b: &dyn LockBackend, k: &LockKey, o: &OwnerToken) -> FencingToken {
-    match b.try_acquire(k, o, TTL).await.unwrap() {
+async fn fence_of(b: &dyn LockBackend, o: &HoldId) -> FencingToken {
+    match b.try_acquire(&ask(o)).await.unwrap() {
         Acquire::Acquired(g) => g.fence.expect("a fence"),
         other => panic!("{} was not granted: {other:?}", o.claim()),
     }
@@ -59,40 +72,43 @@ async fn a_lone_permit_is_a_string_until_a_second_claim_makes_it_a_group() {
     let b = RedisBackend::connect(&redis_url()).unwrap();
     let mut c = conn(&redis_url()).await;
     let k = key("second");
-    let (a, other) = (permit(3), permit(3));
+    let (a, other) = (permit(&k, 3), permit(&k, 3));
 
-    let fa = fence_of(&b, &k, &a).await;
+    let fa = fence_of(&b, &a).await;
     assert_eq!(form(&mut c, &k).await, "string");
     let v: String = redis::cmd("GET")
         .arg(lock_key(&k))
         .query_async(&mut c)
         .await
         .unwrap();
-    assert!(v.starts_with(a.as_str()) && v.ends_with(" p3"), "{v}");
+    assert!(v.starts_with(a.owner.as_str()) && v.ends_with(" p3"), "{v}");
     let s = b.inspect(&k).await.unwrap();
     assert_eq!((s.permits, s.holders.len()), (Some(3), 1), "{s:?}");
-    assert_eq!(s.holders[0].owner.as_ref(), Some(&a));
+    assert_eq!(s.holders[0].owner.as_ref(), Some(&a.owner));
     assert_eq!(s.holders[0].fence, Some(fa));
-    assert_eq!(b.renew(&k, &a, TTL).await.unwrap(), Renew::Renewed);
-    assert_eq!(b.renew(&k, &other, TTL).await.unwrap(), Renew::NotHeld);
-    assert_eq!(b.release(&k, &other).await.unwrap(), Release::NotHeld);
+    assert_eq!(renew_one(&b, &a, TTL).await.unwrap(), Renew::Renewed);
+    assert_eq!(renew_one(&b, &other, TTL).await.unwrap(), Renew::NotHeld);
+    assert_eq!(b.release(&other).await.unwrap(), Release::NotHeld);
 
     // A mutex meets a semaphore of 3, told apart from a lock held, and
     // changes nothing.
     refused(
         "a mutex",
-        b.try_acquire(&k, &OwnerToken::generate(), TTL).await,
+        b.try_lock(&k, &OwnerToken::generate(), TTL).await,
     );
     assert_eq!(form(&mut c, &k).await, "string");
 
     // The second permit joins: one group of two, the first keeping its
     // fence and lease, the second's fence above it.
-    let fo = fence_of(&b, &k, &other).await;
+    let fo = fence_of(&b, &other).await;
     assert!(fo > fa, "{fo:?} after {fa:?}");
     assert_eq!(form(&mut c, &k).await, "hash");
     let s = b.inspect(&k).await.unwrap();
     assert_eq!((s.permits, s.holders.len()), (Some(3), 2), "{s:?}");
-    let first = s.holders.iter().find(|h| h.owner.as_ref() == Some(&a));
+    let first = s
+        .holders
+        .iter()
+        .find(|h| h.owner.as_ref() == Some(&a.owner));
     let first = first.expect("the lone permit's holder is a member");
     assert_eq!(first.fence, Some(fa));
     let left = first.remaining.expect("its lease");
@@ -100,17 +116,18 @@ async fn a_lone_permit_is_a_string_until_a_second_claim_makes_it_a_group() {
         left > TTL - Duration::from_secs(10) && left <= TTL,
         "{left:?}"
     );
-    refused("another N", b.try_acquire(&k, &permit(4), TTL).await);
-    refused(
-        "a reader",
-        b.try_acquire(&k, &OwnerToken::generate().with_claim(Claim::Shared), TTL)
-            .await,
+    refused("another N", b.try_acquire(&ask(&permit(&k, 4))).await);
+    let reader = HoldId::new(
+        k.clone(),
+        OwnerToken::generate(),
+        HoldKind::of_claim(Claim::Shared),
     );
+    refused("a reader", b.try_acquire(&ask(&reader)).await);
 
-    assert_eq!(b.release(&k, &a).await.unwrap(), Release::Freed);
-    assert_eq!(b.renew(&k, &a, TTL).await.unwrap(), Renew::NotHeld);
-    assert_eq!(b.renew(&k, &other, TTL).await.unwrap(), Renew::Renewed);
-    assert_eq!(b.release(&k, &other).await.unwrap(), Release::Freed);
+    assert_eq!(b.release(&a).await.unwrap(), Release::Freed);
+    assert_eq!(renew_one(&b, &a, TTL).await.unwrap(), Renew::NotHeld);
+    assert_eq!(renew_one(&b, &other, TTL).await.unwrap(), Renew::Renewed);
+    assert_eq!(b.release(&other).await.unwrap(), Release::Freed);
     assert_eq!(form(&mut c, &k).await, "none");
 }
 
@@ -119,23 +136,23 @@ async fn a_lone_permit_taken_again_by_its_owner_holds_twice() {
     let b = RedisBackend::connect(&redis_url()).unwrap();
     let mut c = conn(&redis_url()).await;
     let k = key("again");
-    let a = permit(2);
-    let f = fence_of(&b, &k, &a).await;
-    match b.try_acquire(&k, &a, TTL).await.unwrap() {
+    let a = permit(&k, 2);
+    let f = fence_of(&b, &a).await;
+    match b.try_acquire(&ask(&a)).await.unwrap() {
         Acquire::Acquired(g) => assert_eq!((g.fence, g.holds), (Some(f), 2)),
         other => panic!("re-entry: {other:?}"),
     }
     assert_eq!(form(&mut c, &k).await, "hash");
-    assert_eq!(b.release(&k, &a).await.unwrap(), Release::StillHeld(1));
+    assert_eq!(b.release(&a).await.unwrap(), Release::StillHeld(1));
     // Still one holder of one of 2 permits: another fits beside it.
-    let b2 = permit(2);
-    fence_of(&b, &k, &b2).await;
+    let b2 = permit(&k, 2);
+    fence_of(&b, &b2).await;
     refused(
         "a third permit's N",
-        b.try_acquire(&k, &permit(3), TTL).await,
+        b.try_acquire(&ask(&permit(&k, 3))).await,
     );
-    assert_eq!(b.release(&k, &a).await.unwrap(), Release::Freed);
-    assert_eq!(b.release(&k, &b2).await.unwrap(), Release::Freed);
+    assert_eq!(b.release(&a).await.unwrap(), Release::Freed);
+    assert_eq!(b.release(&b2).await.unwrap(), Release::Freed);
     assert_eq!(form(&mut c, &k).await, "none");
 }
 
@@ -144,9 +161,9 @@ async fn a_lone_permit_on_redlock_is_an_unfenced_string_on_each_node() {
     let ports = redlock_ports();
     let b = RedlockBackend::connect(&common::redlock_url(&ports)).unwrap();
     let k = key("redlock");
-    let (a, other) = (permit(2), permit(2));
+    let (a, other) = (permit(&k, 2), permit(&k, 2));
     assert!(matches!(
-        b.try_acquire(&k, &a, TTL).await.unwrap(),
+        b.try_acquire(&ask(&a)).await.unwrap(),
         Acquire::Acquired(_)
     ));
     for p in &ports {
@@ -156,20 +173,20 @@ async fn a_lone_permit_on_redlock_is_an_unfenced_string_on_each_node() {
             .query_async(&mut c)
             .await
             .unwrap();
-        assert_eq!(v, format!("{} 0 0 p2", a.as_str()), "node {p}");
+        assert_eq!(v, format!("{} 0 0 p2", a.owner.as_str()), "node {p}");
     }
     assert!(matches!(
-        b.try_acquire(&k, &other, TTL).await.unwrap(),
+        b.try_acquire(&ask(&other)).await.unwrap(),
         Acquire::Acquired(_)
     ));
     let s = b.inspect(&k).await.unwrap();
     assert_eq!((s.permits, s.holders.len()), (Some(2), 2), "{s:?}");
     assert!(matches!(
-        b.try_acquire(&k, &permit(2), TTL).await.unwrap(),
+        b.try_acquire(&ask(&permit(&k, 2))).await.unwrap(),
         Acquire::Contended { .. }
     ));
-    assert_eq!(b.release(&k, &a).await.unwrap(), Release::Freed);
-    assert_eq!(b.release(&k, &other).await.unwrap(), Release::Freed);
+    assert_eq!(b.release(&a).await.unwrap(), Release::Freed);
+    assert_eq!(b.release(&other).await.unwrap(), Release::Freed);
     for p in &ports {
         let mut c = conn(&format!("redis://127.0.0.1:{p}")).await;
         assert_eq!(form(&mut c, &k).await, "none", "node {p}");

@@ -12,7 +12,7 @@ use lockwright_conformance::kit::servers::redlock_ports;
 use lockwright_conformance::quorum::{
     acquire_succeeds_iff_a_majority_is_free, late_answers_do_not_count,
 };
-use lockwright_core::backend::{Acquire, LockBackend};
+use lockwright_core::backend::{Acquire, LockBackend, LockBackendExt};
 use lockwright_core::{ErrorKind, LockKey, OwnerToken};
 use lockwright_redis::{internals, RedisBackend, RedlockBackend};
 
@@ -106,7 +106,7 @@ async fn status_needs_a_quorum_of_one_owner() {
         let key = LockKey::new(format!("redlock-status/{}/{n}", &run.as_str()[..8])).unwrap();
         for (i, h) in holders.iter().enumerate() {
             if let Some(owner) = h {
-                let got = direct[i].try_acquire(&key, owner, TTL).await.unwrap();
+                let got = direct[i].try_lock(&key, owner, TTL).await.unwrap();
                 assert!(matches!(got, Acquire::Acquired(_)));
             }
         }
@@ -132,7 +132,7 @@ async fn status_needs_a_quorum_of_one_owner() {
         }
         for (i, h) in holders.iter().enumerate() {
             if let Some(owner) = h {
-                let _ = direct[i].release(&key, owner).await;
+                let _ = direct[i].unlock(&key, owner).await;
             }
         }
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use lockwright_conformance::kit::free_port;
 use lockwright_conformance::kit::process::ServerProcess;
-use lockwright_core::backend::{Acquire, LockBackend};
+use lockwright_core::backend::{Acquire, LockBackend, LockBackendExt};
 use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
 use lockwright_redis::RedisBackend;
 
@@ -51,7 +51,7 @@ async fn a_restarted_server_loses_nothing_that_matters() {
 
     drop(server);
     let e = b
-        .try_acquire(&key, &OwnerToken::generate(), ttl)
+        .try_lock(&key, &OwnerToken::generate(), ttl)
         .await
         .expect_err("acquire on a dead server");
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
@@ -70,7 +70,7 @@ async fn a_restarted_server_loses_nothing_that_matters() {
     // The server came back empty; clients reconnect by themselves.
     let start = Instant::now();
     let grant = loop {
-        match b.try_acquire(&key, &OwnerToken::generate(), ttl).await {
+        match b.try_lock(&key, &OwnerToken::generate(), ttl).await {
             Ok(Acquire::Acquired(g)) => break g,
             other => {
                 assert!(

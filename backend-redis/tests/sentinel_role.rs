@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use lockwright_conformance::kit::process::redis_server;
-use lockwright_core::backend::{Acquire, LockBackend, Release};
+use lockwright_core::backend::{Acquire, LockBackend, LockBackendExt, Release};
 use lockwright_core::{ErrorKind, LockKey, OwnerToken};
 use lockwright_redis::RedisBackend;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -213,7 +213,7 @@ async fn a_replica_the_sentinels_name_as_the_primary_is_never_written_to() {
     let replica = format!("127.0.0.1:{replica_port}");
 
     let e = backend
-        .try_acquire(&key, &owner, Duration::from_secs(10))
+        .try_lock(&key, &owner, Duration::from_secs(10))
         .await
         .expect_err("a grant on a node whose ROLE says it is a replica");
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
@@ -244,9 +244,9 @@ async fn a_replica_the_sentinels_name_as_the_primary_is_never_written_to() {
     let backend = RedisBackend::connect(&url).unwrap();
     backend.verify().await.unwrap();
     let got = backend
-        .try_acquire(&key, &owner, Duration::from_secs(10))
+        .try_lock(&key, &owner, Duration::from_secs(10))
         .await
         .unwrap();
     assert!(matches!(got, Acquire::Acquired(_)), "{got:?}");
-    assert_eq!(backend.release(&key, &owner).await.unwrap(), Release::Freed);
+    assert_eq!(backend.unlock(&key, &owner).await.unwrap(), Release::Freed);
 }

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use lockwright_conformance::kit::servers::redis_url;
-use lockwright_core::backend::{Acquire, LockBackend, Release, Renew};
+use lockwright_core::backend::{Acquire, LockBackendExt, Release, Renew};
 use lockwright_core::{LockKey, OwnerToken};
 use lockwright_redis::RedisBackend;
 
@@ -46,7 +46,7 @@ async fn a_lock_of_the_previous_version_is_respected_and_fences_go_on_above_it()
     let b = RedisBackend::connect(&url).unwrap();
     let ttl = Duration::from_secs(30);
     let stranger = b
-        .try_acquire(&key, &OwnerToken::generate(), ttl)
+        .try_lock(&key, &OwnerToken::generate(), ttl)
         .await
         .unwrap();
     assert!(
@@ -54,18 +54,18 @@ async fn a_lock_of_the_previous_version_is_respected_and_fences_go_on_above_it()
         "{stranger:?}"
     );
     assert_eq!(
-        b.renew(&key, &old_owner, ttl).await.unwrap(),
+        b.renew_lock(&key, &old_owner, ttl).await.unwrap(),
         Renew::Renewed
     );
-    assert_eq!(b.release(&key, &old_owner).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&key, &old_owner).await.unwrap(), Release::Freed);
 
     let owner = OwnerToken::generate();
-    let Acquire::Acquired(g) = b.try_acquire(&key, &owner, ttl).await.unwrap() else {
+    let Acquire::Acquired(g) = b.try_lock(&key, &owner, ttl).await.unwrap() else {
         panic!("free key was contended");
     };
     let fence = g.fence.unwrap().0;
     assert!(fence > old_fence, "fence {fence} after the old {old_fence}");
-    assert_eq!(b.release(&key, &owner).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&key, &owner).await.unwrap(), Release::Freed);
 
     // The old counter is neither read nor written; only it is left.
     let left = common::scan(&url, &common::names_pattern(&name)).await;

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockwright_core::backend::{
-    lock_unpoisoned, Acquire, Capabilities, LockBackend, Release, Renew, RenewRequest, Watch,
+    lock_unpoisoned, Acquire, AcquireRequest, Capabilities, HoldId, LockBackend, Release, Renew,
+    RenewRequest, Watch,
 };
 use lockwright_core::{Claim, Error, FencingToken, LockKey, LockStatus, OwnerToken, Result};
 use tokio::sync::OnceCell;
@@ -337,14 +338,10 @@ impl LockBackend for SqlBackend {
         })
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
-        if owner.claim() != Claim::MUTEX {
-            if let Some(marker) = lone_permit(owner) {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let (key, owner, ttl) = (request.key(), request.owner(), request.ttl);
+        if request.claim() != Claim::MUTEX {
+            if let Some(marker) = lone_permit(&request.hold) {
                 // A free name's first permit is one statement, the mutex's.
                 let first = self.lease_acquire_as(key, &marker, None, ttl).await?;
                 if matches!(first, Acquire::Acquired(_)) {
@@ -354,9 +351,9 @@ impl LockBackend for SqlBackend {
                 self.migrate().await?;
                 self.sweep_now_and_then();
             }
-            return self.claims().acquire(key, owner, ttl).await;
+            return self.claims().acquire(&request.hold, ttl).await;
         }
-        let acquired = self.lease_acquire(key, owner, ttl).await?;
+        let acquired = self.lease_acquire(request).await?;
         {
             let claims = self.claims();
             let mark = (key.clone(), owner.as_str().to_owned());
@@ -381,10 +378,11 @@ impl LockBackend for SqlBackend {
         Ok(acquired)
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        let r = if owner.claim() == Claim::MUTEX {
+    async fn release(&self, hold: &HoldId) -> Result<Release> {
+        let (key, owner) = (&hold.key, &hold.owner);
+        let r = if hold.claim() == Claim::MUTEX {
             self.lease_release(key, owner).await?
-        } else if let Some(marker) = lone_permit(owner) {
+        } else if let Some(marker) = lone_permit(hold) {
             self.lease_release_as(key, &marker).await?
         } else {
             Release::NotHeld
@@ -405,37 +403,23 @@ impl LockBackend for SqlBackend {
         Ok(r)
     }
 
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        let r = if owner.claim() == Claim::MUTEX {
-            self.lease_renew(key, owner, ttl).await?
-        } else if let Some(marker) = lone_permit(owner) {
-            self.lease_renew_as(key, &marker, ttl).await?
-        } else {
-            Renew::NotHeld
-        };
-        Ok(match r {
-            Renew::NotHeld => self.claims().renew(key, owner, ttl).await?,
-            r => r,
-        })
-    }
-
     /// Mutexes' and lone permits' leases in one statement per 100 (on
     /// PostgreSQL and SQLite returning which were renewed; on MySQL, the
     /// rare batch with one no longer held is asked again lease by lease);
-    /// permits and read holds each as [`renew`](LockBackend::renew) does.
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+    /// permits and read holds each on its own, in the holders table.
+    async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
         let markers: Vec<Option<String>> = requests
             .iter()
-            .map(|r| match r.owner.claim() {
-                Claim::MUTEX => Some(r.owner.as_str().to_owned()),
-                _ => lone_permit(&r.owner),
+            .map(|r| match r.hold.claim() {
+                Claim::MUTEX => Some(r.owner().as_str().to_owned()),
+                _ => lone_permit(&r.hold),
             })
             .collect();
         let rows: Vec<(usize, (&LockKey, &str, Duration))> = requests
             .iter()
             .zip(&markers)
             .enumerate()
-            .filter_map(|(i, (r, m))| m.as_deref().map(|m| (i, (&r.key, m, r.ttl))))
+            .filter_map(|(i, (r, m))| m.as_deref().map(|m| (i, (r.key(), m, r.ttl))))
             .collect();
         let mut out: Vec<Option<Result<Renew>>> = vec![None; requests.len()];
         if !rows.is_empty() {
@@ -459,14 +443,15 @@ impl LockBackend for SqlBackend {
         let rest = requests.iter().zip(&out).map(|(r, done)| async move {
             match done {
                 Some(d) => d.clone(),
-                None => self.claims().renew(&r.key, &r.owner, r.ttl).await,
+                None => self.claims().renew(r.key(), r.owner(), r.ttl).await,
             }
         });
         futures::future::join_all(rest).await
     }
 
     /// A writer giving up takes its mark away, so readers enter again.
-    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, _ticket: &OwnerToken) -> Result<()> {
+    async fn abandon(&self, hold: &HoldId, _ticket: &OwnerToken) -> Result<()> {
+        let (key, owner) = (&hold.key, &hold.owner);
         // Only a mark this client left: a mutex's give-up costs nothing.
         if self
             .marks()
@@ -477,8 +462,8 @@ impl LockBackend for SqlBackend {
         Ok(())
     }
 
-    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
-        self.lease_proclaim(key, owner, value).await
+    async fn proclaim(&self, hold: &HoldId, value: &[u8]) -> Result<Renew> {
+        self.lease_proclaim(&hold.key, &hold.owner, value).await
     }
 
     async fn watch(&self, key: &LockKey, _ticket: &OwnerToken) -> Result<Option<Watch>> {
@@ -486,12 +471,12 @@ impl LockBackend for SqlBackend {
     }
 }
 
-/// The name row's owner while `owner`'s permit is the only one out, for a
+/// The name row's owner while `hold`'s permit is the only one out, for a
 /// semaphore's claim (see [`inline`](crate::layout::inline)).
-fn lone_permit(owner: &OwnerToken) -> Option<String> {
-    match owner.claim() {
+fn lone_permit(hold: &HoldId) -> Option<String> {
+    match hold.claim() {
         Claim::Exclusive { permits } if permits > 1 => {
-            crate::layout::inline(permits, owner.as_str())
+            crate::layout::inline(permits, hold.owner.as_str())
         }
         _ => None,
     }

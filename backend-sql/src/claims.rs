@@ -31,7 +31,7 @@
 
 use std::time::Duration;
 
-use lockwright_core::backend::{judge, refusal, Acquire, Found, Release, Renew};
+use lockwright_core::backend::{judge, refusal, Acquire, Found, HoldId, Release, Renew};
 use lockwright_core::{Claim, LockKey, OwnerToken, Result};
 
 use crate::claims_sql::{bound, ClaimsSql};
@@ -170,13 +170,16 @@ pub(crate) use hold_name;
 
 /// One attempt at a permit or a read hold, in the transaction `$c`.
 macro_rules! acquire_in {
-    ($this:expr, $c:ident, $key:expr, $owner:expr, $ttl:expr) => {
+    ($this:expr, $c:ident, $hold:expr, $ttl:expr) => {
         async {
             let this: &Claims = $this;
-            let (key, owner): (&LockKey, &OwnerToken) = ($key, $owner);
+            let hold: &HoldId = $hold;
+            let key: &LockKey = &hold.key;
             let hash = crate::layout::key_hash(key);
-            let claim = owner.claim();
-            let me = owner.as_str();
+            let claim = hold.claim();
+            let me = hold.owner.as_str();
+            // The writer a reader's claim is made beside (a downgrade).
+            let writer: Option<&str> = hold.kind.beside().map(OwnerToken::as_str);
             hold_name!(this, $c, &hash, Some(key))?;
             // The clock and the name row in one statement.
             let read: NowAndName = bound!(query_as, &this.sql.name_and_now; &hash)
@@ -207,7 +210,7 @@ macro_rules! acquire_in {
                 return Ok(Err(e));
             }
             match (name, claim) {
-                (Name::Token(o), Claim::Shared) if owner.writer() == Some(o.as_str()) => {
+                (Name::Token(o), Claim::Shared) if writer == Some(o.as_str()) => {
                     // A downgrade: the writer's hold moves to a row of its own.
                     let (_, holds, fence, expires) = row.clone().expect("a live row");
                     bound!(query, &this.sql.put_holder;
@@ -279,12 +282,11 @@ macro_rules! acquire_in {
                 }
                 Claim::Shared => {
                     let writers: Vec<&&HolderRow> = held.iter().filter(|r| r.1 == 0).collect();
-                    beside_writer |= owner
-                        .writer()
+                    beside_writer |= writer
                         .is_some_and(|w| !writers.is_empty() && writers.iter().all(|r| r.0 == w));
                     let writers = writers.len();
                     let marks = rows.iter().filter(|r| r.2 == 0).map(|r| r.4).max();
-                    if owner.writer().is_some() && !beside_writer {
+                    if writer.is_some() && !beside_writer {
                         // A downgrade whose writer no longer holds: refused,
                         // never a read hold after a gap.
                         return Ok(Ok(contended(None, now)));
@@ -326,14 +328,9 @@ impl Claims {
         }
     }
 
-    /// One attempt at a permit or a read hold for `owner`.
-    pub(crate) async fn acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
-        in_txn!(self, c => acquire_in!(self, c, key, owner, ttl))
+    /// One attempt at `hold`, a permit or a read hold.
+    pub(crate) async fn acquire(&self, hold: &HoldId, ttl: Duration) -> Result<Acquire> {
+        in_txn!(self, c => acquire_in!(self, c, hold, ttl))
     }
 
     /// Releases one hold of `owner`'s permit, read hold, or downgraded

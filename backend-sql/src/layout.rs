@@ -10,7 +10,7 @@
 //! `expires_at` is the end of the lease on the database's clock; `value`
 //! is what the holder advertises (a leader's value, at most
 //! [`MAX_VALUE_LEN`](lockwright_core::MAX_VALUE_LEN) bytes), `NULL` for
-//! none. A first grant writes the value its owner token carries, a
+//! none. A first grant writes the value its acquire request carries, a
 //! re-entry or renewal leaves it alone, `proclaim` sets it, and the last
 //! release clears it. Tables of earlier versions have no `value` column:
 //! the backend adds it when it sets the table up ([`add_value_column`]).

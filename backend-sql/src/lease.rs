@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use lockwright_core::backend::{Acquire, Release, Renew};
+use lockwright_core::backend::{Acquire, AcquireRequest, Release, Renew};
 use lockwright_core::{Error, LockKey, OwnerToken, Result, MAX_VALUE_LEN};
 
 use crate::backend::SqlBackend;
@@ -28,13 +28,9 @@ use crate::queries::ttl_ms;
 const RENEW_BATCH: usize = 100;
 
 impl SqlBackend {
-    pub(crate) async fn lease_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
-        self.lease_acquire_as(key, owner.as_str(), owner.value(), ttl)
+    pub(crate) async fn lease_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let (key, owner) = (request.key(), request.owner());
+        self.lease_acquire_as(key, owner.as_str(), request.value(), request.ttl)
             .await
     }
 
@@ -207,16 +203,10 @@ impl SqlBackend {
         })
     }
 
-    pub(crate) async fn lease_renew(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Renew> {
-        self.lease_renew_as(key, owner.as_str(), ttl).await
-    }
-
-    /// [`lease_renew`](Self::lease_renew) of the row's owner text.
+    /// Extends one row's lease, owner-checked, by the row's owner text
+    /// `owner`: how MySQL's batches ask again lease by lease (see
+    /// [`lease_renew_chunk`](Self::lease_renew_chunk)).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) async fn lease_renew_as(
         &self,
         key: &LockKey,

@@ -2,11 +2,11 @@
 //! locks (PostgreSQL advisory locks, MySQL `GET_LOCK`).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use lockwright_core::backend::{
-    Acquire, Binding, Capabilities, LockBackend, Release, Renew, Watch,
+    Acquire, AcquireRequest, Binding, Capabilities, HoldId, LockBackend, Release, Renew,
+    RenewRequest, Watch,
 };
 use lockwright_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
@@ -111,25 +111,24 @@ impl LockBackend for SqlSessionBackend {
         self.inner.locks.inspect(key).await
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        _ttl: Duration,
-    ) -> Result<Acquire> {
-        self.inner.locks.try_acquire(key, owner).await
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.inner.locks.try_acquire(&request.hold).await
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        let r = self.inner.locks.release(key, owner).await?;
+    async fn release(&self, hold: &HoldId) -> Result<Release> {
+        let key = &hold.key;
+        let r = self.inner.locks.release(key, &hold.owner).await?;
         if r == Release::Freed {
             self.inner.local.released(key);
         }
         Ok(r)
     }
 
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, _ttl: Duration) -> Result<Renew> {
-        self.inner.locks.renew(key, owner).await
+    async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        let each = requests
+            .iter()
+            .map(|r| self.inner.locks.renew(r.key(), r.owner()));
+        futures::future::join_all(each).await
     }
 
     async fn watch(&self, key: &LockKey, _ticket: &OwnerToken) -> Result<Option<Watch>> {
@@ -137,11 +136,11 @@ impl LockBackend for SqlSessionBackend {
     }
 
     /// Lets go of the turnstile a waiting writer holds, if any.
-    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, _ticket: &OwnerToken) -> Result<()> {
+    async fn abandon(&self, hold: &HoldId, _ticket: &OwnerToken) -> Result<()> {
         // Readers of this process that the turnstile kept out; a waiter
         // that left no mark wakes nobody.
-        if self.inner.locks.abandon(key, owner).await? {
-            self.inner.local.released(key);
+        if self.inner.locks.abandon(&hold.key, &hold.owner).await? {
+            self.inner.local.released(&hold.key);
         }
         Ok(())
     }

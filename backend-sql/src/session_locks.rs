@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use lockwright_core::backend::{
-    lock_unpoisoned, reentry_refused, Acquire, Grant, Release, Renew, MARK_LIFE,
+    lock_unpoisoned, reentry_refused, Acquire, Grant, HoldId, Release, Renew, MARK_LIFE,
 };
 use lockwright_core::{Error, ErrorKind, LockKey, LockStatus, OwnerToken, Result};
 
@@ -321,8 +321,9 @@ impl SessionLocks {
         }
     }
 
-    pub(crate) async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken) -> Result<Acquire> {
-        let claim = owner.claim();
+    pub(crate) async fn try_acquire(&self, hold: &HoldId) -> Result<Acquire> {
+        let key = &hold.key;
+        let claim = hold.claim();
         if claim.exclusive_permits().is_some_and(|p| p > 1) || claim.is_shared() && !self.shared() {
             return Err(Error::new(
                 ErrorKind::Unsupported,
@@ -333,30 +334,25 @@ impl SessionLocks {
         let slot = self.slot(key);
         let mut held = slot.lock().await;
         held.lapse();
-        let outcome = self.acquire_in(&mut held, &slot, key, owner).await;
+        let outcome = self.acquire_in(&mut held, &slot, hold).await;
         let empty = held.is_empty();
         drop(held);
         self.tidy(key, &slot, empty);
         outcome
     }
 
-    async fn acquire_in(
-        &self,
-        held: &mut Held,
-        slot: &Slot,
-        key: &LockKey,
-        owner: &OwnerToken,
-    ) -> Result<Acquire> {
+    async fn acquire_in(&self, held: &mut Held, slot: &Slot, hold: &HoldId) -> Result<Acquire> {
+        let (key, owner) = (&hold.key, &hold.owner);
         let n = self.name(key);
-        let shared = owner.claim().is_shared();
+        let shared = hold.claim().is_shared();
         // A session or mark is out of the slot while the server answers:
         // dropped mid-request, its connection closes and the server frees
         // what it holds, where the slot would not know what it held.
         if let Some((s, h)) = held.find(owner) {
             return reenter(held, s, h, &n, key, shared).await;
         }
-        if let Some(w) = owner.writer() {
-            return downgrade(held, w, &n, owner).await;
+        if let Some(w) = hold.kind.beside() {
+            return downgrade(held, w.as_str(), &n, owner).await;
         }
         if held.writing() || shared && held.mark.is_some() {
             // This process writes, or a writer of it waits: the server

@@ -1,7 +1,7 @@
 //! Session mode needs PostgreSQL or MySQL; in a build with neither, no
 //! session backend can exist.
 
-use lockwright_core::backend::{Acquire, Release, Renew};
+use lockwright_core::backend::{Acquire, HoldId, Release, Renew};
 use lockwright_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::config::SqlConfig;
@@ -25,7 +25,7 @@ impl SessionLocks {
     pub(crate) async fn abandon(&self, _: &LockKey, _: &OwnerToken) -> Result<bool> {
         match *self {}
     }
-    pub(crate) async fn try_acquire(&self, _: &LockKey, _: &OwnerToken) -> Result<Acquire> {
+    pub(crate) async fn try_acquire(&self, _: &HoldId) -> Result<Acquire> {
         match *self {}
     }
     pub(crate) async fn release(&self, _: &LockKey, _: &OwnerToken) -> Result<Release> {

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use lockwright_conformance::kit::values::{awkward, every_byte};
 use lockwright_conformance::kit::with_params;
-use lockwright_core::backend::{Acquire, LockBackend, Release, Renew};
+use lockwright_core::backend::{
+    Acquire, AcquireRequest, LockBackend, LockBackendExt, Release, Renew,
+};
 use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken, MAX_VALUE_LEN};
 use lockwright_sql::{Dialect, SqlBackend, DEFAULT_TABLE};
 use sha2::{Digest, Sha256};
@@ -84,7 +86,26 @@ fn key(what: &str) -> LockKey {
 }
 
 async fn grant(b: &SqlBackend, k: &LockKey, owner: &OwnerToken, ttl: Duration) -> u64 {
-    match b.try_acquire(k, owner, ttl).await.unwrap() {
+    take(b, &AcquireRequest::mutex(k, owner, ttl)).await
+}
+
+/// [`grant`], carrying `value` for the store to write with the grant.
+async fn grant_with(
+    b: &SqlBackend,
+    k: &LockKey,
+    owner: &OwnerToken,
+    value: impl Into<Vec<u8>>,
+    ttl: Duration,
+) -> u64 {
+    let request = AcquireRequest::mutex(k, owner, ttl)
+        .with_value(value)
+        .unwrap();
+    take(b, &request).await
+}
+
+async fn take(b: &SqlBackend, request: &AcquireRequest) -> u64 {
+    let k = request.key();
+    match b.try_acquire(request).await.unwrap() {
         Acquire::Acquired(g) => g.fence.expect("lease rows give fences").0,
         other => panic!("expected to take {k:?}, got {other:?}"),
     }
@@ -96,15 +117,15 @@ async fn a_value_round_trips_through_grant_proclaim_and_inspect(s: &Store) {
     assert_eq!(every_byte().len(), 1024);
     for value in awkward() {
         let k = key("round-trip");
-        let owner = OwnerToken::generate().with_value(value.clone()).unwrap();
-        let fence = grant(&b, &k, &owner, TTL).await;
+        let owner = OwnerToken::generate();
+        let fence = grant_with(&b, &k, &owner, value.clone(), TTL).await;
         let st = b.inspect(&k).await.unwrap();
         assert!(st.held);
         assert_eq!(st.value.as_deref(), Some(value.as_slice()), "{value:?}");
         assert_eq!(st.owner.as_ref(), Some(&owner));
         assert_eq!(st.fence.map(|f| f.0), Some(fence));
         assert_eq!(s.stored(&k).await, Some(Some(value.clone())));
-        assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+        assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::Freed);
         // The row stays for the retention; its value goes with the lock.
         assert_eq!(s.stored(&k).await, Some(None), "{value:?} left behind");
         let st = b.inspect(&k).await.unwrap();
@@ -121,7 +142,7 @@ async fn a_value_round_trips_through_grant_proclaim_and_inspect(s: &Store) {
     for value in awkward() {
         let before = b.inspect(&k).await.unwrap().remaining.unwrap();
         assert_eq!(
-            b.proclaim(&k, &owner, &value).await.unwrap(),
+            b.proclaim_as(&k, &owner, &value).await.unwrap(),
             Renew::Renewed
         );
         let st = b.inspect(&k).await.unwrap();
@@ -136,12 +157,15 @@ async fn a_value_round_trips_through_grant_proclaim_and_inspect(s: &Store) {
     // The same value again is still a proclaim by the holder (MySQL counts
     // matched rows, not changed ones).
     let last = every_byte();
-    assert_eq!(b.proclaim(&k, &owner, &last).await.unwrap(), Renew::Renewed);
+    assert_eq!(
+        b.proclaim_as(&k, &owner, &last).await.unwrap(),
+        Renew::Renewed
+    );
     let over = vec![b'x'; MAX_VALUE_LEN + 1];
-    let err = b.proclaim(&k, &owner, &over).await.unwrap_err();
+    let err = b.proclaim_as(&k, &owner, &over).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidOptions, "{err}");
     assert_eq!(s.stored(&k).await, Some(Some(last)));
-    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::Freed);
 }
 
 async fn proclaim_leaves_the_lease_where_it_was(s: &Store) {
@@ -150,33 +174,39 @@ async fn proclaim_leaves_the_lease_where_it_was(s: &Store) {
     let owner = OwnerToken::generate();
     grant(&b, &k, &owner, Duration::from_secs(2)).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(b.proclaim(&k, &owner, b"v").await.unwrap(), Renew::Renewed);
+    assert_eq!(
+        b.proclaim_as(&k, &owner, b"v").await.unwrap(),
+        Renew::Renewed
+    );
     let left = b.inspect(&k).await.unwrap().remaining.unwrap();
     assert!(left <= Duration::from_millis(1400), "{left:?} left");
     // It ends when it would have: proclaims do not keep a lease alive.
     tokio::time::sleep(left + Duration::from_millis(200)).await;
     assert!(!b.inspect(&k).await.unwrap().held);
-    assert_eq!(b.proclaim(&k, &owner, b"w").await.unwrap(), Renew::NotHeld);
+    assert_eq!(
+        b.proclaim_as(&k, &owner, b"w").await.unwrap(),
+        Renew::NotHeld
+    );
 }
 
 async fn re_entries_and_renewals_leave_the_value_alone(s: &Store) {
     let b = s.backend();
     let k = key("re-entry");
-    let owner = OwnerToken::generate().with_value("first").unwrap();
-    let fence = grant(&b, &k, &owner, TTL).await;
+    let owner = OwnerToken::generate();
+    let fence = grant_with(&b, &k, &owner, "first", TTL).await;
     assert_eq!(
-        b.proclaim(&k, &owner, b"second").await.unwrap(),
+        b.proclaim_as(&k, &owner, b"second").await.unwrap(),
         Renew::Renewed
     );
-    // The token still carries "first": a re-entry is no new grant.
-    assert_eq!(grant(&b, &k, &owner, TTL).await, fence);
+    // The request still carries "first": a re-entry is no new grant.
+    assert_eq!(grant_with(&b, &k, &owner, "first", TTL).await, fence);
     let st = b.inspect(&k).await.unwrap();
     assert_eq!((st.holds, st.value.as_deref()), (2, Some(&b"second"[..])));
-    assert_eq!(b.renew(&k, &owner, TTL).await.unwrap(), Renew::Renewed);
-    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::StillHeld(1));
+    assert_eq!(b.renew_lock(&k, &owner, TTL).await.unwrap(), Renew::Renewed);
+    assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::StillHeld(1));
     let st = b.inspect(&k).await.unwrap();
     assert_eq!((st.holds, st.value.as_deref()), (1, Some(&b"second"[..])));
-    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::Freed);
     assert_eq!(s.stored(&k).await, Some(None));
 }
 
@@ -185,20 +215,26 @@ async fn a_takeover_writes_the_new_owners_value_and_strangers_write_nothing(s: &
     let k = key("takeover");
     // Free: nothing held, nothing written.
     let nobody = OwnerToken::generate();
-    assert_eq!(b.proclaim(&k, &nobody, b"x").await.unwrap(), Renew::NotHeld);
+    assert_eq!(
+        b.proclaim_as(&k, &nobody, b"x").await.unwrap(),
+        Renew::NotHeld
+    );
     assert_eq!(s.stored(&k).await, None);
 
     // Held by someone else: refused, and nothing changes.
-    let owner = OwnerToken::generate().with_value("mine").unwrap();
-    grant(&b, &k, &owner, SHORT).await;
-    assert_eq!(b.proclaim(&k, &nobody, b"x").await.unwrap(), Renew::NotHeld);
+    let owner = OwnerToken::generate();
+    grant_with(&b, &k, &owner, "mine", SHORT).await;
+    assert_eq!(
+        b.proclaim_as(&k, &nobody, b"x").await.unwrap(),
+        Renew::NotHeld
+    );
     assert_eq!(s.stored(&k).await, Some(Some(b"mine".to_vec())));
 
     // Expired: the former holder cannot write, and a plain owner taking
     // the row over does not inherit the old value.
     tokio::time::sleep(SHORT * 2).await;
     assert_eq!(
-        b.proclaim(&k, &owner, b"late").await.unwrap(),
+        b.proclaim_as(&k, &owner, b"late").await.unwrap(),
         Renew::NotHeld
     );
     assert_eq!(s.stored(&k).await, Some(Some(b"mine".to_vec())));
@@ -211,10 +247,10 @@ async fn a_takeover_writes_the_new_owners_value_and_strangers_write_nothing(s: &
 
     // Expired again and taken over with a value: the new one stands.
     tokio::time::sleep(SHORT * 2).await;
-    let next = OwnerToken::generate().with_value("next").unwrap();
-    grant(&b, &k, &next, TTL).await;
+    let next = OwnerToken::generate();
+    grant_with(&b, &k, &next, "next", TTL).await;
     assert_eq!(
-        b.proclaim(&k, &plain, b"stale").await.unwrap(),
+        b.proclaim_as(&k, &plain, b"stale").await.unwrap(),
         Renew::NotHeld
     );
     let st = b.inspect(&k).await.unwrap();
@@ -222,7 +258,7 @@ async fn a_takeover_writes_the_new_owners_value_and_strangers_write_nothing(s: &
         (st.owner.as_ref(), st.value.as_deref()),
         (Some(&next), Some(&b"next"[..]))
     );
-    assert_eq!(b.release(&k, &next).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &next).await.unwrap(), Release::Freed);
 }
 
 async fn campaign_leader_proclaim_and_resign(s: &Store) {
@@ -333,7 +369,7 @@ async fn a_table_of_the_previous_release_gains_the_column_with_its_locks_held(s:
 
     // The hold is still there, and still its holder's.
     let b = &clients[0];
-    let stranger = b.try_acquire(&held, &OwnerToken::generate(), TTL).await;
+    let stranger = b.try_lock(&held, &OwnerToken::generate(), TTL).await;
     assert!(
         matches!(stranger, Ok(Acquire::Contended { .. })),
         "{stranger:?}"
@@ -341,16 +377,19 @@ async fn a_table_of_the_previous_release_gains_the_column_with_its_locks_held(s:
     let st = b.inspect(&held).await.unwrap();
     assert_eq!((st.owner.as_ref(), st.value), (Some(&holder), None));
     assert_eq!(
-        b.proclaim(&held, &holder, b"now with a value")
+        b.proclaim_as(&held, &holder, b"now with a value")
             .await
             .unwrap(),
         Renew::Renewed
     );
-    assert_eq!(b.renew(&held, &holder, TTL).await.unwrap(), Renew::Renewed);
+    assert_eq!(
+        b.renew_lock(&held, &holder, TTL).await.unwrap(),
+        Renew::Renewed
+    );
     let st = reader.inspect(&held).await.unwrap();
     assert_eq!(st.value.as_deref(), Some(&b"now with a value"[..]));
     assert_eq!(st.fence.map(|f| f.0), Some(7));
-    assert_eq!(b.release(&held, &holder).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&held, &holder).await.unwrap(), Release::Freed);
     assert_eq!(s.stored_in(&table, &held).await, Some(None));
 
     // Elections on the upgraded table.
@@ -452,19 +491,22 @@ async fn session_locks_keep_no_values(dialect: Dialect) {
     let b = SqlSessionBackend::connect(&url).unwrap();
     assert!(!b.capabilities().values);
     let k = key("session");
-    let owner = OwnerToken::generate().with_value("ignored").unwrap();
+    let owner = OwnerToken::generate();
+    let request = AcquireRequest::mutex(&k, &owner, TTL)
+        .with_value("ignored")
+        .unwrap();
     assert!(matches!(
-        b.try_acquire(&k, &owner, TTL).await.unwrap(),
+        b.try_acquire(&request).await.unwrap(),
         Acquire::Acquired(_)
     ));
-    let err = b.proclaim(&k, &owner, b"v").await.unwrap_err();
+    let err = b.proclaim_as(&k, &owner, b"v").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
     let st = b.inspect(&k).await.unwrap();
     assert!(st.held);
     assert_eq!(st.value, None);
     let err = Locker::new(b.clone()).election(k.as_str()).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
-    assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+    assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::Freed);
 }
 
 #[cfg(feature = "postgres")]

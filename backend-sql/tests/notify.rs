@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use lockwright_conformance::kit::servers::postgres_url;
 use lockwright_conformance::kit::with_params;
-use lockwright_core::backend::{LockBackend, Release, Watch};
+use lockwright_core::backend::{LockBackend, LockBackendExt, Release, Watch};
 use lockwright_core::{LockKey, LockOptions, Locker, OwnerToken};
 use lockwright_sql::SqlBackend;
 
@@ -62,17 +62,14 @@ async fn a_release_is_heard_by_a_waiter_in_another_process() {
     let k = LockKey::new(key.as_str()).unwrap();
     let (owner, ttl) = (OwnerToken::generate(), Duration::from_secs(30));
     for _ in 0..2 {
-        raw.try_acquire(&k, &owner, ttl).await.unwrap();
+        raw.try_lock(&k, &owner, ttl).await.unwrap();
     }
-    assert_eq!(
-        raw.release(&k, &owner).await.unwrap(),
-        Release::StillHeld(1)
-    );
+    assert_eq!(raw.unlock(&k, &owner).await.unwrap(), Release::StillHeld(1));
     assert!(
         !heard(&mut w, Duration::from_millis(500)).await,
         "a release that freed nothing was announced"
     );
-    assert_eq!(raw.release(&k, &owner).await.unwrap(), Release::Freed);
+    assert_eq!(raw.unlock(&k, &owner).await.unwrap(), Release::Freed);
     assert!(
         heard(&mut w, Duration::from_secs(5)).await,
         "the release was not heard"

@@ -28,8 +28,10 @@ mod turnstile {
 
     use lockwright_conformance::kit::servers::postgres_url;
     use lockwright_conformance::kit::with_params;
-    use lockwright_core::backend::{Acquire, LockBackend, MARK_LIFE};
-    use lockwright_core::{Claim, LockKey, OwnerToken};
+    use lockwright_core::backend::{
+        Acquire, AcquireRequest, HoldId, HoldKind, LockBackend, MARK_LIFE,
+    };
+    use lockwright_core::{LockKey, OwnerToken};
     use lockwright_sql::SqlSessionBackend;
 
     fn client() -> SqlSessionBackend {
@@ -37,14 +39,21 @@ mod turnstile {
             .expect("valid URL")
     }
 
-    fn reader() -> OwnerToken {
-        OwnerToken::generate().with_claim(Claim::Shared)
+    /// A new owner's read hold of `k`.
+    fn reader(k: &LockKey) -> HoldId {
+        HoldId::new(
+            k.clone(),
+            OwnerToken::generate(),
+            HoldKind::Reader { beside: None },
+        )
     }
 
-    async fn got(b: &SqlSessionBackend, k: &LockKey, o: &OwnerToken) -> bool {
+    async fn got(b: &SqlSessionBackend, hold: &HoldId) -> bool {
         let ttl = Duration::from_secs(30);
         matches!(
-            b.try_acquire(k, o, ttl).await.expect("an answer"),
+            b.try_acquire(&AcquireRequest::new(hold.clone(), ttl))
+                .await
+                .expect("an answer"),
             Acquire::Acquired(_)
         )
     }
@@ -56,21 +65,18 @@ mod turnstile {
     async fn a_quiet_writers_turnstile_lapses() {
         let k = LockKey::new(format!("turnstile/{}", OwnerToken::generate().as_str())).unwrap();
         let (a, b, c) = (client(), client(), client());
-        let first = reader();
-        assert!(got(&a, &k, &first).await, "the first reader was refused");
-        let writer = OwnerToken::generate().writing();
+        let first = reader(&k);
+        assert!(got(&a, &first).await, "the first reader was refused");
+        let writer = HoldId::new(k.clone(), OwnerToken::generate(), HoldKind::Writer);
+        assert!(!got(&b, &writer).await, "a writer got in beside a reader");
         assert!(
-            !got(&b, &k, &writer).await,
-            "a writer got in beside a reader"
-        );
-        assert!(
-            !got(&c, &k, &reader()).await,
+            !got(&c, &reader(&k)).await,
             "a new reader got in while a writer waited"
         );
         let start = Instant::now();
-        let late = reader();
+        let late = reader(&k);
         loop {
-            if got(&c, &k, &late).await {
+            if got(&c, &late).await {
                 break;
             }
             assert!(
@@ -86,13 +92,13 @@ mod turnstile {
             start.elapsed()
         );
         // The writer comes back once the readers leave.
-        a.release(&k, &first).await.unwrap();
-        c.release(&k, &late).await.unwrap();
+        a.release(&first).await.unwrap();
+        c.release(&late).await.unwrap();
         assert!(
-            got(&b, &k, &writer).await,
+            got(&b, &writer).await,
             "the writer was refused on a free name"
         );
-        b.release(&k, &writer).await.unwrap();
+        b.release(&writer).await.unwrap();
     }
 
     /// `status` counts each session's hold, shared or not.
@@ -100,12 +106,12 @@ mod turnstile {
     async fn status_shows_readers() {
         let k = LockKey::new(format!("turnstile/{}", OwnerToken::generate().as_str())).unwrap();
         let (a, b) = (client(), client());
-        let (r1, r2) = (reader(), reader());
-        assert!(got(&a, &k, &r1).await && got(&b, &k, &r2).await);
+        let (r1, r2) = (reader(&k), reader(&k));
+        assert!(got(&a, &r1).await && got(&b, &r2).await);
         let s = a.inspect(&k).await.unwrap();
         assert!(s.is_shared() && s.holder_count() == 2, "{s:?}");
-        a.release(&k, &r1).await.unwrap();
-        b.release(&k, &r2).await.unwrap();
+        a.release(&r1).await.unwrap();
+        b.release(&r2).await.unwrap();
         assert!(!a.inspect(&k).await.unwrap().held);
     }
 }

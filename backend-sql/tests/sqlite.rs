@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lockwright_conformance::Harness;
-use lockwright_core::backend::{Acquire, LockBackend, Release};
+use lockwright_core::backend::{Acquire, LockBackend, LockBackendExt, Release};
 use lockwright_core::{ErrorKind, LockKey, OwnerToken};
 use lockwright_sql::{Dialect, SqlBackend};
 
@@ -80,7 +80,7 @@ async fn the_row_survives_release_so_fences_keep_rising_across_tables_reopened()
         let b = SqlBackend::connect(&h.url()).unwrap();
         let owner = OwnerToken::generate();
         let Acquire::Acquired(g) = b
-            .try_acquire(&k, &owner, std::time::Duration::from_secs(30))
+            .try_lock(&k, &owner, std::time::Duration::from_secs(30))
             .await
             .unwrap()
         else {
@@ -89,7 +89,7 @@ async fn the_row_survives_release_so_fences_keep_rising_across_tables_reopened()
         let fence = g.fence.unwrap().0;
         assert!(fence > last, "fence {fence} after {last}");
         last = fence;
-        assert_eq!(b.release(&k, &owner).await.unwrap(), Release::Freed);
+        assert_eq!(b.unlock(&k, &owner).await.unwrap(), Release::Freed);
     }
 }
 
@@ -121,7 +121,7 @@ async fn custom_table_names_are_used_and_bad_ones_refused() {
     b.migrate().await.unwrap();
     let k = LockKey::new("t").unwrap();
     assert!(matches!(
-        b.try_acquire(
+        b.try_lock(
             &k,
             &OwnerToken::generate(),
             std::time::Duration::from_secs(5)
@@ -134,7 +134,7 @@ async fn custom_table_names_are_used_and_bad_ones_refused() {
     let other = SqlBackend::connect(&h.url()).unwrap();
     assert!(matches!(
         other
-            .try_acquire(
+            .try_lock(
                 &k,
                 &OwnerToken::generate(),
                 std::time::Duration::from_secs(5)
@@ -155,7 +155,7 @@ async fn custom_table_names_are_used_and_bad_ones_refused() {
 /// its mark with every refused attempt.
 #[tokio::test]
 async fn a_dead_writers_mark_keeps_readers_out_briefly() {
-    use lockwright_core::Claim;
+    use lockwright_core::backend::{AcquireRequest, HoldId, HoldKind};
     use std::time::{Duration, Instant};
     let h = SqliteHarness::new();
     let (readers, writer) = (
@@ -164,28 +164,33 @@ async fn a_dead_writers_mark_keeps_readers_out_briefly() {
     );
     let k = LockKey::new("dead/writer").unwrap();
     let ttl = Duration::from_secs(60);
-    let reader = OwnerToken::generate().with_claim(Claim::Shared);
+    // An attempt at a read hold of `k` by `owner`.
+    let read = |owner: &OwnerToken| {
+        let hold = HoldId::new(k.clone(), owner.clone(), HoldKind::Reader { beside: None });
+        AcquireRequest::new(hold, ttl)
+    };
+    let reader = OwnerToken::generate();
     assert!(matches!(
-        readers.try_acquire(&k, &reader, ttl).await.unwrap(),
+        readers.try_acquire(&read(&reader)).await.unwrap(),
         Acquire::Acquired(_)
     ));
     let dead = OwnerToken::generate();
     assert!(matches!(
-        writer.try_acquire(&k, &dead, ttl).await.unwrap(),
+        writer.try_lock(&k, &dead, ttl).await.unwrap(),
         Acquire::Contended { .. }
     ));
     drop(writer);
-    let late = OwnerToken::generate().with_claim(Claim::Shared);
+    let late = OwnerToken::generate();
     assert!(
         matches!(
-            readers.try_acquire(&k, &late, ttl).await.unwrap(),
+            readers.try_acquire(&read(&late)).await.unwrap(),
             Acquire::Contended { .. }
         ),
         "a reader got in past a waiting writer's mark"
     );
     let start = Instant::now();
     loop {
-        if let Acquire::Acquired(_) = readers.try_acquire(&k, &late, ttl).await.unwrap() {
+        if let Acquire::Acquired(_) = readers.try_acquire(&read(&late)).await.unwrap() {
             break;
         }
         assert!(

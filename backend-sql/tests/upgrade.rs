@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use lockwright_conformance::kit::with_params;
-use lockwright_core::backend::{Acquire, LockBackend, Release, Renew};
+use lockwright_core::backend::{Acquire, LockBackendExt, Release, Renew};
 use lockwright_core::{LockKey, OwnerToken};
 use lockwright_sql::{Dialect, SqlBackend};
 use sha2::{Digest, Sha256};
@@ -115,7 +115,7 @@ async fn insert_legacy(dialect: Dialect, url: &str, table: &str, run: &str) {
 
 async fn fence_of(b: &SqlBackend, key: &LockKey) -> u64 {
     match b
-        .try_acquire(key, &OwnerToken::generate(), Duration::from_secs(30))
+        .try_lock(key, &OwnerToken::generate(), Duration::from_secs(30))
         .await
         .unwrap()
     {
@@ -140,7 +140,7 @@ async fn upgrade(dialect: Dialect, base_url: &str, driver_url: &str) {
 
     // Held across the upgrade: still held, and its holder keeps it.
     let stranger = b
-        .try_acquire(&held.key, &OwnerToken::generate(), Duration::from_secs(30))
+        .try_lock(&held.key, &OwnerToken::generate(), Duration::from_secs(30))
         .await
         .unwrap();
     assert!(
@@ -149,13 +149,13 @@ async fn upgrade(dialect: Dialect, base_url: &str, driver_url: &str) {
     );
     let old_owner = OwnerToken::from_string(held.owner.clone().unwrap()).unwrap();
     assert_eq!(
-        b.renew(&held.key, &old_owner, Duration::from_secs(30))
+        b.renew_lock(&held.key, &old_owner, Duration::from_secs(30))
             .await
             .unwrap(),
         Renew::Renewed
     );
     assert_eq!(
-        b.release(&held.key, &old_owner).await.unwrap(),
+        b.unlock(&held.key, &old_owner).await.unwrap(),
         Release::Freed
     );
 
@@ -276,18 +276,20 @@ async fn a_long_reader_bounds_the_upgrade(dialect: Dialect) {
         .await
         .expect("tried again once the reader is gone");
     let k = LockKey::new(format!("{table}/after")).unwrap();
-    let owner = OwnerToken::generate().with_value("v").unwrap();
+    use lockwright_core::backend::{AcquireRequest, LockBackend};
+    let owner = OwnerToken::generate();
+    let request = AcquireRequest::mutex(&k, &owner, Duration::from_secs(30))
+        .with_value("v")
+        .unwrap();
     assert!(matches!(
-        b.try_acquire(&k, &owner, Duration::from_secs(30))
-            .await
-            .unwrap(),
+        b.try_acquire(&request).await.unwrap(),
         Acquire::Acquired(_)
     ));
     assert_eq!(
         b.inspect(&k).await.unwrap().value.as_deref(),
         Some(&b"v"[..])
     );
-    b.release(&k, &owner).await.unwrap();
+    b.unlock(&k, &owner).await.unwrap();
     drop_table(dialect, &base, &table).await;
 }
 

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockwright_core::backend::{
-    lock_unpoisoned, Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, Watch,
+    lock_unpoisoned, Acquire, AcquireRequest, Binding, Capabilities, Changes, Grant, HoldId,
+    LockBackend, Release, Renew, RenewRequest, Watch,
 };
 use lockwright_core::{LockKey, LockStatus, OwnerToken, Result};
 use tokio::sync::mpsc;
@@ -74,30 +75,79 @@ impl ZkBackend {
             .await
             .map(|s| s.client.session().clone())
     }
+
+    /// An attempt by a caller prepared to wait as `ticket`: the grant it
+    /// was handed, or a new attempt whose node, if not first, stays in the
+    /// queue and is handed the lock by a notice.
+    async fn try_waiting(&self, request: &AcquireRequest, ticket: &OwnerToken) -> Result<Acquire> {
+        let inner = &self.inner;
+        if let Some(answer) = inner.requeued(request.key(), ticket).await? {
+            return Ok(answer);
+        }
+        let entered = match inner.attempt(request).await? {
+            Ok(granted) => {
+                lock_unpoisoned(&inner.waiters).remove(ticket);
+                return Ok(Acquire::Acquired(granted));
+            }
+            Err(queued) => queued,
+        };
+        // Queue: keep the node, and watch only the one just before it.
+        let mut waiters = lock_unpoisoned(&inner.waiters);
+        let w = waiters.entry(ticket.clone()).or_default();
+        if let Some(t) = w.task.take() {
+            t.abort();
+        }
+        w.node = Some(entered.node.clone());
+        w.lease = entered
+            .lease
+            .as_ref()
+            .and_then(|l| l.path.rsplit_once('/'))
+            .map(|(dir, name)| (dir.to_owned(), name.to_owned()));
+        let task = tokio::spawn(wait_turn(
+            Arc::downgrade(inner),
+            request.hold.clone(),
+            ticket.clone(),
+            entered,
+        ));
+        w.task = Some(task.abort_handle());
+        Ok(inner.queued())
+    }
+
+    /// Confirms one hold's node: still there, and its live session's.
+    async fn renew_hold(&self, request: &RenewRequest) -> Result<Renew> {
+        let key = request.key();
+        let Some(node) = self.inner.held_node(key, request.owner()) else {
+            return Ok(Renew::NotHeld);
+        };
+        if node.confirm().await? {
+            return Ok(Renew::Renewed);
+        }
+        self.inner.forget(key, &node.path);
+        Ok(Renew::NotHeld)
+    }
 }
 
 impl Inner {
     /// One attempt: re-entry, or a new node that is first in the queue
-    /// (the hold recorded under `ticket`, so that an abandon, when the
-    /// caller cancelled while this answer was on its way, releases it); or
-    /// the node that queued behind someone else.
+    /// (the hold recorded under the request's `ticket`, so that an abandon,
+    /// when the caller cancelled while this answer was on its way,
+    /// releases it); or the node that queued behind someone else.
     async fn attempt(
         &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ticket: Option<&OwnerToken>,
+        request: &AcquireRequest,
     ) -> Result<std::result::Result<Grant, Entered>> {
-        if let Some(granted) = self.reenter(key, owner).await? {
+        let (key, hold, ticket) = (request.key(), &request.hold, request.ticket.as_ref());
+        if let Some(granted) = self.reenter(hold).await? {
             return Ok(Ok(granted));
         }
         let session = self.sessions.get().await?;
-        let role = Role::of(owner);
+        let role = Role::of(&hold.kind);
         if let Role::Lease(n) = role {
-            if let Some(grant) = self.permit_at_once(&session, key, owner, n, ticket).await? {
+            if let Some(grant) = self.permit_at_once(&session, hold, n, ticket).await? {
                 return Ok(Ok(grant));
             }
         }
-        let entered = self.enter(&session, key, owner, role).await?;
+        let entered = self.enter(&session, request, role).await?;
         if entered.sem {
             let held = self
                 .semaphore_held(&session, &entered.key_dir, key, role)
@@ -115,20 +165,20 @@ impl Inner {
             return Ok(Err(entered));
         }
         if let Role::Lease(n) = role {
-            return self.first_lease(key, owner, n, entered, ticket).await;
+            return self.first_lease(hold, n, entered, ticket).await;
         }
         let grant = entered.node.grant(1);
-        self.hold(key, owner, entered.node, ticket.cloned());
+        self.hold(hold, entered.node, ticket.cloned());
         Ok(Ok(grant))
     }
 
-    /// Re-entry: `owner` already holds `key` here, on a node that is still
-    /// its own. `None` to acquire afresh.
-    async fn reenter(&self, key: &LockKey, owner: &OwnerToken) -> Result<Option<Grant>> {
-        let id = (key.clone(), owner.clone());
+    /// Re-entry: `hold.owner` already holds `hold.key` here, on a node that
+    /// is still its own. `None` to acquire afresh.
+    async fn reenter(&self, hold: &HoldId) -> Result<Option<Grant>> {
+        let id = (hold.key.clone(), hold.owner.clone());
         let node = match lock_unpoisoned(&self.held).get(&id) {
             Some(h) => {
-                if let Some(e) = changed_claim(key, h.role, Role::of(owner)) {
+                if let Some(e) = changed_claim(&hold.key, h.role, Role::of(&hold.kind)) {
                     return Err(e);
                 }
                 h.node.clone()
@@ -185,17 +235,15 @@ impl LockBackend for ZkBackend {
             .map_err(map_err)
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        _ttl: Duration,
-    ) -> Result<Acquire> {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let inner = &self.inner;
-        if let Some(writer) = owner.writer() {
-            return inner.beside(key, owner, writer).await;
+        if let Some(writer) = request.hold.kind.beside() {
+            return inner.beside(&request.hold, writer).await;
         }
-        let entered = match inner.attempt(key, owner, None).await? {
+        if let Some(ticket) = &request.ticket {
+            return self.try_waiting(request, ticket).await;
+        }
+        let entered = match inner.attempt(request).await? {
             Ok(granted) => return Ok(Acquire::Acquired(granted)),
             Err(queued) => queued,
         };
@@ -205,9 +253,9 @@ impl LockBackend for ZkBackend {
         Ok(Acquire::Contended { retry_after: None })
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+    async fn release(&self, hold: &HoldId) -> Result<Release> {
         let node = {
-            let id = (key.clone(), owner.clone());
+            let id = (hold.key.clone(), hold.owner.clone());
             let mut held = lock_unpoisoned(&self.inner.held);
             match held.get_mut(&id) {
                 Some(h) => {
@@ -230,15 +278,8 @@ impl LockBackend for ZkBackend {
         })
     }
 
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, _ttl: Duration) -> Result<Renew> {
-        let Some(node) = self.inner.held_node(key, owner) else {
-            return Ok(Renew::NotHeld);
-        };
-        if node.confirm().await? {
-            return Ok(Renew::Renewed);
-        }
-        self.inner.forget(key, &node.path);
-        Ok(Renew::NotHeld)
+    async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        futures::future::join_all(requests.iter().map(|r| self.renew_hold(r))).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
@@ -282,8 +323,8 @@ impl LockBackend for ZkBackend {
 
     /// Sets the data of the owner's node, which holds the lock: only while
     /// that node is still its live session's and first in the queue.
-    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
-        let Some(node) = self.inner.held_node(key, owner) else {
+    async fn proclaim(&self, hold: &HoldId, value: &[u8]) -> Result<Renew> {
+        let Some(node) = self.inner.held_node(&hold.key, &hold.owner) else {
             return Ok(Renew::NotHeld);
         };
         if node.set_value(value).await? {
@@ -293,7 +334,7 @@ impl LockBackend for ZkBackend {
     }
 
     /// Watches on the lock's directory and its first node (see `observe.rs`).
-    async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+    async fn changes(&self, key: &LockKey) -> Result<Option<Changes>> {
         Ok(Some(observe::changes(&self.inner, key).await?))
     }
 
@@ -315,51 +356,7 @@ impl LockBackend for ZkBackend {
         Ok(Some(Watch::grants(rx, Some(keepalive))))
     }
 
-    async fn try_acquire_waiting(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        _ttl: Duration,
-        ticket: &OwnerToken,
-    ) -> Result<Acquire> {
-        let inner = &self.inner;
-        if let Some(writer) = owner.writer() {
-            return inner.beside(key, owner, writer).await;
-        }
-        if let Some(answer) = inner.requeued(key, ticket).await? {
-            return Ok(answer);
-        }
-        let entered = match inner.attempt(key, owner, Some(ticket)).await? {
-            Ok(granted) => {
-                lock_unpoisoned(&inner.waiters).remove(ticket);
-                return Ok(Acquire::Acquired(granted));
-            }
-            Err(queued) => queued,
-        };
-        // Queue: keep the node, and watch only the one just before it.
-        let mut waiters = lock_unpoisoned(&inner.waiters);
-        let w = waiters.entry(ticket.clone()).or_default();
-        if let Some(t) = w.task.take() {
-            t.abort();
-        }
-        w.node = Some(entered.node.clone());
-        w.lease = entered
-            .lease
-            .as_ref()
-            .and_then(|l| l.path.rsplit_once('/'))
-            .map(|(dir, name)| (dir.to_owned(), name.to_owned()));
-        let task = tokio::spawn(wait_turn(
-            Arc::downgrade(inner),
-            key.clone(),
-            owner.clone(),
-            ticket.clone(),
-            entered,
-        ));
-        w.task = Some(task.abort_handle());
-        Ok(inner.queued())
-    }
-
-    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
+    async fn abandon(&self, hold: &HoldId, ticket: &OwnerToken) -> Result<()> {
         let waiter = lock_unpoisoned(&self.inner.waiters).remove(ticket);
         if let Some(w) = waiter {
             if let Some(t) = &w.task {
@@ -378,7 +375,7 @@ impl LockBackend for ZkBackend {
         // Handed to the ticket already: release that hold (only that one,
         // if the owner has re-entered meanwhile).
         let node = {
-            let id = (key.clone(), owner.clone());
+            let id = (hold.key.clone(), hold.owner.clone());
             let mut held = lock_unpoisoned(&self.inner.held);
             match held.get_mut(&id) {
                 Some(h) if h.ticket.as_ref() == Some(ticket) => {

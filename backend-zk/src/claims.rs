@@ -16,7 +16,7 @@
 
 use std::sync::{Arc, Weak};
 
-use lockwright_core::backend::{judge, lock_unpoisoned, refusal, Acquire, Found, Grant};
+use lockwright_core::backend::{judge, lock_unpoisoned, refusal, Acquire, Found, Grant, HoldId};
 use lockwright_core::{Claim, Error, LockKey, OwnerToken, Result};
 use zookeeper_client::{CreateMode, Error as ZkError, OneshotWatcher};
 
@@ -290,12 +290,12 @@ impl Inner {
     /// them). A refusal deletes both before it returns.
     pub(crate) async fn first_lease(
         &self,
-        key: &LockKey,
-        owner: &OwnerToken,
+        hold: &HoldId,
         n: u32,
         mut entered: Entered,
         ticket: Option<&OwnerToken>,
     ) -> Result<std::result::Result<Grant, Entered>> {
+        let key = &hold.key;
         let session = entered.node.session.clone();
         let gate = Undo::node(&entered.node);
         let prefix = layout::contender_prefix(Role::Lease(n));
@@ -343,7 +343,7 @@ impl Inner {
                 }
                 let lease = lease.expect("a granted lease has its node");
                 let grant = lease.grant(1);
-                self.hold(key, owner, lease, ticket.cloned());
+                self.hold(hold, lease, ticket.cloned());
                 Ok(Ok(grant))
             }
             Step::Full(_) => {
@@ -376,17 +376,9 @@ impl Inner {
     /// ephemeral node with the writer's sequence, CURATOR-621), so a writer
     /// that queued after ours stays behind it. `Contended` if the writer
     /// holds no longer.
-    pub(crate) async fn beside(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        writer: &str,
-    ) -> Result<Acquire> {
+    pub(crate) async fn beside(&self, hold: &HoldId, writer: &OwnerToken) -> Result<Acquire> {
         let no_writer = Acquire::Contended { retry_after: None };
-        let Ok(writer) = OwnerToken::from_string(writer) else {
-            return Ok(no_writer);
-        };
-        let node = match lock_unpoisoned(&self.held).get(&(key.clone(), writer)) {
+        let node = match lock_unpoisoned(&self.held).get(&(hold.key.clone(), writer.clone())) {
             Some(h) if h.role.is_exclusive() => h.node.clone(),
             _ => return Ok(no_writer),
         };
@@ -421,7 +413,7 @@ impl Inner {
             czxid: stat.czxid,
         };
         let grant = read.grant(1);
-        self.hold(key, owner, read, None);
+        self.hold(hold, read, None);
         Ok(Acquire::Acquired(grant))
     }
 

@@ -22,7 +22,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use lockwright_core::backend::{refusal, Found, Grant};
+use lockwright_core::backend::{refusal, Found, Grant, HoldId};
 use lockwright_core::{Claim, LockKey, OwnerToken, Result};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiReadResult};
 
@@ -34,18 +34,18 @@ use crate::node::{Contender, Session};
 use crate::state::Inner;
 
 impl Inner {
-    /// A permit of `n` for `owner` without the gate, if nobody is at the
-    /// gate and fewer than `n` leases are out; `None` leaves nothing made,
-    /// for the gate's way (which also makes missing directories, writes a
-    /// new semaphore's N and waits).
+    /// A permit of `n` for `hold.owner` without the gate, if nobody is at
+    /// the gate and fewer than `n` leases are out; `None` leaves nothing
+    /// made, for the gate's way (which also makes missing directories,
+    /// writes a new semaphore's N and waits).
     pub(crate) async fn permit_at_once(
         &self,
         session: &Arc<Session>,
-        key: &LockKey,
-        owner: &OwnerToken,
+        hold: &HoldId,
         n: u32,
         ticket: Option<&OwnerToken>,
     ) -> Result<Option<Grant>> {
+        let key = &hold.key;
         if self.no_multi_read.load(Ordering::Relaxed) {
             return Ok(None);
         }
@@ -120,7 +120,7 @@ impl Inner {
         undo.disarm();
         if keep {
             let grant = lease.grant(1);
-            self.hold(key, owner, lease, ticket.cloned());
+            self.hold(hold, lease, ticket.cloned());
             return Ok(Some(grant));
         }
         give_back(client, lease);

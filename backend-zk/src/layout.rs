@@ -11,7 +11,7 @@
 //! semaphore's N as ASCII decimal while it lives (Curator keeps N in no
 //! node; it ignores that data).
 
-use lockwright_core::OwnerToken;
+use lockwright_core::backend::{AcquireRequest, HoldKind};
 use sha2::{Digest, Sha256};
 
 /// Curator's `InterProcessMutex` lock name: contender nodes are
@@ -43,11 +43,11 @@ pub(crate) enum Role {
 }
 
 impl Role {
-    /// The role of `owner`'s claim.
-    pub(crate) fn of(owner: &OwnerToken) -> Role {
-        match owner.claim() {
+    /// The role of a hold of `kind`.
+    pub(crate) fn of(kind: &HoldKind) -> Role {
+        match kind.claim() {
             lockwright_core::Claim::Shared => Role::Reader,
-            lockwright_core::Claim::Exclusive { permits: 1 } if owner.is_writer() => Role::Writer,
+            lockwright_core::Claim::Exclusive { permits: 1 } if kind.is_writer() => Role::Writer,
             lockwright_core::Claim::Exclusive { permits: 1 } => Role::Mutex,
             lockwright_core::Claim::Exclusive { permits } => Role::Lease(permits),
         }
@@ -188,8 +188,8 @@ fn is_marked(child: &str) -> bool {
 /// Never the owner token, which nothing reads back (a lost create is found
 /// by its UUID and session, a hold by its path and session) and which
 /// would show as the leader's id to Curator.
-pub(crate) fn node_data(owner: &OwnerToken) -> &[u8] {
-    owner.value().unwrap_or_default()
+pub(crate) fn node_data(request: &AcquireRequest) -> &[u8] {
+    request.value().unwrap_or_default()
 }
 
 /// The value a holder's node advertises: its data, as Curator's
@@ -230,6 +230,7 @@ pub(crate) fn sort_queue(children: &mut [String]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lockwright_core::OwnerToken;
 
     #[test]
     fn plain_keys_are_their_own_names() {
@@ -337,8 +338,11 @@ mod tests {
         assert_eq!(value_of("other-lock-0000000001", hex.clone()), None);
         // Our own marked nodes hold only values, whatever they look like.
         assert_eq!(value_of(&ours, hex.clone()), Some(hex));
-        assert_eq!(node_data(&token), b"");
-        let valued = token.with_value(b"a\0b\n".to_vec()).unwrap();
+        let key = lockwright_core::LockKey::new("k").unwrap();
+        let ttl = std::time::Duration::from_secs(1);
+        let plain = AcquireRequest::mutex(&key, &token, ttl);
+        assert_eq!(node_data(&plain), b"");
+        let valued = plain.with_value(b"a\0b\n".to_vec()).unwrap();
         assert_eq!(node_data(&valued), b"a\0b\n");
     }
 }

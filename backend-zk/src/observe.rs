@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use futures::future::select_all;
-use lockwright_core::backend::{AbortOnDrop, Watch};
+use lockwright_core::backend::{AbortOnDrop, Changes};
 use lockwright_core::{LockKey, Result};
 use tokio::sync::watch;
 use zookeeper_client::{Error as ZkError, EventType, OneshotWatcher};
@@ -30,7 +30,7 @@ use crate::state::Inner;
 /// it advertises (and, harmlessly, when a waiter queues or leaves). The
 /// first watches are set before this returns, so no change made after it
 /// is missed.
-pub(crate) async fn changes(inner: &Inner, key: &LockKey) -> Result<Watch> {
+pub(crate) async fn changes(inner: &Inner, key: &LockKey) -> Result<Changes> {
     let session = inner.sessions.get().await?;
     let dir = inner.dir(key);
     let watchers = arm(&session, &dir).await.map_err(map_err)?;
@@ -38,7 +38,7 @@ pub(crate) async fn changes(inner: &Inner, key: &LockKey) -> Result<Watch> {
     let task = tokio::spawn(follow(session, dir, watchers, tx));
     // The task that follows the lock's watches ends when the observer's
     // watch is dropped.
-    Ok(Watch::new(
+    Ok(Changes::new(
         rx,
         Some(Box::new(AbortOnDrop::new(task.abort_handle()))),
     ))

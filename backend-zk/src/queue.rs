@@ -13,7 +13,7 @@
 
 use std::sync::{Arc, Weak};
 
-use lockwright_core::backend::{lock_unpoisoned, Acquire};
+use lockwright_core::backend::{lock_unpoisoned, Acquire, AcquireRequest, HoldId};
 use lockwright_core::{Error, LockKey, OwnerToken, Result};
 use zookeeper_client::{CreateMode, Error as ZkError};
 
@@ -83,11 +83,10 @@ impl Inner {
     pub(crate) async fn enter(
         &self,
         session: &Arc<Session>,
-        key: &LockKey,
-        owner: &OwnerToken,
+        request: &AcquireRequest,
         role: Role,
     ) -> Result<Entered> {
-        let key_dir = self.dir(key);
+        let key_dir = self.dir(request.key());
         // A semaphore queues at its gate, `P/locks`, as a mutex.
         let (dir, queue_role) = match role {
             Role::Lease(_) => (format!("{key_dir}/{SEM_LOCKS}"), Role::Mutex),
@@ -100,7 +99,10 @@ impl Inner {
         let mut dirs_made = 0;
         loop {
             let (client, list_dir) = (session.client.clone(), dir.clone());
-            let (path, data) = (format!("{dir}/{prefix}"), layout::node_data(owner).to_vec());
+            let (path, data) = (
+                format!("{dir}/{prefix}"),
+                layout::node_data(request).to_vec(),
+            );
             // Polled here; owned, so that if its answer is late it can be
             // handed to a clean-up task and still be awaited there. Two
             // requests, not a multi: a multi's create reports a bad `Stat`
@@ -307,8 +309,7 @@ impl Drop for WaiterGuard {
 /// attempt queues afresh.
 pub(crate) async fn wait_turn(
     inner: Weak<Inner>,
-    key: LockKey,
-    owner: OwnerToken,
+    hold: HoldId,
     ticket: OwnerToken,
     entered: Entered,
 ) {
@@ -329,7 +330,10 @@ pub(crate) async fn wait_turn(
     let mut first = wait_first(&inner, &ticket, &session, &dir, &name, queue_role).await;
     let mut refused = false;
     if let (true, Role::Lease(n)) = (first, role) {
-        let wait = wait_lease(&inner, &session, &key, n, &key_dir, &ticket, &mut lease).await;
+        let wait = wait_lease(
+            &inner, &session, &hold.key, n, &key_dir, &ticket, &mut lease,
+        )
+        .await;
         first = wait == LeaseWait::Held;
         refused = wait == LeaseWait::Refused;
     }
@@ -395,7 +399,7 @@ pub(crate) async fn wait_turn(
         return;
     }
     let grant = holder.grant(1);
-    inner.hold(&key, &owner, holder, Some(ticket));
+    inner.hold(&hold, holder, Some(ticket));
     w.granted = Some(grant);
     if let Some(tx) = &w.grants {
         let _ = tx.send(grant);

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 
-use lockwright_core::backend::{lock_unpoisoned, Grant};
+use lockwright_core::backend::{lock_unpoisoned, Grant, HoldId};
 use lockwright_core::{LockKey, OwnerToken};
 use tokio::sync::mpsc;
 
@@ -100,17 +100,11 @@ impl Inner {
         format!("{root}/{}", layout::dir_name(key.as_str(), root.is_empty()))
     }
 
-    pub(crate) fn hold(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        node: Contender,
-        ticket: Option<OwnerToken>,
-    ) {
+    pub(crate) fn hold(&self, hold: &HoldId, node: Contender, ticket: Option<OwnerToken>) {
         lock_unpoisoned(&self.held).insert(
-            (key.clone(), owner.clone()),
+            (hold.key.clone(), hold.owner.clone()),
             Held {
-                role: Role::of(owner),
+                role: Role::of(&hold.kind),
                 holds: 1,
                 node,
                 ticket,

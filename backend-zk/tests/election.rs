@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use common::{end_session, raw_client, server_hosts};
 use futures::StreamExt;
 use lockwright_conformance::kit::observe::{heard_by_notice, leads, until, NEVER, SOON};
-use lockwright_core::backend::{Acquire, LockBackend, Renew, Watch};
+use lockwright_core::backend::{
+    Acquire, AcquireRequest, Changes, LockBackend, LockBackendExt, Renew,
+};
 use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, OwnerToken};
 use lockwright_zk::internals::{self, zookeeper_client as zk};
 use lockwright_zk::ZkBackend;
@@ -48,6 +50,14 @@ async fn nodes(raw: &zk::Client, root: &str, key: &str) -> Vec<(String, Vec<u8>)
         }
     }
     out
+}
+
+/// One attempt at a mutex hold of `key` by `owner`, carrying `value` for
+/// the store to write with the grant.
+fn valued(key: &LockKey, owner: &OwnerToken, value: &[u8], ttl: Duration) -> AcquireRequest {
+    AcquireRequest::mutex(key, owner, ttl)
+        .with_value(value.to_vec())
+        .unwrap()
 }
 
 /// Polls until `cond` holds of `store`'s status of `key`, for up to 10 s.
@@ -122,16 +132,21 @@ async fn proclaim_writes_only_the_holders_own_node_and_the_value_goes_with_it() 
     let (a, b) = (backend(&hosts, &root), backend(&hosts, &root));
     let key = LockKey::new("e").unwrap();
     let ttl = Duration::from_secs(30);
-    let owner_a = OwnerToken::generate().with_value(b"a".to_vec()).unwrap();
-    let owner_b = OwnerToken::generate().with_value(b"b".to_vec()).unwrap();
-    let got = a.try_acquire(&key, &owner_a, ttl).await.unwrap();
+    let (owner_a, owner_b) = (OwnerToken::generate(), OwnerToken::generate());
+    let got = a
+        .try_acquire(&valued(&key, &owner_a, b"a", ttl))
+        .await
+        .unwrap();
     assert!(matches!(got, Acquire::Acquired(_)), "{got:?}");
-    let got = b.try_acquire(&key, &owner_b, ttl).await.unwrap();
+    let got = b
+        .try_acquire(&valued(&key, &owner_b, b"b", ttl))
+        .await
+        .unwrap();
     assert!(matches!(got, Acquire::Contended { .. }), "{got:?}");
 
     // Not the holder: nothing written, in either client.
     for (store, owner) in [(&b, &owner_b), (&a, &owner_b)] {
-        let r = store.proclaim(&key, owner, b"usurper").await.unwrap();
+        let r = store.proclaim_as(&key, owner, b"usurper").await.unwrap();
         assert_eq!(r, Renew::NotHeld);
     }
     assert_eq!(
@@ -140,22 +155,25 @@ async fn proclaim_writes_only_the_holders_own_node_and_the_value_goes_with_it() 
     );
     // The holder: written, twice (the version moves with each write).
     for v in [&b"a2"[..], b"a3"] {
-        assert_eq!(a.proclaim(&key, &owner_a, v).await.unwrap(), Renew::Renewed);
+        assert_eq!(
+            a.proclaim_as(&key, &owner_a, v).await.unwrap(),
+            Renew::Renewed
+        );
         assert_eq!(a.inspect(&key).await.unwrap().value.as_deref(), Some(v));
     }
     // Released: the value went with the node, and a stale proclaim is refused.
-    a.release(&key, &owner_a).await.unwrap();
+    a.unlock(&key, &owner_a).await.unwrap();
     assert_eq!(
-        a.proclaim(&key, &owner_a, b"late").await.unwrap(),
+        a.proclaim_as(&key, &owner_a, b"late").await.unwrap(),
         Renew::NotHeld
     );
     assert!(!a.inspect(&key).await.unwrap().held);
     let plain = OwnerToken::generate();
-    let got = b.try_acquire(&key, &plain, ttl).await.unwrap();
+    let got = b.try_lock(&key, &plain, ttl).await.unwrap();
     assert!(matches!(got, Acquire::Acquired(_)), "{got:?}");
     let status = a.inspect(&key).await.unwrap();
     assert!(status.held && status.value.is_none(), "{status:?}");
-    b.release(&key, &plain).await.unwrap();
+    b.unlock(&key, &plain).await.unwrap();
 }
 
 /// A node another session made at our node's path (an operator's mistake,
@@ -168,9 +186,9 @@ async fn a_node_remade_at_our_path_by_another_session_is_not_written() {
     let store = backend(&hosts, &root);
     let other = raw_client(&hosts).await;
     let key = LockKey::new("e").unwrap();
-    let owner = OwnerToken::generate().with_value(b"mine".to_vec()).unwrap();
+    let owner = OwnerToken::generate();
     let got = store
-        .try_acquire(&key, &owner, Duration::from_secs(30))
+        .try_acquire(&valued(&key, &owner, b"mine", Duration::from_secs(30)))
         .await
         .unwrap();
     assert!(matches!(got, Acquire::Acquired(_)), "{got:?}");
@@ -181,7 +199,7 @@ async fn a_node_remade_at_our_path_by_another_session_is_not_written() {
         .create(&path, b"someone else", &foreign)
         .await
         .unwrap();
-    let r = store.proclaim(&key, &owner, b"overwrite").await.unwrap();
+    let r = store.proclaim_as(&key, &owner, b"overwrite").await.unwrap();
     assert_eq!(r, Renew::NotHeld);
     assert_eq!(other.get_data(&path).await.unwrap().0, b"someone else");
 }
@@ -290,7 +308,7 @@ async fn a_session_loss_ends_the_reign_and_proclaim_after_it_is_not_held() {
         assert_ne!(status.fence, term, "the former term still shows");
         let owner = leadership.guard().owner().clone();
         assert_eq!(
-            a.proclaim(&key, &owner, b"stale").await.unwrap(),
+            a.proclaim_as(&key, &owner, b"stale").await.unwrap(),
             Renew::NotHeld
         );
         let e = leadership
@@ -330,7 +348,7 @@ lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for Counted {
         // Counted, to know when the observer is subscribed again.
-        async fn changes(&self, key: &LockKey) -> lockwright_core::Result<Option<Watch>> {
+        async fn changes(&self, key: &LockKey) -> lockwright_core::Result<Option<Changes>> {
             let made = self.inner.changes(key).await;
             if matches!(made, Ok(Some(_))) {
                 self.subscribed.fetch_add(1, Ordering::SeqCst);

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{raw_client, server_hosts};
-use lockwright_core::backend::{Acquire, LockBackend};
+use lockwright_core::backend::{
+    Acquire, AcquireRequest, HoldId, HoldKind, LockBackend, LockBackendExt,
+};
 use lockwright_core::{ErrorKind, LockKey, LockOptions, Locker, LostReason, OwnerToken};
 use lockwright_zk::internals::{self, zookeeper_client as zk};
 use lockwright_zk::ZkBackend;
@@ -105,11 +107,11 @@ async fn a_node_remade_at_our_path_by_another_session_is_not_reentered() {
     let other = raw_client(&hosts).await;
     let (key, owner) = (LockKey::new("k").unwrap(), OwnerToken::generate());
     let ttl = Duration::from_secs(30);
-    let got = store.try_acquire(&key, &owner, ttl).await.unwrap();
+    let got = store.try_lock(&key, &owner, ttl).await.unwrap();
     assert!(matches!(got, Acquire::Acquired(_)), "{got:?}");
     let ours = queue_of(&other, &root, "k", 1).await.remove(0);
     take_over(&other, &ours).await;
-    let again = store.try_acquire(&key, &owner, ttl).await.unwrap();
+    let again = store.try_lock(&key, &owner, ttl).await.unwrap();
     assert!(
         matches!(again, Acquire::Contended { .. }),
         "re-entered a node another session made: {again:?}"
@@ -185,10 +187,14 @@ async fn a_permit_never_passes_a_waiter_at_the_gate() {
     let (first, second) = (backend(&hosts, &root), backend(&hosts, &root));
     let raw = raw_client(&hosts).await;
     let key = LockKey::new("s").unwrap();
-    let permit = || OwnerToken::generate().with_claim(Claim::Exclusive { permits: 2 });
+    let permit = || {
+        let kind = HoldKind::of_claim(Claim::Exclusive { permits: 2 });
+        HoldId::new(key.clone(), OwnerToken::generate(), kind)
+    };
     let ttl = Duration::from_secs(30);
+    let attempt = |hold: &HoldId| AcquireRequest::new(hold.clone(), ttl);
     let holder = permit();
-    let got = first.try_acquire(&key, &holder, ttl).await.unwrap();
+    let got = first.try_acquire(&attempt(&holder)).await.unwrap();
     assert!(matches!(got, Acquire::Acquired(_)), "{got:?}");
     let dir = format!("{root}/{}", internals::dir_name("s", false));
     let leases = format!("{dir}/leases");
@@ -215,7 +221,7 @@ async fn a_permit_never_passes_a_waiter_at_the_gate() {
         .unwrap();
 
     let late = permit();
-    let got = second.try_acquire(&key, &late, ttl).await.unwrap();
+    let got = second.try_acquire(&attempt(&late)).await.unwrap();
     assert!(
         matches!(got, Acquire::Contended { .. }),
         "a permit passed the waiter at the gate: {got:?}"
@@ -226,11 +232,11 @@ async fn a_permit_never_passes_a_waiter_at_the_gate() {
         "the refused attempt's lease stayed"
     );
     raw.delete(&format!("{waiter}{seq}"), None).await.unwrap();
-    let got = second.try_acquire(&key, &late, ttl).await.unwrap();
+    let got = second.try_acquire(&attempt(&late)).await.unwrap();
     assert!(matches!(got, Acquire::Acquired(_)), "{got:?}");
     assert_eq!(raw.list_children(&leases).await.unwrap().len(), 2);
-    second.release(&key, &late).await.unwrap();
-    first.release(&key, &holder).await.unwrap();
+    second.release(&late).await.unwrap();
+    first.release(&holder).await.unwrap();
 }
 
 /// `status` of a semaphore: its first N leases hold, and a client waiting

@@ -13,6 +13,7 @@
 //!
 //! Rounds are interleaved and the median of each is reported.
 
+use lockwright::backend::LockBackendExt;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -24,7 +25,6 @@ mod mc_bench;
 mod metrics_bench;
 mod redis_bench;
 mod zk_bench;
-use lockwright::backend::LockBackend;
 use lockwright::sql::{internals, LeaseStatements, SqlBackend, SqlSessionBackend};
 use lockwright::{LockKey, Locker, OwnerToken};
 
@@ -324,11 +324,11 @@ async fn sql(
                     for _ in 0..iterations {
                         let owner = OwnerToken::generate();
                         let got = b
-                            .try_acquire(&k, &owner, Duration::from_secs(30))
+                            .try_lock(&k, &owner, Duration::from_secs(30))
                             .await
                             .expect("acquire");
                         assert!(matches!(got, lockwright::backend::Acquire::Acquired(_)));
-                        b.release(&k, &owner).await.expect("release");
+                        b.unlock(&k, &owner).await.expect("release");
                     }
                 }
             })

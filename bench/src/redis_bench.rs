@@ -2,6 +2,7 @@
 //! two-command floor and our own two scripts sent raw through the same
 //! client, uncontended; and with 8 clients on one key.
 
+use lockwright::backend::LockBackendExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -249,11 +250,8 @@ async fn state_left(
                 }
                 let key = LockKey::new(format!("bench:{tag}:entity:{i}")).expect("key");
                 let owner = OwnerToken::generate();
-                backend
-                    .try_acquire(&key, &owner, TTL)
-                    .await
-                    .expect("acquire");
-                backend.release(&key, &owner).await.expect("release");
+                backend.try_lock(&key, &owner, TTL).await.expect("acquire");
+                backend.unlock(&key, &owner).await.expect("release");
             }
         })
     });
@@ -358,11 +356,8 @@ pub(crate) async fn backend_pairs(
 ) {
     for _ in 0..iterations {
         let owner = OwnerToken::generate();
-        backend
-            .try_acquire(key, &owner, ttl)
-            .await
-            .expect("acquire");
-        backend.release(key, &owner).await.expect("release");
+        backend.try_lock(key, &owner, ttl).await.expect("acquire");
+        backend.unlock(key, &owner).await.expect("release");
     }
 }
 

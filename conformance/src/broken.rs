@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::join_all;
 use lockwright_core::backend::{
-    refusal, Acquire, Capabilities, Found, Grant, LockBackend, Release, Renew, RenewRequest, Watch,
+    refusal, renew_one, Acquire, AcquireRequest, Capabilities, Changes, Found, Grant, HoldId,
+    HoldKind, LockBackend, Release, Renew, RenewRequest,
 };
 use lockwright_core::{
     Claim, Error, ErrorKind, FencingToken, LockKey, LockStatus, OwnerToken, Result,
@@ -42,7 +43,7 @@ pub enum Defect {
     /// Counts fences per name and forgets the count when the name's state is
     /// collected, so a name locked again after collection starts over.
     FenceForgottenOnCollection,
-    /// A candidate (an owner carrying a value) takes the key from a live holder.
+    /// A candidate (an acquire carrying a value) takes the key from a live holder.
     CampaignIgnoresLeader,
     /// Reports the first value ever advertised on a key, whoever leads now.
     StaleLeaderValue,
@@ -166,7 +167,7 @@ impl Defect {
 pub struct Broken {
     inner: Arc<dyn LockBackend>,
     defect: Defect,
-    holders: Arc<Mutex<HashMap<LockKey, OwnerToken>>>,
+    holders: Arc<Mutex<HashMap<LockKey, HoldId>>>,
     /// When each key's lease was last granted or renewed, and for how long.
     leases: Arc<Mutex<HashMap<LockKey, (Instant, Duration)>>>,
     /// The state this "store" keeps beside the inner one (`LeaksState`,
@@ -188,7 +189,10 @@ struct Extra {
     overflow: Mutex<HashMap<LockKey, OwnerToken>>,
     /// `ExpiredPermitsCounted`: the permits granted on each name since its
     /// last release; `PermitReleaseWithoutOwnerCheck`: who holds them.
-    permits: Mutex<HashMap<LockKey, Vec<OwnerToken>>>,
+    permits: Mutex<HashMap<LockKey, Vec<HoldId>>>,
+    /// `ResignKeepsLease`: the owners granted a hold with a value (a
+    /// candidate's), whose release is the resignation, with the value.
+    candidates: Mutex<HashMap<OwnerToken, Arc<[u8]>>>,
     /// `PermitsNotKept`: the first N claimed on each name.
     first_permits: Mutex<HashMap<LockKey, u32>>,
     /// `RefusalLingers`: the N of the last refused exclusive claim on each
@@ -208,55 +212,59 @@ impl Broken {
 }
 
 impl Broken {
-    /// The claim the defect makes of `owner`'s (`PermitsNotKept`,
+    /// The hold the defect asks for instead of `hold` (`PermitsNotKept`,
     /// `DowngradeGap`).
-    fn rewrite_claim(&self, key: &LockKey, owner: &OwnerToken) -> OwnerToken {
-        match (self.defect, owner.claim()) {
-            (Defect::PermitsNotKept, Claim::Exclusive { permits }) => {
+    fn rewrite_claim(&self, hold: &HoldId) -> HoldId {
+        let kind = match (self.defect, &hold.kind) {
+            (Defect::PermitsNotKept, kind) if !kind.claim().is_shared() => {
+                let asked = kind.claim().exclusive_permits().unwrap_or(1);
                 let first = *self
                     .extra
                     .first_permits
                     .lock()
                     .unwrap()
-                    .entry(key.clone())
-                    .or_insert(permits);
-                owner
-                    .clone()
-                    .with_claim(Claim::Exclusive { permits: first })
+                    .entry(hold.key.clone())
+                    .or_insert(asked);
+                HoldKind::of_claim(Claim::Exclusive { permits: first })
             }
-            (Defect::DowngradeGap, Claim::Shared) if owner.writer().is_some() => {
-                OwnerToken::from_string(owner.as_str())
-                    .expect("a valid token")
-                    .with_claim(Claim::Shared)
+            (Defect::DowngradeGap, HoldKind::Reader { beside: Some(_) }) => {
+                HoldKind::Reader { beside: None }
             }
-            _ => owner.clone(),
+            (_, kind) => kind.clone(),
+        };
+        HoldId {
+            kind,
+            ..hold.clone()
         }
     }
 
     /// `UpgradeAdmitted`: an exclusive claim by an owner that reads `key`
     /// now, made as a read claim, which the store grants as a re-entry of
     /// the owner's read hold; any other claim as it is.
-    async fn upgrade_as_read(&self, key: &LockKey, owner: OwnerToken) -> Result<OwnerToken> {
-        if self.defect != Defect::UpgradeAdmitted || owner.claim().is_shared() {
-            return Ok(owner);
+    async fn upgrade_as_read(&self, hold: HoldId) -> Result<HoldId> {
+        if self.defect != Defect::UpgradeAdmitted || hold.claim().is_shared() {
+            return Ok(hold);
         }
-        let status = self.inner.inspect(key).await?;
+        let status = self.inner.inspect(&hold.key).await?;
         let reads = status
             .holders
             .iter()
-            .any(|h| h.shared && h.owner.as_ref() == Some(&owner));
+            .any(|h| h.shared && h.owner.as_ref() == Some(&hold.owner));
         Ok(if reads {
-            owner.with_claim(Claim::Shared)
+            HoldId {
+                kind: HoldKind::Reader { beside: None },
+                ..hold
+            }
         } else {
-            owner
+            hold
         })
     }
 
     /// A grant the store refused, made anyway by the defect: one more
     /// permit than N (`PermitsOverGrant`), or a writer beside two readers
     /// (`WriterIgnoresReaders`).
-    async fn overflow_grant(&self, key: &LockKey, owner: &OwnerToken) -> Result<Option<Grant>> {
-        let claim = owner.claim();
+    async fn overflow_grant(&self, hold: &HoldId) -> Result<Option<Grant>> {
+        let (key, owner, claim) = (&hold.key, &hold.owner, hold.claim());
         let over = match self.defect {
             Defect::PermitsOverGrant => claim.exclusive_permits() > Some(1),
             Defect::WriterIgnoresReaders if claim == Claim::MUTEX => {
@@ -292,7 +300,7 @@ impl Broken {
             return Ok(());
         };
         if held && holder != *owner && left.is_none_or(|left| ttl > left) {
-            self.inner.renew(key, &holder, ttl).await?;
+            renew_one(&*self.inner, &HoldId::mutex(key.clone(), holder), ttl).await?;
         }
         Ok(())
     }
@@ -304,14 +312,50 @@ impl Broken {
     async fn renew_by_name(&self, requests: &[RenewRequest]) -> bool {
         let mut all_matched = true;
         for r in requests {
-            match self.inner.inspect(&r.key).await {
+            match self.inner.inspect(r.key()).await {
                 Ok(status) if status.held => {
-                    let _ = self.extend_other_holder(&r.key, &r.owner, r.ttl).await;
+                    let _ = self.extend_other_holder(r.key(), r.owner(), r.ttl).await;
                 }
                 _ => all_matched = false,
             }
         }
         all_matched
+    }
+
+    /// One lease's renewal, with the defects a renewal has
+    /// (`RenewReleases`, `NoExpiry`, `StrangerRenewExtends`).
+    async fn renew_single(&self, r: &RenewRequest) -> Result<Renew> {
+        let (key, owner, ttl) = (r.key(), r.owner(), r.ttl);
+        if self.has_overflow(key, owner) {
+            return Ok(Renew::Renewed);
+        }
+        match self.defect {
+            Defect::RenewReleases => {
+                self.inner.release(&r.hold).await?;
+                Ok(Renew::Renewed)
+            }
+            Defect::NoExpiry => {
+                let long = RenewRequest {
+                    ttl: ttl.max(Duration::from_secs(3600)),
+                    ..r.clone()
+                };
+                renew_one_request(&*self.inner, long).await
+            }
+            _ => {
+                let renewed = renew_one_request(&*self.inner, r.clone()).await?;
+                if renewed == Renew::Renewed {
+                    self.leases
+                        .lock()
+                        .unwrap()
+                        .insert(key.clone(), (Instant::now(), ttl));
+                } else if self.defect == Defect::StrangerRenewExtends
+                    && r.hold.claim() == Claim::MUTEX
+                {
+                    self.extend_other_holder(key, owner, ttl).await?;
+                }
+                Ok(renewed)
+            }
+        }
     }
 
     fn has_overflow(&self, key: &LockKey, owner: &OwnerToken) -> bool {
@@ -328,10 +372,9 @@ impl Broken {
     }
 }
 
-// The defects live in `try_acquire`, `release` and `renew`; the two
-// methods that would reach the store around them (`renew_many`,
-// `try_acquire_waiting`) go through them instead, so that a defect shows on
-// every path. Everything else is the correct backend's.
+// The defects live in `try_acquire`, `release` and `renew`, every
+// attempt (a waiter's too) and every renewal going through them, so that a
+// defect shows on every path. Everything else is the correct backend's.
 lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for Broken {
@@ -346,20 +389,23 @@ lockwright_core::forward_backend! {
             caps
         }
 
-        async fn try_acquire(
-            &self,
-            key: &LockKey,
-            owner: &OwnerToken,
-            ttl: Duration,
-        ) -> Result<Acquire> {
+        /// A plain attempt, waiting or not: nothing is queued (a
+        /// `ClaimsFairness` store only claims to).
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
             let ttl = match self.defect {
-                Defect::NoExpiry => ttl.max(Duration::from_secs(3600)),
-                _ => ttl,
+                Defect::NoExpiry => request.ttl.max(Duration::from_secs(3600)),
+                _ => request.ttl,
             };
-            let rewritten = self.rewrite_claim(key, owner);
-            let rewritten = self.upgrade_as_read(key, rewritten).await?;
-            let owner = &rewritten;
-            let claim = owner.claim();
+            let hold = self.rewrite_claim(&request.hold);
+            let hold = self.upgrade_as_read(hold).await?;
+            let request = AcquireRequest {
+                hold,
+                ttl,
+                value: request.value.clone(),
+                ticket: None,
+            };
+            let (key, owner, hold) = (request.key(), request.owner(), &request.hold);
+            let claim = hold.claim();
             let n = claim.exclusive_permits().unwrap_or(0);
             if self.defect == Defect::ExpiredPermitsCounted && n > 1 {
                 let counted = self.extra.permits.lock().unwrap().get(key).map_or(0, Vec::len);
@@ -390,8 +436,8 @@ lockwright_core::forward_backend! {
                     return Ok(Acquire::Contended { retry_after: None });
                 }
             }
-            let candidate = owner.value().is_some();
-            if let Some(v) = owner.value().filter(|_| self.defect == Defect::StaleLeaderValue) {
+            let candidate = request.value().is_some();
+            if let Some(v) = request.value().filter(|_| self.defect == Defect::StaleLeaderValue) {
                 self.extra
                     .first_values
                     .lock()
@@ -409,7 +455,7 @@ lockwright_core::forward_backend! {
                     return Err(refusal(key, claim, found));
                 }
             }
-            let mut outcome = self.inner.try_acquire(key, owner, ttl).await;
+            let mut outcome = self.inner.try_acquire(&request).await;
             if self.defect == Defect::RefusalLingers && n > 0 {
                 if let Err(e) = &outcome {
                     if e.kind() == ErrorKind::InvalidOptions {
@@ -423,31 +469,31 @@ lockwright_core::forward_backend! {
             if takes_over && matches!(outcome, Ok(Acquire::Contended { .. })) {
                 let holder = self.holders.lock().unwrap().get(key).cloned();
                 if let Some(holder) = holder {
-                    self.inner.release(key, &holder).await?;
-                    outcome = self.inner.try_acquire(key, owner, ttl).await;
+                    self.inner.release(&holder).await?;
+                    outcome = self.inner.try_acquire(&request).await;
                 }
             }
             if self.defect == Defect::CampaignGrantLandsLate
                 && candidate
                 && matches!(outcome, Ok(Acquire::Contended { .. }))
             {
-                let (inner, key, owner) = (self.inner.clone(), key.clone(), owner.clone());
+                let (inner, request) = (self.inner.clone(), request.clone());
                 tokio::spawn(async move {
                     let until = Instant::now() + LATE_GRANT_KEPT;
                     while Instant::now() < until {
                         tokio::time::sleep(Duration::from_millis(20)).await;
-                        if let Ok(Acquire::Acquired(_)) = inner.try_acquire(&key, &owner, ttl).await {
+                        if let Ok(Acquire::Acquired(_)) = inner.try_acquire(&request).await {
                             break;
                         }
                     }
                 });
             }
             if matches!(outcome, Ok(Acquire::Contended { .. })) {
-                if let Some(grant) = self.overflow_grant(key, owner).await? {
+                if let Some(grant) = self.overflow_grant(hold).await? {
                     return Ok(Acquire::Acquired(grant));
                 }
                 if self.defect == Defect::ReadersIgnoreWaitingWriters && !claim.is_shared() {
-                    self.inner.abandon(key, owner, owner).await?;
+                    self.inner.abandon(hold, owner).await?;
                 }
             }
             let outcome = match outcome {
@@ -463,7 +509,11 @@ lockwright_core::forward_backend! {
                 self.holders
                     .lock()
                     .unwrap()
-                    .insert(key.clone(), owner.clone());
+                    .insert(key.clone(), hold.clone());
+                if let Some(value) = &request.value {
+                    let mut candidates = self.extra.candidates.lock().unwrap();
+                    candidates.insert(owner.clone(), value.clone());
+                }
                 if n > 1 {
                     self.extra
                         .permits
@@ -471,7 +521,7 @@ lockwright_core::forward_backend! {
                         .unwrap()
                         .entry(key.clone())
                         .or_default()
-                        .push(owner.clone());
+                        .push(hold.clone());
                 }
                 if self.defect == Defect::LeaksClaimedNames && claim != Claim::MUTEX {
                     self.extra.leaked.lock().unwrap().insert(key.clone());
@@ -504,24 +554,28 @@ lockwright_core::forward_backend! {
             Ok(outcome)
         }
 
-        async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-            if self.defect == Defect::ResignKeepsLease && owner.value().is_some() {
+        async fn release(&self, hold: &HoldId) -> Result<Release> {
+            let (key, owner) = (&hold.key, &hold.owner);
+            let value = self.extra.candidates.lock().unwrap().get(owner).cloned();
+            if let Some(value) = value.filter(|_| self.defect == Defect::ResignKeepsLease) {
                 // Left to run out: 8 s, so the cases that wait for it do not.
-                self.inner.renew(key, owner, Duration::from_secs(8)).await?;
+                let left = RenewRequest::new(hold.clone(), Duration::from_secs(8));
+                let left = left.granted_with(Some(value));
+                renew_one_request(&*self.inner, left).await?;
                 return Ok(Release::Freed);
             }
             self.extra.last_held.lock().unwrap().remove(key);
             if self.take_overflow(key, owner) {
                 return Ok(Release::Freed);
             }
-            let released = self.inner.release(key, owner).await?;
+            let released = self.inner.release(hold).await?;
             if released == Release::Freed {
                 // `ExpiredPermitsCounted` counts again from here.
                 self.extra.permits.lock().unwrap().remove(key);
             }
             if released == Release::NotHeld
                 && self.defect == Defect::PermitReleaseWithoutOwnerCheck
-                && owner.claim().exclusive_permits() > Some(1)
+                && hold.claim().exclusive_permits() > Some(1)
             {
                 let other = self
                     .extra
@@ -529,9 +583,9 @@ lockwright_core::forward_backend! {
                     .lock()
                     .unwrap()
                     .get(key)
-                    .and_then(|p| p.iter().find(|o| *o != owner).cloned());
+                    .and_then(|p| p.iter().find(|o| o.owner != *owner).cloned());
                 if let Some(other) = other {
-                    return self.inner.release(key, &other).await;
+                    return self.inner.release(&other).await;
                 }
             }
             if released != Release::NotHeld {
@@ -540,58 +594,56 @@ lockwright_core::forward_backend! {
             if self.defect == Defect::ReleaseWithoutOwnerCheck {
                 let holder = self.holders.lock().unwrap().get(key).cloned();
                 if let Some(holder) = holder {
-                    return self.inner.release(key, &holder).await;
+                    return self.inner.release(&holder).await;
                 }
             }
             Ok(released)
         }
 
-        async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-            if self.has_overflow(key, owner) {
-                return Ok(Renew::Renewed);
+        /// Each lease through `renew_single`, defects and all;
+        /// a batch of several (the watchdog's) has defects of its own.
+        async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+            let batch = requests.len() > 1;
+            if batch
+                && self.defect == Defect::RenewBatchByNameOnly
+                && requests.iter().all(|r| r.hold.claim() == Claim::MUTEX)
+                && self.renew_by_name(requests).await
+            {
+                // As many matches as requests: "all renewed", each owner's
+                // own lease renewed as asked.
+                return join_all(requests.iter().map(|r| async move {
+                    self.renew_single(r).await.map(|_| Renew::Renewed)
+                }))
+                .await;
             }
-            match self.defect {
-                Defect::RenewReleases => {
-                    self.inner.release(key, owner).await?;
-                    Ok(Renew::Renewed)
+            join_all(requests.iter().map(|r| async move {
+                let someone_elses = |s: LockStatus| s.held && s.owner.as_ref() != Some(r.owner());
+                if batch
+                    && self.defect == Defect::BatchRenewsAnyHolder
+                    && self.inner.inspect(r.key()).await.is_ok_and(someone_elses)
+                {
+                    return Ok(Renew::Renewed);
                 }
-                Defect::NoExpiry => {
-                    self.inner
-                        .renew(key, owner, ttl.max(Duration::from_secs(3600)))
-                        .await
-                }
-                _ => {
-                    let renewed = self.inner.renew(key, owner, ttl).await?;
-                    if renewed == Renew::Renewed {
-                        self.leases
-                            .lock()
-                            .unwrap()
-                            .insert(key.clone(), (Instant::now(), ttl));
-                    } else if self.defect == Defect::StrangerRenewExtends
-                        && owner.claim() == Claim::MUTEX
-                    {
-                        self.extend_other_holder(key, owner, ttl).await?;
-                    }
-                    Ok(renewed)
-                }
-            }
+                self.renew_single(r).await
+            }))
+            .await
         }
 
-        async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+        async fn proclaim(&self, hold: &HoldId, value: &[u8]) -> Result<Renew> {
             if self.defect == Defect::ProclaimWithoutOwnerCheck {
-                let holder = self.holders.lock().unwrap().get(key).cloned();
+                let holder = self.holders.lock().unwrap().get(&hold.key).cloned();
                 if let Some(holder) = holder {
-                    return self.inner.proclaim(key, &holder, value).await;
+                    return self.inner.proclaim(&holder, value).await;
                 }
             }
-            self.inner.proclaim(key, owner, value).await
+            self.inner.proclaim(hold, value).await
         }
 
-        async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+        async fn changes(&self, key: &LockKey) -> Result<Option<Changes>> {
             if self.defect == Defect::SilentChanges {
                 // A live subscription that nothing ever bumps.
                 let (tx, rx) = tokio::sync::watch::channel(0u64);
-                return Ok(Some(Watch::new(rx, Some(Box::new(tx)))));
+                return Ok(Some(Changes::new(rx, Some(Box::new(tx)))));
             }
             self.inner.changes(key).await
         }
@@ -627,68 +679,31 @@ lockwright_core::forward_backend! {
             Ok(status)
         }
 
-        /// Each lease through `renew` above, defects and all: the watchdog
-        /// renews in batches.
-        async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-            if self.defect == Defect::RenewBatchByNameOnly
-                && requests.iter().all(|r| r.owner.claim() == Claim::MUTEX)
-                && self.renew_by_name(requests).await
-            {
-                // As many matches as requests: "all renewed", each owner's
-                // own lease renewed as asked.
-                return join_all(requests.iter().map(|r| async move {
-                    self.renew(&r.key, &r.owner, r.ttl)
-                        .await
-                        .map(|_| Renew::Renewed)
-                }))
-                .await;
-            }
-            join_all(requests.iter().map(|r| async move {
-                let someone_elses = |s: LockStatus| s.held && s.owner.as_ref() != Some(&r.owner);
-                if self.defect == Defect::BatchRenewsAnyHolder
-                    && self.inner.inspect(&r.key).await.is_ok_and(someone_elses)
-                {
-                    return Ok(Renew::Renewed);
-                }
-                self.renew(&r.key, &r.owner, r.ttl).await
-            }))
-            .await
-        }
-
-        /// A plain attempt through `try_acquire` above, defects and all:
-        /// nothing is queued (a `ClaimsFairness` store only claims to).
-        async fn try_acquire_waiting(
-            &self,
-            key: &LockKey,
-            owner: &OwnerToken,
-            ttl: Duration,
-            ticket: &OwnerToken,
-        ) -> Result<Acquire> {
-            let _ = ticket;
-            self.try_acquire(key, owner, ttl).await
-        }
-
-        /// Nothing was queued (see `try_acquire_waiting`), but a writer's
-        /// mark may be left to take away.
-        async fn abandon(
-            &self,
-            key: &LockKey,
-            owner: &OwnerToken,
-            ticket: &OwnerToken,
-        ) -> Result<()> {
+        /// Nothing was queued (see `try_acquire`), but a writer's mark may
+        /// be left to take away.
+        async fn abandon(&self, hold: &HoldId, ticket: &OwnerToken) -> Result<()> {
             if self.defect == Defect::AbandonIgnored {
                 return Ok(());
             }
-            self.inner.abandon(key, owner, ticket).await
+            self.inner.abandon(hold, ticket).await
         }
     }
+}
+
+/// One renewal, value and all, sent as a batch of one to `inner`.
+async fn renew_one_request(inner: &dyn LockBackend, request: RenewRequest) -> Result<Renew> {
+    inner
+        .renew(std::slice::from_ref(&request))
+        .await
+        .pop()
+        .unwrap_or_else(|| Err(Error::backend("no renewal result")))
 }
 
 /// A harness whose clients all carry `defect`.
 pub struct BrokenHarness<H> {
     inner: H,
     defect: Defect,
-    holders: Arc<Mutex<HashMap<LockKey, OwnerToken>>>,
+    holders: Arc<Mutex<HashMap<LockKey, HoldId>>>,
     leases: Arc<Mutex<HashMap<LockKey, (Instant, Duration)>>>,
     extra: Arc<Extra>,
 }
@@ -772,23 +787,23 @@ impl UntimedQuorum {
     }
 }
 
-// Not a wrapper but a combinator, like `Quorum`: `verify`, `inspect`, the
-// waiting hooks and `alarm` are the trait's defaults (nothing to check, no
-// status, no notification or queue, no alarm), which is all a quorum under
-// test needs; only acquire, release and renewal count.
+// Not a wrapper but a combinator, like `Quorum`: `verify`, the
+// subscriptions and `alarm` are the trait's defaults (nothing to check, no
+// notification, no alarm), a waiter's ticket goes to no node, and it reads
+// no status and keeps no marks, which is all a quorum under test needs;
+// only acquire, release and renewal count.
 #[async_trait]
 impl LockBackend for UntimedQuorum {
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
-        let answers = join_all(self.nodes.iter().map(|n| n.try_acquire(key, owner, ttl))).await;
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let single = AcquireRequest {
+            ticket: None,
+            ..request.clone()
+        };
+        let answers = join_all(self.nodes.iter().map(|n| n.try_acquire(&single))).await;
         let granted = answers
             .iter()
             .filter(|a| matches!(a, Ok(Acquire::Acquired(_))))
@@ -806,7 +821,7 @@ impl LockBackend for UntimedQuorum {
             .iter()
             .zip(&answers)
             .filter(|(_, a)| !matches!(a, Ok(Acquire::Contended { .. })));
-        join_all(undo.map(|(n, _)| n.release(key, owner))).await;
+        join_all(undo.map(|(n, _)| n.release(&request.hold))).await;
         let errors = answers.iter().filter(|a| a.is_err()).count();
         match self.unreachable(errors) {
             Some(e) => Err(e),
@@ -814,8 +829,8 @@ impl LockBackend for UntimedQuorum {
         }
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
-        let answers = join_all(self.nodes.iter().map(|n| n.release(key, owner))).await;
+    async fn release(&self, hold: &HoldId) -> Result<Release> {
+        let answers = join_all(self.nodes.iter().map(|n| n.release(hold))).await;
         let held = answers
             .iter()
             .filter(|a| matches!(a, Ok(Release::Freed | Release::StillHeld(_))))
@@ -830,12 +845,8 @@ impl LockBackend for UntimedQuorum {
         }
     }
 
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        lockwright_core::backend::renew_one(self, key, owner, ttl).await
-    }
-
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        let per_node = join_all(self.nodes.iter().map(|n| n.renew_many(requests))).await;
+    async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        let per_node = join_all(self.nodes.iter().map(|n| n.renew(requests))).await;
         (0..requests.len())
             .map(|i| {
                 let renewed = per_node
@@ -856,5 +867,16 @@ impl LockBackend for UntimedQuorum {
                 }
             })
             .collect()
+    }
+
+    async fn inspect(&self, _key: &LockKey) -> Result<LockStatus> {
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "the untimed quorum reads no status",
+        ))
+    }
+
+    async fn abandon(&self, _hold: &HoldId, _ticket: &OwnerToken) -> Result<()> {
+        Ok(())
     }
 }

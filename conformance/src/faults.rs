@@ -5,10 +5,11 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use lockwright_core::backend::{Acquire, LockBackend, Release, Renew, RenewRequest, Watch};
+use lockwright_core::backend::{
+    Acquire, AcquireRequest, Changes, HoldId, LockBackend, Release, Renew, RenewRequest, Watch,
+};
 use lockwright_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
 /// What an [`Observed`] client reports to, or waits on.
@@ -19,8 +20,8 @@ pub trait Observer: Send + Sync + std::fmt::Debug + 'static {
     async fn gate(&self) -> Result<()> {
         Ok(())
     }
-    /// A call granted `owner` the lock on `key`.
-    fn granted(&self, _key: &LockKey, _owner: &OwnerToken) {}
+    /// A call granted `hold`.
+    fn granted(&self, _hold: &HoldId) {}
     /// One renewal request for `leases` leases is about to be sent.
     fn renewing(&self, _leases: usize) {}
 }
@@ -42,9 +43,9 @@ impl<O: Observer> Observed<O> {
         Arc::new(Observed { inner, observer })
     }
 
-    fn note(&self, key: &LockKey, owner: &OwnerToken, outcome: &Result<Acquire>) {
+    fn note(&self, hold: &HoldId, outcome: &Result<Acquire>) {
         if matches!(outcome, Ok(Acquire::Acquired(_))) {
-            self.observer.granted(key, owner);
+            self.observer.granted(hold);
         }
     }
 }
@@ -58,38 +59,28 @@ lockwright_core::forward_backend! {
             self.observer.gate().await?;
             self.inner.verify().await
         }
-        async fn try_acquire(
-            &self,
-            key: &LockKey,
-            owner: &OwnerToken,
-            ttl: Duration,
-        ) -> Result<Acquire> {
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
             self.observer.gate().await?;
-            let outcome = self.inner.try_acquire(key, owner, ttl).await;
-            self.note(key, owner, &outcome);
+            let outcome = self.inner.try_acquire(request).await;
+            self.note(&request.hold, &outcome);
             outcome
         }
-        async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+        async fn release(&self, hold: &HoldId) -> Result<Release> {
             self.observer.gate().await?;
-            self.inner.release(key, owner).await
+            self.inner.release(hold).await
         }
-        async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-            self.observer.gate().await?;
-            self.observer.renewing(1);
-            self.inner.renew(key, owner, ttl).await
-        }
-        async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
             if let Err(e) = self.observer.gate().await {
                 return requests.iter().map(|_| Err(e.clone())).collect();
             }
             self.observer.renewing(requests.len());
-            self.inner.renew_many(requests).await
+            self.inner.renew(requests).await
         }
         async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
             self.observer.gate().await?;
             self.inner.inspect(key).await
         }
-        async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+        async fn changes(&self, key: &LockKey) -> Result<Option<Changes>> {
             self.observer.gate().await?;
             self.inner.changes(key).await
         }
@@ -97,29 +88,9 @@ lockwright_core::forward_backend! {
             self.observer.gate().await?;
             self.inner.watch(key, ticket).await
         }
-        async fn try_acquire_waiting(
-            &self,
-            key: &LockKey,
-            owner: &OwnerToken,
-            ttl: Duration,
-            ticket: &OwnerToken,
-        ) -> Result<Acquire> {
+        async fn abandon(&self, hold: &HoldId, ticket: &OwnerToken) -> Result<()> {
             self.observer.gate().await?;
-            let outcome = self
-                .inner
-                .try_acquire_waiting(key, owner, ttl, ticket)
-                .await;
-            self.note(key, owner, &outcome);
-            outcome
-        }
-        async fn abandon(
-            &self,
-            key: &LockKey,
-            owner: &OwnerToken,
-            ticket: &OwnerToken,
-        ) -> Result<()> {
-            self.observer.gate().await?;
-            self.inner.abandon(key, owner, ticket).await
+            self.inner.abandon(hold, ticket).await
         }
     }
 }
@@ -225,31 +196,13 @@ impl Stall {
     }
 }
 
-// Only the two ways an acquire is granted are held back; everything else
-// is the client's own.
+// Only the answers to acquires are held back, waiting or not; everything
+// else is the client's own.
 lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for Stall {
-        async fn try_acquire(
-            &self,
-            key: &LockKey,
-            owner: &OwnerToken,
-            ttl: Duration,
-        ) -> Result<Acquire> {
-            let outcome = self.inner.try_acquire(key, owner, ttl).await;
-            self.hold(outcome).await
-        }
-        async fn try_acquire_waiting(
-            &self,
-            key: &LockKey,
-            owner: &OwnerToken,
-            ttl: Duration,
-            ticket: &OwnerToken,
-        ) -> Result<Acquire> {
-            let outcome = self
-                .inner
-                .try_acquire_waiting(key, owner, ttl, ticket)
-                .await;
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+            let outcome = self.inner.try_acquire(request).await;
             self.hold(outcome).await
         }
     }

@@ -4,6 +4,7 @@
 //! free, and nothing of ours stays on any server; and a grant or renewal
 //! that comes back after its TTL has run out does not count.
 
+use lockwright_core::backend::LockBackendExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,21 +58,21 @@ where
                 Fault::Down => quorum(&faulty),
                 Fault::HeldByAnother => {
                     for &i in &faulty {
-                        let got = direct[i].try_acquire(&key, &stranger, TTL).await?;
+                        let got = direct[i].try_lock(&key, &stranger, TTL).await?;
                         ensure!(matches!(got, Acquire::Acquired(_)), "{case}: setup {got:?}");
                     }
                     quorum(&[])
                 }
             };
             let me = OwnerToken::generate();
-            let outcome = q.try_acquire(&key, &me, TTL).await;
+            let outcome = q.try_lock(&key, &me, TTL).await;
             if n - faulty.len() >= majority {
                 ensure!(
                     matches!(outcome, Ok(Acquire::Acquired(g)) if g.fence.is_none()),
                     "{case}: expected a grant without a fence, got {outcome:?}"
                 );
                 ensure!(
-                    q.release(&key, &me).await? == Release::Freed,
+                    q.unlock(&key, &me).await? == Release::Freed,
                     "{case}: release did not free"
                 );
             } else {
@@ -85,7 +86,7 @@ where
             // server finds no hold (and would have removed one).
             for (i, server) in direct.iter().enumerate() {
                 ensure!(
-                    server.release(&key, &me).await? == Release::NotHeld,
+                    server.unlock(&key, &me).await? == Release::NotHeld,
                     "{case}: our hold was left on server {i}"
                 );
             }
@@ -93,7 +94,7 @@ where
             if fault == Fault::HeldByAnother {
                 for &i in &faulty {
                     ensure!(
-                        direct[i].release(&key, &stranger).await? == Release::Freed,
+                        direct[i].unlock(&key, &stranger).await? == Release::Freed,
                         "{case}: the other owner's hold on server {i} was touched"
                     );
                 }
@@ -166,7 +167,7 @@ pub async fn late_answers_do_not_count<Q: LockBackend>(
             // a hold we left would still be there to release.
             for (i, node) in nodes.iter().enumerate() {
                 ensure!(
-                    node.release(&key, &me).await? == Release::NotHeld,
+                    node.unlock(&key, &me).await? == Release::NotHeld,
                     "our late hold was left on server {i}"
                 );
             }
@@ -177,7 +178,7 @@ pub async fn late_answers_do_not_count<Q: LockBackend>(
     let key = LockKey::new(format!("{prefix}/late-grant"))?;
     let me = OwnerToken::generate();
     arm();
-    let outcome = q.try_acquire(&key, &me, LATE_TTL).await;
+    let outcome = q.try_lock(&key, &me, LATE_TTL).await;
     ensure!(
         matches!(outcome, Ok(Acquire::Contended { .. })),
         "every grant came back {LATE:?} after the request, past the {LATE_TTL:?} TTL, \
@@ -187,22 +188,21 @@ pub async fn late_answers_do_not_count<Q: LockBackend>(
 
     let key = LockKey::new(format!("{prefix}/late-renewal"))?;
     let me = OwnerToken::generate();
-    let got = q.try_acquire(&key, &me, Duration::from_secs(30)).await?;
+    let got = q.try_lock(&key, &me, Duration::from_secs(30)).await?;
     ensure!(matches!(got, Acquire::Acquired(_)), "setup: {got:?}");
     arm();
-    let request = RenewRequest {
-        key: key.clone(),
-        owner: me.clone(),
-        ttl: LATE_TTL,
-    };
-    let renewed = q.renew_many(std::slice::from_ref(&request)).await;
+    let request = RenewRequest::new(
+        lockwright_core::backend::HoldId::mutex(key.clone(), me.clone()),
+        LATE_TTL,
+    );
+    let renewed = q.renew(std::slice::from_ref(&request)).await;
     ensure!(
         !matches!(renewed.as_slice(), [Ok(Renew::Renewed)]),
         "every renewal came back {LATE:?} after the request, past its {LATE_TTL:?} TTL, \
          and counted as renewed"
     );
     ensure!(
-        q.release(&key, &me).await? == Release::Freed,
+        q.unlock(&key, &me).await? == Release::Freed,
         "release after the late renewal did not free"
     );
     ours_left(key, me).await

@@ -20,12 +20,10 @@ fn all_forwarded(m: Method) -> Expect {
         | Method::TryAcquire
         | Method::Release
         | Method::Renew
-        | Method::RenewMany
         | Method::Inspect
         | Method::Proclaim
         | Method::Changes
         | Method::Watch
-        | Method::TryAcquireWaiting
         | Method::Abandon
         | Method::Alarm => Expect::Forwarded,
     }
@@ -84,15 +82,8 @@ fn broken(defect: Defect, m: Method) -> Expect {
         | Method::Watch
         | Method::Alarm => Expect::Forwarded,
         // The defect itself: a renewal that releases.
-        Method::Renew | Method::RenewMany if defect == Defect::RenewReleases => {
-            Expect::As(Method::Release)
-        }
+        Method::Renew if defect == Defect::RenewReleases => Expect::As(Method::Release),
         Method::Renew => Expect::Forwarded,
-        // The defect itself: a batch that looks who holds, and answers
-        // "renewed" for a holder (the recorder's) other than the caller.
-        Method::RenewMany if defect == Defect::BatchRenewsAnyHolder => Expect::As(Method::Inspect),
-        Method::RenewMany => Expect::As(Method::Renew),
-        Method::TryAcquireWaiting => Expect::As(Method::TryAcquire),
         // The defect itself: a waiter giving up is ignored.
         Method::Abandon if defect == Defect::AbandonIgnored => Expect::Answered,
         // Nothing is ever queued, but a writer's mark is taken away.

@@ -16,11 +16,12 @@ use crate::backend::{
 use crate::background::Background;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
-use crate::key::{Claim, LockKey, OwnerToken};
+use crate::key::{Claim, LockKey};
 use crate::lease::{local_deadline, Lease};
 use crate::meter::{self, AcquireMeter, HoldMeter, Labels, Outcome};
 use crate::options::{LockOptions, WaitPolicy};
 use crate::outage::Outage;
+use crate::request::LockRequest;
 use crate::watchdog::Watchdog;
 
 /// The shortest sleep between polling attempts.
@@ -51,37 +52,6 @@ pub(crate) struct Acquirer {
     pub(crate) name_label: bool,
 }
 
-/// What one acquire asks for: the key, the owner it acquires as (with the
-/// claim it makes), and what that owner is.
-#[derive(Debug)]
-pub(crate) struct AcquireRequest {
-    /// The key to acquire.
-    pub(crate) key: LockKey,
-    /// The owner to acquire as.
-    pub(crate) owner: OwnerToken,
-    /// The owner holds nothing yet (it was just drawn), so whatever an
-    /// abandoned attempt may have been granted is released, where a
-    /// caller's own owner may hold holds to keep.
-    pub(crate) fresh_owner: bool,
-    /// An election's campaign (the `primitive` label of its metrics).
-    pub(crate) campaign: bool,
-}
-
-impl AcquireRequest {
-    /// An acquire of `key` as the caller's own `owner`, or, for `None`, as
-    /// an owner drawn now.
-    pub(crate) fn new(key: LockKey, owner: Option<OwnerToken>) -> Self {
-        let fresh_owner = owner.is_none();
-        let owner = owner.unwrap_or_else(OwnerToken::generate);
-        AcquireRequest {
-            key,
-            owner,
-            fresh_owner,
-            campaign: false,
-        }
-    }
-}
-
 impl Acquirer {
     /// The parts of a new locker over `backend`, with metrics labelled
     /// `unknown` and without lock names.
@@ -101,21 +71,21 @@ impl Acquirer {
     /// someone else. Runs in a `lockwright.acquire` span, with its metrics.
     pub(crate) async fn acquire(
         &self,
-        request: AcquireRequest,
+        request: LockRequest,
         opts: &LockOptions,
     ) -> Result<Option<LockGuard>> {
         let labels = Labels::new(
             self.store,
-            meter::primitive(&request.owner, request.campaign),
-            &request.key,
+            meter::primitive(&request.hold.kind, request.campaign),
+            &request.hold.key,
             self.name_label,
         );
         let span = tracing::info_span!(
             "lockwright.acquire",
-            name = %request.key,
+            name = %request.hold.key,
             store = self.store,
             primitive = labels.primitive(),
-            owner = request.owner.short(),
+            owner = request.hold.owner.short(),
             wait = %opts.wait,
             outcome = tracing::field::Empty,
             fence = tracing::field::Empty,
@@ -148,7 +118,7 @@ impl Acquirer {
     /// found the lock held, so that a grant after it counts as a hand-off.
     async fn acquire_loop(
         &self,
-        request: AcquireRequest,
+        request: LockRequest,
         opts: &LockOptions,
         labels: &Labels,
     ) -> (Result<Option<LockGuard>>, bool) {
@@ -189,8 +159,7 @@ impl Acquirer {
     /// a higher one).
     fn handed(
         &self,
-        key: &LockKey,
-        owner: &OwnerToken,
+        attempts: &Attempts,
         grant: Grant,
         opts: &LockOptions,
         queued_at: Instant,
@@ -203,7 +172,7 @@ impl Acquirer {
         let left = local_deadline(queued_at, granted).saturating_duration_since(Instant::now());
         if left >= granted / 2 && (granted == trusted || opts.auto_renew) {
             let short = (granted < trusted).then_some(granted);
-            return Some(self.guard(key, owner, grant, opts, queued_at, short, labels));
+            return Some(self.guard(attempts, grant, opts, queued_at, short, labels));
         }
         None
     }
@@ -211,13 +180,9 @@ impl Acquirer {
     /// A guard for a lease granted after `sent`. `short`: the store granted
     /// only this lease, and the watchdog extends it to the TTL halfway
     /// through it (or at the usual period, if that comes first).
-    // Each argument is a separate part of the hold; a struct would only
-    // rename them.
-    #[allow(clippy::too_many_arguments)]
     fn guard(
         &self,
-        key: &LockKey,
-        owner: &OwnerToken,
+        attempts: &Attempts,
         grant: Grant,
         opts: &LockOptions,
         sent: Instant,
@@ -228,9 +193,12 @@ impl Acquirer {
         // expires sooner): deadlines and renewals keep within that.
         let trusted = self.caps.trusted_lease(opts.ttl);
         let granted = short.unwrap_or(trusted).min(trusted);
+        let key = &attempts.hold.key;
         let lease = Lease {
             key: key.clone(),
-            owner: owner.clone(),
+            owner: attempts.hold.owner.clone(),
+            kind: attempts.hold.kind.clone(),
+            value: attempts.value.clone(),
             fence: grant.fence,
             holds: grant.holds,
             ttl: opts.ttl,
@@ -264,11 +232,9 @@ struct Acquiring<'a> {
     acquirer: &'a Acquirer,
     /// The key acquired.
     key: LockKey,
-    /// The owner acquiring: the attempts' owner, as of the last attempt
-    /// (an outage may have retired the one before).
-    owner: OwnerToken,
-    /// The claim the first owner made (a redrawn owner keeps it).
-    claim: Claim,
+    /// Where the store keeps places in line, this claim's (a writer's or
+    /// a reader's) is kept there while it waits: it looks again often.
+    in_line: bool,
     /// The acquire's options.
     opts: &'a LockOptions,
     /// The acquire's metrics labels.
@@ -301,19 +267,16 @@ impl<'a> Acquiring<'a> {
     /// and the claim fit the store) and sets up its wait.
     fn begin(
         acquirer: &'a Acquirer,
-        request: AcquireRequest,
+        request: LockRequest,
         opts: &'a LockOptions,
         labels: &'a Labels,
     ) -> Result<Self> {
-        let AcquireRequest {
-            key,
-            owner,
-            fresh_owner,
-            ..
-        } = request;
+        let key = request.hold.key.clone();
+        let claim = request.hold.claim();
+        let writer = request.hold.kind.is_writer();
         acquirer.refuse_if_closed()?;
         opts.validate(&acquirer.caps)?;
-        supports(&acquirer.caps, owner.claim())?;
+        supports(&acquirer.caps, claim)?;
         let start = Instant::now();
         let give_up = match opts.wait {
             WaitPolicy::NoWait => Some(start),
@@ -334,15 +297,12 @@ impl<'a> Acquiring<'a> {
         let mut attempts = Attempts::new(
             acquirer.backend.clone(),
             acquirer.background.clone(),
-            &key,
-            &owner,
-            fresh_owner,
+            request,
         );
         // A writer refused while readers hold leaves a mark that keeps new
         // readers out (no writer starvation), and where the store keeps
         // places in line a refused reader's keeps it ahead of later
         // writers; giving up takes it away.
-        let claim = owner.claim();
         let caps = &acquirer.caps;
         let may_mark =
             caps.shared && (claim == Claim::MUTEX || (claim.is_shared() && caps.in_line));
@@ -350,8 +310,7 @@ impl<'a> Acquiring<'a> {
         Ok(Acquiring {
             acquirer,
             key,
-            owner,
-            claim,
+            in_line: caps.in_line && (writer || claim.is_shared()),
             opts,
             labels,
             give_up,
@@ -475,7 +434,6 @@ impl<'a> Acquiring<'a> {
             }
             Err(e) => {
                 let ride = self.ride(e).await?;
-                self.owner = self.attempts.owner.clone();
                 if ride == Ride::Requeue {
                     // The old subscription and its grants were the
                     // retired owner's.
@@ -498,15 +456,7 @@ impl<'a> Acquiring<'a> {
         let sole = self.attempts.fresh_owner && grant.holds == 1;
         let guard = self
             .acquirer
-            .guard(
-                &self.key,
-                &self.owner,
-                grant,
-                self.opts,
-                sent,
-                short,
-                self.labels,
-            )
+            .guard(&self.attempts, grant, self.opts, sent, short, self.labels)
             .sole_owner(sole);
         if short.is_some() && !self.opts.auto_renew {
             // No watchdog will extend it: one renewal now gives
@@ -556,8 +506,11 @@ impl<'a> Acquiring<'a> {
         if self.attempts.marked {
             // Renew the mark before it lapses and readers barge in; in
             // line, the name waits for this waiter's next look.
-            let in_line = caps.in_line && (self.owner.is_writer() || self.claim.is_shared());
-            pause = pause.min(if in_line { IN_LINE_POLL } else { MARK_LIFE / 4 });
+            pause = pause.min(if self.in_line {
+                IN_LINE_POLL
+            } else {
+                MARK_LIFE / 4
+            });
         }
         if let Some(g) = self.give_up {
             pause = pause.min(g.saturating_duration_since(now));
@@ -591,14 +544,9 @@ impl<'a> Acquiring<'a> {
     /// for (see [`Acquirer::handed`]).
     fn take_handed(&mut self, grant: Grant, queued_at: Instant) -> Option<LockGuard> {
         let sole = self.attempts.fresh_owner && grant.holds == 1;
-        let guard = self.acquirer.handed(
-            &self.key,
-            &self.owner,
-            grant,
-            self.opts,
-            queued_at,
-            self.labels,
-        )?;
+        let guard =
+            self.acquirer
+                .handed(&self.attempts, grant, self.opts, queued_at, self.labels)?;
         let guard = guard.sole_owner(sole);
         self.attempts.done();
         Some(guard)

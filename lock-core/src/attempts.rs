@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 
-use crate::backend::{Acquire, LockBackend, Watch};
+use crate::backend::{Acquire, AcquireRequest, HoldId, LockBackend, Watch};
 use crate::background::Background;
 use crate::error::{Error, Result};
-use crate::key::{LockKey, OwnerToken};
+use crate::key::OwnerToken;
+use crate::request::LockRequest;
 
 /// How long leaving a wait queue keeps trying a store that is unreachable
 /// for now: a stall or reconnect of a second or two must not leave the place
@@ -35,10 +36,11 @@ pub(crate) struct Attempts {
     backend: Arc<dyn LockBackend>,
     /// Where the undoing runs once the acquire is gone.
     background: Background,
-    /// The key acquired.
-    key: LockKey,
-    /// The owner the attempts are made as (redrawn after an outage).
-    pub(crate) owner: OwnerToken,
+    /// The hold attempted: its key, its kind, and the owner the attempts
+    /// are made as (redrawn after an outage).
+    pub(crate) hold: HoldId,
+    /// The value written with the grant (a candidate's).
+    pub(crate) value: Option<Arc<[u8]>>,
     /// The owner was just drawn and holds nothing yet: whatever it may have
     /// been granted unseen is released when the acquire is abandoned.
     pub(crate) fresh_owner: bool,
@@ -64,8 +66,8 @@ pub(crate) struct Attempts {
 /// An owner a waiting acquire gave up after an attempt of it failed unseen.
 #[derive(Debug)]
 struct Retired {
-    /// The owner given up.
-    owner: OwnerToken,
+    /// The hold of the owner given up.
+    hold: HoldId,
     /// The ticket it subscribed and queued with.
     ticket: OwnerToken,
     /// It may be queued, or have left a writer's mark.
@@ -74,10 +76,10 @@ struct Retired {
 
 impl Retired {
     /// Releases whatever it may hold and leaves its place.
-    async fn undo(&self, backend: &dyn LockBackend, key: &LockKey) -> Result<()> {
-        backend.release(key, &self.owner).await?;
+    async fn undo(&self, backend: &dyn LockBackend) -> Result<()> {
+        backend.release(&self.hold).await?;
         if self.queue {
-            backend.abandon(key, &self.owner, &self.ticket).await?;
+            backend.abandon(&self.hold, &self.ticket).await?;
         }
         Ok(())
     }
@@ -94,21 +96,18 @@ pub(crate) enum Ride {
 }
 
 impl Attempts {
-    /// The attempts of one acquire of `key` as `owner`; `fresh`: the owner
-    /// was just drawn and holds nothing yet.
+    /// The attempts of one acquire, as `request` asks.
     pub(crate) fn new(
         backend: Arc<dyn LockBackend>,
         background: Background,
-        key: &LockKey,
-        owner: &OwnerToken,
-        fresh: bool,
+        request: LockRequest,
     ) -> Self {
         Attempts {
             backend,
             background,
-            key: key.clone(),
-            owner: owner.clone(),
-            fresh_owner: fresh,
+            hold: request.hold,
+            value: request.value,
+            fresh_owner: request.fresh_owner,
             ticket: OwnerToken::generate(),
             queued: false,
             marked: false,
@@ -122,21 +121,21 @@ impl Attempts {
     /// Subscribes to the key's notices as this acquire's ticket (on a fair
     /// store, that queues it).
     pub(crate) async fn subscribe(&mut self) -> Result<Option<Watch>> {
-        let watch = self.backend.watch(&self.key, &self.ticket).await?;
+        let watch = self.backend.watch(&self.hold.key, &self.ticket).await?;
         self.queued = watch.is_some();
         Ok(watch)
     }
 
     /// One cancel-safe attempt, queued once subscribed.
     pub(crate) fn attempt(&mut self, ttl: Duration) -> impl Future<Output = Result<Acquire>> + '_ {
-        let (backend, key, owner) = (self.backend.clone(), self.key.clone(), self.owner.clone());
-        let ticket = self.queued.then(|| self.ticket.clone());
-        self.request = Some(Box::pin(async move {
-            match ticket {
-                Some(t) => backend.try_acquire_waiting(&key, &owner, ttl, &t).await,
-                None => backend.try_acquire(&key, &owner, ttl).await,
-            }
-        }));
+        let backend = self.backend.clone();
+        let request = AcquireRequest {
+            hold: self.hold.clone(),
+            ttl,
+            value: self.value.clone(),
+            ticket: self.queued.then(|| self.ticket.clone()),
+        };
+        self.request = Some(Box::pin(async move { backend.try_acquire(&request).await }));
         std::future::poll_fn(move |cx: &mut Context<'_>| {
             let Some(request) = self.request.as_mut() else {
                 return Poll::Ready(Err(Error::backend("acquire polled after completion")));
@@ -158,8 +157,11 @@ impl Attempts {
     /// the acquire ends.
     pub(crate) fn redraw_owner(&mut self) -> Ride {
         let queue = self.queued || self.marked || self.may_mark;
-        let fresh = self.owner.redrawn();
-        let owner = std::mem::replace(&mut self.owner, fresh);
+        let fresh = HoldId {
+            owner: OwnerToken::generate(),
+            ..self.hold.clone()
+        };
+        let hold = std::mem::replace(&mut self.hold, fresh);
         let ticket = if queue {
             self.queued = false;
             self.marked = false;
@@ -168,7 +170,7 @@ impl Attempts {
             self.ticket.clone()
         };
         self.retired.push(Retired {
-            owner,
+            hold,
             ticket,
             queue,
         });
@@ -189,9 +191,9 @@ impl Attempts {
         if retired.is_empty() {
             return;
         }
-        let (backend, key) = (self.backend.clone(), self.key.clone());
+        let (backend, key) = (self.backend.clone(), self.hold.key.clone());
         self.background.spawn(async move {
-            let undone = retired.iter().map(|r| retry_briefly(|| r.undo(&*backend, &key)));
+            let undone = retired.iter().map(|r| retry_briefly(|| r.undo(&*backend)));
             for outcome in futures::future::join_all(undone).await {
                 if let Err(e) = outcome {
                     tracing::warn!(key = %key, error = %e.chain(),
@@ -212,12 +214,8 @@ impl Attempts {
     pub(crate) async fn abandon(&mut self) {
         let queued = std::mem::take(&mut self.queued);
         if std::mem::take(&mut self.marked) || queued {
-            if let Err(e) = self
-                .backend
-                .abandon(&self.key, &self.owner, &self.ticket)
-                .await
-            {
-                tracing::debug!(key = %self.key, error = %e.chain(),
+            if let Err(e) = self.backend.abandon(&self.hold, &self.ticket).await {
+                tracing::debug!(key = %self.hold.key, error = %e.chain(),
                     "could not leave the wait queue; the place lapses by itself");
             }
         }
@@ -233,12 +231,8 @@ impl Drop for Attempts {
             return;
         }
         let (marked, may_mark) = (self.marked, self.may_mark);
-        let (backend, key, owner, ticket) = (
-            self.backend.clone(),
-            self.key.clone(),
-            self.owner.clone(),
-            self.ticket.clone(),
-        );
+        let (backend, hold, ticket) =
+            (self.backend.clone(), self.hold.clone(), self.ticket.clone());
         let (fresh_owner, queued) = (self.fresh_owner, self.queued);
         self.background.spawn(async move {
             let (maybe_granted, refused) = match request {
@@ -252,16 +246,16 @@ impl Drop for Attempts {
             // connection, and a store that is simply down (the request never
             // left) must not hold up an exiting process.
             if fresh_owner && maybe_granted {
-                if let Err(e) = backend.release(&key, &owner).await {
-                    tracing::warn!(key = %key, error = %e.chain(),
+                if let Err(e) = backend.release(&hold).await {
+                    tracing::warn!(key = %hold.key, error = %e.chain(),
                         "could not undo an abandoned acquire; the lock frees at its TTL");
                 }
             }
             // A writer refused by readers, just now or before, left a mark.
             if queued || marked || (may_mark && refused) {
-                let left = retry_briefly(|| backend.abandon(&key, &owner, &ticket));
+                let left = retry_briefly(|| backend.abandon(&hold, &ticket));
                 if let Err(e) = left.await {
-                    tracing::warn!(key = %key, error = %e.chain(),
+                    tracing::warn!(key = %hold.key, error = %e.chain(),
                         "could not leave the wait queue; the place lapses by itself");
                 }
             }

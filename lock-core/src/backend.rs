@@ -11,6 +11,7 @@ pub use crate::options::validate_ttl;
 pub use crate::params::{percent_decode, UrlParams};
 pub use crate::quorum::{quorum_servers, Quorum};
 pub use crate::redact::RedactedUrl;
+pub use crate::request::{AcquireRequest, HoldId, HoldKind, RenewRequest};
 pub use crate::sync::{lock_unpoisoned, AbortOnDrop};
 pub use crate::tls::{TlsFiles, TlsPem, TlsRefusal};
 pub use crate::url::{scheme_of, HostPort, Scheme, ServerUrl};
@@ -273,17 +274,6 @@ pub enum Renew {
     NotHeld,
 }
 
-/// One lease to renew in [`LockBackend::renew_many`].
-#[derive(Debug, Clone)]
-pub struct RenewRequest {
-    /// The key held.
-    pub key: LockKey,
-    /// Its owner.
-    pub owner: OwnerToken,
-    /// The new lease length.
-    pub ttl: Duration,
-}
-
 /// What woke a [`Watch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Notice {
@@ -295,9 +285,8 @@ pub enum Notice {
     Granted(Grant),
 }
 
-/// A subscription to notifications for one key: its releases, for a
-/// waiter ([`LockBackend::watch`]), or every change of who holds it and
-/// of its value, for an election's observer ([`LockBackend::changes`]).
+/// A waiter's subscription to one key's releases ([`LockBackend::watch`]),
+/// or, on a fair store, to the grant it hands the waiter.
 ///
 /// Created by [`LockBackend::watch`] *before* the waiter's next attempt, so a
 /// release that happens between a failed attempt and the wait is not missed:
@@ -321,8 +310,7 @@ impl fmt::Debug for Watch {
 
 impl Watch {
     /// Wraps a version channel that the backend bumps on every release of
-    /// the key (or, for [`LockBackend::changes`], on every change); the
-    /// backend drops the sender when the subscription ends (a lost
+    /// the key; the backend drops the sender when the subscription ends (a lost
     /// connection), which [`notice`](Self::notice) reports. `keepalive`
     /// is dropped with the watch (e.g. to unsubscribe).
     pub fn new(rx: watch::Receiver<u64>, keepalive: Option<Box<dyn Send + Sync>>) -> Self {
@@ -335,7 +323,7 @@ impl Watch {
     }
 
     /// Wraps the channel on which a fair backend delivers the grant it made
-    /// to this waiter (see [`LockBackend::try_acquire_waiting`]).
+    /// to this waiter (see [`AcquireRequest::ticket`]).
     pub fn grants(
         rx: mpsc::UnboundedReceiver<Grant>,
         keepalive: Option<Box<dyn Send + Sync>>,
@@ -365,6 +353,45 @@ impl Watch {
     }
 }
 
+/// An election observer's subscription to every change of who holds one
+/// key and of the value it advertises ([`LockBackend::changes`]): each
+/// notice means "read the key again".
+pub struct Changes {
+    watch: Watch,
+}
+
+impl fmt::Debug for Changes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Changes").finish_non_exhaustive()
+    }
+}
+
+impl Changes {
+    /// Wraps a version channel that the backend bumps on every change of
+    /// the key; the backend drops the sender when the subscription ends (a
+    /// lost connection), which [`notice`](Self::notice) reports.
+    /// `keepalive` is dropped with the subscription (e.g. to unsubscribe).
+    pub fn new(rx: watch::Receiver<u64>, keepalive: Option<Box<dyn Send + Sync>>) -> Self {
+        Changes {
+            watch: Watch::new(rx, keepalive),
+        }
+    }
+
+    /// Waits for the next change; `None` once the publisher is gone, so
+    /// that no notice can come any more (the observer subscribes again).
+    pub async fn notice(&mut self) -> Option<()> {
+        self.watch.notice().await.map(|_| ())
+    }
+}
+
+impl From<Watch> for Changes {
+    /// The changes announced on a channel a backend already wraps as a
+    /// [`Watch`] (one subscription machinery for both).
+    fn from(watch: Watch) -> Self {
+        Changes { watch }
+    }
+}
+
 /// How long a writer's mark (left by a one-permit claim refused while
 /// readers hold, see [`Claim`](crate::Claim)) keeps new readers out unless
 /// the writer's next refused attempt renews it: a store sets it to last
@@ -373,25 +400,20 @@ impl Watch {
 /// writer that died unseen holds readers up this long, not a whole TTL.
 pub const MARK_LIFE: Duration = Duration::from_secs(2);
 
-/// One renewal sent as a batch of one, for a backend whose
-/// [`LockBackend::renew_many`] is the real implementation (one script, one
-/// quorum round) and whose `renew` is that with a single lease.
+/// One renewal sent as a batch of one, and its answer. It carries no
+/// value (see [`RenewRequest::value`]); send the request yourself to give
+/// one.
 ///
 /// # Errors
 /// The batch's error for this lease.
 pub async fn renew_one<B: LockBackend + ?Sized>(
     backend: &B,
-    key: &LockKey,
-    owner: &OwnerToken,
+    hold: &HoldId,
     ttl: Duration,
 ) -> Result<Renew> {
-    let request = RenewRequest {
-        key: key.clone(),
-        owner: owner.clone(),
-        ttl,
-    };
+    let request = RenewRequest::new(hold.clone(), ttl);
     backend
-        .renew_many(std::slice::from_ref(&request))
+        .renew(std::slice::from_ref(&request))
         .await
         .pop()
         .unwrap_or_else(|| Err(Error::backend("no renewal result")))
@@ -401,26 +423,36 @@ pub async fn renew_one<B: LockBackend + ?Sized>(
 /// [`Locker`](crate::Locker), which adds waiting, guards, renewal and
 /// multi-lock on top.
 ///
+/// Every input of a request is in its signature: the hold ([`HoldId`]:
+/// key, owner, kind), the lease, the value to write and the waiter's
+/// ticket ([`AcquireRequest`]). An [`OwnerToken`] is only an identity.
+///
 /// # Contract
 ///
 /// Every implementation must guarantee, and the conformance suite checks:
 ///
-/// * `try_acquire` makes one attempt and returns promptly. A lock held by a
-///   different owner is `Ok(Acquire::Contended)`; a store that cannot be
-///   reached is `Err` of kind [`Unavailable`](crate::ErrorKind::Unavailable),
-///   never `Contended`.
-/// * Acquiring a key the same owner already holds (and whose lease has not
-///   expired) succeeds, adds one hold and extends the lease; the key is free
-///   again only when every hold is released.
-/// * `release` and `renew` compare the owner atomically in the store. An owner
-///   whose lease expired, or who never held the key, gets `NotHeld` and
-///   changes nothing.
+/// * `try_acquire` makes one attempt and returns promptly. A hold another
+///   owner's claim excludes is `Ok(Acquire::Contended)`; a store that
+///   cannot be reached is `Err` of kind
+///   [`Unavailable`](crate::ErrorKind::Unavailable), never `Contended`.
+/// * Claims are granted by the rules of [`judge`]: a name keeps one N while
+///   any exclusive hold on it is live, a semaphore or a read-write lock on a
+///   name but never both, no upgrade of a reader, no reader by a writer's
+///   own owner (except beside it, a downgrade). A claim that breaks one is
+///   refused with `judge`'s error, unapplied, and leaves nothing behind.
+/// * Acquiring a key the same owner already holds with the same kind (and
+///   whose lease has not expired) succeeds, adds one hold and extends the
+///   lease; the key is free again only when every hold is released.
+/// * `release`, `renew` and `proclaim` compare the owner atomically in the
+///   store. An owner whose lease expired, or who never held the key, gets
+///   `NotHeld` and changes nothing.
 /// * A lease not renewed expires after its TTL, measured on the store's clock.
 /// * With [`Capabilities::fencing`], each new grant of a key carries a token
 ///   greater than every earlier grant's, across owners, releases and expiry.
 /// * Two different keys never share a lock.
 /// * The backend validates nothing the core already validated (keys, TTLs
-///   against [`Capabilities::min_ttl`]) but must not panic on any input.
+///   against [`Capabilities::min_ttl`], claims against the capabilities)
+///   but must not panic on any input.
 #[async_trait]
 pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     /// What this backend promises.
@@ -434,48 +466,51 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
         Ok(())
     }
 
-    /// One attempt to take `key` for `owner` for `ttl`.
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire>;
+    /// One attempt to take `request.hold` for `request.ttl`.
+    ///
+    /// With a [`value`](AcquireRequest::value), a store with
+    /// [`values`](Capabilities::values) writes it with the first grant to
+    /// the owner, in the same step, and [`inspect`](Self::inspect) reports
+    /// it. With a [`ticket`](AcquireRequest::ticket) (a caller prepared to
+    /// wait, after [`watch`](Self::watch) with the same ticket) a
+    /// [fair](Capabilities::fair) store queues the ticket when the key is
+    /// held and later hands the lock to it by a [`Notice::Granted`];
+    /// repeating the attempt refreshes the ticket's place (a ticket not
+    /// refreshed for a while is dropped from the queue) and returns a
+    /// grant whose notice was lost. A store that does not queue ignores
+    /// the ticket.
+    ///
+    /// A writer's claim refused while readers hold leaves a mark that keeps
+    /// new readers out for [`MARK_LIFE`] (or the TTL, if shorter), renewed
+    /// by its next attempt; where the store keeps places in line
+    /// ([`Capabilities::in_line`]), a refused reader's claim keeps its place
+    /// too. [`abandon`](Self::abandon) removes both.
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire>;
 
-    /// Releases one hold of `key` if `owner` holds it.
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release>;
+    /// Releases one hold of `hold.key` if `hold.owner` holds it. The kind
+    /// says where a store that keeps kinds apart looks for it (a lone
+    /// permit's row, a mutex's item); an owner that holds nothing there
+    /// gets `NotHeld`.
+    async fn release(&self, hold: &HoldId) -> Result<Release>;
 
-    /// Extends `owner`'s lease on `key` to `ttl` from now (store clock).
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew>;
-
-    /// Renews several leases; backends that can should do it in one round trip.
-    /// The result has one entry per request, in order.
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        futures::future::join_all(requests.iter().map(|r| self.renew(&r.key, &r.owner, r.ttl)))
-            .await
-    }
+    /// Extends each request's lease to its TTL from now (store clock);
+    /// one round trip where the store can. The result has one entry per
+    /// request, in order. ([`renew_one`] renews a single lease.)
+    async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>>;
 
     /// Reads what the store holds for `key` without changing anything: held
     /// or free, holds, fence, lease left, queued waiters (see
-    /// [`LockStatus`]). The default says the store cannot.
-    async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
-        let _ = key;
-        Err(Error::new(
-            ErrorKind::Unsupported,
-            "this store cannot report a lock's status",
-        ))
-    }
+    /// [`LockStatus`]). A store that cannot says so with
+    /// [`Unsupported`](crate::ErrorKind::Unsupported).
+    async fn inspect(&self, key: &LockKey) -> Result<LockStatus>;
 
-    /// Sets the value `owner` advertises with its hold of `key` (a leader's
-    /// value), if `owner` holds it: checked and written in one step, so a
+    /// Sets the value `hold.owner` advertises with its hold (a leader's
+    /// value), if it holds it: checked and written in one step, so a
     /// former holder can never change what the current one advertises. The
-    /// value goes with the lock. A store with
-    /// [`values`](Capabilities::values) also writes the value an
-    /// [`OwnerToken`] carries ([`OwnerToken::value`]) with each first grant
-    /// to it, and [`inspect`](Self::inspect) reports it. The default says
-    /// the store keeps no values.
-    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
-        let _ = (key, owner, value);
+    /// value goes with the lock. The default says the store keeps no
+    /// values.
+    async fn proclaim(&self, hold: &HoldId, value: &[u8]) -> Result<Renew> {
+        let _ = (hold, value);
         Err(Error::new(
             ErrorKind::Unsupported,
             "this store keeps no value with a lock, so it cannot hold an election",
@@ -484,60 +519,43 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
 
     /// Subscribes to the changes of who holds `key` and of the value it
     /// advertises, if the store announces them: for an election's
-    /// observer, which reads the leader again when the [`Watch`] wakes
-    /// ([`Notice::Released`]) instead of at its next poll. The watch wakes
-    /// after every grant, release, hand-off and proclaim the store
-    /// announces that is made after this call returns, and may wake for
-    /// nothing; a lease that merely runs out is not announced (an observer
-    /// times that itself). A store may announce only the changes of locks
-    /// that carry a value (a plain mutex then pays nothing for them). Its
-    /// publisher is dropped when the subscription ends (a lost
-    /// connection, an ended session): the observer then subscribes again.
-    /// `Ok(None)` (the default): the store announces nothing, and
-    /// observers poll.
-    async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+    /// observer, which reads the leader again at each notice instead of
+    /// at its next poll. The subscription wakes after every grant, release,
+    /// hand-off and proclaim the store announces that is made after this
+    /// call returns, and may wake for nothing; a lease that merely runs out
+    /// is not announced (an observer times that itself). A store may
+    /// announce only the changes of locks that carry a value (a plain mutex
+    /// then pays nothing for them). Its publisher is dropped when the
+    /// subscription ends (a lost connection, an ended session): the
+    /// observer then subscribes again. `Ok(None)` (the default): the store
+    /// announces nothing, and observers poll.
+    async fn changes(&self, key: &LockKey) -> Result<Option<Changes>> {
         let _ = key;
         Ok(None)
     }
 
     /// Subscribes to release notifications for `key`, if the store has them,
-    /// for the waiter that will queue as `ticket`. `Ok(None)` (the default)
-    /// means waiters fall back to jittered backoff.
+    /// for the waiter that will attempt with `ticket`
+    /// ([`AcquireRequest::ticket`]). `Ok(None)` (the default) means
+    /// waiters fall back to jittered backoff.
     async fn watch(&self, key: &LockKey, ticket: &OwnerToken) -> Result<Option<Watch>> {
         let _ = (key, ticket);
         Ok(None)
     }
 
-    /// One attempt by a caller prepared to wait, made after [`watch`](Self::watch)
-    /// with the same `ticket`. A [fair](Capabilities::fair) backend queues
-    /// the ticket when the key is held, and later hands the lock to it by a
-    /// [`Notice::Granted`]; repeating the call refreshes the ticket's place
-    /// (a ticket not refreshed for a while is dropped from the queue) and
-    /// returns a grant whose notice was lost. The default is `try_acquire`.
-    async fn try_acquire_waiting(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-        ticket: &OwnerToken,
-    ) -> Result<Acquire> {
-        let _ = ticket;
-        self.try_acquire(key, owner, ttl).await
-    }
-
     /// Gives up waiting, undoing everything a refused or queued attempt of
-    /// `owner` left in the store: removes `ticket` from the queue and, if
-    /// the lock was already handed to it, releases that hold; and removes
-    /// the mark a refused writer left to keep new readers out (and, where
-    /// the store keeps places in line, a refused reader's place), so that
-    /// readers are not held up by a writer that is gone. The `Locker` calls
-    /// it when a wait ends unmet, and in the background when an acquire is
-    /// dropped. The default does nothing: right only for a store that
-    /// neither queues nor marks.
-    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
-        let _ = (key, owner, ticket);
-        Ok(())
-    }
+    /// `hold` left in the store, and nothing else:
+    /// * removes `ticket` from the queue and, if the lock was already
+    ///   handed to it, releases that hold;
+    /// * removes the mark a refused writer left to keep new readers out,
+    ///   so that readers are not held up by a writer that is gone;
+    /// * where the store keeps places in line, removes a refused reader's
+    ///   place.
+    ///
+    /// The `Locker` calls it when a wait ends unmet, and in the background
+    /// when an acquire is dropped. A store that neither queues nor marks
+    /// returns `Ok(())`.
+    async fn abandon(&self, hold: &HoldId, ticket: &OwnerToken) -> Result<()>;
 
     /// A counter the backend bumps whenever an answer showed that the
     /// store may have dropped locks without telling their holders (a
@@ -550,6 +568,58 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
         None
     }
 }
+
+/// Shorthands over [`LockBackend`] for tests and tools that speak to a
+/// store directly: the mutex's requests, built from a key and an owner.
+#[async_trait]
+pub trait LockBackendExt: LockBackend {
+    /// One attempt at a mutex hold of `key` by `owner`.
+    async fn try_lock(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Acquire> {
+        self.try_acquire(&AcquireRequest::mutex(key, owner, ttl))
+            .await
+    }
+
+    /// One attempt at `hold`, waiting as `ticket`.
+    async fn try_lock_waiting(
+        &self,
+        hold: &HoldId,
+        ttl: Duration,
+        ticket: &OwnerToken,
+    ) -> Result<Acquire> {
+        self.try_acquire(&AcquireRequest::new(hold.clone(), ttl).waiting(ticket))
+            .await
+    }
+
+    /// Releases one mutex hold of `key` by `owner`.
+    async fn unlock(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+        self.release(&HoldId::mutex(key.clone(), owner.clone()))
+            .await
+    }
+
+    /// Renews `owner`'s mutex hold of `key` for `ttl`.
+    async fn renew_lock(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
+        renew_one(self, &HoldId::mutex(key.clone(), owner.clone()), ttl).await
+    }
+
+    /// Sets the value `owner`'s mutex hold of `key` advertises.
+    async fn proclaim_as(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+        self.proclaim(&HoldId::mutex(key.clone(), owner.clone()), value)
+            .await
+    }
+
+    /// Gives up a mutex wait of `owner` on `key` queued as `ticket`.
+    async fn abandon_lock(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        ticket: &OwnerToken,
+    ) -> Result<()> {
+        self.abandon(&HoldId::mutex(key.clone(), owner.clone()), ticket)
+            .await
+    }
+}
+
+impl<B: LockBackend + ?Sized> LockBackendExt for B {}
 
 /// Writes a wrapper's [`LockBackend`] impl: every method of the trait
 /// forwards to an inner backend, except the ones the wrapper writes out.
@@ -565,10 +635,7 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
 /// the expression is the backend itself, not a reference to it (`self.inner`,
 /// `**self`). Then comes the impl, with `#[async_trait]` left out (the macro
 /// adds it); the methods in it are written as in any `LockBackend` impl.
-/// A name that is not a method of the trait is refused, and so is a
-/// wrapper that writes `try_acquire` without `try_acquire_waiting`, or
-/// `renew` without `renew_many`: the twin left forwarded would reach the
-/// store around the wrapper.
+/// A name that is not a method of the trait is refused.
 ///
 /// The conformance crate's `kit::forwarding` checks a wrapper: it calls
 /// every method through it and sees where each arrives. This crate's
@@ -578,7 +645,7 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
 /// ```
 /// use std::sync::atomic::{AtomicBool, Ordering};
 /// use std::time::Duration;
-/// use lockwright_core::backend::{Acquire, LockBackend, MemoryBackend};
+/// use lockwright_core::backend::{Acquire, AcquireRequest, LockBackend, LockBackendExt, MemoryBackend};
 /// use lockwright_core::{Error, LockKey, OwnerToken, Result};
 ///
 /// /// A store that refuses new grants while `closed` is set; everything
@@ -592,17 +659,11 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
 /// lockwright_core::forward_backend! {
 ///     (self) => self.store;
 ///     impl LockBackend for Closable {
-///         async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Acquire> {
+///         async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
 ///             if self.closed.load(Ordering::SeqCst) {
 ///                 return Err(Error::unavailable("closed"));
 ///             }
-///             self.store.try_acquire(key, owner, ttl).await
-///         }
-///         // A waiting acquire is refused the same way.
-///         async fn try_acquire_waiting(
-///             &self, key: &LockKey, owner: &OwnerToken, ttl: Duration, _ticket: &OwnerToken,
-///         ) -> Result<Acquire> {
-///             LockBackend::try_acquire(self, key, owner, ttl).await
+///             self.store.try_acquire(request).await
 ///         }
 ///     }
 /// }
@@ -611,7 +672,7 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
 /// # async fn main() -> Result<()> {
 /// let c = Closable::default();
 /// let key = LockKey::new("k")?;
-/// c.try_acquire(&key, &OwnerToken::generate(), Duration::from_secs(5)).await?;
+/// c.try_lock(&key, &OwnerToken::generate(), Duration::from_secs(5)).await?;
 /// assert!(c.inspect(&key).await?.held, "inspect is the memory store's");
 /// # Ok(())
 /// # }
@@ -620,44 +681,38 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
 macro_rules! forward_backend {
     // Blanks the slot of a method the wrapper wrote, then looks at the
     // next one. One rule per method of the trait, in the slots' order.
-    (@drop capabilities $ctx:tt $more:tt [$_a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [[] $b $c $d $e $f $g $h $i $j $k $l $m]);
+    (@drop capabilities $ctx:tt $more:tt [$_a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [[] $b $c $d $e $f $g $h $i $j $k]);
     };
-    (@drop verify $ctx:tt $more:tt [$a:tt $_b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a [] $c $d $e $f $g $h $i $j $k $l $m]);
+    (@drop verify $ctx:tt $more:tt [$a:tt $_b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a [] $c $d $e $f $g $h $i $j $k]);
     };
-    (@drop try_acquire $ctx:tt $more:tt [$a:tt $b:tt $_c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b [] $d $e $f $g $h $i $j $k $l $m]);
+    (@drop try_acquire $ctx:tt $more:tt [$a:tt $b:tt $_c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b [] $d $e $f $g $h $i $j $k]);
     };
-    (@drop release $ctx:tt $more:tt [$a:tt $b:tt $c:tt $_d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c [] $e $f $g $h $i $j $k $l $m]);
+    (@drop release $ctx:tt $more:tt [$a:tt $b:tt $c:tt $_d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c [] $e $f $g $h $i $j $k]);
     };
-    (@drop renew $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $_e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d [] $f $g $h $i $j $k $l $m]);
+    (@drop renew $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $_e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d [] $f $g $h $i $j $k]);
     };
-    (@drop renew_many $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $_f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e [] $g $h $i $j $k $l $m]);
+    (@drop inspect $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $_f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e [] $g $h $i $j $k]);
     };
-    (@drop inspect $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $_g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f [] $h $i $j $k $l $m]);
+    (@drop proclaim $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $_g:tt $h:tt $i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f [] $h $i $j $k]);
     };
-    (@drop proclaim $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $_h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g [] $i $j $k $l $m]);
+    (@drop changes $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $_h:tt $i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g [] $i $j $k]);
     };
-    (@drop changes $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $_i:tt $j:tt $k:tt $l:tt $m:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h [] $j $k $l $m]);
+    (@drop watch $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $_i:tt $j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h [] $j $k]);
     };
-    (@drop watch $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $_j:tt $k:tt $l:tt $m:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i [] $k $l $m]);
+    (@drop abandon $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $_j:tt $k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i [] $k]);
     };
-    (@drop try_acquire_waiting $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $_k:tt $l:tt $m:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j [] $l $m]);
-    };
-    (@drop abandon $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $_l:tt $m:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j $k [] $m]);
-    };
-    (@drop alarm $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $_m:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j $k $l []]);
+    (@drop alarm $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $_k:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j []]);
     };
     (@drop $other:ident $($_rest:tt)*) => {
         ::core::compile_error!(::core::concat!(
@@ -665,21 +720,6 @@ macro_rules! forward_backend {
         ));
     };
 
-    // A wrapper that changes one path into the store must change its twin:
-    // a forwarded `try_acquire_waiting` (or `renew_many`) would reach the
-    // inner store without the wrapper's own `try_acquire` (or `renew`).
-    (@names $ctx:tt [] [$a:tt $b:tt [] $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt [$($k:tt)+] $l:tt $m:tt]) => {
-        ::core::compile_error!(
-            "forward_backend!: a wrapper that writes `try_acquire` writes `try_acquire_waiting` \
-             too (call its own `try_acquire` there, or forward with a comment saying why)"
-        );
-    };
-    (@names $ctx:tt [] [$a:tt $b:tt $c:tt $d:tt [] [$($f:tt)+] $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
-        ::core::compile_error!(
-            "forward_backend!: a wrapper that writes `renew` writes `renew_many` too (renew \
-             each through its own `renew`, or forward with a comment saying why)"
-        );
-    };
     // Every method written out has been seen: the impl is the wrapper's
     // methods and the forwarding ones left in the slots.
     (@names [[$($head:tt)*] [$($body:tt)*]] [] [$([$($forward:tt)*])*]) => {
@@ -709,48 +749,36 @@ macro_rules! forward_backend {
             }]
             [async fn try_acquire(
                 &$s,
-                key: &$crate::LockKey,
-                owner: &$crate::OwnerToken,
-                ttl: ::core::time::Duration,
+                request: &$crate::backend::AcquireRequest,
             ) -> $crate::Result<$crate::backend::Acquire> {
-                $crate::backend::LockBackend::try_acquire(&$target, key, owner, ttl).await
+                $crate::backend::LockBackend::try_acquire(&$target, request).await
             }]
             [async fn release(
                 &$s,
-                key: &$crate::LockKey,
-                owner: &$crate::OwnerToken,
+                hold: &$crate::backend::HoldId,
             ) -> $crate::Result<$crate::backend::Release> {
-                $crate::backend::LockBackend::release(&$target, key, owner).await
+                $crate::backend::LockBackend::release(&$target, hold).await
             }]
             [async fn renew(
                 &$s,
-                key: &$crate::LockKey,
-                owner: &$crate::OwnerToken,
-                ttl: ::core::time::Duration,
-            ) -> $crate::Result<$crate::backend::Renew> {
-                $crate::backend::LockBackend::renew(&$target, key, owner, ttl).await
-            }]
-            [async fn renew_many(
-                &$s,
                 requests: &[$crate::backend::RenewRequest],
             ) -> ::std::vec::Vec<$crate::Result<$crate::backend::Renew>> {
-                $crate::backend::LockBackend::renew_many(&$target, requests).await
+                $crate::backend::LockBackend::renew(&$target, requests).await
             }]
             [async fn inspect(&$s, key: &$crate::LockKey) -> $crate::Result<$crate::LockStatus> {
                 $crate::backend::LockBackend::inspect(&$target, key).await
             }]
             [async fn proclaim(
                 &$s,
-                key: &$crate::LockKey,
-                owner: &$crate::OwnerToken,
+                hold: &$crate::backend::HoldId,
                 value: &[u8],
             ) -> $crate::Result<$crate::backend::Renew> {
-                $crate::backend::LockBackend::proclaim(&$target, key, owner, value).await
+                $crate::backend::LockBackend::proclaim(&$target, hold, value).await
             }]
             [async fn changes(
                 &$s,
                 key: &$crate::LockKey,
-            ) -> $crate::Result<::core::option::Option<$crate::backend::Watch>> {
+            ) -> $crate::Result<::core::option::Option<$crate::backend::Changes>> {
                 $crate::backend::LockBackend::changes(&$target, key).await
             }]
             [async fn watch(
@@ -760,23 +788,12 @@ macro_rules! forward_backend {
             ) -> $crate::Result<::core::option::Option<$crate::backend::Watch>> {
                 $crate::backend::LockBackend::watch(&$target, key, ticket).await
             }]
-            [async fn try_acquire_waiting(
-                &$s,
-                key: &$crate::LockKey,
-                owner: &$crate::OwnerToken,
-                ttl: ::core::time::Duration,
-                ticket: &$crate::OwnerToken,
-            ) -> $crate::Result<$crate::backend::Acquire> {
-                $crate::backend::LockBackend::try_acquire_waiting(&$target, key, owner, ttl, ticket)
-                    .await
-            }]
             [async fn abandon(
                 &$s,
-                key: &$crate::LockKey,
-                owner: &$crate::OwnerToken,
+                hold: &$crate::backend::HoldId,
                 ticket: &$crate::OwnerToken,
             ) -> $crate::Result<()> {
-                $crate::backend::LockBackend::abandon(&$target, key, owner, ticket).await
+                $crate::backend::LockBackend::abandon(&$target, hold, ticket).await
             }]
             [fn alarm(&$s) -> ::core::option::Option<$crate::backend::__watch::Receiver<u64>> {
                 $crate::backend::LockBackend::alarm(&$target)

@@ -17,14 +17,14 @@ use std::time::{Duration, Instant};
 use futures::Stream;
 use tracing::Instrument;
 
-use crate::acquire::AcquireRequest;
-use crate::backend::{Renew, Watch};
+use crate::backend::{Changes, Renew};
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
 use crate::key::{check_value, FencingToken, LockKey, OwnerToken};
 use crate::lease::{LeaseState, LockStatus, LostReason};
 use crate::locker::Locker;
 use crate::options::LockOptions;
+use crate::request::LockRequest;
 
 /// How often [`Election::observe`] reads the leader when nothing sooner is
 /// due. A reign whose lease runs out is read again when it does, so an
@@ -155,18 +155,15 @@ impl Election {
         opts: &LockOptions,
     ) -> Result<Option<Leadership>> {
         let value = check_value(value.into())?;
-        let owner = OwnerToken::generate().with_value(value.clone())?;
+        let owner = OwnerToken::generate();
         let span = tracing::info_span!("lockwright.campaign", name = %self.key,
             store = self.locker.store_label(), owner = owner.short(),
             outcome = tracing::field::Empty, term = tracing::field::Empty);
         // A token just drawn that holds nothing: an attempt abandoned
         // mid-flight is undone, as for `Locker::lock_with`.
-        let campaign = AcquireRequest {
-            key: self.key.clone(),
-            owner: owner.clone(),
-            fresh_owner: true,
-            campaign: true,
-        };
+        let campaign = LockRequest::new(self.key.clone(), Some(owner.clone()))
+            .fresh()
+            .campaigning(value.clone());
         let won = self
             .locker
             .acquire(campaign, opts)
@@ -283,13 +280,13 @@ enum Notices {
     /// while this observer reads.
     Coming(Subscribing),
     /// Subscribed: a notice means "read now".
-    Live(Watch),
+    Live(Changes),
     /// The store announces nothing: the poll alone.
     Unannounced,
 }
 
 /// A subscription on its way; dropped with the observer, it is abandoned.
-struct Subscribing(tokio::task::JoinHandle<Result<Option<Watch>>>);
+struct Subscribing(tokio::task::JoinHandle<Result<Option<Changes>>>);
 
 impl Drop for Subscribing {
     fn drop(&mut self) {
@@ -514,10 +511,7 @@ impl Leadership {
             )));
         }
         let backend = self.guard.backend();
-        match backend
-            .proclaim(self.guard.key(), self.guard.owner(), value)
-            .await?
-        {
+        match backend.proclaim(&self.guard.lease().hold(), value).await? {
             Renew::Renewed => Ok(()),
             Renew::NotHeld => Err(Error::not_held(format!(
                 "{:?}: this caller no longer leads; the value was not changed",

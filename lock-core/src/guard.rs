@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{LockBackend, Release, Renew};
+use crate::backend::{HoldId, LockBackend, Release, Renew};
 use crate::background::Background;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{FencingToken, LockKey, OwnerToken};
@@ -55,11 +55,7 @@ impl LockGuard {
         first_renew: Instant,
         meter: Arc<HoldMeter>,
     ) -> Self {
-        let request = crate::backend::RenewRequest {
-            key: lease.key.clone(),
-            owner: lease.owner.clone(),
-            ttl: lease.ttl,
-        };
+        let request = lease.renewal();
         let (id, state) = watchdog.register(
             request,
             trusted,
@@ -248,8 +244,10 @@ impl LockGuard {
         let sent = Instant::now();
         let outcome = self
             .backend
-            .renew(&self.lease.key, &self.lease.owner, self.lease.ttl)
+            .renew(std::slice::from_ref(&self.lease.renewal()))
             .await
+            .pop()
+            .unwrap_or_else(|| Err(Error::backend("no renewal result")))
             .inspect_err(|e| {
                 let labels = self.meter.labels();
                 labels.renewal("failed");
@@ -396,7 +394,7 @@ async fn release_confirmed(
 ) -> Result<Release> {
     let mut pause = RELEASE_RETRY.0;
     loop {
-        let e = match backend.release(&lease.key, &lease.owner).await {
+        let e = match backend.release(&lease.hold()).await {
             Err(e) if e.kind() == ErrorKind::Unavailable && (e.is_unapplied() || sole()) => e,
             other => return other,
         };
@@ -426,8 +424,7 @@ impl Drop for LockGuard {
         spawn_release(
             &self.background,
             &self.backend,
-            &self.lease.key,
-            &self.lease.owner,
+            self.lease.hold(),
             &self.meter,
         );
     }
@@ -438,16 +435,16 @@ impl Drop for LockGuard {
 fn spawn_release(
     background: &Background,
     backend: &Arc<dyn LockBackend>,
-    key: &LockKey,
-    owner: &OwnerToken,
+    hold: HoldId,
     meter: &Arc<HoldMeter>,
 ) {
-    let (backend, key2, owner) = (backend.clone(), key.clone(), owner.clone());
+    let key = hold.key.clone();
+    let backend = backend.clone();
     let meter = meter.clone();
     let spawned = background.spawn(async move {
-        if let Err(e) = backend.release(&key2, &owner).await {
+        if let Err(e) = backend.release(&hold).await {
             meter.labels().store_error(e.kind());
-            tracing::warn!(key = %key2, error = %e.chain(), "background release failed; the lock frees at its TTL");
+            tracing::warn!(key = %hold.key, error = %e.chain(), "background release failed; the lock frees at its TTL");
         }
     });
     if !spawned {

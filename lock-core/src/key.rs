@@ -2,7 +2,6 @@
 //! the fencing tokens a grant carries.
 
 use std::fmt;
-use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
@@ -114,23 +113,13 @@ impl IntoLockKey for &String {
 /// release and renew, so a stale holder can never free or extend a lock that
 /// someone else now holds.
 ///
-/// A token may also carry the value a leader advertises
-/// ([`with_value`](Self::with_value)): a store that keeps values writes it
-/// with the grant, so the lock is never seen held without it. The value
-/// plays no part in comparing tokens.
-///
-/// It also carries the [`Claim`] its acquires make: exclusive (a mutex, a
-/// writer, a semaphore's permit) or shared (a reader). Neither plays a part
-/// in comparing tokens.
-#[derive(Clone)]
+/// A token is only an identity: two tokens are equal when their text is.
+/// What a request claims (a mutex, N permits, a reader) and the value it
+/// carries are fields of the request ([`HoldId`](crate::backend::HoldId),
+/// [`AcquireRequest`](crate::backend::AcquireRequest)).
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct OwnerToken {
     token: String,
-    value: Option<Arc<[u8]>>,
-    claim: Claim,
-    /// A reader's claim taken beside this writer's hold (a downgrade).
-    beside: Option<Arc<str>>,
-    /// A read-write lock's writer, not a mutex (see [`writing`](Self::writing)).
-    writer: bool,
 }
 
 /// The most permits a semaphore can have.
@@ -205,20 +194,6 @@ impl fmt::Display for Claim {
     }
 }
 
-impl PartialEq for OwnerToken {
-    fn eq(&self, other: &Self) -> bool {
-        self.token == other.token
-    }
-}
-
-impl Eq for OwnerToken {}
-
-impl std::hash::Hash for OwnerToken {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.token.hash(state);
-    }
-}
-
 /// The longest value a leader can advertise, in bytes.
 pub const MAX_VALUE_LEN: usize = 1024;
 
@@ -255,93 +230,12 @@ impl OwnerToken {
     }
 
     fn plain(token: String) -> Self {
-        OwnerToken {
-            token,
-            value: None,
-            claim: Claim::MUTEX,
-            beside: None,
-            writer: false,
-        }
-    }
-
-    /// A new random token making the same claim, with the same value: the
-    /// same acquire, by an owner that holds nothing yet.
-    pub(crate) fn redrawn(&self) -> Self {
-        OwnerToken {
-            token: Self::generate().token,
-            ..self.clone()
-        }
+        OwnerToken { token }
     }
 
     /// The token as text (32 lowercase hex digits when generated).
     pub fn as_str(&self) -> &str {
         &self.token
-    }
-
-    /// The same token, making `claim` with its acquires.
-    #[must_use]
-    pub fn with_claim(mut self, claim: Claim) -> Self {
-        self.claim = claim;
-        self.writer = false;
-        self
-    }
-
-    /// The same token, making a read-write lock writer's claim: exclusive,
-    /// as the mutex's, and granted by the same rule. Most stores keep no
-    /// difference; one whose peers name writers apart from mutex holders
-    /// (ZooKeeper, in Curator's layouts) does, so that a Curator reader
-    /// sees our writer as a writer.
-    #[must_use]
-    pub fn writing(mut self) -> Self {
-        self.claim = Claim::MUTEX;
-        self.beside = None;
-        self.writer = true;
-        self
-    }
-
-    /// Whether this token's claim is a read-write lock writer's
-    /// ([`writing`](Self::writing)).
-    pub fn is_writer(&self) -> bool {
-        self.writer
-    }
-
-    /// The claim this token's acquires make ([`Claim::MUTEX`] unless set).
-    pub fn claim(&self) -> Claim {
-        self.claim
-    }
-
-    /// The same token, making a shared claim beside `writer`'s exclusive
-    /// hold on the same name (a downgrade): the store grants it while
-    /// `writer` holds the name, whoever waits, as the writer could
-    /// release and read at once.
-    #[must_use]
-    pub fn beside(mut self, writer: &OwnerToken) -> Self {
-        self.claim = Claim::Shared;
-        self.writer = false;
-        self.beside = Some(Arc::from(writer.as_str()));
-        self
-    }
-
-    /// The writer whose hold this reader's claim is made beside
-    /// ([`beside`](Self::beside)), if any.
-    pub fn writer(&self) -> Option<&str> {
-        self.beside.as_deref()
-    }
-
-    /// The same token, carrying `value` for the store to write with the
-    /// grants it makes to it (an election's advertised value).
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidOptions`](crate::ErrorKind::InvalidOptions) for a
-    /// value over [`MAX_VALUE_LEN`] bytes.
-    pub fn with_value(mut self, value: impl Into<Vec<u8>>) -> Result<Self> {
-        self.value = Some(Arc::from(check_value(value.into())?));
-        Ok(self)
-    }
-
-    /// The value this token carries, if any ([`with_value`](Self::with_value)).
-    pub fn value(&self) -> Option<&[u8]> {
-        self.value.as_deref()
     }
 }
 

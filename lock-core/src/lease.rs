@@ -1,9 +1,11 @@
 //! What a holder knows about its lease: the grant, and its live state.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::key::FencingToken;
 use crate::key::{LockKey, OwnerToken};
+use crate::request::{HoldId, HoldKind, RenewRequest};
 
 /// Why a held lock was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +90,11 @@ pub struct Lease {
     pub key: LockKey,
     /// The owner token that proves it.
     pub owner: OwnerToken,
+    /// What kind of hold it is.
+    pub kind: HoldKind,
+    /// The value it was granted with (a candidate's), for renewals that
+    /// grant it again where a node lost it.
+    pub(crate) value: Option<Arc<[u8]>>,
     /// The fencing token, where the backend gives one.
     pub fence: Option<FencingToken>,
     /// Holds this owner had on the key right after the grant.
@@ -97,6 +104,18 @@ pub struct Lease {
     /// The conservative local deadline at grant time: taken *before* the
     /// request was sent, minus [`clock_drift`].
     pub deadline: Instant,
+}
+
+impl Lease {
+    /// The hold this lease is of: its key, owner and kind.
+    pub fn hold(&self) -> HoldId {
+        HoldId::new(self.key.clone(), self.owner.clone(), self.kind.clone())
+    }
+
+    /// The renewal of this lease for its TTL.
+    pub(crate) fn renewal(&self) -> RenewRequest {
+        RenewRequest::new(self.hold(), self.ttl).granted_with(self.value.clone())
+    }
 }
 
 /// What the store says about a key right now, read without changing it

@@ -34,6 +34,7 @@ mod params;
 mod permits;
 mod quorum;
 mod redact;
+mod request;
 mod sync;
 mod tls;
 mod url;

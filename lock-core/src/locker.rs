@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::acquire::{supports, timeout_error, AcquireRequest, Acquirer};
+use crate::acquire::{supports, timeout_error, Acquirer};
 use crate::backend::{Capabilities, LockBackend};
 use crate::election::Election;
 use crate::error::{Error, Result};
@@ -15,6 +15,8 @@ use crate::lease::LockStatus;
 use crate::meter::{self, Labels};
 use crate::options::{LockOptions, WaitPolicy};
 use crate::permits::{ReadWriteLock, Semaphore};
+use crate::request::HoldKind;
+use crate::request::LockRequest;
 
 /// How long [`Locker::close`] waits for background clean-ups.
 const CLOSE_PATIENCE: Duration = Duration::from_secs(5);
@@ -139,13 +141,12 @@ impl Locker {
         let a = &self.acquirer;
         let held = a.watchdog.close();
         let released =
-            futures::future::join_all(held.iter().map(|r| a.backend.release(&r.key, &r.owner)))
-                .await;
+            futures::future::join_all(held.iter().map(|r| a.backend.release(&r.hold))).await;
         a.background.settle(CLOSE_PATIENCE).await;
         for (r, e) in held.iter().zip(&released) {
             if let Err(e) = e {
-                let primitive = meter::primitive(&r.owner, false);
-                Labels::new(a.store, primitive, &r.key, a.name_label).store_error(e.kind());
+                let primitive = meter::primitive(&r.hold.kind, false);
+                Labels::new(a.store, primitive, &r.hold.key, a.name_label).store_error(e.kind());
             }
         }
         let failed = released.iter().filter(|r| r.is_err()).count();
@@ -232,7 +233,7 @@ impl Locker {
     /// `InvalidKey`, `Unavailable` (never reported as "held"), or a backend error.
     pub async fn try_lock(&self, key: impl IntoLockKey) -> Result<Option<LockGuard>> {
         let opts = self.options.clone().no_wait();
-        let request = AcquireRequest::new(key.into_lock_key()?, None);
+        let request = LockRequest::new(key.into_lock_key()?, None);
         self.acquire(request, &opts).await
     }
 
@@ -257,7 +258,7 @@ impl Locker {
     /// backend cannot honour; otherwise as [`try_lock`](Self::try_lock).
     pub async fn lock_with(&self, key: impl IntoLockKey, opts: &LockOptions) -> Result<LockGuard> {
         let key = key.into_lock_key()?;
-        self.acquire(AcquireRequest::new(key.clone(), None), opts)
+        self.acquire(LockRequest::new(key.clone(), None), opts)
             .await?
             .ok_or_else(|| timeout_error(&key, opts.wait))
     }
@@ -290,7 +291,7 @@ impl Locker {
         key: impl IntoLockKey,
         opts: &LockOptions,
     ) -> Result<Option<LockGuard>> {
-        let request = AcquireRequest::new(key.into_lock_key()?, None);
+        let request = LockRequest::new(key.into_lock_key()?, None);
         self.acquire(request, opts).await
     }
 
@@ -313,7 +314,7 @@ impl Locker {
         owner: &OwnerToken,
     ) -> Result<LockGuard> {
         let key = key.into_lock_key()?;
-        self.acquire(AcquireRequest::new(key.clone(), Some(owner.clone())), opts)
+        self.acquire(LockRequest::new(key.clone(), Some(owner.clone())), opts)
             .await?
             .ok_or_else(|| timeout_error(&key, opts.wait))
     }
@@ -348,12 +349,12 @@ impl Locker {
         ReadWriteLock::new(self.clone(), name.into_lock_key()?)
     }
 
-    /// The one acquire (see [`AcquireRequest`]), for this type's methods and
+    /// The one acquire (see [`LockRequest`]), for this type's methods and
     /// the handles it makes: an election's campaign, a semaphore's or a
     /// read-write lock's take. A wait that runs out is `Ok(None)`.
     pub(crate) async fn acquire(
         &self,
-        request: AcquireRequest,
+        request: LockRequest,
         opts: &LockOptions,
     ) -> Result<Option<LockGuard>> {
         self.acquirer.acquire(request, opts).await
@@ -435,12 +436,7 @@ impl Locker {
                 wait,
                 ..opts.clone()
             };
-            let request = AcquireRequest {
-                key: key.clone(),
-                owner: OwnerToken::generate().with_claim(claim),
-                fresh_owner: true,
-                campaign: false,
-            };
+            let request = LockRequest::new(key.clone(), None).of_kind(HoldKind::of_claim(claim));
             let outcome = self
                 .acquire(request, &step)
                 .await

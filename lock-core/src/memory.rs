@@ -9,7 +9,8 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::backend::{
-    Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, Watch, MARK_LIFE,
+    Acquire, AcquireRequest, Binding, Capabilities, Changes, Grant, HoldId, LockBackend, Release,
+    Renew, RenewRequest, Watch, MARK_LIFE,
 };
 use crate::claims::{judge, Found};
 use crate::error::{Error, Result};
@@ -86,6 +87,7 @@ impl Slot {
     fn blocked(
         &mut self,
         owner: &OwnerToken,
+        beside: Option<&OwnerToken>,
         claim: Claim,
         now: Instant,
         ttl: Duration,
@@ -107,13 +109,13 @@ impl Slot {
             }
             Claim::Shared => {
                 let writers = self.soonest(now, |h| !h.shared);
-                let beside_writer = owner.writer().is_some_and(|w| {
+                let beside_writer = beside.is_some_and(|w| {
                     let mut writers = self.holders.iter().filter(|h| !h.shared).peekable();
-                    writers.peek().is_some() && writers.all(|h| h.owner.as_str() == w)
+                    writers.peek().is_some() && writers.all(|h| h.owner == *w)
                 });
                 if beside_writer {
                     None
-                } else if owner.writer().is_some() {
+                } else if beside.is_some() {
                     // A downgrade whose writer no longer holds: refused,
                     // never a read hold after a gap.
                     Some(Duration::ZERO)
@@ -236,12 +238,12 @@ impl LockBackend for MemoryBackend {
         }
     }
 
-    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, _ticket: &OwnerToken) -> Result<()> {
+    async fn abandon(&self, hold: &HoldId, _ticket: &OwnerToken) -> Result<()> {
         // A writer that gives up lets readers in again.
         let mut store = self.store()?;
-        if let Some(slot) = store.slots.get_mut(key) {
+        if let Some(slot) = store.slots.get_mut(&hold.key) {
             let before = slot.writers_waiting.len();
-            slot.writers_waiting.retain(|(o, _)| o != owner);
+            slot.writers_waiting.retain(|(o, _)| *o != hold.owner);
             if slot.writers_waiting.len() != before {
                 slot.released.send_modify(|v| *v += 1);
             }
@@ -249,19 +251,15 @@ impl LockBackend for MemoryBackend {
         Ok(())
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let (key, owner, ttl) = (request.key(), request.owner(), request.ttl);
         let mut store = self.store()?;
         let now = Instant::now();
         store.sweep(now);
         let Store { slots, fence, .. } = &mut *store;
         let slot = slots.entry(key.clone()).or_insert_with(Slot::free);
         slot.prune(now);
-        let claim = owner.claim();
+        let claim = request.claim();
         let found = Found {
             own_shared: slot.hold_of(owner, now).map(|h| h.shared),
             kept: slot
@@ -281,7 +279,7 @@ impl LockBackend for MemoryBackend {
                 lease: None,
             }));
         }
-        let blocked = slot.blocked(owner, claim, now, ttl);
+        let blocked = slot.blocked(owner, request.hold.kind.beside(), claim, now, ttl);
         if let Some(left) = blocked {
             return Ok(Acquire::Contended {
                 retry_after: Some(left),
@@ -298,7 +296,7 @@ impl LockBackend for MemoryBackend {
             holds: 1,
             expires: now + ttl,
             fence: *fence,
-            value: owner.value().map(<[u8]>::to_vec),
+            value: request.value().map(<[u8]>::to_vec),
         });
         slot.announce();
         Ok(Acquire::Acquired(Grant {
@@ -308,7 +306,8 @@ impl LockBackend for MemoryBackend {
         }))
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+    async fn release(&self, hold: &HoldId) -> Result<Release> {
+        let (key, owner) = (&hold.key, &hold.owner);
         let mut store = self.store()?;
         let now = Instant::now();
         let Some(slot) = store.slots.get_mut(key) else {
@@ -330,16 +329,25 @@ impl LockBackend for MemoryBackend {
         Ok(Release::Freed)
     }
 
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        let mut store = self.store()?;
+    async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        let mut store = match self.store() {
+            Ok(store) => store,
+            Err(e) => return requests.iter().map(|_| Err(e.clone())).collect(),
+        };
         let now = Instant::now();
-        match store.slots.get_mut(key).and_then(|s| s.hold_of(owner, now)) {
-            Some(hold) => {
-                hold.expires = now + ttl;
-                Ok(Renew::Renewed)
-            }
-            None => Ok(Renew::NotHeld),
-        }
+        requests
+            .iter()
+            .map(|r| {
+                let held = store.slots.get_mut(r.key());
+                match held.and_then(|s| s.hold_of(r.owner(), now)) {
+                    Some(hold) => {
+                        hold.expires = now + r.ttl;
+                        Ok(Renew::Renewed)
+                    }
+                    None => Ok(Renew::NotHeld),
+                }
+            })
+            .collect()
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
@@ -369,13 +377,13 @@ impl LockBackend for MemoryBackend {
         })
     }
 
-    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+    async fn proclaim(&self, hold: &HoldId, value: &[u8]) -> Result<Renew> {
         let mut store = self.store()?;
         let now = Instant::now();
-        let Some(slot) = store.slots.get_mut(key) else {
+        let Some(slot) = store.slots.get_mut(&hold.key) else {
             return Ok(Renew::NotHeld);
         };
-        match slot.hold_of(owner, now) {
+        match slot.hold_of(&hold.owner, now) {
             Some(hold) => {
                 hold.value = Some(value.to_vec());
                 slot.announce();
@@ -385,10 +393,10 @@ impl LockBackend for MemoryBackend {
         }
     }
 
-    async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+    async fn changes(&self, key: &LockKey) -> Result<Option<Changes>> {
         let mut store = self.store()?;
         let slot = store.slots.entry(key.clone()).or_insert_with(Slot::free);
-        Ok(Some(Watch::new(slot.changed.subscribe(), None)))
+        Ok(Some(Changes::new(slot.changed.subscribe(), None)))
     }
 
     async fn watch(&self, key: &LockKey, _ticket: &OwnerToken) -> Result<Option<Watch>> {

@@ -11,8 +11,9 @@ use std::time::Instant;
 use metrics::Label;
 
 use crate::error::ErrorKind;
-use crate::key::{Claim, LockKey, OwnerToken};
+use crate::key::LockKey;
 use crate::lease::LostReason;
+use crate::request::HoldKind;
 
 /// Time from an acquire's start to its outcome (histogram, seconds).
 pub const ACQUIRE_WAIT: &str = "lockwright_acquire_wait_seconds";
@@ -138,13 +139,13 @@ impl Labels {
 }
 
 /// The primitive a claim belongs to, as its metrics name it.
-pub(crate) fn primitive(owner: &OwnerToken, election: bool) -> &'static str {
-    match owner.claim() {
+pub(crate) fn primitive(kind: &HoldKind, election: bool) -> &'static str {
+    match kind {
         _ if election => ELECTION,
-        Claim::Shared => "read",
-        Claim::Exclusive { permits: 1 } if owner.is_writer() => "write",
-        Claim::Exclusive { permits: 1 } => "lock",
-        Claim::Exclusive { .. } => "semaphore",
+        HoldKind::Reader { .. } => "read",
+        HoldKind::Writer => "write",
+        HoldKind::Mutex | HoldKind::Permit { permits: 1 } => "lock",
+        HoldKind::Permit { .. } => "semaphore",
     }
 }
 

@@ -12,13 +12,15 @@
 
 use std::fmt;
 
-use crate::acquire::{supports, timeout_error, AcquireRequest};
+use crate::acquire::{supports, timeout_error};
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
 use crate::key::{Claim, LockKey, OwnerToken};
 use crate::lease::LockStatus;
 use crate::locker::Locker;
 use crate::options::LockOptions;
+use crate::request::HoldKind;
+use crate::request::LockRequest;
 
 /// At most N holders of a name at once, on the store's clock. Made by
 /// [`Locker::semaphore`].
@@ -85,7 +87,14 @@ impl Semaphore {
     pub async fn acquire(&self, opts: &LockOptions) -> Result<LockGuard> {
         required(
             &self.key,
-            take(&self.locker, &self.key, Ask::Claim(self.claim), None, opts).await?,
+            take(
+                &self.locker,
+                &self.key,
+                HoldKind::of_claim(self.claim),
+                None,
+                opts,
+            )
+            .await?,
             opts,
         )
     }
@@ -95,7 +104,14 @@ impl Semaphore {
     /// # Errors
     /// As [`acquire`](Self::acquire), without `Timeout`.
     pub async fn try_acquire(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        take(&self.locker, &self.key, Ask::Claim(self.claim), None, opts).await
+        take(
+            &self.locker,
+            &self.key,
+            HoldKind::of_claim(self.claim),
+            None,
+            opts,
+        )
+        .await
     }
 
     /// Takes a permit as `owner`: if it holds one already, the store adds
@@ -107,7 +123,7 @@ impl Semaphore {
         let held = take(
             &self.locker,
             &self.key,
-            Ask::Claim(self.claim),
+            HoldKind::of_claim(self.claim),
             Some(owner),
             opts,
         )
@@ -184,7 +200,7 @@ impl ReadWriteLock {
     pub async fn read(&self, opts: &LockOptions) -> Result<LockGuard> {
         required(
             &self.key,
-            take(&self.locker, &self.key, READ, None, opts).await?,
+            take(&self.locker, &self.key, read(), None, opts).await?,
             opts,
         )
     }
@@ -194,7 +210,7 @@ impl ReadWriteLock {
     /// # Errors
     /// As [`read`](Self::read), without `Timeout`.
     pub async fn try_read(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        take(&self.locker, &self.key, READ, None, opts).await
+        take(&self.locker, &self.key, read(), None, opts).await
     }
 
     /// Takes the write hold, waiting as `opts` say.
@@ -205,7 +221,7 @@ impl ReadWriteLock {
     pub async fn write(&self, opts: &LockOptions) -> Result<LockGuard> {
         required(
             &self.key,
-            take(&self.locker, &self.key, WRITE, None, opts).await?,
+            take(&self.locker, &self.key, HoldKind::Writer, None, opts).await?,
             opts,
         )
     }
@@ -215,7 +231,7 @@ impl ReadWriteLock {
     /// # Errors
     /// As [`write`](Self::write), without `Timeout`.
     pub async fn try_write(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        take(&self.locker, &self.key, WRITE, None, opts).await
+        take(&self.locker, &self.key, HoldKind::Writer, None, opts).await
     }
 
     /// Takes a read hold as `owner`, adding a hold if it reads already.
@@ -224,7 +240,7 @@ impl ReadWriteLock {
     /// `InvalidOptions` if `owner` holds the write lock (downgrade
     /// instead); otherwise as [`read`](Self::read).
     pub async fn read_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
-        let held = take(&self.locker, &self.key, READ, Some(owner), opts).await?;
+        let held = take(&self.locker, &self.key, read(), Some(owner), opts).await?;
         required(&self.key, held, opts)
     }
 
@@ -234,7 +250,7 @@ impl ReadWriteLock {
     /// `InvalidOptions` if `owner` holds a read lock (a read hold is
     /// never upgraded); otherwise as [`write`](Self::write).
     pub async fn write_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
-        let held = take(&self.locker, &self.key, WRITE, Some(owner), opts).await?;
+        let held = take(&self.locker, &self.key, HoldKind::Writer, Some(owner), opts).await?;
         required(&self.key, held, opts)
     }
 
@@ -256,18 +272,15 @@ impl ReadWriteLock {
                 self.key.as_str()
             )));
         }
-        let owner = OwnerToken::generate().beside(writer.owner());
+        let kind = HoldKind::Reader {
+            beside: Some(writer.owner().clone()),
+        };
         let opts = LockOptions {
             ttl: writer.lease().ttl,
             ..self.locker.options().clone()
         }
         .no_wait();
-        let request = AcquireRequest {
-            key: self.key.clone(),
-            owner,
-            fresh_owner: true,
-            campaign: false,
-        };
+        let request = LockRequest::new(self.key.clone(), None).of_kind(kind);
         let reader = self.locker.acquire(request, &opts).await?;
         let Some(reader) = reader else {
             let _ = writer.release().await;
@@ -305,40 +318,21 @@ impl ReadWriteLock {
     }
 }
 
-/// What an acquire asks for: a claim, or a read-write lock writer's
-/// (exclusive, but named a writer where the store tells them apart).
-#[derive(Debug, Clone, Copy)]
-enum Ask {
-    Claim(Claim),
-    Write,
+/// A reader's hold, beside no writer.
+fn read() -> HoldKind {
+    HoldKind::Reader { beside: None }
 }
 
-const READ: Ask = Ask::Claim(Claim::Shared);
-const WRITE: Ask = Ask::Write;
-
-/// One acquire of `key` making `ask`'s claim, as `owner` (a re-entry) or
-/// a token drawn for it; a wait that runs out is `Ok(None)`.
+/// One acquire of `key` making a hold of `kind`, as `owner` (a re-entry)
+/// or a token drawn for it; a wait that runs out is `Ok(None)`.
 async fn take(
     locker: &Locker,
     key: &LockKey,
-    ask: Ask,
+    kind: HoldKind,
     owner: Option<&OwnerToken>,
     opts: &LockOptions,
 ) -> Result<Option<LockGuard>> {
-    let (owner, fresh) = match owner {
-        Some(o) => (o.clone(), false),
-        None => (OwnerToken::generate(), true),
-    };
-    let owner = match ask {
-        Ask::Claim(claim) => owner.with_claim(claim),
-        Ask::Write => owner.writing(),
-    };
-    let request = AcquireRequest {
-        key: key.clone(),
-        owner,
-        fresh_owner: fresh,
-        campaign: false,
-    };
+    let request = LockRequest::new(key.clone(), owner.cloned()).of_kind(kind);
     locker.acquire(request, opts).await
 }
 

@@ -9,7 +9,8 @@ use async_trait::async_trait;
 use futures::future::join_all;
 
 use crate::backend::{
-    renew_one, Acquire, Binding, Capabilities, Grant, LockBackend, Release, Renew, RenewRequest,
+    Acquire, AcquireRequest, Binding, Capabilities, Grant, HoldId, LockBackend, Release, Renew,
+    RenewRequest,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{Claim, LockKey, OwnerToken};
@@ -35,7 +36,7 @@ use crate::url::ServerUrl;
 ///
 /// ```
 /// use std::time::Duration;
-/// use lockwright_core::backend::{LockBackend, MemoryBackend, Quorum};
+/// use lockwright_core::backend::{LockBackendExt, MemoryBackend, Quorum};
 /// use lockwright_core::{LockKey, OwnerToken};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> lockwright_core::Result<()> {
@@ -43,7 +44,7 @@ use crate::url::ServerUrl;
 /// let q = Quorum::new("memory", nodes, Duration::from_millis(10))?;
 /// let (key, me) = (LockKey::new("k")?, OwnerToken::generate());
 /// assert!(matches!(
-///     q.try_acquire(&key, &me, Duration::from_secs(5)).await?,
+///     q.try_lock(&key, &me, Duration::from_secs(5)).await?,
 ///     lockwright_core::backend::Acquire::Acquired(_)
 /// ));
 /// # Ok(())
@@ -342,14 +343,16 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         }
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        // No queue spans the nodes (see the end of this impl): each node
+        // gets a single attempt.
+        let single = AcquireRequest {
+            ticket: None,
+            ..request.clone()
+        };
+        let (hold, ttl) = (&request.hold, request.ttl);
         let start = Instant::now();
-        let answers = join_all(self.nodes.iter().map(|n| n.try_acquire(key, owner, ttl))).await;
+        let answers = join_all(self.nodes.iter().map(|n| n.try_acquire(&single))).await;
         let elapsed = start.elapsed();
         let mut grants = Vec::new();
         let mut retry_after: Option<Duration> = None;
@@ -391,7 +394,7 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
             }
         }
         let valid = ttl > elapsed + clock_drift(ttl);
-        let needed = self.needed(owner.claim());
+        let needed = self.needed(hold.claim());
         if grants.len() >= needed && valid && invalid.is_none() {
             let holds = grants.iter().map(|g| g.holds).max().unwrap_or(1);
             return Ok(Acquire::Acquired(Grant {
@@ -417,7 +420,7 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
             .map(|(n, _)| n)
             .collect();
         if !undo.is_empty() {
-            let _ = join_all(undo.into_iter().map(|n| n.release(key, owner))).await;
+            let _ = join_all(undo.into_iter().map(|n| n.release(hold))).await;
         }
         if let Some(e) = invalid {
             return Err(e.clone());
@@ -428,10 +431,10 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         Ok(Acquire::Contended { retry_after })
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+    async fn release(&self, hold: &HoldId) -> Result<Release> {
         let t = tally(
             &self.name,
-            join_all(self.nodes.iter().map(|n| n.release(key, owner))).await,
+            join_all(self.nodes.iter().map(|n| n.release(hold))).await,
         );
         let still: Vec<u32> =
             t.ok.iter()
@@ -441,7 +444,7 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
                 })
                 .collect();
         let held = t.ok.iter().filter(|r| **r != Release::NotHeld).count();
-        let needed = self.needed(owner.claim());
+        let needed = self.needed(hold.claim());
         if held >= needed {
             return Ok(if still.len() >= needed {
                 Release::StillHeld(still.into_iter().min().unwrap_or(1))
@@ -459,10 +462,10 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
 
     /// Sets the value on every node; done when a quorum of them had the
     /// owner's hold, `NotHeld` when too few did for the rest to matter.
-    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+    async fn proclaim(&self, hold: &HoldId, value: &[u8]) -> Result<Renew> {
         let t = tally(
             &self.name,
-            join_all(self.nodes.iter().map(|n| n.proclaim(key, owner, value))).await,
+            join_all(self.nodes.iter().map(|n| n.proclaim(hold, value))).await,
         );
         let set = t.ok.iter().filter(|r| **r == Renew::Renewed).count();
         if set >= self.quorum {
@@ -545,14 +548,10 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
             .with_value(value))
     }
 
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        renew_one(self, key, owner, ttl).await
-    }
-
     /// A writer giving up takes its marks away on every node it reaches;
     /// one that cannot be reached drops its mark at the writer's TTL.
-    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
-        let answers = join_all(self.nodes.iter().map(|n| n.abandon(key, owner, ticket))).await;
+    async fn abandon(&self, hold: &HoldId, ticket: &OwnerToken) -> Result<()> {
+        let answers = join_all(self.nodes.iter().map(|n| n.abandon(hold, ticket))).await;
         let t = tally(&self.name, answers);
         match self.unreachable(t.errors, t.refused.as_ref()) {
             Some(e) => Err(e),
@@ -560,9 +559,9 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         }
     }
 
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+    async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
         let start = Instant::now();
-        let per_node = join_all(self.nodes.iter().map(|n| n.renew_many(requests))).await;
+        let per_node = join_all(self.nodes.iter().map(|n| n.renew(requests))).await;
         let elapsed = start.elapsed();
         let results: Vec<Result<Renew>> = (0..requests.len())
             .map(|i| {
@@ -576,7 +575,7 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
                     }
                 }
                 let ttl = requests[i].ttl;
-                let needed = self.needed(requests[i].owner.claim());
+                let needed = self.needed(requests[i].hold.claim());
                 if renewed >= needed && ttl > elapsed + clock_drift(ttl) {
                     Ok(Renew::Renewed)
                 } else if renewed + errors >= needed {
@@ -606,7 +605,11 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         });
         let restored = join_all(restore.map(|(n, i)| {
             let r = &requests[i];
-            self.nodes[n].try_acquire(&r.key, &r.owner, r.ttl)
+            let again = AcquireRequest {
+                value: r.value.clone(),
+                ..AcquireRequest::new(r.hold.clone(), r.ttl)
+            };
+            async move { self.nodes[n].try_acquire(&again).await }
         }))
         .await;
         let back = restored
@@ -623,9 +626,9 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
         results
     }
 
-    // The change notices, the waiting hooks and the alarm keep the trait's
-    // defaults on purpose: they make sense on one store, not across
-    // independent ones.
+    // The change notices, the release watch and the alarm keep the trait's
+    // defaults, and a waiter's ticket is not passed on, on purpose: they
+    // make sense on one store, not across independent ones.
     // - `changes`: none, so observers poll. Merging the nodes' notices
     //   needs a task that outlives the call, and which nodes it must hear
     //   from depends on the nodes' own notices (Redlock merges its nodes'
@@ -633,8 +636,9 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
     // - `watch`: no notification. A subscription per node would wake a
     //   waiter on every node's release, most of which free no quorum, and a
     //   node that is down would leave it waiting on nothing; waiters poll.
-    // - `try_acquire_waiting`: a plain attempt. The nodes' queues would each
-    //   order the waiters their own way, so no queue spans the quorum.
+    // - a waiter's ticket: each node gets a plain attempt. The nodes' queues
+    //   would each order the waiters their own way, so no queue spans the
+    //   quorum.
     // - `abandon`: forwarded (below): no ticket was queued anywhere, but a
     //   writer's marks on the nodes go.
     // - `alarm`: none. Merging the nodes' alarms would need a task of its

@@ -254,7 +254,7 @@ impl Watchdog {
         self.lock()
             .entries
             .values()
-            .any(|e| e.request.key == *key && e.request.owner == *owner)
+            .any(|e| e.request.hold.key == *key && e.request.hold.owner == *owner)
     }
 
     /// Stops tracking a lease; its state becomes `Released` unless it was lost.
@@ -351,7 +351,7 @@ impl Watchdog {
             Ok(Renew::Renewed) if e.deadline <= Instant::now() => {
                 // Too late: the guard has read as lost since its deadline
                 // (`LeaseState::at`), and a lost lock stays lost.
-                tracing::warn!(key = %e.request.key, "lock lost: renewed only after its deadline");
+                tracing::warn!(key = %e.request.hold.key, "lock lost: renewed only after its deadline");
                 e.tx.send_replace(LeaseState::Lost(LostReason::Expired));
                 e.meter.lost(LostReason::Expired);
                 st.entries.remove(&id);
@@ -369,7 +369,7 @@ impl Watchdog {
                 }
                 // The lease trusted, not the TTL asked for: on a session store the
                 // session timeout bounds it, and may be far shorter.
-                tracing::debug!(key = %e.request.key, lease = ?e.trusted,
+                tracing::debug!(key = %e.request.hold.key, lease = ?e.trusted,
                     requested_ttl = ?e.request.ttl, "lock renewed");
                 e.tx.send_replace(LeaseState::Held {
                     deadline: e.deadline,
@@ -377,7 +377,7 @@ impl Watchdog {
                 None
             }
             Ok(Renew::NotHeld) => {
-                tracing::warn!(key = %e.request.key, "lock lost: the store says it is no longer held");
+                tracing::warn!(key = %e.request.hold.key, "lock lost: the store says it is no longer held");
                 e.tx.send_replace(LeaseState::Lost(LostReason::NotHeld));
                 e.meter.lost(LostReason::NotHeld);
                 st.entries.remove(&id);
@@ -400,12 +400,12 @@ impl Watchdog {
                 };
                 e.failures = e.failures.saturating_add(1);
                 e.failed_at = Some(now);
-                tracing::warn!(key = %e.request.key, error = %err.chain(),
+                tracing::warn!(key = %e.request.hold.key, error = %err.chain(),
                     retry_in = ?retry, "lock renewal failed; retrying");
                 e.next_renew = now + retry;
                 (!e.hooks.is_empty()).then(|| {
                     let failure = RenewalFailure {
-                        key: e.request.key.clone(),
+                        key: e.request.hold.key.clone(),
                         kind: err.kind(),
                         error: err.chain().to_string(),
                         failures: e.failures,
@@ -516,7 +516,7 @@ impl Watchdog {
         let mut st = self.lock();
         st.entries.retain(|_, e| {
             if e.deadline <= now {
-                tracing::warn!(key = %e.request.key, "lock lost: not renewed before its deadline");
+                tracing::warn!(key = %e.request.hold.key, "lock lost: not renewed before its deadline");
                 e.tx.send_replace(LeaseState::Lost(LostReason::Expired));
                 e.meter.lost(LostReason::Expired);
                 false
@@ -608,7 +608,7 @@ impl Watchdog {
             }
             let outcome = results
                 .next()
-                .unwrap_or_else(|| Err(Error::backend("renew_many returned too few results")));
+                .unwrap_or_else(|| Err(Error::backend("renew returned too few results")));
             calls.push(Self::apply(&mut st, id, sent, outcome));
         }
         drop(st);
@@ -700,7 +700,7 @@ async fn renew_batch(
     // once the store is back: it ends within half the shortest
     // lease of the batch, so its retries still land inside it.
     let sent = Instant::now();
-    let results = match tokio::time::timeout(limit, backend.renew_many(&requests)).await {
+    let results = match tokio::time::timeout(limit, backend.renew(&requests)).await {
         Ok(results) => results,
         Err(_) => requests
             .iter()

@@ -1,6 +1,7 @@
 //! The application door: `try_lock_with`, the loss token, `Locker::close`,
 //! and the exit status of every error kind.
 
+use lockwright_core::backend::LockBackendExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -224,13 +225,15 @@ lockwright_core::forward_backend! {
                 .with_notify(true)
                 .with_max_lease(Some(Duration::from_millis(300)))
         }
-        async fn try_acquire_waiting(
+        async fn try_acquire(
             &self,
-            k: &lockwright_core::LockKey,
-            o: &lockwright_core::OwnerToken,
-            ttl: Duration,
-            _ticket: &lockwright_core::OwnerToken,
+            request: &lockwright_core::backend::AcquireRequest,
         ) -> lockwright_core::Result<lockwright_core::backend::Acquire> {
+            // A single attempt is the memory store's; a waiter's is queued.
+            if request.ticket.is_none() {
+                return self.store.try_acquire(request).await;
+            }
+            let (k, o) = (request.key(), request.owner());
             *self.queued.lock().unwrap() = Some(o.clone());
             self.attempts
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -245,7 +248,11 @@ lockwright_core::forward_backend! {
                     },
                 ));
             }
-            match self.store.try_acquire(k, o, ttl).await? {
+            let single = lockwright_core::backend::AcquireRequest {
+                ticket: None,
+                ..request.clone()
+            };
+            match self.store.try_acquire(&single).await? {
                 lockwright_core::backend::Acquire::Contended { .. } => {
                     Ok(lockwright_core::backend::Acquire::Contended {
                         retry_after: Some(Duration::from_secs(10)),
@@ -263,26 +270,14 @@ lockwright_core::forward_backend! {
             *self.waiter.lock().unwrap() = Some((ticket.clone(), tx));
             Ok(Some(lockwright_core::backend::Watch::grants(rx, None)))
         }
+        /// Every lease renewed is counted.
         async fn renew(
-            &self,
-            k: &lockwright_core::LockKey,
-            o: &lockwright_core::OwnerToken,
-            ttl: Duration,
-        ) -> lockwright_core::Result<lockwright_core::backend::Renew> {
-            self.renewals
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            self.store.renew(k, o, ttl).await
-        }
-        /// Each lease through `renew` above, so that every renewal is counted.
-        async fn renew_many(
             &self,
             requests: &[lockwright_core::backend::RenewRequest],
         ) -> Vec<lockwright_core::Result<lockwright_core::backend::Renew>> {
-            let mut out = Vec::with_capacity(requests.len());
-            for r in requests {
-                out.push(self.renew(&r.key, &r.owner, r.ttl).await);
-            }
-            out
+            self.renewals
+                .fetch_add(requests.len(), std::sync::atomic::Ordering::SeqCst);
+            self.store.renew(requests).await
         }
     }
 }
@@ -292,13 +287,13 @@ lockwright_core::forward_backend! {
 /// with a deadline ahead of it, not one that passed while it waited.
 #[tokio::test]
 async fn a_hand_off_after_a_long_wait_is_confirmed_within_the_cap() {
-    use lockwright_core::backend::{Acquire, LockBackend};
+    use lockwright_core::backend::Acquire;
     let store = Arc::new(ShortSessionHandOff::default());
     let key = lockwright_core::LockKey::new("handed").unwrap();
     let holder = lockwright_core::OwnerToken::generate();
     let long = Duration::from_secs(30);
     assert!(matches!(
-        store.store.try_acquire(&key, &holder, long).await.unwrap(),
+        store.store.try_lock(&key, &holder, long).await.unwrap(),
         Acquire::Acquired(_)
     ));
     let locker = Locker::from_arc(store.clone());
@@ -310,14 +305,14 @@ async fn a_hand_off_after_a_long_wait_is_confirmed_within_the_cap() {
     });
     // Queued for longer than a session could live unconfirmed.
     tokio::time::sleep(Duration::from_millis(700)).await;
-    store.store.release(&key, &holder).await.unwrap();
+    store.store.unlock(&key, &holder).await.unwrap();
     let owner = store
         .queued
         .lock()
         .unwrap()
         .clone()
         .expect("the waiter queued");
-    let grant = match store.store.try_acquire(&key, &owner, long).await.unwrap() {
+    let grant = match store.store.try_lock(&key, &owner, long).await.unwrap() {
         Acquire::Acquired(g) => g,
         other => panic!("{other:?}"),
     };

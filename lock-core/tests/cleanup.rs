@@ -1,11 +1,12 @@
 //! What an acquire leaves behind when it fails, and waiting for the
 //! background clean-ups before a process exits.
 
+use lockwright_core::backend::LockBackendExt;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockwright_core::backend::{Acquire, LockBackend, MemoryBackend};
+use lockwright_core::backend::{Acquire, AcquireRequest, LockBackend, MemoryBackend};
 use lockwright_core::{Error, ErrorKind, LockKey, LockOptions, Locker, OwnerToken, Result};
 
 /// A store whose acquire is applied but whose reply is lost: the caller sees
@@ -21,8 +22,9 @@ struct LostReply {
 lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for LostReply {
-        async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
-            let outcome = self.inner.try_acquire(k, o, ttl).await;
+        // A waiting acquire loses its reply the same way.
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+            let outcome = self.inner.try_acquire(request).await;
             let one_more = self
                 .lose_next
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -31,16 +33,6 @@ lockwright_core::forward_backend! {
                 return Err(Error::unavailable("no reply within the timeout"));
             }
             outcome
-        }
-        // A waiting acquire loses its reply the same way.
-        async fn try_acquire_waiting(
-            &self,
-            k: &LockKey,
-            o: &OwnerToken,
-            ttl: Duration,
-            _ticket: &OwnerToken,
-        ) -> Result<Acquire> {
-            LockBackend::try_acquire(self, k, o, ttl).await
         }
     }
 }
@@ -57,7 +49,7 @@ async fn an_acquire_whose_reply_was_lost_is_undone() {
     let key = LockKey::new("k").unwrap();
     let outcome = backend
         .inner
-        .try_acquire(&key, &other, Duration::from_secs(30))
+        .try_lock(&key, &other, Duration::from_secs(30))
         .await
         .unwrap();
     assert!(
@@ -135,7 +127,7 @@ async fn settle_waits_for_a_dropped_guards_release() {
     assert!(locker.settle(Duration::from_secs(2)).await);
     let key = LockKey::new("k").unwrap();
     let outcome = backend
-        .try_acquire(&key, &OwnerToken::generate(), Duration::from_secs(1))
+        .try_lock(&key, &OwnerToken::generate(), Duration::from_secs(1))
         .await
         .unwrap();
     assert!(matches!(outcome, Acquire::Acquired(_)), "{outcome:?}");

@@ -3,13 +3,14 @@
 //! poll interval, and each change heard by the store's notice long before
 //! the poll (or by the poll, on a store without notices).
 
+use lockwright_core::backend::LockBackendExt;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
-use lockwright_core::backend::{LockBackend, MemoryBackend, Quorum, Watch};
+use lockwright_core::backend::{AcquireRequest, Changes, LockBackend, MemoryBackend, Quorum};
 use lockwright_core::{
     Error, ErrorKind, FencingToken, Leader, LockKey, LockOptions, LockStatus, Locker, OwnerToken,
     Result,
@@ -130,10 +131,13 @@ async fn a_reign_that_outlasts_an_outage_is_shown_once() {
 async fn a_reign_ends_at_its_lease_even_between_polls() {
     let store = MemoryBackend::new();
     let key = LockKey::new("e").unwrap();
-    let owner = OwnerToken::generate().with_value("a").unwrap();
+    let owner = OwnerToken::generate();
     let ttl = Duration::from_millis(300);
     let granted = Instant::now();
-    store.try_acquire(&key, &owner, ttl).await.unwrap();
+    let request = AcquireRequest::mutex(&key, &owner, ttl)
+        .with_value("a")
+        .unwrap();
+    store.try_acquire(&request).await.unwrap();
     let locker = Locker::new(store);
     let election = locker.election(&key).unwrap();
     // A poll far longer than the lease: the end comes from the lease.
@@ -248,7 +252,7 @@ lockwright_core::forward_backend! {
     (self) => self.0;
     impl LockBackend for Unannounced {
         // The point of the wrapper: a store that announces nothing.
-        async fn changes(&self, _key: &LockKey) -> Result<Option<Watch>> {
+        async fn changes(&self, _key: &LockKey) -> Result<Option<Changes>> {
             Ok(None)
         }
     }
@@ -331,7 +335,7 @@ lockwright_core::forward_backend! {
     (self) => self.store;
     impl LockBackend for Cuttable {
         // The store's notices, relayed by a task the test can end.
-        async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+        async fn changes(&self, key: &LockKey) -> Result<Option<Changes>> {
             let refuse = |n: usize| n.checked_sub(1);
             if self.refusals.fetch_update(Ordering::SeqCst, Ordering::SeqCst, refuse).is_ok() {
                 return Err(Error::unavailable("cannot subscribe (injected fault)"));
@@ -347,7 +351,7 @@ lockwright_core::forward_backend! {
                 }
             });
             self.feeds.lock().unwrap().push(feed.abort_handle());
-            Ok(Some(Watch::new(rx, None)))
+            Ok(Some(Changes::new(rx, None)))
         }
     }
 }
@@ -410,18 +414,18 @@ async fn a_partial_proclaim_on_a_bare_quorum_shows_a_value_the_leader_advertised
     let nodes: Vec<Arc<MemoryBackend>> = (0..3).map(|_| Arc::new(MemoryBackend::new())).collect();
     let quorum = Quorum::new("memory", nodes.clone(), Duration::from_millis(10)).unwrap();
     let k = LockKey::new("partial-proclaim").unwrap();
-    let owner = OwnerToken::generate().with_value("old").unwrap();
+    let owner = OwnerToken::generate();
+    let request = AcquireRequest::mutex(&k, &owner, Duration::from_secs(30))
+        .with_value("old")
+        .unwrap();
     for node in &nodes[..2] {
-        let granted = node
-            .try_acquire(&k, &owner, Duration::from_secs(30))
-            .await
-            .unwrap();
+        let granted = node.try_acquire(&request).await.unwrap();
         assert!(matches!(
             granted,
             lockwright_core::backend::Acquire::Acquired(_)
         ));
     }
-    nodes[0].proclaim(&k, &owner, b"new").await.unwrap();
+    nodes[0].proclaim_as(&k, &owner, b"new").await.unwrap();
     let status = quorum.inspect(&k).await.unwrap();
     assert!(status.held, "{status:?}");
     let value = status.value.expect("a value the leader advertised");

@@ -43,22 +43,20 @@ fn the_forwarding_check_names_every_method_of_the_trait() {
 }
 
 /// What a quorum does with each call: every node gets the store's own
-/// methods (a writer's give-up included); a lone renewal goes out as a batch of one; the change notices,
-/// the waiting hooks and the alarm are its own (no notification, queue or
-/// alarm across independent nodes).
+/// methods (a waiter's attempt as a plain one, a writer's give-up
+/// included); the change notices, the release watch and the alarm are its
+/// own (no notification, queue or alarm across independent nodes).
 fn quorum(m: Method) -> Expect {
     match m {
         Method::Capabilities
         | Method::Verify
         | Method::TryAcquire
         | Method::Release
-        | Method::RenewMany
+        | Method::Renew
         | Method::Inspect
         | Method::Proclaim
         // A writer giving up takes its marks away on every node.
         | Method::Abandon => Expect::Forwarded,
-        Method::Renew => Expect::As(Method::RenewMany),
-        Method::TryAcquireWaiting => Expect::As(Method::TryAcquire),
         Method::Changes | Method::Watch | Method::Alarm => Expect::Answered,
     }
 }

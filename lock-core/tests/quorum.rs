@@ -1,11 +1,13 @@
 //! The quorum's undo of a failed acquire, with nodes that fail on cue, and
 //! its refusal of grants and renewals that come back after their TTL.
 
+use lockwright_core::backend::LockBackendExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use lockwright_core::backend::{
-    Acquire, LockBackend, MemoryBackend, Quorum, Release, Renew, RenewRequest,
+    Acquire, AcquireRequest, HoldId, HoldKind, LockBackend, MemoryBackend, Quorum, Release, Renew,
+    RenewRequest,
 };
 use lockwright_core::{Error, LockKey, OwnerToken, Result};
 
@@ -20,21 +22,11 @@ struct Flaky {
 lockwright_core::forward_backend! {
     (self) => self.store;
     impl LockBackend for Flaky {
-        async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
             if self.fail_next_acquire.swap(false, Ordering::SeqCst) {
                 return Err(Error::unavailable("refused (on cue)"));
             }
-            self.store.try_acquire(k, o, ttl).await
-        }
-        // A quorum never queues on its nodes; were it to, the same rule holds.
-        async fn try_acquire_waiting(
-            &self,
-            k: &LockKey,
-            o: &OwnerToken,
-            ttl: Duration,
-            _ticket: &OwnerToken,
-        ) -> Result<Acquire> {
-            LockBackend::try_acquire(self, k, o, ttl).await
+            self.store.try_acquire(request).await
         }
     }
 }
@@ -53,13 +45,13 @@ async fn a_failed_reentry_leaves_the_earlier_hold_alone() {
     let (key, me) = (LockKey::new("k").unwrap(), OwnerToken::generate());
     let ttl = Duration::from_secs(30);
     assert!(matches!(
-        q.try_acquire(&key, &me, ttl).await.unwrap(),
+        q.try_lock(&key, &me, ttl).await.unwrap(),
         Acquire::Acquired(_)
     ));
     q.nodes()[0].fail_next_acquire.store(true, Ordering::SeqCst);
     q.nodes()[1].fail_next_acquire.store(true, Ordering::SeqCst);
     let e = q
-        .try_acquire(&key, &me, ttl)
+        .try_lock(&key, &me, ttl)
         .await
         .expect_err("a minority answered");
     assert_eq!(e.kind(), lockwright_core::ErrorKind::Unavailable);
@@ -70,7 +62,7 @@ async fn a_failed_reentry_leaves_the_earlier_hold_alone() {
             "node {i} after the undo: {s:?} (the earlier hold must stay, the new one go)"
         );
     }
-    assert_eq!(q.release(&key, &me).await.unwrap(), Release::Freed);
+    assert_eq!(q.unlock(&key, &me).await.unwrap(), Release::Freed);
 }
 
 /// An in-memory node whose requests, once `slow` is set, reach the store
@@ -100,27 +92,13 @@ impl Slow {
 lockwright_core::forward_backend! {
     (self) => self.store;
     impl LockBackend for Slow {
-        async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
             self.lag().await;
-            self.store.try_acquire(k, o, ttl).await
+            self.store.try_acquire(request).await
         }
-        // A quorum never queues on its nodes; were it to, the same rule holds.
-        async fn try_acquire_waiting(
-            &self,
-            k: &LockKey,
-            o: &OwnerToken,
-            ttl: Duration,
-            _ticket: &OwnerToken,
-        ) -> Result<Acquire> {
-            LockBackend::try_acquire(self, k, o, ttl).await
-        }
-        async fn renew(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Renew> {
+        async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
             self.lag().await;
-            self.store.renew(k, o, ttl).await
-        }
-        async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-            self.lag().await;
-            self.store.renew_many(requests).await
+            self.store.renew(requests).await
         }
     }
 }
@@ -145,7 +123,7 @@ async fn grants_that_arrive_after_the_ttl_do_not_count_and_are_undone() {
         n.slow.store(true, Ordering::SeqCst);
     }
     let (key, me) = (LockKey::new("k").unwrap(), OwnerToken::generate());
-    let got = q.try_acquire(&key, &me, SLOW_TTL).await.unwrap();
+    let got = q.try_lock(&key, &me, SLOW_TTL).await.unwrap();
     assert!(
         matches!(got, Acquire::Contended { .. }),
         "grants that came back after the TTL counted: {got:?}"
@@ -163,19 +141,18 @@ async fn renewals_that_arrive_after_the_ttl_do_not_count() {
     let q = slow_quorum();
     let (key, me) = (LockKey::new("k").unwrap(), OwnerToken::generate());
     let got = q
-        .try_acquire(&key, &me, Duration::from_secs(30))
+        .try_lock(&key, &me, Duration::from_secs(30))
         .await
         .unwrap();
     assert!(matches!(got, Acquire::Acquired(_)), "{got:?}");
     for n in q.nodes() {
         n.slow.store(true, Ordering::SeqCst);
     }
-    let request = RenewRequest {
-        key: key.clone(),
-        owner: me.clone(),
-        ttl: SLOW_TTL,
-    };
-    let renewed = q.renew_many(std::slice::from_ref(&request)).await;
+    let request = RenewRequest::new(
+        lockwright_core::backend::HoldId::mutex(key.clone(), me.clone()),
+        SLOW_TTL,
+    );
+    let renewed = q.renew(std::slice::from_ref(&request)).await;
     assert!(
         !matches!(renewed.as_slice(), [Ok(Renew::Renewed)]),
         "a renewal that came back after its TTL counted: {renewed:?}"
@@ -183,7 +160,7 @@ async fn renewals_that_arrive_after_the_ttl_do_not_count() {
     for n in q.nodes() {
         n.slow.store(false, Ordering::SeqCst);
     }
-    let _ = q.release(&key, &me).await;
+    let _ = q.unlock(&key, &me).await;
 }
 
 /// A semaphore over a quorum needs more than a majority: over 3 nodes that
@@ -217,26 +194,22 @@ async fn a_semaphore_over_a_quorum_never_admits_n_plus_one_holders() {
     let k = LockKey::new("k").unwrap();
     let ttl = Duration::from_secs(30);
     let claim = Claim::permits(2).unwrap();
-    let (h1, h2) = (
-        OwnerToken::generate().with_claim(claim),
-        OwnerToken::generate().with_claim(claim),
-    );
-    for (node, owner) in [(0, &h1), (1, &h1), (1, &h2), (2, &h2)] {
-        let granted = nodes[node].try_acquire(&k, owner, ttl).await.unwrap();
+    let permit =
+        |k: &LockKey| HoldId::new(k.clone(), OwnerToken::generate(), HoldKind::of_claim(claim));
+    let attempt = |hold: &HoldId| AcquireRequest::new(hold.clone(), ttl);
+    let (h1, h2) = (permit(&k), permit(&k));
+    for (node, hold) in [(0, &h1), (1, &h1), (1, &h2), (2, &h2)] {
+        let granted = nodes[node].try_acquire(&attempt(hold)).await.unwrap();
         assert!(matches!(granted, Acquire::Acquired(_)));
     }
-    let h3 = OwnerToken::generate().with_claim(claim);
-    let third = q.try_acquire(&k, &h3, ttl).await.unwrap();
+    let h3 = permit(&k);
+    let third = q.try_acquire(&attempt(&h3)).await.unwrap();
     assert!(
         matches!(third, Acquire::Contended { .. }),
         "a third holder of 2 permits was admitted on 2 of 3 nodes: {third:?}"
     );
     for node in &nodes {
-        assert_eq!(
-            node.release(&k, &h3).await.unwrap(),
-            Release::NotHeld,
-            "undone"
-        );
+        assert_eq!(node.release(&h3).await.unwrap(), Release::NotHeld, "undone");
     }
     let status = q.inspect(&k).await.unwrap();
     assert!(
@@ -246,9 +219,8 @@ async fn a_semaphore_over_a_quorum_never_admits_n_plus_one_holders() {
 
     // All three nodes free: granted, and shown as one of 2 permits.
     let k = LockKey::new("free").unwrap();
-    let owner = OwnerToken::generate().with_claim(claim);
     assert!(matches!(
-        q.try_acquire(&k, &owner, ttl).await.unwrap(),
+        q.try_acquire(&attempt(&permit(&k))).await.unwrap(),
         Acquire::Acquired(_)
     ));
     let status = q.inspect(&k).await.unwrap();
@@ -263,7 +235,7 @@ async fn a_semaphore_over_a_quorum_never_admits_n_plus_one_holders() {
     )
     .unwrap();
     let e = degraded
-        .try_acquire(&k, &OwnerToken::generate().with_claim(claim), ttl)
+        .try_acquire(&attempt(&permit(&k)))
         .await
         .unwrap_err();
     assert_eq!(e.kind(), lockwright_core::ErrorKind::Unavailable, "{e}");

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use lockwright_core::backend::{
-    local_deadline, Acquire, LockBackend, MemoryBackend, Renew, RenewRequest,
+    local_deadline, Acquire, AcquireRequest, HoldId, LockBackend, MemoryBackend, Renew,
+    RenewRequest,
 };
 use lockwright_core::{
     Error, ErrorKind, FencingToken, LeaseState, LockKey, LockOptions, LockStatus, Locker,
@@ -36,13 +37,14 @@ struct AnswersLate {
 lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for AnswersLate {
-        // `renew` stays forwarded: only the watchdog's batches are late.
-        async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        // Only the first renewal is late: the watchdog's (the test's own
+        // comes after it).
+        async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
             let first = self.batches.fetch_add(1, Ordering::SeqCst) == 0;
             if first {
                 *self.sent.lock().unwrap() = Some(Instant::now());
             }
-            let results = self.inner.renew_many(requests).await;
+            let results = self.inner.renew(requests).await;
             if first {
                 let at = *self.answer_at.lock().unwrap();
                 if let Some(at) = at {
@@ -121,6 +123,7 @@ async fn a_renewal_answered_after_the_deadline_leaves_the_lock_lost() {
 
     // It stays lost: another renewal (the store still has the hold) does
     // not bring it back, and the watchdog renews it no more.
+    let watchdogs = backend.batches.load(Ordering::SeqCst);
     let late = guard.renew().await;
     assert_eq!(
         late.expect_err("a renewal revived a lost lock").kind(),
@@ -129,10 +132,11 @@ async fn a_renewal_answered_after_the_deadline_leaves_the_lock_lost() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(guard.is_lost() && guard.deadline().is_none());
     assert_eq!(guard.state(), LeaseState::Lost(LostReason::Expired));
+    assert_eq!(watchdogs, 1, "the watchdog renewed a lost lock again");
     assert_eq!(
         backend.batches.load(Ordering::SeqCst),
-        1,
-        "a lost lock was renewed again"
+        2,
+        "a lost lock was renewed again, beside the test's own renewal"
     );
 }
 
@@ -205,24 +209,15 @@ struct LosesFirstReply {
 lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for LosesFirstReply {
-        async fn try_acquire(&self, k: &LockKey, o: &OwnerToken, ttl: Duration) -> Result<Acquire> {
-            let outcome = self.inner.try_acquire(k, o, ttl).await;
+        // A waiting acquire loses its reply the same way.
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+            let outcome = self.inner.try_acquire(request).await;
             if !self.lost_one.swap(true, Ordering::SeqCst) {
                 let granted = matches!(outcome, Ok(Acquire::Acquired(_)));
                 self.granted_unseen.store(granted, Ordering::SeqCst);
                 return Err(Error::unavailable("reply lost"));
             }
             outcome
-        }
-        // A waiting acquire loses its reply the same way.
-        async fn try_acquire_waiting(
-            &self,
-            k: &LockKey,
-            o: &OwnerToken,
-            ttl: Duration,
-            _ticket: &OwnerToken,
-        ) -> Result<Acquire> {
-            LockBackend::try_acquire(self, k, o, ttl).await
         }
     }
 }
@@ -343,13 +338,9 @@ struct LosesAReleaseReply {
 lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for LosesAReleaseReply {
-        async fn release(
-            &self,
-            k: &LockKey,
-            o: &OwnerToken,
-        ) -> Result<lockwright_core::backend::Release> {
+        async fn release(&self, hold: &HoldId) -> Result<lockwright_core::backend::Release> {
             self.releases.fetch_add(1, Ordering::SeqCst);
-            let outcome = self.inner.release(k, o).await;
+            let outcome = self.inner.release(hold).await;
             if self.armed.swap(false, Ordering::SeqCst) {
                 return Err(Error::unavailable("reply lost"));
             }

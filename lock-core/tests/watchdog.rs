@@ -1,14 +1,15 @@
 //! The watchdog renews every lease of a Locker in batches, not one timer per
 //! lock, and stops renewing a guard once it is released or dropped.
 
+use lockwright_core::backend::LockBackendExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockwright_core::backend::{LockBackend, MemoryBackend, Renew, RenewRequest};
-use lockwright_core::{Error, LockKey, LockOptions, Locker, LostReason, OwnerToken, Result};
+use lockwright_core::backend::{AcquireRequest, LockBackend, MemoryBackend, Renew, RenewRequest};
+use lockwright_core::{Error, LockOptions, Locker, LostReason, Result};
 
-/// Records the size of every `renew_many` call made to a memory store; with
+/// Records the size of every `renew` call made to a memory store; with
 /// `fail_renewals` set, every renewal fails at once as from a dead store.
 /// Its alarm is raised on cue, or on every renewal batch with
 /// `alarm_on_renew` (as a store might whose renewals keep meeting a full
@@ -47,7 +48,7 @@ impl Recording {
 lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for Recording {
-        async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
             self.batches.lock().unwrap().push(requests.len());
             if self.alarm_on_renew.load(Ordering::SeqCst) {
                 self.raise();
@@ -58,7 +59,7 @@ lockwright_core::forward_backend! {
                     .map(|_| Err(Error::unavailable("store down")))
                     .collect();
             }
-            self.inner.renew_many(requests).await
+            self.inner.renew(requests).await
         }
         fn alarm(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
             Some(self.alarm.subscribe())
@@ -168,7 +169,7 @@ async fn failing_renewals_back_off_without_starving_other_tasks() {
     );
 }
 
-/// A memory store whose first `renew_many` is applied at once but answered
+/// A memory store whose first `renew` is applied at once but answered
 /// `delay` late, recording when the call came in; every later renewal
 /// never answers (the watchdog times it out, which moves no deadline).
 #[derive(Debug)]
@@ -178,11 +179,11 @@ struct LateReply {
     entered: Mutex<Option<Instant>>,
 }
 
-// Only the batch is late: a renewal sent alone answers at once.
+// Only the first renewal answers, late; later ones never do.
 lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for LateReply {
-        async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
             let first = {
                 let mut entered = self.entered.lock().unwrap();
                 let first = entered.is_none();
@@ -194,7 +195,7 @@ lockwright_core::forward_backend! {
             if !first {
                 return std::future::pending().await;
             }
-            let results = self.inner.renew_many(requests).await;
+            let results = self.inner.renew(requests).await;
             tokio::time::sleep(self.delay).await;
             results
         }
@@ -261,7 +262,7 @@ async fn an_alarm_renews_every_lease_at_once() {
     // The store lost one lock without telling anyone.
     backend
         .inner
-        .release(dropped.key(), dropped.owner())
+        .unlock(dropped.key(), dropped.owner())
         .await
         .unwrap();
     backend.raise();
@@ -302,7 +303,7 @@ async fn an_alarm_asks_again_for_a_lease_whose_renewals_failed() {
     backend.fail_renewals.store(false, Ordering::SeqCst);
     backend
         .inner
-        .release(guard.key(), guard.owner())
+        .unlock(guard.key(), guard.owner())
         .await
         .unwrap();
     backend.raise();
@@ -362,10 +363,7 @@ struct RenewsAnything {
 lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for RenewsAnything {
-        async fn renew(&self, _key: &LockKey, _owner: &OwnerToken, _ttl: Duration) -> Result<Renew> {
-            Ok(Renew::Renewed)
-        }
-        async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
             requests.iter().map(|_| Ok(Renew::Renewed)).collect()
         }
     }
@@ -414,16 +412,12 @@ struct LendsShort {
 lockwright_core::forward_backend! {
     (self) => self.inner;
     impl LockBackend for LendsShort {
-        async fn try_acquire(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<lockwright_core::backend::Acquire> {
-            let mut got = self.inner.try_acquire(key, owner, ttl).await?;
+        async fn try_acquire(&self, request: &AcquireRequest) -> Result<lockwright_core::backend::Acquire> {
+            let mut got = self.inner.try_acquire(request).await?;
             if let lockwright_core::backend::Acquire::Acquired(g) = &mut got {
                 g.lease = Some(Duration::from_millis(400));
             }
             Ok(got)
-        }
-        // The test's acquires never wait: none queues.
-        async fn try_acquire_waiting(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration, ticket: &OwnerToken) -> Result<lockwright_core::backend::Acquire> {
-            self.inner.try_acquire_waiting(key, owner, ttl, ticket).await
         }
     }
 }

@@ -352,15 +352,20 @@ pub async fn has_column(
 /// and release find it there. Nothing is lost or doubled on the way, and
 /// the name is a lone permit's again once the group has gone.
 pub async fn a_lone_permit_moves_out_when_the_group_grows(url: &str) {
-    use lockwright_core::backend::{Acquire, Grant, Release, Renew};
-    use lockwright_core::{Claim, ErrorKind, LockKey, OwnerToken};
+    use lockwright_core::backend::{
+        renew_one, Acquire, AcquireRequest, Grant, HoldId, HoldKind, LockBackend, Release, Renew,
+    };
+    use lockwright_core::{ErrorKind, LockKey, OwnerToken};
     let ttl = Duration::from_secs(30);
     let (a, b) = (
         SqlBackend::connect(url).expect("valid url"),
         SqlBackend::connect(url).expect("valid url"),
     );
     let k = LockKey::new(format!("lone/{}", OwnerToken::generate().as_str())).unwrap();
-    let permit = || OwnerToken::generate().with_claim(Claim::Exclusive { permits: 3 });
+    let permit = OwnerToken::generate;
+    // An owner's hold of one of `k`'s 3 permits, and an attempt at it.
+    let three = |o: &OwnerToken| HoldId::new(k.clone(), o.clone(), HoldKind::Permit { permits: 3 });
+    let take = |o: &OwnerToken| AcquireRequest::new(three(o), ttl);
     let grant = |got: Acquire| -> Grant {
         match got {
             Acquire::Acquired(g) => g,
@@ -368,9 +373,9 @@ pub async fn a_lone_permit_moves_out_when_the_group_grows(url: &str) {
         }
     };
     let (first, second) = (permit(), permit());
-    let g1 = grant(a.try_acquire(&k, &first, ttl).await.unwrap());
+    let g1 = grant(a.try_acquire(&take(&first)).await.unwrap());
     assert_eq!(g1.holds, 1);
-    let again = grant(a.try_acquire(&k, &first, ttl).await.unwrap());
+    let again = grant(a.try_acquire(&take(&first)).await.unwrap());
     assert_eq!((again.holds, again.fence), (2, g1.fence), "a lone re-entry");
     let s = b.inspect(&k).await.unwrap();
     assert_eq!((s.holder_count(), s.permits), (1, Some(3)), "{s:?}");
@@ -378,14 +383,27 @@ pub async fn a_lone_permit_moves_out_when_the_group_grows(url: &str) {
     assert_eq!(s.holders[0].fence, g1.fence);
     assert_eq!(s.owner.as_ref(), Some(&first));
     // Another N meets the lone permit's N, and a stranger holds nothing.
-    let four = OwnerToken::generate().with_claim(Claim::Exclusive { permits: 4 });
-    let err = b.try_acquire(&k, &four, ttl).await.unwrap_err();
+    let four = HoldId::new(
+        k.clone(),
+        OwnerToken::generate(),
+        HoldKind::Permit { permits: 4 },
+    );
+    let err = b
+        .try_acquire(&AcquireRequest::new(four, ttl))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidOptions, "{err}");
     let stranger = permit();
-    assert_eq!(b.release(&k, &stranger).await.unwrap(), Release::NotHeld);
-    assert_eq!(b.renew(&k, &stranger, ttl).await.unwrap(), Renew::NotHeld);
+    assert_eq!(
+        b.release(&three(&stranger)).await.unwrap(),
+        Release::NotHeld
+    );
+    assert_eq!(
+        renew_one(&b, &three(&stranger), ttl).await.unwrap(),
+        Renew::NotHeld
+    );
 
-    let g2 = grant(b.try_acquire(&k, &second, ttl).await.unwrap());
+    let g2 = grant(b.try_acquire(&take(&second)).await.unwrap());
     assert!(g2.fence > g1.fence, "{g2:?} after {g1:?}");
     let s = b.inspect(&k).await.unwrap();
     assert_eq!((s.holder_count(), s.permits), (2, Some(3)), "{s:?}");
@@ -396,25 +414,28 @@ pub async fn a_lone_permit_moves_out_when_the_group_grows(url: &str) {
         .expect("the lone holder moved to the holders table");
     assert_eq!((moved.holds, moved.fence), (2, g1.fence));
     // Its holder goes on through the holders table.
-    let third = grant(a.try_acquire(&k, &first, ttl).await.unwrap());
+    let third = grant(a.try_acquire(&take(&first)).await.unwrap());
     assert_eq!((third.holds, third.fence), (3, g1.fence));
-    assert_eq!(a.renew(&k, &first, ttl).await.unwrap(), Renew::Renewed);
+    assert_eq!(
+        renew_one(&a, &three(&first), ttl).await.unwrap(),
+        Renew::Renewed
+    );
     for left in [2, 1] {
         assert_eq!(
-            a.release(&k, &first).await.unwrap(),
+            a.release(&three(&first)).await.unwrap(),
             Release::StillHeld(left)
         );
     }
-    assert_eq!(a.release(&k, &first).await.unwrap(), Release::Freed);
-    assert_eq!(a.release(&k, &first).await.unwrap(), Release::NotHeld);
+    assert_eq!(a.release(&three(&first)).await.unwrap(), Release::Freed);
+    assert_eq!(a.release(&three(&first)).await.unwrap(), Release::NotHeld);
     assert_eq!(b.inspect(&k).await.unwrap().holder_count(), 1);
-    assert_eq!(b.release(&k, &second).await.unwrap(), Release::Freed);
+    assert_eq!(b.release(&three(&second)).await.unwrap(), Release::Freed);
     assert!(!b.inspect(&k).await.unwrap().held);
 
     let next = permit();
-    let g3 = grant(a.try_acquire(&k, &next, ttl).await.unwrap());
+    let g3 = grant(a.try_acquire(&take(&next)).await.unwrap());
     assert!(g3.fence > g2.fence, "{g3:?} after {g2:?}");
     assert_eq!(b.inspect(&k).await.unwrap().holder_count(), 1);
-    assert_eq!(a.release(&k, &next).await.unwrap(), Release::Freed);
+    assert_eq!(a.release(&three(&next)).await.unwrap(), Release::Freed);
     assert!(!b.inspect(&k).await.unwrap().held);
 }

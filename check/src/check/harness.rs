@@ -6,10 +6,11 @@
 //! the end.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use async_trait::async_trait;
-use lockwright::backend::{Acquire, Capabilities, LockBackend, Release, Renew};
+use lockwright::backend::{
+    Acquire, AcquireRequest, Capabilities, HoldId, LockBackend, Release, Renew, RenewRequest,
+};
 use lockwright::{Error, LockKey, OwnerToken, Result};
 use lockwright_conformance::Harness;
 
@@ -27,7 +28,7 @@ pub(crate) const STORE_ACCESS: &str =
 
 /// Every (key, owner) a case was granted. Not the clients: a session
 /// store's locks must end with their client, as the cases expect.
-type Granted = Arc<Mutex<Vec<(LockKey, OwnerToken)>>>;
+type Granted = Arc<Mutex<Vec<HoldId>>>;
 
 /// A harness over one URL.
 pub(crate) struct UrlHarness {
@@ -72,14 +73,14 @@ impl UrlHarness {
         let Ok(client) = lockwright::backend::open(&self.url).await else {
             return granted.len();
         };
-        for (key, owner) in &granted {
+        for hold in &granted {
             for _ in 0..64 {
-                match client.release(key, owner).await {
+                match client.release(hold).await {
                     Ok(Release::StillHeld(_)) => continue,
                     _ => break,
                 }
             }
-            keys.insert(key.clone());
+            keys.insert(hold.key.clone());
         }
         let mut held = 0;
         for key in keys {
@@ -145,14 +146,24 @@ impl LockBackend for Refusing {
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
     }
-    async fn try_acquire(&self, _: &LockKey, _: &OwnerToken, _: Duration) -> Result<Acquire> {
+    async fn try_acquire(&self, _: &AcquireRequest) -> Result<Acquire> {
         Err(self.err())
     }
-    async fn release(&self, _: &LockKey, _: &OwnerToken) -> Result<Release> {
+    async fn release(&self, _: &HoldId) -> Result<Release> {
         Err(self.err())
     }
-    async fn renew(&self, _: &LockKey, _: &OwnerToken, _: Duration) -> Result<Renew> {
-        Err(self.err())
+    async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
+        requests.iter().map(|_| Err(self.err())).collect()
+    }
+    // As the trait's defaults were: no status, and nothing to leave.
+    async fn inspect(&self, _: &LockKey) -> Result<lockwright::LockStatus> {
+        Err(Error::new(
+            lockwright::ErrorKind::Unsupported,
+            "this store cannot report a lock's status",
+        ))
+    }
+    async fn abandon(&self, _: &HoldId, _: &OwnerToken) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -161,10 +172,10 @@ impl LockBackend for Refusing {
 struct Tracking(Granted);
 
 impl Observer for Tracking {
-    fn granted(&self, key: &LockKey, owner: &OwnerToken) {
+    fn granted(&self, hold: &HoldId) {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push((key.clone(), owner.clone()));
+            .push(hold.clone());
     }
 }

@@ -11,13 +11,15 @@
 //! `LOCKWRIGHT_CLAIMS_SEED` replays a run (`<seed>`) or one of its
 //! sequences (`<seed>:<sequence>`).
 
+use lockwright_core::backend::LockBackendExt;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use lockwright_core::backend::{
-    Acquire, Binding, Capabilities, LockBackend, MemoryBackend, Release,
+    Acquire, AcquireRequest, Binding, Capabilities, HoldId, HoldKind, LockBackend, MemoryBackend,
+    Release,
 };
 use lockwright_core::{Claim, ErrorKind, LockKey, OwnerToken};
 use rand::rngs::StdRng;
@@ -243,23 +245,23 @@ struct Owner {
     token: OwnerToken,
     /// The ticket it gives up waiting with.
     ticket: OwnerToken,
-    /// The token of its live hold, with the claim the hold was taken by.
-    held: Option<OwnerToken>,
-    /// The token of its last acquire, which it releases with while it
+    /// Its live hold, of the kind it was taken as.
+    held: Option<HoldId>,
+    /// The hold of its last acquire, which it releases with while it
     /// holds nothing.
-    last: OwnerToken,
+    last: Option<HoldId>,
 }
 
 impl Owner {
-    /// Its token, making `kind`'s claim.
-    fn claiming(&self, kind: Kind) -> Result<OwnerToken> {
-        let token = self.token.clone();
-        Ok(match kind {
-            Kind::Mutex => token.with_claim(Claim::MUTEX),
-            Kind::Permits(n) => token.with_claim(Claim::permits(n)?),
-            Kind::Read => token.with_claim(Claim::Shared),
-            Kind::Write => token.writing(),
-        })
+    /// Its hold of `key` as `kind`.
+    fn claiming(&self, key: &LockKey, kind: Kind) -> Result<HoldId> {
+        let kind = match kind {
+            Kind::Mutex => HoldKind::Mutex,
+            Kind::Permits(n) => HoldKind::of_claim(Claim::permits(n)?),
+            Kind::Read => HoldKind::Reader { beside: None },
+            Kind::Write => HoldKind::Writer,
+        };
+        Ok(HoldId::new(key.clone(), self.token.clone(), kind))
     }
 }
 
@@ -309,7 +311,7 @@ impl<'a> Run<'a> {
                 "claims-seed{seed:020}-sequence{sequence:02}-owner{o}"
             ))?;
             owners.push(Owner {
-                last: token.clone(),
+                last: None,
                 held: None,
                 ticket: OwnerToken::generate(),
                 token,
@@ -367,11 +369,12 @@ impl<'a> Run<'a> {
     /// Owner `o` asks for `kind` on both sides.
     async fn acquire(&mut self, o: usize, kind: Kind, ttl: Duration) -> Result<Difference> {
         let owner = &mut self.owners[o];
-        let token = owner.claiming(kind)?;
-        owner.last = token.clone();
+        let hold = owner.claiming(&self.key, kind)?;
+        owner.last = Some(hold.clone());
         let ticket = owner.ticket.clone();
-        let store = self.stores[o].try_acquire(&self.key, &token, ttl).await;
-        let model = self.model.try_acquire(&self.key, &token, ttl).await;
+        let request = AcquireRequest::new(hold.clone(), ttl);
+        let store = self.stores[o].try_acquire(&request).await;
+        let model = self.model.try_acquire(&request).await;
         let contended = matches!(store, Ok(Acquire::Contended { .. }))
             || matches!(model, Ok(Acquire::Contended { .. }));
         if contended {
@@ -380,17 +383,17 @@ impl<'a> Run<'a> {
             // takes away when it gives up; this case gives up at once, so
             // that no mark outlives its op on either side.
             self.stores[o]
-                .abandon(&self.key, &token, &ticket)
+                .abandon(&hold, &ticket)
                 .await
                 .context("the store could not take a refused claim's mark away")?;
-            self.model.abandon(&self.key, &token, &ticket).await?;
+            self.model.abandon(&hold, &ticket).await?;
         }
         let (s, m) = (Answer::of_acquire(&store), Answer::of_acquire(&model));
         if s != m {
             return Ok(Some((text(s, &store), text(m, &model))));
         }
         if s == Answer::Granted(1) {
-            self.owners[o].held = Some(token);
+            self.owners[o].held = Some(hold);
         }
         Ok(None)
     }
@@ -403,9 +406,12 @@ impl<'a> Run<'a> {
         // name row's, memcached's mutex an item of its own). An owner that
         // holds nothing releases with the claim it last asked for, and
         // every store must answer that it holds nothing, whatever claim.
-        let token = owner.held.clone().unwrap_or_else(|| owner.last.clone());
-        let store = self.stores[o].release(&self.key, &token).await;
-        let model = self.model.release(&self.key, &token).await;
+        let hold = match owner.held.clone().or_else(|| owner.last.clone()) {
+            Some(hold) => hold,
+            None => HoldId::mutex(self.key.clone(), owner.token.clone()),
+        };
+        let store = self.stores[o].release(&hold).await;
+        let model = self.model.release(&hold).await;
         let (s, m) = (Answer::of_release(&store), Answer::of_release(&model));
         if s != m {
             return Ok(Some((text(s, &store), text(m, &model))));
@@ -435,10 +441,10 @@ impl<'a> Run<'a> {
         for (o, owner) in self.owners.iter().enumerate() {
             let sides: [&dyn LockBackend; 2] = [&*self.stores[o], &self.model];
             for &kind in kinds {
-                let token = owner.claiming(kind)?;
+                let hold = owner.claiming(&self.key, kind)?;
                 for side in sides {
                     for _ in 0..MAX_HOLDS {
-                        if side.release(&self.key, &token).await? == Release::NotHeld {
+                        if side.release(&hold).await? == Release::NotHeld {
                             break;
                         }
                     }
@@ -480,13 +486,13 @@ async fn free_in_store(
     let (probe, ticket) = (OwnerToken::generate(), OwnerToken::generate());
     let start = Instant::now();
     loop {
-        match store.try_acquire(k, &probe, LONG_TTL).await {
+        match store.try_lock(k, &probe, LONG_TTL).await {
             Ok(Acquire::Acquired(_)) => {
-                store.release(k, &probe).await?;
+                store.unlock(k, &probe).await?;
                 return Ok(());
             }
             // Its mark, left beside readers still live, goes at once.
-            Ok(Acquire::Contended { .. }) => store.abandon(k, &probe, &ticket).await?,
+            Ok(Acquire::Contended { .. }) => store.abandon_lock(k, &probe, &ticket).await?,
             // Permits still out: their N is not the mutex's.
             Err(e) if e.kind() == ErrorKind::InvalidOptions => {}
             Err(e) => return Err(e).context("probing whether the holds had run out"),

@@ -8,6 +8,7 @@
 //! error, never "nobody leads". A store without values must say
 //! `Unsupported`.
 
+use lockwright_core::backend::LockBackendExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +20,7 @@ use lockwright_core::{
     Election, ErrorKind, Leader, LockKey, LockOptions, Locker, OwnerToken, MAX_VALUE_LEN,
 };
 
-use super::{acquired, end_hold, key, long, past_expiry, short_ttl, LONG_TTL};
+use super::{acquired_with_value, end_hold, key, long, past_expiry, short_ttl, LONG_TTL};
 use crate::faults::Stall;
 use crate::Harness;
 
@@ -231,9 +232,9 @@ pub async fn observe_reports_each_reign_in_order(h: &dyn Harness) -> Result<()> 
     // A holder that stops renewing: its reign ends with its lease.
     let holder = h.client().await;
     let ttl = short_ttl(&caps);
-    let owner = OwnerToken::generate().with_value("b")?;
+    let owner = OwnerToken::generate();
     let sent = Instant::now();
-    acquired(&*holder, &k, &owner, ttl).await?;
+    acquired_with_value(&*holder, &k, &owner, "b", ttl).await?;
     let seen = next(&mut changes, soon).await?;
     ensure!(value_of(&seen) == Some(b"b"), "second reign not observed");
     if caps.fencing {
@@ -319,10 +320,10 @@ pub async fn former_leader_cannot_proclaim(h: &dyn Harness) -> Result<()> {
     let caps = locker.capabilities().clone();
     let former = h.client().await;
     let ttl = short_ttl(&caps);
-    let owner = OwnerToken::generate().with_value("a")?;
-    acquired(&*former, &k, &owner, ttl).await?;
+    let owner = OwnerToken::generate();
+    acquired_with_value(&*former, &k, &owner, "a", ttl).await?;
     ensure!(
-        former.proclaim(&k, &owner, b"a-2").await? == Renew::Renewed,
+        former.proclaim_as(&k, &owner, b"a-2").await? == Renew::Renewed,
         "the leader could not proclaim"
     );
     end_hold(h, &former, ttl).await?;
@@ -335,10 +336,10 @@ pub async fn former_leader_cannot_proclaim(h: &dyn Harness) -> Result<()> {
         Err(e) => e.kind() == ErrorKind::NotHeld,
         Ok(Renew::Renewed) => false,
     };
-    let r = former.proclaim(&k, &owner, b"former").await;
+    let r = former.proclaim_as(&k, &owner, b"former").await;
     ensure!(refused(r), "a former leader's proclaim was not refused");
     let stranger = OwnerToken::generate();
-    let r = former.proclaim(&k, &stranger, b"stranger").await;
+    let r = former.proclaim_as(&k, &stranger, b"stranger").await;
     ensure!(refused(r), "a stranger's proclaim was not refused");
     ensure!(
         value_of(&reader.leader().await?) == Some(b"b"),
@@ -361,10 +362,7 @@ pub async fn a_leadership_without_its_lease_cannot_proclaim(h: &dyn Harness) -> 
     // The lease ends without the leadership hearing of it.
     let backend = locker.backend().clone();
     ensure!(
-        backend
-            .release(la.guard().key(), la.guard().owner())
-            .await?
-            == Release::Freed,
+        backend.release(&la.guard().lease().hold()).await? == Release::Freed,
         "the leader's lease could not be released from its own client"
     );
     match la.proclaim("a-2").await {
@@ -464,7 +462,7 @@ async fn nobody_leads(e: &Election, why: &str) -> Result<()> {
     Ok(())
 }
 
-/// A store that announces changes (`LockBackend::changes` gives a watch)
+/// A store that announces changes (`LockBackend::changes` gives a subscription)
 /// wakes its subscriber after another client's grant, proclaim and
 /// release of a leader's lock: an observer that relies on the notices and
 /// polls seldom sees each change within a round trip, not at its poll.
@@ -493,7 +491,7 @@ pub async fn announced_changes_wake_observers(h: &dyn Harness) -> Result<()> {
 const ANNOUNCED_WITHIN: Duration = Duration::from_secs(5);
 
 /// The watch wakes within [`ANNOUNCED_WITHIN`].
-async fn heard(watch: &mut lockwright_core::backend::Watch, what: &str) -> Result<()> {
+async fn heard(watch: &mut lockwright_core::backend::Changes, what: &str) -> Result<()> {
     match tokio::time::timeout(ANNOUNCED_WITHIN, watch.notice()).await {
         Ok(Some(_)) => Ok(()),
         Ok(None) => bail!("the subscription ended before {what} was announced"),
@@ -503,7 +501,7 @@ async fn heard(watch: &mut lockwright_core::backend::Watch, what: &str) -> Resul
 
 /// Takes the notices still coming for the last change (a store may
 /// announce one change more than once), so the next one heard is new.
-async fn quiet(watch: &mut lockwright_core::backend::Watch) {
+async fn quiet(watch: &mut lockwright_core::backend::Changes) {
     while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), watch.notice()).await {
     }
 }

@@ -1,6 +1,7 @@
 //! Expiry: a lease not renewed expires after its TTL on the store's clock,
 //! and not before: the key is someone else's to take then, and only then.
 
+use lockwright_core::backend::LockBackendExt;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -41,9 +42,9 @@ pub async fn still_exclusive_near_expiry(h: &dyn Harness) -> Result<()> {
     let mut tries = 0;
     while Instant::now() < until {
         let owner = OwnerToken::generate();
-        if let Acquire::Acquired(_) = b.try_acquire(&k, &owner, LONG_TTL).await? {
+        if let Acquire::Acquired(_) = b.try_lock(&k, &owner, LONG_TTL).await? {
             let early = until.saturating_duration_since(Instant::now());
-            b.release(&k, &owner).await?;
+            b.unlock(&k, &owner).await?;
             bail!(
                 "another client took the key {early:?} before 90% of the holder's TTL had passed"
             );

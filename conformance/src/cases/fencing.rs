@@ -2,6 +2,7 @@
 //! carries a larger one than every grant before, across owners, releases,
 //! expiry and the collection of the key's state.
 
+use lockwright_core::backend::LockBackendExt;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, ensure, Result};
@@ -22,7 +23,7 @@ pub async fn fencing_strictly_increases(h: &dyn Harness) -> Result<()> {
         let c = if i % 2 == 0 { &a } else { &b };
         let owner = OwnerToken::generate();
         fences.push(acquired(&**c, &k, &owner, LONG_TTL).await?.fence);
-        c.release(&k, &owner).await?;
+        c.unlock(&k, &owner).await?;
     }
     let ttl = short_ttl(&caps);
     fences.push(acquired(&*a, &k, &OwnerToken::generate(), ttl).await?.fence);
@@ -63,7 +64,7 @@ pub async fn fencing_rises_after_state_is_collected(h: &dyn Harness) -> Result<(
     let owner = OwnerToken::generate();
     let first = acquired(&*client, &k, &owner, LONG_TTL).await?.fence;
     ensure!(
-        client.release(&k, &owner).await? == Release::Freed,
+        client.unlock(&k, &owner).await? == Release::Freed,
         "release did not free the key"
     );
     collected(

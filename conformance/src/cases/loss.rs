@@ -3,6 +3,7 @@
 //! background; a holder cut off from its store hears that its lock is
 //! lost before anyone else can take it.
 
+use lockwright_core::backend::LockBackendExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -90,7 +91,7 @@ pub async fn lost_signal_fires_before_takeover(h: &dyn Harness) -> Result<()> {
     let kb = k.clone();
     let taken_at = tokio::spawn(async move {
         loop {
-            match b.try_acquire(&kb, &OwnerToken::generate(), LONG_TTL).await {
+            match b.try_lock(&kb, &OwnerToken::generate(), LONG_TTL).await {
                 Ok(Acquire::Acquired(_)) => return Some(Instant::now()),
                 _ if started.elapsed() > ttl * 4 => return None,
                 _ => tokio::time::sleep(Duration::from_millis(5)).await,

@@ -3,6 +3,7 @@
 //! over a [`Harness`] that returns an error saying which promise was
 //! broken; [`CASES`](crate::CASES) lists them all.
 
+use lockwright_core::backend::LockBackendExt;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -166,14 +167,43 @@ async fn acquired(
     owner: &OwnerToken,
     ttl: Duration,
 ) -> Result<lockwright_core::backend::Grant> {
-    match b.try_acquire(k, owner, ttl).await? {
+    match b.try_lock(k, owner, ttl).await? {
+        Acquire::Acquired(g) => Ok(g),
+        Acquire::Contended { .. } => bail!("expected to acquire {k:?}, but it is held"),
+    }
+}
+
+/// [`acquired`], of `hold` (its key, owner and kind).
+async fn acquired_as(
+    b: &dyn LockBackend,
+    hold: &lockwright_core::backend::HoldId,
+    ttl: Duration,
+) -> Result<lockwright_core::backend::Grant> {
+    let request = lockwright_core::backend::AcquireRequest::new(hold.clone(), ttl);
+    match b.try_acquire(&request).await? {
+        Acquire::Acquired(g) => Ok(g),
+        Acquire::Contended { .. } => bail!("expected to acquire {:?}, but it is held", hold.key),
+    }
+}
+
+/// [`acquired`], by a candidate advertising `value` with its grant.
+async fn acquired_with_value(
+    b: &dyn LockBackend,
+    k: &LockKey,
+    owner: &OwnerToken,
+    value: &str,
+    ttl: Duration,
+) -> Result<lockwright_core::backend::Grant> {
+    let request =
+        lockwright_core::backend::AcquireRequest::mutex(k, owner, ttl).with_value(value)?;
+    match b.try_acquire(&request).await? {
         Acquire::Acquired(g) => Ok(g),
         Acquire::Contended { .. } => bail!("expected to acquire {k:?}, but it is held"),
     }
 }
 
 async fn contended(b: &dyn LockBackend, k: &LockKey, why: &str) -> Result<()> {
-    match b.try_acquire(k, &OwnerToken::generate(), LONG_TTL).await? {
+    match b.try_lock(k, &OwnerToken::generate(), LONG_TTL).await? {
         Acquire::Contended { .. } => Ok(()),
         Acquire::Acquired(_) => bail!("{k:?} should be held ({why}) but a stranger acquired it"),
     }
@@ -208,8 +238,8 @@ async fn collected(
     let elsewhere = key("collection_trigger", &OwnerToken::generate().as_str()[..8]);
     loop {
         let owner = OwnerToken::generate();
-        if let Acquire::Acquired(_) = client.try_acquire(&elsewhere, &owner, LONG_TTL).await? {
-            client.release(&elsewhere, &owner).await?;
+        if let Acquire::Acquired(_) = client.try_lock(&elsewhere, &owner, LONG_TTL).await? {
+            client.unlock(&elsewhere, &owner).await?;
         }
         let n = h.stored_names(prefix).await?;
         if n <= most {

@@ -1,6 +1,7 @@
 //! Outage: a store that cannot be reached is an `Unavailable` error, never
 //! "held by someone else" and never a timeout.
 
+use lockwright_core::backend::LockBackendExt;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
@@ -24,19 +25,19 @@ pub async fn unavailable_is_an_error_not_contention(h: &dyn Harness) -> Result<(
     let kind = |r: std::result::Result<(), lockwright_core::Error>| r.err().map(|e| e.kind());
     let want = Some(ErrorKind::Unavailable);
     ensure!(
-        kind(down.try_acquire(&k, &owner, LONG_TTL).await.map(|_| ())) == want,
+        kind(down.try_lock(&k, &owner, LONG_TTL).await.map(|_| ())) == want,
         "try_acquire on a down store"
     );
     // A session-bound client knows without asking that it holds nothing, so
     // it may say NotHeld; nobody may claim a release or renewal succeeded.
     let session = down.capabilities().binding == Binding::Session;
-    let r = down.release(&k, &owner).await;
+    let r = down.unlock(&k, &owner).await;
     ensure!(
         r.as_ref().err().map(|e| e.kind()) == want
             || (session && matches!(r, Ok(Release::NotHeld))),
         "release on a down store: {r:?}"
     );
-    let r = down.renew(&k, &owner, LONG_TTL).await;
+    let r = down.renew_lock(&k, &owner, LONG_TTL).await;
     ensure!(
         r.as_ref().err().map(|e| e.kind()) == want || (session && matches!(r, Ok(Renew::NotHeld))),
         "renew on a down store: {r:?}"

@@ -3,6 +3,7 @@
 //! second release reports it too.
 
 use anyhow::{ensure, Result};
+use lockwright_core::backend::LockBackendExt;
 use lockwright_core::backend::{LockBackend, Release, Renew};
 use lockwright_core::OwnerToken;
 
@@ -22,16 +23,16 @@ pub async fn stale_owner_cannot_renew_or_release(h: &dyn Harness) -> Result<()> 
     let fresh = OwnerToken::generate();
     acquired(&*b, &k, &fresh, LONG_TTL).await?;
     ensure!(
-        a.renew(&k, &stale, LONG_TTL).await? == Renew::NotHeld,
+        a.renew_lock(&k, &stale, LONG_TTL).await? == Renew::NotHeld,
         "stale owner renewed"
     );
     ensure!(
-        a.release(&k, &stale).await? == Release::NotHeld,
+        a.unlock(&k, &stale).await? == Release::NotHeld,
         "stale owner released"
     );
     contended(&*c, &k, "the new holder still has it").await?;
     ensure!(
-        b.release(&k, &fresh).await? == Release::Freed,
+        b.unlock(&k, &fresh).await? == Release::Freed,
         "new holder could not release"
     );
     Ok(())
@@ -45,20 +46,20 @@ pub async fn release_checks_owner(h: &dyn Harness) -> Result<()> {
     let owner = OwnerToken::generate();
     acquired(&*a, &k, &owner, LONG_TTL).await?;
     ensure!(
-        b.release(&k, &OwnerToken::generate()).await? == Release::NotHeld,
+        b.unlock(&k, &OwnerToken::generate()).await? == Release::NotHeld,
         "a stranger's release was accepted"
     );
     contended(&*b, &k, "only the owner may release").await?;
     ensure!(
-        a.release(&k, &owner).await? == Release::Freed,
+        a.unlock(&k, &owner).await? == Release::Freed,
         "owner's release failed"
     );
     ensure!(
-        a.release(&k, &owner).await? == Release::NotHeld,
+        a.unlock(&k, &owner).await? == Release::NotHeld,
         "double release did not report NotHeld"
     );
     ensure!(
-        b.release(&k, &OwnerToken::generate()).await? == Release::NotHeld,
+        b.unlock(&k, &OwnerToken::generate()).await? == Release::NotHeld,
         "release of a free key did not report NotHeld"
     );
     acquired(&*b, &k, &OwnerToken::generate(), LONG_TTL).await?;

@@ -13,13 +13,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use lockwright_core::backend::{Release, Renew, MARK_LIFE};
+use lockwright_core::backend::{
+    renew_one, HoldId, HoldKind, LockBackend, Release, Renew, MARK_LIFE,
+};
 use lockwright_core::{
     Claim, ErrorKind, LockGuard, LockKey, LockOptions, Locker, OwnerToken, ReadWriteLock, Semaphore,
 };
 use rand::Rng;
 
-use super::{acquired, collected, end_hold, key, long, short_ttl, LONG_TTL};
+use super::{acquired_as, collected, end_hold, key, long, short_ttl, LONG_TTL};
 use crate::faults::Stall;
 use crate::Harness;
 
@@ -166,8 +168,9 @@ pub async fn expired_permit_is_reclaimed(h: &dyn Harness) -> Result<()> {
     let gone = h.client().await;
     let ttl = short_ttl(&gone.capabilities());
     for _ in 0..N {
-        let owner = OwnerToken::generate().with_claim(Claim::permits(N)?);
-        acquired(&*gone, &k, &owner, ttl).await?;
+        let kind = HoldKind::of_claim(Claim::permits(N)?);
+        let hold = HoldId::new(k.clone(), OwnerToken::generate(), kind);
+        acquired_as(&*gone, &hold, ttl).await?;
     }
     end_hold(h, &gone, ttl).await?;
     drop(gone);
@@ -323,21 +326,24 @@ pub async fn stale_permit_holder_cannot_release_or_renew(h: &dyn Harness) -> Res
     let a = h.client().await;
     let ttl = short_ttl(&a.capabilities());
     let claim = Claim::permits(N)?;
-    let stale = OwnerToken::generate().with_claim(claim);
-    acquired(&*a, &k, &stale, ttl).await?;
+    let stale = HoldId::new(k.clone(), OwnerToken::generate(), HoldKind::of_claim(claim));
+    acquired_as(&*a, &stale, ttl).await?;
     end_hold(h, &a, ttl).await?;
     let a = h.client().await;
     ensure!(
-        a.renew(&k, &stale, LONG_TTL).await? == Renew::NotHeld,
+        renew_one(&*a, &stale, LONG_TTL).await? == Renew::NotHeld,
         "a stale permit holder renewed"
     );
     ensure!(
-        a.release(&k, &stale).await? == Release::NotHeld,
+        a.release(&stale).await? == Release::NotHeld,
         "a stale permit holder released"
     );
-    let stranger = OwnerToken::generate().with_claim(claim);
+    let stranger = HoldId {
+        owner: OwnerToken::generate(),
+        ..stale.clone()
+    };
     ensure!(
-        a.release(&k, &stranger).await? == Release::NotHeld,
+        a.release(&stranger).await? == Release::NotHeld,
         "a stranger's release of a permit was accepted"
     );
     live.renew()
@@ -712,8 +718,9 @@ pub async fn permit_state_is_bounded(h: &dyn Harness) -> Result<()> {
         } else {
             Claim::permits(3)?
         };
-        let owner = OwnerToken::generate().with_claim(claim);
-        acquired(&*gone, &key(case, &format!("abandoned/{i}")), &owner, ttl).await?;
+        let k = key(case, &format!("abandoned/{i}"));
+        let hold = HoldId::new(k, OwnerToken::generate(), HoldKind::of_claim(claim));
+        acquired_as(&*gone, &hold, ttl).await?;
     }
     end_hold(h, &gone, ttl).await?;
     drop(gone);

@@ -2,6 +2,7 @@
 //! sees, and the watchdog keeps a guard's lease alive by itself. A
 //! renewal never reaches another owner's lease, alone or in a batch.
 
+use lockwright_core::backend::LockBackendExt;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Result};
@@ -21,17 +22,17 @@ pub async fn renew_extends_lease(h: &dyn Harness) -> Result<()> {
     acquired(&*a, &k, &owner, ttl).await?;
     tokio::time::sleep(ttl / 3).await;
     ensure!(
-        a.renew(&k, &owner, ttl * 4).await? == Renew::Renewed,
+        a.renew_lock(&k, &owner, ttl * 4).await? == Renew::Renewed,
         "owner could not renew"
     );
     ensure!(
-        b.renew(&k, &OwnerToken::generate(), LONG_TTL).await? == Renew::NotHeld,
+        b.renew_lock(&k, &OwnerToken::generate(), LONG_TTL).await? == Renew::NotHeld,
         "a stranger renewed someone else's lock"
     );
     tokio::time::sleep(past_expiry(&caps, ttl)).await;
     contended(&*b, &k, "renewed past its first TTL").await?;
     ensure!(
-        a.release(&k, &owner).await? == Release::Freed,
+        a.unlock(&k, &owner).await? == Release::Freed,
         "renewed lock did not release"
     );
     acquired(&*b, &k, &OwnerToken::generate(), LONG_TTL).await?;
@@ -83,17 +84,18 @@ pub async fn a_renewal_batch_answers_for_each_lease(h: &dyn Harness) -> Result<(
     );
     acquired(&*a, &released, &mine, LONG_TTL).await?;
     ensure!(
-        a.release(&released, &mine).await? == Release::Freed,
+        a.unlock(&released, &mine).await? == Release::Freed,
         "release"
     );
     acquired(&*b, &other, &theirs, LONG_TTL).await?;
 
     let mut requests: Vec<RenewRequest> = held
         .iter()
-        .map(|k| RenewRequest {
-            key: k.clone(),
-            owner: mine.clone(),
-            ttl: LONG_TTL,
+        .map(|k| {
+            RenewRequest::new(
+                lockwright_core::backend::HoldId::mutex(k.clone(), mine.clone()),
+                LONG_TTL,
+            )
         })
         .collect();
     // The ones not held in the middle, so a batch split by the hundred has
@@ -102,14 +104,13 @@ pub async fn a_renewal_batch_answers_for_each_lease(h: &dyn Harness) -> Result<(
         let at = requests.len() / 2;
         requests.insert(
             at,
-            RenewRequest {
-                key: k.clone(),
-                owner: mine.clone(),
-                ttl: LONG_TTL,
-            },
+            RenewRequest::new(
+                lockwright_core::backend::HoldId::mutex(k.clone(), mine.clone()),
+                LONG_TTL,
+            ),
         );
     }
-    let answers = a.renew_many(&requests).await;
+    let answers = a.renew(&requests).await;
     ensure!(
         answers.len() == requests.len(),
         "{} answers to {} requests",
@@ -117,14 +118,14 @@ pub async fn a_renewal_batch_answers_for_each_lease(h: &dyn Harness) -> Result<(
         requests.len()
     );
     for (r, answer) in requests.iter().zip(answers) {
-        let want = if held.contains(&r.key) {
+        let want = if held.contains(r.key()) {
             Renew::Renewed
         } else {
             Renew::NotHeld
         };
         match answer {
-            Ok(got) => ensure!(got == want, "{:?}: {got:?}, not {want:?}", r.key),
-            Err(e) => bail!("{:?}: {e}", r.key),
+            Ok(got) => ensure!(got == want, "{:?}: {got:?}, not {want:?}", r.key()),
+            Err(e) => bail!("{:?}: {e}", r.key()),
         }
     }
     if caps.binding == Binding::Lease {
@@ -135,12 +136,12 @@ pub async fn a_renewal_batch_answers_for_each_lease(h: &dyn Harness) -> Result<(
     }
     contended(&*a, &other, "its owner's hold, untouched by a batch").await?;
     ensure!(
-        b.release(&other, &theirs).await? == Release::Freed,
+        b.unlock(&other, &theirs).await? == Release::Freed,
         "the other owner's hold was changed"
     );
     acquired(&*b, &never, &theirs, LONG_TTL).await?;
-    b.release(&never, &theirs).await?;
-    let freed = futures::future::join_all(held.iter().map(|k| a.release(k, &mine)));
+    b.unlock(&never, &theirs).await?;
+    let freed = futures::future::join_all(held.iter().map(|k| a.unlock(k, &mine)));
     for f in freed.await {
         ensure!(f? == Release::Freed, "a renewed lease did not release");
     }
@@ -179,13 +180,14 @@ pub async fn a_renewal_never_reaches_another_owners_lease(h: &dyn Harness) -> Re
     for keys in [&several[..], std::slice::from_ref(&alone)] {
         let requests: Vec<RenewRequest> = keys
             .iter()
-            .map(|k| RenewRequest {
-                key: k.clone(),
-                owner: mine.clone(),
-                ttl: asked,
+            .map(|k| {
+                RenewRequest::new(
+                    lockwright_core::backend::HoldId::mutex(k.clone(), mine.clone()),
+                    asked,
+                )
             })
             .collect();
-        let answers = a.renew_many(&requests).await;
+        let answers = a.renew(&requests).await;
         all_not_held(answers, &requests, "leases lost and taken over")?;
     }
     for k in &lost {
@@ -198,7 +200,7 @@ pub async fn a_renewal_never_reaches_another_owners_lease(h: &dyn Harness) -> Re
         }
         contended(&*c, k, "its new holder's, untouched by the batch").await?;
         ensure!(
-            b.release(k, &theirs).await? == Release::Freed,
+            b.unlock(k, &theirs).await? == Release::Freed,
             "{k:?}: the new holder's hold was changed by the former owner's batch"
         );
     }
@@ -207,17 +209,18 @@ pub async fn a_renewal_never_reaches_another_owners_lease(h: &dyn Harness) -> Re
     let short = short_ttl(&caps).max(Duration::from_secs(3));
     let (k, free) = (key(case, "short"), key(case, "free"));
     acquired(&*b, &k, &theirs, short).await?;
-    let stranger = |k: &LockKey| RenewRequest {
-        key: k.clone(),
-        owner: mine.clone(),
-        ttl: LONG_TTL,
+    let stranger = |k: &LockKey| {
+        RenewRequest::new(
+            lockwright_core::backend::HoldId::mutex(k.clone(), mine.clone()),
+            LONG_TTL,
+        )
     };
     for requests in [vec![stranger(&k)], vec![stranger(&free), stranger(&k)]] {
-        let answers = a.renew_many(&requests).await;
+        let answers = a.renew(&requests).await;
         all_not_held(answers, &requests, "a lease someone else holds")?;
     }
     ensure!(
-        a.renew(&k, &mine, LONG_TTL).await? == Renew::NotHeld,
+        a.renew_lock(&k, &mine, LONG_TTL).await? == Renew::NotHeld,
         "a stranger renewed someone else's lease"
     );
     if let Some(left) = c.inspect(&k).await?.remaining {
@@ -230,22 +233,22 @@ pub async fn a_renewal_never_reaches_another_owners_lease(h: &dyn Harness) -> Re
     if caps.binding == Binding::Lease {
         tokio::time::sleep(past_expiry(&caps, short)).await;
         let third = OwnerToken::generate();
-        match c.try_acquire(&k, &third, LONG_TTL).await? {
+        match c.try_lock(&k, &third, LONG_TTL).await? {
             Acquire::Acquired(_) => {}
             Acquire::Contended { .. } => bail!(
                 "{k:?} is still held past its {short:?} lease: a stranger's renewal extended it"
             ),
         }
-        c.release(&k, &third).await?;
+        c.unlock(&k, &third).await?;
     } else {
         ensure!(
-            b.release(&k, &theirs).await? == Release::Freed,
+            b.unlock(&k, &theirs).await? == Release::Freed,
             "{k:?}: the holder's hold was changed by a stranger's renewals"
         );
     }
     let other = OwnerToken::generate();
     acquired(&*c, &free, &other, LONG_TTL).await?;
-    c.release(&free, &other).await?;
+    c.unlock(&free, &other).await?;
     Ok(())
 }
 
@@ -266,10 +269,10 @@ fn all_not_held(
             Ok(got) => ensure!(
                 got == Renew::NotHeld,
                 "{:?}: {got:?} in a batch of {} for {what}",
-                r.key,
+                r.key(),
                 requests.len()
             ),
-            Err(e) => bail!("{:?}: {e}", r.key),
+            Err(e) => bail!("{:?}: {e}", r.key()),
         }
     }
     Ok(())

@@ -2,6 +2,7 @@
 //! retention its capabilities state; released and abandoned names are
 //! collected, so locking millions of names leaks nothing.
 
+use lockwright_core::backend::LockBackendExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,7 +50,7 @@ pub async fn store_state_is_bounded(h: &dyn Harness) -> Result<()> {
                 let owner = OwnerToken::generate();
                 acquired(&*client, &k, &owner, LONG_TTL).await?;
                 ensure!(
-                    client.release(&k, &owner).await? == Release::Freed,
+                    client.unlock(&k, &owner).await? == Release::Freed,
                     "release of {k:?} did not free it"
                 );
             }
@@ -68,7 +69,7 @@ pub async fn store_state_is_bounded(h: &dyn Harness) -> Result<()> {
     .context("after releasing 10,000 names")?;
     for i in 0..HELD {
         client
-            .release(&key(case, &format!("held/{i}")), &held_owner)
+            .unlock(&key(case, &format!("held/{i}")), &held_owner)
             .await?;
     }
 

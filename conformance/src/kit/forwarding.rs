@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockwright_core::backend::{
-    Acquire, Capabilities, LockBackend, MemoryBackend, Release, Renew, RenewRequest, Watch,
+    Acquire, AcquireRequest, Capabilities, Changes, HoldId, LockBackend, MemoryBackend, Release,
+    Renew, RenewRequest, Watch,
 };
 use lockwright_core::{LockKey, LockStatus, OwnerToken, Result};
 
@@ -33,8 +34,6 @@ pub enum Method {
     Release,
     /// [`LockBackend::renew`].
     Renew,
-    /// [`LockBackend::renew_many`].
-    RenewMany,
     /// [`LockBackend::inspect`].
     Inspect,
     /// [`LockBackend::proclaim`].
@@ -43,8 +42,6 @@ pub enum Method {
     Changes,
     /// [`LockBackend::watch`].
     Watch,
-    /// [`LockBackend::try_acquire_waiting`].
-    TryAcquireWaiting,
     /// [`LockBackend::abandon`].
     Abandon,
     /// [`LockBackend::alarm`].
@@ -53,18 +50,16 @@ pub enum Method {
 
 impl Method {
     /// Every method, in the trait's order.
-    pub const ALL: [Method; 13] = [
+    pub const ALL: [Method; 11] = [
         Method::Capabilities,
         Method::Verify,
         Method::TryAcquire,
         Method::Release,
         Method::Renew,
-        Method::RenewMany,
         Method::Inspect,
         Method::Proclaim,
         Method::Changes,
         Method::Watch,
-        Method::TryAcquireWaiting,
         Method::Abandon,
         Method::Alarm,
     ];
@@ -77,12 +72,10 @@ impl Method {
             Method::TryAcquire => "try_acquire",
             Method::Release => "release",
             Method::Renew => "renew",
-            Method::RenewMany => "renew_many",
             Method::Inspect => "inspect",
             Method::Proclaim => "proclaim",
             Method::Changes => "changes",
             Method::Watch => "watch",
-            Method::TryAcquireWaiting => "try_acquire_waiting",
             Method::Abandon => "abandon",
             Method::Alarm => "alarm",
         }
@@ -95,7 +88,7 @@ pub enum Expect {
     /// At the inner backend, as the same method.
     Forwarded,
     /// At the inner backend as this other method, never as itself (a
-    /// renewal sent as a batch of one, a waiting attempt made plain).
+    /// broken wrapper's renewal that releases, say).
     As(Method),
     /// Nowhere: the wrapper answers it itself, on purpose, and says why
     /// in its code.
@@ -141,36 +134,27 @@ impl LockBackend for Recorder {
         self.note(Method::Verify);
         self.store.verify().await
     }
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire> {
+    async fn try_acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         self.note(Method::TryAcquire);
-        self.store.try_acquire(key, owner, ttl).await
+        self.store.try_acquire(request).await
     }
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<Release> {
+    async fn release(&self, hold: &HoldId) -> Result<Release> {
         self.note(Method::Release);
-        self.store.release(key, owner).await
+        self.store.release(hold).await
     }
-    async fn renew(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
+    async fn renew(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
         self.note(Method::Renew);
-        self.store.renew(key, owner, ttl).await
-    }
-    async fn renew_many(&self, requests: &[RenewRequest]) -> Vec<Result<Renew>> {
-        self.note(Method::RenewMany);
-        self.store.renew_many(requests).await
+        self.store.renew(requests).await
     }
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
         self.note(Method::Inspect);
         self.store.inspect(key).await
     }
-    async fn proclaim(&self, key: &LockKey, owner: &OwnerToken, value: &[u8]) -> Result<Renew> {
+    async fn proclaim(&self, hold: &HoldId, value: &[u8]) -> Result<Renew> {
         self.note(Method::Proclaim);
-        self.store.proclaim(key, owner, value).await
+        self.store.proclaim(hold, value).await
     }
-    async fn changes(&self, key: &LockKey) -> Result<Option<Watch>> {
+    async fn changes(&self, key: &LockKey) -> Result<Option<Changes>> {
         self.note(Method::Changes);
         self.store.changes(key).await
     }
@@ -178,21 +162,9 @@ impl LockBackend for Recorder {
         self.note(Method::Watch);
         self.store.watch(key, ticket).await
     }
-    async fn try_acquire_waiting(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        ttl: Duration,
-        ticket: &OwnerToken,
-    ) -> Result<Acquire> {
-        self.note(Method::TryAcquireWaiting);
-        self.store
-            .try_acquire_waiting(key, owner, ttl, ticket)
-            .await
-    }
-    async fn abandon(&self, key: &LockKey, owner: &OwnerToken, ticket: &OwnerToken) -> Result<()> {
+    async fn abandon(&self, hold: &HoldId, ticket: &OwnerToken) -> Result<()> {
         self.note(Method::Abandon);
-        self.store.abandon(key, owner, ticket).await
+        self.store.abandon(hold, ticket).await
     }
     fn alarm(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         self.note(Method::Alarm);
@@ -204,6 +176,7 @@ impl LockBackend for Recorder {
 pub async fn call(backend: &dyn LockBackend, method: Method) {
     let key = LockKey::new("forwarding").expect("a valid key");
     let (owner, ticket) = (OwnerToken::generate(), OwnerToken::generate());
+    let hold = HoldId::mutex(key.clone(), owner);
     let ttl = Duration::from_secs(30);
     // Only the arrival counts; what the call answers does not.
     match method {
@@ -214,24 +187,22 @@ pub async fn call(backend: &dyn LockBackend, method: Method) {
             let _ = backend.verify().await;
         }
         Method::TryAcquire => {
-            let _ = backend.try_acquire(&key, &owner, ttl).await;
+            // A single attempt and a waiter's: both must arrive.
+            let single = AcquireRequest::new(hold.clone(), ttl);
+            let _ = backend.try_acquire(&single).await;
+            let _ = backend.try_acquire(&single.waiting(&ticket)).await;
         }
         Method::Release => {
-            let _ = backend.release(&key, &owner).await;
+            let _ = backend.release(&hold).await;
         }
         Method::Renew => {
-            let _ = backend.renew(&key, &owner, ttl).await;
-        }
-        Method::RenewMany => {
-            let _ = backend
-                .renew_many(&[RenewRequest { key, owner, ttl }])
-                .await;
+            let _ = backend.renew(&[RenewRequest::new(hold, ttl)]).await;
         }
         Method::Inspect => {
             let _ = backend.inspect(&key).await;
         }
         Method::Proclaim => {
-            let _ = backend.proclaim(&key, &owner, b"value").await;
+            let _ = backend.proclaim(&hold, b"value").await;
         }
         Method::Changes => {
             let _ = backend.changes(&key).await;
@@ -239,13 +210,8 @@ pub async fn call(backend: &dyn LockBackend, method: Method) {
         Method::Watch => {
             let _ = backend.watch(&key, &ticket).await;
         }
-        Method::TryAcquireWaiting => {
-            let _ = backend
-                .try_acquire_waiting(&key, &owner, ttl, &ticket)
-                .await;
-        }
         Method::Abandon => {
-            let _ = backend.abandon(&key, &owner, &ticket).await;
+            let _ = backend.abandon(&hold, &ticket).await;
         }
         Method::Alarm => {
             let _ = backend.alarm();
