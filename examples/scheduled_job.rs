@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockwright::backend::{renew_one, Binding, RedactedUrl, Renew};
+use lockwright::backend::{renew_one, Binding, RedactedUrl, Renew, RenewRequest};
 use lockwright::{Error, ErrorKind, LockGuard, LockOptions, Locker};
 
 /// How far behind each node's clock is.
@@ -138,7 +138,7 @@ async fn keep_for(locker: &Locker, guard: LockGuard, left: Duration) {
     //
     // `LockGuard::renew` renews for the TTL the lock was taken with
     // (`at_most`); the guard has no per-call TTL. The store's own renew,
-    // `renew_one(backend, hold, ttl)`, takes any TTL and is
+    // `renew_one(backend, request)`, takes any TTL and is
     // owner-checked in the store. So: first `leak` the guard (it then never
     // releases, not on drop and not in `Locker::close`, and the watchdog
     // forgets it), then renew its lease, as its owner, for `left` from now on
@@ -147,7 +147,15 @@ async fn keep_for(locker: &Locker, guard: LockGuard, left: Duration) {
     // the lease.
     let ttl = left.max(caps.min_ttl);
     let lease = guard.leak();
-    match renew_one(&**locker.backend(), &lease.hold(), ttl).await {
+    match renew_one(
+        &**locker.backend(),
+        RenewRequest {
+            ttl,
+            ..lease.renewal()
+        },
+    )
+    .await
+    {
         Ok(Renew::Renewed) => {}
         Ok(Renew::NotHeld) => eprintln!(
             "warning: {:?} was no longer held when its run ended (lease expired or taken over)",

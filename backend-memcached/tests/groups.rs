@@ -317,7 +317,7 @@ async fn a_reader_waiting_first_goes_before_later_writers() -> Result<()> {
     ensure!(!granted(&attempt(&backend, &w2, ttl).await?));
     // The writer's item, now a group with the reader's mark, is still its.
     ensure!(matches!(
-        renew_one(&backend, &w1, ttl).await?,
+        renew_one(&backend, RenewRequest::new(w1.clone(), ttl)).await?,
         Renew::Renewed
     ));
     ensure!(matches!(backend.release(&w1).await?, Release::Freed));

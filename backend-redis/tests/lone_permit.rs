@@ -9,7 +9,7 @@ use std::time::Duration;
 use lockwright_conformance::kit::servers::{redis_url, redlock_ports};
 use lockwright_core::backend::{
     renew_one, Acquire, AcquireRequest, HoldId, HoldKind, LockBackend, LockBackendExt, Release,
-    Renew,
+    Renew, RenewRequest,
 };
 use lockwright_core::{Claim, ErrorKind, FencingToken, LockKey, OwnerToken};
 use lockwright_redis::{RedisBackend, RedlockBackend};
@@ -86,8 +86,18 @@ async fn a_lone_permit_is_a_string_until_a_second_claim_makes_it_a_group() {
     assert_eq!((s.permits, s.holders.len()), (Some(3), 1), "{s:?}");
     assert_eq!(s.holders[0].owner.as_ref(), Some(&a.owner));
     assert_eq!(s.holders[0].fence, Some(fa));
-    assert_eq!(renew_one(&b, &a, TTL).await.unwrap(), Renew::Renewed);
-    assert_eq!(renew_one(&b, &other, TTL).await.unwrap(), Renew::NotHeld);
+    assert_eq!(
+        renew_one(&b, RenewRequest::new(a.clone(), TTL))
+            .await
+            .unwrap(),
+        Renew::Renewed
+    );
+    assert_eq!(
+        renew_one(&b, RenewRequest::new(other.clone(), TTL))
+            .await
+            .unwrap(),
+        Renew::NotHeld
+    );
     assert_eq!(b.release(&other).await.unwrap(), Release::NotHeld);
 
     // A mutex meets a semaphore of 3, told apart from a lock held, and
@@ -125,8 +135,18 @@ async fn a_lone_permit_is_a_string_until_a_second_claim_makes_it_a_group() {
     refused("a reader", b.try_acquire(&ask(&reader)).await);
 
     assert_eq!(b.release(&a).await.unwrap(), Release::Freed);
-    assert_eq!(renew_one(&b, &a, TTL).await.unwrap(), Renew::NotHeld);
-    assert_eq!(renew_one(&b, &other, TTL).await.unwrap(), Renew::Renewed);
+    assert_eq!(
+        renew_one(&b, RenewRequest::new(a.clone(), TTL))
+            .await
+            .unwrap(),
+        Renew::NotHeld
+    );
+    assert_eq!(
+        renew_one(&b, RenewRequest::new(other.clone(), TTL))
+            .await
+            .unwrap(),
+        Renew::Renewed
+    );
     assert_eq!(b.release(&other).await.unwrap(), Release::Freed);
     assert_eq!(form(&mut c, &k).await, "none");
 }

@@ -300,7 +300,11 @@ impl Broken {
             return Ok(());
         };
         if held && holder != *owner && left.is_none_or(|left| ttl > left) {
-            renew_one(&*self.inner, &HoldId::mutex(key.clone(), holder), ttl).await?;
+            renew_one(
+                &*self.inner,
+                RenewRequest::new(HoldId::mutex(key.clone(), holder), ttl),
+            )
+            .await?;
         }
         Ok(())
     }
@@ -339,10 +343,10 @@ impl Broken {
                     ttl: ttl.max(Duration::from_secs(3600)),
                     ..r.clone()
                 };
-                renew_one_request(&*self.inner, long).await
+                renew_one(&*self.inner, long).await
             }
             _ => {
-                let renewed = renew_one_request(&*self.inner, r.clone()).await?;
+                let renewed = renew_one(&*self.inner, r.clone()).await?;
                 if renewed == Renew::Renewed {
                     self.leases
                         .lock()
@@ -561,7 +565,7 @@ lockwright_core::forward_backend! {
                 // Left to run out: 8 s, so the cases that wait for it do not.
                 let left = RenewRequest::new(hold.clone(), Duration::from_secs(8));
                 let left = left.granted_with(Some(value));
-                renew_one_request(&*self.inner, left).await?;
+                renew_one(&*self.inner, left).await?;
                 return Ok(Release::Freed);
             }
             self.extra.last_held.lock().unwrap().remove(key);
@@ -688,15 +692,6 @@ lockwright_core::forward_backend! {
             self.inner.abandon(hold, ticket).await
         }
     }
-}
-
-/// One renewal, value and all, sent as a batch of one to `inner`.
-async fn renew_one_request(inner: &dyn LockBackend, request: RenewRequest) -> Result<Renew> {
-    inner
-        .renew(std::slice::from_ref(&request))
-        .await
-        .pop()
-        .unwrap_or_else(|| Err(Error::backend("no renewal result")))
 }
 
 /// A harness whose clients all carry `defect`.

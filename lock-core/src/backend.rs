@@ -400,18 +400,15 @@ impl From<Watch> for Changes {
 /// writer that died unseen holds readers up this long, not a whole TTL.
 pub const MARK_LIFE: Duration = Duration::from_secs(2);
 
-/// One renewal sent as a batch of one, and its answer. It carries no
-/// value (see [`RenewRequest::value`]); send the request yourself to give
-/// one.
+/// One renewal sent as a batch of one, and its answer. A lease's own
+/// renewal, value included, is [`Lease::renewal`](crate::Lease::renewal).
 ///
 /// # Errors
 /// The batch's error for this lease.
 pub async fn renew_one<B: LockBackend + ?Sized>(
     backend: &B,
-    hold: &HoldId,
-    ttl: Duration,
+    request: RenewRequest,
 ) -> Result<Renew> {
-    let request = RenewRequest::new(hold.clone(), ttl);
     backend
         .renew(std::slice::from_ref(&request))
         .await
@@ -438,10 +435,12 @@ pub async fn renew_one<B: LockBackend + ?Sized>(
 /// * Claims are granted by the rules of [`judge`]: a name keeps one N while
 ///   any exclusive hold on it is live, a semaphore or a read-write lock on a
 ///   name but never both, no upgrade of a reader, no reader by a writer's
-///   own owner (except beside it, a downgrade). A claim that breaks one is
+///   own owner. (A downgrade's reader is a new owner standing beside the
+///   writer, [`HoldKind::Reader`] with `beside`.) A claim that breaks one is
 ///   refused with `judge`'s error, unapplied, and leaves nothing behind.
-/// * Acquiring a key the same owner already holds with the same kind (and
-///   whose lease has not expired) succeeds, adds one hold and extends the
+/// * Acquiring a key the same owner already holds with the same claim
+///   (a mutex and a writer are one exclusive claim), and whose lease has
+///   not expired, succeeds, adds one hold and extends the
 ///   lease; the key is free again only when every hold is released.
 /// * `release`, `renew` and `proclaim` compare the owner atomically in the
 ///   store. An owner whose lease expired, or who never held the key, gets
@@ -598,7 +597,11 @@ pub trait LockBackendExt: LockBackend {
 
     /// Renews `owner`'s mutex hold of `key` for `ttl`.
     async fn renew_lock(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Renew> {
-        renew_one(self, &HoldId::mutex(key.clone(), owner.clone()), ttl).await
+        renew_one(
+            self,
+            RenewRequest::new(HoldId::mutex(key.clone(), owner.clone()), ttl),
+        )
+        .await
     }
 
     /// Sets the value `owner`'s mutex hold of `key` advertises.

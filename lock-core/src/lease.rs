@@ -112,8 +112,9 @@ impl Lease {
         HoldId::new(self.key.clone(), self.owner.clone(), self.kind.clone())
     }
 
-    /// The renewal of this lease for its TTL.
-    pub(crate) fn renewal(&self) -> RenewRequest {
+    /// The renewal of this lease for its TTL, with the value it was granted
+    /// with (set `ttl` on it for another length).
+    pub fn renewal(&self) -> RenewRequest {
         RenewRequest::new(self.hold(), self.ttl).granted_with(self.value.clone())
     }
 }

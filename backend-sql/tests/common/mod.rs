@@ -354,6 +354,7 @@ pub async fn has_column(
 pub async fn a_lone_permit_moves_out_when_the_group_grows(url: &str) {
     use lockwright_core::backend::{
         renew_one, Acquire, AcquireRequest, Grant, HoldId, HoldKind, LockBackend, Release, Renew,
+        RenewRequest,
     };
     use lockwright_core::{ErrorKind, LockKey, OwnerToken};
     let ttl = Duration::from_secs(30);
@@ -399,7 +400,9 @@ pub async fn a_lone_permit_moves_out_when_the_group_grows(url: &str) {
         Release::NotHeld
     );
     assert_eq!(
-        renew_one(&b, &three(&stranger), ttl).await.unwrap(),
+        renew_one(&b, RenewRequest::new(three(&stranger), ttl))
+            .await
+            .unwrap(),
         Renew::NotHeld
     );
 
@@ -417,7 +420,9 @@ pub async fn a_lone_permit_moves_out_when_the_group_grows(url: &str) {
     let third = grant(a.try_acquire(&take(&first)).await.unwrap());
     assert_eq!((third.holds, third.fence), (3, g1.fence));
     assert_eq!(
-        renew_one(&a, &three(&first), ttl).await.unwrap(),
+        renew_one(&a, RenewRequest::new(three(&first), ttl))
+            .await
+            .unwrap(),
         Renew::Renewed
     );
     for left in [2, 1] {

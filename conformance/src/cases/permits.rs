@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use lockwright_core::backend::{
-    renew_one, HoldId, HoldKind, LockBackend, Release, Renew, MARK_LIFE,
+    renew_one, HoldId, HoldKind, LockBackend, Release, Renew, RenewRequest, MARK_LIFE,
 };
 use lockwright_core::{
     Claim, ErrorKind, LockGuard, LockKey, LockOptions, Locker, OwnerToken, ReadWriteLock, Semaphore,
@@ -331,7 +331,7 @@ pub async fn stale_permit_holder_cannot_release_or_renew(h: &dyn Harness) -> Res
     end_hold(h, &a, ttl).await?;
     let a = h.client().await;
     ensure!(
-        renew_one(&*a, &stale, LONG_TTL).await? == Renew::NotHeld,
+        renew_one(&*a, RenewRequest::new(stale.clone(), LONG_TTL)).await? == Renew::NotHeld,
         "a stale permit holder renewed"
     );
     ensure!(
