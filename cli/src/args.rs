@@ -1,4 +1,5 @@
-//! The options of `lockwright run`, `status`, `elect`, `leader` and `demo`,
+//! The options of `lockwright run`, `status`, `elect`, `leader`, `demo` and
+//! `completions`,
 //! as clap reads them. `main.rs` names these structs in its subcommands and
 //! hands each to the file that runs it; their field doc comments are the
 //! `--help` text. Here, below both, so that a subcommand's file need not
@@ -157,4 +158,11 @@ fn wait_policy(no_wait: bool, wait: Option<WaitPolicy>) -> WaitPolicy {
 /// `--wait`'s parser: `none`, `forever` or a duration; the library's message if not.
 fn parse_wait(s: &str) -> Result<WaitPolicy, String> {
     s.parse().map_err(|e: Error| e.message().to_owned())
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct CompletionsArgs {
+    /// The shell to write completions for.
+    #[arg(value_enum)]
+    pub(crate) shell: clap_complete::Shell,
 }

@@ -10,7 +10,8 @@
 //!
 //! Files import downwards only: this one uses the others; `run` and `elect`
 //! use `supervise`, which uses `group`; `elect` uses `status`; the
-//! subcommands' files use `args`, and none uses this one.
+//! subcommands' files use `args`, and none uses this one; `completions`
+//! is given the command line's definition by this one.
 //!
 //! `check` and `bench` (and their hidden worker and peer subcommands) are
 //! the `lockwright-check` crate, behind the `check` feature (on by
@@ -18,11 +19,12 @@
 
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use lockwright::Error;
 use lockwright_cli_kit::exit::{signal_to_end_by, EX_OSERR, EX_USAGE};
 
 mod args;
+mod completions;
 mod demo;
 mod elect;
 mod group;
@@ -30,7 +32,7 @@ mod run;
 mod status;
 mod supervise;
 
-use args::{DemoArgs, ElectArgs, LeaderArgs, RunArgs, StatusArgs};
+use args::{CompletionsArgs, DemoArgs, ElectArgs, LeaderArgs, RunArgs, StatusArgs};
 
 // `Cli` and `Command` have no `///`: clap would take it as the command's
 // description (`about` below, and each variant's doc for its subcommand).
@@ -96,6 +98,12 @@ enum Command {
     /// read, 64 for a bad URL or a store that keeps no values
     /// (?mode=session).
     Leader(LeaderArgs),
+    /// Writes a shell's completion script to stdout, e.g.
+    /// `lockwright completions bash > ~/.local/share/bash-completion/completions/lockwright`.
+    Completions(CompletionsArgs),
+    /// Writes the man page (roff) to stdout, e.g.
+    /// `lockwright man > ~/.local/share/man/man1/lockwright.1`.
+    Man,
     /// Internal: kills a command's process group if `lockwright run` dies.
     #[command(name = "__watch-group", hide = true)]
     WatchGroup,
@@ -140,27 +148,33 @@ fn exit_code(e: &Error) -> i32 {
 /// the lock's warnings about them are expected).
 fn init_tracing(verbose: u8, quiet_warnings: bool) {
     use tracing_subscriber::EnvFilter;
-    // -v: what the lock does (acquire, renewals, release; debug in our
-    // crates), without the drivers' own chatter; -vv: the drivers' too.
-    let ours =
-        "lockwright=debug,lockwright_core=debug,lockwright_sql=debug,lockwright_redis=debug,\
-                lockwright_zk=debug";
-    // The ZooKeeper client warns of every failed connection attempt; the
-    // error that matters reaches the user as ours.
-    let quiet = "zookeeper_client=error";
-    let default = match verbose {
-        0 if quiet_warnings => "error".to_owned(),
-        0 => format!("warn,{quiet}"),
-        1 => format!("warn,{quiet},{ours}"),
-        2 => "debug".to_owned(),
-        _ => "trace".to_owned(),
-    };
+    let default = log_filter(verbose, quiet_warnings);
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
         .try_init();
+}
+
+/// The log filter for `-v` given `verbose` times, when `RUST_LOG` is unset.
+fn log_filter(verbose: u8, quiet_warnings: bool) -> String {
+    // -v: what the lock does (acquire, renewals, release; debug in our
+    // crates), without the drivers' own chatter; -vv: the drivers' too.
+    // A directive's target is a prefix: `lockwright` is every crate whose
+    // name begins so (the core and every backend, an outside one too), so
+    // no store is named here.
+    let ours = "lockwright=debug";
+    // The ZooKeeper client warns of every failed connection attempt; the
+    // error that matters reaches the user as ours.
+    let quiet = "zookeeper_client=error";
+    match verbose {
+        0 if quiet_warnings => "error".to_owned(),
+        0 => format!("warn,{quiet}"),
+        1 => format!("warn,{quiet},{ours}"),
+        2 => "debug".to_owned(),
+        _ => "trace".to_owned(),
+    }
 }
 
 /// Runs the command line, then exits with its code.
@@ -193,6 +207,23 @@ fn run_command() -> i32 {
     #[cfg(not(feature = "check"))]
     let quiet_warnings = false;
     init_tracing(cli.verbose, quiet_warnings);
+    // Generated from the definition alone: no runtime, no store.
+    match &cli.command {
+        Command::Completions(args) => {
+            completions::completions(args.shell, &Cli::command(), &mut std::io::stdout());
+            return 0;
+        }
+        Command::Man => {
+            return match completions::man_page(Cli::command(), &mut std::io::stdout()) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("lockwright: cannot write the man page: {e}");
+                    EX_OSERR
+                }
+            };
+        }
+        _ => {}
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -212,6 +243,8 @@ fn run_command() -> i32 {
             Command::Elect(args) => elect::elect(args).await,
             Command::Leader(args) => elect::leader(args).await,
             Command::WatchGroup => Ok(group::watcher_main()),
+            // Answered above, before the runtime started.
+            Command::Completions(_) | Command::Man => Ok(0),
             #[cfg(feature = "check")]
             Command::BenchPeer(args) => lockwright_check::bench_peer(args).await,
             #[cfg(feature = "check")]
@@ -264,4 +297,115 @@ fn check_worker() -> Option<i32> {
 #[cfg(not(feature = "check"))]
 fn check_worker() -> Option<i32> {
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The subcommands a user sees (the hidden workers left out).
+    fn visible() -> Vec<String> {
+        Cli::command()
+            .get_subcommands()
+            .filter(|c| !c.is_hide_set())
+            .map(|c| c.get_name().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn bash_completions_parse_and_name_every_subcommand() {
+        let mut script = Vec::new();
+        completions::completions(clap_complete::Shell::Bash, &Cli::command(), &mut script);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lockwright.bash");
+        std::fs::write(&path, &script).unwrap();
+        let checked = std::process::Command::new("bash")
+            .arg("-n")
+            .arg(&path)
+            .output()
+            .expect("bash runs");
+        assert!(
+            checked.status.success(),
+            "bash -n: {}",
+            String::from_utf8_lossy(&checked.stderr)
+        );
+        let script = String::from_utf8(script).unwrap();
+        let names = visible();
+        assert!(names.len() >= 8, "{names:?}");
+        for name in names {
+            assert!(script.contains(&name), "{name} is not completed");
+        }
+        assert!(
+            !script.contains("__watch-group") && !script.contains("__bench-peer"),
+            "a hidden worker is completed"
+        );
+    }
+
+    /// Every shell's script leaves the hidden workers out, and completes
+    /// `run`'s options.
+    #[test]
+    fn no_shell_completes_the_hidden_workers() {
+        use clap::ValueEnum;
+        for shell in clap_complete::Shell::value_variants() {
+            let mut script = Vec::new();
+            completions::completions(*shell, &Cli::command(), &mut script);
+            let script = String::from_utf8(script).unwrap();
+            assert!(script.contains("ttl"), "{shell}: no --ttl");
+            assert!(
+                !script.contains("__watch-group") && !script.contains("__bench-peer"),
+                "{shell} completes a hidden worker"
+            );
+        }
+    }
+
+    #[test]
+    fn the_man_page_names_every_subcommand() {
+        let mut page = Vec::new();
+        completions::man_page(Cli::command(), &mut page).unwrap();
+        let page = String::from_utf8(page).unwrap();
+        assert!(
+            page.starts_with(".ie") || page.contains(".TH lockwright 1"),
+            "{page}"
+        );
+        for name in visible() {
+            assert!(page.contains(&name), "{name} is not in the man page");
+        }
+        assert!(
+            !page.contains("__watch-group"),
+            "a hidden worker is in the man page"
+        );
+    }
+
+    /// `-v` turns on debug lines of every crate of ours: the core, each
+    /// backend, and one written outside the workspace (`lockwright_*`); not
+    /// the drivers'. `-vv` adds theirs.
+    #[test]
+    fn one_v_shows_every_stores_debug_lines_and_not_the_drivers() {
+        use tracing::Level;
+        use tracing_subscriber::EnvFilter;
+        let at = |verbose: u8| {
+            let subscriber = tracing_subscriber::fmt()
+                .with_env_filter(EnvFilter::new(log_filter(verbose, false)))
+                .with_writer(std::io::sink)
+                .finish();
+            tracing::subscriber::with_default(subscriber, || {
+                [
+                    tracing::enabled!(target: "lockwright_core::watchdog", Level::DEBUG),
+                    tracing::enabled!(target: "lockwright_redis::node", Level::DEBUG),
+                    tracing::enabled!(target: "lockwright_sql::lease", Level::DEBUG),
+                    tracing::enabled!(target: "lockwright_zk::node", Level::DEBUG),
+                    tracing::enabled!(target: "lockwright_etcd::node", Level::DEBUG),
+                    tracing::enabled!(target: "lockwright_memcached::error", Level::DEBUG),
+                    tracing::enabled!(target: "lockwright_nats::kv", Level::DEBUG),
+                    tracing::enabled!(target: "lockwright", Level::DEBUG),
+                    tracing::enabled!(target: "etcd_client::client", Level::DEBUG),
+                ]
+            })
+        };
+        let one = at(1);
+        assert_eq!(&one[..8], &[true; 8], "-v: {one:?}");
+        assert!(!one[8], "-v shows a driver's debug lines");
+        assert_eq!(at(2), [true; 9], "-vv");
+        assert_eq!(at(0), [false; 9], "no -v");
+    }
 }

@@ -1,0 +1,37 @@
+//! Shell completions and the man page, generated from the command line's
+//! own definition (clap's generators), so they never drift from `--help`.
+//! Nothing installs them; the README's install section says where they go.
+
+use std::io::Write;
+
+use clap_complete::Shell;
+
+/// Writes `shell`'s completion script for `cmd` to `out`.
+pub(crate) fn completions(shell: Shell, cmd: &clap::Command, out: &mut dyn Write) {
+    let mut shown = without_hidden(cmd);
+    let name = shown.get_name().to_owned();
+    clap_complete::generate(shell, &mut shown, name, out);
+}
+
+/// `cmd` rebuilt without its hidden subcommands (the processes the command
+/// starts itself): clap's completion generators offer them, `hide` or not,
+/// and clap cannot remove a subcommand once added.
+fn without_hidden(cmd: &clap::Command) -> clap::Command {
+    // This binary's own name and version: clap takes only `'static` text.
+    let mut shown = clap::Command::new(env!("CARGO_BIN_NAME"))
+        .version(env!("CARGO_PKG_VERSION"))
+        .args(cmd.get_arguments().cloned())
+        .subcommands(cmd.get_subcommands().filter(|c| !c.is_hide_set()).cloned());
+    if let Some(about) = cmd.get_about() {
+        shown = shown.about(about.clone());
+    }
+    shown
+}
+
+/// Writes `cmd`'s man page (roff, section 1) to `out`.
+///
+/// # Errors
+/// Writing to `out` failed.
+pub(crate) fn man_page(cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
+    clap_mangen::Man::new(cmd).render(out)
+}
