@@ -85,18 +85,7 @@ impl Semaphore {
     /// `InvalidOptions` when the store keeps another N for the name;
     /// otherwise as [`Locker::lock_with`].
     pub async fn acquire(&self, opts: &LockOptions) -> Result<LockGuard> {
-        required(
-            &self.key,
-            take(
-                &self.locker,
-                &self.key,
-                HoldKind::of_claim(self.claim),
-                None,
-                opts,
-            )
-            .await?,
-            opts,
-        )
+        required(&self.key, self.try_acquire(opts).await?, opts)
     }
 
     /// As [`acquire`](Self::acquire), but a wait that runs out is `Ok(None)`.
