@@ -7,10 +7,21 @@ use std::io::Write;
 use clap_complete::Shell;
 
 /// Writes `shell`'s completion script for `cmd` to `out`.
-pub(crate) fn completions(shell: Shell, cmd: &clap::Command, out: &mut dyn Write) {
+///
+/// # Errors
+/// Writing to `out` failed (a closed pipe, say).
+pub(crate) fn completions(
+    shell: Shell,
+    cmd: &clap::Command,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
     let mut shown = without_hidden(cmd);
     let name = shown.get_name().to_owned();
-    clap_complete::generate(shell, &mut shown, name, out);
+    // The generators panic when a write fails: they write to memory here,
+    // which cannot fail, and the error of the real write is returned.
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut shown, name, &mut script);
+    out.write_all(&script)
 }
 
 /// `cmd` rebuilt without its hidden subcommands (the processes the command

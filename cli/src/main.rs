@@ -208,21 +208,25 @@ fn run_command() -> i32 {
     let quiet_warnings = false;
     init_tracing(cli.verbose, quiet_warnings);
     // Generated from the definition alone: no runtime, no store.
-    match &cli.command {
-        Command::Completions(args) => {
-            completions::completions(args.shell, &Cli::command(), &mut std::io::stdout());
-            return 0;
-        }
-        Command::Man => {
-            return match completions::man_page(Cli::command(), &mut std::io::stdout()) {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("lockwright: cannot write the man page: {e}");
-                    EX_OSERR
-                }
-            };
-        }
-        _ => {}
+    let generated = match &cli.command {
+        Command::Completions(args) => Some((
+            "completions",
+            completions::completions(args.shell, &Cli::command(), &mut std::io::stdout()),
+        )),
+        Command::Man => Some((
+            "man page",
+            completions::man_page(Cli::command(), &mut std::io::stdout()),
+        )),
+        _ => None,
+    };
+    if let Some((what, written)) = generated {
+        return match written {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("lockwright: cannot write the {what}: {e}");
+                EX_OSERR
+            }
+        };
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -315,7 +319,7 @@ mod tests {
     #[test]
     fn bash_completions_parse_and_name_every_subcommand() {
         let mut script = Vec::new();
-        completions::completions(clap_complete::Shell::Bash, &Cli::command(), &mut script);
+        completions::completions(clap_complete::Shell::Bash, &Cli::command(), &mut script).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("lockwright.bash");
         std::fs::write(&path, &script).unwrap();
@@ -348,7 +352,7 @@ mod tests {
         use clap::ValueEnum;
         for shell in clap_complete::Shell::value_variants() {
             let mut script = Vec::new();
-            completions::completions(*shell, &Cli::command(), &mut script);
+            completions::completions(*shell, &Cli::command(), &mut script).unwrap();
             let script = String::from_utf8(script).unwrap();
             assert!(script.contains("ttl"), "{shell}: no --ttl");
             assert!(
