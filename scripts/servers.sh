@@ -585,3 +585,30 @@ mc_fault_stop() {
     pkill -9 -f -- "memcached .*-p $MC_FAULT_PORT " 2>/dev/null || true
     for _ in $(seq 40); do mc_port_ready "$MC_FAULT_PORT" || break; sleep 0.25; done
 }
+
+# --- promtool: checks contrib/'s Prometheus rules (no server) --------------
+
+# Debian's `prometheus` package carries promtool, but installing it would
+# also start a Prometheus server (on every interface) where services start
+# on install. So the package is only unpacked into the state directory,
+# unless a promtool is already on the PATH.
+PROMTOOL=$(command -v promtool 2>/dev/null || echo "$STATE_DIR/prometheus/usr/bin/promtool")
+promtool_ready() { [ -x "$PROMTOOL" ]; }
+promtool_install() {
+    [ -x "$PROMTOOL" ] && return 0
+    command -v apt-get >/dev/null 2>&1 || { log "promtool: apt-get is not available; put promtool on the PATH"; return 1; }
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        $sudo apt-get update -qq >/dev/null
+        APT_UPDATED=1
+    fi
+    local dir
+    dir=$(mktemp -d)
+    log "promtool: unpacking Debian's prometheus package into $STATE_DIR/prometheus"
+    chmod 755 "$dir" # apt fetches as its own user
+    (cd "$dir" && apt-get download -qq prometheus >/dev/null) &&
+        dpkg-deb -x "$dir"/prometheus_*.deb "$STATE_DIR/prometheus"
+    rm -rf "$dir"
+}
+promtool_start() { :; }

@@ -1,0 +1,302 @@
+//! `contrib/`'s Grafana dashboard and Prometheus rules read only what the
+//! library emits: every metric name is one of `lockwright::meter`'s (or a
+//! summary's `_count`/`_sum` of one), and every label one the library sets.
+//! promtool checks the rules, runs their tests (each alert fires on the
+//! series it is for, and not on the others), and checks every dashboard
+//! query as PromQL.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use lockwright::meter;
+
+/// The labels the library sets, and the summaries' `quantile`.
+const LABELS: &[&str] = &[
+    "store",
+    "primitive",
+    "name",
+    "outcome",
+    "reason",
+    "kind",
+    "quantile",
+];
+
+/// The library's metric names.
+const METRICS: &[&str] = &[
+    meter::ACQUIRE_WAIT,
+    meter::HELD_TIME,
+    meter::HELD,
+    meter::LEADER,
+    meter::CONTENDED,
+    meter::HANDOFFS,
+    meter::RENEWALS,
+    meter::LOST,
+    meter::STORE_ERRORS,
+];
+
+/// The distributions, which the Prometheus exporter renders as summaries.
+const SUMMARIES: &[&str] = &[meter::ACQUIRE_WAIT, meter::HELD_TIME];
+
+fn contrib() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib")
+}
+
+/// The `expr:` of every rule in a Prometheus rules file (one line, or a
+/// `|` block), and the text of its annotations.
+fn rule_exprs(text: &str) -> (Vec<String>, String) {
+    let mut exprs = Vec::new();
+    let mut annotations = String::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        let trimmed = line.trim_start();
+        if let Some(expr) = trimmed.strip_prefix("expr:") {
+            let expr = expr.trim();
+            if expr == "|" {
+                let indent = line.len() - trimmed.len();
+                let mut block = String::new();
+                while let Some(next) = lines.peek() {
+                    let next_indent = next.len() - next.trim_start().len();
+                    if next.trim().is_empty() || next_indent <= indent {
+                        break;
+                    }
+                    block.push_str(next.trim());
+                    block.push('\n');
+                    lines.next();
+                }
+                exprs.push(block);
+            } else {
+                exprs.push(expr.to_owned());
+            }
+        } else if trimmed.starts_with("summary:") || trimmed.starts_with("description:") {
+            annotations.push_str(trimmed);
+            annotations.push('\n');
+        }
+    }
+    (exprs, annotations)
+}
+
+/// The dashboard's queries and legends, and its variables' queries.
+fn dashboard_exprs(text: &str) -> (Vec<String>, String) {
+    let dashboard: serde_json::Value = serde_json::from_str(text).expect("the dashboard is JSON");
+    let mut exprs = Vec::new();
+    let mut legends = String::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            exprs.push(target["expr"].as_str().expect("expr").to_owned());
+            legends.push_str(target["legendFormat"].as_str().unwrap_or(""));
+            legends.push('\n');
+        }
+    }
+    for variable in dashboard["templating"]["list"]
+        .as_array()
+        .expect("variables")
+    {
+        if let Some(query) = variable["definition"].as_str() {
+            exprs.push(query.to_owned());
+        }
+    }
+    (exprs, legends)
+}
+
+/// Words of `[a-z_]` (with digits) that begin with `prefix`.
+fn words_from(text: &str, prefix: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(prefix) {
+        let before = rest[..at].chars().next_back();
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            found.push(tail[..end].to_owned());
+        }
+        rest = &tail[end.max(1)..];
+    }
+    found
+}
+
+/// The label names a PromQL expression uses: in `{…}` matchers and in
+/// `by`, `without`, `on` and `ignoring` lists.
+fn expr_labels(expr: &str) -> Vec<String> {
+    let mut labels = Vec::new();
+    // Matchers: `name op "value"`, comma-separated, inside braces.
+    let mut rest = expr;
+    while let Some(open) = rest.find('{') {
+        let close = rest[open..].find('}').expect("a closing brace") + open;
+        for matcher in rest[open + 1..close].split(',') {
+            let name: String = matcher
+                .trim()
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                labels.push(name);
+            }
+        }
+        rest = &rest[close + 1..];
+    }
+    // Grouping lists: `by (a, b)`.
+    for keyword in ["by", "without", "on", "ignoring"] {
+        let mut rest = expr;
+        while let Some(at) = rest.find(&format!("{keyword} (")) {
+            let list = &rest[at + keyword.len() + 2..];
+            let close = list.find(')').expect("a closing parenthesis");
+            labels.extend(list[..close].split(',').map(|l| l.trim().to_owned()));
+            rest = &list[close..];
+        }
+    }
+    labels
+}
+
+/// Checks every metric and label `exprs` and `templates` name.
+fn check_names(file: &str, exprs: &[String], templates: &str, used: &mut BTreeSet<String>) {
+    for expr in exprs {
+        for metric in words_from(expr, "lockwright_") {
+            let base = SUMMARIES
+                .iter()
+                .find(|s| metric == format!("{s}_count") || metric == format!("{s}_sum"))
+                .map_or(metric.as_str(), |s| s);
+            assert!(
+                METRICS.contains(&base),
+                "{file}: {metric} is not a metric lockwright emits: {expr}"
+            );
+            used.insert(base.to_owned());
+        }
+        for label in expr_labels(expr) {
+            assert!(
+                LABELS.contains(&label.as_str()),
+                "{file}: the label {label:?} is not one lockwright sets: {expr}"
+            );
+        }
+        if expr.contains("quantile=") {
+            assert!(
+                SUMMARIES.iter().any(|s| expr.contains(&format!("{s}{{"))),
+                "{file}: a quantile of a metric that is not a summary: {expr}"
+            );
+        }
+    }
+    // Legends (`{{outcome}}`) and annotations (`{{ $labels.store }}`).
+    for template in templates
+        .split("{{")
+        .skip(1)
+        .filter_map(|t| t.split("}}").next())
+    {
+        let label = template.trim().trim_start_matches("$labels.");
+        if label.starts_with('$') || label.starts_with('.') {
+            continue; // `$value | humanize`, not a label.
+        }
+        assert!(
+            LABELS.contains(&label),
+            "{file}: the template {{{{{template}}}}} names a label lockwright does not set"
+        );
+    }
+}
+
+/// promtool, from scripts/test (`LOCKWRIGHT_TEST_PROMTOOL`) or the PATH.
+fn promtool() -> PathBuf {
+    let path = std::env::var_os("LOCKWRIGHT_TEST_PROMTOOL")
+        .map_or_else(|| PathBuf::from("promtool"), PathBuf::from);
+    let found = Command::new(&path).arg("--version").output();
+    assert!(
+        found.is_ok_and(|o| o.status.success()),
+        "promtool not found at {}: scripts/test unpacks it (LOCKWRIGHT_TEST_PROMTOOL)",
+        path.display()
+    );
+    path
+}
+
+/// Runs promtool with `args` in `dir`; panics with its output on failure.
+fn run_promtool(dir: &Path, args: &[&str]) {
+    let out = Command::new(promtool())
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("promtool runs");
+    assert!(
+        out.status.success(),
+        "promtool {}:\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_dashboard_and_rules_name_only_what_the_library_emits() {
+    let rules = std::fs::read_to_string(contrib().join("prometheus/lockwright.rules.yml")).unwrap();
+    let dashboard = std::fs::read_to_string(contrib().join("grafana/lockwright.json")).unwrap();
+    let (rule_exprs, annotations) = rule_exprs(&rules);
+    assert_eq!(rule_exprs.len(), 4, "{rule_exprs:?}");
+    let (panel_exprs, legends) = dashboard_exprs(&dashboard);
+    let mut in_rules = BTreeSet::new();
+    check_names("rules", &rule_exprs, &annotations, &mut in_rules);
+    let mut on_dashboard = BTreeSet::new();
+    check_names("dashboard", &panel_exprs, &legends, &mut on_dashboard);
+    // Every metric the library emits has a panel.
+    let all: BTreeSet<String> = METRICS.iter().map(|m| (*m).to_owned()).collect();
+    assert_eq!(on_dashboard, all, "metrics without a panel");
+}
+
+/// The checker of names catches a name or a label the library does not
+/// emit (so the test above can fail).
+#[test]
+fn the_name_check_catches_a_wrong_metric_or_label() {
+    let mut used = BTreeSet::new();
+    for (expr, why) in [
+        ("rate(lockwright_lost[5m])", "is not a metric"),
+        ("sum by (host) (lockwright_held)", "the label \"host\""),
+        ("lockwright_held{pod=\"a\"}", "the label \"pod\""),
+        (
+            "lockwright_renewals_total{quantile=\"0.99\"}",
+            "not a summary",
+        ),
+        ("lockwright_acquire_wait_seconds_bucket", "is not a metric"),
+    ] {
+        let caught = std::panic::catch_unwind(|| {
+            check_names("test", &[expr.to_owned()], "", &mut BTreeSet::new());
+        });
+        let message = caught
+            .expect_err(expr)
+            .downcast::<String>()
+            .map(|m| *m)
+            .unwrap_or_default();
+        assert!(message.contains(why), "{expr}: {message}");
+    }
+    let caught = std::panic::catch_unwind(move || {
+        check_names("test", &[], "{{ $labels.host }}", &mut used);
+    });
+    assert!(caught.is_err(), "a template's unknown label passed");
+}
+
+#[test]
+fn promtool_checks_the_rules_and_their_tests_pass() {
+    let dir = contrib().join("prometheus");
+    run_promtool(&dir, &["check", "rules", "lockwright.rules.yml"]);
+    run_promtool(&dir, &["test", "rules", "lockwright.rules.test.yml"]);
+}
+
+/// Each dashboard query, with Grafana's variables given values, is PromQL
+/// promtool accepts (as a recording rule).
+#[test]
+fn every_dashboard_query_is_promql() {
+    let dashboard = std::fs::read_to_string(contrib().join("grafana/lockwright.json")).unwrap();
+    let (exprs, _) = dashboard_exprs(&dashboard);
+    let mut file = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, expr) in exprs.iter().enumerate() {
+        if expr.starts_with("label_values(") {
+            continue; // Grafana's own function, not PromQL.
+        }
+        let expr = expr
+            .replace("$__rate_interval", "5m")
+            .replace("$store", ".*");
+        let quoted = serde_json::to_string(&expr).unwrap();
+        file.push_str(&format!(
+            "      - record: lockwright:panel_{i}\n        expr: {quoted}\n"
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("dashboard.rules.yml"), file).unwrap();
+    run_promtool(dir.path(), &["check", "rules", "dashboard.rules.yml"]);
+}
