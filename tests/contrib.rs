@@ -300,3 +300,37 @@ fn every_dashboard_query_is_promql() {
     std::fs::write(dir.path().join("dashboard.rules.yml"), file).unwrap();
     run_promtool(dir.path(), &["check", "rules", "dashboard.rules.yml"]);
 }
+
+/// With `metrics-exporter-prometheus`' defaults (as in the leader-service
+/// example), the distributions are rendered as the queries read them: a
+/// summary, with a `quantile` series and `_count`.
+#[tokio::test(flavor = "current_thread")]
+async fn the_prometheus_exporter_renders_what_the_queries_read() {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let text = {
+        // This thread's recorder; the current-thread runtime keeps every
+        // step of the lock on it.
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let locker = lockwright::Locker::new(lockwright::backend::MemoryBackend::new());
+        let guard = locker.lock("contrib-render").await.unwrap();
+        guard.release().await.unwrap();
+        handle.render()
+    };
+    for series in [
+        format!("{}{{", meter::ACQUIRE_WAIT),
+        format!("{}_count{{", meter::ACQUIRE_WAIT),
+        format!("{}{{", meter::HELD_TIME),
+    ] {
+        assert!(text.contains(&series), "no {series} in:\n{text}");
+    }
+    assert!(
+        text.contains("quantile=\"0.99\"") && text.contains("outcome=\"acquired\""),
+        "{text}"
+    );
+    assert!(
+        !text.contains("_bucket{"),
+        "rendered as a histogram:\n{text}"
+    );
+}
