@@ -606,9 +606,11 @@ promtool_install() {
     local dir
     dir=$(mktemp -d)
     log "promtool: unpacking Debian's prometheus package into $STATE_DIR/prometheus"
-    chmod 755 "$dir" # apt fetches as its own user
-    (cd "$dir" && apt-get download -qq prometheus >/dev/null) &&
-        dpkg-deb -x "$dir"/prometheus_*.deb "$STATE_DIR/prometheus"
+    local ok=0
+    (cd "$dir" && apt-get download -qq prometheus >/dev/null 2>&1) &&
+        dpkg-deb -x "$dir"/prometheus_*.deb "$STATE_DIR/prometheus" || ok=1
     rm -rf "$dir"
+    [ "$ok" -eq 0 ] || log "promtool: could not fetch Debian's prometheus package; put promtool on the PATH"
+    return "$ok"
 }
 promtool_start() { :; }

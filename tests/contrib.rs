@@ -11,7 +11,8 @@ use std::process::Command;
 
 use lockwright::meter;
 
-/// The labels the library sets, and the summaries' `quantile`.
+/// The labels the library sets, the summaries' `quantile`, and the two
+/// Prometheus adds to every series it scrapes (`instance`, `job`).
 const LABELS: &[&str] = &[
     "store",
     "primitive",
@@ -20,7 +21,48 @@ const LABELS: &[&str] = &[
     "reason",
     "kind",
     "quantile",
+    "instance",
+    "job",
 ];
+
+/// The labels every series carries (the library's and Prometheus').
+const COMMON: &[&str] = &["store", "primitive", "name", "instance", "job"];
+
+/// The quantiles metrics-exporter-prometheus renders by default.
+const QUANTILES: &[&str] = &["0", "0.5", "0.9", "0.95", "0.99", "0.999", "1"];
+
+/// The labels of `metric` beyond [`COMMON`].
+fn own_labels(metric: &str) -> &'static [&'static str] {
+    let base = SUMMARIES
+        .iter()
+        .find(|s| metric == format!("{s}_count") || metric == format!("{s}_sum"));
+    match (metric, base) {
+        (_, Some(&s)) if s == meter::ACQUIRE_WAIT => &["outcome"],
+        (_, Some(_)) => &[],
+        (m, None) if m == meter::ACQUIRE_WAIT => &["outcome", "quantile"],
+        (m, None) if m == meter::HELD_TIME => &["quantile"],
+        (m, None) if m == meter::RENEWALS => &["outcome"],
+        (m, None) if m == meter::LOST => &["reason"],
+        (m, None) if m == meter::STORE_ERRORS => &["kind"],
+        _ => &[],
+    }
+}
+
+/// The label values the library writes: the string literals of the files
+/// that name them (`primitive`, `outcome`, `reason`, `kind`).
+fn label_values() -> BTreeSet<String> {
+    let core = Path::new(env!("CARGO_MANIFEST_DIR")).join("lock-core/src");
+    let mut values = BTreeSet::new();
+    for file in ["meter.rs", "watchdog.rs"] {
+        let text = std::fs::read_to_string(core.join(file)).unwrap();
+        for literal in text.split('"').skip(1).step_by(2) {
+            if !literal.is_empty() && literal.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                values.insert(literal.to_owned());
+            }
+        }
+    }
+    values
+}
 
 /// The library's metric names.
 const METRICS: &[&str] = &[
@@ -52,7 +94,7 @@ fn rule_exprs(text: &str) -> (Vec<String>, String) {
         let trimmed = line.trim_start();
         if let Some(expr) = trimmed.strip_prefix("expr:") {
             let expr = expr.trim();
-            if expr == "|" {
+            if ["|", "|-", ">", ">-"].contains(&expr) {
                 let indent = line.len() - trimmed.len();
                 let mut block = String::new();
                 while let Some(next) = lines.peek() {
@@ -117,34 +159,81 @@ fn words_from(text: &str, prefix: &str) -> Vec<String> {
     found
 }
 
-/// The label names a PromQL expression uses: in `{…}` matchers and in
-/// `by`, `without`, `on` and `ignoring` lists.
-fn expr_labels(expr: &str) -> Vec<String> {
-    let mut labels = Vec::new();
-    // Matchers: `name op "value"`, comma-separated, inside braces.
+/// One label matcher of a selector: its metric (empty for a bare
+/// `{…}`), the label, the operator and the value.
+struct Matcher {
+    metric: String,
+    label: String,
+    op: String,
+    value: String,
+}
+
+/// The matchers of every `{…}` selector in a PromQL expression.
+fn matchers(expr: &str) -> Vec<Matcher> {
+    let mut found = Vec::new();
     let mut rest = expr;
     while let Some(open) = rest.find('{') {
+        let metric: String = rest[..open]
+            .chars()
+            .rev()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
         let close = rest[open..].find('}').expect("a closing brace") + open;
         for matcher in rest[open + 1..close].split(',') {
-            let name: String = matcher
-                .trim()
+            let matcher = matcher.trim();
+            let label: String = matcher
                 .chars()
                 .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
                 .collect();
-            if !name.is_empty() {
-                labels.push(name);
+            let tail = matcher[label.len()..].trim_start();
+            let op: String = tail.chars().take_while(|c| "=!~".contains(*c)).collect();
+            let value = tail[op.len()..].trim().trim_matches('"').to_owned();
+            if !label.is_empty() {
+                found.push(Matcher {
+                    metric: metric.clone(),
+                    label,
+                    op,
+                    value,
+                });
             }
         }
         rest = &rest[close + 1..];
     }
-    // Grouping lists: `by (a, b)`.
-    for keyword in ["by", "without", "on", "ignoring"] {
-        let mut rest = expr;
-        while let Some(at) = rest.find(&format!("{keyword} (")) {
-            let list = &rest[at + keyword.len() + 2..];
+    found
+}
+
+/// The label names of every grouping or matching list: `by (…)`,
+/// `without (…)`, `on (…)`, `ignoring (…)`, `group_left (…)`,
+/// `group_right (…)`, with or without a space before the parenthesis.
+fn grouping_labels(expr: &str) -> Vec<String> {
+    let mut labels = Vec::new();
+    for keyword in [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ] {
+        for (at, _) in expr.match_indices(keyword) {
+            let before = expr[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                continue; // inside another word
+            }
+            let after = expr[at + keyword.len()..].trim_start();
+            let Some(list) = after.strip_prefix('(') else {
+                continue;
+            };
             let close = list.find(')').expect("a closing parenthesis");
-            labels.extend(list[..close].split(',').map(|l| l.trim().to_owned()));
-            rest = &list[close..];
+            labels.extend(
+                list[..close]
+                    .split(',')
+                    .map(|l| l.trim().to_owned())
+                    .filter(|l| !l.is_empty()),
+            );
         }
     }
     labels
@@ -152,6 +241,7 @@ fn expr_labels(expr: &str) -> Vec<String> {
 
 /// Checks every metric and label `exprs` and `templates` name.
 fn check_names(file: &str, exprs: &[String], templates: &str, used: &mut BTreeSet<String>) {
+    let values = label_values();
     for expr in exprs {
         for metric in words_from(expr, "lockwright_") {
             let base = SUMMARIES
@@ -164,17 +254,38 @@ fn check_names(file: &str, exprs: &[String], templates: &str, used: &mut BTreeSe
             );
             used.insert(base.to_owned());
         }
-        for label in expr_labels(expr) {
+        for label in grouping_labels(expr) {
             assert!(
                 LABELS.contains(&label.as_str()),
                 "{file}: the label {label:?} is not one lockwright sets: {expr}"
             );
         }
-        if expr.contains("quantile=") {
+        for m in matchers(expr) {
+            let own = own_labels(&m.metric);
             assert!(
-                SUMMARIES.iter().any(|s| expr.contains(&format!("{s}{{"))),
-                "{file}: a quantile of a metric that is not a summary: {expr}"
+                COMMON.contains(&m.label.as_str()) || own.contains(&m.label.as_str()),
+                "{file}: the label {:?} is not one lockwright sets on {}: {expr}",
+                m.label,
+                m.metric
             );
+            // Exact values must be ones the library writes (a regex, or a
+            // Grafana variable, is the user's to choose).
+            let exact = m.op == "=" || m.op == "!=";
+            if exact && ["primitive", "outcome", "reason", "kind"].contains(&m.label.as_str()) {
+                assert!(
+                    values.contains(&m.value),
+                    "{file}: {}=\"{}\" is not a value lockwright writes: {expr}",
+                    m.label,
+                    m.value
+                );
+            }
+            if exact && m.label == "quantile" {
+                assert!(
+                    QUANTILES.contains(&m.value.as_str()),
+                    "{file}: quantile {} is not one the exporter renders: {expr}",
+                    m.value
+                );
+            }
         }
     }
     // Legends (`{{outcome}}`) and annotations (`{{ $labels.store }}`).
@@ -183,7 +294,11 @@ fn check_names(file: &str, exprs: &[String], templates: &str, used: &mut BTreeSe
         .skip(1)
         .filter_map(|t| t.split("}}").next())
     {
-        let label = template.trim().trim_start_matches("$labels.");
+        let template = template.trim();
+        let label = template
+            .strip_prefix("$labels.")
+            .or_else(|| template.strip_prefix(".Labels."))
+            .unwrap_or(template);
         if label.starts_with('$') || label.starts_with('.') {
             continue; // `$value | humanize`, not a label.
         }
@@ -196,8 +311,18 @@ fn check_names(file: &str, exprs: &[String], templates: &str, used: &mut BTreeSe
 
 /// promtool, from scripts/test (`LOCKWRIGHT_TEST_PROMTOOL`) or the PATH.
 fn promtool() -> PathBuf {
-    let path = std::env::var_os("LOCKWRIGHT_TEST_PROMTOOL")
-        .map_or_else(|| PathBuf::from("promtool"), PathBuf::from);
+    // Where scripts/test unpacks it when the PATH has none.
+    let unpacked = std::env::temp_dir().join("lockwright-test-servers/prometheus/usr/bin/promtool");
+    let path = std::env::var_os("LOCKWRIGHT_TEST_PROMTOOL").map_or_else(
+        || {
+            if unpacked.exists() {
+                unpacked
+            } else {
+                PathBuf::from("promtool")
+            }
+        },
+        PathBuf::from,
+    );
     let found = Command::new(&path).arg("--version").output();
     assert!(
         found.is_ok_and(|o| o.status.success()),
@@ -250,9 +375,24 @@ fn the_name_check_catches_a_wrong_metric_or_label() {
         ("lockwright_held{pod=\"a\"}", "the label \"pod\""),
         (
             "lockwright_renewals_total{quantile=\"0.99\"}",
-            "not a summary",
+            "on lockwright_renewals_total",
         ),
         ("lockwright_acquire_wait_seconds_bucket", "is not a metric"),
+        ("sum by(host) (lockwright_held)", "the label \"host\""),
+        ("a * on(pod) group_left b", "the label \"pod\""),
+        (
+            "lockwright_held{outcome=\"acquired\"}",
+            "on lockwright_held",
+        ),
+        ("lockwright_lost_total{reason!=\"closd\"}", "not a value"),
+        (
+            "lockwright_renewals_total{outcome=\"aquired\"}",
+            "not a value",
+        ),
+        (
+            "lockwright_acquire_wait_seconds{quantile=\"0.98\"}",
+            "not one the exporter",
+        ),
     ] {
         let caught = std::panic::catch_unwind(|| {
             check_names("test", &[expr.to_owned()], "", &mut BTreeSet::new());
@@ -264,10 +404,19 @@ fn the_name_check_catches_a_wrong_metric_or_label() {
             .unwrap_or_default();
         assert!(message.contains(why), "{expr}: {message}");
     }
-    let caught = std::panic::catch_unwind(move || {
-        check_names("test", &[], "{{ $labels.host }}", &mut used);
-    });
-    assert!(caught.is_err(), "a template's unknown label passed");
+    for template in ["{{ $labels.host }}", "{{ .Labels.host }}", "{{host}}"] {
+        let caught = std::panic::catch_unwind(|| {
+            check_names("test", &[], template, &mut BTreeSet::new());
+        });
+        assert!(caught.is_err(), "{template}: an unknown label passed");
+    }
+    // And what is right passes.
+    check_names(
+        "test",
+        &["sum by (store) (rate(lockwright_renewals_total{outcome=\"not_held\"}[5m]))".to_owned()],
+        "{{ $labels.store }} {{outcome}}",
+        &mut used,
+    );
 }
 
 #[test]
