@@ -1,5 +1,5 @@
-//! The options of `lockwright run`, `status`, `elect`, `leader`, `demo` and
-//! `completions`,
+//! The options of `lockwright run`, `status`, `elect`, `leader`, `demo`,
+//! `completions` and `man`,
 //! as clap reads them. `main.rs` names these structs in its subcommands and
 //! hands each to the file that runs it; their field doc comments are the
 //! `--help` text. Here, below both, so that a subcommand's file need not
@@ -165,4 +165,13 @@ pub(crate) struct CompletionsArgs {
     /// The shell to write completions for.
     #[arg(value_enum)]
     pub(crate) shell: clap_complete::Shell,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ManArgs {
+    /// Write a page for the command and one for each subcommand
+    /// (lockwright.1, lockwright-run.1, …) into this directory, instead of
+    /// the command's page to stdout.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) dir: Option<std::path::PathBuf>,
 }

@@ -46,3 +46,31 @@ fn without_hidden(cmd: &clap::Command) -> clap::Command {
 pub(crate) fn man_page(cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
     clap_mangen::Man::new(cmd).render(out)
 }
+
+/// Writes a page for `cmd` and one for each of its subcommands that is not
+/// hidden (`lockwright-run.1`, which the command's page refers to) into
+/// `dir`, made if missing, and names each on `out`.
+///
+/// # Errors
+/// Making `dir` or writing a page failed.
+pub(crate) fn man_pages(
+    cmd: clap::Command,
+    dir: &std::path::Path,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    clap_mangen::generate_to(cmd, dir)?;
+    let mut pages: Vec<_> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "1")
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("lockwright"))
+        })
+        .collect();
+    pages.sort();
+    for page in pages {
+        writeln!(out, "{}", page.display())?;
+    }
+    Ok(())
+}

@@ -32,7 +32,7 @@ mod run;
 mod status;
 mod supervise;
 
-use args::{CompletionsArgs, DemoArgs, ElectArgs, LeaderArgs, RunArgs, StatusArgs};
+use args::{CompletionsArgs, DemoArgs, ElectArgs, LeaderArgs, ManArgs, RunArgs, StatusArgs};
 
 // `Cli` and `Command` have no `///`: clap would take it as the command's
 // description (`about` below, and each variant's doc for its subcommand).
@@ -101,9 +101,10 @@ enum Command {
     /// Writes a shell's completion script to stdout, e.g.
     /// `lockwright completions bash > ~/.local/share/bash-completion/completions/lockwright`.
     Completions(CompletionsArgs),
-    /// Writes the man page (roff) to stdout, e.g.
-    /// `lockwright man > ~/.local/share/man/man1/lockwright.1`.
-    Man,
+    /// Writes the man page (roff) to stdout, or with --dir every page (the
+    /// command's and each subcommand's) into a directory, e.g.
+    /// `lockwright man --dir ~/.local/share/man/man1`.
+    Man(ManArgs),
     /// Internal: kills a command's process group if `lockwright run` dies.
     #[command(name = "__watch-group", hide = true)]
     WatchGroup,
@@ -213,9 +214,12 @@ fn run_command() -> i32 {
             "completions",
             completions::completions(args.shell, &Cli::command(), &mut std::io::stdout()),
         )),
-        Command::Man => Some((
+        Command::Man(args) => Some((
             "man page",
-            completions::man_page(Cli::command(), &mut std::io::stdout()),
+            match &args.dir {
+                None => completions::man_page(Cli::command(), &mut std::io::stdout()),
+                Some(dir) => completions::man_pages(Cli::command(), dir, &mut std::io::stdout()),
+            },
         )),
         _ => None,
     };
@@ -248,7 +252,7 @@ fn run_command() -> i32 {
             Command::Leader(args) => elect::leader(args).await,
             Command::WatchGroup => Ok(group::watcher_main()),
             // Answered above, before the runtime started.
-            Command::Completions(_) | Command::Man => Ok(0),
+            Command::Completions(_) | Command::Man(_) => Ok(0),
             #[cfg(feature = "check")]
             Command::BenchPeer(args) => lockwright_check::bench_peer(args).await,
             #[cfg(feature = "check")]
@@ -337,7 +341,11 @@ mod tests {
         let names = visible();
         assert!(names.len() >= 8, "{names:?}");
         for name in names {
-            assert!(script.contains(&name), "{name} is not completed");
+            // The case arm that completes the subcommand's options.
+            assert!(
+                script.contains(&format!("lockwright,{name})")),
+                "{name} is not completed"
+            );
         }
         assert!(
             !script.contains("__watch-group") && !script.contains("__bench-peer"),
@@ -372,12 +380,34 @@ mod tests {
             "{page}"
         );
         for name in visible() {
-            assert!(page.contains(&name), "{name} is not in the man page");
+            assert!(
+                page.contains(&format!("lockwright\\-{name}(1)")),
+                "{name} is not in the man page"
+            );
         }
         assert!(
             !page.contains("__watch-group"),
             "a hidden worker is in the man page"
         );
+    }
+
+    /// `man --dir` writes the page of every subcommand the command's page
+    /// refers to, and none for a hidden worker.
+    #[test]
+    fn man_dir_writes_a_page_for_each_subcommand() {
+        let dir = tempfile::tempdir().unwrap();
+        let pages = dir.path().join("man1");
+        let mut listed = Vec::new();
+        completions::man_pages(Cli::command(), &pages, &mut listed).unwrap();
+        let listed = String::from_utf8(listed).unwrap();
+        for name in visible() {
+            let page = pages.join(format!("lockwright-{name}.1"));
+            let text = std::fs::read_to_string(&page).expect("a page per subcommand");
+            assert!(text.contains(".SH OPTIONS"), "{name}: no options");
+            assert!(listed.contains(&*page.to_string_lossy()), "{listed}");
+        }
+        assert!(pages.join("lockwright.1").exists());
+        assert!(!pages.join("lockwright-__watch-group.1").exists());
     }
 
     /// `-v` turns on debug lines of every crate of ours: the core, each
