@@ -9,6 +9,16 @@ APT_UPDATED=0
 
 log() { printf '[servers] %s\n' "$*" >&2; }
 
+# Reads the package lists once per run, before the first fetch.
+apt_update_once() {
+    [ "$APT_UPDATED" -eq 0 ] || return 0
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    log "apt-get update"
+    $sudo apt-get update -qq >/dev/null
+    APT_UPDATED=1
+}
+
 apt_install() {
     local missing=()
     for pkg in "$@"; do
@@ -19,13 +29,9 @@ apt_install() {
         log "need ${missing[*]} but apt-get is not available; install them by hand"
         return 1
     fi
+    apt_update_once
     local sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    if [ "$APT_UPDATED" -eq 0 ]; then
-        log "apt-get update"
-        $sudo apt-get update -qq >/dev/null
-        APT_UPDATED=1
-    fi
     log "apt-get install ${missing[*]}"
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
@@ -597,12 +603,7 @@ promtool_ready() { [ -x "$PROMTOOL" ]; }
 promtool_install() {
     [ -x "$PROMTOOL" ] && return 0
     command -v apt-get >/dev/null 2>&1 || { log "promtool: apt-get is not available; put promtool on the PATH"; return 1; }
-    local sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    if [ "$APT_UPDATED" -eq 0 ]; then
-        $sudo apt-get update -qq >/dev/null
-        APT_UPDATED=1
-    fi
+    apt_update_once
     local dir
     dir=$(mktemp -d)
     log "promtool: unpacking Debian's prometheus package into $STATE_DIR/prometheus"

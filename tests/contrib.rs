@@ -141,22 +141,25 @@ fn dashboard_exprs(text: &str) -> (Vec<String>, String) {
     (exprs, legends)
 }
 
-/// Words of `[a-z_]` (with digits) that begin with `prefix`.
-fn words_from(text: &str, prefix: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut rest = text;
-    while let Some(at) = rest.find(prefix) {
-        let before = rest[..at].chars().next_back();
-        let tail = &rest[at..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(tail.len());
-        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
-            found.push(tail[..end].to_owned());
-        }
-        rest = &tail[end.max(1)..];
-    }
-    found
+/// The `lockwright_…` metric names in a PromQL expression.
+fn metric_names(expr: &str) -> Vec<String> {
+    expr.match_indices("lockwright_")
+        .filter(|(at, _)| !ends_in_word(&expr[..*at]))
+        .map(|(at, _)| {
+            let tail = &expr[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            tail[..end].to_owned()
+        })
+        .collect()
+}
+
+/// Whether `text` ends inside a word (so what follows continues it).
+fn ends_in_word(text: &str) -> bool {
+    text.chars()
+        .next_back()
+        .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// One label matcher of a selector: its metric (empty for a bare
@@ -219,8 +222,7 @@ fn grouping_labels(expr: &str) -> Vec<String> {
         "group_right",
     ] {
         for (at, _) in expr.match_indices(keyword) {
-            let before = expr[..at].chars().next_back();
-            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            if ends_in_word(&expr[..at]) {
                 continue; // inside another word
             }
             let after = expr[at + keyword.len()..].trim_start();
@@ -243,7 +245,7 @@ fn grouping_labels(expr: &str) -> Vec<String> {
 fn check_names(file: &str, exprs: &[String], templates: &str, used: &mut BTreeSet<String>) {
     let values = label_values();
     for expr in exprs {
-        for metric in words_from(expr, "lockwright_") {
+        for metric in metric_names(expr) {
             let base = SUMMARIES
                 .iter()
                 .find(|s| metric == format!("{s}_count") || metric == format!("{s}_sum"))

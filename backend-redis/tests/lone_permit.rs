@@ -60,6 +60,13 @@ async fn fence_of(b: &dyn LockBackend, o: &HoldId) -> FencingToken {
     }
 }
 
+/// `hold`'s renewal for the TTL, answered.
+async fn renewed(b: &RedisBackend, hold: &HoldId) -> Renew {
+    renew_one(b, RenewRequest::new(hold.clone(), TTL))
+        .await
+        .unwrap()
+}
+
 fn refused(what: &str, r: lockwright_core::Result<Acquire>) {
     match r {
         Err(e) if e.kind() == ErrorKind::InvalidOptions => {}
@@ -86,18 +93,8 @@ async fn a_lone_permit_is_a_string_until_a_second_claim_makes_it_a_group() {
     assert_eq!((s.permits, s.holders.len()), (Some(3), 1), "{s:?}");
     assert_eq!(s.holders[0].owner.as_ref(), Some(&a.owner));
     assert_eq!(s.holders[0].fence, Some(fa));
-    assert_eq!(
-        renew_one(&b, RenewRequest::new(a.clone(), TTL))
-            .await
-            .unwrap(),
-        Renew::Renewed
-    );
-    assert_eq!(
-        renew_one(&b, RenewRequest::new(other.clone(), TTL))
-            .await
-            .unwrap(),
-        Renew::NotHeld
-    );
+    assert_eq!(renewed(&b, &a).await, Renew::Renewed);
+    assert_eq!(renewed(&b, &other).await, Renew::NotHeld);
     assert_eq!(b.release(&other).await.unwrap(), Release::NotHeld);
 
     // A mutex meets a semaphore of 3, told apart from a lock held, and
@@ -135,18 +132,8 @@ async fn a_lone_permit_is_a_string_until_a_second_claim_makes_it_a_group() {
     refused("a reader", b.try_acquire(&ask(&reader)).await);
 
     assert_eq!(b.release(&a).await.unwrap(), Release::Freed);
-    assert_eq!(
-        renew_one(&b, RenewRequest::new(a.clone(), TTL))
-            .await
-            .unwrap(),
-        Renew::NotHeld
-    );
-    assert_eq!(
-        renew_one(&b, RenewRequest::new(other.clone(), TTL))
-            .await
-            .unwrap(),
-        Renew::Renewed
-    );
+    assert_eq!(renewed(&b, &a).await, Renew::NotHeld);
+    assert_eq!(renewed(&b, &other).await, Renew::Renewed);
     assert_eq!(b.release(&other).await.unwrap(), Release::Freed);
     assert_eq!(form(&mut c, &k).await, "none");
 }

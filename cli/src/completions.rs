@@ -58,19 +58,18 @@ pub(crate) fn man_pages(
     dir: &std::path::Path,
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
+    // The files clap_mangen names: `<name>.1` and `<name>-<sub>.1`.
+    let name = cmd.get_name().to_owned();
+    let mut pages = vec![format!("{name}.1")];
+    pages.extend(
+        cmd.get_subcommands()
+            .filter(|s| !s.is_hide_set())
+            .map(|s| format!("{name}-{}.1", s.get_name())),
+    );
     std::fs::create_dir_all(dir)?;
     clap_mangen::generate_to(cmd, dir)?;
-    let mut pages: Vec<_> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.extension().is_some_and(|x| x == "1")
-                && p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("lockwright"))
-        })
-        .collect();
-    pages.sort();
     for page in pages {
-        writeln!(out, "{}", page.display())?;
+        writeln!(out, "{}", dir.join(page).display())?;
     }
     Ok(())
 }

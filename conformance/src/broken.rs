@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use lockwright_core::backend::{
     refusal, renew_one, Acquire, AcquireRequest, Capabilities, Changes, Found, Grant, HoldId,
-    HoldKind, LockBackend, Release, Renew, RenewRequest,
+    HoldKind, LockBackend, LockBackendExt, Release, Renew, RenewRequest,
 };
 use lockwright_core::{
     Claim, Error, ErrorKind, FencingToken, LockKey, LockStatus, OwnerToken, Result,
@@ -300,11 +300,7 @@ impl Broken {
             return Ok(());
         };
         if held && holder != *owner && left.is_none_or(|left| ttl > left) {
-            renew_one(
-                &*self.inner,
-                RenewRequest::new(HoldId::mutex(key.clone(), holder), ttl),
-            )
-            .await?;
+            self.inner.renew_lock(key, &holder, ttl).await?;
         }
         Ok(())
     }

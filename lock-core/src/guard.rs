@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{HoldId, LockBackend, Release, Renew};
+use crate::backend::{renew_one, HoldId, LockBackend, Release, Renew};
 use crate::background::Background;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{FencingToken, LockKey, OwnerToken};
@@ -242,12 +242,8 @@ impl LockGuard {
     /// no longer held (the lost signal fires too); the backend's error otherwise.
     pub async fn renew(&self) -> Result<()> {
         let sent = Instant::now();
-        let outcome = self
-            .backend
-            .renew(std::slice::from_ref(&self.lease.renewal()))
+        let outcome = renew_one(&*self.backend, self.lease.renewal())
             .await
-            .pop()
-            .unwrap_or_else(|| Err(Error::backend("no renewal result")))
             .inspect_err(|e| {
                 let labels = self.meter.labels();
                 labels.renewal("failed");
