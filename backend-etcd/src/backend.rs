@@ -313,4 +313,9 @@ impl LockBackend for EtcdBackend {
     async fn changes(&self, key: &LockKey) -> Result<Option<Changes>> {
         Ok(Some(Changes::from(self.inner.changes(key).await?)))
     }
+
+    /// Deletes the holder's key (see `status.rs`).
+    async fn force_release(&self, key: &LockKey, holder: &str) -> Result<bool> {
+        self.inner.force_release(key, holder).await
+    }
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{GetOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp};
 use lockwright_core::backend::lock_unpoisoned;
 use lockwright_core::{Claim, Holder, LockKey, LockStatus, Result};
 
@@ -41,6 +41,7 @@ impl Inner {
         let waiters = u32::try_from(count.saturating_sub(1)).unwrap_or(u32::MAX);
         let left = self.lease_left(first.lease()).await?;
         Ok(LockStatus::held(self.holds_of(key, rev))
+            .with_id(id_of(&prefix, &first))
             .with_fence(fence(rev))
             .with_remaining(left)
             .with_waiters(Some(waiters))
@@ -78,6 +79,7 @@ impl Inner {
             .map(|(kv, left)| {
                 let shared = claims::claim_of(kv.value()).is_shared();
                 Holder::new(shared, self.holds_of(key, kv.create_revision()))
+                    .with_id(id_of(prefix, kv))
                     .with_fence(fence(kv.create_revision()))
                     .with_remaining(left)
             })
@@ -101,4 +103,32 @@ impl Inner {
             .max()
             .unwrap_or(1)
     }
+
+    /// Deletes the key of the holder `inspect` lists as `holder` (only a
+    /// listed holder's, so no other key can be named). Its backend's next
+    /// renewal reads the key gone; the next holder's key was created
+    /// later, so its fence (create revision) is higher. A Go or `etcdctl`
+    /// holder never reads its key again, as with `etcdctl del`.
+    pub(crate) async fn force_release(&self, key: &LockKey, holder: &str) -> Result<bool> {
+        let listed = self.inspect(key).await?.each_holder();
+        if !listed.iter().any(|h| h.id.as_deref() == Some(holder)) {
+            return Ok(false);
+        }
+        let contender = format!("{}{holder}", self.prefix(key));
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                contender.as_str(),
+                CompareOp::Greater,
+                0,
+            )])
+            .and_then([TxnOp::delete(contender.as_str(), None)]);
+        Ok(self.node.txn(txn).await?.succeeded())
+    }
+}
+
+/// A contender's id: its key after the name's prefix (the lease in hex,
+/// as `etcdctl get --prefix` shows it).
+fn id_of(prefix: &str, kv: &KeyValue) -> Option<String> {
+    let key = kv.key_str().ok()?;
+    key.strip_prefix(prefix).map(str::to_owned)
 }

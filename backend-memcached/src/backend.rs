@@ -124,7 +124,8 @@ mod tests {
             | Method::Proclaim
             | Method::Changes
             | Method::Watch
-            | Method::Abandon => Expect::Forwarded,
+            | Method::Abandon
+            | Method::ForceRelease => Expect::Forwarded,
         };
         check(&backend, &[&store], expect).await.unwrap();
     }

@@ -314,6 +314,7 @@ impl LockBackend for ZkBackend {
             // No owner token: only this process's holds have one to give,
             // and the fence (the node's czxid) tells reigns apart as well.
             return Ok(LockStatus::held(holds)
+                .with_id(Some(first.clone()))
                 .with_fence(Some(fence_of(stat.czxid)))
                 .with_waiters(Some(waiters))
                 .with_value(layout::value_of(first, data)));
@@ -354,6 +355,32 @@ impl LockBackend for ZkBackend {
             ticket: ticket.clone(),
         });
         Ok(Some(Watch::grants(rx, Some(keepalive))))
+    }
+
+    /// Deletes the holder's node, named by the id `inspect` lists it with
+    /// (only a listed holder's, so no other node can be named). Its
+    /// session's next check finds it gone; the next holder's node is
+    /// newer, so its fence (czxid) is higher. A Curator holder never
+    /// checks again, as with zkCli's `delete`.
+    async fn force_release(&self, key: &LockKey, holder: &str) -> Result<bool> {
+        let listed = self.inspect(key).await?.each_holder();
+        if !listed.iter().any(|h| h.id.as_deref() == Some(holder)) {
+            return Ok(false);
+        }
+        let dir = self.inner.dir(key);
+        let path = if holder.contains(layout::LEASE_NAME) {
+            format!("{dir}/{}/{holder}", layout::SEM_LEASES)
+        } else {
+            format!("{dir}/{holder}")
+        };
+        let session = self.inner.sessions.get().await?;
+        match session.call(session.client.delete(&path, None)).await {
+            Ok(()) => {}
+            Err(ZkError::NoNode) => return Ok(false),
+            Err(e) => return Err(map_err(e)),
+        }
+        self.inner.forget(key, &path);
+        Ok(true)
     }
 
     async fn abandon(&self, hold: &HoldId, ticket: &OwnerToken) -> Result<()> {

@@ -89,9 +89,11 @@ impl Inner {
                 .iter()
                 .find(|(_, h)| h.node.path == path)
                 .map(|((_, o), h)| (o.clone(), h.holds));
+            let name = path.rsplit('/').next().map(str::to_owned);
             holders.push(
                 Holder::new(shared, mine.as_ref().map_or(1, |m| m.1))
                     .with_owner(mine.map(|m| m.0))
+                    .with_id(name)
                     .with_fence(Some(fence_of(stat.czxid))),
             );
         }

@@ -21,6 +21,9 @@ use nix::sys::signal::Signal;
 /// Configuration that retrying will not fix: bad usage, URL, option, credentials, database, table.
 pub const EX_USAGE: i32 = 64;
 
+/// What was named is not there: `break --holder` of an id nobody holds by.
+pub const EX_NOINPUT: i32 = 66;
+
 /// The lock was lost (or could not be kept) while the command ran.
 pub const EX_SOFTWARE: i32 = 70;
 

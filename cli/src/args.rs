@@ -1,5 +1,5 @@
-//! The options of `lockwright run`, `status`, `elect`, `leader`, `demo`,
-//! `completions` and `man`,
+//! The options of `lockwright run`, `status`, `break`, `elect`, `leader`,
+//! `demo`, `completions` and `man`,
 //! as clap reads them. `main.rs` names these structs in its subcommands and
 //! hands each to the file that runs it; their field doc comments are the
 //! `--help` text. Here, below both, so that a subcommand's file need not
@@ -132,6 +132,22 @@ pub(crate) struct StatusArgs {
     /// One JSON object instead of a line of text, for scripts.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct BreakArgs {
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
+    /// The lock name.
+    #[arg(long)]
+    pub(crate) key: String,
+    /// The holder to break, by the id `status` shows; may be left out
+    /// when the key has one holder.
+    #[arg(long, value_name = "ID")]
+    pub(crate) holder: Option<String>,
+    /// Break without asking (needed when stdin is not a terminal).
+    #[arg(long, short = 'y')]
+    pub(crate) yes: bool,
 }
 
 #[derive(Args, Debug)]

@@ -24,6 +24,7 @@ use lockwright::Error;
 use lockwright_cli_kit::exit::{signal_to_end_by, EX_OSERR, EX_USAGE};
 
 mod args;
+mod breaking;
 mod completions;
 mod demo;
 mod elect;
@@ -32,7 +33,9 @@ mod run;
 mod status;
 mod supervise;
 
-use args::{CompletionsArgs, DemoArgs, ElectArgs, LeaderArgs, ManArgs, RunArgs, StatusArgs};
+use args::{
+    BreakArgs, CompletionsArgs, DemoArgs, ElectArgs, LeaderArgs, ManArgs, RunArgs, StatusArgs,
+};
 
 // `Cli` and `Command` have no `///`: clap would take it as the command's
 // description (`about` below, and each variant's doc for its subcommand).
@@ -66,13 +69,36 @@ enum Command {
     /// left and queued waiters, where the store has them; for several
     /// holders (a semaphore's permits, readers), one line each. Reads only.
     ///
+    /// Each holder is shown with its id, the name `break --holder` takes:
+    /// the store's own (ZooKeeper's node, etcd's key after the name's
+    /// prefix) or `o` and 16 hex digits of a digest of the owner.
+    ///
     /// With --json, `mode` is exclusive, shared or semaphore, `permits` the
-    /// semaphore's N, and `holders` each holder of a semaphore or readers
-    /// (empty for a lock's one holder); the top-level `fence` is then the
-    /// newest holder's and `remaining_ms` the longest lease left.
+    /// semaphore's N, and `holders` each holder with its `id` (one for a
+    /// lock); with several, the top-level `fence` is the newest holder's
+    /// and `remaining_ms` the longest lease left.
     ///
     /// Exit status: 0 whether the key is held or free; otherwise as for run.
     Status(StatusArgs),
+    /// Breaks a stuck hold: removes one holder of a key (by the id `status`
+    /// shows, or the key's only holder), so the next claimant proceeds.
+    /// Asks first unless --yes; logs one audit line (who broke which holder
+    /// of which key).
+    ///
+    /// The broken holder's next renewal fails, so a `lockwright run` holding
+    /// it stops its command and exits 70; where the store has fences, the
+    /// next grant's fence is above the broken holder's, so a resource that
+    /// checks fences refuses its late writes. One holder of a semaphore or
+    /// read-write lock goes, not the group. A Curator, Go or `etcdctl`
+    /// holder is not told (they never check again), as with their own
+    /// tools; Redlock and memcached have no fences to raise, and SQL's
+    /// ?mode=session cannot break one holder (exit 64).
+    ///
+    /// Exit status: 0 when the holder is gone (or the key was free); 1 when
+    /// the confirmation was refused; 66 when no holder has that id; 64 when
+    /// the key has several holders and none was named, or stdin is not a
+    /// terminal and --yes was not given; otherwise as for status.
+    Break(BreakArgs),
     /// Campaigns to lead an election with a value, runs a command while
     /// leading (as `run` runs one under a lock), resigns when it exits.
     ///
@@ -248,6 +274,7 @@ fn run_command() -> i32 {
             Command::Run(args) => run::run(args).await,
             Command::Demo(args) => demo::demo(args).await,
             Command::Status(args) => status::status(args).await,
+            Command::Break(args) => breaking::breaking(args).await,
             Command::Elect(args) => elect::elect(args).await,
             Command::Leader(args) => elect::leader(args).await,
             Command::WatchGroup => Ok(group::watcher_main()),

@@ -22,7 +22,7 @@ pub(crate) async fn status(args: StatusArgs) -> Result<i32> {
 }
 
 /// The status as text: a headline, then one line per holder when there are several.
-fn line(key: &str, s: &LockStatus) -> String {
+pub(crate) fn line(key: &str, s: &LockStatus) -> String {
     let mut out = format!("{key:?}: ");
     if s.held && s.holders.len() > 1 {
         // Several holders: a semaphore's permits, or readers.
@@ -42,6 +42,9 @@ fn line(key: &str, s: &LockStatus) -> String {
         for h in &s.holders {
             out.push_str("\n  ");
             out.push_str(if h.shared { "read" } else { "permit" });
+            if let Some(id) = &h.id {
+                out.push_str(&format!(" {id}"));
+            }
             if h.holds > 1 {
                 out.push_str(&format!(" ({} holds)", h.holds));
             }
@@ -61,6 +64,9 @@ fn line(key: &str, s: &LockStatus) -> String {
             out.push_str(&format!(", 1 of {n} permits"));
         }
         out.push(')');
+        if let Some(id) = s.each_holder().first().and_then(|h| h.id.clone()) {
+            out.push_str(&format!(", holder {id}"));
+        }
         if let Some(f) = s.fence {
             out.push_str(&format!(", fence {f}"));
         }
@@ -110,7 +116,8 @@ fn json(key: &str, s: &LockStatus) -> serde_json::Value {
         "waiters": s.waiters,
         "mode": mode(s),
         "permits": s.permits,
-        "holders": s.holders.iter().map(|h| serde_json::json!({
+        "holders": s.each_holder().iter().map(|h| serde_json::json!({
+            "id": h.id,
             "shared": h.shared,
             "holds": h.holds,
             "fence": h.fence.map(|f| f.0),
@@ -165,5 +172,29 @@ mod tests {
             "\"catalogue\": held (1 hold, read)"
         );
         assert_eq!(line("free", &LockStatus::free()), "\"free\": free");
+    }
+
+    #[test]
+    fn each_holder_is_shown_with_the_id_break_takes() {
+        let lone = LockStatus::held(1)
+            .with_id(Some("o0123456789abcdef".to_owned()))
+            .with_fence(Some(FencingToken(4)));
+        assert_eq!(
+            line("job", &lone),
+            "\"job\": held (1 hold), holder o0123456789abcdef, fence 4"
+        );
+        let j = json("job", &lone);
+        assert_eq!(
+            j["holders"][0]["id"], "o0123456789abcdef",
+            "a lock's one holder is listed"
+        );
+        assert_eq!(j["holders"][0]["fence"], 4);
+        let permit = |id: &str| Holder::new(false, 1).with_id(Some(id.to_owned()));
+        let two = LockStatus::of_holders(vec![permit("a1"), permit("b2")]).with_permits(Some(3));
+        assert_eq!(
+            line("backups", &two),
+            "\"backups\": held by 2 of 3 permits\n  permit a1\n  permit b2"
+        );
+        assert_eq!(json("backups", &two)["holders"][1]["id"], "b2");
     }
 }

@@ -113,6 +113,14 @@ pub enum Defect {
     /// 300 ms a claim of another N on the name is refused as if the
     /// refused claim held it.
     RefusalLingers,
+    /// A broken hold's fence is given to the next grant of its name (as a
+    /// force-release that deleted the name's state, fence count and all,
+    /// would): a resource checking fences takes the broken holder's late
+    /// writes as the new holder's.
+    BreakKeepsFence,
+    /// Breaking one holder of a semaphore or read-write lock breaks every
+    /// holder of the name.
+    BreakTakesEveryHolder,
 }
 
 /// How long `RefusalLingers` keeps a refused claim.
@@ -123,7 +131,7 @@ const LATE_GRANT_KEPT: Duration = Duration::from_secs(2);
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 34] = [
+    pub const ALL: [Defect; 36] = [
         Defect::ReleaseWithoutOwnerCheck,
         Defect::NoExpiry,
         Defect::RenewReleases,
@@ -158,6 +166,8 @@ impl Defect {
         Defect::RenewBatchByNameOnly,
         Defect::StrangerRenewExtends,
         Defect::RefusalLingers,
+        Defect::BreakKeepsFence,
+        Defect::BreakTakesEveryHolder,
     ];
 }
 
@@ -198,6 +208,9 @@ struct Extra {
     /// `RefusalLingers`: the N of the last refused exclusive claim on each
     /// name, and when it was refused.
     lingering: Mutex<HashMap<LockKey, (u32, Instant)>>,
+    /// `BreakKeepsFence`: the fence of the hold last broken on each name,
+    /// for its next grant.
+    broken_fences: Mutex<HashMap<LockKey, FencingToken>>,
 }
 
 impl Broken {
@@ -530,6 +543,13 @@ lockwright_core::forward_backend! {
                     .lock()
                     .unwrap()
                     .insert(key.clone(), (Instant::now(), ttl));
+                let reused = self.extra.broken_fences.lock().unwrap().remove(key);
+                if let Some(fence) = reused.filter(|_| grant.holds == 1) {
+                    return Ok(Acquire::Acquired(Grant {
+                        fence: Some(fence),
+                        ..grant
+                    }));
+                }
                 if self.defect == Defect::RepeatingFence {
                     return Ok(Acquire::Acquired(Grant {
                         fence: Some(FencingToken(1)),
@@ -677,6 +697,28 @@ lockwright_core::forward_backend! {
                 }
             }
             Ok(status)
+        }
+
+        /// Breaks the hold, with the defects a break has
+        /// (`BreakKeepsFence`, `BreakTakesEveryHolder`).
+        async fn force_release(&self, key: &LockKey, holder: &str) -> Result<bool> {
+            let holders = self.inner.inspect(key).await?.without_owners().each_holder();
+            let fence = holders
+                .iter()
+                .find(|h| h.id.as_deref() == Some(holder))
+                .and_then(|h| h.fence);
+            let broke = self.inner.force_release(key, holder).await?;
+            if broke && self.defect == Defect::BreakKeepsFence {
+                if let Some(fence) = fence {
+                    self.extra.broken_fences.lock().unwrap().insert(key.clone(), fence);
+                }
+            }
+            if broke && self.defect == Defect::BreakTakesEveryHolder {
+                for other in holders.iter().filter_map(|h| h.id.as_deref()) {
+                    self.inner.force_release(key, other).await?;
+                }
+            }
+            Ok(broke)
         }
 
         /// Nothing was queued (see `try_acquire`), but a writer's mark may

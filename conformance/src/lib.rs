@@ -141,6 +141,10 @@ macro_rules! __case_list {
             ClaimRules claim_rules {
                 claims_answer_as_the_model_does,
             }
+            Breaking breaking {
+                a_broken_holder_loses_the_lock_and_the_next_fence_is_higher,
+                breaking_one_permit_leaves_the_others,
+            }
         }
     };
 }

@@ -400,3 +400,21 @@ async fn a_strangers_renewal_that_extends_the_lease_is_caught() {
 async fn a_refusal_that_lingers_is_caught() {
     caught_by_alone_and_the_model(Defect::RefusalLingers, "a_refused_claim_leaves_nothing").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_break_that_keeps_the_fence_is_caught() {
+    check(
+        Defect::BreakKeepsFence,
+        &["a_broken_holder_loses_the_lock_and_the_next_fence_is_higher"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_break_that_takes_every_holder_is_caught() {
+    check(
+        Defect::BreakTakesEveryHolder,
+        &["breaking_one_permit_leaves_the_others"],
+    )
+    .await;
+}

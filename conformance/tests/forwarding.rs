@@ -25,7 +25,8 @@ fn all_forwarded(m: Method) -> Expect {
         | Method::Changes
         | Method::Watch
         | Method::Abandon
-        | Method::Alarm => Expect::Forwarded,
+        | Method::Alarm
+        | Method::ForceRelease => Expect::Forwarded,
     }
 }
 
@@ -80,7 +81,8 @@ fn broken(defect: Defect, m: Method) -> Expect {
         | Method::Proclaim
         | Method::Changes
         | Method::Watch
-        | Method::Alarm => Expect::Forwarded,
+        | Method::Alarm
+        | Method::ForceRelease => Expect::Forwarded,
         // The defect itself: a renewal that releases.
         Method::Renew if defect == Defect::RenewReleases => Expect::As(Method::Release),
         Method::Renew => Expect::Forwarded,

@@ -566,6 +566,92 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     fn alarm(&self) -> Option<watch::Receiver<u64>> {
         None
     }
+
+    /// Breaks the hold of `key` whose [`id`](crate::Holder::id) is
+    /// `holder`, whoever its owner is: an operator's way out of a stuck
+    /// lock. Every hold of that holder goes (re-entered ones too), and no
+    /// other holder's. `Ok(false)`: no live holder has that id.
+    ///
+    /// It must keep the promises a release keeps: the holder's next
+    /// renewal is `NotHeld` (so it learns it lost the lock), and with
+    /// [`Capabilities::fencing`] the next grant of the key carries a fence
+    /// above the broken holder's (so a resource that checks fences refuses
+    /// its late writes). The default releases as the owner
+    /// [`inspect`](Self::inspect) names ([`release_by_owner`]); a store
+    /// that does not name owners answers
+    /// [`Unsupported`](crate::ErrorKind::Unsupported) or writes its own.
+    async fn force_release(&self, key: &LockKey, holder: &str) -> Result<bool> {
+        release_by_owner(self, key, holder).await
+    }
+}
+
+/// [`LockBackend::force_release`] for a store whose `inspect` names each
+/// holder's owner: finds the owner whose [`holder_id`](crate::holder_id)
+/// (or store-given id) is `holder`, and releases its holds as that owner,
+/// so the store's own release keeps the fences rising.
+///
+/// # Errors
+/// `Unsupported` when the store does not say who holds; the store's errors.
+pub async fn release_by_owner<B: LockBackend + ?Sized>(
+    backend: &B,
+    key: &LockKey,
+    holder: &str,
+) -> Result<bool> {
+    let status = backend.inspect(key).await?;
+    let holders = status.each_holder();
+    let named = |h: &crate::lease::Holder| {
+        h.id.as_deref() == Some(holder)
+            || h.owner.as_ref().map(crate::lease::holder_id).as_deref() == Some(holder)
+    };
+    let unnamed = || {
+        Error::new(
+            ErrorKind::Unsupported,
+            "this store does not say which owner holds a lock, so no one holder can be broken",
+        )
+    };
+    let Some(found) = holders.iter().find(|h| named(h)) else {
+        // A holder the store cannot name may be the one asked for.
+        if holders.iter().any(|h| h.id.is_none() && h.owner.is_none()) {
+            return Err(unnamed());
+        }
+        return Ok(false);
+    };
+    let Some(owner) = found.owner.clone() else {
+        return Err(unnamed());
+    };
+    // Where a store keeps kinds apart, a release looks where its kind
+    // says; a release of the wrong kind is `NotHeld` and changes nothing,
+    // so each kind the holder could hold by is tried in turn.
+    let kinds = if found.shared {
+        vec![HoldKind::Reader { beside: None }]
+    } else {
+        match status.permits {
+            Some(permits) if permits > 1 => vec![HoldKind::Permit { permits }],
+            _ => vec![
+                HoldKind::Mutex,
+                HoldKind::Writer,
+                HoldKind::Permit { permits: 1 },
+            ],
+        }
+    };
+    // A holder that re-enters while it is broken adds holds: the bound
+    // keeps that race from looping for ever (it is then not broken).
+    let bound = found.holds.saturating_add(16);
+    for kind in kinds {
+        let hold = HoldId::new(key.clone(), owner.clone(), kind);
+        let mut broke = false;
+        for _ in 0..bound {
+            match backend.release(&hold).await? {
+                Release::StillHeld(_) => broke = true,
+                Release::Freed => return Ok(true),
+                Release::NotHeld => break,
+            }
+        }
+        if broke {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Shorthands over [`LockBackend`] for tests and tools that speak to a
@@ -684,38 +770,41 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {}
 macro_rules! forward_backend {
     // Blanks the slot of a method the wrapper wrote, then looks at the
     // next one. One rule per method of the trait, in the slots' order.
-    (@drop capabilities $ctx:tt $more:tt [$_a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [[] $b $c $d $e $f $g $h $i $j $k]);
+    (@drop capabilities $ctx:tt $more:tt [$_a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [[] $b $c $d $e $f $g $h $i $j $k $l]);
     };
-    (@drop verify $ctx:tt $more:tt [$a:tt $_b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a [] $c $d $e $f $g $h $i $j $k]);
+    (@drop verify $ctx:tt $more:tt [$a:tt $_b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a [] $c $d $e $f $g $h $i $j $k $l]);
     };
-    (@drop try_acquire $ctx:tt $more:tt [$a:tt $b:tt $_c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b [] $d $e $f $g $h $i $j $k]);
+    (@drop try_acquire $ctx:tt $more:tt [$a:tt $b:tt $_c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b [] $d $e $f $g $h $i $j $k $l]);
     };
-    (@drop release $ctx:tt $more:tt [$a:tt $b:tt $c:tt $_d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c [] $e $f $g $h $i $j $k]);
+    (@drop release $ctx:tt $more:tt [$a:tt $b:tt $c:tt $_d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c [] $e $f $g $h $i $j $k $l]);
     };
-    (@drop renew $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $_e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d [] $f $g $h $i $j $k]);
+    (@drop renew $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $_e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d [] $f $g $h $i $j $k $l]);
     };
-    (@drop inspect $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $_f:tt $g:tt $h:tt $i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e [] $g $h $i $j $k]);
+    (@drop inspect $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $_f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e [] $g $h $i $j $k $l]);
     };
-    (@drop proclaim $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $_g:tt $h:tt $i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f [] $h $i $j $k]);
+    (@drop proclaim $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $_g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f [] $h $i $j $k $l]);
     };
-    (@drop changes $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $_h:tt $i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g [] $i $j $k]);
+    (@drop changes $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $_h:tt $i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g [] $i $j $k $l]);
     };
-    (@drop watch $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $_i:tt $j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h [] $j $k]);
+    (@drop watch $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $_i:tt $j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h [] $j $k $l]);
     };
-    (@drop abandon $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $_j:tt $k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i [] $k]);
+    (@drop abandon $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $_j:tt $k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i [] $k $l]);
     };
-    (@drop alarm $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $_k:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j []]);
+    (@drop alarm $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $_k:tt $l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j [] $l]);
+    };
+    (@drop force_release $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $_l:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j $k []]);
     };
     (@drop $other:ident $($_rest:tt)*) => {
         ::core::compile_error!(::core::concat!(
@@ -800,6 +889,13 @@ macro_rules! forward_backend {
             }]
             [fn alarm(&$s) -> ::core::option::Option<$crate::backend::__watch::Receiver<u64>> {
                 $crate::backend::LockBackend::alarm(&$target)
+            }]
+            [async fn force_release(
+                &$s,
+                key: &$crate::LockKey,
+                holder: &str,
+            ) -> $crate::Result<bool> {
+                $crate::backend::LockBackend::force_release(&$target, key, holder).await
             }]
         ]);
     };

@@ -155,6 +155,9 @@ pub struct LockStatus {
     /// The permits the store keeps for the name while exclusive holds are
     /// live (1 for a mutex or a writer, N for a semaphore), where it says.
     pub permits: Option<u32>,
+    /// The lone holder's name to break it by, as [`Holder::id`], where
+    /// `holders` is empty.
+    pub id: Option<String>,
 }
 
 /// One live holder of a name, in [`LockStatus::holders`].
@@ -173,6 +176,11 @@ pub struct Holder {
     /// [`Quorum`](crate::backend::Quorum) counts each owner's nodes. Never
     /// shown, as [`LockStatus::owner`] ([`Locker::status`](crate::Locker::status) clears it).
     pub owner: Option<OwnerToken>,
+    /// The name an operator gives [`Locker::force_release`](crate::Locker::force_release)
+    /// to break this hold: the store's own name for it (ZooKeeper's node,
+    /// etcd's lease) or [`holder_id`] of its owner. Not a secret: nothing
+    /// is released by knowing it alone.
+    pub id: Option<String>,
 }
 
 impl Holder {
@@ -184,7 +192,15 @@ impl Holder {
             fence: None,
             remaining: None,
             owner: None,
+            id: None,
         }
+    }
+
+    /// Sets the name an operator breaks it by.
+    #[must_use]
+    pub fn with_id(mut self, id: Option<String>) -> Self {
+        self.id = id;
+        self
     }
 
     /// Sets its owner token.
@@ -222,6 +238,7 @@ impl LockStatus {
             value: None,
             holders: Vec::new(),
             permits: None,
+            id: None,
         }
     }
 
@@ -310,15 +327,55 @@ impl LockStatus {
         self
     }
 
-    /// The same status without any owner token, as applications see it.
+    /// Sets the lone holder's name to break it by.
+    #[must_use]
+    pub fn with_id(mut self, id: Option<String>) -> Self {
+        self.id = id;
+        self
+    }
+
+    /// The same status without any owner token, as applications see it:
+    /// each holder named instead by its [`id`](Holder::id), which a store
+    /// that names none gets from [`holder_id`] of the owner.
     #[must_use]
     pub fn without_owners(mut self) -> Self {
+        if self.id.is_none() {
+            self.id = self.owner.as_ref().map(holder_id);
+        }
         self.owner = None;
         for h in &mut self.holders {
+            if h.id.is_none() {
+                h.id = h.owner.as_ref().map(holder_id);
+            }
             h.owner = None;
         }
         self
     }
+
+    /// Every holder, one entry each: the listed ones, or for a held name
+    /// whose store lists none, one built from the totals.
+    pub fn each_holder(&self) -> Vec<Holder> {
+        if !self.held {
+            return Vec::new();
+        }
+        if !self.holders.is_empty() {
+            return self.holders.clone();
+        }
+        vec![Holder::new(false, self.holds)
+            .with_fence(self.fence)
+            .with_remaining(self.remaining)
+            .with_owner(self.owner.clone())
+            .with_id(self.id.clone())]
+    }
+}
+
+/// The name a hold by `owner` is shown and broken by where the store has
+/// no name of its own for it: `o` and 16 hex digits of the token's
+/// SHA-256. A digest, because the token itself releases the lock.
+pub fn holder_id(owner: &OwnerToken) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(owner.as_str().as_bytes());
+    format!("o{}", hex::encode(&digest[..8]))
 }
 
 /// The margin subtracted from every local deadline for clock-rate drift

@@ -16,6 +16,7 @@
 
 mod acquire;
 mod attempts;
+mod audit;
 pub mod backend;
 mod background;
 mod claims;
@@ -46,7 +47,7 @@ pub use guard::{LockGuard, MultiGuard};
 pub use key::{
     Claim, FencingToken, IntoLockKey, LockKey, OwnerToken, MAX_KEY_LEN, MAX_PERMITS, MAX_VALUE_LEN,
 };
-pub use lease::{Holder, Lease, LeaseState, LockStatus, LostReason};
+pub use lease::{holder_id, Holder, Lease, LeaseState, LockStatus, LostReason};
 pub use locker::Locker;
 pub use options::{LockOptions, WaitPolicy, MAX_TTL};
 pub use permits::{ReadWriteLock, Semaphore};

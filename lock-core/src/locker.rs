@@ -193,6 +193,40 @@ impl Locker {
         Ok(status.without_owners())
     }
 
+    /// Breaks the hold of `key` whose [`id`](crate::Holder::id) is `holder`
+    /// (as [`status`](Self::status) shows it), whoever holds it: for an
+    /// operator with a stuck lock, never for an application's own. The
+    /// holder's next renewal fails, so its guard reports the lock lost,
+    /// and where the store has fences the next grant's is above the broken
+    /// holder's. Logs one `lockwright::audit` line. `Ok(false)`: no live
+    /// holder has that id.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockwright_core::Result<()> {
+    /// # use lockwright_core::{backend::MemoryBackend, Locker};
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let stuck = locker.lock("report").await?;
+    /// let id = locker.status("report").await?.id.expect("the holder's id");
+    /// assert!(locker.force_release("report", &id).await?);
+    /// let next = locker.lock("report").await?;
+    /// assert!(next.fence() > stuck.fence());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// `InvalidKey`; `Unsupported` where the store cannot break one holder
+    /// (SQL's session locks); the store's errors.
+    pub async fn force_release(&self, key: impl IntoLockKey, holder: &str) -> Result<bool> {
+        let key = key.into_lock_key()?;
+        let broke = self.acquirer.backend.force_release(&key, holder).await?;
+        if broke {
+            crate::audit::broke(&key, holder);
+        }
+        Ok(broke)
+    }
+
     /// Whether anyone holds `key` right now (see [`status`](Self::status)).
     ///
     /// # Errors

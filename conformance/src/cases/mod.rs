@@ -13,6 +13,7 @@ use lockwright_core::{LockKey, LockOptions, Locker, OwnerToken};
 
 use crate::Harness;
 
+pub mod breaking;
 pub mod claim_rules;
 pub mod election;
 pub mod exclusion;
@@ -69,6 +70,8 @@ pub enum Rule {
     Permits,
     /// [`claim_rules`]: every store answers claims as the reference model does.
     ClaimRules,
+    /// [`breaking`]: an operator's forced release keeps a release's promises.
+    Breaking,
 }
 
 impl Rule {
@@ -92,6 +95,7 @@ impl Rule {
             Rule::Election => "election",
             Rule::Permits => "permits",
             Rule::ClaimRules => "claim_rules",
+            Rule::Breaking => "breaking",
         }
     }
 }

@@ -46,11 +46,13 @@ pub enum Method {
     Abandon,
     /// [`LockBackend::alarm`].
     Alarm,
+    /// [`LockBackend::force_release`].
+    ForceRelease,
 }
 
 impl Method {
     /// Every method, in the trait's order.
-    pub const ALL: [Method; 11] = [
+    pub const ALL: [Method; 12] = [
         Method::Capabilities,
         Method::Verify,
         Method::TryAcquire,
@@ -62,6 +64,7 @@ impl Method {
         Method::Watch,
         Method::Abandon,
         Method::Alarm,
+        Method::ForceRelease,
     ];
 
     /// Its name in the trait.
@@ -78,6 +81,7 @@ impl Method {
             Method::Watch => "watch",
             Method::Abandon => "abandon",
             Method::Alarm => "alarm",
+            Method::ForceRelease => "force_release",
         }
     }
 }
@@ -170,6 +174,10 @@ impl LockBackend for Recorder {
         self.note(Method::Alarm);
         self.store.alarm()
     }
+    async fn force_release(&self, key: &LockKey, holder: &str) -> Result<bool> {
+        self.note(Method::ForceRelease);
+        self.store.force_release(key, holder).await
+    }
 }
 
 /// Makes one call of `method` on `backend`, whatever it answers.
@@ -215,6 +223,9 @@ pub async fn call(backend: &dyn LockBackend, method: Method) {
         }
         Method::Alarm => {
             let _ = backend.alarm();
+        }
+        Method::ForceRelease => {
+            let _ = backend.force_release(&key, "o0000000000000000").await;
         }
     }
 }

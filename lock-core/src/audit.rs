@@ -1,0 +1,32 @@
+//! The audit line an operator's forced release leaves: who broke which
+//! holder of which key, as one `WARN` event with the target
+//! `lockwright::audit`, so a log pipeline can keep them apart.
+
+use crate::key::LockKey;
+
+/// Logs that `holder` of `key` was broken, by this process.
+pub(crate) fn broke(key: &LockKey, holder: &str) {
+    tracing::warn!(
+        target: "lockwright::audit",
+        key = %key,
+        holder,
+        by = %breaker(),
+        "broke a hold"
+    );
+}
+
+/// This process as an audit line names it: `user@host pid N`, from the
+/// environment's `USER` (or `LOGNAME`) and the kernel's host name, where
+/// they can be read.
+fn breaker() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "?".to_owned());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "?".to_owned());
+    format!("{user}@{host} pid {}", std::process::id())
+}
