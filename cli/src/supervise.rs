@@ -226,13 +226,15 @@ where
             return Err(e);
         }
     };
-    // A fair store's hand-off grants a short lease, which would put the
-    // command inside its kill grace from the start: extend it to the TTL
-    // before the command runs.
+    // A fair store's hand-off grants a short lease (Redis: 2 s), which
+    // can put the command inside its kill grace before the watchdog's
+    // renewal halfway through it (a 3 s TTL: SIGTERM at 0.8 s, renewal at
+    // 1 s): extend it to the TTL before the command runs. A full grant has
+    // the TTL less the drift margin and a round trip left, well over 90%.
     let short = held
         .guard()
         .deadline()
-        .is_none_or(|d| d.saturating_duration_since(Instant::now()) < lease / 2);
+        .is_none_or(|d| d.saturating_duration_since(Instant::now()) < lease.mul_f64(0.9));
     if short {
         if let Err(e) = held.guard().renew().await {
             locker.settle(SETTLE).await;
