@@ -125,7 +125,8 @@ mod tests {
             | Method::Changes
             | Method::Watch
             | Method::Abandon
-            | Method::ForceRelease => Expect::Forwarded,
+            | Method::ForceRelease
+            | Method::List => Expect::Forwarded,
         };
         check(&backend, &[&store], expect).await.unwrap();
     }

@@ -121,6 +121,10 @@ pub enum Defect {
     /// Breaking one holder of a semaphore or read-write lock breaks every
     /// holder of the name.
     BreakTakesEveryHolder,
+    /// Lists only the names a single owner holds (as a listing that read
+    /// the mutex's form and skipped the groups' would): a semaphore's or
+    /// readers' names are missing.
+    ListMissesGroups,
 }
 
 /// How long `RefusalLingers` keeps a refused claim.
@@ -131,7 +135,7 @@ const LATE_GRANT_KEPT: Duration = Duration::from_secs(2);
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 36] = [
+    pub const ALL: [Defect; 37] = [
         Defect::ReleaseWithoutOwnerCheck,
         Defect::NoExpiry,
         Defect::RenewReleases,
@@ -168,6 +172,7 @@ impl Defect {
         Defect::RefusalLingers,
         Defect::BreakKeepsFence,
         Defect::BreakTakesEveryHolder,
+        Defect::ListMissesGroups,
     ];
 }
 
@@ -719,6 +724,22 @@ lockwright_core::forward_backend! {
                 }
             }
             Ok(broke)
+        }
+
+        /// The store's names, less the groups' (`ListMissesGroups`).
+        async fn list(&self, prefix: &str) -> Result<Vec<LockKey>> {
+            let names = self.inner.list(prefix).await?;
+            if self.defect != Defect::ListMissesGroups {
+                return Ok(names);
+            }
+            let mut single = Vec::new();
+            for name in names {
+                let status = self.inner.inspect(&name).await?;
+                if !status.is_shared() && status.permits.is_none_or(|n| n == 1) {
+                    single.push(name);
+                }
+            }
+            Ok(single)
         }
 
         /// Nothing was queued (see `try_acquire`), but a writer's mark may

@@ -145,6 +145,9 @@ macro_rules! __case_list {
                 a_broken_holder_loses_the_lock_and_the_next_fence_is_higher,
                 breaking_one_permit_leaves_the_others,
             }
+            Listing listing {
+                list_shows_every_held_name_and_changes_nothing,
+            }
         }
     };
 }

@@ -170,9 +170,14 @@ async fn caught_by_these_alone(defect: Defect, cases: &[&str]) {
 /// The model's opening finds the fourth claim on a full semaphore granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_semaphore_that_over_grants_is_caught() {
-    caught_by_alone_and_the_model(
+    // The break case too: a fourth holder gets in after one of three goes.
+    caught_by_these_alone(
         Defect::PermitsOverGrant,
-        "n_plus_one_clients_never_hold_n_plus_one_permits",
+        &[
+            "n_plus_one_clients_never_hold_n_plus_one_permits",
+            MODEL,
+            "breaking_one_permit_leaves_the_others",
+        ],
     )
     .await;
 }
@@ -181,8 +186,16 @@ async fn a_semaphore_that_over_grants_is_caught() {
 /// another N where the defect, counting every grant, answers "contended".
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn expired_permits_counted_are_caught() {
-    caught_by_alone_and_the_model(Defect::ExpiredPermitsCounted, "expired_permit_is_reclaimed")
-        .await;
+    // The break case too: a broken permit, never released, stays counted.
+    caught_by_these_alone(
+        Defect::ExpiredPermitsCounted,
+        &[
+            "expired_permit_is_reclaimed",
+            MODEL,
+            "breaking_one_permit_leaves_the_others",
+        ],
+    )
+    .await;
 }
 
 /// The model's opening finds a semaphore of 3 turned into the N first
@@ -403,7 +416,7 @@ async fn a_refusal_that_lingers_is_caught() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_break_that_keeps_the_fence_is_caught() {
-    check(
+    caught_by_these_alone(
         Defect::BreakKeepsFence,
         &["a_broken_holder_loses_the_lock_and_the_next_fence_is_higher"],
     )
@@ -412,9 +425,18 @@ async fn a_break_that_keeps_the_fence_is_caught() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_break_that_takes_every_holder_is_caught() {
-    check(
+    caught_by_these_alone(
         Defect::BreakTakesEveryHolder,
         &["breaking_one_permit_leaves_the_others"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_listing_that_misses_groups_is_caught() {
+    caught_by_these_alone(
+        Defect::ListMissesGroups,
+        &["list_shows_every_held_name_and_changes_nothing"],
     )
     .await;
 }

@@ -26,7 +26,8 @@ fn all_forwarded(m: Method) -> Expect {
         | Method::Watch
         | Method::Abandon
         | Method::Alarm
-        | Method::ForceRelease => Expect::Forwarded,
+        | Method::ForceRelease
+        | Method::List => Expect::Forwarded,
     }
 }
 
@@ -82,7 +83,8 @@ fn broken(defect: Defect, m: Method) -> Expect {
         | Method::Changes
         | Method::Watch
         | Method::Alarm
-        | Method::ForceRelease => Expect::Forwarded,
+        | Method::ForceRelease
+        | Method::List => Expect::Forwarded,
         // The defect itself: a renewal that releases.
         Method::Renew if defect == Defect::RenewReleases => Expect::As(Method::Release),
         Method::Renew => Expect::Forwarded,

@@ -583,6 +583,22 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     async fn force_release(&self, key: &LockKey, holder: &str) -> Result<bool> {
         release_by_owner(self, key, holder).await
     }
+
+    /// The names starting with `prefix` that the store keeps state for
+    /// now, for an operator's listing: every name held, of every kind, and
+    /// perhaps some that are not (a released row, a queue), which the
+    /// caller reads with [`inspect`](Self::inspect) and drops. Reads only;
+    /// in no order. A name the store keeps only in a form it cannot turn
+    /// back into the name (a digest) is left out, as the store's docs say.
+    /// The default: [`Unsupported`](crate::ErrorKind::Unsupported), for a
+    /// store that cannot enumerate its keys.
+    async fn list(&self, prefix: &str) -> Result<Vec<LockKey>> {
+        let _ = prefix;
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "this store cannot list its locks: ask about one key with status",
+        ))
+    }
 }
 
 /// [`LockBackend::force_release`] for a store whose `inspect` names each
@@ -770,41 +786,44 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {}
 macro_rules! forward_backend {
     // Blanks the slot of a method the wrapper wrote, then looks at the
     // next one. One rule per method of the trait, in the slots' order.
-    (@drop capabilities $ctx:tt $more:tt [$_a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [[] $b $c $d $e $f $g $h $i $j $k $l]);
+    (@drop capabilities $ctx:tt $more:tt [$_a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [[] $b $c $d $e $f $g $h $i $j $k $l $m]);
     };
-    (@drop verify $ctx:tt $more:tt [$a:tt $_b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a [] $c $d $e $f $g $h $i $j $k $l]);
+    (@drop verify $ctx:tt $more:tt [$a:tt $_b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a [] $c $d $e $f $g $h $i $j $k $l $m]);
     };
-    (@drop try_acquire $ctx:tt $more:tt [$a:tt $b:tt $_c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b [] $d $e $f $g $h $i $j $k $l]);
+    (@drop try_acquire $ctx:tt $more:tt [$a:tt $b:tt $_c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b [] $d $e $f $g $h $i $j $k $l $m]);
     };
-    (@drop release $ctx:tt $more:tt [$a:tt $b:tt $c:tt $_d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c [] $e $f $g $h $i $j $k $l]);
+    (@drop release $ctx:tt $more:tt [$a:tt $b:tt $c:tt $_d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c [] $e $f $g $h $i $j $k $l $m]);
     };
-    (@drop renew $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $_e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d [] $f $g $h $i $j $k $l]);
+    (@drop renew $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $_e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d [] $f $g $h $i $j $k $l $m]);
     };
-    (@drop inspect $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $_f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e [] $g $h $i $j $k $l]);
+    (@drop inspect $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $_f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e [] $g $h $i $j $k $l $m]);
     };
-    (@drop proclaim $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $_g:tt $h:tt $i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f [] $h $i $j $k $l]);
+    (@drop proclaim $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $_g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f [] $h $i $j $k $l $m]);
     };
-    (@drop changes $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $_h:tt $i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g [] $i $j $k $l]);
+    (@drop changes $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $_h:tt $i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g [] $i $j $k $l $m]);
     };
-    (@drop watch $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $_i:tt $j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h [] $j $k $l]);
+    (@drop watch $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $_i:tt $j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h [] $j $k $l $m]);
     };
-    (@drop abandon $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $_j:tt $k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i [] $k $l]);
+    (@drop abandon $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $_j:tt $k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i [] $k $l $m]);
     };
-    (@drop alarm $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $_k:tt $l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j [] $l]);
+    (@drop alarm $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $_k:tt $l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j [] $l $m]);
     };
-    (@drop force_release $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $_l:tt]) => {
-        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j $k []]);
+    (@drop force_release $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $_l:tt $m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j $k [] $m]);
+    };
+    (@drop list $ctx:tt $more:tt [$a:tt $b:tt $c:tt $d:tt $e:tt $f:tt $g:tt $h:tt $i:tt $j:tt $k:tt $l:tt $_m:tt]) => {
+        $crate::forward_backend!(@names $ctx $more [$a $b $c $d $e $f $g $h $i $j $k $l []]);
     };
     (@drop $other:ident $($_rest:tt)*) => {
         ::core::compile_error!(::core::concat!(
@@ -896,6 +915,12 @@ macro_rules! forward_backend {
                 holder: &str,
             ) -> $crate::Result<bool> {
                 $crate::backend::LockBackend::force_release(&$target, key, holder).await
+            }]
+            [async fn list(
+                &$s,
+                prefix: &str,
+            ) -> $crate::Result<::std::vec::Vec<$crate::LockKey>> {
+                $crate::backend::LockBackend::list(&$target, prefix).await
             }]
         ]);
     };

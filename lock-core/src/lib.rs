@@ -29,6 +29,7 @@ mod lease;
 mod locker;
 mod memory;
 pub mod meter;
+mod operate;
 mod options;
 mod outage;
 mod params;

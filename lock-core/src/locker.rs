@@ -11,7 +11,6 @@ use crate::election::Election;
 use crate::error::{Error, Result};
 use crate::guard::{LockGuard, MultiGuard};
 use crate::key::{Claim, IntoLockKey, OwnerToken};
-use crate::lease::LockStatus;
 use crate::meter::{self, Labels};
 use crate::options::{LockOptions, WaitPolicy};
 use crate::permits::{ReadWriteLock, Semaphore};
@@ -161,78 +160,6 @@ impl Locker {
             .with_source(e)),
             None => Ok(()),
         }
-    }
-
-    /// What the store holds for `key` right now: held or free, holds, the
-    /// current fence, the lease left, queued waiters (each where the store
-    /// has it). A snapshot for dashboards and operators, read without
-    /// taking the lock.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> lockwright_core::Result<()> {
-    /// # use lockwright_core::{backend::MemoryBackend, Locker};
-    /// let locker = Locker::new(MemoryBackend::new());
-    /// assert!(!locker.is_held("report").await?);
-    /// let guard = locker.lock("report").await?;
-    /// let status = locker.status("report").await?;
-    /// assert!(status.held && status.holds == 1);
-    /// assert_eq!(status.fence, guard.fence());
-    /// assert!(status.remaining.is_some());
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Errors
-    /// `InvalidKey`; `Unsupported` where the store cannot tell; the store's
-    /// errors (`Unavailable`, …).
-    pub async fn status(&self, key: impl IntoLockKey) -> Result<LockStatus> {
-        // The holder's token is for quorum backends' bookkeeping: whoever
-        // has it can release the lock, so applications never see it.
-        let status = self.acquirer.backend.inspect(&key.into_lock_key()?).await?;
-        Ok(status.without_owners())
-    }
-
-    /// Breaks the hold of `key` whose [`id`](crate::Holder::id) is `holder`
-    /// (as [`status`](Self::status) shows it), whoever holds it: for an
-    /// operator with a stuck lock, never for an application's own. The
-    /// holder's next renewal fails, so its guard reports the lock lost,
-    /// and where the store has fences the next grant's is above the broken
-    /// holder's. Logs one `lockwright::audit` line. `Ok(false)`: no live
-    /// holder has that id.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> lockwright_core::Result<()> {
-    /// # use lockwright_core::{backend::MemoryBackend, Locker};
-    /// let locker = Locker::new(MemoryBackend::new());
-    /// let stuck = locker.lock("report").await?;
-    /// let id = locker.status("report").await?.id.expect("the holder's id");
-    /// assert!(locker.force_release("report", &id).await?);
-    /// let next = locker.lock("report").await?;
-    /// assert!(next.fence() > stuck.fence());
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Errors
-    /// `InvalidKey`; `Unsupported` where the store cannot break one holder
-    /// (SQL's session locks); the store's errors.
-    pub async fn force_release(&self, key: impl IntoLockKey, holder: &str) -> Result<bool> {
-        let key = key.into_lock_key()?;
-        let broke = self.acquirer.backend.force_release(&key, holder).await?;
-        if broke {
-            crate::audit::broke(&key, holder);
-        }
-        Ok(broke)
-    }
-
-    /// Whether anyone holds `key` right now (see [`status`](Self::status)).
-    ///
-    /// # Errors
-    /// As [`status`](Self::status).
-    pub async fn is_held(&self, key: impl IntoLockKey) -> Result<bool> {
-        Ok(self.status(key).await?.held)
     }
 
     /// Replaces the options used by [`lock`](Self::lock) and [`try_lock`](Self::try_lock).

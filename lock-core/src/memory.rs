@@ -238,6 +238,16 @@ impl LockBackend for MemoryBackend {
         }
     }
 
+    async fn list(&self, prefix: &str) -> Result<Vec<LockKey>> {
+        let store = self.store()?;
+        Ok(store
+            .slots
+            .keys()
+            .filter(|k| k.as_str().starts_with(prefix))
+            .cloned()
+            .collect())
+    }
+
     async fn abandon(&self, hold: &HoldId, _ticket: &OwnerToken) -> Result<()> {
         // A writer that gives up lets readers in again.
         let mut store = self.store()?;

@@ -548,6 +548,29 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
             .with_value(value))
     }
 
+    /// Every node's names together: a name a quorum holds is on a
+    /// majority of nodes, and answers from all but `quorum - 1` of them
+    /// meet every majority, so each such name is seen. A store whose nodes
+    /// cannot list says so.
+    async fn list(&self, prefix: &str) -> Result<Vec<LockKey>> {
+        let answers = join_all(self.nodes.iter().map(|n| n.list(prefix))).await;
+        if let Some(Err(e)) = answers
+            .iter()
+            .find(|a| matches!(a, Err(e) if e.kind() == ErrorKind::Unsupported))
+        {
+            return Err(e.clone());
+        }
+        let t = tally(&self.name, answers);
+        let needed = self.nodes.len() - self.quorum + 1;
+        if let Some(e) = self.unreachable_for(needed, t.errors, t.refused.as_ref()) {
+            return Err(e);
+        }
+        let mut names: Vec<LockKey> = t.ok.into_iter().flatten().collect();
+        names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        names.dedup();
+        Ok(names)
+    }
+
     /// A writer giving up takes its marks away on every node it reaches;
     /// one that cannot be reached drops its mark at the writer's TTL.
     async fn abandon(&self, hold: &HoldId, ticket: &OwnerToken) -> Result<()> {

@@ -56,7 +56,9 @@ fn quorum(m: Method) -> Expect {
         | Method::Inspect
         | Method::Proclaim
         // A writer giving up takes its marks away on every node.
-        | Method::Abandon => Expect::Forwarded,
+        | Method::Abandon
+        // Every node's names, together.
+        | Method::List => Expect::Forwarded,
         Method::Changes | Method::Watch | Method::Alarm => Expect::Answered,
         // Broken as any wrapper breaks a hold: by the owner its own
         // `inspect` names, released on every node.

@@ -20,6 +20,7 @@ pub mod exclusion;
 pub mod expiry;
 pub mod fencing;
 pub mod input;
+pub mod listing;
 pub mod loss;
 pub mod multi_lock;
 pub mod names;
@@ -72,6 +73,8 @@ pub enum Rule {
     ClaimRules,
     /// [`breaking`]: an operator's forced release keeps a release's promises.
     Breaking,
+    /// [`listing`]: an operator's listing shows every name held, and changes nothing.
+    Listing,
 }
 
 impl Rule {
@@ -96,6 +99,7 @@ impl Rule {
             Rule::Permits => "permits",
             Rule::ClaimRules => "claim_rules",
             Rule::Breaking => "breaking",
+            Rule::Listing => "listing",
         }
     }
 }

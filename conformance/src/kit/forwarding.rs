@@ -48,11 +48,13 @@ pub enum Method {
     Alarm,
     /// [`LockBackend::force_release`].
     ForceRelease,
+    /// [`LockBackend::list`].
+    List,
 }
 
 impl Method {
     /// Every method, in the trait's order.
-    pub const ALL: [Method; 12] = [
+    pub const ALL: [Method; 13] = [
         Method::Capabilities,
         Method::Verify,
         Method::TryAcquire,
@@ -65,6 +67,7 @@ impl Method {
         Method::Abandon,
         Method::Alarm,
         Method::ForceRelease,
+        Method::List,
     ];
 
     /// Its name in the trait.
@@ -82,6 +85,7 @@ impl Method {
             Method::Abandon => "abandon",
             Method::Alarm => "alarm",
             Method::ForceRelease => "force_release",
+            Method::List => "list",
         }
     }
 }
@@ -178,6 +182,10 @@ impl LockBackend for Recorder {
         self.note(Method::ForceRelease);
         self.store.force_release(key, holder).await
     }
+    async fn list(&self, prefix: &str) -> Result<Vec<LockKey>> {
+        self.note(Method::List);
+        self.store.list(prefix).await
+    }
 }
 
 /// Makes one call of `method` on `backend`, whatever it answers.
@@ -226,6 +234,9 @@ pub async fn call(backend: &dyn LockBackend, method: Method) {
         }
         Method::ForceRelease => {
             let _ = backend.force_release(&key, "o0000000000000000").await;
+        }
+        Method::List => {
+            let _ = backend.list("forwarding").await;
         }
     }
 }

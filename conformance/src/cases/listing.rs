@@ -1,0 +1,103 @@
+//! Listing: an operator's [`Locker::list`] of the names under a prefix
+//! shows every name held now, of every kind the store offers (a lock, a
+//! semaphore's permit, a reader, a leader with its value), and no name
+//! released; and reading it changes nothing. A store that cannot
+//! enumerate its keys says `Unsupported`.
+
+use std::collections::BTreeSet;
+
+use anyhow::{bail, ensure, Result};
+use lockwright_core::{ErrorKind, LockGuard, LockKey, LockStatus, Locker, OwnerToken};
+
+use super::{acquired_with_value, key, long, LONG_TTL};
+use crate::Harness;
+
+/// What must not change when a name is listed: held, holds, fence and
+/// how many hold it.
+fn unchanged(s: &LockStatus) -> (bool, u32, Option<u64>, usize) {
+    (s.held, s.holds, s.fence.map(|f| f.0), s.holder_count())
+}
+
+/// Every name held under a prefix is listed, of each kind the store has,
+/// with its status; a released name is not; the listing changes nothing.
+pub async fn list_shows_every_held_name_and_changes_nothing(h: &dyn Harness) -> Result<()> {
+    let case = "list_shows_every_held_name";
+    let prefix = key(case, "").as_str().to_owned();
+    let name = |n: &str| key(case, n);
+    let holder = Locker::from_arc(h.client().await);
+    let caps = holder.capabilities();
+    let mut guards: Vec<LockGuard> = Vec::new();
+    let mut held: Vec<LockKey> = Vec::new();
+
+    guards.push(holder.lock_with(name("lock"), &long()).await?);
+    held.push(name("lock"));
+    if caps.permits {
+        let semaphore = holder.semaphore(name("semaphore"), 3)?;
+        guards.push(semaphore.acquire(&long()).await?);
+        held.push(name("semaphore"));
+    }
+    if caps.shared {
+        let rw = holder.rwlock(name("readers"))?;
+        guards.push(rw.read(&long()).await?);
+        held.push(name("readers"));
+    }
+    let leader = OwnerToken::generate();
+    let backend = h.client().await;
+    if caps.values {
+        acquired_with_value(&*backend, &name("leader"), &leader, "me", LONG_TTL).await?;
+        held.push(name("leader"));
+    }
+    holder
+        .lock_with(name("released"), &long())
+        .await?
+        .release()
+        .await?;
+
+    let operator = Locker::from_arc(h.client().await);
+    let mut before = Vec::new();
+    for n in &held {
+        before.push(unchanged(&operator.status(n.clone()).await?));
+    }
+    let listed = match operator.list(&prefix).await {
+        Ok(listed) => listed,
+        Err(e) if e.kind() == ErrorKind::Unsupported => {
+            return release(guards, &*backend, &name("leader"), &leader, caps.values).await
+        }
+        Err(e) => bail!("listing {prefix:?}: {e}"),
+    };
+    let names: BTreeSet<&str> = listed.iter().map(|(k, _)| k.as_str()).collect();
+    let expected: BTreeSet<&str> = held.iter().map(LockKey::as_str).collect();
+    ensure!(
+        names == expected,
+        "listing {prefix:?} gave {names:?}, but {expected:?} are held (and `released` is not)"
+    );
+    for (k, status) in &listed {
+        ensure!(status.held, "{k:?} is listed as not held: {status:?}");
+        ensure!(status.owner.is_none(), "a listing shows an owner token");
+    }
+    for (n, was) in held.iter().zip(&before) {
+        let now = unchanged(&operator.status(n.clone()).await?);
+        ensure!(
+            now == *was,
+            "{n:?} read {was:?} before the listing and {now:?} after"
+        );
+    }
+    release(guards, &*backend, &name("leader"), &leader, caps.values).await
+}
+
+/// Gives every hold of the case back.
+async fn release(
+    guards: Vec<LockGuard>,
+    backend: &dyn lockwright_core::backend::LockBackend,
+    leader: &LockKey,
+    owner: &OwnerToken,
+    values: bool,
+) -> Result<()> {
+    for g in guards {
+        g.release().await?;
+    }
+    if values {
+        lockwright_core::backend::LockBackendExt::unlock(backend, leader, owner).await?;
+    }
+    Ok(())
+}
