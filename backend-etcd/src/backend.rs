@@ -314,6 +314,11 @@ impl LockBackend for EtcdBackend {
         Ok(Some(Changes::from(self.inner.changes(key).await?)))
     }
 
+    /// The contenders' names, from one range read (see `status.rs`).
+    async fn list(&self, prefix: &str) -> Result<Vec<LockKey>> {
+        self.inner.list(prefix).await
+    }
+
     /// Deletes the holder's key (see `status.rs`).
     async fn force_release(&self, key: &LockKey, holder: &str) -> Result<bool> {
         self.inner.force_release(key, holder).await

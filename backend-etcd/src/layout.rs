@@ -22,20 +22,26 @@ use lockwright_core::LockKey;
 
 /// The prefix of `key`'s contenders under `root`, ending in `/`.
 pub(crate) fn prefix(root: &str, key: &LockKey) -> String {
-    let name = key.as_str();
-    let mut escaped = String::with_capacity(name.len());
-    for c in name.chars() {
+    format!("{}/", names_starting(root, key.as_str()))
+}
+
+/// The prefix every contender's key of every name starting with
+/// `name_prefix` has under `root` (the escape is character by character,
+/// so an escaped name starts with its escaped prefix).
+pub(crate) fn names_starting(root: &str, name_prefix: &str) -> String {
+    let mut escaped = String::with_capacity(root.len() + 1 + name_prefix.len());
+    if !root.is_empty() {
+        escaped.push_str(root);
+        escaped.push('/');
+    }
+    for c in name_prefix.chars() {
         match c {
             '/' => escaped.push_str("%2F"),
             '%' => escaped.push_str("%25"),
             c => escaped.push(c),
         }
     }
-    if root.is_empty() {
-        format!("{escaped}/")
-    } else {
-        format!("{root}/{escaped}/")
-    }
+    escaped
 }
 
 /// A contender's key: the prefix and its lease in hex, as Go's; `n` > 0
@@ -58,7 +64,6 @@ pub(crate) fn first_created() -> GetOptions {
 }
 
 /// The name whose contender `key` is, if it is one under `root`.
-#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub(crate) fn name_of(root: &str, key: &str) -> Option<String> {
     let rest = if root.is_empty() {
         key

@@ -10,7 +10,7 @@ use lockwright_core::backend::lock_unpoisoned;
 use lockwright_core::{Claim, Holder, LockKey, LockStatus, Result};
 
 use crate::claims;
-use crate::layout::first_created;
+use crate::layout::{first_created, name_of, names_starting};
 use crate::node::{got, within};
 use crate::state::{fence, Inner};
 
@@ -102,6 +102,24 @@ impl Inner {
             .map(|(_, h)| h.holds)
             .max()
             .unwrap_or(1)
+    }
+
+    /// The names of the contenders' keys under the root starting with
+    /// `name_prefix`, from one keys-only range read.
+    pub(crate) async fn list(&self, name_prefix: &str) -> Result<Vec<LockKey>> {
+        let root = &self.node.config.root;
+        let range = names_starting(root, name_prefix);
+        let opts = GetOptions::new().with_prefix().with_keys_only();
+        let got = self.node.get(&range, Some(opts)).await?;
+        let mut names: Vec<LockKey> = got
+            .kvs()
+            .iter()
+            .filter_map(|kv| kv.key_str().ok())
+            .filter_map(|k| name_of(root, k))
+            .filter_map(|n| LockKey::new(n).ok())
+            .collect();
+        names.dedup();
+        Ok(names)
     }
 
     /// Deletes the key of the holder `inspect` lists as `holder` (only a

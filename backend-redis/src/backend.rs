@@ -11,7 +11,7 @@ use lockwright_core::backend::{
 use lockwright_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::config::RedisConfig;
-use crate::layout::Keys;
+use crate::layout::{locks_matching, name_of_lock, Keys};
 use crate::node::{Node, Role, Waiter};
 
 /// A waiter's place is kept this many refresh periods without a refresh, so
@@ -130,6 +130,21 @@ impl LockBackend for RedisBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
         self.inner.node.inspect(&self.keys(key)).await
+    }
+
+    /// The lock keys under the prefix, by `SCAN` (each primary of a
+    /// Cluster), turned back into names.
+    async fn list(&self, prefix: &str) -> Result<Vec<LockKey>> {
+        let (ns, cluster) = (&self.inner.config.prefix, self.inner.node.is_cluster());
+        let locks = self
+            .inner
+            .node
+            .scan(&locks_matching(ns, prefix, cluster))
+            .await?;
+        Ok(locks
+            .iter()
+            .filter_map(|l| name_of_lock(ns, l, cluster))
+            .collect())
     }
 
     async fn proclaim(&self, hold: &HoldId, value: &[u8]) -> Result<Renew> {

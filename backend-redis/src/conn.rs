@@ -14,6 +14,7 @@ use redis::aio::{
 };
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture, ScriptInvocation, Value};
 use tokio::sync::OnceCell;
 
@@ -309,6 +310,26 @@ impl Connector {
         }
     }
 
+    /// Every key matching the glob `pattern`, by `SCAN` (never `KEYS`,
+    /// which would hold the server up): on a Cluster, on each primary.
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>> {
+        let mut link = self.link().await?;
+        if !matches!(link.conn, Conn::Cluster(_)) {
+            return scan_one(&mut link.conn, pattern, None).await;
+        }
+        let slots: Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut link.conn)
+            .await
+            .map_err(map_err)?;
+        let mut keys = Vec::new();
+        for (host, port) in primaries(&slots) {
+            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+            keys.extend(scan_one(&mut link.conn, pattern, Some(route)).await?);
+        }
+        Ok(keys)
+    }
+
     /// One server's connection, made on first use.
     async fn fixed(
         &self,
@@ -356,4 +377,66 @@ impl Connector {
             ))),
         }
     }
+}
+
+/// Every key matching `pattern` on one server: the connection's own, or
+/// the Cluster node `route` names.
+async fn scan_one(
+    conn: &mut Conn,
+    pattern: &str,
+    route: Option<RoutingInfo>,
+) -> Result<Vec<String>> {
+    let (mut cursor, mut keys) = (0u64, Vec::new());
+    loop {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000);
+        let reply = match (&route, &mut *conn) {
+            (Some(route), Conn::Cluster(c)) => c.route_command(cmd, route.clone()).await,
+            _ => cmd.query_async::<Value>(conn).await,
+        };
+        let (next, batch): (u64, Vec<String>) =
+            FromRedisValue::from_redis_value(reply.map_err(map_err)?)
+                .map_err(|e| map_err(e.into()))?;
+        keys.extend(batch);
+        if next == 0 {
+            return Ok(keys);
+        }
+        cursor = next;
+    }
+}
+
+/// The primaries' addresses in a `CLUSTER SLOTS` reply: each range's
+/// first node, once each.
+fn primaries(slots: &Value) -> Vec<(String, u16)> {
+    let mut found: Vec<(String, u16)> = Vec::new();
+    let Value::Array(ranges) = slots else {
+        return found;
+    };
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            continue;
+        };
+        let Some(Value::Array(primary)) = fields.get(2) else {
+            continue;
+        };
+        let host = match primary.first() {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(Value::SimpleString(s)) => s.clone(),
+            _ => continue,
+        };
+        let Some(Value::Int(port)) = primary.get(1) else {
+            continue;
+        };
+        let Ok(port) = u16::try_from(*port) else {
+            continue;
+        };
+        if !found.iter().any(|(h, p)| *h == host && *p == port) {
+            found.push((host, port));
+        }
+    }
+    found
 }

@@ -110,6 +110,36 @@ impl Keys {
     }
 }
 
+/// The glob `SCAN` matches the lock keys of every name starting with
+/// `name_prefix` by: the fixed parts around the name, the name's prefix
+/// with the glob's own characters escaped, then anything.
+pub(crate) fn locks_matching(prefix: &str, name_prefix: &str, cluster: bool) -> String {
+    let mut glob = String::new();
+    for c in prefix
+        .chars()
+        .chain(open(cluster).chars())
+        .chain(name_prefix.chars())
+    {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^') {
+            glob.push('\\');
+        }
+        glob.push(c);
+    }
+    glob.push_str("*}:lock");
+    glob
+}
+
+/// The name whose lock key `lock` is (see [`Keys::lock`]), if it is one:
+/// the text between the fixed parts, which the mapping puts around the
+/// name alone.
+pub(crate) fn name_of_lock(prefix: &str, lock: &str, cluster: bool) -> Option<LockKey> {
+    let name = lock
+        .strip_prefix(prefix)?
+        .strip_prefix(open(cluster))?
+        .strip_suffix("}:lock")?;
+    LockKey::new(name).ok()
+}
+
 /// What opens a name's hash tag (see [`Keys::new`]).
 fn open(cluster: bool) -> &'static str {
     if cluster {
@@ -180,3 +210,22 @@ for i = 1, #h, 2 do
 end
 return {holds, fence, pttl, queued, owner, value, kind, members}
 ";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_key_gives_its_name_back_and_the_glob_escapes_the_prefix() {
+        for cluster in [false, true] {
+            for name in ["jobs/report", "a}:lock", "{x}", "*"] {
+                let key = LockKey::new(name).unwrap();
+                let lock = Keys::lock("lockwright:", &key, cluster);
+                assert_eq!(name_of_lock("lockwright:", &lock, cluster), Some(key));
+            }
+        }
+        assert_eq!(locks_matching("lw:", "a*[b", false), "lw:{a\\*\\[b*}:lock");
+        assert_eq!(locks_matching("lw:", "", true), "lw:{=*}:lock");
+        assert_eq!(name_of_lock("lw:", "other:{a}:lock", false), None);
+    }
+}

@@ -462,6 +462,12 @@ impl LockBackend for SqlBackend {
         Ok(())
     }
 
+    /// The rows that have an owner (see `lease.rs`): a group's name row
+    /// carries its marker, so every kind is among them.
+    async fn list(&self, prefix: &str) -> Result<Vec<LockKey>> {
+        self.names(prefix).await
+    }
+
     async fn proclaim(&self, hold: &HoldId, value: &[u8]) -> Result<Renew> {
         self.lease_proclaim(&hold.key, &hold.owner, value).await
     }

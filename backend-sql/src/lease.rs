@@ -13,7 +13,7 @@ use lockwright_core::{Error, LockKey, OwnerToken, Result, MAX_VALUE_LEN};
 use crate::backend::SqlBackend;
 #[cfg(feature = "mysql")]
 use crate::error::is_mysql_conflict;
-use crate::error::map_err;
+use crate::error::{is_missing_table, map_err};
 use crate::layout::{granted, key_hash};
 #[cfg(feature = "postgres")]
 use crate::node::dial;
@@ -22,7 +22,7 @@ use crate::node::Dedicated;
 use crate::node::Pool;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use crate::queries::renew_batch;
-use crate::queries::ttl_ms;
+use crate::queries::{list_names, ttl_ms};
 
 /// Leases one renewal statement carries at most.
 const RENEW_BATCH: usize = 100;
@@ -384,6 +384,30 @@ impl SqlBackend {
         } else {
             Renew::NotHeld
         })
+    }
+
+    /// The names of the rows that have an owner, starting with `prefix`
+    /// (none from a table or SQLite file not made yet).
+    pub(crate) async fn names(&self, prefix: &str) -> Result<Vec<LockKey>> {
+        if self.inner.file.as_ref().is_some_and(|f| !f.exists()) {
+            return Ok(Vec::new());
+        }
+        let stmt = list_names(self.inner.config.dialect, &self.inner.config.table);
+        let len = i32::try_from(prefix.chars().count()).unwrap_or(i32::MAX);
+        let rows: std::result::Result<Vec<(String,)>, sqlx::Error> = on_pool!(&self.inner.pool, p => sqlx::query_as(&stmt)
+                .bind(len)
+                .bind(prefix)
+                .fetch_all(p)
+                .await);
+        match rows {
+            // Every row's name was a valid key when it was written.
+            Ok(rows) => Ok(rows
+                .into_iter()
+                .filter_map(|(k,)| LockKey::new(k).ok())
+                .collect()),
+            Err(e) if is_missing_table(&e) => Ok(Vec::new()),
+            Err(e) => Err(map_err(e)),
+        }
     }
 
     /// The live row of `key`: holds, fence, ms left, owner, value.

@@ -59,6 +59,22 @@ impl Queries {
     }
 }
 
+/// The names of the rows of the lease table `t` that have an owner (live,
+/// or expired and not yet taken over or swept) and start with a prefix
+/// (parameters: the prefix's length in characters, the prefix).
+pub(crate) fn list_names(dialect: Dialect, t: &str) -> String {
+    let (name, len, prefix) = match dialect {
+        Dialect::Postgres => ("lock_key", "$1", "$2"),
+        Dialect::Sqlite => ("lock_key", "?", "?"),
+        // A binary collation's text reads as a BLOB unless converted, as
+        // `inspect` converts the owner.
+        Dialect::MySql => ("CONVERT(lock_key USING utf8mb4)", "?", "?"),
+    };
+    format!(
+        "SELECT {name} FROM {t} WHERE owner IS NOT NULL AND SUBSTR(lock_key, 1, {len}) = {prefix}"
+    )
+}
+
 /// Rows one sweep statement deletes at most, so a sweep of a large backlog
 /// (a table from an earlier version) never holds locks for long.
 pub(crate) const SWEEP_BATCH: u64 = 1000;

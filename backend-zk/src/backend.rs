@@ -357,6 +357,26 @@ impl LockBackend for ZkBackend {
         Ok(Some(Watch::grants(rx, Some(keepalive))))
     }
 
+    /// The key directories under the root, by name. A key whose escape is
+    /// over 255 bytes has a hashed directory, which cannot be turned back
+    /// into its name: it is left out.
+    async fn list(&self, prefix: &str) -> Result<Vec<LockKey>> {
+        let session = self.inner.sessions.get().await?;
+        let root = self.inner.sessions.config().root.clone();
+        let path = if root.is_empty() { "/" } else { root.as_str() };
+        let children = match session.call(session.client.list_children(path)).await {
+            Ok(c) => c,
+            Err(ZkError::NoNode) => return Ok(Vec::new()),
+            Err(e) => return Err(map_err(e)),
+        };
+        Ok(children
+            .iter()
+            .filter_map(|c| layout::key_of(c))
+            .filter(|k| k.starts_with(prefix))
+            .filter_map(|k| LockKey::new(k).ok())
+            .collect())
+    }
+
     /// Deletes the holder's node, named by the id `inspect` lists it with
     /// (only a listed holder's, so no other node can be named). Its
     /// session's next check finds it gone; the next holder's node is

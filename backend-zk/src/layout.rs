@@ -150,7 +150,6 @@ pub(crate) fn dir_name(key: &str, at_top: bool) -> String {
 }
 
 /// The key a directory name stands for; `None` for a hashed one.
-#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub(crate) fn key_of(dir: &str) -> Option<String> {
     match dir.strip_prefix(ESCAPED) {
         None => Some(dir.to_owned()),

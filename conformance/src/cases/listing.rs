@@ -63,7 +63,7 @@ pub async fn list_shows_every_held_name_and_changes_nothing(h: &dyn Harness) -> 
         Err(e) if e.kind() == ErrorKind::Unsupported => {
             return release(guards, &*backend, &name("leader"), &leader, caps.values).await
         }
-        Err(e) => bail!("listing {prefix:?}: {e}"),
+        Err(e) => bail!("listing {prefix:?}: {}", e.chain()),
     };
     let names: BTreeSet<&str> = listed.iter().map(|(k, _)| k.as_str()).collect();
     let expected: BTreeSet<&str> = held.iter().map(LockKey::as_str).collect();
