@@ -1,4 +1,4 @@
-//! The options of `lockwright run`, `status`, `break`, `elect`, `leader`,
+//! The options of `lockwright run`, `status`, `list`, `break`, `elect`, `leader`,
 //! `demo`, `completions` and `man`,
 //! as clap reads them. `main.rs` names these structs in its subcommands and
 //! hands each to the file that runs it; their field doc comments are the
@@ -130,6 +130,18 @@ pub(crate) struct StatusArgs {
     #[arg(long)]
     pub(crate) key: String,
     /// One JSON object instead of a line of text, for scripts.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ListArgs {
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
+    /// Only names starting with this.
+    #[arg(long, default_value = "")]
+    pub(crate) prefix: String,
+    /// One JSON array of `status --json` objects instead of text.
     #[arg(long)]
     pub(crate) json: bool,
 }

@@ -9,9 +9,9 @@
 //! which `check` shares; the subcommands' options are `args.rs`.
 //!
 //! Files import downwards only: this one uses the others; `run` and `elect`
-//! use `supervise`, which uses `group`; `elect` uses `status`; the
-//! subcommands' files use `args`, and none uses this one; `completions`
-//! is given the command line's definition by this one.
+//! use `supervise`, which uses `group`; `elect`, `list` and `breaking` use
+//! `status`; the subcommands' files use `args`, and none uses this one;
+//! `completions` is given the command line's definition by this one.
 //!
 //! `check` and `bench` (and their hidden worker and peer subcommands) are
 //! the `lockwright-check` crate, behind the `check` feature (on by
@@ -29,12 +29,14 @@ mod completions;
 mod demo;
 mod elect;
 mod group;
+mod list;
 mod run;
 mod status;
 mod supervise;
 
 use args::{
-    BreakArgs, CompletionsArgs, DemoArgs, ElectArgs, LeaderArgs, ManArgs, RunArgs, StatusArgs,
+    BreakArgs, CompletionsArgs, DemoArgs, ElectArgs, LeaderArgs, ListArgs, ManArgs, RunArgs,
+    StatusArgs,
 };
 
 // `Cli` and `Command` have no `///`: clap would take it as the command's
@@ -80,6 +82,18 @@ enum Command {
     ///
     /// Exit status: 0 whether the key is held or free; otherwise as for run.
     Status(StatusArgs),
+    /// Lists every lock, semaphore, read-write lock and election held under
+    /// the URL's namespace whose name starts with --prefix, one `status`
+    /// line each (holders with their ids, fence or term, lease left,
+    /// waiters, a leader's value). Reads only.
+    ///
+    /// memcached cannot list its keys and SQL's ?mode=session holds no
+    /// names (exit 64); ZooKeeper leaves out names over 255 bytes once
+    /// escaped (their directory is a digest).
+    ///
+    /// Exit status: 0 whether anything is held or not; otherwise as for
+    /// status.
+    List(ListArgs),
     /// Breaks a stuck hold: removes one holder of a key (by the id `status`
     /// shows, or the key's only holder), so the next claimant proceeds.
     /// Asks first unless --yes; logs one audit line (who broke which holder
@@ -274,6 +288,7 @@ fn run_command() -> i32 {
             Command::Run(args) => run::run(args).await,
             Command::Demo(args) => demo::demo(args).await,
             Command::Status(args) => status::status(args).await,
+            Command::List(args) => list::list(args).await,
             Command::Break(args) => breaking::breaking(args).await,
             Command::Elect(args) => elect::elect(args).await,
             Command::Leader(args) => elect::leader(args).await,

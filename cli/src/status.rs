@@ -76,6 +76,10 @@ pub(crate) fn line(key: &str, s: &LockStatus) -> String {
     } else {
         out.push_str("free");
     }
+    // A leader's value, escaped: it is the holder's to choose.
+    if let Some(v) = s.value.as_ref().filter(|_| s.held) {
+        out.push_str(&format!(", value {:?}", String::from_utf8_lossy(v)));
+    }
     if let (Some(w), false) = (s.waiters, s.held && s.holders.len() > 1) {
         out.push_str(&format!(", {w} queued"));
     }
@@ -106,7 +110,7 @@ pub(crate) fn human(d: Duration) -> String {
 }
 
 /// The status as `--json`'s one object.
-fn json(key: &str, s: &LockStatus) -> serde_json::Value {
+pub(crate) fn json(key: &str, s: &LockStatus) -> serde_json::Value {
     serde_json::json!({
         "key": key,
         "held": s.held,
@@ -196,5 +200,10 @@ mod tests {
             "\"backups\": held by 2 of 3 permits\n  permit a1\n  permit b2"
         );
         assert_eq!(json("backups", &two)["holders"][1]["id"], "b2");
+        let leader = LockStatus::held(1).with_value(Some(b"node \"1\"\nrm -rf".to_vec()));
+        assert_eq!(
+            line("lead", &leader),
+            "\"lead\": held (1 hold), value \"node \\\"1\\\"\\nrm -rf\""
+        );
     }
 }
