@@ -144,7 +144,7 @@ fn break_frozen_holder(url: &str) {
     assert_eq!(o.status.code(), Some(66), "{url}: an unknown id");
     assert_eq!(
         holders(d, url, &key, 1),
-        [id.clone()],
+        std::slice::from_ref(&id),
         "{url}: the refusals broke nothing"
     );
 
