@@ -23,7 +23,8 @@ async fn break_one(locker: &lockwright::Locker, args: &BreakArgs) -> Result<i32>
     let status = locker.status(key).await?;
     let holders = status.each_holder();
     let target = match (&args.holder, holders.as_slice()) {
-        (None, []) => {
+        // Whoever was named holds nothing now either: the goal is met.
+        (_, []) => {
             println!("{key:?}: free, nothing to break");
             return Ok(0);
         }

@@ -76,8 +76,9 @@ pub(crate) fn line(key: &str, s: &LockStatus) -> String {
     } else {
         out.push_str("free");
     }
-    // A leader's value, escaped: it is the holder's to choose.
-    if let Some(v) = s.value.as_ref().filter(|_| s.held) {
+    // A leader's value, escaped: it is the holder's to choose. (A Go or
+    // `etcdctl` mutex's key holds an empty one, which says nothing.)
+    if let Some(v) = s.value.as_ref().filter(|v| s.held && !v.is_empty()) {
         out.push_str(&format!(", value {:?}", String::from_utf8_lossy(v)));
     }
     if let (Some(w), false) = (s.waiters, s.held && s.holders.len() > 1) {

@@ -161,7 +161,8 @@ fn break_frozen_holder(url: &str) {
         err.contains("broke a hold")
             && err.contains(&id)
             && err.contains(&key)
-            && err.contains("pid"),
+            && err.contains(" pid ")
+            && err.contains("by=\""),
         "{url}: the audit line names the holder, the key and who broke it: {err}"
     );
     let (old, new) = (fence_in(&first), fence_in(&second));
@@ -197,6 +198,15 @@ fn break_frozen_holder(url: &str) {
         0,
         "{url}: the new holder"
     );
+    // Free now: whoever is named holds nothing, which is what was asked.
+    let o = output(lockwright(
+        d,
+        &[
+            "break", "--url", url, "--key", &key, "--holder", &id, "--yes",
+        ],
+    ));
+    assert_eq!(o.status.code(), Some(0), "{url}: a break of a free key");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("free, nothing to break"));
 }
 
 fn one_permit_of_three(url: &str) {

@@ -10,18 +10,22 @@ pub(crate) fn broke(key: &LockKey, holder: &str) {
         target: "lockwright::audit",
         key = %key,
         holder,
-        by = %breaker(),
+        by = ?breaker(),
         "broke a hold"
     );
 }
 
-/// This process as an audit line names it: `user@host pid N`, from the
-/// environment's `USER` (or `LOGNAME`) and the kernel's host name, where
-/// they can be read.
+/// This process as an audit line names it (quoted there, as it has
+/// spaces): `user@host pid N`, from the environment's `USER` (or
+/// `LOGNAME`), else `uid N` as the kernel says, and the kernel's host
+/// name, where they can be read.
 fn breaker() -> String {
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| "?".to_owned());
+        .ok()
+        .filter(|u| !u.is_empty())
+        .or_else(uid)
+        .unwrap_or_else(|| "?".to_owned());
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .ok()
@@ -29,4 +33,12 @@ fn breaker() -> String {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "?".to_owned());
     format!("{user}@{host} pid {}", std::process::id())
+}
+
+/// `uid N`, this process's real user id from `/proc/self/status` (Linux).
+fn uid() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    let real = line.split_whitespace().nth(1)?;
+    Some(format!("uid {real}"))
 }
