@@ -253,6 +253,7 @@ impl LockBackend for EtcdBackend {
             .with_values(true)
             .with_permits(true)
             .with_shared(true)
+            .with_listing(true)
     }
 
     /// Connects, and reads one key: the cluster answers and takes the

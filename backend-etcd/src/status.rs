@@ -123,21 +123,30 @@ impl Inner {
     }
 
     /// Deletes the key of the holder `inspect` lists as `holder` (only a
-    /// listed holder's, so no other key can be named). Its backend's next
-    /// renewal reads the key gone; the next holder's key was created
-    /// later, so its fence (create revision) is higher. A Go or `etcdctl`
-    /// holder never reads its key again, as with `etcdctl del`.
+    /// listed holder's, so no other key can be named), and only as it was
+    /// listed: its create revision is the fence it was listed with, so a
+    /// hold made again on the same key since (the id names the backend's
+    /// lease, which a later acquire by the same process reuses) is not
+    /// touched. Its backend's next renewal reads the key gone; a holder
+    /// queued after it was created later and has a higher fence. (A
+    /// downgrade's read hold has a fence from the downgrade, above a writer
+    /// queued before it: see the crate docs.) A Go or `etcdctl` holder
+    /// never reads its key again, as with `etcdctl del`.
     pub(crate) async fn force_release(&self, key: &LockKey, holder: &str) -> Result<bool> {
-        let listed = self.inspect(key).await?.each_holder();
-        if !listed.iter().any(|h| h.id.as_deref() == Some(holder)) {
+        let status = self.inspect(key).await?;
+        let Some(rev) = status
+            .holder(holder)
+            .and_then(|h| h.fence)
+            .and_then(|f| i64::try_from(f.0).ok())
+        else {
             return Ok(false);
-        }
+        };
         let contender = format!("{}{holder}", self.prefix(key));
         let txn = Txn::new()
             .when([Compare::create_revision(
                 contender.as_str(),
-                CompareOp::Greater,
-                0,
+                CompareOp::Equal,
+                rev,
             )])
             .and_then([TxnOp::delete(contender.as_str(), None)]);
         Ok(self.node.txn(txn).await?.succeeded())

@@ -122,6 +122,7 @@ impl LockBackend for RedisBackend {
             .with_values(true)
             .with_permits(true)
             .with_shared(true)
+            .with_listing(true)
     }
 
     async fn verify(&self) -> Result<()> {

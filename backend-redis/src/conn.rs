@@ -398,10 +398,12 @@ async fn scan_one(
             (Some(route), Conn::Cluster(c)) => c.route_command(cmd, route.clone()).await,
             _ => cmd.query_async::<Value>(conn).await,
         };
-        let (next, batch): (u64, Vec<String>) =
+        let (next, batch): (u64, Vec<Vec<u8>>) =
             FromRedisValue::from_redis_value(reply.map_err(map_err)?)
                 .map_err(|e| map_err(e.into()))?;
-        keys.extend(batch);
+        // A key that is not UTF-8 is no lock key of ours: skipped, not an
+        // error that would fail the whole listing.
+        keys.extend(batch.into_iter().filter_map(|k| String::from_utf8(k).ok()));
         if next == 0 {
             return Ok(keys);
         }

@@ -453,15 +453,15 @@ impl Node {
         .await
     }
 
-    /// What the node holds for a lock, read without changing it: with the
-    /// holder's owner token (Redlock's quorum counts per owner, an election
-    /// tells reigns apart by it; `Locker::status` never shows it) and the
-    /// value it advertises.
     /// Every key matching the glob `pattern` (see `conn.rs`).
     pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>> {
         self.conn.scan(pattern).await
     }
 
+    /// What the node holds for a lock, read without changing it: with the
+    /// holder's owner token (Redlock's quorum counts per owner, an election
+    /// tells reigns apart by it; `Locker::status` never shows it) and the
+    /// value it advertises.
     pub(crate) async fn inspect(&self, keys: &Keys) -> Result<LockStatus> {
         self.attempts(true, |mut link| async move {
             let call = keys.call(scripts::inspect());

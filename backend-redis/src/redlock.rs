@@ -12,7 +12,7 @@ use lockwright_core::backend::{
 use lockwright_core::{Error, LockKey, LockStatus, OwnerToken, Result};
 
 use crate::config::RedisConfig;
-use crate::layout::Keys;
+use crate::layout::{locks_matching, name_of_lock, Keys};
 use crate::node::{Node, Role};
 
 /// Redlock: the lock is held when a quorum (N/2+1) of independent masters
@@ -55,6 +55,7 @@ impl LockBackend for QuorumNode {
             .with_values(true)
             .with_permits(true)
             .with_shared(true)
+            .with_listing(true)
     }
 
     async fn verify(&self) -> Result<()> {
@@ -105,6 +106,18 @@ impl LockBackend for QuorumNode {
         self.node
             .inspect(&Keys::new(&self.prefix, key, false))
             .await
+    }
+
+    /// This master's lock keys under the prefix, by `SCAN`.
+    async fn list(&self, prefix: &str) -> Result<Vec<LockKey>> {
+        let locks = self
+            .node
+            .scan(&locks_matching(&self.prefix, prefix, false))
+            .await?;
+        Ok(locks
+            .iter()
+            .filter_map(|l| name_of_lock(&self.prefix, l, false))
+            .collect())
     }
 
     async fn proclaim(&self, hold: &HoldId, value: &[u8]) -> Result<Renew> {

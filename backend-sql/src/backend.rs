@@ -286,6 +286,7 @@ impl LockBackend for SqlBackend {
             .with_values(true)
             .with_permits(true)
             .with_shared(true)
+            .with_listing(true)
             .with_min_ttl(MIN_TTL)
             // Rows go a retention after the lock is free, swept by acquires.
             .with_retention(self.inner.config.retention + self.sweep_every())

@@ -392,13 +392,15 @@ impl SqlBackend {
         if self.inner.file.as_ref().is_some_and(|f| !f.exists()) {
             return Ok(Vec::new());
         }
-        let stmt = list_names(self.inner.config.dialect, &self.inner.config.table);
-        let len = i32::try_from(prefix.chars().count()).unwrap_or(i32::MAX);
-        let rows: std::result::Result<Vec<(String,)>, sqlx::Error> = on_pool!(&self.inner.pool, p => sqlx::query_as(&stmt)
-                .bind(len)
-                .bind(prefix)
-                .fetch_all(p)
-                .await);
+        let dialect = self.inner.config.dialect;
+        let stmt = list_names(dialect, &self.inner.config.table);
+        // MySQL's statement names the prefix twice.
+        let twice = dialect == crate::config::Dialect::MySql;
+        let rows: std::result::Result<Vec<(String,)>, sqlx::Error> = on_pool!(&self.inner.pool, p => {
+            let query = sqlx::query_as(&stmt).bind(prefix);
+            let query = if twice { query.bind(prefix) } else { query };
+            query.fetch_all(p).await
+        });
         match rows {
             // Every row's name was a valid key when it was written.
             Ok(rows) => Ok(rows

@@ -60,19 +60,24 @@ impl Queries {
 }
 
 /// The names of the rows of the lease table `t` that have an owner (live,
-/// or expired and not yet taken over or swept) and start with a prefix
-/// (parameters: the prefix's length in characters, the prefix).
+/// or expired and not yet taken over or swept) and start with a prefix,
+/// measured by the database as it measures the column (parameter: the
+/// prefix; MySQL's twice).
 pub(crate) fn list_names(dialect: Dialect, t: &str) -> String {
-    let (name, len, prefix) = match dialect {
-        Dialect::Postgres => ("lock_key", "$1", "$2"),
-        Dialect::Sqlite => ("lock_key", "?", "?"),
+    match dialect {
+        Dialect::Postgres => {
+            format!("SELECT lock_key FROM {t} WHERE owner IS NOT NULL AND starts_with(lock_key, $1)")
+        }
+        Dialect::Sqlite => format!(
+            "SELECT lock_key FROM {t} WHERE owner IS NOT NULL AND SUBSTR(lock_key, 1, LENGTH(?1)) = ?1"
+        ),
         // A binary collation's text reads as a BLOB unless converted, as
         // `inspect` converts the owner.
-        Dialect::MySql => ("CONVERT(lock_key USING utf8mb4)", "?", "?"),
-    };
-    format!(
-        "SELECT {name} FROM {t} WHERE owner IS NOT NULL AND SUBSTR(lock_key, 1, {len}) = {prefix}"
-    )
+        Dialect::MySql => format!(
+            "SELECT CONVERT(lock_key USING utf8mb4) FROM {t}
+             WHERE owner IS NOT NULL AND SUBSTR(lock_key, 1, CHAR_LENGTH(?)) = ?"
+        ),
+    }
 }
 
 /// Rows one sweep statement deletes at most, so a sweep of a large backlog

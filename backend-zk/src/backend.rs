@@ -218,6 +218,7 @@ impl LockBackend for ZkBackend {
             .with_values(true)
             .with_permits(true)
             .with_shared(true)
+            .with_listing(true)
     }
 
     /// A session is made and the root's parent can be read.
@@ -378,29 +379,35 @@ impl LockBackend for ZkBackend {
     }
 
     /// Deletes the holder's node, named by the id `inspect` lists it with
-    /// (only a listed holder's, so no other node can be named). Its
-    /// session's next check finds it gone; the next holder's node is
-    /// newer, so its fence (czxid) is higher. A Curator holder never
-    /// checks again, as with zkCli's `delete`.
+    /// (only a listed holder's, so no other node can be named): a lock's
+    /// node in the key's directory, or a semaphore's lease in `leases/`.
+    /// Its session's next check finds it gone; a node queued behind it is
+    /// newer, so its fence (czxid) is higher. (A downgrade's read node is
+    /// made at the downgrade, above a writer queued before it: see the
+    /// crate docs.) A Curator holder never checks again, as with zkCli's
+    /// `delete`.
     async fn force_release(&self, key: &LockKey, holder: &str) -> Result<bool> {
-        let listed = self.inspect(key).await?.each_holder();
-        if !listed.iter().any(|h| h.id.as_deref() == Some(holder)) {
+        if self.inspect(key).await?.holder(holder).is_none() {
             return Ok(false);
         }
         let dir = self.inner.dir(key);
-        let path = if holder.contains(layout::LEASE_NAME) {
-            format!("{dir}/{}/{holder}", layout::SEM_LEASES)
-        } else {
-            format!("{dir}/{holder}")
-        };
         let session = self.inner.sessions.get().await?;
-        match session.call(session.client.delete(&path, None)).await {
-            Ok(()) => {}
-            Err(ZkError::NoNode) => return Ok(false),
-            Err(e) => return Err(map_err(e)),
+        // The name says nothing sure of where it is (a foreign node may be
+        // named anything): the lock's directory, then the leases'.
+        for path in [
+            format!("{dir}/{holder}"),
+            format!("{dir}/{}/{holder}", layout::SEM_LEASES),
+        ] {
+            match session.call(session.client.delete(&path, None)).await {
+                Ok(()) => {
+                    self.inner.forget(key, &path);
+                    return Ok(true);
+                }
+                Err(ZkError::NoNode) => continue,
+                Err(e) => return Err(map_err(e)),
+            }
         }
-        self.inner.forget(key, &path);
-        Ok(true)
+        Ok(false)
     }
 
     async fn abandon(&self, hold: &HoldId, ticket: &OwnerToken) -> Result<()> {

@@ -22,6 +22,9 @@ async fn break_one(locker: &lockwright::Locker, args: &BreakArgs) -> Result<i32>
     let key = args.key.as_str();
     let status = locker.status(key).await?;
     let holders = status.each_holder();
+    if holders.iter().any(|h| h.id.is_none()) {
+        return Err(unnamed());
+    }
     let target = match (&args.holder, holders.as_slice()) {
         // Whoever was named holds nothing now either: the goal is met.
         (_, []) => {
@@ -49,11 +52,7 @@ async fn break_one(locker: &lockwright::Locker, args: &BreakArgs) -> Result<i32>
         },
     };
     let Some(id) = target.id.clone() else {
-        return Err(Error::new(
-            lockwright::ErrorKind::Unsupported,
-            "this store does not name a lock's holders (SQL's ?mode=session holds by \
-             connection: end that connection to free it)",
-        ));
+        return Err(unnamed());
     };
     if !args.yes && !confirmed(key, &id, &target, &status)? {
         eprintln!("lockwright: not broken");
@@ -64,8 +63,21 @@ async fn break_one(locker: &lockwright::Locker, args: &BreakArgs) -> Result<i32>
     } else {
         println!("holder {id} of {key:?} was already gone");
     }
-    println!("{}", line(key, &locker.status(key).await?));
+    // What holds now, if it can be read: the break stands either way.
+    match locker.status(key).await {
+        Ok(now) => println!("{}", line(key, &now)),
+        Err(e) => eprintln!("lockwright: the status after the break: {}", e.chain()),
+    }
     Ok(0)
+}
+
+/// The error for a store that holds without naming its holders.
+fn unnamed() -> Error {
+    Error::new(
+        lockwright::ErrorKind::Unsupported,
+        "this store does not name a lock's holders (SQL's ?mode=session holds by \
+         connection: end that connection to free it)",
+    )
 }
 
 /// Asks on the terminal; refuses outright when stdin is not one, as a

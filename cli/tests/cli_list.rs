@@ -46,19 +46,30 @@ fn listed(dir: &Path, url: &str, prefix: &str) -> BTreeMap<String, usize> {
         .collect()
 }
 
+/// A child process killed and reaped when dropped, so a failed assertion
+/// leaves nothing running.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn lists_every_kind(url: &str) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let prefix = format!("{}/", unique("list"));
     let name = |n: &str| format!("{prefix}{n}");
-    let start = |args: &[&str]| -> Child {
+    let start = |args: &[&str]| -> Reaped {
         let mut all = vec![args[0], "--url", url];
         all.extend_from_slice(&args[1..]);
         all.extend_from_slice(&["--", "sleep", "60"]);
-        lockwright(d, &all).spawn().unwrap()
+        Reaped(lockwright(d, &all).spawn().unwrap())
     };
     let (lock, sem, readers, leader) = (name("lock"), name("sem"), name("readers"), name("leader"));
-    let mut runs = vec![
+    let _runs = vec![
         start(&["run", "--key", &lock]),
         start(&["run", "--key", &sem, "--permits", "3"]),
         start(&["run", "--key", &sem, "--permits", "3"]),
@@ -100,10 +111,6 @@ fn lists_every_kind(url: &str) {
         text.contains(&format!("{leader:?}")) && text.contains("value \"node-1\""),
         "{url}: {text}"
     );
-    for r in &mut runs {
-        let _ = r.kill();
-        let _ = r.wait();
-    }
 }
 
 #[test]

@@ -707,11 +707,9 @@ lockwright_core::forward_backend! {
         /// Breaks the hold, with the defects a break has
         /// (`BreakKeepsFence`, `BreakTakesEveryHolder`).
         async fn force_release(&self, key: &LockKey, holder: &str) -> Result<bool> {
-            let holders = self.inner.inspect(key).await?.without_owners().each_holder();
-            let fence = holders
-                .iter()
-                .find(|h| h.id.as_deref() == Some(holder))
-                .and_then(|h| h.fence);
+            let status = self.inner.inspect(key).await?.without_owners();
+            let fence = status.holder(holder).and_then(|h| h.fence);
+            let holders = status.each_holder();
             let broke = self.inner.force_release(key, holder).await?;
             if broke && self.defect == Defect::BreakKeepsFence {
                 if let Some(fence) = fence {

@@ -8,7 +8,7 @@ use crate::key::LockKey;
 pub(crate) fn broke(key: &LockKey, holder: &str) {
     tracing::warn!(
         target: "lockwright::audit",
-        key = %key,
+        key = ?key.as_str(),
         holder,
         by = ?breaker(),
         "broke a hold"
@@ -16,15 +16,13 @@ pub(crate) fn broke(key: &LockKey, holder: &str) {
 }
 
 /// This process as an audit line names it (quoted there, as it has
-/// spaces): `user@host pid N`, from the environment's `USER` (or
-/// `LOGNAME`), else `uid N` as the kernel says, and the kernel's host
-/// name, where they can be read.
+/// spaces): `user@host uid N pid M`. The user is the environment's `USER`
+/// (or `LOGNAME`), which anyone can set, so the kernel's uid follows it.
 fn breaker() -> String {
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
         .ok()
         .filter(|u| !u.is_empty())
-        .or_else(uid)
         .unwrap_or_else(|| "?".to_owned());
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
@@ -32,13 +30,13 @@ fn breaker() -> String {
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "?".to_owned());
-    format!("{user}@{host} pid {}", std::process::id())
+    let uid = uid().unwrap_or_else(|| "?".to_owned());
+    format!("{user}@{host} uid {uid} pid {}", std::process::id())
 }
 
-/// `uid N`, this process's real user id from `/proc/self/status` (Linux).
+/// This process's real user id, from `/proc/self/status` (Linux).
 fn uid() -> Option<String> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    let real = line.split_whitespace().nth(1)?;
-    Some(format!("uid {real}"))
+    line.split_whitespace().nth(1).map(str::to_owned)
 }

@@ -87,6 +87,9 @@ pub struct Capabilities {
     /// The store grants shared claims ([`Claim::Shared`](crate::Claim)),
     /// so read-write locks work on it.
     pub shared: bool,
+    /// The store can enumerate the names it holds
+    /// ([`LockBackend::list`]); without it, `list` is `Unsupported`.
+    pub listing: bool,
     /// A store that polls keeps each refused reader's and writer's place
     /// in line, in the order they came, while they keep asking: the
     /// `Locker` then asks again at least every [`IN_LINE_POLL`], since the
@@ -117,6 +120,7 @@ impl Default for Capabilities {
             values: false,
             permits: false,
             shared: false,
+            listing: false,
             in_line: false,
             max_poll: None,
         }
@@ -212,6 +216,13 @@ impl Capabilities {
     #[must_use]
     pub fn with_shared(mut self, shared: bool) -> Self {
         self.shared = shared;
+        self
+    }
+
+    /// Sets [`listing`](Self::listing): the store lists its names.
+    #[must_use]
+    pub fn with_listing(mut self, listing: bool) -> Self {
+        self.listing = listing;
         self
     }
 
@@ -576,7 +587,10 @@ pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     /// renewal is `NotHeld` (so it learns it lost the lock), and with
     /// [`Capabilities::fencing`] the next grant of the key carries a fence
     /// above the broken holder's (so a resource that checks fences refuses
-    /// its late writes). The default releases as the owner
+    /// its late writes). One exception, as with a release: a downgrade's
+    /// read hold on a store whose fences are creation orders (ZooKeeper,
+    /// etcd) has the fence of its downgrade, above a writer queued before
+    /// it, which may hold next. The default releases as the owner
     /// [`inspect`](Self::inspect) names ([`release_by_owner`]); a store
     /// that does not name owners answers
     /// [`Unsupported`](crate::ErrorKind::Unsupported) or writes its own.
@@ -651,7 +665,7 @@ pub async fn release_by_owner<B: LockBackend + ?Sized>(
         }
     };
     // A holder that re-enters while it is broken adds holds: the bound
-    // keeps that race from looping for ever (it is then not broken).
+    // keeps that race from looping for ever, and says it was not broken.
     let bound = found.holds.saturating_add(16);
     for kind in kinds {
         let hold = HoldId::new(key.clone(), owner.clone(), kind);
@@ -660,11 +674,14 @@ pub async fn release_by_owner<B: LockBackend + ?Sized>(
             match backend.release(&hold).await? {
                 Release::StillHeld(_) => broke = true,
                 Release::Freed => return Ok(true),
+                Release::NotHeld if broke => return Ok(true),
                 Release::NotHeld => break,
             }
         }
         if broke {
-            return Ok(true);
+            return Err(Error::backend(format!(
+                "holder {holder} of {key} kept taking holds as they were released;                  it still holds"
+            )));
         }
     }
     Ok(false)

@@ -155,8 +155,9 @@ pub struct LockStatus {
     /// The permits the store keeps for the name while exclusive holds are
     /// live (1 for a mutex or a writer, N for a semaphore), where it says.
     pub permits: Option<u32>,
-    /// The lone holder's name to break it by, as [`Holder::id`], where
-    /// `holders` is empty.
+    /// The name to break the holder by, as [`Holder::id`], where one owner
+    /// holds (the store's id, or filled from `owner` by
+    /// [`without_owners`](Self::without_owners)).
     pub id: Option<String>,
 }
 
@@ -178,8 +179,9 @@ pub struct Holder {
     pub owner: Option<OwnerToken>,
     /// The name an operator gives [`Locker::force_release`](crate::Locker::force_release)
     /// to break this hold: the store's own name for it (ZooKeeper's node,
-    /// etcd's lease) or [`holder_id`] of its owner. Not a secret: nothing
-    /// is released by knowing it alone.
+    /// etcd's key after the name's prefix) or [`holder_id`] of its owner.
+    /// Not a secret as the owner token is: it cannot renew, release or
+    /// proclaim as the owner; it only names the hold for a forced release.
     pub id: Option<String>,
 }
 
@@ -350,6 +352,13 @@ impl LockStatus {
             h.owner = None;
         }
         self
+    }
+
+    /// The holder whose [`id`](Holder::id) is `id`, as [`each_holder`](Self::each_holder) lists it.
+    pub fn holder(&self, id: &str) -> Option<Holder> {
+        self.each_holder()
+            .into_iter()
+            .find(|h| h.id.as_deref() == Some(id))
     }
 
     /// Every holder, one entry each: the listed ones, or for a held name

@@ -233,6 +233,7 @@ impl LockBackend for MemoryBackend {
             values: true,
             permits: true,
             shared: true,
+            listing: true,
             in_line: false,
             max_poll: None,
         }

@@ -49,8 +49,10 @@ impl Locker {
     /// operator with a stuck lock, never for an application's own. The
     /// holder's next renewal fails, so its guard reports the lock lost,
     /// and where the store has fences the next grant's is above the broken
-    /// holder's. Logs one `lockwright::audit` line. `Ok(false)`: no live
-    /// holder has that id.
+    /// holder's (but for a downgrade's read hold on ZooKeeper or etcd: see
+    /// [`LockBackend::force_release`](crate::backend::LockBackend::force_release)).
+    /// Logs one `lockwright::audit` line. `Ok(false)`: no live holder has
+    /// that id.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -321,6 +321,7 @@ impl<B: LockBackend> LockBackend for Quorum<B> {
             .with_values(self.nodes.iter().all(|n| n.capabilities().values))
             .with_permits(self.nodes.iter().all(|n| n.capabilities().permits))
             .with_shared(self.nodes.iter().all(|n| n.capabilities().shared))
+            .with_listing(self.nodes.iter().all(|n| n.capabilities().listing))
             .with_in_line(self.nodes.iter().all(|n| n.capabilities().in_line))
             .with_max_poll(
                 self.nodes

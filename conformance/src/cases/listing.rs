@@ -2,7 +2,8 @@
 //! shows every name held now, of every kind the store offers (a lock, a
 //! semaphore's permit, a reader, a leader with its value), and no name
 //! released; and reading it changes nothing. A store that cannot
-//! enumerate its keys says `Unsupported`.
+//! enumerate its keys (no [`listing`](lockwright_core::backend::Capabilities::listing))
+//! says `Unsupported`, and only such a store.
 
 use std::collections::BTreeSet;
 
@@ -18,8 +19,9 @@ fn unchanged(s: &LockStatus) -> (bool, u32, Option<u64>, usize) {
     (s.held, s.holds, s.fence.map(|f| f.0), s.holder_count())
 }
 
-/// Every name held under a prefix is listed, of each kind the store has,
-/// with its status; a released name is not; the listing changes nothing.
+/// Every name held under a prefix is listed, of each kind the store has
+/// and with the characters its layout escapes, with its status; a
+/// released name is not; the listing changes nothing.
 pub async fn list_shows_every_held_name_and_changes_nothing(h: &dyn Harness) -> Result<()> {
     let case = "list_shows_every_held_name";
     let prefix = key(case, "").as_str().to_owned();
@@ -31,6 +33,12 @@ pub async fn list_shows_every_held_name_and_changes_nothing(h: &dyn Harness) -> 
 
     guards.push(holder.lock_with(name("lock"), &long()).await?);
     held.push(name("lock"));
+    // Every store's escapes and markers at once: a slash, Redis's hash-tag
+    // braces and glob characters, etcd's and ZooKeeper's `%` escapes, and
+    // characters beyond ASCII.
+    let odd = name("odd/{é}*[%2F%25]=🔒");
+    guards.push(holder.lock_with(odd.clone(), &long()).await?);
+    held.push(odd);
     if caps.permits {
         let semaphore = holder.semaphore(name("semaphore"), 3)?;
         guards.push(semaphore.acquire(&long()).await?);
@@ -59,8 +67,10 @@ pub async fn list_shows_every_held_name_and_changes_nothing(h: &dyn Harness) -> 
         before.push(unchanged(&operator.status(n.clone()).await?));
     }
     let listed = match operator.list(&prefix).await {
-        Ok(listed) => listed,
-        Err(e) if e.kind() == ErrorKind::Unsupported => {
+        Ok(listed) if caps.listing => listed,
+        Ok(_) => bail!("a store without `listing` listed its names"),
+        // Only a store that says it cannot list may answer so.
+        Err(e) if e.kind() == ErrorKind::Unsupported && !caps.listing => {
             return release(guards, &*backend, &name("leader"), &leader, caps.values).await
         }
         Err(e) => bail!("listing {prefix:?}: {}", e.chain()),

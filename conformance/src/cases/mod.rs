@@ -313,6 +313,6 @@ mod tests {
                 seen.push(case.rule);
             }
         }
-        assert_eq!(seen.len(), 17);
+        assert_eq!(seen.len(), 19);
     }
 }
