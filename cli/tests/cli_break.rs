@@ -18,10 +18,10 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{lockwright, output, unique, wait_exit};
+use common::{lockwright, output, unique, wait_exit, Reaped};
 use lockwright_conformance::kit::{servers, with_params};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -63,30 +63,6 @@ fn holders(dir: &Path, url: &str, key: &str, n: usize) -> Vec<String> {
             "{url}: never {n} holders: {s}"
         );
         std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A child process killed (SIGKILL, which ends a stopped one too) and
-/// reaped when dropped, so a failed assertion leaves nothing running.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl std::ops::Deref for Reaped {
-    type Target = Child;
-    fn deref(&self) -> &Child {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Reaped {
-    fn deref_mut(&mut self) -> &mut Child {
-        &mut self.0
     }
 }
 

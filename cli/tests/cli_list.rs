@@ -17,10 +17,9 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Child;
 use std::time::{Duration, Instant};
 
-use common::{lockwright, output, unique};
+use common::{lockwright, output, unique, Reaped};
 use lockwright_conformance::kit::servers;
 
 /// `list --prefix P --json`: each name with its holders' count.
@@ -46,17 +45,6 @@ fn listed(dir: &Path, url: &str, prefix: &str) -> BTreeMap<String, usize> {
         .collect()
 }
 
-/// A child process killed and reaped when dropped, so a failed assertion
-/// leaves nothing running.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn lists_every_kind(url: &str) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -69,7 +57,8 @@ fn lists_every_kind(url: &str) {
         Reaped(lockwright(d, &all).spawn().unwrap())
     };
     let (lock, sem, readers, leader) = (name("lock"), name("sem"), name("readers"), name("leader"));
-    let _runs = vec![
+    // Held until the end of the test, then killed and reaped.
+    let _runs = [
         start(&["run", "--key", &lock]),
         start(&["run", "--key", &sem, "--permits", "3"]),
         start(&["run", "--key", &sem, "--permits", "3"]),

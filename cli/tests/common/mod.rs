@@ -163,3 +163,27 @@ pub fn wait_gone(pid: i32, within: Duration) -> bool {
     }
     false
 }
+
+/// A child process killed (SIGKILL, which ends a stopped one too) and
+/// reaped when dropped, so a failed assertion leaves nothing running.
+pub struct Reaped(pub Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
