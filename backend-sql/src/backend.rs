@@ -302,7 +302,7 @@ impl LockBackend for SqlBackend {
     /// Reads only: a table (or SQLite file) that does not exist yet is not
     /// created, and every key in it reads as free.
     async fn inspect(&self, key: &LockKey) -> Result<LockStatus> {
-        if self.inner.file.as_ref().is_some_and(|f| !f.exists()) {
+        if self.not_made_yet() {
             return Ok(LockStatus::free());
         }
         let hash = key_hash(key);

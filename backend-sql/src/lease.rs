@@ -386,10 +386,16 @@ impl SqlBackend {
         })
     }
 
+    /// An SQLite file not made yet: a reader (`inspect`, `names`) finds
+    /// nothing in it, and must not make it.
+    pub(crate) fn not_made_yet(&self) -> bool {
+        self.inner.file.as_ref().is_some_and(|f| !f.exists())
+    }
+
     /// The names of the rows that have an owner, starting with `prefix`
     /// (none from a table or SQLite file not made yet).
     pub(crate) async fn names(&self, prefix: &str) -> Result<Vec<LockKey>> {
-        if self.inner.file.as_ref().is_some_and(|f| !f.exists()) {
+        if self.not_made_yet() {
             return Ok(Vec::new());
         }
         let dialect = self.inner.config.dialect;

@@ -21,23 +21,14 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{lockwright, output, unique, wait_exit, Reaped};
+use common::{json_of, lockwright, output, unique, wait_exit, Reaped};
 use lockwright_conformance::kit::{servers, with_params};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 /// `status --json` of `key`.
 fn status(dir: &Path, url: &str, key: &str) -> serde_json::Value {
-    let o = output(lockwright(
-        dir,
-        &["status", "--url", url, "--key", key, "--json"],
-    ));
-    assert!(
-        o.status.success(),
-        "{url}: status: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).unwrap()
+    json_of(dir, &["status", "--url", url, "--key", key, "--json"])
 }
 
 /// The ids of `key`'s holders, once `n` hold it (within 20 s).

@@ -19,21 +19,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{lockwright, output, unique, Reaped};
+use common::{json_of, lockwright, output, unique, Reaped};
 use lockwright_conformance::kit::servers;
 
 /// `list --prefix P --json`: each name with its holders' count.
 fn listed(dir: &Path, url: &str, prefix: &str) -> BTreeMap<String, usize> {
-    let o = output(lockwright(
-        dir,
-        &["list", "--url", url, "--prefix", prefix, "--json"],
-    ));
-    assert!(
-        o.status.success(),
-        "{url}: list: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let all: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let all = json_of(dir, &["list", "--url", url, "--prefix", prefix, "--json"]);
     all.as_array()
         .unwrap()
         .iter()

@@ -30,6 +30,17 @@ pub fn run_script(dir: &Path, url: &str, key: &str, script: &str) -> Command {
     )
 }
 
+/// `lockwright ARGS` in `dir`, which must succeed, and the JSON it printed.
+pub fn json_of(dir: &Path, args: &[&str]) -> serde_json::Value {
+    let o = output(lockwright(dir, args));
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
 /// Runs it to the end; what it printed and how it exited.
 pub fn output(mut c: Command) -> Output {
     c.output().expect("lockwright runs")
