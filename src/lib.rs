@@ -52,10 +52,10 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use lockwright_core::{
-    Claim, Election, Error, ErrorKind, FencingToken, Holder, IntoLockKey, Leader, Leadership,
-    Lease, LeaseState, LockGuard, LockKey, LockOptions, LockStatus, Locker, LostReason, MultiGuard,
-    OwnerToken, ReadWriteLock, RenewalFailure, Result, Semaphore, WaitPolicy, MAX_KEY_LEN,
-    MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, OBSERVE_EVERY,
+    Claim, Election, Error, ErrorKind, FencingToken, Holder, HolderInfo, IntoLockKey, Leader,
+    Leadership, Lease, LeaseState, LockGuard, LockKey, LockOptions, LockStatus, Locker, LostReason,
+    MultiGuard, OwnerToken, ReadWriteLock, RenewalFailure, Result, Semaphore, WaitPolicy,
+    MAX_KEY_LEN, MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, OBSERVE_EVERY,
 };
 
 /// The names of the metrics lockwright records (see the README's table).

@@ -3,10 +3,12 @@
 //! of a semaphore or of readers at its head; and each holder's lease left,
 //! as the cluster counts it.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp};
 use lockwright_core::backend::lock_unpoisoned;
+use lockwright_core::identity::{is_record_name, is_tag, RECORD_PREFIX};
 use lockwright_core::{Claim, Holder, LockKey, LockStatus, Result};
 
 use crate::claims;
@@ -40,12 +42,39 @@ impl Inner {
         let rev = first.create_revision();
         let waiters = u32::try_from(count.saturating_sub(1)).unwrap_or(u32::MAX);
         let left = self.lease_left(first.lease()).await?;
+        let tags = self.tags_by_lease(key, &[first.lease()]).await;
         Ok(LockStatus::held(self.holds_of(key, rev))
             .with_id(id_of(&prefix, &first))
+            .with_tag(tags.get(&first.lease()).cloned())
             .with_fence(fence(rev))
             .with_remaining(left)
             .with_waiters(Some(waiters))
             .with_value(Some(first.value().to_vec())))
+    }
+
+    /// The tags of the identity records on `leases`: a locker that
+    /// records who holds keeps its record on its backend's session lease,
+    /// as its holds, so a record's key on a holder's lease names the
+    /// holder's tag. Best effort: a failed read names none.
+    async fn tags_by_lease(&self, key: &LockKey, leases: &[i64]) -> HashMap<i64, String> {
+        if is_record_name(key.as_str()) || leases.iter().all(|l| *l == 0) {
+            return HashMap::new();
+        }
+        let root = &self.node.config.root;
+        let range = names_starting(root, RECORD_PREFIX);
+        let opts = GetOptions::new().with_prefix().with_keys_only();
+        let Ok(got) = self.node.get(&range, Some(opts)).await else {
+            return HashMap::new();
+        };
+        got.kvs()
+            .iter()
+            .filter(|kv| leases.contains(&kv.lease()))
+            .filter_map(|kv| {
+                let name = name_of(root, kv.key_str().ok()?)?;
+                let tag = name.strip_prefix(RECORD_PREFIX)?;
+                is_tag(tag).then(|| (kv.lease(), tag.to_owned()))
+            })
+            .collect()
     }
 
     /// What the cluster says `lease` has left, in whole seconds (as etcd
@@ -73,6 +102,8 @@ impl Inner {
         let lefts =
             futures::future::try_join_all(holding.iter().map(|kv| self.lease_left(kv.lease())))
                 .await?;
+        let leases: Vec<i64> = holding.iter().map(|kv| kv.lease()).collect();
+        let tags = self.tags_by_lease(key, &leases).await;
         let holders = holding
             .iter()
             .zip(lefts)
@@ -80,6 +111,7 @@ impl Inner {
                 let shared = claims::claim_of(kv.value()).is_shared();
                 Holder::new(shared, self.holds_of(key, kv.create_revision()))
                     .with_id(id_of(prefix, kv))
+                    .with_tag(tags.get(&kv.lease()).cloned())
                     .with_fence(fence(kv.create_revision()))
                     .with_remaining(left)
             })

@@ -315,6 +315,7 @@ impl LockBackend for ZkBackend {
             // No owner token: only this process's holds have one to give,
             // and the fence (the node's czxid) tells reigns apart as well.
             return Ok(LockStatus::held(holds)
+                .with_tag(layout::tag_of(first))
                 .with_id(Some(first.clone()))
                 .with_fence(Some(fence_of(stat.czxid)))
                 .with_waiters(Some(waiters))

@@ -218,7 +218,7 @@ pub(crate) async fn wait_lease(
     ticket: &OwnerToken,
     lease: &mut Option<Contender>,
 ) -> LeaseWait {
-    let prefix = layout::contender_prefix(Role::Lease(n));
+    let prefix = layout::contender_prefix(Role::Lease(n), ticket.tag());
     if lease.is_none() {
         let Some(i) = inner.upgrade() else {
             return LeaseWait::Ended;
@@ -298,7 +298,7 @@ impl Inner {
         let key = &hold.key;
         let session = entered.node.session.clone();
         let gate = Undo::node(&entered.node);
-        let prefix = layout::contender_prefix(Role::Lease(n));
+        let prefix = layout::contender_prefix(Role::Lease(n), hold.owner.tag());
         let pending = Undo {
             session: session.clone(),
             path: None,
@@ -389,7 +389,7 @@ impl Inner {
         let (dir, name) = node.path.rsplit_once('/').unwrap_or(("", &node.path));
         let path = format!(
             "{dir}/{}{}",
-            layout::contender_prefix(Role::Reader),
+            layout::contender_prefix(Role::Reader, hold.owner.tag()),
             layout::sequence_of(name)
         );
         let options = CreateMode::Ephemeral.with_acls(self.sessions.acls());

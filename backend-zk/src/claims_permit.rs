@@ -52,7 +52,7 @@ impl Inner {
         let client = &session.client;
         let key_dir = self.dir(key);
         let leases = format!("{key_dir}/{SEM_LEASES}");
-        let prefix = layout::contender_prefix(Role::Lease(n));
+        let prefix = layout::contender_prefix(Role::Lease(n), hold.owner.tag());
         // A lease whose create was answered into silence is found by its
         // prefix and deleted, if the caller goes meanwhile or this fails.
         let pending = Undo {

@@ -167,9 +167,34 @@ const PROTECTED: &str = "_c_";
 /// where Curator, and lockwright before it kept values, draw version 4:
 /// the mark says that the node's data is a value, never an owner token
 /// (see [`value_of`]). Curator takes any UUID (`UUID.fromString`).
-pub(crate) fn contender_prefix(role: Role) -> String {
-    let id = uuid::Builder::from_custom_bytes(uuid::Uuid::new_v4().into_bytes()).into_uuid();
+///
+/// With the `tag` of its owner's identity record
+/// ([`OwnerToken::tag`](lockwright_core::OwnerToken::tag)), the UUID's
+/// first six bytes are the tag ([`tag_of`] reads it back), and the
+/// other 68 bits stay random: the node's name says whose it is, with
+/// nothing written beside it.
+pub(crate) fn contender_prefix(role: Role, tag: Option<&str>) -> String {
+    let mut bytes = uuid::Uuid::new_v4().into_bytes();
+    if let Some(tag) = tag
+        .and_then(|t| hex::decode(t).ok())
+        .filter(|t| t.len() == 6)
+    {
+        bytes[..6].copy_from_slice(&tag);
+    }
+    let id = uuid::Builder::from_custom_bytes(bytes).into_uuid();
     format!("{PROTECTED}{}-{}", id.hyphenated(), role.marker())
+}
+
+/// The identity record's tag a node named by [`contender_prefix`]
+/// carries: its UUID's first six bytes, as hex. A node made without a
+/// tag gives random ones, which name no record; Curator's nodes (version
+/// 4) give none.
+pub(crate) fn tag_of(child: &str) -> Option<String> {
+    if !is_marked(child) {
+        return None;
+    }
+    let id = uuid::Uuid::try_parse(child.get(PROTECTED.len()..PROTECTED.len() + 36)?).ok()?;
+    Some(hex::encode(&id.as_bytes()[..6]))
 }
 
 /// Whether `child` was named by [`contender_prefix`] (a version 8 UUID).
@@ -293,12 +318,12 @@ mod tests {
             seqs,
             ["0000000001", "0000000002", "0000000003", "0000000010"]
         );
-        let p = contender_prefix(Role::Mutex);
+        let p = contender_prefix(Role::Mutex, None);
         assert!(p.starts_with("_c_") && p.ends_with("-lock-") && p.len() == 3 + 36 + 6);
-        assert_ne!(p, contender_prefix(Role::Mutex));
-        let w = contender_prefix(Role::Writer);
+        assert_ne!(p, contender_prefix(Role::Mutex, None));
+        let w = contender_prefix(Role::Writer, None);
         assert!(w.ends_with("-__WRIT__") && is_exclusive_node(&format!("{w}0000000001")));
-        let r = format!("{}0000000002", contender_prefix(Role::Reader));
+        let r = format!("{}0000000002", contender_prefix(Role::Reader, None));
         assert!(!is_exclusive_node(&r) && is_contender(&r) && sequence_of(&r) == "0000000002");
         assert!(!is_contender(SEM_LEASES) && !is_contender(SEM_LOCKS));
         assert!(!is_exclusive_node(SEM_LOCKS));
@@ -314,8 +339,27 @@ mod tests {
     }
 
     #[test]
+    fn a_nodes_name_carries_its_owners_tag() {
+        let tagged = format!(
+            "{}0000000007",
+            contender_prefix(Role::Mutex, Some("0123456789ab"))
+        );
+        assert_eq!(tag_of(&tagged).as_deref(), Some("0123456789ab"));
+        assert!(is_marked(&tagged), "still a version 8 UUID");
+        let a = contender_prefix(Role::Mutex, Some("0123456789ab"));
+        assert_ne!(
+            a,
+            contender_prefix(Role::Mutex, Some("0123456789ab")),
+            "and random"
+        );
+        let curators = "_c_0c8e2a36-5c4d-4d5e-9f1a-2b3c4d5e6f70-lock-0000000007";
+        assert_eq!(tag_of(curators), None);
+        assert_eq!(tag_of("lock-0000000001"), None);
+    }
+
+    #[test]
     fn values_are_read_back_and_tokens_never_are() {
-        let ours = format!("{}0000000007", contender_prefix(Role::Mutex));
+        let ours = format!("{}0000000007", contender_prefix(Role::Mutex, None));
         let curators = "_c_0c8e2a36-5c4d-4d5e-9f1a-2b3c4d5e6f70-lock-0000000007";
         let token = OwnerToken::generate();
         let hex = token.as_str().as_bytes().to_vec();

@@ -92,7 +92,7 @@ impl Inner {
             Role::Lease(_) => (format!("{key_dir}/{SEM_LOCKS}"), Role::Mutex),
             r => (key_dir.clone(), r),
         };
-        let prefix = layout::contender_prefix(queue_role);
+        let prefix = layout::contender_prefix(queue_role, request.owner().tag());
         let acls = self.sessions.acls();
         // The server may reap an empty directory between our mkdir and our
         // create: make it again, a few times.

@@ -93,6 +93,7 @@ impl Inner {
             holders.push(
                 Holder::new(shared, mine.as_ref().map_or(1, |m| m.1))
                     .with_owner(mine.map(|m| m.0))
+                    .with_tag(name.as_deref().and_then(layout::tag_of))
                     .with_id(name)
                     .with_fence(Some(fence_of(stat.czxid))),
             );

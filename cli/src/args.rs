@@ -49,6 +49,10 @@ pub(crate) struct RunArgs {
     /// SIGKILL lands before the lease ends.
     #[arg(long, value_parser = duration)]
     pub(crate) kill_after: Option<Duration>,
+    /// Who this holder is (a pod's or a job's name), shown with its host
+    /// and process id by `status` and `list`: at most 128 bytes, no NUL.
+    #[arg(long, value_parser = parse_label)]
+    pub(crate) label: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     pub(crate) command: Vec<String>,
@@ -90,6 +94,10 @@ pub(crate) struct ElectArgs {
     /// SIGKILL lands before the lease ends.
     #[arg(long, value_parser = duration)]
     pub(crate) kill_after: Option<Duration>,
+    /// Who this holder is (a pod's or a job's name), shown with its host
+    /// and process id by `status` and `list`: at most 128 bytes, no NUL.
+    #[arg(long, value_parser = parse_label)]
+    pub(crate) label: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     pub(crate) command: Vec<String>,
@@ -184,6 +192,12 @@ fn wait_policy(no_wait: bool, wait: Option<WaitPolicy>) -> WaitPolicy {
 }
 
 /// `--wait`'s parser: `none`, `forever` or a duration; the library's message if not.
+fn parse_label(s: &str) -> Result<String, String> {
+    lockwright::HolderInfo::this_process(Some(s))
+        .map(|_| s.to_owned())
+        .map_err(|e| e.message().to_owned())
+}
+
 fn parse_wait(s: &str) -> Result<WaitPolicy, String> {
     s.parse().map_err(|e: Error| e.message().to_owned())
 }

@@ -35,6 +35,7 @@ pub(crate) async fn elect(args: ElectArgs) -> Result<i32> {
         kill_after: args.kill_after,
         command: &args.command,
         wait: args.wait_policy(),
+        label: args.label.as_deref(),
     };
     let ttl = args.ttl;
     let key = args.key.as_str();

@@ -48,6 +48,9 @@ pub(crate) fn line(key: &str, s: &LockStatus) -> String {
             if h.holds > 1 {
                 out.push_str(&format!(" ({} holds)", h.holds));
             }
+            if let Some(who) = &h.who {
+                out.push_str(&format!(", by {who}"));
+            }
             if let Some(f) = h.fence {
                 out.push_str(&format!(", fence {f}"));
             }
@@ -64,8 +67,12 @@ pub(crate) fn line(key: &str, s: &LockStatus) -> String {
             out.push_str(&format!(", 1 of {n} permits"));
         }
         out.push(')');
-        if let Some(id) = s.each_holder().first().and_then(|h| h.id.clone()) {
+        let lone = s.each_holder().into_iter().next();
+        if let Some(id) = lone.as_ref().and_then(|h| h.id.as_ref()) {
             out.push_str(&format!(", holder {id}"));
+        }
+        if let Some(who) = lone.as_ref().and_then(|h| h.who.as_ref()) {
+            out.push_str(&format!(", by {who}"));
         }
         if let Some(f) = s.fence {
             out.push_str(&format!(", fence {f}"));
@@ -127,6 +134,11 @@ pub(crate) fn json(key: &str, s: &LockStatus) -> serde_json::Value {
             "holds": h.holds,
             "fence": h.fence.map(|f| f.0),
             "remaining_ms": h.remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            "who": h.who.as_ref().map(|w| serde_json::json!({
+                "host": w.host,
+                "pid": w.pid,
+                "label": w.label,
+            })),
         })).collect::<Vec<_>>(),
     })
 }
@@ -135,7 +147,7 @@ pub(crate) fn json(key: &str, s: &LockStatus) -> serde_json::Value {
 mod tests {
     use std::time::Duration;
 
-    use lockwright::{FencingToken, Holder, LockStatus};
+    use lockwright::{FencingToken, Holder, HolderInfo, LockStatus};
 
     use super::{json, line};
 
@@ -201,6 +213,21 @@ mod tests {
             "\"backups\": held by 2 of 3 permits\n  permit a1\n  permit b2"
         );
         assert_eq!(json("backups", &two)["holders"][1]["id"], "b2");
+        let who = HolderInfo::this_process(Some("pod \"7\"\nnext")).unwrap();
+        let labelled = LockStatus::of_holders(vec![permit("a1").with_who(Some(who.clone()))]);
+        let shown = line("job", &labelled);
+        assert!(
+            shown.ends_with(&format!(
+                ", holder a1, by pod \\\"7\\\"\\nnext on {} pid {}",
+                who.host,
+                std::process::id()
+            )),
+            "the label is escaped: {shown}"
+        );
+        let j = json("job", &labelled);
+        assert_eq!(j["holders"][0]["who"]["label"], "pod \"7\"\nnext");
+        assert_eq!(j["holders"][0]["who"]["pid"], std::process::id());
+        assert!(json("backups", &two)["holders"][0]["who"].is_null());
         let leader = LockStatus::held(1).with_value(Some(b"node \"1\"\nrm -rf".to_vec()));
         assert_eq!(
             line("lead", &leader),

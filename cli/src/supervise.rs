@@ -119,19 +119,27 @@ pub(crate) struct Spec<'a> {
     pub(crate) command: &'a [String],
     /// How long to wait for the lease, connecting included.
     pub(crate) wait: WaitPolicy,
+    /// `--label`: who the holder says it is, beside its host and pid.
+    pub(crate) label: Option<&'a str>,
 }
 
-/// Connects to `url`; a caller prepared to wait rides out a store that
+/// Connects to `url`, as a locker that records who holds (this host,
+/// this pid, `label`); a caller prepared to wait rides out a store that
 /// cannot be reached yet (a restart, an election) as the acquire itself
 /// does, and reports the last error only when the wait is over. Returns
 /// the locker and what is left of the wait.
-async fn connect_within(url: &str, wait: WaitPolicy) -> Result<(Locker, WaitPolicy)> {
+async fn connect_within(
+    url: &str,
+    wait: WaitPolicy,
+    label: Option<&str>,
+) -> Result<(Locker, WaitPolicy)> {
     const FIRST_PAUSE: Duration = Duration::from_millis(50);
     let start = Instant::now();
     let mut pause = FIRST_PAUSE;
     loop {
         let error = match lockwright::connect(url).await {
             Ok(locker) => {
+                let locker = locker.with_identity(label)?;
                 let left = match wait {
                     WaitPolicy::For(d) => WaitPolicy::For(d.saturating_sub(start.elapsed())),
                     other => other,
@@ -157,6 +165,16 @@ async fn connect_within(url: &str, wait: WaitPolicy) -> Result<(Locker, WaitPoli
         }
         tokio::time::sleep(pause.min(left)).await;
         pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Ends a run that holds no lease (a signal or an error before the
+/// command started): waits for the background clean-ups and gives back
+/// the holder identity record, at most [`SETTLE`] in all, so that a
+/// store that cannot be reached does not hold the exit up.
+async fn give_up(locker: &Locker) {
+    if tokio::time::timeout(SETTLE, locker.close()).await.is_err() {
+        tracing::debug!("the clean-ups did not end in time; the store drops them at their TTL");
     }
 }
 
@@ -192,7 +210,7 @@ where
 {
     let mut signals = Signals::new()?;
     let (locker, wait) = tokio::select! {
-        r = connect_within(spec.url, spec.wait) => r?,
+        r = connect_within(spec.url, spec.wait, spec.label) => r?,
         sig = signals.recv() => {
             die_by_signal_on_exit(sig);
             return Ok(128 + sig as i32);
@@ -214,7 +232,7 @@ where
     let acquired = tokio::select! {
         r = acquire(locker.clone(), wait) => r,
         sig = signals.recv() => {
-            locker.settle(SETTLE).await;
+            give_up(&locker).await;
             die_by_signal_on_exit(sig);
             return Ok(128 + sig as i32);
         }
@@ -222,7 +240,7 @@ where
     let held = match acquired {
         Ok(h) => h,
         Err(e) => {
-            locker.settle(SETTLE).await;
+            give_up(&locker).await;
             return Err(e);
         }
     };
@@ -237,7 +255,7 @@ where
         .is_none_or(|d| d.saturating_duration_since(Instant::now()) < lease.mul_f64(0.9));
     if short {
         if let Err(e) = held.guard().renew().await {
-            locker.settle(SETTLE).await;
+            give_up(&locker).await;
             return Err(e);
         }
     }

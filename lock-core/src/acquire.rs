@@ -16,13 +16,21 @@ use crate::backend::{
 use crate::background::Background;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
-use crate::key::{Claim, LockKey};
+use crate::identity::{is_record_name, record_name, Identity};
+use crate::key::{Claim, LockKey, OwnerToken};
 use crate::lease::{local_deadline, Lease};
 use crate::meter::{self, AcquireMeter, HoldMeter, Labels, Outcome};
 use crate::options::{LockOptions, WaitPolicy};
 use crate::outage::Outage;
 use crate::request::LockRequest;
 use crate::watchdog::Watchdog;
+
+/// The lease of a locker's identity record: renewed every 20 s, it
+/// outlives its locker by at most a minute.
+const RECORD_TTL: Duration = Duration::from_secs(60);
+
+/// The identity record's upkeep, boxed: it runs an acquire inside an acquire.
+type BoxedRecord = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// The shortest sleep between polling attempts.
 const MIN_POLL: Duration = Duration::from_millis(1);
@@ -50,6 +58,8 @@ pub(crate) struct Acquirer {
     pub(crate) store: &'static str,
     /// Metrics carry each lock's name too.
     pub(crate) name_label: bool,
+    /// Who this locker's holders are, when it records it.
+    pub(crate) identity: Option<Arc<Identity>>,
 }
 
 impl Acquirer {
@@ -63,7 +73,65 @@ impl Acquirer {
             background: Background::default(),
             store: "unknown",
             name_label: false,
+            identity: None,
         }
+    }
+
+    /// A token for a new owner: tagged with this locker's identity
+    /// record, when it keeps one.
+    pub(crate) fn draw_owner(&self) -> OwnerToken {
+        match &self.identity {
+            Some(who) => OwnerToken::generate_tagged(&who.tag),
+            None => OwnerToken::generate(),
+        }
+    }
+
+    /// For a locker that records identity: tags an owner drawn for this
+    /// acquire alone (a caller's own owner, `lock_as`, is left as it is),
+    /// and returns the upkeep of the identity record to await first.
+    fn ready_identity(&self, request: &mut LockRequest) -> Option<BoxedRecord> {
+        let who = self.identity.as_ref()?;
+        if is_record_name(request.hold.key.as_str()) {
+            return None;
+        }
+        if request.fresh_owner && request.hold.owner.tag().is_none() {
+            request.hold.owner = OwnerToken::generate_tagged(&who.tag);
+        }
+        Some(self.keep_record(who.clone()))
+    }
+
+    /// Makes sure this locker's identity record is held, before a hold
+    /// that names it is taken: taken at the first hold, and again after
+    /// it was lost. Best effort: a store that cannot keep it (no values)
+    /// is not asked again, and an error leaves the hold without an
+    /// identity, never fails it.
+    fn keep_record(&self, who: Arc<Identity>) -> BoxedRecord {
+        let this = self.clone();
+        Box::pin(async move {
+            let mut record = who.record.lock().await;
+            if record.gave_up || record.guard.as_ref().is_some_and(|g| !g.is_lost()) {
+                return;
+            }
+            record.guard = None;
+            let Some(name) = record_name(&who.tag) else {
+                record.gave_up = true;
+                return;
+            };
+            let request = LockRequest::new(name, None).with_value(who.info.to_record());
+            // Its own TTL, not the locker's: a record outlives no holder by
+            // more than this, and costs a renewal a third of it.
+            let opts = LockOptions::new().no_wait().ttl(RECORD_TTL);
+            match this.acquire(request, &opts).await {
+                Ok(guard) => record.guard = guard,
+                Err(e) => {
+                    record.gave_up = matches!(
+                        e.kind(),
+                        ErrorKind::Unsupported | ErrorKind::InvalidOptions | ErrorKind::Closed
+                    );
+                    tracing::debug!(error = %e, "the holder identity record was not written");
+                }
+            }
+        })
     }
 
     /// The one acquire, waiting as `opts` say: `Ok(None)` only when the
@@ -71,9 +139,12 @@ impl Acquirer {
     /// someone else. Runs in a `lockwright.acquire` span, with its metrics.
     pub(crate) async fn acquire(
         &self,
-        request: LockRequest,
+        mut request: LockRequest,
         opts: &LockOptions,
     ) -> Result<Option<LockGuard>> {
+        if let Some(keep) = self.ready_identity(&mut request) {
+            keep.await;
+        }
         let labels = Labels::new(
             self.store,
             meter::primitive(&request.hold.kind, request.campaign),

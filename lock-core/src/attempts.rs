@@ -102,13 +102,16 @@ impl Attempts {
         background: Background,
         request: LockRequest,
     ) -> Self {
+        // Tagged as the owner is: a ZooKeeper semaphore's waiter makes its
+        // lease node in the ticket's name.
+        let ticket = request.hold.owner.redrawn();
         Attempts {
             backend,
             background,
             hold: request.hold,
             value: request.value,
             fresh_owner: request.fresh_owner,
-            ticket: OwnerToken::generate(),
+            ticket,
             queued: false,
             marked: false,
             may_mark: false,
@@ -158,14 +161,14 @@ impl Attempts {
     pub(crate) fn redraw_owner(&mut self) -> Ride {
         let queue = self.queued || self.marked || self.may_mark;
         let fresh = HoldId {
-            owner: OwnerToken::generate(),
+            owner: self.hold.owner.redrawn(),
             ..self.hold.clone()
         };
         let hold = std::mem::replace(&mut self.hold, fresh);
         let ticket = if queue {
             self.queued = false;
             self.marked = false;
-            std::mem::replace(&mut self.ticket, OwnerToken::generate())
+            std::mem::replace(&mut self.ticket, self.hold.owner.redrawn())
         } else {
             self.ticket.clone()
         };

@@ -155,7 +155,7 @@ impl Election {
         opts: &LockOptions,
     ) -> Result<Option<Leadership>> {
         let value = check_value(value.into())?;
-        let owner = OwnerToken::generate();
+        let owner = self.locker.draw_owner();
         let span = tracing::info_span!("lockwright.campaign", name = %self.key,
             store = self.locker.store_label(), owner = owner.short(),
             outcome = tracing::field::Empty, term = tracing::field::Empty);

@@ -233,6 +233,35 @@ impl OwnerToken {
         OwnerToken { token }
     }
 
+    /// Draws a new token carrying `tag`, the name of its holder's
+    /// identity record ([`HolderInfo`](crate::HolderInfo)):
+    /// `<32 hex>_<tag>`. The 128 random bits still make it unguessable;
+    /// the tag is public. A `tag` that is not 12 hex digits is left out.
+    pub fn generate_tagged(tag: &str) -> Self {
+        let token = Self::generate();
+        if crate::identity::is_tag(tag) {
+            Self::plain(format!("{}_{tag}", token.token))
+        } else {
+            token
+        }
+    }
+
+    /// The identity record's tag this token carries, if it was drawn by
+    /// [`generate_tagged`](Self::generate_tagged).
+    pub fn tag(&self) -> Option<&str> {
+        let (random, tag) = self.token.split_once('_')?;
+        let random_ok = random.len() == 32 && random.bytes().all(|b| b.is_ascii_hexdigit());
+        (random_ok && crate::identity::is_tag(tag)).then_some(tag)
+    }
+
+    /// A new token with this one's tag, if it has one.
+    pub(crate) fn redrawn(&self) -> Self {
+        match self.tag() {
+            Some(tag) => Self::generate_tagged(tag),
+            None => Self::generate(),
+        }
+    }
+
     /// The token as text (32 lowercase hex digits when generated).
     pub fn as_str(&self) -> &str {
         &self.token
@@ -322,5 +351,20 @@ mod tests {
         assert!(OwnerToken::from_string("short").is_err());
         assert!(OwnerToken::from_string("x".repeat(40) + "'").is_err());
         assert!(!format!("{a:?}").contains(a.as_str()));
+    }
+
+    #[test]
+    fn tagged_tokens_carry_their_tag_and_still_parse() {
+        let t = OwnerToken::generate_tagged("0123456789ab");
+        assert_eq!(t.tag(), Some("0123456789ab"));
+        assert_eq!(t.as_str().len(), 45);
+        assert!(OwnerToken::from_string(t.as_str()).is_ok());
+        let again = t.redrawn();
+        assert_ne!(again, t);
+        assert_eq!(again.tag(), t.tag());
+        assert_eq!(OwnerToken::generate().tag(), None);
+        assert_eq!(OwnerToken::generate_tagged("nope").tag(), None);
+        let user = OwnerToken::from_string(format!("{}_0123456789ab", "z".repeat(32))).unwrap();
+        assert_eq!(user.tag(), None);
     }
 }

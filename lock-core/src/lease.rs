@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::identity::HolderInfo;
 use crate::key::FencingToken;
 use crate::key::{LockKey, OwnerToken};
 use crate::request::{HoldId, HoldKind, RenewRequest};
@@ -159,6 +160,13 @@ pub struct LockStatus {
     /// holds (the store's id, or filled from `owner` by
     /// [`without_owners`](Self::without_owners)).
     pub id: Option<String>,
+    /// The tag of the lone holder's identity record, where the store
+    /// keeps it apart from an owner (as [`Holder::tag`]).
+    pub tag: Option<String>,
+    /// Who the lone holder is, as it recorded itself, where it did
+    /// ([`Locker::with_identity`](crate::Locker::with_identity)); filled by
+    /// [`Locker::status`](crate::Locker::status), never by a store.
+    pub who: Option<HolderInfo>,
 }
 
 /// One live holder of a name, in [`LockStatus::holders`].
@@ -183,6 +191,14 @@ pub struct Holder {
     /// Not a secret as the owner token is: it cannot renew, release or
     /// proclaim as the owner; it only names the hold for a forced release.
     pub id: Option<String>,
+    /// The tag naming the holder's identity record, where the store
+    /// keeps it apart from the owner token (ZooKeeper's node name, etcd's
+    /// session); otherwise it is read from the owner
+    /// ([`OwnerToken::tag`]).
+    pub tag: Option<String>,
+    /// Who holds, as it recorded itself, where it did; filled by
+    /// [`Locker::status`](crate::Locker::status), never by a store.
+    pub who: Option<HolderInfo>,
 }
 
 impl Holder {
@@ -195,7 +211,16 @@ impl Holder {
             remaining: None,
             owner: None,
             id: None,
+            tag: None,
+            who: None,
         }
+    }
+
+    /// Sets the tag of its identity record.
+    #[must_use]
+    pub fn with_tag(mut self, tag: Option<String>) -> Self {
+        self.tag = tag;
+        self
     }
 
     /// Sets the name an operator breaks it by.
@@ -241,6 +266,8 @@ impl LockStatus {
             holders: Vec::new(),
             permits: None,
             id: None,
+            tag: None,
+            who: None,
         }
     }
 
@@ -336,6 +363,41 @@ impl LockStatus {
         self
     }
 
+    /// Sets the tag of the lone holder's identity record.
+    #[must_use]
+    pub fn with_tag(mut self, tag: Option<String>) -> Self {
+        self.tag = tag;
+        self
+    }
+
+    /// The tags of every holder's identity record: the store's, else the
+    /// owner token's.
+    pub(crate) fn tags(&self) -> Vec<String> {
+        let mut tags: Vec<String> = self
+            .each_holder()
+            .iter()
+            .filter_map(Holder::record_tag)
+            .collect();
+        tags.sort();
+        tags.dedup();
+        tags
+    }
+
+    /// Fills in who each holder is from `known` (tag to identity).
+    pub(crate) fn with_who(mut self, known: &dyn Fn(&str) -> Option<HolderInfo>) -> Self {
+        let lone = Holder::new(false, self.holds)
+            .with_owner(self.owner.clone())
+            .with_tag(self.tag.clone());
+        self.who = lone.record_tag().and_then(|t| known(&t));
+        for h in &mut self.holders {
+            h.who = h.record_tag().and_then(|t| known(&t));
+        }
+        if self.who.is_none() && self.holders.len() == 1 {
+            self.who = self.holders[0].who.clone();
+        }
+        self
+    }
+
     /// The same status without any owner token, as applications see it:
     /// each holder named instead by its [`id`](Holder::id), which a store
     /// that names none gets from [`holder_id`] of the owner.
@@ -374,7 +436,25 @@ impl LockStatus {
             .with_fence(self.fence)
             .with_remaining(self.remaining)
             .with_owner(self.owner.clone())
-            .with_id(self.id.clone())]
+            .with_id(self.id.clone())
+            .with_tag(self.tag.clone())
+            .with_who(self.who.clone())]
+    }
+}
+
+impl Holder {
+    /// The tag of its identity record: the store's, else its owner's.
+    pub(crate) fn record_tag(&self) -> Option<String> {
+        self.tag
+            .clone()
+            .or_else(|| self.owner.as_ref().and_then(|o| o.tag()).map(str::to_owned))
+    }
+
+    /// Sets who holds.
+    #[must_use]
+    pub fn with_who(mut self, who: Option<HolderInfo>) -> Self {
+        self.who = who;
+        self
     }
 }
 

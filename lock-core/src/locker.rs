@@ -10,6 +10,7 @@ use crate::backend::{Capabilities, LockBackend};
 use crate::election::Election;
 use crate::error::{Error, Result};
 use crate::guard::{LockGuard, MultiGuard};
+use crate::identity::{HolderInfo, Identity};
 use crate::key::{Claim, IntoLockKey, OwnerToken};
 use crate::meter::{self, Labels};
 use crate::options::{LockOptions, WaitPolicy};
@@ -60,6 +61,7 @@ impl fmt::Debug for Locker {
             .field("options", &self.options)
             .field("store", &a.store)
             .field("name_label", &a.name_label)
+            .field("identity", &a.identity)
             .finish()
     }
 }
@@ -98,6 +100,49 @@ impl Locker {
     pub fn with_name_label(mut self, on: bool) -> Self {
         self.acquirer.name_label = on;
         self
+    }
+
+    /// Records who holds each hold this locker takes: this host, this
+    /// process's id and `label` (a pod's name, say), which
+    /// [`status`](Self::status), [`list`](Self::list) and `lockwright
+    /// status` show beside each holder. Off by default: it keeps one more
+    /// lock in the store, the locker's identity record, from its first
+    /// hold until [`close`](Self::close) (or a minute after the process
+    /// ends), renewed every 20 s. Holds taken as a caller's own owner
+    /// ([`lock_as`](Self::lock_as)) carry no identity.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockwright_core::Result<()> {
+    /// # use lockwright_core::{backend::MemoryBackend, Locker};
+    /// let locker = Locker::new(MemoryBackend::new()).with_identity(Some("worker-7"))?;
+    /// let _job = locker.lock("nightly").await?;
+    /// let who = locker.status("nightly").await?.who.expect("recorded");
+    /// assert_eq!(who.label.as_deref(), Some("worker-7"));
+    /// assert_eq!(who.pid, std::process::id());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidOptions`](crate::ErrorKind::InvalidOptions) for a
+    /// label over [`MAX_LABEL_LEN`](crate::identity::MAX_LABEL_LEN) bytes
+    /// or with NUL.
+    pub fn with_identity(mut self, label: Option<&str>) -> Result<Self> {
+        let info = HolderInfo::this_process(label)?;
+        self.acquirer.identity = Some(Identity::new(info));
+        Ok(self)
+    }
+
+    /// Who this locker records as the holder of its holds, if it does.
+    pub fn identity(&self) -> Option<&HolderInfo> {
+        self.acquirer.identity.as_deref().map(|i| &i.info)
+    }
+
+    /// A token for a new owner, tagged with the identity record's name
+    /// when this locker keeps one.
+    pub(crate) fn draw_owner(&self) -> OwnerToken {
+        self.acquirer.draw_owner()
     }
 
     /// Waits, at most `within`, for this locker's clean-ups that run in the

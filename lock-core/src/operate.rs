@@ -3,9 +3,12 @@
 //! ([`list`](Locker::list)), and the forced release of a stuck holder
 //! ([`force_release`](Locker::force_release)). None of it takes a lock.
 
+use std::collections::HashMap;
+
 use futures::stream::{self, StreamExt, TryStreamExt};
 
 use crate::error::Result;
+use crate::identity::{is_record_name, record_name, HolderInfo};
 use crate::key::{IntoLockKey, LockKey};
 use crate::lease::LockStatus;
 use crate::locker::Locker;
@@ -41,7 +44,33 @@ impl Locker {
         // The holder's token is for quorum backends' bookkeeping: whoever
         // has it can release the lock, so applications never see it.
         let status = self.backend().inspect(&key.into_lock_key()?).await?;
-        Ok(status.without_owners())
+        let known = self.identities(&status.tags()).await;
+        Ok(status
+            .with_who(&|tag| known.get(tag).cloned())
+            .without_owners())
+    }
+
+    /// The identity records of `tags`, where they are held: best effort,
+    /// as a record is only what a holder says of itself (a record that
+    /// cannot be read leaves its holders without one).
+    async fn identities(&self, tags: &[String]) -> HashMap<String, HolderInfo> {
+        let wanted: Vec<(String, LockKey)> = tags
+            .iter()
+            .filter_map(|t| Some((t.clone(), record_name(t)?)))
+            .collect();
+        let backend = self.backend().clone();
+        let read = stream::iter(wanted)
+            .map(move |(tag, name)| {
+                let backend = backend.clone();
+                async move {
+                    let status = backend.inspect(&name).await.ok()?;
+                    let info = HolderInfo::from_record(status.value.as_deref()?)?;
+                    status.held.then_some((tag, info))
+                }
+            })
+            .buffer_unordered(LIST_READS);
+        let found: Vec<Option<(String, HolderInfo)>> = read.collect().await;
+        found.into_iter().flatten().collect()
     }
 
     /// Breaks the hold of `key` whose [`id`](crate::Holder::id) is `holder`
@@ -113,16 +142,27 @@ impl Locker {
     /// SQL's session locks); the store's errors.
     pub async fn list(&self, prefix: &str) -> Result<Vec<(LockKey, LockStatus)>> {
         let mut names = self.backend().list(prefix).await?;
-        names.retain(|n| n.as_str().starts_with(prefix));
+        names.retain(|n| n.as_str().starts_with(prefix) && !is_record_name(n.as_str()));
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         names.dedup();
         let read = stream::iter(names)
             .map(|name| async move {
                 let status = self.backend().inspect(&name).await?;
-                Ok::<_, crate::Error>((name, status.without_owners()))
+                Ok::<_, crate::Error>((name, status))
             })
             .buffered(LIST_READS);
         let all: Vec<(LockKey, LockStatus)> = read.try_collect().await?;
-        Ok(all.into_iter().filter(|(_, s)| s.held).collect())
+        let held: Vec<_> = all.into_iter().filter(|(_, s)| s.held).collect();
+        let mut tags: Vec<String> = held.iter().flat_map(|(_, s)| s.tags()).collect();
+        tags.sort();
+        tags.dedup();
+        let known = self.identities(&tags).await;
+        Ok(held
+            .into_iter()
+            .map(|(name, s)| {
+                let s = s.with_who(&|tag| known.get(tag).cloned());
+                (name, s.without_owners())
+            })
+            .collect())
     }
 }

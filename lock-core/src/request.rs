@@ -260,6 +260,12 @@ impl LockRequest {
         self
     }
 
+    /// The same acquire, writing `value` with the grant (not a campaign).
+    pub(crate) fn with_value(mut self, value: Vec<u8>) -> Self {
+        self.value = Some(Arc::from(value));
+        self
+    }
+
     /// The same acquire, an election's campaign advertising `value`.
     pub(crate) fn campaigning(mut self, value: Vec<u8>) -> Self {
         self.value = Some(Arc::from(value));

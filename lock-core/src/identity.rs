@@ -1,0 +1,227 @@
+//! Who holds a lock: the host, process id and optional label a
+//! [`Locker`](crate::Locker) records for its holds when asked
+//! ([`Locker::with_identity`](crate::Locker::with_identity)), so that
+//! `status`, `list` and an operator about to `break` a hold can tell
+//! whose it is.
+//!
+//! No store's hold format has room for it (older clients parse every
+//! field), so it goes beside the holds: one record per locker, a lock
+//! named [`RECORD_PREFIX`] and the locker's tag, whose value is the
+//! identity and which the locker keeps renewed as any other lock. Each
+//! hold carries the tag: in its owner token (`<32 hex>_<12 hex>`) where
+//! the store keeps owners, in the ZooKeeper node's name, and in a key
+//! beside etcd's session lease. A reader looks the tag up; a record that
+//! outlived its locker names no live hold and is never read.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::key::{LockKey, OwnerToken};
+
+/// The longest label accepted, in UTF-8 bytes; a longer one is
+/// `InvalidOptions`, never cut.
+pub const MAX_LABEL_LEN: usize = 128;
+
+/// The longest host name recorded, in UTF-8 bytes: a longer one (none is
+/// longer on Linux) is cut at a character boundary.
+pub const MAX_HOST_LEN: usize = 64;
+
+/// The names of the identity records: this, then the locker's tag. It
+/// starts with the unit separator (U+001F), which no name an application
+/// chooses is expected to, and `list` leaves such names out.
+pub const RECORD_PREFIX: &str = "\u{1f}lockwright/holder/";
+
+/// How many hex digits a tag has (48 bits: room for it in a ZooKeeper
+/// node's UUID beside 68 random bits).
+pub const TAG_LEN: usize = 12;
+
+/// Who holds a lock, as its holder recorded it: the host, the process id
+/// and the label its locker was given. None of it is a secret, and none
+/// of it proves anything: it is what the holder says of itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct HolderInfo {
+    /// The holder's host name (at most [`MAX_HOST_LEN`] bytes).
+    pub host: String,
+    /// The holder's process id.
+    pub pid: u32,
+    /// The label the holder was given (a pod's name, a job's), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
+impl HolderInfo {
+    /// This process: its host name, its id, and `label`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidOptions`](crate::ErrorKind::InvalidOptions) for a
+    /// label over [`MAX_LABEL_LEN`] bytes, or one with NUL.
+    pub fn this_process(label: Option<&str>) -> Result<Self> {
+        if let Some(label) = label {
+            check_label(label)?;
+        }
+        Ok(HolderInfo {
+            host: cut(host_name(), MAX_HOST_LEN),
+            pid: std::process::id(),
+            label: label.map(str::to_owned),
+        })
+    }
+
+    /// The record's bytes: JSON, as a lock's value.
+    pub(crate) fn to_record(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// A record read back, if it is one and within the bounds (a record
+    /// is written by any process, so it is checked as input).
+    pub(crate) fn from_record(record: &[u8]) -> Option<Self> {
+        let info: HolderInfo = serde_json::from_slice(record).ok()?;
+        let label_ok = info.label.as_deref().is_none_or(|l| check_label(l).is_ok());
+        (info.host.len() <= MAX_HOST_LEN && label_ok).then_some(info)
+    }
+}
+
+impl fmt::Display for HolderInfo {
+    /// `label on host pid N`, or `host pid N`; the label and host
+    /// escaped (`\n`, `\"`), as they are whatever the holder said.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(label) = &self.label {
+            write!(f, "{} on ", label.escape_debug())?;
+        }
+        write!(f, "{} pid {}", self.host.escape_debug(), self.pid)
+    }
+}
+
+fn check_label(label: &str) -> Result<()> {
+    if label.len() > MAX_LABEL_LEN {
+        return Err(Error::invalid_options(format!(
+            "a holder's label is at most {MAX_LABEL_LEN} bytes, not {}",
+            label.len()
+        )));
+    }
+    if label.contains('\0') {
+        return Err(Error::invalid_options(
+            "a holder's label cannot contain NUL",
+        ));
+    }
+    Ok(())
+}
+
+/// This host's name: the kernel's, else `HOSTNAME`, else `?`.
+pub(crate) fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn cut(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+/// A fresh tag: [`TAG_LEN`] random hex digits.
+pub(crate) fn draw_tag() -> String {
+    let mut tag = OwnerToken::generate().as_str().to_owned();
+    tag.truncate(TAG_LEN);
+    tag
+}
+
+/// Whether `tag` has a tag's shape.
+pub fn is_tag(tag: &str) -> bool {
+    tag.len() == TAG_LEN && tag.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The name of the identity record of the holders tagged `tag`.
+pub fn record_name(tag: &str) -> Option<LockKey> {
+    LockKey::new(format!("{RECORD_PREFIX}{tag}")).ok()
+}
+
+/// Whether `name` is an identity record's (left out of listings).
+pub fn is_record_name(name: &str) -> bool {
+    name.starts_with(RECORD_PREFIX)
+}
+
+/// What a [`Locker`](crate::Locker) with identity keeps: its tag, the
+/// record's bytes, and the guard of the record while it holds it.
+#[derive(Debug)]
+pub(crate) struct Identity {
+    /// The tag in its holds' owners.
+    pub(crate) tag: String,
+    /// What it says.
+    pub(crate) info: HolderInfo,
+    /// The record's guard; `None` before the first hold, or once the
+    /// store refused it for good (`gave_up`).
+    pub(crate) record: tokio::sync::Mutex<Record>,
+}
+
+/// The state of a locker's identity record.
+#[derive(Debug, Default)]
+pub(crate) struct Record {
+    /// The record's hold, kept renewed.
+    pub(crate) guard: Option<crate::guard::LockGuard>,
+    /// The store cannot keep a record (no values): not asked again.
+    pub(crate) gave_up: bool,
+}
+
+impl Identity {
+    /// A new identity saying `info`, with a fresh tag.
+    pub(crate) fn new(info: HolderInfo) -> Arc<Self> {
+        Arc::new(Identity {
+            tag: draw_tag(),
+            info,
+            record: tokio::sync::Mutex::new(Record::default()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_bounded_and_records_read_back() {
+        let long = "x".repeat(10 * 1024);
+        let e = HolderInfo::this_process(Some(&long)).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidOptions);
+        assert!(HolderInfo::this_process(Some("a\0b")).is_err());
+        let info = HolderInfo::this_process(Some("pod \"7\"\nnext")).unwrap();
+        assert_eq!(
+            HolderInfo::from_record(&info.to_record()),
+            Some(info.clone())
+        );
+        let shown = info.to_string();
+        assert!(shown.starts_with(r#"pod \"7\"\nnext on "#), "{shown}");
+        assert!(!shown.contains('\n'));
+        // A record over the bounds is not believed.
+        let forged = format!(r#"{{"host":"h","pid":1,"label":"{long}"}}"#);
+        assert_eq!(HolderInfo::from_record(forged.as_bytes()), None);
+        assert_eq!(HolderInfo::from_record(b"not json"), None);
+    }
+
+    #[test]
+    fn hosts_are_cut_at_a_character_boundary() {
+        assert_eq!(cut("é".repeat(40), 5), "éé");
+        assert_eq!(cut("abc".into(), 64), "abc");
+    }
+
+    #[test]
+    fn tags_have_their_shape() {
+        let tag = draw_tag();
+        assert!(is_tag(&tag));
+        assert!(!is_tag("ABCDEF012345") && !is_tag("abc"));
+        assert!(is_record_name(record_name(&tag).unwrap().as_str()));
+    }
+}
