@@ -147,6 +147,7 @@ macro_rules! __case_list {
             }
             Listing listing {
                 list_shows_every_held_name_and_changes_nothing,
+                status_and_list_show_who_holds,
             }
         }
     };

@@ -111,3 +111,93 @@ async fn release(
     }
     Ok(())
 }
+
+/// Who holds is shown: a locker that records who it is
+/// ([`Locker::with_identity`]) is named, with its host, pid and label, as
+/// each holder it is, of every kind the store offers, by `status` and by
+/// `list`; a holder that records nothing is named by no one else's
+/// identity. A store that keeps no values cannot keep the record, and
+/// names no one.
+pub async fn status_and_list_show_who_holds(h: &dyn Harness) -> Result<()> {
+    let case = "who_holds";
+    let prefix = key(case, "").as_str().to_owned();
+    let name = |n: &str| key(case, n);
+    let label = "worker \"7\"\nnext";
+    let labelled = Locker::from_arc(h.client().await).with_identity(Some(label))?;
+    let plain = Locker::from_arc(h.client().await);
+    let caps = labelled.capabilities().clone();
+    // (name, how many of its holders are the labelled locker's, how many not)
+    let mut expected: Vec<(LockKey, usize, usize)> = Vec::new();
+    let mut guards: Vec<LockGuard> = Vec::new();
+    guards.push(labelled.lock_with(name("lock"), &long()).await?);
+    expected.push((name("lock"), 1, 0));
+    if caps.permits {
+        guards.push(labelled.semaphore(name("sem"), 3)?.acquire(&long()).await?);
+        guards.push(plain.semaphore(name("sem"), 3)?.acquire(&long()).await?);
+        expected.push((name("sem"), 1, 1));
+    }
+    if caps.shared {
+        guards.push(labelled.rwlock(name("readers"))?.read(&long()).await?);
+        expected.push((name("readers"), 1, 0));
+    }
+    let mut leadership = None;
+    if caps.values {
+        let election = labelled.election(name("leader"))?;
+        leadership = Some(election.campaign("me", &long()).await?);
+        expected.push((name("leader"), 1, 0));
+    }
+    let operator = Locker::from_arc(h.client().await);
+    let listed = if caps.listing {
+        Some(operator.list(&prefix).await?)
+    } else {
+        None
+    };
+    for (n, mine, others) in &expected {
+        let status = operator.status(n.clone()).await?;
+        let mut seen = vec![status];
+        if let Some(listed) = &listed {
+            let Some((_, s)) = listed.iter().find(|(k, _)| k == n) else {
+                bail!("{n:?} is held but not listed");
+            };
+            seen.push(s.clone());
+        }
+        for s in seen {
+            let holders = s.each_holder();
+            let named = holders.iter().filter(|h| h.who.is_some()).count();
+            if !caps.values {
+                ensure!(
+                    named == 0,
+                    "{n:?}: a store without values named a holder: {s:?}"
+                );
+                continue;
+            }
+            ensure!(
+                named == *mine && holders.len() == mine + others,
+                "{n:?}: {mine} of {} holders are the labelled locker's, but {named} were named: {s:?}",
+                mine + others
+            );
+            for who in holders.iter().filter_map(|h| h.who.as_ref()) {
+                ensure!(
+                    who.label.as_deref() == Some(label) && who.pid == std::process::id(),
+                    "{n:?}: a holder is named {who:?}"
+                );
+            }
+        }
+    }
+    if let Some(listed) = &listed {
+        ensure!(
+            listed
+                .iter()
+                .all(|(k, _)| !lockwright_core::identity::is_record_name(k.as_str())),
+            "an identity record was listed as a lock"
+        );
+    }
+    for g in guards {
+        g.release().await?;
+    }
+    if let Some(l) = leadership {
+        l.resign().await?;
+    }
+    labelled.close().await?;
+    Ok(())
+}
