@@ -680,7 +680,7 @@ pub async fn release_by_owner<B: LockBackend + ?Sized>(
         }
         if broke {
             return Err(Error::backend(format!(
-                "holder {holder} of {key} kept taking holds as they were released;                  it still holds"
+                "holder {holder} of {key} kept taking holds as they were released; it still holds"
             )));
         }
     }

@@ -7,7 +7,7 @@
 //! No store's hold format has room for it (older clients parse every
 //! field), so it goes beside the holds: one record per locker, a lock
 //! named [`RECORD_PREFIX`] and the locker's tag, whose value is the
-//! identity and which the locker keeps renewed as any other lock. Each
+//! identity (`host=`, `pid=`, `label=` lines) and which the locker keeps renewed as any other lock. Each
 //! hold carries the tag: in its owner token (`<32 hex>_<12 hex>`) where
 //! the store keeps owners, in the ZooKeeper node's name, and in a key
 //! beside etcd's session lease. A reader looks the tag up; a record that
@@ -70,15 +70,37 @@ impl HolderInfo {
         })
     }
 
-    /// The record's bytes: JSON, as a lock's value.
+    /// The record's bytes, as a lock's value: `host=…`, `pid=…` and
+    /// `label=…` lines, each value with `\` and newlines escaped, so that
+    /// `redis-cli` or `zkCli` shows it readably.
     pub(crate) fn to_record(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
+        let mut out = format!("host={}\npid={}", escape(&self.host), self.pid);
+        if let Some(label) = &self.label {
+            out.push_str(&format!("\nlabel={}", escape(label)));
+        }
+        out.into_bytes()
     }
 
     /// A record read back, if it is one and within the bounds (a record
     /// is written by any process, so it is checked as input).
     pub(crate) fn from_record(record: &[u8]) -> Option<Self> {
-        let info: HolderInfo = serde_json::from_slice(record).ok()?;
+        let text = std::str::from_utf8(record).ok()?;
+        let (mut host, mut pid, mut label) = (None, None, None);
+        for line in text.split('\n') {
+            let (field, value) = line.split_once('=')?;
+            match field {
+                "host" => host = Some(unescape(value)?),
+                "pid" => pid = Some(value.parse().ok()?),
+                "label" => label = Some(unescape(value)?),
+                // A later version's field.
+                _ => {}
+            }
+        }
+        let info = HolderInfo {
+            host: host?,
+            pid: pid?,
+            label,
+        };
         let label_ok = info.label.as_deref().is_none_or(|l| check_label(l).is_ok());
         (info.host.len() <= MAX_HOST_LEN && label_ok).then_some(info)
     }
@@ -108,6 +130,29 @@ fn check_label(label: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// `text` with `\` and newlines escaped (`\\`, `\n`).
+fn escape(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+/// [`escape`] undone; `None` for an escape it never writes.
+fn unescape(text: &str) -> Option<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next()? {
+            '\\' => out.push('\\'),
+            'n' => out.push('\n'),
+            _ => return None,
+        }
+    }
+    Some(out)
 }
 
 /// This host's name: the kernel's, else `HOSTNAME`, else `?`.
@@ -205,10 +250,21 @@ mod tests {
         let shown = info.to_string();
         assert!(shown.starts_with(r#"pod \"7\"\nnext on "#), "{shown}");
         assert!(!shown.contains('\n'));
-        // A record over the bounds is not believed.
-        let forged = format!(r#"{{"host":"h","pid":1,"label":"{long}"}}"#);
+        let record = String::from_utf8(info.to_record()).unwrap();
+        assert!(record.ends_with(r#"label=pod "7"\nnext"#), "{record}");
+        let slashes = HolderInfo::this_process(Some(r"a\n\")).unwrap();
+        assert_eq!(HolderInfo::from_record(&slashes.to_record()), Some(slashes));
+        // A record over the bounds, or not one, is not believed.
+        let forged = format!("host=h\npid=1\nlabel={long}");
         assert_eq!(HolderInfo::from_record(forged.as_bytes()), None);
-        assert_eq!(HolderInfo::from_record(b"not json"), None);
+        assert_eq!(HolderInfo::from_record(b"not a record"), None);
+        assert_eq!(HolderInfo::from_record(b"host=h\npid=x"), None);
+        assert_eq!(HolderInfo::from_record(b"host=h\\q\npid=1"), None);
+        let plain = HolderInfo::from_record(b"host=h\npid=7\nzone=eu").unwrap();
+        assert_eq!(
+            (plain.host.as_str(), plain.pid, plain.label),
+            ("h", 7, None)
+        );
     }
 
     #[test]
