@@ -51,7 +51,7 @@ pub(crate) struct RunArgs {
     pub(crate) kill_after: Option<Duration>,
     /// Who this holder is (a pod's or a job's name), shown with its host
     /// and process id by `status` and `list`: at most 128 bytes, no NUL.
-    #[arg(long, value_parser = parse_label)]
+    #[arg(long)]
     pub(crate) label: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
@@ -96,7 +96,7 @@ pub(crate) struct ElectArgs {
     pub(crate) kill_after: Option<Duration>,
     /// Who this holder is (a pod's or a job's name), shown with its host
     /// and process id by `status` and `list`: at most 128 bytes, no NUL.
-    #[arg(long, value_parser = parse_label)]
+    #[arg(long)]
     pub(crate) label: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
@@ -192,12 +192,6 @@ fn wait_policy(no_wait: bool, wait: Option<WaitPolicy>) -> WaitPolicy {
 }
 
 /// `--wait`'s parser: `none`, `forever` or a duration; the library's message if not.
-fn parse_label(s: &str) -> Result<String, String> {
-    lockwright::HolderInfo::this_process(Some(s))
-        .map(|_| s.to_owned())
-        .map_err(|e| e.message().to_owned())
-}
-
 fn parse_wait(s: &str) -> Result<WaitPolicy, String> {
     s.parse().map_err(|e: Error| e.message().to_owned())
 }

@@ -28,6 +28,7 @@ pub(crate) async fn elect(args: ElectArgs) -> Result<i32> {
             value.len()
         )));
     }
+    supervise::check_label(args.label.as_deref())?;
     let spec = Spec {
         url,
         key: &args.key,

@@ -11,6 +11,7 @@ use crate::supervise::{self, Spec};
 /// `lockwright run`: the command's exit code, or the error that ended it.
 pub(crate) async fn run(args: RunArgs) -> Result<i32> {
     let url = args.store.shared_url()?;
+    supervise::check_label(args.label.as_deref())?;
     let spec = Spec {
         url,
         key: &args.key,

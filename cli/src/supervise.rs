@@ -168,6 +168,12 @@ async fn connect_within(
     }
 }
 
+/// Refuses a `--label` the locker would refuse, before anything is taken
+/// or run (and without echoing it: it may be 10 KiB).
+pub(crate) fn check_label(label: Option<&str>) -> Result<()> {
+    lockwright::HolderInfo::this_process(label).map(drop)
+}
+
 /// Ends a run that holds no lease (a signal or an error before the
 /// command started): waits for the background clean-ups and gives back
 /// the holder identity record, at most [`SETTLE`] in all, so that a
