@@ -73,19 +73,21 @@ enum Command {
     ///
     /// Each holder is shown with its id, the name `break --holder` takes:
     /// the store's own (ZooKeeper's node, etcd's key after the name's
-    /// prefix) or `o` and 16 hex digits of a digest of the owner.
+    /// prefix) or `o` and 16 hex digits of a digest of the owner; and
+    /// with who it is, where it recorded that (`lockwright run` and
+    /// `elect` do): `by LABEL on HOST pid PID`, escaped.
     ///
     /// With --json, `mode` is exclusive, shared or semaphore, `permits` the
-    /// semaphore's N, and `holders` each holder with its `id` (one for a
-    /// lock); with several, the top-level `fence` is the newest holder's
+    /// semaphore's N, and `holders` each holder with its `id` and `who`
+    /// (`host`, `pid`, `label`, or null) (one for a lock); with several, the top-level `fence` is the newest holder's
     /// and `remaining_ms` the longest lease left.
     ///
     /// Exit status: 0 whether the key is held or free; otherwise as for run.
     Status(StatusArgs),
     /// Lists every lock, semaphore, read-write lock and election held under
     /// the URL's namespace whose name starts with --prefix, one `status`
-    /// line each (holders with their ids, fence or term, lease left,
-    /// waiters, a leader's value). Reads only.
+    /// line each (holders with their ids and who they are, fence or term,
+    /// lease left, waiters, a leader's value). Reads only.
     ///
     /// memcached cannot list its keys and SQL's ?mode=session holds no
     /// names (exit 64); ZooKeeper leaves out names over 255 bytes once

@@ -16,7 +16,7 @@ use crate::backend::{
 use crate::background::Background;
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
-use crate::identity::{is_record_name, record_name, Identity};
+use crate::identity::{draw_tag, is_record_name, record_name, HolderInfo};
 use crate::key::{Claim, LockKey, OwnerToken};
 use crate::lease::{local_deadline, Lease};
 use crate::meter::{self, AcquireMeter, HoldMeter, Labels, Outcome};
@@ -24,6 +24,39 @@ use crate::options::{LockOptions, WaitPolicy};
 use crate::outage::Outage;
 use crate::request::LockRequest;
 use crate::watchdog::Watchdog;
+
+/// What a [`Locker`](crate::Locker) with identity keeps: its tag, what
+/// its record says, and the record's guard while it holds it.
+#[derive(Debug)]
+pub(crate) struct Identity {
+    /// The tag in its holds' owners.
+    pub(crate) tag: String,
+    /// What it says.
+    pub(crate) info: HolderInfo,
+    /// The record's guard; `None` before the first hold, or once the
+    /// store refused it for good (`gave_up`).
+    pub(crate) record: tokio::sync::Mutex<Record>,
+}
+
+/// The state of a locker's identity record.
+#[derive(Debug, Default)]
+pub(crate) struct Record {
+    /// The record's hold, kept renewed.
+    pub(crate) guard: Option<LockGuard>,
+    /// The store cannot keep a record (no values): not asked again.
+    pub(crate) gave_up: bool,
+}
+
+impl Identity {
+    /// A new identity saying `info`, with a fresh tag.
+    pub(crate) fn new(info: HolderInfo) -> Arc<Self> {
+        Arc::new(Identity {
+            tag: draw_tag(),
+            info,
+            record: tokio::sync::Mutex::new(Record::default()),
+        })
+    }
+}
 
 /// The lease of a locker's identity record: renewed every 20 s, it
 /// outlives its locker by at most a minute.

@@ -14,7 +14,6 @@
 //! outlived its locker names no live hold and is never read.
 
 use std::fmt;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -36,7 +35,7 @@ pub const RECORD_PREFIX: &str = "\u{1f}lockwright/holder/";
 
 /// How many hex digits a tag has (48 bits: room for it in a ZooKeeper
 /// node's UUID beside 68 random bits).
-pub const TAG_LEN: usize = 12;
+pub const TAG_LEN: usize = crate::key::TAG_LEN;
 
 /// Who holds a lock, as its holder recorded it: the host, the process id
 /// and the label its locker was given. None of it is a secret, and none
@@ -184,9 +183,9 @@ pub(crate) fn draw_tag() -> String {
     tag
 }
 
-/// Whether `tag` has a tag's shape.
+/// Whether `tag` has a tag's shape: [`TAG_LEN`] lowercase hex digits.
 pub fn is_tag(tag: &str) -> bool {
-    tag.len() == TAG_LEN && tag.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    crate::key::is_tag(tag)
 }
 
 /// The name of the identity record of the holders tagged `tag`.
@@ -197,39 +196,6 @@ pub fn record_name(tag: &str) -> Option<LockKey> {
 /// Whether `name` is an identity record's (left out of listings).
 pub fn is_record_name(name: &str) -> bool {
     name.starts_with(RECORD_PREFIX)
-}
-
-/// What a [`Locker`](crate::Locker) with identity keeps: its tag, the
-/// record's bytes, and the guard of the record while it holds it.
-#[derive(Debug)]
-pub(crate) struct Identity {
-    /// The tag in its holds' owners.
-    pub(crate) tag: String,
-    /// What it says.
-    pub(crate) info: HolderInfo,
-    /// The record's guard; `None` before the first hold, or once the
-    /// store refused it for good (`gave_up`).
-    pub(crate) record: tokio::sync::Mutex<Record>,
-}
-
-/// The state of a locker's identity record.
-#[derive(Debug, Default)]
-pub(crate) struct Record {
-    /// The record's hold, kept renewed.
-    pub(crate) guard: Option<crate::guard::LockGuard>,
-    /// The store cannot keep a record (no values): not asked again.
-    pub(crate) gave_up: bool,
-}
-
-impl Identity {
-    /// A new identity saying `info`, with a fresh tag.
-    pub(crate) fn new(info: HolderInfo) -> Arc<Self> {
-        Arc::new(Identity {
-            tag: draw_tag(),
-            info,
-            record: tokio::sync::Mutex::new(Record::default()),
-        })
-    }
 }
 
 #[cfg(test)]

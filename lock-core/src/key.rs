@@ -234,12 +234,12 @@ impl OwnerToken {
     }
 
     /// Draws a new token carrying `tag`, the name of its holder's
-    /// identity record ([`HolderInfo`](crate::HolderInfo)):
+    /// identity record (who holds, as `Locker::with_identity` records it):
     /// `<32 hex>_<tag>`. The 128 random bits still make it unguessable;
     /// the tag is public. A `tag` that is not 12 hex digits is left out.
     pub fn generate_tagged(tag: &str) -> Self {
         let token = Self::generate();
-        if crate::identity::is_tag(tag) {
+        if is_tag(tag) {
             Self::plain(format!("{}_{tag}", token.token))
         } else {
             token
@@ -251,7 +251,7 @@ impl OwnerToken {
     pub fn tag(&self) -> Option<&str> {
         let (random, tag) = self.token.split_once('_')?;
         let random_ok = random.len() == 32 && random.bytes().all(|b| b.is_ascii_hexdigit());
-        (random_ok && crate::identity::is_tag(tag)).then_some(tag)
+        (random_ok && is_tag(tag)).then_some(tag)
     }
 
     /// A new token with this one's tag, if it has one.
@@ -266,6 +266,14 @@ impl OwnerToken {
     pub fn as_str(&self) -> &str {
         &self.token
     }
+}
+
+/// How many hex digits an identity record's tag has.
+pub(crate) const TAG_LEN: usize = 12;
+
+/// Whether `tag` has a tag's shape: [`TAG_LEN`] lowercase hex digits.
+pub(crate) fn is_tag(tag: &str) -> bool {
+    tag.len() == TAG_LEN && tag.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// Checks an advertised value's size.

@@ -5,12 +5,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::acquire::{supports, timeout_error, Acquirer};
+use crate::acquire::{supports, timeout_error, Acquirer, Identity};
 use crate::backend::{Capabilities, LockBackend};
 use crate::election::Election;
 use crate::error::{Error, Result};
 use crate::guard::{LockGuard, MultiGuard};
-use crate::identity::{HolderInfo, Identity};
+use crate::identity::HolderInfo;
 use crate::key::{Claim, IntoLockKey, OwnerToken};
 use crate::meter::{self, Labels};
 use crate::options::{LockOptions, WaitPolicy};
