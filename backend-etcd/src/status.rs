@@ -41,8 +41,13 @@ impl Inner {
         };
         let rev = first.create_revision();
         let waiters = u32::try_from(count.saturating_sub(1)).unwrap_or(u32::MAX);
-        let left = self.lease_left(first.lease()).await?;
-        let tags = self.tags_by_lease(key, &[first.lease()]).await;
+        // Side by side: the record read adds no round trip.
+        let lease = [first.lease()];
+        let (left, tags) = futures::join!(
+            self.lease_left(first.lease()),
+            self.tags_by_lease(key, &lease)
+        );
+        let left = left?;
         Ok(LockStatus::held(self.holds_of(key, rev))
             .with_id(id_of(&prefix, &first))
             .with_tag(tags.get(&first.lease()).cloned())
@@ -55,7 +60,8 @@ impl Inner {
     /// The tags of the identity records on `leases`: a locker that
     /// records who holds keeps its record on its backend's session lease,
     /// as its holds, so a record's key on a holder's lease names the
-    /// holder's tag. Best effort: a failed read names none.
+    /// holder's tag. Best effort: a failed read names none, and a lease
+    /// with two records (two lockers sharing one backend) names neither.
     async fn tags_by_lease(&self, key: &LockKey, leases: &[i64]) -> HashMap<i64, String> {
         if is_record_name(key.as_str()) || leases.iter().all(|l| *l == 0) {
             return HashMap::new();
@@ -66,14 +72,25 @@ impl Inner {
         let Ok(got) = self.node.get(&range, Some(opts)).await else {
             return HashMap::new();
         };
-        got.kvs()
-            .iter()
-            .filter(|kv| leases.contains(&kv.lease()))
-            .filter_map(|kv| {
-                let name = name_of(root, kv.key_str().ok()?)?;
-                let tag = name.strip_prefix(RECORD_PREFIX)?;
-                is_tag(tag).then(|| (kv.lease(), tag.to_owned()))
-            })
+        let mut tags: HashMap<i64, Option<String>> = HashMap::new();
+        for kv in got.kvs().iter().filter(|kv| leases.contains(&kv.lease())) {
+            let Some(tag) = kv
+                .key_str()
+                .ok()
+                .and_then(|k| name_of(root, k))
+                .and_then(|n| n.strip_prefix(RECORD_PREFIX).map(str::to_owned))
+                .filter(|t| is_tag(t))
+            else {
+                continue;
+            };
+            // Two lockers on one backend share its lease: whose hold it
+            // is cannot be told, so neither is named.
+            tags.entry(kv.lease())
+                .and_modify(|seen| *seen = None)
+                .or_insert(Some(tag));
+        }
+        tags.into_iter()
+            .filter_map(|(lease, tag)| Some((lease, tag?)))
             .collect()
     }
 
@@ -99,11 +116,12 @@ impl Inner {
         let got = self.node.get(prefix, Some(read)).await?;
         let line = got.kvs();
         let holding = claims::holders(line);
-        let lefts =
-            futures::future::try_join_all(holding.iter().map(|kv| self.lease_left(kv.lease())))
-                .await?;
         let leases: Vec<i64> = holding.iter().map(|kv| kv.lease()).collect();
-        let tags = self.tags_by_lease(key, &leases).await;
+        let (lefts, tags) = futures::join!(
+            futures::future::try_join_all(leases.iter().map(|l| self.lease_left(*l))),
+            self.tags_by_lease(key, &leases)
+        );
+        let lefts = lefts?;
         let holders = holding
             .iter()
             .zip(lefts)

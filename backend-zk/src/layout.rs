@@ -170,9 +170,9 @@ const PROTECTED: &str = "_c_";
 ///
 /// With the `tag` of its owner's identity record
 /// ([`OwnerToken::tag`](lockwright_core::OwnerToken::tag)), the UUID's
-/// first six bytes are the tag ([`tag_of`] reads it back), and the
-/// other 68 bits stay random: the node's name says whose it is, with
-/// nothing written beside it.
+/// first six bytes are the tag ([`tag_of`] reads it back) and its eighth
+/// is [`TAGGED`], and the other 60 bits stay random: the node's name says
+/// whose it is, with nothing written beside it.
 pub(crate) fn contender_prefix(role: Role, tag: Option<&str>) -> String {
     let mut bytes = uuid::Uuid::new_v4().into_bytes();
     if let Some(tag) = tag
@@ -180,21 +180,27 @@ pub(crate) fn contender_prefix(role: Role, tag: Option<&str>) -> String {
         .filter(|t| t.len() == 6)
     {
         bytes[..6].copy_from_slice(&tag);
+        bytes[7] = TAGGED;
     }
     let id = uuid::Builder::from_custom_bytes(bytes).into_uuid();
     format!("{PROTECTED}{}-{}", id.hyphenated(), role.marker())
 }
 
+/// The eighth byte of a tagged node's UUID (the seventh holds its
+/// version): a node made without a tag has it by chance once in 256,
+/// and then names a record nobody holds.
+const TAGGED: u8 = 0x1d;
+
 /// The identity record's tag a node named by [`contender_prefix`]
 /// carries: its UUID's first six bytes, as hex. A node made without a
-/// tag gives random ones, which name no record; Curator's nodes (version
-/// 4) give none.
+/// tag gives none, nor do Curator's nodes (version 4).
 pub(crate) fn tag_of(child: &str) -> Option<String> {
     if !is_marked(child) {
         return None;
     }
     let id = uuid::Uuid::try_parse(child.get(PROTECTED.len()..PROTECTED.len() + 36)?).ok()?;
-    Some(hex::encode(&id.as_bytes()[..6]))
+    let bytes = id.as_bytes();
+    (bytes[7] == TAGGED).then(|| hex::encode(&bytes[..6]))
 }
 
 /// Whether `child` was named by [`contender_prefix`] (a version 8 UUID).
@@ -355,6 +361,14 @@ mod tests {
         let curators = "_c_0c8e2a36-5c4d-4d5e-9f1a-2b3c4d5e6f70-lock-0000000007";
         assert_eq!(tag_of(curators), None);
         assert_eq!(tag_of("lock-0000000001"), None);
+        let untagged = (0..64)
+            .map(|_| format!("{}0000000001", contender_prefix(Role::Mutex, None)))
+            .filter(|n| tag_of(n).is_some())
+            .count();
+        assert!(
+            untagged < 8,
+            "{untagged} of 64 untagged nodes read as tagged"
+        );
     }
 
     #[test]

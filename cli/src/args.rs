@@ -50,7 +50,8 @@ pub(crate) struct RunArgs {
     #[arg(long, value_parser = duration)]
     pub(crate) kill_after: Option<Duration>,
     /// Who this holder is (a pod's or a job's name), shown with its host
-    /// and process id by `status` and `list`: at most 128 bytes, no NUL.
+    /// and process id by `status` and `list`: at most 128 bytes, no control
+    /// characters but newline and tab.
     #[arg(long)]
     pub(crate) label: Option<String>,
     /// The command and its arguments.
@@ -95,7 +96,8 @@ pub(crate) struct ElectArgs {
     #[arg(long, value_parser = duration)]
     pub(crate) kill_after: Option<Duration>,
     /// Who this holder is (a pod's or a job's name), shown with its host
-    /// and process id by `status` and `list`: at most 128 bytes, no NUL.
+    /// and process id by `status` and `list`: at most 128 bytes, no control
+    /// characters but newline and tab.
     #[arg(long)]
     pub(crate) label: Option<String>,
     /// The command and its arguments.

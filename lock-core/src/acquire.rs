@@ -33,18 +33,20 @@ pub(crate) struct Identity {
     pub(crate) tag: String,
     /// What it says.
     pub(crate) info: HolderInfo,
-    /// The record's guard; `None` before the first hold, or once the
-    /// store refused it for good (`gave_up`).
+    /// The record's state, its guard among it.
     pub(crate) record: tokio::sync::Mutex<Record>,
 }
 
 /// The state of a locker's identity record.
 #[derive(Debug, Default)]
 pub(crate) struct Record {
-    /// The record's hold, kept renewed.
+    /// The record's hold, kept renewed; `None` before the first hold.
     pub(crate) guard: Option<LockGuard>,
-    /// The store cannot keep a record (no values): not asked again.
+    /// The store cannot keep a record (no values, or it refused the
+    /// record's options), or the locker is closed: not asked again.
     pub(crate) gave_up: bool,
+    /// After a failed attempt: not before then.
+    pub(crate) retry_at: Option<Instant>,
 }
 
 impl Identity {
@@ -61,6 +63,10 @@ impl Identity {
 /// The lease of a locker's identity record: renewed every 20 s, it
 /// outlives its locker by at most a minute.
 const RECORD_TTL: Duration = Duration::from_secs(60);
+
+/// How long after a failed attempt at the identity record the next
+/// acquire tries again.
+const RECORD_RETRY: Duration = Duration::from_secs(10);
 
 /// The identity record's upkeep, boxed: it runs an acquire inside an acquire.
 type BoxedRecord = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
@@ -135,14 +141,25 @@ impl Acquirer {
 
     /// Makes sure this locker's identity record is held, before a hold
     /// that names it is taken: taken at the first hold, and again after
-    /// it was lost. Best effort: a store that cannot keep it (no values)
-    /// is not asked again, and an error leaves the hold without an
-    /// identity, never fails it.
+    /// it was lost. Best effort, and never in an acquire's way for long:
+    /// an acquire that finds another taking it goes on without waiting; a
+    /// store that cannot keep it (no values) is not asked; after a failed
+    /// attempt the next waits [`RECORD_RETRY`]. An error leaves the hold
+    /// without an identity, never fails it.
     fn keep_record(&self, who: Arc<Identity>) -> BoxedRecord {
         let this = self.clone();
         Box::pin(async move {
-            let mut record = who.record.lock().await;
-            if record.gave_up || record.guard.as_ref().is_some_and(|g| !g.is_lost()) {
+            let Ok(mut record) = who.record.try_lock() else {
+                return;
+            };
+            if !this.caps.values {
+                // Nowhere to keep what it says (SQL's session locks): a
+                // record without a value would only hold a connection.
+                record.gave_up = true;
+            }
+            let held = record.guard.as_ref().is_some_and(|g| !g.is_lost());
+            let resting = record.retry_at.is_some_and(|t| Instant::now() < t);
+            if record.gave_up || held || resting {
                 return;
             }
             record.guard = None;
@@ -155,8 +172,15 @@ impl Acquirer {
             // more than this, and costs a renewal a third of it.
             let opts = LockOptions::new().no_wait().ttl(RECORD_TTL);
             match this.acquire(request, &opts).await {
-                Ok(guard) => record.guard = guard,
+                Ok(Some(guard)) => {
+                    record.guard = Some(guard);
+                    record.retry_at = None;
+                }
+                // Still held by this locker's record lost here (a pause):
+                // free again within its TTL.
+                Ok(None) => record.retry_at = Some(Instant::now() + RECORD_RETRY),
                 Err(e) => {
+                    record.retry_at = Some(Instant::now() + RECORD_RETRY);
                     record.gave_up = matches!(
                         e.kind(),
                         ErrorKind::Unsupported | ErrorKind::InvalidOptions | ErrorKind::Closed
@@ -182,7 +206,8 @@ impl Acquirer {
             self.store,
             meter::primitive(&request.hold.kind, request.campaign),
             &request.hold.key,
-            self.name_label,
+            // An identity record's name is random: never a series of its own.
+            self.name_label && !is_record_name(request.hold.key.as_str()),
         );
         let span = tracing::info_span!(
             "lockwright.acquire",

@@ -57,7 +57,8 @@ impl HolderInfo {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidOptions`](crate::ErrorKind::InvalidOptions) for a
-    /// label over [`MAX_LABEL_LEN`] bytes, or one with NUL.
+    /// label over [`MAX_LABEL_LEN`] bytes, or one with a control character
+    /// but newline and tab.
     pub fn this_process(label: Option<&str>) -> Result<Self> {
         if let Some(label) = label {
             check_label(label)?;
@@ -86,7 +87,10 @@ impl HolderInfo {
         let text = std::str::from_utf8(record).ok()?;
         let (mut host, mut pid, mut label) = (None, None, None);
         for line in text.split('\n') {
-            let (field, value) = line.split_once('=')?;
+            // A later version's line of another shape.
+            let Some((field, value)) = line.split_once('=') else {
+                continue;
+            };
             match field {
                 "host" => host = Some(unescape(value)?),
                 "pid" => pid = Some(value.parse().ok()?),
@@ -123,9 +127,15 @@ fn check_label(label: &str) -> Result<()> {
             label.len()
         )));
     }
-    if label.contains('\0') {
+    // A newline or a tab is shown escaped; other control characters
+    // (NUL, ESC, a carriage return) would reach an operator's terminal as
+    // they are when a store's own tool shows the record.
+    if label
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
         return Err(Error::invalid_options(
-            "a holder's label cannot contain NUL",
+            "a holder's label cannot contain control characters but newline and tab",
         ));
     }
     Ok(())
@@ -208,6 +218,9 @@ mod tests {
         let e = HolderInfo::this_process(Some(&long)).unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::InvalidOptions);
         assert!(HolderInfo::this_process(Some("a\0b")).is_err());
+        assert!(HolderInfo::this_process(Some("red \u{1b}[31m")).is_err());
+        assert!(HolderInfo::this_process(Some("a\rb")).is_err());
+        assert!(HolderInfo::this_process(Some("tab\there")).is_ok());
         let info = HolderInfo::this_process(Some("pod \"7\"\nnext")).unwrap();
         assert_eq!(
             HolderInfo::from_record(&info.to_record()),
@@ -224,6 +237,11 @@ mod tests {
         let forged = format!("host=h\npid=1\nlabel={long}");
         assert_eq!(HolderInfo::from_record(forged.as_bytes()), None);
         assert_eq!(HolderInfo::from_record(b"not a record"), None);
+        assert!(HolderInfo::from_record(b"host=h\npid=1\n").is_some());
+        assert_eq!(
+            HolderInfo::from_record(b"host=h\npid=1\nlabel=\x1b[31m"),
+            None
+        );
         assert_eq!(HolderInfo::from_record(b"host=h\npid=x"), None);
         assert_eq!(HolderInfo::from_record(b"host=h\\q\npid=1"), None);
         let plain = HolderInfo::from_record(b"host=h\npid=7\nzone=eu").unwrap();

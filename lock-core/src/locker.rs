@@ -108,8 +108,9 @@ impl Locker {
     /// status` show beside each holder. Off by default: it keeps one more
     /// lock in the store, the locker's identity record, from its first
     /// hold until [`close`](Self::close) (or a minute after the process
-    /// ends), renewed every 20 s. Holds taken as a caller's own owner
-    /// ([`lock_as`](Self::lock_as)) carry no identity.
+    /// ends), renewed every 20 s. A hold taken as a caller's own owner
+    /// ([`lock_as`](Self::lock_as)) is named only if that owner was drawn
+    /// by a locker with identity (a guard's [`owner`](LockGuard::owner)).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -126,8 +127,8 @@ impl Locker {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidOptions`](crate::ErrorKind::InvalidOptions) for a
-    /// label over [`MAX_LABEL_LEN`](crate::identity::MAX_LABEL_LEN) bytes
-    /// or with NUL.
+    /// label over [`MAX_LABEL_LEN`](crate::identity::MAX_LABEL_LEN) bytes,
+    /// or with a control character but newline and tab.
     pub fn with_identity(mut self, label: Option<&str>) -> Result<Self> {
         let info = HolderInfo::this_process(label)?;
         self.acquirer.identity = Some(Identity::new(info));
