@@ -24,12 +24,7 @@ fn breaker() -> String {
         .ok()
         .filter(|u| !u.is_empty())
         .unwrap_or_else(|| "?".to_owned());
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "?".to_owned());
+    let host = crate::identity::host_name();
     let uid = uid().unwrap_or_else(|| "?".to_owned());
     format!("{user}@{host} uid {uid} pid {}", std::process::id())
 }
