@@ -322,22 +322,21 @@ impl Inner {
         let step = step.map_err(map_err)?;
         match step {
             Step::Granted => {
-                // The gate goes before the grant is told. Its delete is
-                // sent now and not waited for: the server answers our
-                // session's requests in order, so our next acquire finds
-                // it gone, and another client that meets it meanwhile
-                // meets an acquire in progress, as it would a round trip
-                // earlier (a waiter is woken by the delete).
+                // The gate goes before the grant is told, as a queued
+                // waiter's does: another client's attempt that starts
+                // after this acquire returned must not meet its gate and
+                // be turned away with permits free (a stop of CI caught a
+                // `try_acquire` refused so when the delete was not waited
+                // for). A delete whose answer is lost is finished in the
+                // background; our own next request is served after it.
                 gate.disarm();
                 let node = entered.node;
                 let sent = node.session.client.delete(&node.path, None);
-                tokio::spawn(async move {
-                    if let Err(e) = sent.await {
-                        if is_transient(&e) {
-                            delete_surely(node.session, node.path).await;
-                        }
+                if let Err(e) = node.session.call(sent).await {
+                    if is_transient(&e) {
+                        tokio::spawn(delete_surely(node.session, node.path));
                     }
-                });
+                }
                 if let Some(u) = undo_lease {
                     u.disarm();
                 }

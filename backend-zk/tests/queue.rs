@@ -239,6 +239,56 @@ async fn a_permit_never_passes_a_waiter_at_the_gate() {
     first.release(&holder).await.unwrap();
 }
 
+/// A semaphore's grant taken at its gate (a new semaphore's first permit
+/// is) leaves the gate empty before it is told: a look right after finds
+/// no node there, and another client's `try_acquire` right after is
+/// granted a free permit, not turned away by a gate node whose delete is
+/// still in flight. Many fresh names, as the race is a short one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_grant_at_the_gate_leaves_it_empty_before_it_is_told() {
+    use lockwright_core::Claim;
+    let hosts = server_hosts();
+    let root = root("gate-empty");
+    let (first, second) = (backend(&hosts, &root), backend(&hosts, &root));
+    let raw = raw_client(&hosts).await;
+    let ttl = Duration::from_secs(30);
+    for i in 0..40 {
+        let name = format!("s{i}");
+        let key = LockKey::new(&name).unwrap();
+        let permit = || {
+            let kind = HoldKind::of_claim(Claim::Exclusive { permits: 2 });
+            HoldId::new(key.clone(), OwnerToken::generate(), kind)
+        };
+        let (a, b) = (permit(), permit());
+        let got = first
+            .try_acquire(&AcquireRequest::new(a.clone(), ttl))
+            .await
+            .unwrap();
+        assert!(matches!(got, Acquire::Acquired(_)), "{name}: {got:?}");
+        let gate = format!("{root}/{}/locks", internals::dir_name(&name, false));
+        let at_gate = match raw.list_children(&gate).await {
+            Ok(c) => c,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => panic!("list {gate}: {e}"),
+        };
+        assert_eq!(
+            at_gate,
+            Vec::<String>::new(),
+            "{name}: the gate after a grant"
+        );
+        let got = second
+            .try_acquire(&AcquireRequest::new(b.clone(), ttl))
+            .await
+            .unwrap();
+        assert!(
+            matches!(got, Acquire::Acquired(_)),
+            "{name}: a try right after another client's grant, one permit of 2 free: {got:?}"
+        );
+        second.release(&b).await.unwrap();
+        first.release(&a).await.unwrap();
+    }
+}
+
 /// `status` of a semaphore: its first N leases hold, and a client waiting
 /// at the gate (its lease one past them, in Curator's layout) is a waiter,
 /// never one more holder.
