@@ -327,15 +327,14 @@ impl Inner {
                 // after this acquire returned must not meet its gate and
                 // be turned away with permits free (a stop of CI caught a
                 // `try_acquire` refused so when the delete was not waited
-                // for). A delete whose answer is lost is finished in the
-                // background; our own next request is served after it.
-                gate.disarm();
-                let node = entered.node;
-                let sent = node.session.client.delete(&node.path, None);
-                if let Err(e) = node.session.call(sent).await {
-                    if is_transient(&e) {
-                        tokio::spawn(delete_surely(node.session, node.path));
-                    }
+                // for). The gate stays armed meanwhile: a delete whose
+                // answer is lost, or an acquire cancelled while it waits,
+                // leaves its delete to the background, as the lease's undo
+                // does for the lease.
+                let sent = session.client.delete(&entered.node.path, None);
+                match session.call(sent).await {
+                    Err(e) if is_transient(&e) => drop(gate),
+                    _ => gate.disarm(),
                 }
                 if let Some(u) = undo_lease {
                     u.disarm();
