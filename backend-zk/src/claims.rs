@@ -21,7 +21,7 @@ use lockwright_core::{Claim, Error, LockKey, OwnerToken, Result};
 use zookeeper_client::{CreateMode, Error as ZkError, OneshotWatcher};
 
 use crate::cleanup::{delete_surely, find_and_delete, RETRY_PAUSE};
-use crate::error::{is_transient, map_err};
+use crate::error::{is_session_over, is_transient, map_err};
 use crate::layout::{self, Role, SEM_LEASES};
 use crate::node::{Contender, Session};
 use crate::state::{Entered, Inner};
@@ -325,15 +325,25 @@ impl Inner {
                 // The gate goes before the grant is told, as a queued
                 // waiter's does: another client's attempt that starts
                 // after this acquire returned must not meet its gate and
-                // be turned away with permits free (a stop of CI caught a
+                // be turned away with permits free (a CI run caught a
                 // `try_acquire` refused so when the delete was not waited
                 // for). The gate stays armed meanwhile: a delete whose
                 // answer is lost, or an acquire cancelled while it waits,
                 // leaves its delete to the background, as the lease's undo
-                // does for the lease.
+                // does for the lease. A session that ended meanwhile took
+                // the lease with it: no grant is told for it.
                 let sent = session.client.delete(&entered.node.path, None);
                 match session.call(sent).await {
                     Err(e) if is_transient(&e) => drop(gate),
+                    Err(e) if is_session_over(&e) => {
+                        gate.disarm();
+                        if let Some(u) = undo_lease {
+                            u.disarm();
+                        }
+                        return Err(Error::unavailable(
+                            "the ZooKeeper session ended while taking a semaphore's lease",
+                        ));
+                    }
                     _ => gate.disarm(),
                 }
                 if let Some(u) = undo_lease {

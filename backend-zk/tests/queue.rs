@@ -175,22 +175,24 @@ async fn a_waiter_watches_the_node_just_before_its_own() {
     }
 }
 
+/// A hold of one permit of 2 on `key`, by a fresh owner.
+fn permit_of_2(key: &LockKey) -> HoldId {
+    let kind = HoldKind::of_claim(lockwright_core::Claim::Exclusive { permits: 2 });
+    HoldId::new(key.clone(), OwnerToken::generate(), kind)
+}
+
 /// A semaphore's permit is taken without the gate only while nobody is at
 /// it: with a permit free but a Java waiter at the gate (Curator keeps a
 /// waiting lease only there), an attempt goes to the gate, behind it, and
 /// its own lease goes at once; it is granted once the gate is clear.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_permit_never_passes_a_waiter_at_the_gate() {
-    use lockwright_core::Claim;
     let hosts = server_hosts();
     let root = root("gate");
     let (first, second) = (backend(&hosts, &root), backend(&hosts, &root));
     let raw = raw_client(&hosts).await;
     let key = LockKey::new("s").unwrap();
-    let permit = || {
-        let kind = HoldKind::of_claim(Claim::Exclusive { permits: 2 });
-        HoldId::new(key.clone(), OwnerToken::generate(), kind)
-    };
+    let permit = || permit_of_2(&key);
     let ttl = Duration::from_secs(30);
     let attempt = |hold: &HoldId| AcquireRequest::new(hold.clone(), ttl);
     let holder = permit();
@@ -246,7 +248,6 @@ async fn a_permit_never_passes_a_waiter_at_the_gate() {
 /// still in flight. Many fresh names, as the race is a short one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_grant_at_the_gate_leaves_it_empty_before_it_is_told() {
-    use lockwright_core::Claim;
     let hosts = server_hosts();
     let root = root("gate-empty");
     let (first, second) = (backend(&hosts, &root), backend(&hosts, &root));
@@ -255,11 +256,7 @@ async fn a_grant_at_the_gate_leaves_it_empty_before_it_is_told() {
     for i in 0..40 {
         let name = format!("s{i}");
         let key = LockKey::new(&name).unwrap();
-        let permit = || {
-            let kind = HoldKind::of_claim(Claim::Exclusive { permits: 2 });
-            HoldId::new(key.clone(), OwnerToken::generate(), kind)
-        };
-        let (a, b) = (permit(), permit());
+        let (a, b) = (permit_of_2(&key), permit_of_2(&key));
         let got = first
             .try_acquire(&AcquireRequest::new(a.clone(), ttl))
             .await
