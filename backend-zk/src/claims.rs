@@ -195,6 +195,12 @@ pub(crate) fn other_kind(key: &LockKey, n: u32, others: &[String]) -> Option<Err
     judge(key, Claim::Exclusive { permits: n }, found).err()
 }
 
+/// The error of an attempt whose session ended while it took its lease:
+/// the lease went with the session, so no grant is told.
+fn lease_session_ended() -> Error {
+    Error::unavailable("the ZooKeeper session ended while taking a semaphore's lease")
+}
+
 /// How a semaphore's queued waiter's wait at its gate ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LeaseWait {
@@ -340,9 +346,7 @@ impl Inner {
                         if let Some(u) = undo_lease {
                             u.disarm();
                         }
-                        return Err(Error::unavailable(
-                            "the ZooKeeper session ended while taking a semaphore's lease",
-                        ));
+                        return Err(lease_session_ended());
                     }
                     _ => gate.disarm(),
                 }
@@ -373,9 +377,7 @@ impl Inner {
                 entered.leave().await;
                 Err(e)
             }
-            Step::Gone => Err(Error::unavailable(
-                "the ZooKeeper session ended while taking a semaphore's lease",
-            )),
+            Step::Gone => Err(lease_session_ended()),
         }
     }
 
