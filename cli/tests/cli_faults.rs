@@ -710,6 +710,12 @@ mod on_redis {
         let a_err = stderr_of(&mut a);
         assert_eq!(a_code, 70, "A: {a_err}");
         assert_ends_lost(&a_err, &[NOT_HELD]);
+        // The holder's identity record was forgotten too: bookkeeping,
+        // whose loss the lock's own lines already tell.
+        assert!(
+            !a_err.contains("lockwright/holder/"),
+            "the identity record shows in:\n{a_err}"
+        );
         assert!(
             noticed < Duration::from_secs(10),
             "the holder ran on {noticed:?} after the restart: it waited for its renewal\n{a_err}"

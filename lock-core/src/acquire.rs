@@ -125,6 +125,17 @@ impl Acquirer {
         }
     }
 
+    /// For [`Locker::close`](crate::Locker::close): the identity record's
+    /// guard, taken out so that close gives it back itself (a lost one
+    /// too, which dropped later would be released after close returned),
+    /// and the record never taken again. `None` when there is none, or
+    /// while an acquire takes it (closing makes that acquire fail).
+    pub(crate) fn take_record(&self) -> Option<LockGuard> {
+        let mut record = self.identity.as_ref()?.record.try_lock().ok()?;
+        record.gave_up = true;
+        record.guard.take()
+    }
+
     /// For a locker that records identity: tags an owner drawn for this
     /// acquire alone (a caller's own owner, `lock_as`, is left as it is),
     /// and returns the upkeep of the identity record to await first.

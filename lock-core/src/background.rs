@@ -46,6 +46,12 @@ impl Background {
         true
     }
 
+    /// How many clean-ups are pending now.
+    #[cfg(test)]
+    pub(crate) fn pending(&self) -> usize {
+        self.0.pending.load(Ordering::Acquire)
+    }
+
     /// Waits until no clean-up is pending, or `within` has passed.
     pub(crate) async fn settle(&self, within: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + within;

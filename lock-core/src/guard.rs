@@ -351,6 +351,12 @@ impl LockGuard {
 }
 
 impl LockGuard {
+    /// Its entry in the watchdog, for tests that feed it a renewal's outcome.
+    #[cfg(test)]
+    pub(crate) fn watch_id(&self) -> u64 {
+        self.id
+    }
+
     /// Stops tracking the hold and ends its meter: as lost if its deadline
     /// passed unseen (a stalled process), as ended otherwise.
     fn end_hold(&self) {
@@ -440,7 +446,7 @@ fn spawn_release(
     let spawned = background.spawn(async move {
         if let Err(e) = backend.release(&hold).await {
             meter.labels().store_error(e.kind());
-            tracing::warn!(key = %hold.key, error = %e.chain(), "background release failed; the lock frees at its TTL");
+            hold_event!(hold.key, error = %e.chain(), "background release failed; the lock frees at its TTL");
         }
     });
     if !spawned {

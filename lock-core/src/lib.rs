@@ -14,6 +14,19 @@
 //! with [`MemoryBackend`](backend::MemoryBackend), the in-process
 //! reference implementation.
 
+/// Logs a hold's event at WARN, or at DEBUG when the hold is a locker's
+/// identity record: the record is bookkeeping, and the lock it stands
+/// beside says the same thing in its own line.
+macro_rules! hold_event {
+    ($key:expr, $($rest:tt)+) => {
+        if $crate::identity::is_record_name($key.as_str()) {
+            tracing::debug!(key = %$key, $($rest)+)
+        } else {
+            tracing::warn!(key = %$key, $($rest)+)
+        }
+    };
+}
+
 mod acquire;
 mod attempts;
 mod audit;

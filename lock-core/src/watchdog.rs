@@ -351,7 +351,10 @@ impl Watchdog {
             Ok(Renew::Renewed) if e.deadline <= Instant::now() => {
                 // Too late: the guard has read as lost since its deadline
                 // (`LeaseState::at`), and a lost lock stays lost.
-                tracing::warn!(key = %e.request.hold.key, "lock lost: renewed only after its deadline");
+                hold_event!(
+                    e.request.hold.key,
+                    "lock lost: renewed only after its deadline"
+                );
                 e.tx.send_replace(LeaseState::Lost(LostReason::Expired));
                 e.meter.lost(LostReason::Expired);
                 st.entries.remove(&id);
@@ -377,7 +380,10 @@ impl Watchdog {
                 None
             }
             Ok(Renew::NotHeld) => {
-                tracing::warn!(key = %e.request.hold.key, "lock lost: the store says it is no longer held");
+                hold_event!(
+                    e.request.hold.key,
+                    "lock lost: the store says it is no longer held"
+                );
                 e.tx.send_replace(LeaseState::Lost(LostReason::NotHeld));
                 e.meter.lost(LostReason::NotHeld);
                 st.entries.remove(&id);
@@ -400,7 +406,7 @@ impl Watchdog {
                 };
                 e.failures = e.failures.saturating_add(1);
                 e.failed_at = Some(now);
-                tracing::warn!(key = %e.request.hold.key, error = %err.chain(),
+                hold_event!(e.request.hold.key, error = %err.chain(),
                     retry_in = ?retry, "lock renewal failed; retrying");
                 e.next_renew = now + retry;
                 (!e.hooks.is_empty()).then(|| {
@@ -516,7 +522,10 @@ impl Watchdog {
         let mut st = self.lock();
         st.entries.retain(|_, e| {
             if e.deadline <= now {
-                tracing::warn!(key = %e.request.hold.key, "lock lost: not renewed before its deadline");
+                hold_event!(
+                    e.request.hold.key,
+                    "lock lost: not renewed before its deadline"
+                );
                 e.tx.send_replace(LeaseState::Lost(LostReason::Expired));
                 e.meter.lost(LostReason::Expired);
                 false
