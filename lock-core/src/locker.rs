@@ -491,26 +491,11 @@ mod tests {
             .unwrap();
         let job = locker.lock("job").await.unwrap();
         let who = locker.acquirer.identity.clone().unwrap();
-        let id = who
-            .record
-            .try_lock()
-            .unwrap()
-            .guard
-            .as_ref()
-            .unwrap()
-            .watch_id();
-        locker
-            .acquirer
-            .watchdog
-            .renewed(id, Instant::now(), Renew::NotHeld);
-        assert!(who
-            .record
-            .try_lock()
-            .unwrap()
-            .guard
-            .as_ref()
-            .unwrap()
-            .is_lost());
+        let record = || who.record.try_lock().unwrap();
+        let id = record().guard.as_ref().unwrap().watch_id();
+        let watchdog = &locker.acquirer.watchdog;
+        watchdog.renewed(id, Instant::now(), Renew::NotHeld);
+        assert!(record().guard.as_ref().unwrap().is_lost());
         let background = locker.acquirer.background.clone();
         locker.close().await.unwrap();
         drop(job);
