@@ -25,6 +25,7 @@ use crate::lease::{LeaseState, LockStatus, LostReason};
 use crate::locker::Locker;
 use crate::options::LockOptions;
 use crate::request::LockRequest;
+use crate::scoped;
 
 /// How often [`Election::observe`] reads the leader when nothing sooner is
 /// due. A reign whose lease runs out is read again when it does, so an
@@ -187,6 +188,46 @@ impl Election {
         // every first grant, a hand-off from a fair queue included (the
         // contract; the conformance cases read it back after a hand-off).
         Ok(Some(Leadership { guard, value }))
+    }
+
+    /// Campaigns with `opts` advertising `value`, runs `work` as the leader
+    /// and resigns, awaited, before returning `work`'s output: the next
+    /// candidate may lead the moment this returns. Leadership lost while
+    /// the work runs stops the work (at its next await) and answers
+    /// `Err(Lost)`; a panic resigns first, then goes on. The work gets the
+    /// [`Leadership`] to read its term or [`proclaim`](Leadership::proclaim)
+    /// a new value.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockwright_core::Result<()> {
+    /// use lockwright_core::{backend::MemoryBackend, LockOptions, Locker};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let election = locker.election("scheduler")?;
+    /// let term = election
+    ///     .while_leading("node-a", &LockOptions::new(), async |leading| {
+    ///         // ... schedule the jobs, with leading.term() as the fence ...
+    ///         leading.term()
+    ///     })
+    ///     .await?;
+    /// assert!(term.is_some());
+    /// assert!(election.leader().await?.is_none(), "resigned on return");
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`campaign`](Self::campaign) while campaigning; then as
+    /// [`Locker::with_lock`](crate::Locker::with_lock).
+    pub async fn while_leading<T>(
+        &self,
+        value: impl Into<Vec<u8>>,
+        opts: &LockOptions,
+        work: impl AsyncFnOnce(&mut Leadership) -> T,
+    ) -> Result<T> {
+        let leading = self.campaign(value, opts).await?;
+        scoped::run_under(leading, work).await
     }
 
     /// Who leads now, read from the store without changing anything; `None`

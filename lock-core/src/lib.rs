@@ -51,6 +51,7 @@ mod permits;
 mod quorum;
 mod redact;
 mod request;
+mod scoped;
 mod sync;
 mod tls;
 mod url;

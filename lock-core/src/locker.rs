@@ -17,6 +17,7 @@ use crate::options::{LockOptions, WaitPolicy};
 use crate::permits::{ReadWriteLock, Semaphore};
 use crate::request::HoldKind;
 use crate::request::LockRequest;
+use crate::scoped;
 
 /// How long [`Locker::close`] waits for background clean-ups.
 const CLOSE_PATIENCE: Duration = Duration::from_secs(5);
@@ -340,6 +341,62 @@ impl Locker {
             .ok_or_else(|| timeout_error(&key, opts.wait))
     }
 
+    /// Takes `key` with the default options, runs `work` under it and
+    /// gives it back, awaited, before returning `work`'s output: the name
+    /// is free for the next claimant the moment this returns, whether the
+    /// work ended, returned an error of its own or panicked (the panic goes
+    /// on after the release). No guard is left to drop and no
+    /// [`close`](Self::close) is needed for it.
+    ///
+    /// If the lock is lost while the work runs, the work is stopped at its
+    /// next await point and the answer is `Err(Lost)`: act on the
+    /// protected resource only through awaits, or check
+    /// [`LockGuard::is_lost`] between steps that do not await.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockwright_core::Result<()> {
+    /// use lockwright_core::{backend::MemoryBackend, Locker};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let charged = locker
+    ///     .with_lock("order-1138", async |guard| {
+    ///         // ... charge the card, passing guard.fence() along ...
+    ///         guard.fence().is_some()
+    ///     })
+    ///     .await?;
+    /// assert!(charged);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock) while taking it; `Lost` if the lock was lost
+    /// while the work ran or was found gone at the release.
+    pub async fn with_lock<T>(
+        &self,
+        key: impl IntoLockKey,
+        work: impl AsyncFnOnce(&LockGuard) -> T,
+    ) -> Result<T> {
+        let opts = self.options.clone();
+        self.with_lock_with(key, &opts, work).await
+    }
+
+    /// [`with_lock`](Self::with_lock), taking the lock with `opts`.
+    ///
+    /// # Errors
+    /// As [`lock_with`](Self::lock_with) while taking it; then as
+    /// [`with_lock`](Self::with_lock).
+    pub async fn with_lock_with<T>(
+        &self,
+        key: impl IntoLockKey,
+        opts: &LockOptions,
+        work: impl AsyncFnOnce(&LockGuard) -> T,
+    ) -> Result<T> {
+        let guard = self.lock_with(key, opts).await?;
+        scoped::run_under(guard, async move |g: &mut LockGuard| work(g).await).await
+    }
+
     /// The election named `name`: its leader is whoever holds that key
     /// (see [`Election`]).
     ///
@@ -472,6 +529,15 @@ impl Locker {
             }
         }
         Ok(held)
+    }
+}
+
+impl Locker {
+    /// Background clean-ups not yet finished, for tests that check a
+    /// release was awaited rather than left to a task.
+    #[cfg(test)]
+    pub(crate) fn background_pending(&self) -> usize {
+        self.acquirer.background.pending()
     }
 }
 

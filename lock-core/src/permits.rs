@@ -21,6 +21,7 @@ use crate::locker::Locker;
 use crate::options::LockOptions;
 use crate::request::HoldKind;
 use crate::request::LockRequest;
+use crate::scoped;
 
 /// At most N holders of a name at once, on the store's clock. Made by
 /// [`Locker::semaphore`].
@@ -118,6 +119,20 @@ impl Semaphore {
         )
         .await?;
         required(&self.key, held, opts)
+    }
+
+    /// Takes a permit with `opts`, runs `work` under it and gives it back,
+    /// awaited, before returning: as [`Locker::with_lock`] does for a mutex.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire) while taking it; then as [`Locker::with_lock`].
+    pub async fn with_permit<T>(
+        &self,
+        opts: &LockOptions,
+        work: impl AsyncFnOnce(&LockGuard) -> T,
+    ) -> Result<T> {
+        let permit = self.acquire(opts).await?;
+        scoped::run_under(permit, async move |g: &mut LockGuard| work(g).await).await
     }
 
     /// Who holds permits now, as the store says (see [`Locker::status`]).
@@ -241,6 +256,34 @@ impl ReadWriteLock {
     pub async fn write_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
         let held = take(&self.locker, &self.key, HoldKind::Writer, Some(owner), opts).await?;
         required(&self.key, held, opts)
+    }
+
+    /// Takes a read hold with `opts`, runs `work` under it and gives it
+    /// back, awaited, before returning: as [`Locker::with_lock`] does for a mutex.
+    ///
+    /// # Errors
+    /// As [`read`](Self::read) while taking it; then as [`Locker::with_lock`].
+    pub async fn with_read<T>(
+        &self,
+        opts: &LockOptions,
+        work: impl AsyncFnOnce(&LockGuard) -> T,
+    ) -> Result<T> {
+        let reader = self.read(opts).await?;
+        scoped::run_under(reader, async move |g: &mut LockGuard| work(g).await).await
+    }
+
+    /// Takes the write hold with `opts`, runs `work` under it and gives it
+    /// back, awaited, before returning: as [`Locker::with_lock`] does for a mutex.
+    ///
+    /// # Errors
+    /// As [`write`](Self::write) while taking it; then as [`Locker::with_lock`].
+    pub async fn with_write<T>(
+        &self,
+        opts: &LockOptions,
+        work: impl AsyncFnOnce(&LockGuard) -> T,
+    ) -> Result<T> {
+        let writer = self.write(opts).await?;
+        scoped::run_under(writer, async move |g: &mut LockGuard| work(g).await).await
     }
 
     /// Turns a write hold into a read hold without a moment unlocked: a
