@@ -149,6 +149,10 @@ macro_rules! __case_list {
                 list_shows_every_held_name_and_changes_nothing,
                 status_and_list_show_who_holds,
             }
+            Scoped scoped {
+                scoped_work_frees_the_name_before_it_returns,
+                scoped_work_is_stopped_when_its_hold_is_broken,
+            }
         }
     };
 }

@@ -29,6 +29,7 @@ pub mod ownership;
 pub mod permits;
 pub mod reentrancy;
 pub mod renewal;
+pub mod scoped;
 pub mod status;
 pub mod store_state;
 pub mod waiting;
@@ -75,6 +76,8 @@ pub enum Rule {
     Breaking,
     /// [`listing`]: an operator's listing shows every name held, and changes nothing.
     Listing,
+    /// [`scoped`]: scoped work gives its hold back before it returns, and stops when it is lost.
+    Scoped,
 }
 
 impl Rule {
@@ -100,6 +103,7 @@ impl Rule {
             Rule::ClaimRules => "claim_rules",
             Rule::Breaking => "breaking",
             Rule::Listing => "listing",
+            Rule::Scoped => "scoped",
         }
     }
 }
@@ -313,6 +317,6 @@ mod tests {
                 seen.push(case.rule);
             }
         }
-        assert_eq!(seen.len(), 19);
+        assert_eq!(seen.len(), 20);
     }
 }
