@@ -569,3 +569,17 @@ impl Leadership {
         self.guard.release().await
     }
 }
+
+impl scoped::Hold for Leadership {
+    fn when_lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        self.lost()
+    }
+
+    fn name(&self) -> &LockKey {
+        self.guard.key()
+    }
+
+    fn give_back(self) -> impl Future<Output = Result<()>> + Send {
+        self.resign()
+    }
+}

@@ -13,6 +13,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::key::{FencingToken, LockKey, OwnerToken};
 use crate::lease::{wait_lost, Lease, LeaseState, LostReason};
 use crate::meter::HoldMeter;
+use crate::scoped::Hold;
 use crate::watchdog::{RenewalFailure, Watchdog};
 
 /// Proof that a lock is held. While it lives the watchdog renews the lease
@@ -371,6 +372,20 @@ impl LockGuard {
     /// [`Locker::close`](crate::Locker::close) released this lock already.
     fn closed(&self) -> bool {
         matches!(*self.state.borrow(), LeaseState::Lost(LostReason::Closed))
+    }
+}
+
+impl Hold for LockGuard {
+    fn when_lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        self.lost()
+    }
+
+    fn name(&self) -> &LockKey {
+        self.key()
+    }
+
+    fn give_back(self) -> impl Future<Output = Result<()>> + Send {
+        self.release()
     }
 }
 

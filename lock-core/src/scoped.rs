@@ -10,13 +10,12 @@ use std::panic::AssertUnwindSafe;
 
 use futures::FutureExt;
 
-use crate::election::Leadership;
 use crate::error::{Error, ErrorKind, Result};
-use crate::guard::LockGuard;
 use crate::key::LockKey;
 use crate::lease::LostReason;
 
-/// A hold that scoped work runs under: a lock guard, or a leadership.
+/// A hold that scoped work runs under: a lock guard (its impl is in
+/// `guard.rs`), or a leadership (in `election.rs`).
 pub(crate) trait Hold: Send {
     /// Completes when the hold is lost; never while it is held.
     fn when_lost(&self) -> impl Future<Output = LostReason> + Send + 'static;
@@ -24,34 +23,6 @@ pub(crate) trait Hold: Send {
     fn name(&self) -> &LockKey;
     /// Gives the hold back and says what the store said.
     fn give_back(self) -> impl Future<Output = Result<()>> + Send;
-}
-
-impl Hold for LockGuard {
-    fn when_lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        self.lost()
-    }
-
-    fn name(&self) -> &LockKey {
-        self.key()
-    }
-
-    fn give_back(self) -> impl Future<Output = Result<()>> + Send {
-        self.release()
-    }
-}
-
-impl Hold for Leadership {
-    fn when_lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        self.lost()
-    }
-
-    fn name(&self) -> &LockKey {
-        self.guard().key()
-    }
-
-    fn give_back(self) -> impl Future<Output = Result<()>> + Send {
-        self.resign()
-    }
 }
 
 /// Runs `work` under `hold`, then gives the hold back and awaits that.
