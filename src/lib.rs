@@ -16,19 +16,17 @@
 //! let opts = LockOptions::new()
 //!     .ttl(Duration::from_secs(10))
 //!     .wait_for(Duration::from_secs(5));
-//! let guard = locker.lock_with("charge-card/order-42", &opts).await?;
-//! // Hand the fencing token to the resource so a stale holder is refused.
-//! let fence = guard.fence();
-//! tokio::select! {
-//!     _ = async { /* the critical section */ } => {}
-//!     reason = guard.lost() => eprintln!("lock lost ({reason:?}); stop touching the resource"),
-//! }
-//! // After a loss the release says `Lost`: report it, it is not an outage.
-//! if let Err(e) = guard.release().await {
-//!     eprintln!("{e}");
-//! }
-//! locker.close().await?;
-//! # let _ = fence;
+//! // Runs the work under the lock, stops it if the lock is lost (the
+//! // answer is then `Err(Lost)`), and gives the lock back before returning.
+//! let charged = locker
+//!     .with_lock_with("charge-card/order-42", &opts, async |guard| {
+//!         // Hand the fencing token to the resource so a stale holder is refused.
+//!         let _fence = guard.fence();
+//!         // ... the critical section ...
+//!         true
+//!     })
+//!     .await?;
+//! # assert!(charged);
 //! # Ok(())
 //! # }
 //! ```
