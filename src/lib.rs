@@ -52,7 +52,7 @@
 pub use lockwright_core::{
     Claim, Election, Error, ErrorKind, FencingToken, Holder, HolderInfo, IntoLockKey, Leader,
     Leadership, Lease, LeaseState, LockGuard, LockKey, LockOptions, LockStatus, Locker, LostReason,
-    MultiGuard, OwnerToken, ReadWriteLock, RenewalFailure, Result, Semaphore, WaitPolicy,
+    MultiGuard, OwnerToken, Permits, ReadWriteLock, RenewalFailure, Result, Semaphore, WaitPolicy,
     MAX_KEY_LEN, MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, OBSERVE_EVERY,
 };
 

@@ -137,6 +137,7 @@ macro_rules! __case_list {
                 writer_downgrades_reader_never_upgrades,
                 abandoned_permit_acquire_leaves_nothing,
                 permit_state_is_bounded,
+                available_counts_the_permits_held_and_free,
             }
             ClaimRules claim_rules {
                 claims_answer_as_the_model_does,

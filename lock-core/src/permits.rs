@@ -135,6 +135,41 @@ impl Semaphore {
         scoped::run_under(permit, async move |g: &mut LockGuard| work(g).await).await
     }
 
+    /// How many of the permits are held and how many are free now, as
+    /// the store says (Redisson's `availablePermits`). A snapshot, like
+    /// [`status`](Self::status): a permit counted free may be taken before
+    /// this caller asks for it; [`try_acquire`](Self::try_acquire) is the
+    /// only way to have one. Each holder counts once, however many times
+    /// it re-entered.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockwright_core::Result<()> {
+    /// use lockwright_core::{backend::MemoryBackend, LockOptions, Locker};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let exports = locker.semaphore("exports", 3)?;
+    /// let one = exports.acquire(&LockOptions::new()).await?;
+    /// let now = exports.available().await?;
+    /// assert_eq!((now.held, now.free), (1, 2));
+    /// one.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Locker::status`].
+    pub async fn available(&self) -> Result<Permits> {
+        let status = self.status().await?;
+        let held = u32::try_from(status.holder_count()).unwrap_or(u32::MAX);
+        // Holders that asked for another number keep the store's count.
+        let permits = status.permits.filter(|_| held > 0).unwrap_or(self.permits());
+        Ok(Permits {
+            held,
+            free: permits.saturating_sub(held),
+        })
+    }
+
     /// Who holds permits now, as the store says (see [`Locker::status`]).
     ///
     /// # Errors
@@ -142,6 +177,16 @@ impl Semaphore {
     pub async fn status(&self) -> Result<LockStatus> {
         self.locker.status(&self.key).await
     }
+}
+
+/// A semaphore's permits held and free, from [`Semaphore::available`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Permits {
+    /// Permits held now: one per holder.
+    pub held: u32,
+    /// Permits no one holds now.
+    pub free: u32,
 }
 
 /// Any number of readers or one writer. Made by [`Locker::rwlock`].

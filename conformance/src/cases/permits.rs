@@ -671,6 +671,50 @@ pub async fn abandoned_permit_acquire_leaves_nothing(h: &dyn Harness) -> Result<
     }
 }
 
+/// A semaphore's count of permits held and free follows its holders:
+/// none held, two of three held by two clients (one of them re-entered,
+/// still counted once), one given back.
+pub async fn available_counts_the_permits_held_and_free(h: &dyn Harness) -> Result<()> {
+    let k = key("available_counts_the_permits", "k");
+    let Some(reader) = semaphore(h, &k, 3).await? else {
+        return Ok(());
+    };
+    let count = async || -> Result<(u32, u32)> {
+        let p = reader.available().await?;
+        Ok((p.held, p.free))
+    };
+    ensure!(
+        count().await? == (0, 3),
+        "no permit held, but available says {:?}",
+        count().await?
+    );
+    let (Some(a), Some(b)) = (semaphore(h, &k, 3).await?, semaphore(h, &k, 3).await?) else {
+        bail!("a store with permits refused a second semaphore");
+    };
+    let first = a.acquire(&long()).await?;
+    let again = a.acquire_as(&long(), first.owner()).await?;
+    let second = b.acquire(&long()).await?;
+    let now = count().await?;
+    ensure!(
+        now == (2, 1),
+        "two holders of three permits, one re-entered, but available says {now:?}"
+    );
+    second.release().await?;
+    let now = count().await?;
+    ensure!(
+        now == (1, 2),
+        "one holder of three permits left, but available says {now:?}"
+    );
+    again.release().await?;
+    first.release().await?;
+    let now = count().await?;
+    ensure!(
+        now == (0, 3),
+        "every permit given back, but available says {now:?}"
+    );
+    Ok(())
+}
+
 /// Semaphores and read-write locks taken once each and released, or left
 /// to expire, leave no state behind beyond the store's stated retention,
 /// writers that gave up waiting included.
