@@ -52,8 +52,8 @@
 pub use lockwright_core::{
     Claim, Election, Error, ErrorKind, FencingToken, Holder, HolderInfo, IntoLockKey, Leader,
     Leadership, Lease, LeaseState, LockGuard, LockKey, LockOptions, LockStatus, Locker, LostReason,
-    MultiGuard, OwnerToken, Permits, ReadWriteLock, RenewalFailure, Result, Semaphore, WaitPolicy,
-    MAX_KEY_LEN, MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, OBSERVE_EVERY,
+    LostSignal, MultiGuard, OwnerToken, Permits, ReadWriteLock, RenewalFailure, Result, Semaphore,
+    WaitPolicy, MAX_KEY_LEN, MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, OBSERVE_EVERY,
 };
 
 /// The names of the metrics lockwright records (see the README's table).
@@ -94,9 +94,6 @@ pub use lockwright_etcd as etcd;
 /// The ZooKeeper backend (Curator-compatible locks).
 #[cfg(feature = "zookeeper")]
 pub use lockwright_zk as zookeeper;
-
-/// The store used when no URL is given: an SQLite file in the working directory.
-pub const DEFAULT_URL: &str = "sqlite://lockwright.db";
 
 /// Opens a [`Locker`] on the store a URL names (see [`backend::open`]) and
 /// checks the store before returning: reachable, credentials accepted, the

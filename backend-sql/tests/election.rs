@@ -329,7 +329,7 @@ async fn a_leader_that_lost_its_lease_cannot_proclaim(s: &Store) {
         .await
         .unwrap();
     let err = old.proclaim("stale").await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
     let leader = election.leader().await.unwrap().expect("new leads");
     assert_eq!(leader.value, b"new");
     new.resign().await.unwrap();

@@ -254,7 +254,7 @@ fn uuid_v4_text() -> String {
 /// nobody), and the former leader's proclaim is refused, by the backend as
 /// by its `Leadership`, and writes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_session_loss_ends_the_reign_and_proclaim_after_it_is_not_held() {
+async fn a_session_loss_ends_the_reign_and_proclaim_after_it_is_lost() {
     let hosts = server_hosts();
     let root = root("session-loss");
     for with_successor in [false, true] {
@@ -315,7 +315,7 @@ async fn a_session_loss_ends_the_reign_and_proclaim_after_it_is_not_held() {
             .proclaim("stale")
             .await
             .expect_err("a former leader proclaimed");
-        assert_eq!(e.kind(), ErrorKind::NotHeld, "{e}");
+        assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
         let after = b.inspect(&key).await.unwrap();
         assert_eq!(after.value, status.value, "the former leader wrote a value");
         if let Some(task) = successor {

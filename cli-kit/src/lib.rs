@@ -4,7 +4,7 @@
 //! they read options, report figures and end the process the same way.
 //! Not a stable API: the command is the product.
 //!
-//! This file: the `--url` option and duration options. `timing` is the
+//! This file: the `--url` option and its default, and duration options. `timing` is the
 //! hand-off timing, `exit` the exit codes and the signal to end by; the
 //! files use nothing of each other.
 
@@ -16,13 +16,16 @@ use lockwright::Error;
 pub mod exit;
 pub mod timing;
 
+/// The store used when no URL is given: an SQLite file in the working directory.
+pub const DEFAULT_URL: &str = "sqlite://lockwright.db";
+
 // No `///` on the struct: clap would take it as the description of every
 // subcommand that flattens it.
 #[allow(missing_docs)]
 #[derive(Args, Debug, Clone)]
 pub struct StoreArgs {
     /// Store URL; defaults to $LOCKWRIGHT_URL, else an SQLite file lockwright.db here.
-    #[arg(long, env = "LOCKWRIGHT_URL", default_value = lockwright::DEFAULT_URL, hide_env_values = true)]
+    #[arg(long, env = "LOCKWRIGHT_URL", default_value = DEFAULT_URL, hide_env_values = true)]
     pub url: String,
 }
 

@@ -4,7 +4,7 @@
 //!
 //! This file: the subcommands, and how the process ends: its exit code
 //! (sysexits.h values, so scripts can tell "busy" from "broken"; errors map
-//! by [`lockwright::ErrorKind::exit_code`]) or the signal it ends by. The
+//! by [`lockwright_cli_kit::exit::exit_code`]) or the signal it ends by. The
 //! codes and the one "end by this signal" flag are `lockwright_cli_kit::exit`,
 //! which `check` shares; the subcommands' options are `args.rs`.
 //!
@@ -179,9 +179,9 @@ enum Command {
 }
 
 /// The exit status for an error that ends the command: the one table,
-/// [`lockwright::ErrorKind::exit_code`].
+/// [`lockwright_cli_kit::exit::exit_code`].
 fn exit_code(e: &Error) -> i32 {
-    e.kind().exit_code()
+    lockwright_cli_kit::exit::exit_code(e.kind())
 }
 
 /// `-v`/`RUST_LOG`: watchdog retries, lost-lock reasons and acquire events

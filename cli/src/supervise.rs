@@ -151,7 +151,8 @@ async fn connect_within(
         let left = match wait {
             WaitPolicy::NoWait => Duration::ZERO,
             WaitPolicy::For(d) => d.saturating_sub(start.elapsed()),
-            WaitPolicy::Forever => Duration::MAX,
+            // Forever, and any policy added later: keep trying.
+            _ => Duration::MAX,
         };
         if error.kind() != ErrorKind::Unavailable || left.is_zero() {
             return Err(error);
@@ -320,8 +321,8 @@ impl Ended {
 fn reason_of(guard: &LockGuard) -> Option<LostReason> {
     match guard.state() {
         lockwright::LeaseState::Lost(r) => Some(r),
-        // Released is not seen here: this is asked before the release.
-        lockwright::LeaseState::Held { .. } | lockwright::LeaseState::Released => None,
+        // Held; or released, which is not seen here: this is asked before the release.
+        _ => None,
     }
 }
 
@@ -705,6 +706,7 @@ fn describe(reason: LostReason) -> &'static str {
         LostReason::Expired => "not renewed before its deadline",
         LostReason::NotHeld => "the store says it is no longer held",
         LostReason::Closed => "its locker was closed",
+        _ => "the lock was lost",
     }
 }
 

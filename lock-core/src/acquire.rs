@@ -720,9 +720,19 @@ fn closed() -> Error {
     )
 }
 
-/// The `Timeout` of an acquire whose wait ran out while someone else held
-/// `key`.
+/// The error for a lock still held by another owner when the attempt
+/// ends: `Busy` for an attempt that was not to wait, `Timeout` for a wait
+/// that ran out.
 pub(crate) fn timeout_error(key: &LockKey, wait: WaitPolicy) -> Error {
+    if wait == WaitPolicy::NoWait {
+        return Error::new(
+            ErrorKind::Busy,
+            format!(
+                "lock {:?} is held by another owner; not acquired (no wait)",
+                key.as_str()
+            ),
+        );
+    }
     Error::timeout(format!(
         "lock {:?} is held by another owner; not acquired (wait: {wait})",
         key.as_str()

@@ -23,7 +23,7 @@ use crate::guard::LockGuard;
 use crate::key::{check_value, FencingToken, LockKey, OwnerToken};
 use crate::lease::{LeaseState, LockStatus, LostReason};
 use crate::locker::Locker;
-use crate::options::LockOptions;
+use crate::options::{LockOptions, WaitPolicy};
 use crate::request::LockRequest;
 use crate::scoped;
 
@@ -129,8 +129,9 @@ impl Election {
     ///
     /// # Errors
     /// `InvalidOptions` for a value over
-    /// [`MAX_VALUE_LEN`](crate::MAX_VALUE_LEN) bytes; `Timeout` when the
-    /// wait runs out; otherwise as [`Locker::lock_with`].
+    /// [`MAX_VALUE_LEN`](crate::MAX_VALUE_LEN) bytes; `Busy` when someone
+    /// else leads and `opts` say not to wait, `Timeout` when the wait runs
+    /// out; otherwise as [`Locker::lock_with`].
     pub async fn campaign(
         &self,
         value: impl Into<Vec<u8>>,
@@ -138,10 +139,11 @@ impl Election {
     ) -> Result<Leadership> {
         let value = value.into();
         self.try_campaign(value, opts).await?.ok_or_else(|| {
-            Error::new(
-                ErrorKind::Timeout,
-                format!("{:?}: someone else still leads", self.key),
-            )
+            let kind = match opts.wait {
+                WaitPolicy::NoWait => ErrorKind::Busy,
+                _ => ErrorKind::Timeout,
+            };
+            Error::new(kind, format!("{:?}: someone else still leads", self.key))
         })
     }
 
@@ -149,7 +151,7 @@ impl Election {
     /// someone else leads is `Ok(None)`.
     ///
     /// # Errors
-    /// As [`campaign`](Self::campaign), without `Timeout`.
+    /// As [`campaign`](Self::campaign), without `Busy` and `Timeout`.
     pub async fn try_campaign(
         &self,
         value: impl Into<Vec<u8>>,
@@ -535,7 +537,7 @@ impl Leadership {
     ///
     /// # Errors
     /// `InvalidOptions` for a value over [`MAX_VALUE_LEN`](crate::MAX_VALUE_LEN)
-    /// bytes; `NotHeld` when this caller no longer leads (nothing is
+    /// bytes; `Lost` when this caller no longer leads (nothing is
     /// written); `Unavailable` when the store cannot be reached.
     pub async fn proclaim(&mut self, value: impl Into<Vec<u8>>) -> Result<()> {
         let value = check_value(value.into())?;
@@ -546,7 +548,7 @@ impl Leadership {
 
     async fn set(&self, value: &[u8]) -> Result<()> {
         if self.guard.is_lost() {
-            return Err(Error::not_held(format!(
+            return Err(Error::lost(format!(
                 "{:?}: leadership was lost; the value was not changed",
                 self.guard.key()
             )));
@@ -554,7 +556,7 @@ impl Leadership {
         let backend = self.guard.backend();
         match backend.proclaim(&self.guard.lease().hold(), value).await? {
             Renew::Renewed => Ok(()),
-            Renew::NotHeld => Err(Error::not_held(format!(
+            Renew::NotHeld => Err(Error::lost(format!(
                 "{:?}: this caller no longer leads; the value was not changed",
                 self.guard.key()
             ))),

@@ -6,15 +6,35 @@ use std::sync::Arc;
 /// Convenience alias used throughout lockwright.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// What went wrong, in terms a caller can match on.
+/// What went wrong, in terms a caller can match on: one kind per fact,
+/// the same from every primitive (lock, semaphore, read-write lock,
+/// election) and every store.
+///
+/// | fact | kind | typical source |
+/// |---|---|---|
+/// | a hold this caller had is gone: its lease ran out, an operator broke it, the store lost it | [`Lost`](Self::Lost) | `release`, `renew`, `proclaim`, `downgrade`, scoped work |
+/// | the caller asked about a hold it does not have (never had, or gave back) | [`NotHeld`](Self::NotHeld) | a backend's owner-checked request |
+/// | another owner holds it, and the attempt was not to wait (`NoWait`) | [`Busy`](Self::Busy) | `lock_with`, `acquire`, `write`, `campaign`, … with `no_wait()` |
+/// | another owner still held it when the wait ran out | [`Timeout`](Self::Timeout) | the same, with `wait_for` |
+/// | the store cannot be reached or refused service; nothing is known | [`Unavailable`](Self::Unavailable) | every call that reaches the store |
+/// | a bad URL, credentials, database, or a store not compiled in | [`Config`](Self::Config) | `connect` |
+/// | a bad name | [`InvalidKey`](Self::InvalidKey) | every call taking a name |
+/// | options or values out of range | [`InvalidOptions`](Self::InvalidOptions) | every call taking options |
+/// | the store cannot do this at all | [`Unsupported`](Self::Unsupported) | a primitive or an operator's request the store lacks |
+/// | the locker was closed | [`Closed`](Self::Closed) | acquires after [`Locker::close`](crate::Locker::close) |
+/// | the store answered what no rule explains | [`Backend`](Self::Backend) | any call |
+///
+/// `Option`-returning forms (`try_lock`, `try_lock_with`, `try_acquire`,
+/// `try_campaign`, …) answer `Busy` and `Timeout` as `Ok(None)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {
-    /// The lock was not acquired before the wait policy's deadline.
+    /// Another owner still held the lock when the wait ran out.
     Timeout,
-    /// The caller does not hold the lock (never did, released it, or its lease expired).
+    /// The caller does not hold what it named (never did, or released it).
     NotHeld,
-    /// A lock that was held has been lost (renewal failed until the local deadline).
+    /// A hold this caller had is gone (its lease ran out, it was broken or
+    /// taken over): the work done under it may not have been exclusive.
     Lost,
     /// The store could not be reached or refused service; nothing is known about the lock.
     Unavailable,
@@ -30,6 +50,9 @@ pub enum ErrorKind {
     Closed,
     /// The store cannot do what was asked (e.g. report a lock's status).
     Unsupported,
+    /// Another owner holds the lock, and the attempt was not to wait for
+    /// it ([`WaitPolicy::NoWait`](crate::WaitPolicy::NoWait)).
+    Busy,
 }
 
 impl ErrorKind {
@@ -46,36 +69,12 @@ impl ErrorKind {
             ErrorKind::Backend => "backend",
             ErrorKind::Closed => "closed",
             ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Busy => "busy",
         }
     }
 }
 
 impl ErrorKind {
-    /// The exit status (from BSD's `sysexits.h`) a command-line tool should
-    /// end with for this kind of error, so that scripts can tell "busy" from
-    /// "broken"; the `lockwright` command uses this table.
-    ///
-    /// | kind | status |
-    /// |---|---|
-    /// | `Timeout` | 75 (`EX_TEMPFAIL`): not acquired within the wait |
-    /// | `Lost`, `NotHeld`, `Closed` | 70 (`EX_SOFTWARE`): the lock could not be kept |
-    /// | `InvalidKey`, `InvalidOptions`, `Config`, `Unsupported` | 64 (`EX_USAGE`): retrying will not help |
-    /// | `Unavailable` | 69 (`EX_UNAVAILABLE`): the store cannot be reached now |
-    /// | `Backend` | 76 (`EX_PROTOCOL`): the store answered unexpectedly |
-    pub fn exit_code(self) -> i32 {
-        // Exhaustive on purpose: a new kind must be given its status here.
-        match self {
-            ErrorKind::Timeout => 75,
-            ErrorKind::Lost | ErrorKind::NotHeld | ErrorKind::Closed => 70,
-            ErrorKind::InvalidKey
-            | ErrorKind::InvalidOptions
-            | ErrorKind::Config
-            | ErrorKind::Unsupported => 64,
-            ErrorKind::Unavailable => 69,
-            ErrorKind::Backend => 76,
-        }
-    }
-
     /// Every kind, for tables and tests.
     pub const ALL: &'static [ErrorKind] = &[
         ErrorKind::Timeout,
@@ -88,6 +87,7 @@ impl ErrorKind {
         ErrorKind::Backend,
         ErrorKind::Closed,
         ErrorKind::Unsupported,
+        ErrorKind::Busy,
     ];
 }
 
@@ -206,9 +206,13 @@ impl Error {
         &self.message
     }
 
-    /// True when retrying the same call later may succeed (store outage, timeout).
+    /// True when retrying the same call later may succeed (store outage, a
+    /// lock held by someone else).
     pub fn is_retryable(&self) -> bool {
-        matches!(self.kind, ErrorKind::Unavailable | ErrorKind::Timeout)
+        matches!(
+            self.kind,
+            ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::Busy
+        )
     }
 
     /// Shorthand for [`ErrorKind::Timeout`].

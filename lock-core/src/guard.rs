@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 use crate::backend::{renew_one, HoldId, LockBackend, Release, Renew};
 use crate::background::Background;
@@ -138,21 +137,14 @@ impl LockGuard {
     /// after it was released. The future owns what it needs, so it can be
     /// moved into another task or used in `tokio::select!` beside the work.
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        let mut rx = self.state.clone();
-        async move {
-            match wait_lost(&mut rx).await {
-                Some(r) => r,
-                // Released (or the guard is gone): the lock can no longer be lost.
-                None => std::future::pending().await,
-            }
-        }
+        self.lost_signal().wait()
     }
 
-    /// A token cancelled when the lock is lost, for work that checks for
-    /// loss cooperatively (`token.is_cancelled()` between steps) instead of
-    /// being cancelled by `select!` at an await point that may not be
-    /// cancel-safe. It is never cancelled by a release. Each call makes a
-    /// new token, watched by a small task that ends with the guard.
+    /// A signal of this lock's loss that work can carry with it and
+    /// check between steps (`signal.is_lost()`), instead of being
+    /// cancelled by `select!` at an await point that may not be
+    /// cancel-safe. A release is not a loss: the signal never fires after
+    /// one. It needs no task and outlives the guard.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -160,9 +152,9 @@ impl LockGuard {
     /// # use lockwright_core::{backend::MemoryBackend, Locker};
     /// # let locker = Locker::new(MemoryBackend::new());
     /// let guard = locker.lock("batch-42").await?;
-    /// let lost = guard.lost_token();
+    /// let lost = guard.lost_signal();
     /// for row in 0..3 {
-    ///     if lost.is_cancelled() {
+    ///     if lost.is_lost() {
     ///         break; // someone else may hold the lock now: stop writing
     ///     }
     ///     // ... write row `row` with guard.fence() attached ...
@@ -172,23 +164,10 @@ impl LockGuard {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn lost_token(&self) -> CancellationToken {
-        let token = CancellationToken::new();
-        let mut rx = self.state.clone();
-        let cancel = token.clone();
-        // Ends when the lock is lost, or when the watchdog stops tracking
-        // it (release, leak, close) and drops the sender.
-        let watcher = async move {
-            if wait_lost(&mut rx).await.is_some() {
-                cancel.cancel();
-            }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn(watcher)),
-            Err(_) if self.is_lost() => token.cancel(),
-            Err(_) => {}
+    pub fn lost_signal(&self) -> LostSignal {
+        LostSignal {
+            state: self.state.clone(),
         }
-        token
     }
 
     /// Calls `f` once, from a task, if the lock is lost (never after a
@@ -466,6 +445,33 @@ fn spawn_release(
     });
     if !spawned {
         tracing::warn!(key = %key, "guard dropped outside a Tokio runtime; the lock frees at its TTL");
+    }
+}
+
+/// A lock's loss, as [`LockGuard::lost_signal`] hands it out: cheap to
+/// clone, checked without awaiting, or awaited.
+#[derive(Debug, Clone)]
+pub struct LostSignal {
+    state: watch::Receiver<LeaseState>,
+}
+
+impl LostSignal {
+    /// True once the lock is lost: the watchdog said so, or its deadline
+    /// passed unseen. Never after a release.
+    pub fn is_lost(&self) -> bool {
+        matches!(self.state.borrow().at(Instant::now()), LeaseState::Lost(_))
+    }
+
+    /// Completes when the lock is lost; never after a release (as
+    /// [`LockGuard::lost`]).
+    pub fn wait(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        let mut rx = self.state.clone();
+        async move {
+            match wait_lost(&mut rx).await {
+                Some(r) => r,
+                None => std::future::pending().await,
+            }
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use crate::request::{HoldId, HoldKind, RenewRequest};
 
 /// Why a held lock was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LostReason {
     /// Renewal kept failing until the local deadline; someone else may take
     /// the lock from now on.
@@ -23,6 +24,7 @@ pub enum LostReason {
 
 /// The live state of a guard's lease, as the watchdog sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LeaseState {
     /// Held; safe to act until `deadline` (a conservative local instant).
     Held {
@@ -86,6 +88,7 @@ pub(crate) async fn wait_lost(
 
 /// One granted lock: who holds what, with which fencing token, until when.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Lease {
     /// The key held.
     pub key: LockKey,

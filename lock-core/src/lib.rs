@@ -59,7 +59,7 @@ mod watchdog;
 
 pub use election::{Election, Leader, Leadership, OBSERVE_EVERY};
 pub use error::{Error, ErrorKind, Result};
-pub use guard::{LockGuard, MultiGuard};
+pub use guard::{LockGuard, LostSignal, MultiGuard};
 pub use identity::HolderInfo;
 pub use key::{
     Claim, FencingToken, IntoLockKey, LockKey, OwnerToken, MAX_KEY_LEN, MAX_PERMITS, MAX_VALUE_LEN,

@@ -262,6 +262,7 @@ impl Locker {
     /// Acquires with the default options, waiting as their policy says.
     ///
     /// # Errors
+    /// `Busy` when the default options do not wait and the lock is held;
     /// `Timeout` when the wait runs out; otherwise as [`try_lock`](Self::try_lock).
     pub async fn lock(&self, key: impl IntoLockKey) -> Result<LockGuard> {
         let opts = self.options.clone();
@@ -274,7 +275,8 @@ impl Locker {
     /// attempt whose answer was lost is given back.
     ///
     /// # Errors
-    /// `Timeout` when the wait runs out while the lock is held by another
+    /// `Busy` when `opts` do not wait and the lock is held by another
+    /// owner; `Timeout` when the wait runs out while the lock is held by another
     /// owner; `Unavailable` (the last store error) when it runs out while
     /// the store cannot be reached; `InvalidOptions` for options the
     /// backend cannot honour; otherwise as [`try_lock`](Self::try_lock).
@@ -287,7 +289,7 @@ impl Locker {
 
     /// Acquires with explicit options, waiting as they say, and reports a
     /// lock still held by someone else when the wait runs out as `Ok(None)`
-    /// (where [`lock_with`](Self::lock_with) says `Err(Timeout)`).
+    /// (where [`lock_with`](Self::lock_with) says `Err(Busy)` or `Err(Timeout)`).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -162,6 +162,7 @@ pub(crate) fn kind_label(kind: ErrorKind) -> &'static str {
         ErrorKind::Backend => "backend",
         ErrorKind::Closed => "closed",
         ErrorKind::Unsupported => "unsupported",
+        ErrorKind::Busy => "busy",
     }
 }
 

@@ -19,8 +19,9 @@ pub const MAX_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
 /// In configuration files it is written `"none"` (or `"no-wait"`),
 /// `"forever"`, or a human duration such as `"5s"` or `"1m 30s"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum WaitPolicy {
-    /// One attempt; a held lock is a [`Timeout`](crate::ErrorKind::Timeout) at once.
+    /// One attempt; a held lock is [`Busy`](crate::ErrorKind::Busy) at once.
     NoWait,
     /// Keep trying until this much time has passed.
     For(Duration),
@@ -83,6 +84,7 @@ impl<'de> Deserialize<'de> for WaitPolicy {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct LockOptions {
     /// Lease length: how long the store keeps the lock if the holder goes silent.
     #[serde(with = "humantime_serde")]

@@ -82,7 +82,8 @@ impl Semaphore {
     /// Takes a permit, waiting as `opts` say.
     ///
     /// # Errors
-    /// `Timeout` when every permit stayed out for the whole wait;
+    /// `Busy` (with `no_wait`) or `Timeout` when every permit stayed out
+    /// for the whole wait;
     /// `InvalidOptions` when the store keeps another N for the name;
     /// otherwise as [`Locker::lock_with`].
     pub async fn acquire(&self, opts: &LockOptions) -> Result<LockGuard> {
@@ -92,7 +93,7 @@ impl Semaphore {
     /// As [`acquire`](Self::acquire), but a wait that runs out is `Ok(None)`.
     ///
     /// # Errors
-    /// As [`acquire`](Self::acquire), without `Timeout`.
+    /// As [`acquire`](Self::acquire), without `Busy` and `Timeout`.
     pub async fn try_acquire(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
         take(
             &self.locker,
@@ -163,7 +164,10 @@ impl Semaphore {
         let status = self.status().await?;
         let held = u32::try_from(status.holder_count()).unwrap_or(u32::MAX);
         // Holders that asked for another number keep the store's count.
-        let permits = status.permits.filter(|_| held > 0).unwrap_or(self.permits());
+        let permits = status
+            .permits
+            .filter(|_| held > 0)
+            .unwrap_or(self.permits());
         Ok(Permits {
             held,
             free: permits.saturating_sub(held),
@@ -244,7 +248,8 @@ impl ReadWriteLock {
     /// Takes a read hold, waiting as `opts` say.
     ///
     /// # Errors
-    /// `Timeout` when a writer held or waited for the whole wait;
+    /// `Busy` (with `no_wait`) or `Timeout` when a writer held or waited
+    /// for the whole wait;
     /// otherwise as [`Locker::lock_with`].
     pub async fn read(&self, opts: &LockOptions) -> Result<LockGuard> {
         required(
@@ -257,7 +262,7 @@ impl ReadWriteLock {
     /// As [`read`](Self::read), but a wait that runs out is `Ok(None)`.
     ///
     /// # Errors
-    /// As [`read`](Self::read), without `Timeout`.
+    /// As [`read`](Self::read), without `Busy` and `Timeout`.
     pub async fn try_read(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
         take(&self.locker, &self.key, read(), None, opts).await
     }
@@ -265,8 +270,8 @@ impl ReadWriteLock {
     /// Takes the write hold, waiting as `opts` say.
     ///
     /// # Errors
-    /// `Timeout` when readers or another writer held it for the whole
-    /// wait; otherwise as [`Locker::lock_with`].
+    /// `Busy` (with `no_wait`) or `Timeout` when readers or another writer
+    /// held it for the whole wait; otherwise as [`Locker::lock_with`].
     pub async fn write(&self, opts: &LockOptions) -> Result<LockGuard> {
         required(
             &self.key,
@@ -278,7 +283,7 @@ impl ReadWriteLock {
     /// As [`write`](Self::write), but a wait that runs out is `Ok(None)`.
     ///
     /// # Errors
-    /// As [`write`](Self::write), without `Timeout`.
+    /// As [`write`](Self::write), without `Busy` and `Timeout`.
     pub async fn try_write(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
         take(&self.locker, &self.key, HoldKind::Writer, None, opts).await
     }
@@ -337,7 +342,7 @@ impl ReadWriteLock {
     /// where the store has fences, a fence above the writer's.
     ///
     /// # Errors
-    /// `NotHeld` if `writer` no longer holds the lock (a store grants the
+    /// `Lost` if `writer` no longer holds the lock (a store grants the
     /// read hold only beside a live write hold); `InvalidOptions` for a
     /// guard of another name; the store's errors. On every error the
     /// writer's guard is released, as any dropped guard is.
@@ -361,19 +366,16 @@ impl ReadWriteLock {
         let reader = self.locker.acquire(request, &opts).await?;
         let Some(reader) = reader else {
             let _ = writer.release().await;
-            return Err(Error::new(
-                ErrorKind::NotHeld,
-                format!(
-                    "{:?}: the write lock to downgrade is no longer held",
-                    self.key.as_str()
-                ),
-            ));
+            return Err(Error::lost(format!(
+                "{:?}: the write lock to downgrade is no longer held",
+                self.key.as_str()
+            )));
         };
         match writer.release().await {
             Ok(()) => Ok(reader),
             // The write hold was gone by now (its lease ran out): the
             // read hold cannot claim to follow it without a gap.
-            Err(e) if e.kind() == ErrorKind::NotHeld => {
+            Err(e) if e.kind() == ErrorKind::Lost => {
                 let _ = reader.release().await;
                 Err(e)
             }

@@ -335,8 +335,8 @@ async fn run(url: &str, key: &str, ttl: Duration, port: u16, id: u32) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("lockwright check worker {id}: {}", e.chain());
-            // The command's one table, as its own `exit_code` reads it.
-            e.kind().exit_code()
+            // The command's one table.
+            lockwright_cli_kit::exit::exit_code(e.kind())
         }
     }
 }
