@@ -111,7 +111,7 @@ async fn campaign_forever(
     // Wait for ever to lead (the default wait), with the lease above.
     let opts = LockOptions::new().ttl(LEASE);
     loop {
-        let leadership = match election.campaign(me.as_bytes(), &opts).await {
+        let leadership = match election.campaign_with(me.as_bytes(), &opts).await {
             Ok(leadership) => leadership,
             Err(e) => {
                 eprintln!("{me}: campaign failed ({e}); trying again in 1 s");

@@ -75,7 +75,7 @@ async fn worker(
         .ttl(Duration::from_secs(10))
         .wait_for(Duration::from_secs(30));
     let asked = Instant::now();
-    let permit = permits.acquire(&opts).await?;
+    let permit = permits.acquire_with(&opts).await?;
     let waited = asked.elapsed();
     // A call that may outlast its permit's lease would select on
     // `permit.lost()` and stop; this one takes 100 ms.

@@ -52,8 +52,8 @@
 pub use lockwright_core::{
     Claim, Election, Error, ErrorKind, FencingToken, Holder, HolderInfo, IntoLockKey, Leader,
     Leadership, Lease, LeaseState, LockGuard, LockKey, LockOptions, LockStatus, Locker, LostReason,
-    LostSignal, MultiGuard, OwnerToken, Permits, ReadWriteLock, RenewalFailure, Result, Semaphore,
-    WaitPolicy, MAX_KEY_LEN, MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, OBSERVE_EVERY,
+    LostSignal, MultiGuard, Mutex, OwnerToken, Permits, ReadWriteLock, RenewalFailure, Result,
+    Semaphore, WaitPolicy, MAX_KEY_LEN, MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, OBSERVE_EVERY,
 };
 
 /// The names of the metrics lockwright records (see the README's table).

@@ -42,21 +42,21 @@ fn each_primitive<'a>(
             "permit",
             Box::pin(async move {
                 let sem = locker.semaphore(format!("{name}/sem"), 1)?;
-                sem.acquire(opts).await.map(drop)
+                sem.acquire_with(opts).await.map(drop)
             }),
         ),
         (
             "write",
             Box::pin(async move {
                 let rw = locker.rwlock(format!("{name}/rw"))?;
-                rw.write(opts).await.map(drop)
+                rw.write_with(opts).await.map(drop)
             }),
         ),
         (
             "campaign",
             Box::pin(async move {
                 let e = locker.election(format!("{name}/election"))?;
-                e.campaign("x", opts).await.map(drop)
+                e.campaign_with("x", opts).await.map(drop)
             }),
         ),
     ]
@@ -67,9 +67,9 @@ async fn hold_all(locker: &Locker, name: &str) -> Vec<lockwright::LockGuard> {
     let opts = LockOptions::new();
     let mut held = vec![locker.lock_with(name, &opts).await.unwrap()];
     let sem = locker.semaphore(format!("{name}/sem"), 1).unwrap();
-    held.push(sem.acquire(&opts).await.unwrap());
+    held.push(sem.acquire_with(&opts).await.unwrap());
     let rw = locker.rwlock(format!("{name}/rw")).unwrap();
-    held.push(rw.write(&opts).await.unwrap());
+    held.push(rw.write_with(&opts).await.unwrap());
     held
 }
 
@@ -79,7 +79,10 @@ async fn busy_when_held_and_not_waiting() {
     let (a, b, _) = two();
     let _held = hold_all(&a, "busy").await;
     let leading = a.election("busy/election").unwrap();
-    let _leading = leading.campaign("a", &LockOptions::new()).await.unwrap();
+    let _leading = leading
+        .campaign_with("a", &LockOptions::new())
+        .await
+        .unwrap();
     let opts = LockOptions::new().no_wait();
     for (what, taken) in each_primitive(&b, "busy", &opts) {
         let e = taken.await.unwrap_err();
@@ -94,7 +97,10 @@ async fn timeout_when_the_wait_runs_out() {
     let (a, b, _) = two();
     let _held = hold_all(&a, "timeout").await;
     let leading = a.election("timeout/election").unwrap();
-    let _leading = leading.campaign("a", &LockOptions::new()).await.unwrap();
+    let _leading = leading
+        .campaign_with("a", &LockOptions::new())
+        .await
+        .unwrap();
     let opts = LockOptions::new().wait_for(Duration::from_millis(50));
     for (what, taken) in each_primitive(&b, "timeout", &opts) {
         let e = taken.await.unwrap_err();
@@ -118,17 +124,17 @@ async fn lost_when_a_hold_had_is_gone() {
     let e = gone("lost/renew").await.renew().await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Lost, "renew: {e}");
     let permit = a.semaphore("lost/sem", 2).unwrap();
-    let p = permit.acquire(&opts).await.unwrap();
+    let p = permit.acquire_with(&opts).await.unwrap();
     store.release(&p.lease().hold()).await.unwrap();
     let e = p.release().await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Lost, "a permit's release: {e}");
     let rw = a.rwlock("lost/rw").unwrap();
-    let w = rw.write(&opts).await.unwrap();
+    let w = rw.write_with(&opts).await.unwrap();
     store.release(&w.lease().hold()).await.unwrap();
     let e = rw.downgrade(w).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Lost, "downgrade: {e}");
     let election = a.election("lost/election").unwrap();
-    let mut leading = election.campaign("a", &opts).await.unwrap();
+    let mut leading = election.campaign_with("a", &opts).await.unwrap();
     store
         .release(&leading.guard().lease().hold())
         .await

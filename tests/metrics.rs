@@ -297,7 +297,11 @@ async fn exercise(url: &str, store: &'static str) {
     // The other primitives carry their own label.
     let sem = a.semaphore(format!("{name}-sem").as_str(), 2).unwrap();
     let permits = m.get(meter::ACQUIRE_WAIT, &[s, ("primitive", "semaphore")]);
-    let p = sem.try_acquire(&LockOptions::new()).await.unwrap().unwrap();
+    let p = sem
+        .try_acquire_with(&LockOptions::new())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         m.get(meter::ACQUIRE_WAIT, &[s, ("primitive", "semaphore")]),
         permits + 1.0
@@ -309,9 +313,9 @@ async fn exercise(url: &str, store: &'static str) {
             let before = m.get(meter::ACQUIRE_WAIT, &[s, ("primitive", primitive)]);
             let opts = LockOptions::new();
             let g = if write {
-                rw.try_write(&opts).await
+                rw.try_write_with(&opts).await
             } else {
-                rw.try_read(&opts).await
+                rw.try_read_with(&opts).await
             };
             g.unwrap().unwrap().release().await.unwrap();
             let after = m.get(meter::ACQUIRE_WAIT, &[s, ("primitive", primitive)]);
@@ -338,7 +342,7 @@ async fn exercise(url: &str, store: &'static str) {
         let leading = m.get(meter::LEADER, &[s]);
         let election = a.election(format!("{name}-leader").as_str()).unwrap();
         let l = election
-            .campaign("me", &LockOptions::new().no_wait())
+            .campaign_with("me", &LockOptions::new().no_wait())
             .await
             .unwrap();
         assert_eq!(m.get(meter::LEADER, &[s]), leading + 1.0);

@@ -40,15 +40,15 @@ async fn each_key_says_its_kind_in_its_value() {
     let no_wait = LockOptions::new().no_wait();
     let sem = l.semaphore("backups", 3).unwrap();
     let (p1, p2) = (
-        sem.acquire(&no_wait).await.unwrap(),
-        sem.acquire(&no_wait).await.unwrap(),
+        sem.acquire_with(&no_wait).await.unwrap(),
+        sem.acquire_with(&no_wait).await.unwrap(),
     );
     assert_eq!(
         line(&format!("{root}/backups/")).await,
         ["lockwright:permits=3", "lockwright:permits=3"]
     );
     let rw = l.rwlock("catalogue").unwrap();
-    let r = rw.read(&no_wait).await.unwrap();
+    let r = rw.read_with(&no_wait).await.unwrap();
     assert_eq!(
         line(&format!("{root}/catalogue/")).await,
         ["lockwright:shared"]
@@ -79,9 +79,9 @@ async fn a_downgrade_keeps_the_writer_s_place_in_line() {
     let root = root();
     let (a, b) = (locker(&root), locker(&root));
     let (rwa, rwb) = (a.rwlock("doc").unwrap(), b.rwlock("doc").unwrap());
-    let w = rwa.write(&LockOptions::new().no_wait()).await.unwrap();
+    let w = rwa.write_with(&LockOptions::new().no_wait()).await.unwrap();
     let wait = LockOptions::new().wait_for(Duration::from_secs(30));
-    let waiting = tokio::spawn(async move { rwb.write(&wait).await });
+    let waiting = tokio::spawn(async move { rwb.write_with(&wait).await });
     let prefix = format!("{root}/doc/");
     let start = std::time::Instant::now();
     while line(&prefix).await.len() < 2 {
@@ -127,7 +127,7 @@ async fn only_holders_keep_the_kind_and_a_refusal_leaves_no_key() {
     let held = a
         .semaphore("pool", 3)
         .unwrap()
-        .acquire(&no_wait)
+        .acquire_with(&no_wait)
         .await
         .unwrap();
     // A stray key of another N behind the holder, on a lease of its own.
@@ -138,7 +138,11 @@ async fn only_holders_keep_the_kind_and_a_refusal_leaves_no_key() {
     raw.put(stray.as_str(), "lockwright:permits=2", Some(put))
         .await
         .unwrap();
-    let second = b.semaphore("pool", 3).unwrap().try_acquire(&no_wait).await;
+    let second = b
+        .semaphore("pool", 3)
+        .unwrap()
+        .try_acquire_with(&no_wait)
+        .await;
     let second = second
         .expect("refused for a waiting key's N")
         .expect("a free permit");
@@ -150,7 +154,7 @@ async fn only_holders_keep_the_kind_and_a_refusal_leaves_no_key() {
         let refused = b
             .semaphore("pool", 2)
             .unwrap()
-            .acquire(&opts)
+            .acquire_with(&opts)
             .await
             .unwrap_err();
         assert_eq!(

@@ -86,7 +86,7 @@ async fn etcdctl_elect_and_our_election_see_and_follow_each_other() {
         let election = election.clone();
         tokio::spawn(async move {
             let opts = LockOptions::new().wait_for(Duration::from_secs(30));
-            election.campaign("ours", &opts).await
+            election.campaign_with("ours", &opts).await
         })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -143,8 +143,8 @@ async fn etcdctl_lock_is_a_writer_of_our_read_write_lock() {
         a.rwlock("catalogue").unwrap(),
         b.rwlock("catalogue").unwrap(),
     );
-    let r1 = ra.read(&no_wait).await.unwrap();
-    let r2 = rb.read(&no_wait).await.unwrap();
+    let r1 = ra.read_with(&no_wait).await.unwrap();
+    let r2 = rb.read_with(&no_wait).await.unwrap();
     let theirs = etcdctl_lock(&format!("{root}/catalogue"));
     let early = tokio::task::block_in_place(|| theirs.held(Duration::from_millis(1500)));
     assert!(
@@ -153,7 +153,7 @@ async fn etcdctl_lock_is_a_writer_of_our_read_write_lock() {
     );
     // It waits in line: a reader that comes after it waits too.
     assert!(
-        ra.try_read(&no_wait).await.unwrap().is_none(),
+        ra.try_read_with(&no_wait).await.unwrap().is_none(),
         "a reader passed a waiting etcdctl"
     );
     r1.release().await.unwrap();
@@ -161,11 +161,11 @@ async fn etcdctl_lock_is_a_writer_of_our_read_write_lock() {
     tokio::task::block_in_place(|| theirs.held(Duration::from_secs(10)))
         .expect("etcdctl holds once our readers left");
     assert!(
-        rb.try_read(&no_wait).await.unwrap().is_none(),
+        rb.try_read_with(&no_wait).await.unwrap().is_none(),
         "read beside etcdctl's lock"
     );
     let sem = a.semaphore("catalogue", 3).unwrap();
-    let refused = sem.try_acquire(&no_wait).await.unwrap_err();
+    let refused = sem.try_acquire_with(&no_wait).await.unwrap_err();
     assert_eq!(
         refused.kind(),
         lockwright_core::ErrorKind::InvalidOptions,
@@ -174,6 +174,6 @@ async fn etcdctl_lock_is_a_writer_of_our_read_write_lock() {
     // Once it is gone (its 3 s lease runs out), we read.
     drop(theirs);
     let opts = LockOptions::new().wait_for(Duration::from_secs(20));
-    let r = ra.read(&opts).await.unwrap();
+    let r = ra.read_with(&opts).await.unwrap();
     r.release().await.unwrap();
 }

@@ -384,7 +384,7 @@ async fn campaign_leader_proclaim_and_resign() {
     let election = locker.election(&k).unwrap();
     let opts = LockOptions::new().ttl(TTL);
     assert!(election.leader().await.unwrap().is_none());
-    let mut first = election.campaign("node-a", &opts).await.unwrap();
+    let mut first = election.campaign_with("node-a", &opts).await.unwrap();
     assert_eq!(first.term(), None, "memcached gives no terms");
     let leader = election.leader().await.unwrap().expect("a leads");
     assert_eq!(
@@ -398,7 +398,7 @@ async fn campaign_leader_proclaim_and_resign() {
         .ttl(TTL)
         .wait_for(Duration::from_millis(300));
     assert!(other
-        .try_campaign("node-b", &brief)
+        .try_campaign_with("node-b", &brief)
         .await
         .unwrap()
         .is_none());
@@ -410,7 +410,7 @@ async fn campaign_leader_proclaim_and_resign() {
     );
     first.resign().await.unwrap();
     assert!(other.leader().await.unwrap().is_none());
-    let second = other.campaign("node-b\0\n", &opts).await.unwrap();
+    let second = other.campaign_with("node-b\0\n", &opts).await.unwrap();
     assert_eq!(
         election.leader().await.unwrap().expect("b leads").value,
         b"node-b\0\n"
@@ -434,7 +434,7 @@ async fn quorum_campaign_leader_proclaim_and_resign() {
     let k = key("quorum");
     let election = locker.election(&k).unwrap();
     let opts = LockOptions::new().ttl(TTL);
-    let mut leading = election.campaign(every_byte(), &opts).await.unwrap();
+    let mut leading = election.campaign_with(every_byte(), &opts).await.unwrap();
     let leader = election.leader().await.unwrap().expect("someone leads");
     assert_eq!(leader.value, every_byte());
     assert!(leader.lease_left.unwrap() > TTL - Duration::from_secs(5));
@@ -443,7 +443,7 @@ async fn quorum_campaign_leader_proclaim_and_resign() {
         .ttl(TTL)
         .wait_for(Duration::from_millis(300));
     assert!(election
-        .try_campaign("other", &short)
+        .try_campaign_with("other", &short)
         .await
         .unwrap()
         .is_none());

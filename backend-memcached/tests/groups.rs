@@ -98,7 +98,7 @@ async fn the_clock_item_reads_the_servers_clock_and_comes_back() -> Result<()> {
     let clock = format!("{prefix}#clock");
     let l = locker(&prefix);
     let sem = l.semaphore("backups", 3)?;
-    let first = sem.acquire(&now()).await?;
+    let first = sem.acquire_with(&now()).await?;
     let (e, left) = value_and_left(&clock).await?.context("no clock item")?;
     let server_now = stats_time(&server()).await?;
     let read = e.parse::<u64>()? - left;
@@ -113,7 +113,7 @@ async fn the_clock_item_reads_the_servers_clock_and_comes_back() -> Result<()> {
 
     let reply = raw(&server(), format!("delete {clock}\r\n").as_bytes()).await?;
     ensure!(reply == "DELETED\r\n", "{reply:?}");
-    let second = sem.acquire(&now()).await?;
+    let second = sem.acquire_with(&now()).await?;
     ensure!(value_and_left(&clock).await?.is_some(), "no clock again");
     ensure!(
         sem.status().await?.holder_count() == 2,
@@ -133,9 +133,9 @@ async fn each_holder_ends_on_the_servers_clock() -> Result<()> {
     let l = locker(&prefix);
     let rw = l.rwlock("catalogue")?;
     let long = rw
-        .read(&LockOptions::new().ttl(Duration::from_secs(20)).no_wait())
+        .read_with(&LockOptions::new().ttl(Duration::from_secs(20)).no_wait())
         .await?;
-    let short = rw.read(&now()).await?;
+    let short = rw.read_with(&now()).await?;
     let server_now = stats_time(&server()).await?;
     let (group, left) = value_and_left(&format!("{prefix}catalogue"))
         .await?
@@ -187,7 +187,7 @@ async fn a_clock_item_not_ours_is_an_error_not_a_grant() -> Result<()> {
     for value in ["1800000000", "soon"] {
         let set = format!("set {clock} 0 0 {}\r\n{value}\r\n", value.len());
         ensure!(raw(&server(), set.as_bytes()).await? == "STORED\r\n");
-        match l.semaphore("jobs", 2)?.acquire(&now()).await {
+        match l.semaphore("jobs", 2)?.acquire_with(&now()).await {
             Err(e) if e.kind() == ErrorKind::Backend && e.to_string().contains("clock") => {}
             other => bail!(
                 "a foreign clock item {value:?}: {:?}",
@@ -201,7 +201,7 @@ async fn a_clock_item_not_ours_is_an_error_not_a_grant() -> Result<()> {
     }
     raw(&server(), format!("delete {clock}\r\n").as_bytes()).await?;
     l.semaphore("jobs", 2)?
-        .acquire(&now())
+        .acquire_with(&now())
         .await?
         .release()
         .await?;

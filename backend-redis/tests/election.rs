@@ -302,7 +302,7 @@ async fn a_campaign_waiting_in_the_fair_queue_leads_with_its_value() {
     let n = name("campaign");
     let election = locker.election(n.as_str()).unwrap();
     let opts = LockOptions::new().ttl(TTL);
-    let first = election.campaign("node-a", &opts).await.unwrap();
+    let first = election.campaign_with("node-a", &opts).await.unwrap();
     let term_a = first.term().expect("Redis gives terms");
     let leader = election.leader().await.unwrap().expect("a leads");
     assert_eq!(
@@ -315,7 +315,7 @@ async fn a_campaign_waiting_in_the_fair_queue_leads_with_its_value() {
         let opts = LockOptions::new()
             .ttl(TTL)
             .wait_for(Duration::from_secs(20));
-        waiting.campaign("node-b\0\n", &opts).await
+        waiting.campaign_with("node-b\0\n", &opts).await
     });
     // Until b is queued, a leads.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -344,10 +344,10 @@ async fn a_proclaim_by_a_leader_that_lost_its_lease_is_refused() {
     let locker = Locker::new(backend());
     let election = locker.election(name("lost").as_str()).unwrap();
     let opts = LockOptions::new().ttl(SHORT).auto_renew(false);
-    let mut old = election.campaign("old", &opts).await.unwrap();
+    let mut old = election.campaign_with("old", &opts).await.unwrap();
     tokio::time::sleep(SHORT * 2).await;
     let new = election
-        .campaign("new", &LockOptions::new().ttl(TTL))
+        .campaign_with("new", &LockOptions::new().ttl(TTL))
         .await
         .unwrap();
     let err = old.proclaim("stale").await.unwrap_err();
@@ -370,7 +370,7 @@ async fn redlock_campaign_leader_proclaim_and_resign() {
     let election = locker.election(n.as_str()).unwrap();
     let opts = LockOptions::new().ttl(TTL);
     let value = awkward().pop().unwrap();
-    let mut leading = election.campaign(value.clone(), &opts).await.unwrap();
+    let mut leading = election.campaign_with(value.clone(), &opts).await.unwrap();
     let leader = election.leader().await.unwrap().expect("someone leads");
     assert_eq!(leader.value, value);
     assert_eq!(leader.term, None, "Redlock gives no terms");
@@ -381,7 +381,7 @@ async fn redlock_campaign_leader_proclaim_and_resign() {
         .ttl(TTL)
         .wait_for(Duration::from_millis(300));
     assert!(election
-        .try_campaign("other", &short)
+        .try_campaign_with("other", &short)
         .await
         .unwrap()
         .is_none());
@@ -398,7 +398,7 @@ async fn redlock_campaign_leader_proclaim_and_resign() {
     leading.resign().await.unwrap();
     assert!(election.leader().await.unwrap().is_none());
 
-    let next = election.campaign("next", &opts).await.unwrap();
+    let next = election.campaign_with("next", &opts).await.unwrap();
     assert_eq!(election.leader().await.unwrap().unwrap().value, b"next");
     next.resign().await.unwrap();
     for port in &ports {
@@ -518,7 +518,7 @@ async fn an_observer_subscribes_again_when_its_connection_is_killed() {
     });
     assert!(changes.next().await.unwrap().unwrap().is_none());
     let opts = LockOptions::new().ttl(TTL);
-    let a = election.campaign("a", &opts).await.unwrap();
+    let a = election.campaign_with("a", &opts).await.unwrap();
     until(&mut changes, SOON, "a leads", leads("a")).await;
 
     let admin = redis::Client::open(url.as_str()).unwrap();
@@ -547,7 +547,7 @@ async fn an_observer_subscribes_again_when_its_connection_is_killed() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // The next change is heard on the new connection, not polled.
-    let b = election.campaign("b", &opts).await.unwrap();
+    let b = election.campaign_with("b", &opts).await.unwrap();
     let heard = until(&mut changes, SOON, "b leads", leads("b")).await;
     eprintln!("redis: after a killed hub, a new leader seen after {heard:?}");
     b.resign().await.unwrap();

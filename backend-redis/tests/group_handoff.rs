@@ -49,9 +49,9 @@ async fn queue(
     let task = tokio::spawn(async move {
         let l = locker();
         let g = match ask {
-            Ask::Read => l.rwlock(&k).unwrap().read(&waiting()).await,
-            Ask::Write => l.rwlock(&k).unwrap().write(&waiting()).await,
-            Ask::Permit(n) => l.semaphore(&k, n).unwrap().acquire(&waiting()).await,
+            Ask::Read => l.rwlock(&k).unwrap().read_with(&waiting()).await,
+            Ask::Write => l.rwlock(&k).unwrap().write_with(&waiting()).await,
+            Ask::Permit(n) => l.semaphore(&k, n).unwrap().acquire_with(&waiting()).await,
         }
         .unwrap();
         served.send((tag, g)).unwrap();
@@ -89,7 +89,10 @@ async fn nobody_else(rx: &mut mpsc::UnboundedReceiver<(&'static str, LockGuard)>
 async fn a_release_serves_every_reader_queued_before_the_next_writer() {
     let k = key("readers");
     let first = locker().rwlock(&k).unwrap();
-    let w1 = first.write(&LockOptions::new().ttl(TTL)).await.unwrap();
+    let w1 = first
+        .write_with(&LockOptions::new().ttl(TTL))
+        .await
+        .unwrap();
     let w1_fence = w1.fence().unwrap().0;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut tasks = Vec::new();
@@ -149,8 +152,18 @@ async fn a_released_permit_goes_to_the_head_waiter_at_once() {
     let k = key("permits");
     let (a, b) = (locker(), locker());
     let opts = LockOptions::new().ttl(TTL);
-    let p1 = a.semaphore(&k, 2).unwrap().acquire(&opts).await.unwrap();
-    let p2 = b.semaphore(&k, 2).unwrap().acquire(&opts).await.unwrap();
+    let p1 = a
+        .semaphore(&k, 2)
+        .unwrap()
+        .acquire_with(&opts)
+        .await
+        .unwrap();
+    let p2 = b
+        .semaphore(&k, 2)
+        .unwrap()
+        .acquire_with(&opts)
+        .await
+        .unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let t1 = queue(&k, Ask::Permit(2), "q1", &tx).await;
     let t2 = queue(&k, Ask::Permit(2), "q2", &tx).await;
@@ -189,11 +202,11 @@ async fn a_downgrade_leaves_a_re_entered_write_hold_exclusive() {
     let r = rw.downgrade(g1).await.unwrap();
     let other = locker().rwlock(&k).unwrap();
     let now = LockOptions::new().ttl(TTL).no_wait();
-    let entered = other.try_read(&now).await.unwrap();
+    let entered = other.try_read_with(&now).await.unwrap();
     assert!(entered.is_none(), "a reader entered beside a write hold");
     g2.release().await.unwrap();
     let entered = other
-        .try_read(&now)
+        .try_read_with(&now)
         .await
         .unwrap()
         .expect("readers only now");
@@ -209,8 +222,18 @@ async fn an_owner_served_twice_from_the_queue_holds_twice() {
     let k = key("twice");
     let opts = LockOptions::new().ttl(TTL);
     let (a, b) = (locker(), locker());
-    let pa = a.semaphore(&k, 2).unwrap().acquire(&opts).await.unwrap();
-    let pb = b.semaphore(&k, 2).unwrap().acquire(&opts).await.unwrap();
+    let pa = a
+        .semaphore(&k, 2)
+        .unwrap()
+        .acquire_with(&opts)
+        .await
+        .unwrap();
+    let pb = b
+        .semaphore(&k, 2)
+        .unwrap()
+        .acquire_with(&opts)
+        .await
+        .unwrap();
     let me = OwnerToken::generate();
     let l = locker();
     let (tx, mut rx) = mpsc::unbounded_channel();

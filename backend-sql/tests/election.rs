@@ -267,7 +267,7 @@ async fn campaign_leader_proclaim_and_resign(s: &Store) {
     let election = locker.election(k.as_str()).unwrap();
     let opts = LockOptions::new().ttl(TTL);
     assert!(election.leader().await.unwrap().is_none());
-    let mut first = election.campaign("node-a", &opts).await.unwrap();
+    let mut first = election.campaign_with("node-a", &opts).await.unwrap();
     let term_a = first.term().expect("lease rows give terms");
     let leader = election.leader().await.unwrap().expect("a leads");
     assert_eq!(
@@ -282,7 +282,7 @@ async fn campaign_leader_proclaim_and_resign(s: &Store) {
         .ttl(TTL)
         .wait_for(Duration::from_millis(300));
     assert!(other
-        .try_campaign("node-b", &brief)
+        .try_campaign_with("node-b", &brief)
         .await
         .unwrap()
         .is_none());
@@ -299,7 +299,7 @@ async fn campaign_leader_proclaim_and_resign(s: &Store) {
         let opts = LockOptions::new()
             .ttl(TTL)
             .wait_for(Duration::from_secs(20));
-        waiting.campaign("node-b\0\n", &opts).await
+        waiting.campaign_with("node-b\0\n", &opts).await
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!task.is_finished(), "b led while a did");
@@ -322,10 +322,10 @@ async fn a_leader_that_lost_its_lease_cannot_proclaim(s: &Store) {
     let locker = Locker::new(s.backend());
     let election = locker.election(key("lost").as_str()).unwrap();
     let opts = LockOptions::new().ttl(SHORT).auto_renew(false);
-    let mut old = election.campaign("old", &opts).await.unwrap();
+    let mut old = election.campaign_with("old", &opts).await.unwrap();
     tokio::time::sleep(SHORT * 2).await;
     let new = election
-        .campaign("new", &LockOptions::new().ttl(TTL))
+        .campaign_with("new", &LockOptions::new().ttl(TTL))
         .await
         .unwrap();
     let err = old.proclaim("stale").await.unwrap_err();
@@ -397,7 +397,7 @@ async fn a_table_of_the_previous_release_gains_the_column_with_its_locks_held(s:
         .election(key("after").as_str())
         .unwrap();
     let mut leading = election
-        .campaign("leader", &LockOptions::new().ttl(TTL))
+        .campaign_with("leader", &LockOptions::new().ttl(TTL))
         .await
         .unwrap();
     leading.proclaim("changed").await.unwrap();

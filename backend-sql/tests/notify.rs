@@ -79,7 +79,7 @@ async fn a_release_is_heard_by_a_waiter_in_another_process() {
     let r = a
         .rwlock(key.as_str())
         .unwrap()
-        .read(&LockOptions::new())
+        .read_with(&LockOptions::new())
         .await
         .unwrap();
     drain(&mut w).await;

@@ -256,7 +256,7 @@ async fn curator_leader_selector_and_our_election_are_one_election() {
     assert!(leader.term.is_some());
     let no_wait = LockOptions::new().no_wait();
     let tried = election
-        .try_campaign("rust-1", &no_wait)
+        .try_campaign_with("rust-1", &no_wait)
         .await
         .expect("try_campaign");
     assert!(tried.is_none(), "we led while Java's LeaderSelector led");
@@ -264,7 +264,7 @@ async fn curator_leader_selector_and_our_election_are_one_election() {
         let election = election.clone();
         tokio::spawn(async move {
             let opts = LockOptions::new().wait_for(Duration::from_secs(30));
-            election.campaign("rust-1", &opts).await
+            election.campaign_with("rust-1", &opts).await
         })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -338,7 +338,7 @@ async fn curator_semaphore_and_ours_share_the_permits_both_ways() {
 
     assert_eq!(java.ask("try"), "acquired");
     let first = ours
-        .try_acquire(&now)
+        .try_acquire_with(&now)
         .await
         .expect("try")
         .expect("a permit is free");
@@ -348,7 +348,7 @@ async fn curator_semaphore_and_ours_share_the_permits_both_ways() {
         "Curator does not count our lease"
     );
     assert!(
-        ours.try_acquire(&now).await.expect("try").is_none(),
+        ours.try_acquire_with(&now).await.expect("try").is_none(),
         "a third permit of 2 was granted to us"
     );
     assert_eq!(
@@ -371,7 +371,7 @@ async fn curator_semaphore_and_ours_share_the_permits_both_ways() {
     let waiting = {
         let ours = ours.clone();
         tokio::spawn(async move {
-            ours.acquire(&LockOptions::new().wait_for(Duration::from_secs(20)))
+            ours.acquire_with(&LockOptions::new().wait_for(Duration::from_secs(20)))
                 .await
         })
     };
@@ -392,11 +392,14 @@ async fn curator_semaphore_and_ours_share_the_permits_both_ways() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     first.release().await.expect("release");
     assert_eq!(java.next(within), "acquired");
-    assert!(ours.try_acquire(&now).await.expect("try").is_none());
+    assert!(ours.try_acquire_with(&now).await.expect("try").is_none());
     assert_eq!(java.ask("release"), "released");
     second.release().await.expect("release");
     assert_eq!(java.ask("leases"), "leases 0");
-    let both = (ours.try_acquire(&now).await, ours.try_acquire(&now).await);
+    let both = (
+        ours.try_acquire_with(&now).await,
+        ours.try_acquire_with(&now).await,
+    );
     assert!(
         matches!(both, (Ok(Some(_)), Ok(Some(_)))),
         "both permits free again"
@@ -424,12 +427,12 @@ async fn curator_read_write_lock_and_ours_exclude_each_other_both_ways() {
     // Readers share; a reader of each side keeps the other side's writer out.
     assert_eq!(java.ask("try-read"), "acquired");
     let read = ours
-        .try_read(&now)
+        .try_read_with(&now)
         .await
         .expect("try")
         .expect("readers share");
     assert!(
-        ours.try_write(&now).await.expect("try").is_none(),
+        ours.try_write_with(&now).await.expect("try").is_none(),
         "we wrote beside a Java reader"
     );
     assert_eq!(
@@ -450,7 +453,7 @@ async fn curator_read_write_lock_and_ours_exclude_each_other_both_ways() {
     let writing = {
         let ours = ours.clone();
         let wait = wait.clone();
-        tokio::spawn(async move { ours.write(&wait).await })
+        tokio::spawn(async move { ours.write_with(&wait).await })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!writing.is_finished(), "we wrote beside a Java reader");
@@ -485,17 +488,17 @@ async fn curator_read_write_lock_and_ours_exclude_each_other_both_ways() {
     // its release.
     assert_eq!(java.ask("try-write"), "acquired");
     assert!(
-        ours.try_read(&now).await.expect("try").is_none(),
+        ours.try_read_with(&now).await.expect("try").is_none(),
         "we read beside a Java writer"
     );
     assert!(
-        ours.try_write(&now).await.expect("try").is_none(),
+        ours.try_write_with(&now).await.expect("try").is_none(),
         "we wrote beside a Java writer"
     );
     let reading = {
         let ours = ours.clone();
         let wait = wait.clone();
-        tokio::spawn(async move { ours.read(&wait).await })
+        tokio::spawn(async move { ours.read_with(&wait).await })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!reading.is_finished(), "we read beside a Java writer");
@@ -510,7 +513,7 @@ async fn curator_read_write_lock_and_ours_exclude_each_other_both_ways() {
     // Our downgrade: a Java writer queued behind our writer stays out
     // while our read hold lasts (Curator 5.5's rule, which 5.4 peers
     // honour), and gets in once it goes.
-    let write = ours.write(&wait).await.expect("write");
+    let write = ours.write_with(&wait).await.expect("write");
     java2.send("write 20000");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let read = ours.downgrade(write).await.expect("downgrade");

@@ -93,7 +93,7 @@ async fn a_campaigns_value_is_its_nodes_data_byte_for_byte() {
     ];
     for value in values {
         let leadership = election
-            .campaign(value.clone(), &LockOptions::new())
+            .campaign_with(value.clone(), &LockOptions::new())
             .await
             .unwrap();
         let n = nodes(&raw, &root, "e").await;
@@ -263,14 +263,14 @@ async fn a_session_loss_ends_the_reign_and_proclaim_after_it_is_lost() {
             Locker::from_arc(a.clone()).election("e").unwrap(),
             Locker::from_arc(b.clone()).election("e").unwrap(),
         );
-        let mut leadership = ea.campaign("a", &LockOptions::new()).await.unwrap();
+        let mut leadership = ea.campaign_with("a", &LockOptions::new()).await.unwrap();
         let term = leadership.term();
         let successor = with_successor.then(|| {
             tokio::spawn(async move {
                 // Ending a session from outside is a tug of war with its
                 // client, which can take tens of seconds on a loaded machine.
                 let opts = LockOptions::new().wait_for(Duration::from_secs(120));
-                eb.campaign("b", &opts).await
+                eb.campaign_with("b", &opts).await
             })
         });
         let key = LockKey::new("e").unwrap();
@@ -385,7 +385,7 @@ async fn an_observer_subscribes_again_when_its_session_ends() {
     });
     assert!(changes.next().await.unwrap().unwrap().is_none());
     let opts = LockOptions::new();
-    let a = election.campaign("a", &opts).await.unwrap();
+    let a = election.campaign_with("a", &opts).await.unwrap();
     until(&mut changes, SOON, "a leads", leads("a")).await;
     assert_eq!(counted.subscribed.load(Ordering::SeqCst), 1);
 
@@ -409,7 +409,7 @@ async fn an_observer_subscribes_again_when_its_session_ends() {
     }
     // Subscribed on the new session, the observer polls every minute: the
     // next change is heard.
-    let b = election.campaign("b", &opts).await.unwrap();
+    let b = election.campaign_with("b", &opts).await.unwrap();
     let heard = until(&mut changes, SOON, "b leads", leads("b")).await;
     eprintln!("zookeeper: on a new session, a new leader seen after {heard:?}");
     b.resign().await.unwrap();

@@ -300,17 +300,17 @@ async fn a_semaphores_waiter_is_queued_not_a_holder() {
     let a = lockers[0]
         .semaphore("k", 2)
         .unwrap()
-        .acquire(&opts)
+        .acquire_with(&opts)
         .await
         .unwrap();
     let b = lockers[1]
         .semaphore("k", 2)
         .unwrap()
-        .acquire(&opts)
+        .acquire_with(&opts)
         .await
         .unwrap();
     let third = lockers[2].semaphore("k", 2).unwrap();
-    let waiting = tokio::spawn(async move { third.acquire(&opts).await });
+    let waiting = tokio::spawn(async move { third.acquire_with(&opts).await });
     let start = Instant::now();
     let s = loop {
         let s = lockers[0].status("k").await.unwrap();

@@ -18,9 +18,9 @@ pub(crate) async fn claim_pairs(locker: &Locker, key: &str, what: &str, iteratio
     for _ in 0..iterations {
         let g = match what {
             "lock" => locker.try_lock(key).await,
-            "semaphore" => sem.try_acquire(&now).await,
-            "read" => rw.try_read(&now).await,
-            _ => rw.try_write(&now).await,
+            "semaphore" => sem.try_acquire_with(&now).await,
+            "read" => rw.try_read_with(&now).await,
+            _ => rw.try_write_with(&now).await,
         };
         let g = g.expect("acquire").expect("uncontended");
         g.release().await.expect("release");
@@ -96,11 +96,11 @@ pub(crate) async fn contended(url: &str, secs: std::time::Duration) -> Result<()
                 while let Some(left) = stop.checked_duration_since(std::time::Instant::now()) {
                     let opts = LockOptions::new().wait_for(left);
                     let g = if sem {
-                        locker.semaphore(&key, 3)?.try_acquire(&opts).await
+                        locker.semaphore(&key, 3)?.try_acquire_with(&opts).await
                     } else if c % 2 == 0 {
-                        locker.rwlock(&key)?.try_read(&opts).await
+                        locker.rwlock(&key)?.try_read_with(&opts).await
                     } else {
-                        locker.rwlock(&key)?.try_write(&opts).await
+                        locker.rwlock(&key)?.try_write_with(&opts).await
                     }?;
                     let Some(g) = g else { break };
                     tokio::time::sleep(HOLD).await;

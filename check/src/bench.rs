@@ -360,9 +360,9 @@ impl Take {
         let now = LockOptions::new().no_wait();
         let held = match self {
             Take::Lock => l.try_lock(key).await?,
-            Take::Permit(n) => l.semaphore(key, n)?.try_acquire(&now).await?,
-            Take::Read => l.rwlock(key)?.try_read(&now).await?,
-            Take::Write => l.rwlock(key)?.try_write(&now).await?,
+            Take::Permit(n) => l.semaphore(key, n)?.try_acquire_with(&now).await?,
+            Take::Read => l.rwlock(key)?.try_read_with(&now).await?,
+            Take::Write => l.rwlock(key)?.try_write_with(&now).await?,
         };
         held.ok_or_else(|| Error::backend("an uncontended key was held"))
     }

@@ -72,7 +72,7 @@ pub(crate) async fn run(
             while !stop.load(Ordering::Relaxed) {
                 let value = format!("c{id}-{n}");
                 n += 1;
-                let leadership = election.campaign(value.clone(), opts).await?;
+                let leadership = election.campaign_with(value.clone(), opts).await?;
                 let now = Instant::now();
                 handoffs.granted(id);
                 last.send_replace(id);

@@ -45,7 +45,7 @@ pub(crate) async fn elect(args: ElectArgs) -> Result<i32> {
         // A store that keeps no values fails here (Unsupported) as any
         // acquire error does: nothing taken, nothing run.
         let election = locker.election(key)?;
-        election.campaign(value, &opts).await
+        election.campaign_with(value, &opts).await
     })
     .await
 }

@@ -31,9 +31,11 @@ pub(crate) async fn run(args: RunArgs) -> Result<i32> {
     supervise::under_lease(&spec, |locker, wait| async move {
         let opts = LockOptions::new().ttl(ttl).wait(wait);
         match claim {
-            Claim::Shared => locker.rwlock(key)?.read(&opts).await,
+            Claim::Shared => locker.rwlock(key)?.read_with(&opts).await,
             Claim::Exclusive { permits: 1 } => locker.lock_with(key, &opts).await,
-            Claim::Exclusive { permits } => locker.semaphore(key, permits)?.acquire(&opts).await,
+            Claim::Exclusive { permits } => {
+                locker.semaphore(key, permits)?.acquire_with(&opts).await
+            }
         }
     })
     .await

@@ -58,11 +58,11 @@ const REMEMBERED_REIGNS: usize = 64;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> lockwright_core::Result<()> {
-/// use lockwright_core::{backend::MemoryBackend, LockOptions, Locker};
+/// use lockwright_core::{backend::MemoryBackend, Locker};
 ///
 /// let locker = Locker::new(MemoryBackend::new());
 /// let election = locker.election("nightly-job")?;
-/// let leadership = election.campaign("node-a", &LockOptions::new()).await?;
+/// let leadership = election.campaign("node-a").await?;
 /// let leader = election.leader().await?.expect("someone leads");
 /// assert_eq!(leader.value, b"node-a");
 /// assert_eq!(leader.term, leadership.term());
@@ -121,24 +121,44 @@ impl Election {
         &self.key
     }
 
-    /// Waits, as `opts` says, until this caller leads, advertising `value`.
-    /// The returned [`Leadership`] renews itself and signals its loss like a
-    /// lock guard; dropping it resigns in the background.
+    /// Waits, as the `Locker`'s default options say, until this caller
+    /// leads, advertising `value`. The returned [`Leadership`] renews
+    /// itself and signals its loss like a lock guard; dropping it resigns
+    /// in the background.
     ///
     /// A campaign whose future is dropped leaves nothing held, as with a lock.
     ///
     /// # Errors
     /// `InvalidOptions` for a value over
     /// [`MAX_VALUE_LEN`](crate::MAX_VALUE_LEN) bytes; `Busy` when someone
-    /// else leads and `opts` say not to wait, `Timeout` when the wait runs
-    /// out; otherwise as [`Locker::lock_with`].
-    pub async fn campaign(
+    /// else leads and the options say not to wait, `Timeout` when the wait
+    /// runs out; otherwise as [`Locker::lock_with`].
+    pub async fn campaign(&self, value: impl Into<Vec<u8>>) -> Result<Leadership> {
+        let opts = self.locker.options().clone();
+        self.campaign_with(value, &opts).await
+    }
+
+    /// One attempt to lead, with the default options' lease: `Ok(None)`
+    /// if someone else leads.
+    ///
+    /// # Errors
+    /// As [`campaign`](Self::campaign), without `Busy` and `Timeout`.
+    pub async fn try_campaign(&self, value: impl Into<Vec<u8>>) -> Result<Option<Leadership>> {
+        let opts = self.locker.options().clone().no_wait();
+        self.try_campaign_with(value, &opts).await
+    }
+
+    /// As [`campaign`](Self::campaign), waiting as `opts` say.
+    ///
+    /// # Errors
+    /// As [`campaign`](Self::campaign), for `opts`.
+    pub async fn campaign_with(
         &self,
         value: impl Into<Vec<u8>>,
         opts: &LockOptions,
     ) -> Result<Leadership> {
         let value = value.into();
-        self.try_campaign(value, opts).await?.ok_or_else(|| {
+        self.try_campaign_with(value, opts).await?.ok_or_else(|| {
             let kind = match opts.wait {
                 WaitPolicy::NoWait => ErrorKind::Busy,
                 _ => ErrorKind::Timeout,
@@ -147,12 +167,12 @@ impl Election {
         })
     }
 
-    /// As [`campaign`](Self::campaign), but a wait that runs out while
-    /// someone else leads is `Ok(None)`.
+    /// As [`campaign_with`](Self::campaign_with), but `Ok(None)` if
+    /// someone else still leads when the wait ends.
     ///
     /// # Errors
     /// As [`campaign`](Self::campaign), without `Busy` and `Timeout`.
-    pub async fn try_campaign(
+    pub async fn try_campaign_with(
         &self,
         value: impl Into<Vec<u8>>,
         opts: &LockOptions,
@@ -192,10 +212,10 @@ impl Election {
         Ok(Some(Leadership { guard, value }))
     }
 
-    /// Campaigns with `opts` advertising `value`, runs `work` as the leader
-    /// and resigns, awaited, before returning `work`'s output: the next
-    /// candidate may lead the moment this returns. Leadership lost while
-    /// the work runs stops the work (at its next await) and answers
+    /// Campaigns as [`campaign`](Self::campaign) does, runs `work` as the
+    /// leader and resigns, awaited, before returning `work`'s output: the
+    /// next candidate may lead the moment this returns. Leadership lost
+    /// while the work runs stops the work (at its next await) and answers
     /// `Err(Lost)`; a panic resigns first, then goes on. The work gets the
     /// [`Leadership`] to read its term or [`proclaim`](Leadership::proclaim)
     /// a new value.
@@ -203,12 +223,12 @@ impl Election {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> lockwright_core::Result<()> {
-    /// use lockwright_core::{backend::MemoryBackend, LockOptions, Locker};
+    /// use lockwright_core::{backend::MemoryBackend, Locker};
     ///
     /// let locker = Locker::new(MemoryBackend::new());
     /// let election = locker.election("scheduler")?;
     /// let term = election
-    ///     .while_leading("node-a", &LockOptions::new(), async |leading| {
+    ///     .while_leading("node-a", async |leading| {
     ///         // ... schedule the jobs, with leading.term() as the fence ...
     ///         leading.term()
     ///     })
@@ -225,10 +245,24 @@ impl Election {
     pub async fn while_leading<T>(
         &self,
         value: impl Into<Vec<u8>>,
+        work: impl AsyncFnOnce(&mut Leadership) -> T,
+    ) -> Result<T> {
+        let opts = self.locker.options().clone();
+        self.while_leading_with(value, &opts, work).await
+    }
+
+    /// As [`while_leading`](Self::while_leading), campaigning with `opts`.
+    ///
+    /// # Errors
+    /// As [`campaign_with`](Self::campaign_with) while campaigning; then as
+    /// [`Locker::with_lock`](crate::Locker::with_lock).
+    pub async fn while_leading_with<T>(
+        &self,
+        value: impl Into<Vec<u8>>,
         opts: &LockOptions,
         work: impl AsyncFnOnce(&mut Leadership) -> T,
     ) -> Result<T> {
-        let leading = self.campaign(value, opts).await?;
+        let leading = self.campaign_with(value, opts).await?;
         scoped::run_under(leading, work).await
     }
 

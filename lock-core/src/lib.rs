@@ -67,5 +67,5 @@ pub use key::{
 pub use lease::{holder_id, Holder, Lease, LeaseState, LockStatus, LostReason};
 pub use locker::Locker;
 pub use options::{LockOptions, WaitPolicy, MAX_TTL};
-pub use permits::{Permits, ReadWriteLock, Semaphore};
+pub use permits::{Mutex, Permits, ReadWriteLock, Semaphore};
 pub use watchdog::RenewalFailure;

@@ -14,7 +14,7 @@ use crate::identity::HolderInfo;
 use crate::key::{Claim, IntoLockKey, OwnerToken};
 use crate::meter::{self, Labels};
 use crate::options::{LockOptions, WaitPolicy};
-use crate::permits::{ReadWriteLock, Semaphore};
+use crate::permits::{Mutex, ReadWriteLock, Semaphore};
 use crate::request::HoldKind;
 use crate::request::LockRequest;
 use crate::scoped;
@@ -343,6 +343,22 @@ impl Locker {
             .ok_or_else(|| timeout_error(&key, opts.wait))
     }
 
+    /// As [`lock_as`](Self::lock_as), but `Ok(None)` if another owner
+    /// still holds the key when the wait ends.
+    ///
+    /// # Errors
+    /// As [`lock_as`](Self::lock_as), without `Busy` and `Timeout`.
+    pub async fn try_lock_as(
+        &self,
+        key: impl IntoLockKey,
+        opts: &LockOptions,
+        owner: &OwnerToken,
+    ) -> Result<Option<LockGuard>> {
+        let key = key.into_lock_key()?;
+        self.acquire(LockRequest::new(key, Some(owner.clone())), opts)
+            .await
+    }
+
     /// Takes `key` with the default options, runs `work` under it and
     /// gives it back, awaited, before returning `work`'s output: the name
     /// is free for the next claimant the moment this returns, whether the
@@ -397,6 +413,15 @@ impl Locker {
     ) -> Result<T> {
         let guard = self.lock_with(key, opts).await?;
         scoped::run_under(guard, async move |g: &mut LockGuard| work(g).await).await
+    }
+
+    /// The mutex named `name`, as a handle with the verbs every handle
+    /// has (see [`Mutex`]); the same lock as this locker's `lock(name)`.
+    ///
+    /// # Errors
+    /// `InvalidKey` for a bad name.
+    pub fn mutex(&self, name: impl IntoLockKey) -> Result<Mutex> {
+        Ok(Mutex::new(self.clone(), name.into_lock_key()?))
     }
 
     /// The election named `name`: its leader is whoever holds that key

@@ -1,5 +1,6 @@
-//! Semaphores and read-write locks: the mutex's contract for more than
-//! one holder.
+//! The handles: [`Mutex`], and semaphores and read-write locks, the
+//! mutex's contract for more than one holder; and the one family of verbs
+//! they all take holds by (`hold_verbs!`).
 //!
 //! Both are locks whose acquires carry a [`Claim`]: a semaphore's permit
 //! is an exclusive claim of N permits (the mutex is the one-permit case),
@@ -23,6 +24,213 @@ use crate::request::HoldKind;
 use crate::request::LockRequest;
 use crate::scoped;
 
+/// The one family of verbs every handle has for each hold it takes, with
+/// the same meaning everywhere (`V` is `lock`, `acquire`, `read` or
+/// `write`):
+///
+/// | form | waits | someone else holds it |
+/// |---|---|---|
+/// | `V()` | as the `Locker`'s default options say | `Err(Busy)` or `Err(Timeout)` |
+/// | `try_V()` | never: one attempt | `Ok(None)` |
+/// | `V_with(opts)` | as `opts` say | `Err(Busy)` or `Err(Timeout)` |
+/// | `try_V_with(opts)` | as `opts` say | `Ok(None)` |
+/// | `V_as(opts, owner)`, `try_V_as(opts, owner)` | as `opts` say, re-entering `owner`'s hold | as `V_with`, `try_V_with` |
+/// | `with_V(work)`, `with_V_with(opts, work)` | as `V`, `V_with` | as `V`, `V_with`; the work runs under the hold, which is given back before it returns |
+///
+/// `$kind` names the handle's method that says what kind of hold `V` takes.
+macro_rules! hold_verbs {
+    ($Handle:ident, $kind:ident, $what:literal,
+     $V:ident, $try_V:ident, $V_with:ident, $try_V_with:ident,
+     $V_as:ident, $try_V_as:ident, $with_V:ident, $with_V_with:ident) => {
+        impl $Handle {
+            #[doc = concat!("Takes ", $what, ", waiting as the `Locker`'s default options say.")]
+            ///
+            /// # Errors
+            /// `Busy` when the defaults do not wait and someone else holds
+            /// it, `Timeout` when their wait runs out; `Unavailable` when
+            /// the store cannot be reached; `InvalidOptions` for options
+            /// the store cannot honour; `Closed` after the locker's close.
+            pub async fn $V(&self) -> Result<LockGuard> {
+                let opts = self.locker.options().clone();
+                self.$V_with(&opts).await
+            }
+
+            #[doc = concat!("Makes one attempt to take ", $what, " with the default options' lease: `Ok(None)` if someone else holds it.")]
+            ///
+            /// # Errors
+            #[doc = concat!("As [`", stringify!($V), "`](Self::", stringify!($V), "), without `Busy` and `Timeout`.")]
+            pub async fn $try_V(&self) -> Result<Option<LockGuard>> {
+                let opts = self.locker.options().clone().no_wait();
+                self.$try_V_with(&opts).await
+            }
+
+            #[doc = concat!("Takes ", $what, ", waiting as `opts` say.")]
+            ///
+            /// # Errors
+            #[doc = concat!("As [`", stringify!($V), "`](Self::", stringify!($V), "), for `opts`.")]
+            pub async fn $V_with(&self, opts: &LockOptions) -> Result<LockGuard> {
+                required(&self.key, self.$try_V_with(opts).await?, opts)
+            }
+
+            #[doc = concat!("Takes ", $what, ", waiting as `opts` say: `Ok(None)` if someone else still holds it when the wait ends.")]
+            ///
+            /// # Errors
+            #[doc = concat!("As [`", stringify!($V_with), "`](Self::", stringify!($V_with), "), without `Busy` and `Timeout`.")]
+            pub async fn $try_V_with(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
+                take(&self.locker, &self.key, self.$kind(), None, opts).await
+            }
+
+            #[doc = concat!("Takes ", $what, " as `owner`, waiting as `opts` say: if that owner holds it already, the store adds a hold (re-entry), released with the last guard.")]
+            ///
+            /// # Errors
+            #[doc = concat!("As [`", stringify!($V_with), "`](Self::", stringify!($V_with), ").")]
+            pub async fn $V_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
+                required(&self.key, self.$try_V_as(opts, owner).await?, opts)
+            }
+
+            #[doc = concat!("As [`", stringify!($V_as), "`](Self::", stringify!($V_as), "), but `Ok(None)` if someone else still holds it when the wait ends.")]
+            ///
+            /// # Errors
+            #[doc = concat!("As [`", stringify!($V_as), "`](Self::", stringify!($V_as), "), without `Busy` and `Timeout`.")]
+            pub async fn $try_V_as(
+                &self,
+                opts: &LockOptions,
+                owner: &OwnerToken,
+            ) -> Result<Option<LockGuard>> {
+                take(&self.locker, &self.key, self.$kind(), Some(owner), opts).await
+            }
+
+            #[doc = concat!("Takes ", $what, " as [`", stringify!($V), "`](Self::", stringify!($V), ") does, runs `work` under it and gives it back, awaited, before returning: see [`Locker::with_lock`].")]
+            ///
+            /// # Errors
+            #[doc = concat!("As [`", stringify!($V), "`](Self::", stringify!($V), ") while taking it; then as [`Locker::with_lock`].")]
+            pub async fn $with_V<T>(&self, work: impl AsyncFnOnce(&LockGuard) -> T) -> Result<T> {
+                let opts = self.locker.options().clone();
+                self.$with_V_with(&opts, work).await
+            }
+
+            #[doc = concat!("As [`", stringify!($with_V), "`](Self::", stringify!($with_V), "), taking it with `opts`.")]
+            ///
+            /// # Errors
+            #[doc = concat!("As [`", stringify!($V_with), "`](Self::", stringify!($V_with), ") while taking it; then as [`Locker::with_lock`].")]
+            pub async fn $with_V_with<T>(
+                &self,
+                opts: &LockOptions,
+                work: impl AsyncFnOnce(&LockGuard) -> T,
+            ) -> Result<T> {
+                let held = self.$V_with(opts).await?;
+                scoped::run_under(held, async move |g: &mut LockGuard| work(g).await).await
+            }
+        }
+    };
+}
+
+hold_verbs!(
+    Mutex,
+    mutex_kind,
+    "the lock",
+    lock,
+    try_lock,
+    lock_with,
+    try_lock_with,
+    lock_as,
+    try_lock_as,
+    with_lock,
+    with_lock_with
+);
+hold_verbs!(
+    Semaphore,
+    permit_kind,
+    "a permit",
+    acquire,
+    try_acquire,
+    acquire_with,
+    try_acquire_with,
+    acquire_as,
+    try_acquire_as,
+    with_permit,
+    with_permit_with
+);
+hold_verbs!(
+    ReadWriteLock,
+    read_kind,
+    "a read hold",
+    read,
+    try_read,
+    read_with,
+    try_read_with,
+    read_as,
+    try_read_as,
+    with_read,
+    with_read_with
+);
+hold_verbs!(
+    ReadWriteLock,
+    write_kind,
+    "the write hold",
+    write,
+    try_write,
+    write_with,
+    try_write_with,
+    write_as,
+    try_write_as,
+    with_write,
+    with_write_with
+);
+
+/// One name's mutex: the handle form of [`Locker::lock`] and its
+/// siblings, with the verbs every handle has. Made by [`Locker::mutex`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockwright_core::Result<()> {
+/// use lockwright_core::{backend::MemoryBackend, Locker};
+///
+/// let locker = Locker::new(MemoryBackend::new());
+/// let nightly = locker.mutex("nightly-report")?;
+/// let ran = nightly.with_lock(async |guard| guard.fence().is_some()).await?;
+/// assert!(ran);
+/// let held = nightly.lock().await?;
+/// assert!(nightly.try_lock().await?.is_none(), "held: one attempt, no wait");
+/// held.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Mutex {
+    locker: Locker,
+    key: LockKey,
+}
+
+impl fmt::Debug for Mutex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mutex").field("name", &self.key).finish()
+    }
+}
+
+impl Mutex {
+    pub(crate) fn new(locker: Locker, key: LockKey) -> Self {
+        Mutex { locker, key }
+    }
+
+    /// The mutex's name.
+    pub fn name(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// Who holds it now, as the store says (see [`Locker::status`]).
+    ///
+    /// # Errors
+    /// As [`Locker::status`].
+    pub async fn status(&self) -> Result<LockStatus> {
+        self.locker.status(&self.key).await
+    }
+
+    fn mutex_kind(&self) -> HoldKind {
+        HoldKind::Mutex
+    }
+}
+
 /// At most N holders of a name at once, on the store's clock. Made by
 /// [`Locker::semaphore`].
 ///
@@ -32,16 +240,15 @@ use crate::scoped;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> lockwright_core::Result<()> {
-/// use lockwright_core::{backend::MemoryBackend, LockOptions, Locker};
+/// use lockwright_core::{backend::MemoryBackend, Locker};
 ///
 /// let locker = Locker::new(MemoryBackend::new());
 /// let backups = locker.semaphore("backups", 2)?;
-/// let opts = LockOptions::new().no_wait();
-/// let first = backups.acquire(&opts).await?;
-/// let second = backups.acquire(&opts).await?;
-/// assert!(backups.try_acquire(&opts).await?.is_none(), "both permits are out");
+/// let first = backups.acquire().await?;
+/// let second = backups.acquire().await?;
+/// assert!(backups.try_acquire().await?.is_none(), "both permits are out");
 /// first.release().await?;
-/// let third = backups.acquire(&opts).await?;
+/// let third = backups.acquire().await?;
 /// assert!(third.fence() > second.fence());
 /// # Ok(())
 /// # }
@@ -79,61 +286,8 @@ impl Semaphore {
         self.claim.exclusive_permits().unwrap_or(1)
     }
 
-    /// Takes a permit, waiting as `opts` say.
-    ///
-    /// # Errors
-    /// `Busy` (with `no_wait`) or `Timeout` when every permit stayed out
-    /// for the whole wait;
-    /// `InvalidOptions` when the store keeps another N for the name;
-    /// otherwise as [`Locker::lock_with`].
-    pub async fn acquire(&self, opts: &LockOptions) -> Result<LockGuard> {
-        required(&self.key, self.try_acquire(opts).await?, opts)
-    }
-
-    /// As [`acquire`](Self::acquire), but a wait that runs out is `Ok(None)`.
-    ///
-    /// # Errors
-    /// As [`acquire`](Self::acquire), without `Busy` and `Timeout`.
-    pub async fn try_acquire(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        take(
-            &self.locker,
-            &self.key,
-            HoldKind::of_claim(self.claim),
-            None,
-            opts,
-        )
-        .await
-    }
-
-    /// Takes a permit as `owner`: if it holds one already, the store adds
-    /// a hold to it (re-entry), as [`Locker::lock_as`] does for a mutex.
-    ///
-    /// # Errors
-    /// As [`acquire`](Self::acquire).
-    pub async fn acquire_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
-        let held = take(
-            &self.locker,
-            &self.key,
-            HoldKind::of_claim(self.claim),
-            Some(owner),
-            opts,
-        )
-        .await?;
-        required(&self.key, held, opts)
-    }
-
-    /// Takes a permit with `opts`, runs `work` under it and gives it back,
-    /// awaited, before returning: as [`Locker::with_lock`] does for a mutex.
-    ///
-    /// # Errors
-    /// As [`acquire`](Self::acquire) while taking it; then as [`Locker::with_lock`].
-    pub async fn with_permit<T>(
-        &self,
-        opts: &LockOptions,
-        work: impl AsyncFnOnce(&LockGuard) -> T,
-    ) -> Result<T> {
-        let permit = self.acquire(opts).await?;
-        scoped::run_under(permit, async move |g: &mut LockGuard| work(g).await).await
+    fn permit_kind(&self) -> HoldKind {
+        HoldKind::of_claim(self.claim)
     }
 
     /// How many of the permits are held and how many are free now, as
@@ -146,11 +300,11 @@ impl Semaphore {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> lockwright_core::Result<()> {
-    /// use lockwright_core::{backend::MemoryBackend, LockOptions, Locker};
+    /// use lockwright_core::{backend::MemoryBackend, Locker};
     ///
     /// let locker = Locker::new(MemoryBackend::new());
     /// let exports = locker.semaphore("exports", 3)?;
-    /// let one = exports.acquire(&LockOptions::new()).await?;
+    /// let one = exports.acquire().await?;
     /// let now = exports.available().await?;
     /// assert_eq!((now.held, now.free), (1, 2));
     /// one.release().await?;
@@ -204,17 +358,16 @@ pub struct Permits {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> lockwright_core::Result<()> {
-/// use lockwright_core::{backend::MemoryBackend, LockOptions, Locker};
+/// use lockwright_core::{backend::MemoryBackend, Locker};
 ///
 /// let locker = Locker::new(MemoryBackend::new());
 /// let catalogue = locker.rwlock("catalogue")?;
-/// let opts = LockOptions::new().no_wait();
-/// let r1 = catalogue.read(&opts).await?;
-/// let r2 = catalogue.read(&opts).await?;
-/// assert!(catalogue.try_write(&opts).await?.is_none(), "readers keep the writer out");
+/// let r1 = catalogue.read().await?;
+/// let r2 = catalogue.read().await?;
+/// assert!(catalogue.try_write().await?.is_none(), "readers keep the writer out");
 /// r1.release().await?;
 /// r2.release().await?;
-/// let w = catalogue.write(&opts).await?;
+/// let w = catalogue.write().await?;
 /// let r = catalogue.downgrade(w).await?; // reads what it wrote, others may read too
 /// r.release().await?;
 /// # Ok(())
@@ -245,95 +398,12 @@ impl ReadWriteLock {
         &self.key
     }
 
-    /// Takes a read hold, waiting as `opts` say.
-    ///
-    /// # Errors
-    /// `Busy` (with `no_wait`) or `Timeout` when a writer held or waited
-    /// for the whole wait;
-    /// otherwise as [`Locker::lock_with`].
-    pub async fn read(&self, opts: &LockOptions) -> Result<LockGuard> {
-        required(
-            &self.key,
-            take(&self.locker, &self.key, read(), None, opts).await?,
-            opts,
-        )
+    fn read_kind(&self) -> HoldKind {
+        read()
     }
 
-    /// As [`read`](Self::read), but a wait that runs out is `Ok(None)`.
-    ///
-    /// # Errors
-    /// As [`read`](Self::read), without `Busy` and `Timeout`.
-    pub async fn try_read(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        take(&self.locker, &self.key, read(), None, opts).await
-    }
-
-    /// Takes the write hold, waiting as `opts` say.
-    ///
-    /// # Errors
-    /// `Busy` (with `no_wait`) or `Timeout` when readers or another writer
-    /// held it for the whole wait; otherwise as [`Locker::lock_with`].
-    pub async fn write(&self, opts: &LockOptions) -> Result<LockGuard> {
-        required(
-            &self.key,
-            take(&self.locker, &self.key, HoldKind::Writer, None, opts).await?,
-            opts,
-        )
-    }
-
-    /// As [`write`](Self::write), but a wait that runs out is `Ok(None)`.
-    ///
-    /// # Errors
-    /// As [`write`](Self::write), without `Busy` and `Timeout`.
-    pub async fn try_write(&self, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        take(&self.locker, &self.key, HoldKind::Writer, None, opts).await
-    }
-
-    /// Takes a read hold as `owner`, adding a hold if it reads already.
-    ///
-    /// # Errors
-    /// `InvalidOptions` if `owner` holds the write lock (downgrade
-    /// instead); otherwise as [`read`](Self::read).
-    pub async fn read_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
-        let held = take(&self.locker, &self.key, read(), Some(owner), opts).await?;
-        required(&self.key, held, opts)
-    }
-
-    /// Takes the write hold as `owner`, adding a hold if it writes already.
-    ///
-    /// # Errors
-    /// `InvalidOptions` if `owner` holds a read lock (a read hold is
-    /// never upgraded); otherwise as [`write`](Self::write).
-    pub async fn write_as(&self, opts: &LockOptions, owner: &OwnerToken) -> Result<LockGuard> {
-        let held = take(&self.locker, &self.key, HoldKind::Writer, Some(owner), opts).await?;
-        required(&self.key, held, opts)
-    }
-
-    /// Takes a read hold with `opts`, runs `work` under it and gives it
-    /// back, awaited, before returning: as [`Locker::with_lock`] does for a mutex.
-    ///
-    /// # Errors
-    /// As [`read`](Self::read) while taking it; then as [`Locker::with_lock`].
-    pub async fn with_read<T>(
-        &self,
-        opts: &LockOptions,
-        work: impl AsyncFnOnce(&LockGuard) -> T,
-    ) -> Result<T> {
-        let reader = self.read(opts).await?;
-        scoped::run_under(reader, async move |g: &mut LockGuard| work(g).await).await
-    }
-
-    /// Takes the write hold with `opts`, runs `work` under it and gives it
-    /// back, awaited, before returning: as [`Locker::with_lock`] does for a mutex.
-    ///
-    /// # Errors
-    /// As [`write`](Self::write) while taking it; then as [`Locker::with_lock`].
-    pub async fn with_write<T>(
-        &self,
-        opts: &LockOptions,
-        work: impl AsyncFnOnce(&LockGuard) -> T,
-    ) -> Result<T> {
-        let writer = self.write(opts).await?;
-        scoped::run_under(writer, async move |g: &mut LockGuard| work(g).await).await
+    fn write_kind(&self) -> HoldKind {
+        HoldKind::Writer
     }
 
     /// Turns a write hold into a read hold without a moment unlocked: a

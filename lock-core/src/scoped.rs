@@ -176,7 +176,7 @@ mod tests {
         let election = locker.election("primary").unwrap();
         let opts = LockOptions::new().no_wait();
         let term = election
-            .while_leading("node-a", &opts, async |leading| {
+            .while_leading_with("node-a", &opts, async |leading| {
                 leading.proclaim("node-a, busy").await.unwrap();
                 leading.term()
             })
@@ -197,9 +197,15 @@ mod tests {
         let l = locker.clone();
         let spawned = tokio::spawn(async move {
             let a = l.with_lock("a", async |g| g.holds()).await.unwrap();
-            let b = sem.with_permit(&opts, async |g| g.holds()).await.unwrap();
-            let c = rw.with_read(&opts, async |g| g.holds()).await.unwrap();
-            let d = rw.with_write(&opts, async |g| g.holds()).await.unwrap();
+            let b = sem
+                .with_permit_with(&opts, async |g| g.holds())
+                .await
+                .unwrap();
+            let c = rw.with_read_with(&opts, async |g| g.holds()).await.unwrap();
+            let d = rw
+                .with_write_with(&opts, async |g| g.holds())
+                .await
+                .unwrap();
             a + b + c + d
         });
         assert_eq!(spawned.await.unwrap(), 4);

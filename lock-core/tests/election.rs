@@ -84,7 +84,10 @@ async fn an_outage_is_one_error_then_the_leader_again() {
         .extend([Ok(LockStatus::free()), down(), down(), down()]);
     let locker = Locker::new(scripted);
     let election = locker.election("e").unwrap();
-    let leadership = election.campaign("a", &LockOptions::new()).await.unwrap();
+    let leadership = election
+        .campaign_with("a", &LockOptions::new())
+        .await
+        .unwrap();
     let mut changes = Box::pin(election.observe_every(Duration::from_millis(1)));
     assert!(changes.next().await.unwrap().unwrap().is_none());
     let err = changes.next().await.unwrap().unwrap_err();
@@ -155,7 +158,7 @@ async fn values_are_bounded_and_elections_need_a_store_with_values() {
     let election = locker.election("e").unwrap();
     let too_big = vec![0u8; lockwright_core::MAX_VALUE_LEN + 1];
     let err = election
-        .campaign(too_big, &LockOptions::new())
+        .campaign_with(too_big, &LockOptions::new())
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidOptions);
@@ -217,17 +220,17 @@ async fn heard_by_notice(locker: &Locker, name: &str, opts: &LockOptions) -> [Du
     let election = locker.election(name).unwrap();
     let mut changes = Box::pin(election.observe_every(NEVER));
     assert!(changes.next().await.unwrap().unwrap().is_none());
-    let mut a = election.campaign("a", opts).await.unwrap();
+    let mut a = election.campaign_with("a", opts).await.unwrap();
     until(&mut changes, SOON, "a leads", leads("a")).await;
     a.proclaim("a-2").await.unwrap();
     let proclaimed = until(&mut changes, SOON, "a proclaims", leads("a-2")).await;
     a.resign().await.unwrap();
     let resigned = until(&mut changes, SOON, "a resigns", Option::is_none).await;
-    let b = election.campaign("b", opts).await.unwrap();
+    let b = election.campaign_with("b", opts).await.unwrap();
     let led = until(&mut changes, SOON, "b leads", leads("b")).await;
     let waiting = election.clone();
     let wait = opts.clone().wait_for(SOON * 2);
-    let c = tokio::spawn(async move { waiting.campaign("c", &wait).await });
+    let c = tokio::spawn(async move { waiting.campaign_with("c", &wait).await });
     // c is waiting (or about to): b still leads meanwhile.
     tokio::time::sleep(Duration::from_millis(300)).await;
     b.resign().await.unwrap();
@@ -269,7 +272,10 @@ async fn a_store_without_notices_is_polled() {
     let mut polled = Box::pin(election.observe_every(Duration::from_millis(50)));
     assert!(slow.next().await.unwrap().unwrap().is_none());
     assert!(polled.next().await.unwrap().unwrap().is_none());
-    let mut a = election.campaign("a", &LockOptions::new()).await.unwrap();
+    let mut a = election
+        .campaign_with("a", &LockOptions::new())
+        .await
+        .unwrap();
     until(&mut polled, SOON, "a leads", leads("a")).await;
     a.proclaim("a-2").await.unwrap();
     until(&mut polled, SOON, "a proclaims", leads("a-2")).await;
@@ -297,7 +303,10 @@ async fn a_store_without_notices_is_polled() {
     let election = locker.election("e").unwrap();
     let mut polled = Box::pin(election.observe_every(Duration::from_millis(50)));
     assert!(polled.next().await.unwrap().unwrap().is_none());
-    let mut a = election.campaign("a", &LockOptions::new()).await.unwrap();
+    let mut a = election
+        .campaign_with("a", &LockOptions::new())
+        .await
+        .unwrap();
     until(&mut polled, SOON, "a leads on the quorum", leads("a")).await;
     a.proclaim("a-2").await.unwrap();
     until(&mut polled, SOON, "a proclaims on the quorum", leads("a-2")).await;
@@ -365,7 +374,10 @@ async fn an_ended_subscription_is_made_again() {
     let election = locker.election("e").unwrap();
     let mut changes = Box::pin(election.observe_every(NEVER));
     assert!(changes.next().await.unwrap().unwrap().is_none());
-    let a = election.campaign("a", &LockOptions::new()).await.unwrap();
+    let a = election
+        .campaign_with("a", &LockOptions::new())
+        .await
+        .unwrap();
     until(&mut changes, SOON, "a leads", leads("a")).await;
     assert_eq!(store.subscribed.load(Ordering::SeqCst), 1);
     store.cut();
@@ -373,7 +385,10 @@ async fn an_ended_subscription_is_made_again() {
     // The change made while no subscription lived is read when the
     // observer subscribes again.
     until(&mut changes, SOON, "a resigns", Option::is_none).await;
-    let b = election.campaign("b", &LockOptions::new()).await.unwrap();
+    let b = election
+        .campaign_with("b", &LockOptions::new())
+        .await
+        .unwrap();
     until(&mut changes, SOON, "b leads", leads("b")).await;
     assert_eq!(store.subscribed.load(Ordering::SeqCst), 2);
     b.resign().await.unwrap();
@@ -390,7 +405,10 @@ async fn a_refused_subscription_is_tried_again_and_polled_meanwhile() {
     let election = locker.election("e").unwrap();
     let mut changes = Box::pin(election.observe_every(NEVER));
     assert!(changes.next().await.unwrap().unwrap().is_none());
-    let mut a = election.campaign("a", &LockOptions::new()).await.unwrap();
+    let mut a = election
+        .campaign_with("a", &LockOptions::new())
+        .await
+        .unwrap();
     let polled = until(&mut changes, SOON, "a leads", leads("a")).await;
     assert!(polled < Duration::from_secs(2), "a took {polled:?}");
     // Refused twice, a second apart: subscribed by the third try.

@@ -162,11 +162,14 @@ async fn a_waiting_acquire_fails_at_once_on_a_refusal() {
 
     // Two of three permits out; a claim of N = 2 waits for nothing.
     let three = locker.semaphore("pool", 3).unwrap();
-    let _p1 = three.acquire(&no_wait).await.unwrap();
-    let _p2 = three.acquire(&no_wait).await.unwrap();
+    let _p1 = three.acquire_with(&no_wait).await.unwrap();
+    let _p2 = three.acquire_with(&no_wait).await.unwrap();
     let two = locker.semaphore("pool", 2).unwrap();
     let start = Instant::now();
-    let e = two.acquire(&wait).await.expect_err("another N was granted");
+    let e = two
+        .acquire_with(&wait)
+        .await
+        .expect_err("another N was granted");
     let took = start.elapsed();
     assert_eq!(e.kind(), ErrorKind::InvalidOptions, "{e}");
     assert!(took < quick, "another N was retried for {took:?}");
@@ -175,7 +178,7 @@ async fn a_waiting_acquire_fails_at_once_on_a_refusal() {
     let rw = locker.rwlock("pool").unwrap();
     let start = Instant::now();
     let e = rw
-        .read(&wait)
+        .read_with(&wait)
         .await
         .expect_err("a reader was let in beside a semaphore");
     let took = start.elapsed();
@@ -184,11 +187,11 @@ async fn a_waiting_acquire_fails_at_once_on_a_refusal() {
 
     // And the other way round: a semaphore's permit where readers hold.
     let books = locker.rwlock("books").unwrap();
-    let _reader = books.read(&no_wait).await.unwrap();
+    let _reader = books.read_with(&no_wait).await.unwrap();
     let sem = locker.semaphore("books", 3).unwrap();
     let start = Instant::now();
     let e = sem
-        .acquire(&wait)
+        .acquire_with(&wait)
         .await
         .expect_err("a permit was granted beside readers");
     let took = start.elapsed();

@@ -119,13 +119,16 @@ async fn take(
     opts: &LockOptions,
 ) -> Result<Hold> {
     if let Some(e) = election {
-        return e.campaign(worker_value(id), opts).await.map(Hold::Lead);
+        return e
+            .campaign_with(worker_value(id), opts)
+            .await
+            .map(Hold::Lead);
     }
     let guard = match claims {
         Claims::Lock => locker.lock_with(key, opts).await,
-        Claims::Permits(n) => locker.semaphore(key, n)?.acquire(opts).await,
-        Claims::ReadWrite if shared => locker.rwlock(key)?.read(opts).await,
-        Claims::ReadWrite => locker.rwlock(key)?.write(opts).await,
+        Claims::Permits(n) => locker.semaphore(key, n)?.acquire_with(opts).await,
+        Claims::ReadWrite if shared => locker.rwlock(key)?.read_with(opts).await,
+        Claims::ReadWrite => locker.rwlock(key)?.write_with(opts).await,
     };
     guard.map(Hold::Lock)
 }

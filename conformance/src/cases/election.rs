@@ -66,11 +66,14 @@ pub async fn one_leader_at_a_time(h: &dyn Harness) -> Result<()> {
     let Some((_, b)) = election(h, &k).await? else {
         bail!("a second client of the store keeps no values");
     };
-    let la = a.campaign("a", &long()).await?;
-    if let Some(lb) = b.try_campaign("b", &long().no_wait()).await? {
+    let la = a.campaign_with("a", &long()).await?;
+    if let Some(lb) = b.try_campaign_with("b", &long().no_wait()).await? {
         bail!("a second candidate led while the first did: {lb:?}");
     }
-    match b.campaign("b", &waiting(Duration::from_millis(300))).await {
+    match b
+        .campaign_with("b", &waiting(Duration::from_millis(300)))
+        .await
+    {
         Err(e) if e.kind() == ErrorKind::Timeout => {}
         other => bail!("a campaign against a live leader ended with {other:?}, not a timeout"),
     }
@@ -91,7 +94,7 @@ pub async fn one_leader_at_a_time(h: &dyn Harness) -> Result<()> {
         tasks.push(tokio::spawn(async move {
             for round in 0..2 {
                 let l = e
-                    .campaign(format!("c{i}-{round}"), &waiting(Duration::from_secs(60)))
+                    .campaign_with(format!("c{i}-{round}"), &waiting(Duration::from_secs(60)))
                     .await?;
                 ensure!(
                     leading.fetch_add(1, Ordering::SeqCst) == 0,
@@ -126,7 +129,7 @@ pub async fn leader_agrees_with_the_holder(h: &dyn Harness) -> Result<()> {
     let Some((_, a)) = election(h, &k).await? else {
         bail!("a second client keeps no values");
     };
-    let mut la = a.campaign("a", &long()).await?;
+    let mut la = a.campaign_with("a", &long()).await?;
     let seen = reader
         .leader()
         .await?
@@ -166,7 +169,7 @@ pub async fn leader_agrees_with_the_holder(h: &dyn Harness) -> Result<()> {
     let Some((_, b)) = election(h, &k).await? else {
         bail!("a third client keeps no values");
     };
-    let lb = b.campaign("b", &long()).await?;
+    let lb = b.campaign_with("b", &long()).await?;
     let seen = reader.leader().await?;
     ensure!(
         value_of(&seen) == Some(b"b"),
@@ -184,7 +187,7 @@ pub async fn leader_agrees_with_the_holder(h: &dyn Harness) -> Result<()> {
         ensure!(seen.and_then(|l| l.term) == lb.term(), "term read back");
     }
     lb.resign().await?;
-    match b.campaign(vec![0u8; MAX_VALUE_LEN + 1], &long()).await {
+    match b.campaign_with(vec![0u8; MAX_VALUE_LEN + 1], &long()).await {
         Err(e) if e.kind() == ErrorKind::InvalidOptions => {}
         other => bail!("a campaign with an oversized value: {other:?}"),
     }
@@ -213,7 +216,7 @@ pub async fn observe_reports_each_reign_in_order(h: &dyn Harness) -> Result<()> 
     let Some((_, a)) = election(h, &k).await? else {
         bail!("a second client keeps no values");
     };
-    let mut la = a.campaign("a", &long()).await?;
+    let mut la = a.campaign_with("a", &long()).await?;
     let seen = next(&mut changes, soon).await?;
     ensure!(value_of(&seen) == Some(b"a"), "first reign not observed");
     ensure!(seen.and_then(|l| l.term) == la.term(), "first reign's term");
@@ -282,9 +285,9 @@ pub async fn resign_hands_over_at_once(h: &dyn Harness) -> Result<()> {
     let Some((_, b)) = election(h, &k).await? else {
         bail!("a second client keeps no values");
     };
-    let la = a.campaign("a", &long()).await?;
+    let la = a.campaign_with("a", &long()).await?;
     let waiter = tokio::spawn(async move {
-        let lb = b.campaign("b", &waiting(LONG_TTL)).await?;
+        let lb = b.campaign_with("b", &waiting(LONG_TTL)).await?;
         anyhow::Ok((Instant::now(), lb))
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -330,7 +333,9 @@ pub async fn former_leader_cannot_proclaim(h: &dyn Harness) -> Result<()> {
     let Some((_, b)) = election(h, &k).await? else {
         bail!("a second client keeps no values");
     };
-    let lb = b.campaign("b", &waiting(Duration::from_secs(30))).await?;
+    let lb = b
+        .campaign_with("b", &waiting(Duration::from_secs(30)))
+        .await?;
     let refused = |r: lockwright_core::Result<Renew>| match r {
         Ok(Renew::NotHeld) => true,
         Err(e) => e.kind() == ErrorKind::NotHeld,
@@ -358,7 +363,7 @@ pub async fn a_leadership_without_its_lease_cannot_proclaim(h: &dyn Harness) -> 
     let Some((locker, a)) = election(h, &k).await? else {
         return Ok(());
     };
-    let mut la = a.campaign("a", &long()).await?;
+    let mut la = a.campaign_with("a", &long()).await?;
     // The lease ends without the leadership hearing of it.
     let backend = locker.backend().clone();
     ensure!(
@@ -376,7 +381,7 @@ pub async fn a_leadership_without_its_lease_cannot_proclaim(h: &dyn Harness) -> 
     let Some((_, b)) = election(h, &k).await? else {
         bail!("a second client keeps no values");
     };
-    let lb = b.campaign("b", &long()).await?;
+    let lb = b.campaign_with("b", &long()).await?;
     match la.proclaim("a-3").await {
         Err(e) if matches!(e.kind(), ErrorKind::NotHeld | ErrorKind::Lost) => {}
         other => bail!("a leader whose lease was taken over proclaimed: {other:?}, not NotHeld"),
@@ -400,10 +405,10 @@ pub async fn cancelled_campaign_leaves_no_leader(h: &dyn Harness) -> Result<()> 
     let Some((_, b)) = election(h, &k).await? else {
         bail!("a second client keeps no values");
     };
-    let la = a.campaign("a", &long()).await?;
+    let la = a.campaign_with("a", &long()).await?;
     let dropped = tokio::time::timeout(
         Duration::from_millis(300),
-        b.campaign("b", &waiting(LONG_TTL)),
+        b.campaign_with("b", &waiting(LONG_TTL)),
     )
     .await;
     ensure!(
@@ -418,7 +423,7 @@ pub async fn cancelled_campaign_leaves_no_leader(h: &dyn Harness) -> Result<()> 
     let stalled = Locker::from_arc(stall.clone()).election(&k)?;
     let opts = long();
     tokio::select! {
-        r = stalled.campaign("s", &opts) => {
+        r = stalled.campaign_with("s", &opts) => {
             bail!("the stalled campaign returned ({:?}) before its reply was let through", r.map(|_| ()))
         }
         () = stall.granted() => {}
@@ -432,7 +437,7 @@ pub async fn cancelled_campaign_leaves_no_leader(h: &dyn Harness) -> Result<()> 
     for micros in [0, 200, 1_000, 3_000, 10_000, 30_000] {
         match tokio::time::timeout(
             Duration::from_micros(micros),
-            b.campaign("b", &waiting(LONG_TTL)),
+            b.campaign_with("b", &waiting(LONG_TTL)),
         )
         .await
         {
@@ -476,7 +481,7 @@ pub async fn announced_changes_wake_observers(h: &dyn Harness) -> Result<()> {
     let Some(mut watch) = watcher.changes(&k).await? else {
         return Ok(());
     };
-    let mut leading = election.campaign("a", &long()).await?;
+    let mut leading = election.campaign_with("a", &long()).await?;
     heard(&mut watch, "a grant").await?;
     quiet(&mut watch).await;
     leading.proclaim("a-2").await?;
@@ -526,7 +531,9 @@ pub async fn leader_of_a_down_store_is_unavailable(h: &dyn Harness) -> Result<()
         "leader() on a down store: {r:?}"
     );
     let start = Instant::now();
-    let r = e.campaign("x", &waiting(super::outage::OUTAGE_WAIT)).await;
+    let r = e
+        .campaign_with("x", &waiting(super::outage::OUTAGE_WAIT))
+        .await;
     ensure!(kind(r.map(|_| ())) == want, "a campaign on a down store");
     ensure!(
         start.elapsed() < Duration::from_secs(15),

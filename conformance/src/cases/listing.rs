@@ -41,12 +41,12 @@ pub async fn list_shows_every_held_name_and_changes_nothing(h: &dyn Harness) -> 
     held.push(odd);
     if caps.permits {
         let semaphore = holder.semaphore(name("semaphore"), 3)?;
-        guards.push(semaphore.acquire(&long()).await?);
+        guards.push(semaphore.acquire_with(&long()).await?);
         held.push(name("semaphore"));
     }
     if caps.shared {
         let rw = holder.rwlock(name("readers"))?;
-        guards.push(rw.read(&long()).await?);
+        guards.push(rw.read_with(&long()).await?);
         held.push(name("readers"));
     }
     let leader = OwnerToken::generate();
@@ -132,18 +132,28 @@ pub async fn status_and_list_show_who_holds(h: &dyn Harness) -> Result<()> {
     guards.push(labelled.lock_with(name("lock"), &long()).await?);
     expected.push((name("lock"), 1, 0));
     if caps.permits {
-        guards.push(labelled.semaphore(name("sem"), 3)?.acquire(&long()).await?);
-        guards.push(plain.semaphore(name("sem"), 3)?.acquire(&long()).await?);
+        guards.push(
+            labelled
+                .semaphore(name("sem"), 3)?
+                .acquire_with(&long())
+                .await?,
+        );
+        guards.push(
+            plain
+                .semaphore(name("sem"), 3)?
+                .acquire_with(&long())
+                .await?,
+        );
         expected.push((name("sem"), 1, 1));
     }
     if caps.shared {
-        guards.push(labelled.rwlock(name("readers"))?.read(&long()).await?);
+        guards.push(labelled.rwlock(name("readers"))?.read_with(&long()).await?);
         expected.push((name("readers"), 1, 0));
     }
     let mut leadership = None;
     if caps.values {
         let election = labelled.election(name("leader"))?;
-        leadership = Some(election.campaign("me", &long()).await?);
+        leadership = Some(election.campaign_with("me", &long()).await?);
         expected.push((name("leader"), 1, 0));
     }
     let operator = Locker::from_arc(h.client().await);

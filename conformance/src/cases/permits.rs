@@ -90,7 +90,7 @@ pub async fn n_plus_one_clients_never_hold_n_plus_one_permits(h: &dyn Harness) -
     let mut held = Vec::new();
     for (i, s) in sems.iter().take(N as usize).enumerate() {
         let g = s
-            .try_acquire(&now())
+            .try_acquire_with(&now())
             .await?
             .with_context(|| format!("client {i} did not get one of {N} free permits"))?;
         if fencing {
@@ -102,7 +102,7 @@ pub async fn n_plus_one_clients_never_hold_n_plus_one_permits(h: &dyn Harness) -
         }
         held.push(g);
     }
-    if let Some(extra) = sems[N as usize].try_acquire(&now()).await? {
+    if let Some(extra) = sems[N as usize].try_acquire_with(&now()).await? {
         bail!("client {N} got a permit while {N} other clients held all {N}: {extra:?}");
     }
     let status = sems[0].status().await?;
@@ -118,7 +118,7 @@ pub async fn n_plus_one_clients_never_hold_n_plus_one_permits(h: &dyn Harness) -
     );
     held.remove(0).release().await?;
     let last = sems[N as usize]
-        .try_acquire(&now())
+        .try_acquire_with(&now())
         .await?
         .context("a released permit was not free")?;
     held.push(last);
@@ -136,7 +136,7 @@ pub async fn n_plus_one_clients_never_hold_n_plus_one_permits(h: &dyn Harness) -
         let inside = inside.clone();
         tasks.push(tokio::spawn(async move {
             for _ in 0..8 {
-                let g = s.acquire(&waiting(Duration::from_secs(60))).await?;
+                let g = s.acquire_with(&waiting(Duration::from_secs(60))).await?;
                 inside.enter();
                 let pause = rand::rng().random_range(0..3000);
                 tokio::time::sleep(Duration::from_micros(pause)).await;
@@ -176,7 +176,7 @@ pub async fn expired_permit_is_reclaimed(h: &dyn Harness) -> Result<()> {
     drop(gone);
     let mut held = Vec::new();
     for i in 0..N {
-        let g = other.try_acquire(&now()).await?.with_context(|| {
+        let g = other.try_acquire_with(&now()).await?.with_context(|| {
             format!("permit {i} of {N} was not free after its holder's lease ran out")
         })?;
         held.push(g);
@@ -198,8 +198,8 @@ pub async fn mismatched_permits_are_refused(h: &dyn Harness) -> Result<()> {
         return Ok(());
     };
     let two = semaphore(h, &k, 2).await?.context("a second client")?;
-    let g = three.acquire(&now()).await?;
-    match two.try_acquire(&now()).await {
+    let g = three.acquire_with(&now()).await?;
+    match two.try_acquire_with(&now()).await {
         Err(e) if e.kind() == ErrorKind::InvalidOptions => {
             let text = e.to_string();
             ensure!(
@@ -213,7 +213,7 @@ pub async fn mismatched_permits_are_refused(h: &dyn Harness) -> Result<()> {
         ),
     }
     if let Some(readers) = rwlock(h, &k).await? {
-        match readers.try_read(&now()).await {
+        match readers.try_read_with(&now()).await {
             Err(e) if e.kind() == ErrorKind::InvalidOptions => {}
             other => bail!(
                 "a read hold on a held semaphore's name ended with {:?}, not InvalidOptions",
@@ -231,7 +231,7 @@ pub async fn mismatched_permits_are_refused(h: &dyn Harness) -> Result<()> {
     }
     g.release().await?;
     let g = two
-        .try_acquire(&now())
+        .try_acquire_with(&now())
         .await?
         .context("a semaphore of 2 could not start on a name nobody holds")?;
     g.release().await?;
@@ -263,7 +263,7 @@ pub async fn a_refused_claim_leaves_nothing(h: &dyn Harness) -> Result<()> {
             .try_lock_with(&k, &now())
             .await?
             .context("a mutex on a free name")?;
-        match refused.semaphore(&k, 2)?.try_acquire(&now()).await {
+        match refused.semaphore(&k, 2)?.try_acquire_with(&now()).await {
             Err(e) if e.kind() == ErrorKind::InvalidOptions => {}
             other => bail!(
                 "round {round}: a claim of 2 permits on a held mutex's name ended with {:?}, \
@@ -285,7 +285,7 @@ pub async fn a_refused_claim_leaves_nothing(h: &dyn Harness) -> Result<()> {
         let k = key(case, &format!("semaphore-{round}"));
         let held = holder
             .semaphore(&k, 3)?
-            .try_acquire(&now())
+            .try_acquire_with(&now())
             .await?
             .context("a permit of 3 on a free name")?;
         match refused.try_lock_with(&k, &now()).await {
@@ -296,7 +296,7 @@ pub async fn a_refused_claim_leaves_nothing(h: &dyn Harness) -> Result<()> {
                 other.map(|g| g.is_some())
             ),
         }
-        match next.semaphore(&k, 3)?.try_acquire(&now()).await {
+        match next.semaphore(&k, 3)?.try_acquire_with(&now()).await {
             Ok(Some(g)) => g.release().await?,
             Ok(None) => bail!(
                 "round {round}: a permit of 3 with one of 3 held was contended, right \
@@ -322,7 +322,7 @@ pub async fn stale_permit_holder_cannot_release_or_renew(h: &dyn Harness) -> Res
     let Some(others) = semaphore(h, &k, N).await? else {
         return Ok(());
     };
-    let live = others.acquire(&now()).await?;
+    let live = others.acquire_with(&now()).await?;
     let a = h.client().await;
     let ttl = short_ttl(&a.capabilities());
     let claim = Claim::permits(N)?;
@@ -373,7 +373,7 @@ pub async fn readers_share(h: &dyn Harness) -> Result<()> {
     let mut readers = Vec::new();
     for (i, l) in locks.iter().take(3).enumerate() {
         readers.push(
-            l.try_read(&now())
+            l.try_read_with(&now())
                 .await?
                 .with_context(|| format!("reader {i} was refused beside other readers"))?,
         );
@@ -384,7 +384,7 @@ pub async fn readers_share(h: &dyn Harness) -> Result<()> {
         "the status does not show 3 readers: {status:?}"
     );
     let fourth = locks[3]
-        .try_read(&now())
+        .try_read_with(&now())
         .await?
         .context("a fourth reader was refused beside three")?;
     for r in readers {
@@ -404,18 +404,21 @@ pub async fn writer_excludes_readers_and_writers(h: &dyn Harness) -> Result<()> 
     let Some(first) = rwlock(h, &k).await? else {
         return Ok(());
     };
-    let w = first.write(&now()).await?;
+    let w = first.write_with(&now()).await?;
     let other = rwlock(h, &k).await?.context("a second client")?;
-    if let Some(r) = other.try_read(&now()).await? {
+    if let Some(r) = other.try_read_with(&now()).await? {
         bail!("a reader got in beside a writer: {r:?}");
     }
-    if let Some(w2) = other.try_write(&now()).await? {
+    if let Some(w2) = other.try_write_with(&now()).await? {
         bail!("a second writer got in beside a writer: {w2:?}");
     }
     w.release().await?;
     let third = rwlock(h, &k).await?.context("a third client")?;
-    let (r1, r2) = (other.read(&now()).await?, third.read(&now()).await?);
-    if let Some(w) = first.try_write(&now()).await? {
+    let (r1, r2) = (
+        other.read_with(&now()).await?,
+        third.read_with(&now()).await?,
+    );
+    if let Some(w) = first.try_write_with(&now()).await? {
         bail!("a writer got in beside two readers: {w:?}");
     }
     r1.release().await?;
@@ -434,7 +437,7 @@ pub async fn writer_excludes_readers_and_writers(h: &dyn Harness) -> Result<()> 
             for _ in 0..ROUNDS {
                 let pause = Duration::from_micros(rand::rng().random_range(0..2000));
                 if writer {
-                    let g = l.write(&opts).await?;
+                    let g = l.write_with(&opts).await?;
                     if writing.fetch_add(1, Ordering::SeqCst) != 0 {
                         broken.store(true, Ordering::SeqCst);
                     }
@@ -444,7 +447,7 @@ pub async fn writer_excludes_readers_and_writers(h: &dyn Harness) -> Result<()> 
                     writing.fetch_sub(1, Ordering::SeqCst);
                     g.release().await?;
                 } else {
-                    let g = l.read(&opts).await?;
+                    let g = l.read_with(&opts).await?;
                     for _ in 0..3 {
                         if writing.load(Ordering::SeqCst) != 0 {
                             broken.store(true, Ordering::SeqCst);
@@ -490,7 +493,10 @@ pub async fn waiting_writer_is_not_starved(h: &dyn Harness) -> Result<()> {
             // Staggered, so some reader is always inside.
             tokio::time::sleep(Duration::from_millis(i * 40)).await;
             while !stop.load(Ordering::SeqCst) {
-                match l.try_read(&waiting(Duration::from_millis(200))).await? {
+                match l
+                    .try_read_with(&waiting(Duration::from_millis(200)))
+                    .await?
+                {
                     Some(g) => {
                         tokio::time::sleep(Duration::from_millis(160)).await;
                         g.release().await?;
@@ -503,7 +509,9 @@ pub async fn waiting_writer_is_not_starved(h: &dyn Harness) -> Result<()> {
     }
     tokio::time::sleep(Duration::from_millis(400)).await;
     let start = Instant::now();
-    let w = writer.try_write(&waiting(Duration::from_secs(8))).await;
+    let w = writer
+        .try_write_with(&waiting(Duration::from_secs(8)))
+        .await;
     let waited = start.elapsed();
     stop.store(true, Ordering::SeqCst);
     for r in readers {
@@ -527,10 +535,13 @@ pub async fn writer_downgrades_reader_never_upgrades(h: &dyn Harness) -> Result<
         return Ok(());
     };
     let other = rwlock(h, &k).await?.context("a second client")?;
-    let w = l.write(&now()).await?;
+    let w = l.write_with(&now()).await?;
     let fence_w = w.fence();
-    let waiter =
-        tokio::spawn(async move { other.try_write(&waiting(Duration::from_secs(30))).await });
+    let waiter = tokio::spawn(async move {
+        other
+            .try_write_with(&waiting(Duration::from_secs(30)))
+            .await
+    });
     tokio::time::sleep(Duration::from_millis(200)).await;
     let r = l
         .downgrade(w)
@@ -587,14 +598,14 @@ pub async fn writer_downgrades_reader_never_upgrades(h: &dyn Harness) -> Result<
     let ttl = short_ttl(&wc.capabilities());
     let stale = Locker::from_arc(wc.clone()).rwlock(&k)?;
     let w = stale
-        .write(&LockOptions::new().ttl(ttl).auto_renew(false).no_wait())
+        .write_with(&LockOptions::new().ttl(ttl).auto_renew(false).no_wait())
         .await?;
     end_hold(h, &wc, ttl).await?;
     if let Ok(r) = stale.downgrade(w).await {
         bail!("a writer whose hold had run out downgraded to a read hold: {r:?}");
     }
     let after = l
-        .try_write(&waiting(Duration::from_secs(5)))
+        .try_write_with(&waiting(Duration::from_secs(5)))
         .await?
         .context("a failed downgrade left a read hold behind")?;
     after.release().await?;
@@ -610,11 +621,12 @@ pub async fn abandoned_permit_acquire_leaves_nothing(h: &dyn Harness) -> Result<
             rwlock(h, &k).await?.context("a writer's client")?,
             rwlock(h, &k).await?.context("a late reader's client")?,
         );
-        let r = reader.read(&now()).await?;
-        let cut = tokio::time::timeout(Duration::from_millis(300), writer.write(&long())).await;
+        let r = reader.read_with(&now()).await?;
+        let cut =
+            tokio::time::timeout(Duration::from_millis(300), writer.write_with(&long())).await;
         ensure!(cut.is_err(), "the writer got in beside a reader");
         let timed_out = writer
-            .try_write(&waiting(Duration::from_millis(300)))
+            .try_write_with(&waiting(Duration::from_millis(300)))
             .await?;
         ensure!(timed_out.is_none(), "the writer got in beside a reader");
         // Dropped before it heard its first "no": the refusal, and the
@@ -623,7 +635,7 @@ pub async fn abandoned_permit_acquire_leaves_nothing(h: &dyn Harness) -> Result<
         let stalled = Locker::from_arc(stall.clone()).rwlock(&k)?;
         let opts = long();
         tokio::select! {
-            w = stalled.write(&opts) => bail!("a stalled writer returned: {:?}", w.map(|g| g.fence())),
+            w = stalled.write_with(&opts) => bail!("a stalled writer returned: {:?}", w.map(|g| g.fence())),
             () = stall.granted() => {}
         }
         stall.open();
@@ -632,7 +644,7 @@ pub async fn abandoned_permit_acquire_leaves_nothing(h: &dyn Harness) -> Result<
         r.release().await?;
         // Sooner than a mark left behind would lapse by itself.
         let late_read = late
-            .try_read(&waiting(MARK_LIFE / 2))
+            .try_read_with(&waiting(MARK_LIFE / 2))
             .await?
             .with_context(|| {
                 format!(
@@ -649,14 +661,14 @@ pub async fn abandoned_permit_acquire_leaves_nothing(h: &dyn Harness) -> Result<
     let check = semaphore(h, &k, 2).await?.context("a checking client")?;
     for i in 0..20u64 {
         let cut = Duration::from_micros(i * i * 40);
-        if let Ok(g) = tokio::time::timeout(cut, s.acquire(&long())).await {
+        if let Ok(g) = tokio::time::timeout(cut, s.acquire_with(&long())).await {
             g?.release().await?;
         }
     }
     let start = Instant::now();
     loop {
-        let a = check.try_acquire(&now()).await?;
-        let b = check.try_acquire(&now()).await?;
+        let a = check.try_acquire_with(&now()).await?;
+        let b = check.try_acquire_with(&now()).await?;
         let both = a.is_some() && b.is_some();
         for g in [a, b].into_iter().flatten() {
             g.release().await?;
@@ -691,9 +703,9 @@ pub async fn available_counts_the_permits_held_and_free(h: &dyn Harness) -> Resu
     let (Some(a), Some(b)) = (semaphore(h, &k, 3).await?, semaphore(h, &k, 3).await?) else {
         bail!("a store with permits refused a second semaphore");
     };
-    let first = a.acquire(&long()).await?;
+    let first = a.acquire_with(&long()).await?;
     let again = a.acquire_as(&long(), first.owner()).await?;
-    let second = b.acquire(&long()).await?;
+    let second = b.acquire_with(&long()).await?;
     let now = count().await?;
     ensure!(
         now == (2, 1),
@@ -732,20 +744,20 @@ pub async fn permit_state_is_bounded(h: &dyn Harness) -> Result<()> {
     for i in 0..NAMES {
         if caps.permits {
             let s = locker.semaphore(key(case, &format!("sem/{i}")), 3)?;
-            let (a, b) = (s.acquire(&now()).await?, s.acquire(&now()).await?);
+            let (a, b) = (s.acquire_with(&now()).await?, s.acquire_with(&now()).await?);
             a.release().await?;
             b.release().await?;
         }
         if caps.shared && i % 10 == 0 {
             let l = locker.rwlock(key(case, &format!("rw/{i}")))?;
-            let r = l.read(&now()).await?;
+            let r = l.read_with(&now()).await?;
             // A writer that gives up; its mark, if one is left, runs out
             // with its short TTL.
             let give_up = LockOptions::new()
                 .ttl(short_ttl(&caps))
                 .wait_for(Duration::from_millis(50));
             ensure!(
-                l.try_write(&give_up).await?.is_none(),
+                l.try_write_with(&give_up).await?.is_none(),
                 "a writer got in beside a reader"
             );
             r.release().await?;

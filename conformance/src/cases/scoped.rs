@@ -68,8 +68,11 @@ pub async fn scoped_work_frees_the_name_before_it_returns(h: &dyn Harness) -> Re
     if caps.permits {
         let p = key("scoped_work_frees_the_name", "permit");
         let one = a.semaphore(&p, 1)?;
-        one.with_permit(&long(), async |_| ()).await?;
-        let next = b.semaphore(&p, 1)?.try_acquire(&long().no_wait()).await?;
+        one.with_permit_with(&long(), async |_| ()).await?;
+        let next = b
+            .semaphore(&p, 1)?
+            .try_acquire_with(&long().no_wait())
+            .await?;
         let Some(next) = next else {
             bail!("{p:?}'s one permit was still held right after with_permit returned");
         };
@@ -77,8 +80,8 @@ pub async fn scoped_work_frees_the_name_before_it_returns(h: &dyn Harness) -> Re
     }
     if caps.shared {
         let w = key("scoped_work_frees_the_name", "rw");
-        a.rwlock(&w)?.with_write(&long(), async |_| ()).await?;
-        let next = b.rwlock(&w)?.try_write(&long().no_wait()).await?;
+        a.rwlock(&w)?.with_write_with(&long(), async |_| ()).await?;
+        let next = b.rwlock(&w)?.try_write_with(&long().no_wait()).await?;
         let Some(next) = next else {
             bail!("{w:?} was still written right after with_write returned");
         };

@@ -48,17 +48,17 @@ pub async fn heard_by_notice(locker: &Locker, name: &str, opts: &LockOptions) ->
     let election = locker.election(name).unwrap();
     let mut changes = Box::pin(election.observe_every(NEVER));
     assert!(changes.next().await.unwrap().unwrap().is_none());
-    let mut a = election.campaign("a", opts).await.unwrap();
+    let mut a = election.campaign_with("a", opts).await.unwrap();
     until(&mut changes, SOON, "a leads", leads("a")).await;
     a.proclaim("a-2").await.unwrap();
     let proclaimed = until(&mut changes, SOON, "a proclaims", leads("a-2")).await;
     a.resign().await.unwrap();
     let resigned = until(&mut changes, SOON, "a resigns", Option::is_none).await;
-    let b = election.campaign("b", opts).await.unwrap();
+    let b = election.campaign_with("b", opts).await.unwrap();
     let led = until(&mut changes, SOON, "b leads", leads("b")).await;
     let waiting = election.clone();
     let wait = opts.clone().wait_for(SOON * 2);
-    let c = tokio::spawn(async move { waiting.campaign("c", &wait).await });
+    let c = tokio::spawn(async move { waiting.campaign_with("c", &wait).await });
     // c is waiting (or about to): b still leads meanwhile.
     tokio::time::sleep(Duration::from_millis(300)).await;
     b.resign().await.unwrap();
