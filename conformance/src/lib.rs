@@ -71,6 +71,8 @@ macro_rules! __case_list {
             Expiry expiry {
                 expired_lease_can_be_taken,
                 still_exclusive_near_expiry,
+                at_least_keeps_the_name_after_a_short_run,
+                at_most_ends_a_hung_runs_hold,
             }
             Renewal renewal {
                 renew_extends_lease,

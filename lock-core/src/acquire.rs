@@ -361,6 +361,9 @@ impl Acquirer {
             first_renew,
             HoldMeter::start(labels.clone()),
         )
+        // From now, after the grant came back: lock at least for errs
+        // towards holding longer, never shorter.
+        .keep_until(opts.at_least.map(|least| Instant::now() + least))
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::backend::{renew_one, HoldId, LockBackend, Release, Renew};
+use crate::backend::{renew_one, Binding, HoldId, LockBackend, Release, Renew, RenewRequest};
 use crate::background::Background;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{FencingToken, LockKey, OwnerToken};
@@ -38,6 +38,9 @@ pub struct LockGuard {
     /// the release checks), a release whose reply was lost may be sent
     /// again (see [`release`](Self::release)).
     sole: bool,
+    /// Lock at least for: until when a release keeps the hold
+    /// ([`LockOptions::at_least`](crate::LockOptions::at_least)).
+    keep_until: Option<Instant>,
 }
 
 impl LockGuard {
@@ -74,7 +77,14 @@ impl LockGuard {
             armed: true,
             meter,
             sole: false,
+            keep_until: None,
         }
+    }
+
+    /// Keeps the hold, once released, until `at` (lock at least for).
+    pub(crate) fn keep_until(mut self, at: Option<Instant>) -> Self {
+        self.keep_until = at;
+        self
     }
 
     /// Marks the owner as drawn for this guard alone, holding once (see
@@ -272,6 +282,86 @@ impl LockGuard {
         if self.closed() {
             return Ok(());
         }
+        match self.kept_for() {
+            Some(left) => self.keep_then_release(left).await,
+            None => self.release_now().await,
+        }
+    }
+
+    /// The time a release must still keep the hold for (lock at least
+    /// for), if any: never for a hold already lost.
+    fn kept_for(&self) -> Option<Duration> {
+        let left = self.keep_until?.checked_duration_since(Instant::now())?;
+        (!left.is_zero() && !self.is_lost()).then_some(left)
+    }
+
+    /// A release that keeps the hold `left` longer. A lease-bound store
+    /// is told to end the lease then (the renewal, owner-checked, is for
+    /// `left` from now on its clock) and nothing waits; a session-bound
+    /// hold is kept by a background task, renewed as before, and released
+    /// then, or when its locker closes.
+    async fn keep_then_release(self, left: Duration) -> Result<()> {
+        let caps = self.backend.capabilities();
+        if caps.binding == Binding::Session {
+            let lost = self.lost_signal();
+            let background = self.background.clone();
+            let until = Instant::now() + left;
+            let spawned = background.spawn(async move {
+                // Renewed here as well: with renewal off (lock at most
+                // for), a session-bound hold is trusted only for a
+                // session's timeout, shorter than the time to keep it.
+                while let Some(deadline) = self.deadline() {
+                    let now = Instant::now();
+                    if now >= until {
+                        break;
+                    }
+                    let wake = until.min(now + deadline.saturating_duration_since(now) / 2);
+                    tokio::select! {
+                        () = tokio::time::sleep_until(wake.into()) => {}
+                        _ = lost.wait() => break,
+                    }
+                    // A store out of reach is ridden out as the watchdog
+                    // does; only a loss ends the keeping early.
+                    if Instant::now() < until
+                        && matches!(self.renew().await, Err(e) if e.kind() == ErrorKind::Lost)
+                    {
+                        break;
+                    }
+                }
+                let key = self.lease.key.clone();
+                if let Err(e) = self.release_now().await {
+                    hold_event!(key, error = %e.chain(), "release after lock-at-least-for failed");
+                }
+            });
+            if !spawned {
+                tracing::warn!("no Tokio runtime to keep a hold for its lock-at-least-for");
+            }
+            return Ok(());
+        }
+        // Stop the watchdog first, or a renewal for the full TTL could
+        // land after this shorter one.
+        self.end_hold();
+        // Rounded up: a lease kept a little longer, never shorter.
+        let ttl = left.max(caps.min_ttl);
+        let renewal = RenewRequest {
+            ttl,
+            ..self.lease.renewal()
+        };
+        match renew_one(&*self.backend, renewal).await? {
+            Renew::Renewed => {
+                tracing::debug!(key = %self.lease.key, left = ?ttl, "released: kept for its lock-at-least-for");
+                Ok(())
+            }
+            Renew::NotHeld => Err(Error::lost(format!(
+                "lock {:?} was no longer held at release (lease expired or taken over)",
+                self.lease.key.as_str()
+            ))),
+        }
+    }
+
+    /// The release itself, at once (see [`release`](Self::release)).
+    async fn release_now(mut self) -> Result<()> {
+        self.armed = false;
         // A deadline passed unseen (a stalled process) is a loss.
         let lost = self.state();
         self.watchdog.unregister(self.id);
@@ -322,7 +412,9 @@ impl LockGuard {
     }
 
     /// Stops renewing and forgets the guard without releasing: the store keeps
-    /// the lock until its TTL runs out. Returns the lease for later use.
+    /// the lock until its TTL runs out. Returns the lease, which the locker
+    /// can still give back ([`Locker::release_lease`](crate::Locker::release_lease))
+    /// or extend ([`Locker::extend_lease`](crate::Locker::extend_lease)).
     pub fn leak(mut self) -> Lease {
         self.armed = false;
         self.end_hold();
@@ -414,6 +506,33 @@ async fn release_confirmed(
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if !self.armed || self.closed() {
+            return;
+        }
+        if self.kept_for().is_some() {
+            // Lock at least for holds for a dropped guard too: a twin of
+            // this guard is released the way `release` does, in a task.
+            self.armed = false;
+            let twin = LockGuard {
+                lease: self.lease.clone(),
+                state: self.state.clone(),
+                backend: self.backend.clone(),
+                watchdog: self.watchdog.clone(),
+                background: self.background.clone(),
+                id: self.id,
+                armed: true,
+                meter: self.meter.clone(),
+                sole: self.sole,
+                keep_until: self.keep_until,
+            };
+            let spawned = self.background.spawn(async move {
+                let key = twin.lease.key.clone();
+                if let Err(e) = twin.release().await {
+                    hold_event!(key, error = %e.chain(), "background release failed; the lock frees at its TTL");
+                }
+            });
+            if !spawned {
+                tracing::warn!(key = %self.lease.key, "guard dropped outside a Tokio runtime; the lock frees at its TTL");
+            }
             return;
         }
         self.end_hold();

@@ -6,14 +6,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::acquire::{supports, timeout_error, Acquirer, Identity};
-use crate::backend::{Capabilities, LockBackend};
+use crate::backend::{renew_one, Capabilities, LockBackend, Release, Renew, RenewRequest};
 use crate::election::Election;
 use crate::error::{Error, Result};
 use crate::guard::{LockGuard, MultiGuard};
 use crate::identity::HolderInfo;
 use crate::key::{Claim, IntoLockKey, OwnerToken};
+use crate::lease::Lease;
 use crate::meter::{self, Labels};
-use crate::options::{LockOptions, WaitPolicy};
+use crate::options::{validate_ttl, LockOptions, WaitPolicy};
 use crate::permits::{Mutex, ReadWriteLock, Semaphore};
 use crate::request::HoldKind;
 use crate::request::LockRequest;
@@ -413,6 +414,62 @@ impl Locker {
     ) -> Result<T> {
         let guard = self.lock_with(key, opts).await?;
         scoped::run_under(guard, async move |g: &mut LockGuard| work(g).await).await
+    }
+
+    /// Gives back a lease kept past its guard ([`LockGuard::leak`]), as
+    /// its owner: the store checks the owner, so a lease someone else
+    /// holds now is left alone.
+    ///
+    /// # Errors
+    /// `Lost` when the store no longer has it for this owner (its TTL ran
+    /// out, or it was broken or taken over); `Unavailable` when the store
+    /// cannot be reached (the lease then ends at its TTL).
+    pub async fn release_lease(&self, lease: &Lease) -> Result<()> {
+        match self.backend().release(&lease.hold()).await? {
+            Release::NotHeld => Err(Error::lost(format!(
+                "lock {:?} was no longer held by this lease's owner",
+                lease.key.as_str()
+            ))),
+            Release::Freed | Release::StillHeld(_) => Ok(()),
+        }
+    }
+
+    /// Sets a lease kept past its guard ([`LockGuard::leak`]) to end `ttl`
+    /// from now on the store's clock (longer or shorter than it had), as
+    /// its owner. Nothing renews it after that.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockwright_core::Result<()> {
+    /// use lockwright_core::{backend::MemoryBackend, Locker};
+    /// use std::time::Duration;
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let lease = locker.lock("export").await?.leak(); // held, no guard
+    /// locker.extend_lease(&lease, Duration::from_secs(60)).await?;
+    /// assert!(locker.try_lock("export").await?.is_none());
+    /// locker.release_lease(&lease).await?;
+    /// assert!(locker.try_lock("export").await?.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// `InvalidOptions` for a TTL the store cannot keep; otherwise as
+    /// [`release_lease`](Self::release_lease).
+    pub async fn extend_lease(&self, lease: &Lease, ttl: Duration) -> Result<()> {
+        validate_ttl(ttl, self.capabilities())?;
+        let renewal = RenewRequest {
+            ttl,
+            ..lease.renewal()
+        };
+        match renew_one(&**self.backend(), renewal).await? {
+            Renew::Renewed => Ok(()),
+            Renew::NotHeld => Err(Error::lost(format!(
+                "lock {:?} was no longer held by this lease's owner",
+                lease.key.as_str()
+            ))),
+        }
     }
 
     /// The mutex named `name`, as a handle with the verbs every handle

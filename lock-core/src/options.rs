@@ -100,6 +100,11 @@ pub struct LockOptions {
     /// and the fallback wake-up when it can.
     #[serde(with = "humantime_serde")]
     pub max_poll: Duration,
+    /// Lock at least for: a hold released sooner stays held until this
+    /// long after it was taken (ShedLock's `lockAtLeastFor`); `None`: a
+    /// release frees it at once.
+    #[serde(with = "humantime_serde")]
+    pub at_least: Option<Duration>,
 }
 
 impl Default for LockOptions {
@@ -110,6 +115,7 @@ impl Default for LockOptions {
             auto_renew: true,
             renew_every: None,
             max_poll: Duration::from_millis(250),
+            at_least: None,
         }
     }
 }
@@ -148,6 +154,30 @@ impl LockOptions {
         self
     }
 
+    /// Lock at least for `d` (ShedLock's `lockAtLeastFor`): a hold given
+    /// back sooner (a short run) stays held until `d` after it was taken,
+    /// so a node whose clock is a little behind, firing the same
+    /// scheduled run a moment later, finds it held and does not run it
+    /// again. On a store whose locks live on a TTL (Redis, SQL lease rows,
+    /// memcached) the release sets the lease to end then, and nothing
+    /// waits; on one whose locks live with the client's session
+    /// (ZooKeeper, etcd, SQL session locks) a background task keeps the
+    /// hold and releases it then, and [`Locker::close`](crate::Locker::close)
+    /// ends it sooner. A dropped guard keeps it too; a lost one does not.
+    pub fn at_least(mut self, d: Duration) -> Self {
+        self.at_least = Some(d);
+        self
+    }
+
+    /// Lock at most for `d` (ShedLock's `lockAtMostFor`): a lease of `d`
+    /// that is never renewed, so a run that hangs, or a holder that dies,
+    /// frees the name `d` after it was taken, and the hold's lost signal
+    /// fires then (scoped work is stopped). Pick it well above the
+    /// longest run. The same as `ttl(d).auto_renew(false)`.
+    pub fn at_most(self, d: Duration) -> Self {
+        self.ttl(d).auto_renew(false)
+    }
+
     /// Sets the renewal period (default: TTL / 3).
     pub fn renew_every(mut self, every: Duration) -> Self {
         self.renew_every = Some(every);
@@ -163,8 +193,9 @@ impl LockOptions {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidOptions`](crate::ErrorKind::InvalidOptions) for a zero
-    /// TTL, a TTL below the store's resolution or above [`MAX_TTL`], or a
-    /// renewal period that is zero or not shorter than the TTL.
+    /// TTL, a TTL below the store's resolution or above [`MAX_TTL`], a
+    /// renewal period that is zero or not shorter than the TTL, or a lock
+    /// at least for longer than a lease that is not renewed.
     pub fn validate(&self, caps: &Capabilities) -> Result<()> {
         validate_ttl(self.ttl, caps)?;
         let every = self.renew_period();
@@ -178,7 +209,21 @@ impl LockOptions {
         if self.max_poll.is_zero() {
             return Err(Error::invalid_options("max_poll must be non-zero"));
         }
-        Ok(())
+        match self.at_least {
+            Some(least) if !self.auto_renew && least > self.ttl => {
+                Err(Error::invalid_options(format!(
+                    "lock at least for ({}) exceeds lock at most for ({}), the lease that is never renewed",
+                    humantime::format_duration(least),
+                    humantime::format_duration(self.ttl)
+                )))
+            }
+            Some(least) if least > MAX_TTL => Err(Error::invalid_options(format!(
+                "lock at least for ({}) is above the maximum of {}",
+                humantime::format_duration(least),
+                humantime::format_duration(MAX_TTL)
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -256,5 +301,32 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidOptions);
         LockOptions::new().validate(&caps).unwrap();
+    }
+
+    /// Lock at least for cannot outlast a lease that is never renewed.
+    #[test]
+    fn at_least_longer_than_at_most_is_refused() {
+        let caps = Capabilities::default();
+        let (least, most) = (Duration::from_secs(10), Duration::from_secs(5));
+        let e = LockOptions::new()
+            .at_most(most)
+            .at_least(least)
+            .validate(&caps)
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidOptions);
+        assert!(e.to_string().contains("exceeds lock at most for"), "{e}");
+        LockOptions::new()
+            .at_most(least)
+            .at_least(most)
+            .validate(&caps)
+            .unwrap();
+        // Renewed, a hold may be kept longer than one lease.
+        LockOptions::new()
+            .ttl(most)
+            .at_least(least)
+            .validate(&caps)
+            .unwrap();
+        let o: LockOptions = serde_json::from_str(r#"{"at_least":"2s"}"#).unwrap();
+        assert_eq!(o.at_least, Some(Duration::from_secs(2)));
     }
 }

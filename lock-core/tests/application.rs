@@ -331,3 +331,39 @@ async fn a_hand_off_after_a_long_wait_is_confirmed_within_the_cap() {
     assert_eq!(guard.holds(), 1, "the confirmation added a hold");
     assert!(!guard.is_lost());
 }
+
+/// Lock at least for holds for a guard that is dropped, too, and a lease
+/// kept past its guard is released or extended by the locker.
+#[tokio::test]
+async fn at_least_holds_for_a_dropped_guard_and_leases_come_back() {
+    let store = Arc::new(MemoryBackend::new());
+    let (a, b) = (
+        Locker::from_arc(store.clone()),
+        Locker::from_arc(store.clone()),
+    );
+    let keep = LockOptions::new().at_least(Duration::from_millis(400));
+    drop(a.lock_with("kept", &keep).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        b.try_lock("kept").await.unwrap().is_none(),
+        "freed before its minimum"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        b.try_lock("kept").await.unwrap().is_some(),
+        "kept past its minimum"
+    );
+
+    let lease = a.lock("leaked").await.unwrap().leak();
+    a.extend_lease(&lease, Duration::from_millis(200))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let e = a.release_lease(&lease).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
+    let e = a
+        .extend_lease(&lease, Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
+}
