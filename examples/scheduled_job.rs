@@ -3,15 +3,15 @@
 //! Every node fires the same schedule; `run_at_most_once` lets one of them run
 //! each occurrence, with two durations:
 //!
-//! - **lock at most for** (`at_most`): the lease's TTL. The lock is taken with
-//!   renewal off, so a node that crashes mid-run frees it after this long. Pick
-//!   it well above the longest run: a run still going after it may overlap the
-//!   next holder's.
-//! - **lock at least for** (`at_least`): the lock stays held at least this long
-//!   after it was taken, even when the run is short, so a node whose clock is a
-//!   little behind, and so fires the same occurrence a moment later, finds it
-//!   still held instead of running the job a second time. Pick it longer than
-//!   the clock skew between nodes and shorter than the period minus that skew.
+//! - **lock at most for** (`LockOptions::at_most`): the lease's TTL, never
+//!   renewed, so a node that crashes mid-run frees it after this long, and a
+//!   run that hangs is stopped then. Pick it well above the longest run.
+//! - **lock at least for** (`LockOptions::at_least`): the lock stays held at
+//!   least this long after it was taken, even when the run is short, so a
+//!   node whose clock is a little behind, and so fires the same occurrence a
+//!   moment later, finds it still held instead of running the job a second
+//!   time. Pick it longer than the clock skew between nodes and shorter than
+//!   the period minus that skew.
 //!
 //! The demo runs three nodes (three `Locker`s on one store, as tasks) whose
 //! clocks are 0, 150 and 300 ms behind, each firing every second for five
@@ -29,13 +29,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockwright::backend::{renew_one, Binding, RedactedUrl, Renew, RenewRequest};
-use lockwright::{Error, ErrorKind, LockGuard, LockOptions, Locker};
+use lockwright::backend::RedactedUrl;
+use lockwright::{ErrorKind, LockOptions, Locker};
 
 /// How far behind each node's clock is.
 const BEHIND_MS: [u64; 3] = [0, 150, 300];
@@ -52,132 +50,37 @@ const JOB_TAKES: Duration = Duration::from_millis(50);
 
 /// Runs `job` unless another node holds `name`: `Ok(Some(output))` when this
 /// node ran it, `Ok(None)` when another node holds the lock (this occurrence
-/// is theirs). The lock is held for at least `at_least` from when it was
-/// taken, and at most `at_most` if this node dies or the run hangs.
+/// is theirs) or the run outlived `at_most` (it was stopped). The lock is
+/// held for at least `at_least` from when it was taken, and at most
+/// `at_most` if this node dies or the run hangs.
 ///
 /// # Errors
 /// `InvalidOptions` if `at_least` exceeds `at_most`; the store's errors
 /// (`Unavailable`, ...) from the attempt to take the lock, never reported as
 /// "someone else runs it".
-async fn run_at_most_once<F, Fut, T>(
+async fn run_at_most_once<T>(
     locker: &Locker,
     name: &str,
     at_least: Duration,
     at_most: Duration,
-    job: F,
-) -> lockwright::Result<Option<T>>
-where
-    F: FnOnce() -> Fut,
-    Fut: Future<Output = T>,
-{
-    if at_least > at_most {
-        return Err(Error::new(
-            ErrorKind::InvalidOptions,
-            format!("lock at least for ({at_least:?}) exceeds lock at most for ({at_most:?})"),
-        ));
-    }
-    // `at_most` is the lease's TTL, with the renewal watchdog off: a run that
-    // hangs must not keep the job locked for ever. No waiting either: if
-    // another node holds the lock, this occurrence is theirs.
-    let opts = LockOptions::new().ttl(at_most).auto_renew(false).no_wait();
-    let Some(guard) = locker.try_lock_with(name, &opts).await? else {
-        return Ok(None);
-    };
-    // Taken once the grant is back, so that the time left computed from it
-    // below errs towards holding the lock a little longer, never shorter.
-    let acquired = Instant::now();
-
-    // With renewal off the lock is lost only when a run outlives `at_most`:
-    // another node may then run the job beside this one. Say so. (`finished`
-    // keeps the lease's planned end, after the run, from being reported.)
-    let finished = Arc::new(AtomicBool::new(false));
+    job: impl AsyncFnOnce() -> T,
+) -> lockwright::Result<Option<T>> {
+    // No waiting: if another node holds the lock, this occurrence is theirs.
+    let opts = LockOptions::new()
+        .at_most(at_most)
+        .at_least(at_least)
+        .no_wait();
+    match locker
+        .with_lock_with(name, &opts, async |_| job().await)
+        .await
     {
-        let finished = finished.clone();
-        let name = name.to_owned();
-        guard.on_lost(move |reason| {
-            if !finished.load(Ordering::SeqCst) {
-                eprintln!(
-                    "warning: job {name:?} outlived its lock-at-most-for ({reason:?}); \
-                     another node may be running it too"
-                );
-            }
-        });
-    }
-
-    let output = job().await;
-    finished.store(true, Ordering::SeqCst);
-    let elapsed = acquired.elapsed();
-
-    match at_least.checked_sub(elapsed) {
-        // The run took at least `at_least` (or outlived its lease): free the
-        // lock now. The release is owner-checked, so a lock someone else
-        // took after our lease ran out is left alone.
-        None => release_or_warn(guard).await,
-        Some(left) if left.is_zero() || guard.is_lost() => release_or_warn(guard).await,
-        Some(left) => keep_for(locker, guard, left).await,
-    }
-    Ok(Some(output))
-}
-
-/// Leaves the lock held for `left` more, without this task waiting for it.
-async fn keep_for(locker: &Locker, guard: LockGuard, left: Duration) {
-    let caps = locker.capabilities();
-    if caps.binding == Binding::Session {
-        // A session-bound lock (ZooKeeper, etcd, SQL `?mode=session`) lives
-        // as long as its session, not a TTL, so it cannot be left to expire
-        // on its own: a task holds the guard and releases it when `at_least`
-        // is up. If the process dies first, the session ends and frees it.
-        tokio::spawn(async move {
-            tokio::time::sleep(left).await;
-            release_or_warn(guard).await;
-        });
-        return;
-    }
-    // A lease-bound lock: set its remaining time to `left`, ShedLock's
-    // `lock_until = locked_at + at_least`, and walk away.
-    //
-    // `LockGuard::renew` renews for the TTL the lock was taken with
-    // (`at_most`); the guard has no per-call TTL. The store's own renew,
-    // `renew_one(backend, request)`, takes any TTL and is
-    // owner-checked in the store. So: first `leak` the guard (it then never
-    // releases, not on drop and not in `Locker::close`, and the watchdog
-    // forgets it), then renew its lease, as its owner, for `left` from now on
-    // the store's clock. Rounded up to the store's shortest TTL: rounding up
-    // only holds the lock longer. No sleep anywhere: the store's clock ends
-    // the lease.
-    let ttl = left.max(caps.min_ttl);
-    let lease = guard.leak();
-    match renew_one(
-        &**locker.backend(),
-        RenewRequest {
-            ttl,
-            ..lease.renewal()
-        },
-    )
-    .await
-    {
-        Ok(Renew::Renewed) => {}
-        Ok(Renew::NotHeld) => eprintln!(
-            "warning: {:?} was no longer held when its run ended (lease expired or taken over)",
-            lease.key.as_str()
-        ),
-        // Nothing changed in the store, or we cannot know: either way the
-        // lease ends no later than `at_most` after it was taken.
-        Err(e) => eprintln!(
-            "warning: could not shorten the lease of {:?} ({e}); it is held until its TTL",
-            lease.key.as_str()
-        ),
-    }
-}
-
-/// Releases, reporting what went wrong.
-async fn release_or_warn(guard: LockGuard) {
-    match guard.release().await {
-        Ok(()) => {}
+        Ok(output) => Ok(Some(output)),
+        Err(e) if e.kind() == ErrorKind::Busy => Ok(None),
         Err(e) if e.kind() == ErrorKind::Lost => {
-            eprintln!("warning: {e}: the run outlived its lock");
+            eprintln!("warning: job {name:?} outlived its lock-at-most-for and was stopped: {e}");
+            Ok(None)
         }
-        Err(e) => eprintln!("warning: release failed ({e}); the lock frees at its TTL"),
+        Err(e) => Err(e),
     }
 }
 
@@ -204,7 +107,7 @@ async fn fleet(
                 tokio::time::sleep_until((start + PERIOD * period + behind).into()).await;
                 let on_my_clock = period_on_clock(start, behind);
                 let runs = runs.clone();
-                let job = move || async move {
+                let job = async || {
                     tokio::time::sleep(JOB_TAKES).await; // the job's work
                     let mut runs = runs.lock().unwrap_or_else(|e| e.into_inner());
                     runs.entry(on_my_clock).or_default().push(node);
