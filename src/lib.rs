@@ -51,9 +51,10 @@
 
 pub use lockwright_core::{
     Claim, Election, Error, ErrorKind, FencingToken, Holder, HolderInfo, IntoLockKey, Leader,
-    Leadership, Lease, LeaseState, LockGuard, LockKey, LockOptions, LockStatus, Locker, LostReason,
-    LostSignal, MultiGuard, Mutex, OwnerToken, Permits, ReadWriteLock, RenewalFailure, Result,
-    Semaphore, WaitPolicy, MAX_KEY_LEN, MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, OBSERVE_EVERY,
+    LeaderListener, Leadership, Lease, LeaseState, LockGuard, LockKey, LockOptions, LockStatus,
+    Locker, LostReason, LostSignal, MultiGuard, Mutex, OwnerToken, Permits, ReadWriteLock,
+    RenewalFailure, Result, Semaphore, Stand, WaitPolicy, MAX_KEY_LEN, MAX_PERMITS, MAX_TTL,
+    MAX_VALUE_LEN, OBSERVE_EVERY,
 };
 
 /// The names of the metrics lockwright records (see the README's table).

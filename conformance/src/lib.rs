@@ -126,6 +126,7 @@ macro_rules! __case_list {
                 cancelled_campaign_leaves_no_leader,
                 announced_changes_wake_observers,
                 leader_of_a_down_store_is_unavailable,
+                a_stander_leads_again_after_losing,
             }
             Permits permits {
                 n_plus_one_clients_never_hold_n_plus_one_permits,

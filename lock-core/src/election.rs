@@ -121,6 +121,11 @@ impl Election {
         &self.key
     }
 
+    /// The locker it campaigns with.
+    pub(crate) fn locker(&self) -> &Locker {
+        &self.locker
+    }
+
     /// Waits, as the `Locker`'s default options say, until this caller
     /// leads, advertising `value`. The returned [`Leadership`] renews
     /// itself and signals its loss like a lock guard; dropping it resigns
@@ -607,6 +612,12 @@ impl Leadership {
 }
 
 impl scoped::Hold for Leadership {
+    type Target = Leadership;
+
+    fn target(&mut self) -> &mut Leadership {
+        self
+    }
+
     fn when_lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
         self.lost()
     }

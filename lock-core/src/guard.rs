@@ -447,6 +447,12 @@ impl LockGuard {
 }
 
 impl Hold for LockGuard {
+    type Target = LockGuard;
+
+    fn target(&mut self) -> &mut LockGuard {
+        self
+    }
+
     fn when_lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
         self.lost()
     }

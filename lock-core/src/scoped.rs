@@ -17,6 +17,10 @@ use crate::lease::LostReason;
 /// A hold that scoped work runs under: a lock guard (its impl is in
 /// `guard.rs`), or a leadership (in `election.rs`).
 pub(crate) trait Hold: Send {
+    /// What the work is given to act under the hold with.
+    type Target;
+    /// The work's handle on the hold.
+    fn target(&mut self) -> &mut Self::Target;
     /// Completes when the hold is lost; never while it is held.
     fn when_lost(&self) -> impl Future<Output = LostReason> + Send + 'static;
     /// The name held, for messages.
@@ -36,13 +40,16 @@ pub(crate) trait Hold: Send {
 ///   the store could not confirm is logged and the output still returned,
 ///   since the work did finish while the hold was known to be held; that
 ///   lock frees at its TTL.
-pub(crate) async fn run_under<H, T>(mut hold: H, work: impl AsyncFnOnce(&mut H) -> T) -> Result<T>
+pub(crate) async fn run_under<H, T>(
+    mut hold: H,
+    work: impl AsyncFnOnce(&mut H::Target) -> T,
+) -> Result<T>
 where
     H: Hold,
 {
     let lost = hold.when_lost();
     let ran = {
-        let work = AssertUnwindSafe(work(&mut hold)).catch_unwind();
+        let work = AssertUnwindSafe(work(hold.target())).catch_unwind();
         tokio::select! {
             biased;
             reason = lost => Err(reason),
@@ -206,8 +213,21 @@ mod tests {
                 .with_write_with(&opts, async |g| g.holds())
                 .await
                 .unwrap();
-            a + b + c + d
+            let election = l.election("e").unwrap();
+            let e = election
+                .while_leading("a", async |l| l.guard().holds())
+                .await
+                .unwrap();
+            let mut reigns = 0;
+            election
+                .stand("a", std::future::ready(()), |_| {
+                    reigns += 1;
+                    async {}
+                })
+                .await
+                .unwrap();
+            a + b + c + d + e + reigns
         });
-        assert_eq!(spawned.await.unwrap(), 4);
+        assert_eq!(spawned.await.unwrap(), 5);
     }
 }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, ensure, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use futures::StreamExt;
 use lockwright_core::backend::{Binding, Release, Renew};
 use lockwright_core::{
@@ -545,4 +545,92 @@ pub async fn leader_of_a_down_store_is_unavailable(h: &dyn Harness) -> Result<()
         Ok(Some(Err(err))) if err.kind() == ErrorKind::Unavailable => Ok(()),
         other => bail!("an observer of a down store yielded {other:?}"),
     }
+}
+
+/// A candidate that stands for leadership leads, loses it when an
+/// operator breaks its lease, and stands again: the other candidate leads
+/// meanwhile, and the first leads once more after the other resigns. A
+/// stand told to stop resigns before it returns.
+pub async fn a_stander_leads_again_after_losing(h: &dyn Harness) -> Result<()> {
+    let k = key("a_stander_leads_again", "k");
+    let Some((la, a)) = election(h, &k).await? else {
+        return Ok(());
+    };
+    let Some((_, b)) = election(h, &k).await? else {
+        bail!("a second client keeps no values");
+    };
+    let operator = h.client().await;
+    let (reigns, mut reigned) = tokio::sync::mpsc::unbounded_channel();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let reader = a.clone();
+    // A short lease, so that the stander hears of the break soon.
+    let ttl = short_ttl(la.capabilities()).max(Duration::from_secs(3));
+    let opts = LockOptions::new()
+        .ttl(ttl)
+        .wait_for(Duration::from_secs(120));
+    let stand = tokio::spawn(async move {
+        let stopped = async move {
+            let _ = stopped.await;
+        };
+        a.stand_with("a", &opts, stopped, move |reign| {
+            let _ = reigns.send(reign.term());
+            std::future::pending::<()>()
+        })
+        .await
+    });
+    let within = Duration::from_secs(60);
+    let next_reign = async |reigned: &mut tokio::sync::mpsc::UnboundedReceiver<_>| {
+        tokio::time::timeout(within, reigned.recv())
+            .await
+            .ok()
+            .flatten()
+    };
+    let Some(first) = next_reign(&mut reigned).await else {
+        bail!("a stand never led an election nobody else stood in");
+    };
+    let second_candidate = tokio::spawn(async move {
+        let led = b
+            .campaign_with("b", &waiting(Duration::from_secs(120)))
+            .await;
+        (b, led)
+    });
+    let holders = operator.inspect(&k).await?.without_owners().each_holder();
+    let Some(id) = holders.first().and_then(|h| h.id.clone()) else {
+        bail!("the leader is listed with no id to break it by: {holders:?}");
+    };
+    ensure!(
+        operator.force_release(&k, &id).await?,
+        "breaking the leader {id} found no holder"
+    );
+    let (b, led) = tokio::time::timeout(within, second_candidate)
+        .await
+        .context("the other candidate never led after the stander's lease was broken")??;
+    let lb = led?;
+    ensure!(
+        value_of(&reader.leader().await?) == Some(b"b"),
+        "the other candidate's campaign returned, but it does not lead"
+    );
+    lb.resign().await?;
+    let Some(again) = next_reign(&mut reigned).await else {
+        bail!("the stander did not lead again after the other candidate resigned");
+    };
+    if let (Some(first), Some(again)) = (first, again) {
+        ensure!(
+            again > first,
+            "the second reign's term {again:?} is not above {first:?}"
+        );
+    }
+    ensure!(
+        value_of(&b.leader().await?) == Some(b"a"),
+        "the stander says it leads again, but the store names another leader"
+    );
+    let _ = stop.send(());
+    tokio::time::timeout(within, stand)
+        .await
+        .context("a stand told to stop did not return")???;
+    ensure!(
+        b.leader().await?.is_none(),
+        "a stand that stopped left its leadership behind"
+    );
+    Ok(())
 }
