@@ -32,6 +32,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -43,7 +44,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Router;
 use lockwright::backend::RedactedUrl;
-use lockwright::{Election, LockOptions, Locker};
+use lockwright::{Election, LockOptions, Locker, Reign};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -100,76 +101,46 @@ async fn resign_page(State(state): State<AppState>) -> (StatusCode, String) {
     }
 }
 
-/// Campaigns, leads until leadership is lost or a step-down is asked for,
-/// and campaigns again, for ever.
-async fn campaign_forever(
+/// Says `leading` while a reign lasts: set by the reign, cleared when it
+/// ends, by resigning or by a loss that stops it.
+struct Leading(Arc<AtomicBool>);
+
+impl Drop for Leading {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Stands for leadership until `stop`: each reign leads until a step-down
+/// is asked for (it then resigns) or leadership is lost, and the stand
+/// campaigns again.
+async fn stand(
     election: Election,
     me: Arc<str>,
     leading: Arc<AtomicBool>,
     step_down: Arc<Notify>,
+    stop: impl Future<Output = ()> + Send + 'static,
 ) {
     // Wait for ever to lead (the default wait), with the lease above.
     let opts = LockOptions::new().ttl(LEASE);
-    loop {
-        let leadership = match election.campaign_with(me.as_bytes(), &opts).await {
-            Ok(leadership) => leadership,
-            Err(e) => {
-                eprintln!("{me}: campaign failed ({e}); trying again in 1 s");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        {
-            // Renewal failures come before a loss: the lease is still ours
-            // for `remaining()`, and the watchdog keeps trying until then.
-            let me = me.clone();
-            leadership.guard().on_renewal_failure(move |failure| {
-                eprintln!(
-                    "{me}: renewing leadership failed {} time(s) ({}); lost in {:?} unless a \
-                     renewal lands",
-                    failure.failures(),
-                    failure.error(),
-                    failure.remaining()
-                );
-            });
+    let lead = |reign: Reign| {
+        let (me, leading, step_down) = (me.clone(), leading.clone(), step_down.clone());
+        async move {
+            // Registered before `leading` shows, so no step-down request is missed.
+            let asked_to_step_down = step_down.notified();
+            leading.store(true, Ordering::SeqCst);
+            let _leading = Leading(leading);
+            let term = reign
+                .term()
+                .map_or_else(|| "none".to_owned(), |t| t.to_string());
+            println!("{me}: leading (term {term})");
+            // A loss stops the reign here; a step-down ends it, and resigns.
+            asked_to_step_down.await;
+            println!("{me}: stepped down");
         }
-        // Registered before `leading` shows, so no step-down request is missed.
-        let asked_to_step_down = step_down.notified();
-        leading.store(true, Ordering::SeqCst);
-        let term = leadership
-            .term()
-            .map_or_else(|| "none".to_owned(), |t| t.to_string());
-        println!("{me}: leading (term {term})");
-        tokio::select! {
-            reason = leadership.lost() => {
-                leading.store(false, Ordering::SeqCst);
-                eprintln!("{me}: leadership lost ({reason:?}); campaigning again");
-                // Dropping it gives back whatever the store may still hold for
-                // us (owner-checked, so never someone else's lease).
-                drop(leadership);
-            }
-            () = asked_to_step_down => {
-                leading.store(false, Ordering::SeqCst);
-                if let Err(e) = leadership.resign().await {
-                    eprintln!("{me}: resigning failed ({e}); the lease ends at its TTL");
-                }
-                println!("{me}: stepped down");
-                wait_for_successor(&election, &me).await;
-            }
-        }
-    }
-}
-
-/// After stepping down, waits (at most 10 s) for another instance to lead
-/// before campaigning again; otherwise, on a store whose waiters poll (SQL,
-/// memcached), we could take the lock straight back.
-async fn wait_for_successor(election: &Election, me: &str) {
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < give_up {
-        if matches!(election.leader().await, Ok(Some(l)) if l.value != me.as_bytes()) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    if let Err(e) = election.stand_with(me.as_bytes(), &opts, stop, lead).await {
+        eprintln!("{me}: standing for leadership failed: {e}");
     }
 }
 
@@ -179,7 +150,9 @@ struct Instance {
     addr: SocketAddr,
     locker: Locker,
     leading: Arc<AtomicBool>,
-    tasks: Vec<JoinHandle<()>>,
+    server: JoinHandle<()>,
+    stand: JoinHandle<()>,
+    stop: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Instance {
@@ -214,18 +187,25 @@ impl Instance {
                 eprintln!("{addr}: the HTTP server stopped: {e}");
             }
         });
-        let campaign = tokio::spawn(campaign_forever(
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let stopped = async move {
+            let _ = stopped.await;
+        };
+        let stand = tokio::spawn(stand(
             election,
             me.clone(),
             leading.clone(),
             step_down,
+            stopped,
         ));
         Ok(Instance {
             me,
             addr,
             locker,
             leading,
-            tasks: vec![server, campaign],
+            server,
+            stand,
+            stop,
         })
     }
 
@@ -233,13 +213,11 @@ impl Instance {
         self.leading.load(Ordering::SeqCst)
     }
 
-    /// Stops serving and campaigning; resigns if it leads.
+    /// Stops serving and standing; resigns, awaited, if it leads.
     async fn stop(self) {
-        for task in &self.tasks {
-            task.abort();
-        }
-        // The aborted campaign drops its leadership, which resigns in the
-        // background; `close` waits for that and releases anything else.
+        self.server.abort();
+        let _ = self.stop.send(());
+        let _ = self.stand.await;
         if let Err(e) = self.locker.close().await {
             eprintln!("{}: closing: {e}", self.me);
         }

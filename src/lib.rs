@@ -52,7 +52,7 @@
 pub use lockwright_core::{
     Claim, Election, Error, ErrorKind, FencingToken, Holder, HolderInfo, IntoLockKey, Leader,
     LeaderListener, Leadership, Lease, LeaseState, LockGuard, LockKey, LockOptions, LockStatus,
-    Locker, LostReason, LostSignal, MultiGuard, Mutex, OwnerToken, Permits, ReadWriteLock,
+    Locker, LostReason, LostSignal, MultiGuard, Mutex, OwnerToken, Permits, ReadWriteLock, Reign,
     RenewalFailure, Result, Semaphore, Stand, WaitPolicy, MAX_KEY_LEN, MAX_PERMITS, MAX_TTL,
     MAX_VALUE_LEN, OBSERVE_EVERY,
 };

@@ -66,8 +66,9 @@ impl Election {
     /// default options: campaigns, runs the future `lead` makes for each
     /// [`Reign`] while this caller leads,
     /// and when the reign ends campaigns again. A reign ends when `lead`
-    /// returns (this caller resigns, awaited, and queues again behind the
-    /// other candidates) or when leadership is lost (a store restart, a
+    /// returns (this caller resigns, awaited, and stands again once another
+    /// candidate leads, or after a few of a waiting candidate's polls if
+    /// none does) or when leadership is lost (a store restart, a
     /// broken lease, a paused process: `lead` is stopped at its next
     /// await). A store that cannot be reached is tried again with a
     /// growing pause. When `stop` completes, a campaign under way is given
@@ -180,7 +181,12 @@ impl Election {
                 return Ok(());
             }
             match reign {
-                Ok(()) => tracing::debug!(name = %self.name(), "resigned; standing again"),
+                Ok(()) => {
+                    tracing::debug!(name = %self.name(), "resigned; standing again");
+                    if !self.successor_or(&stop, opts).await {
+                        return Ok(());
+                    }
+                }
                 Err(e) => tracing::info!(name = %self.name(), error = %e.chain(),
                     "leadership ended; standing again"),
             }
@@ -278,6 +284,27 @@ impl Reign {
     /// work is stopped at its next await anyway).
     pub fn lost_signal(&self) -> &LostSignal {
         &self.lost
+    }
+}
+
+impl Election {
+    /// After a resignation: waits until someone else leads, at most a few
+    /// polls of a waiting candidate (`opts.max_poll`, and at least 1 s),
+    /// so that on a store whose waiters poll (SQL, memcached) the one who
+    /// resigned does not take the lead straight back. `false` if stopped.
+    async fn successor_or(&self, stop: &Stop, opts: &LockOptions) -> bool {
+        let give_up = tokio::time::Instant::now() + (opts.max_poll * 4).max(Duration::from_secs(1));
+        loop {
+            if matches!(self.leader().await, Ok(Some(_))) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return true;
+            }
+            if !until(stop, Duration::from_millis(20)).await {
+                return false;
+            }
+        }
     }
 }
 
