@@ -15,8 +15,10 @@ pub use crate::request::{AcquireRequest, HoldId, HoldKind, RenewRequest};
 pub use crate::sync::{lock_unpoisoned, AbortOnDrop};
 pub use crate::tls::{TlsFiles, TlsPem, TlsRefusal};
 pub use crate::url::{scheme_of, HostPort, Scheme, ServerUrl};
-/// Re-exported so backends implement [`LockBackend`] with the same macro version.
-pub use async_trait::async_trait;
+/// For [`forward_backend!`]: the `async_trait` macro the trait was written
+/// with, whatever the caller imports. Backends use `async-trait` themselves.
+#[doc(hidden)]
+pub use async_trait::async_trait as __async_trait;
 
 use std::fmt;
 use std::sync::Arc;
@@ -463,7 +465,7 @@ pub async fn renew_one<B: LockBackend + ?Sized>(
 /// * The backend validates nothing the core already validated (keys, TTLs
 ///   against [`Capabilities::min_ttl`], claims against the capabilities)
 ///   but must not panic on any input.
-#[async_trait]
+#[async_trait::async_trait]
 pub trait LockBackend: fmt::Debug + Send + Sync + 'static {
     /// What this backend promises.
     fn capabilities(&self) -> Capabilities;
@@ -689,7 +691,7 @@ pub async fn release_by_owner<B: LockBackend + ?Sized>(
 
 /// Shorthands over [`LockBackend`] for tests and tools that speak to a
 /// store directly: the mutex's requests, built from a key and an owner.
-#[async_trait]
+#[async_trait::async_trait]
 pub trait LockBackendExt: LockBackend {
     /// One attempt at a mutex hold of `key` by `owner`.
     async fn try_lock(&self, key: &LockKey, owner: &OwnerToken, ttl: Duration) -> Result<Acquire> {
@@ -851,7 +853,7 @@ macro_rules! forward_backend {
     // Every method written out has been seen: the impl is the wrapper's
     // methods and the forwarding ones left in the slots.
     (@names [[$($head:tt)*] [$($body:tt)*]] [] [$([$($forward:tt)*])*]) => {
-        #[$crate::backend::async_trait]
+        #[$crate::backend::__async_trait]
         $($head)* {
             $($body)*
             $($($forward)*)*
