@@ -302,31 +302,46 @@ impl LockGuard {
     /// then, or when its locker closes.
     async fn keep_then_release(self, left: Duration) -> Result<()> {
         let caps = self.backend.capabilities();
-        if caps.binding == Binding::Session {
+        // Shortening the lease in the store shortens it for every hold of
+        // the owner: with another guard of this owner alive (`lock_as`),
+        // the hold is kept registered and counted down at the end instead.
+        let alone = self.sole && !self.shares_owner();
+        if caps.binding == Binding::Session || !alone {
             let lost = self.lost_signal();
             let background = self.background.clone();
             let until = Instant::now() + left;
             let spawned = background.spawn(async move {
-                // Renewed here as well: with renewal off (lock at most
-                // for), a session-bound hold is trusted only for a
-                // session's timeout, shorter than the time to keep it.
+                // Renewed here only when the hold would run out before
+                // `until` otherwise: with renewal off (lock at most for), a
+                // session-bound hold is trusted only for a session's
+                // timeout, which may be shorter than the time to keep it.
                 while let Some(deadline) = self.deadline() {
                     let now = Instant::now();
                     if now >= until {
                         break;
                     }
-                    let wake = until.min(now + deadline.saturating_duration_since(now) / 2);
+                    let wake = if deadline >= until {
+                        until
+                    } else {
+                        until.min(now + deadline.saturating_duration_since(now) / 2)
+                    };
                     tokio::select! {
                         () = tokio::time::sleep_until(wake.into()) => {}
                         _ = lost.wait() => break,
                     }
+                    let short = self.deadline().is_some_and(|d| d < until);
                     // A store out of reach is ridden out as the watchdog
                     // does; only a loss ends the keeping early.
                     if Instant::now() < until
+                        && short
                         && matches!(self.renew().await, Err(e) if e.kind() == ErrorKind::Lost)
                     {
                         break;
                     }
+                }
+                // A close released it already (and said so to its signal).
+                if self.closed() {
+                    return;
                 }
                 let key = self.lease.key.clone();
                 if let Err(e) = self.release_now().await {
@@ -359,8 +374,15 @@ impl LockGuard {
         }
     }
 
-    /// The release itself, at once (see [`release`](Self::release)).
-    async fn release_now(mut self) -> Result<()> {
+    /// Whether another registered hold has this one's key and owner.
+    fn shares_owner(&self) -> bool {
+        self.watchdog
+            .shares_beside(self.id, &self.lease.key, &self.lease.owner)
+    }
+
+    /// The release itself, at once, whatever lock at least for says (see
+    /// [`release`](Self::release)).
+    pub(crate) async fn release_now(mut self) -> Result<()> {
         self.armed = false;
         // A deadline passed unseen (a stalled process) is a loss.
         let lost = self.state();
@@ -514,9 +536,12 @@ impl Drop for LockGuard {
         if !self.armed || self.closed() {
             return;
         }
-        if self.kept_for().is_some() {
+        if let Some(left) = self.kept_for() {
             // Lock at least for holds for a dropped guard too: a twin of
-            // this guard is released the way `release` does, in a task.
+            // this guard is kept and released as `release` would, in a
+            // task. The twin is disarmed, so that a task dropped unrun (a
+            // runtime shutting down) leaves the lock to its TTL rather
+            // than spawning another twin from its drop.
             self.armed = false;
             let twin = LockGuard {
                 lease: self.lease.clone(),
@@ -525,18 +550,19 @@ impl Drop for LockGuard {
                 watchdog: self.watchdog.clone(),
                 background: self.background.clone(),
                 id: self.id,
-                armed: true,
+                armed: false,
                 meter: self.meter.clone(),
                 sole: self.sole,
                 keep_until: self.keep_until,
             };
             let spawned = self.background.spawn(async move {
                 let key = twin.lease.key.clone();
-                if let Err(e) = twin.release().await {
+                if let Err(e) = twin.keep_then_release(left).await {
                     hold_event!(key, error = %e.chain(), "background release failed; the lock frees at its TTL");
                 }
             });
             if !spawned {
+                self.end_hold();
                 tracing::warn!(key = %self.lease.key, "guard dropped outside a Tokio runtime; the lock frees at its TTL");
             }
             return;

@@ -436,7 +436,10 @@ impl Locker {
 
     /// Sets a lease kept past its guard ([`LockGuard::leak`]) to end `ttl`
     /// from now on the store's clock (longer or shorter than it had), as
-    /// its owner. Nothing renews it after that.
+    /// its owner. Nothing renews it after that. On a store whose locks
+    /// live with the client's session (ZooKeeper, etcd, SQL session
+    /// locks) this only checks that it is still held: the lock lasts as
+    /// long as the session.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

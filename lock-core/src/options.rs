@@ -155,7 +155,8 @@ impl LockOptions {
     }
 
     /// Lock at least for `d` (ShedLock's `lockAtLeastFor`): a hold given
-    /// back sooner (a short run) stays held until `d` after it was taken,
+    /// back sooner (a short run) stays held until `d` after it was taken
+    /// (counted from when the grant came back: a little longer, never shorter),
     /// so a node whose clock is a little behind, firing the same
     /// scheduled run a moment later, finds it held and does not run it
     /// again. On a store whose locks live on a TTL (Redis, SQL lease rows,
@@ -173,7 +174,12 @@ impl LockOptions {
     /// that is never renewed, so a run that hangs, or a holder that dies,
     /// frees the name `d` after it was taken, and the hold's lost signal
     /// fires then (scoped work is stopped). Pick it well above the
-    /// longest run. The same as `ttl(d).auto_renew(false)`.
+    /// longest run. The same as `ttl(d).auto_renew(false)`. On a store
+    /// whose locks live with the client's session (ZooKeeper, etcd, SQL
+    /// session locks), a hold that is not renewed is trusted only for the
+    /// session's timeout: the hold then ends at the shorter of `d` and
+    /// that timeout; and a process that hangs whole keeps its session, and
+    /// the lock, alive.
     pub fn at_most(self, d: Duration) -> Self {
         self.ttl(d).auto_renew(false)
     }

@@ -427,21 +427,24 @@ impl ReadWriteLock {
         let kind = HoldKind::Reader {
             beside: Some(writer.owner().clone()),
         };
+        // No lock at least for: the writer goes now, and the reader is
+        // the caller's to keep as long as it likes.
         let opts = LockOptions {
             ttl: writer.lease().ttl,
+            at_least: None,
             ..self.locker.options().clone()
         }
         .no_wait();
         let request = LockRequest::new(self.key.clone(), None).of_kind(kind);
         let reader = self.locker.acquire(request, &opts).await?;
         let Some(reader) = reader else {
-            let _ = writer.release().await;
+            let _ = writer.release_now().await;
             return Err(Error::lost(format!(
                 "{:?}: the write lock to downgrade is no longer held",
                 self.key.as_str()
             )));
         };
-        match writer.release().await {
+        match writer.release_now().await {
             Ok(()) => Ok(reader),
             // The write hold was gone by now (its lease ran out): the
             // read hold cannot claim to follow it without a gap.

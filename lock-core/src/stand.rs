@@ -17,7 +17,7 @@ use crate::election::{Election, Leadership};
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{FencingToken, LockKey};
 use crate::lease::LostReason;
-use crate::options::{LockOptions, WaitPolicy};
+use crate::options::LockOptions;
 use crate::scoped::{self, Hold};
 
 /// The stop signal of a stand, which every part of it can wait on.
@@ -71,7 +71,8 @@ impl Election {
     /// none does) or when leadership is lost (a store restart, a
     /// broken lease, a paused process: `lead` is stopped at its next
     /// await). A store that cannot be reached is tried again with a
-    /// growing pause. When `stop` completes, a campaign under way is given
+    /// growing pause, and so is one that answers what no rule explains
+    /// (`Backend`). When `stop` completes, a campaign under way is given
     /// up and a reign is ended, its resignation awaited, before this
     /// returns `Ok(())`.
     ///
@@ -137,6 +138,7 @@ impl Election {
         let stop: Stop = stop.boxed().shared();
         let mut pause = PAUSE.0;
         loop {
+            let campaigned = tokio::time::Instant::now();
             let won = tokio::select! {
                 biased;
                 () = stop.clone() => return Ok(()),
@@ -148,13 +150,15 @@ impl Election {
                     leading
                 }
                 Err(e) if matches!(e.kind(), ErrorKind::Busy | ErrorKind::Timeout) => {
-                    // A campaign that does not wait would otherwise spin.
-                    if opts.wait == WaitPolicy::NoWait && !until(&stop, opts.max_poll).await {
+                    // A campaign that waits little or not at all would
+                    // otherwise spin: at least a poll's time between two.
+                    let left = opts.max_poll.saturating_sub(campaigned.elapsed());
+                    if !until(&stop, left).await {
                         return Ok(());
                     }
                     continue;
                 }
-                Err(e) if e.kind() == ErrorKind::Unavailable => {
+                Err(e) if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Backend) => {
                     tracing::warn!(name = %self.name(), error = %e.chain(), retry_in = ?pause,
                         "standing for leadership: the store cannot be reached");
                     if !until(&stop, pause).await {
@@ -187,8 +191,16 @@ impl Election {
                         return Ok(());
                     }
                 }
-                Err(e) => tracing::info!(name = %self.name(), error = %e.chain(),
-                    "leadership ended; standing again"),
+                Err(e) => {
+                    tracing::info!(name = %self.name(), error = %e.chain(),
+                        "leadership ended; standing again");
+                    // A reign lost at once (a store that takes grants back)
+                    // must not make a loop at round-trip speed.
+                    let left = opts.max_poll.saturating_sub(campaigned.elapsed());
+                    if !until(&stop, left).await {
+                        return Ok(());
+                    }
+                }
             }
         }
     }

@@ -257,6 +257,14 @@ impl Watchdog {
             .any(|e| e.request.hold.key == *key && e.request.hold.owner == *owner)
     }
 
+    /// Whether a registered lease other than `id` has `key` and `owner`.
+    pub(crate) fn shares_beside(&self, id: u64, key: &LockKey, owner: &OwnerToken) -> bool {
+        self.lock()
+            .entries
+            .iter()
+            .any(|(i, e)| *i != id && e.request.hold.key == *key && e.request.hold.owner == *owner)
+    }
+
     /// Stops tracking a lease; its state becomes `Released` unless it was lost.
     pub(crate) fn unregister(&self, id: u64) {
         let removed = self.lock().entries.remove(&id);

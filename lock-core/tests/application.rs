@@ -367,3 +367,60 @@ async fn at_least_holds_for_a_dropped_guard_and_leases_come_back() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
 }
+
+/// A guard kept for its lock-at-least-for and dropped where no task can
+/// run (outside a runtime) leaves the lock to its TTL, once: the kept
+/// twin it would hand to a task is disarmed, so dropping that unrun task
+/// makes no twin of its own (which recursed without end).
+#[test]
+fn a_kept_guard_dropped_outside_a_runtime_leaves_the_lock_to_its_ttl() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = Arc::new(MemoryBackend::new());
+    let locker = Locker::from_arc(store.clone());
+    let keep = LockOptions::new().at_least(Duration::from_secs(10));
+    let guard = runtime.block_on(locker.lock_with("kept", &keep)).unwrap();
+    drop(runtime);
+    drop(guard);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let other = Locker::from_arc(store);
+    assert!(runtime.block_on(other.try_lock("kept")).unwrap().is_none());
+}
+
+/// Lock at least for never shortens a lease that another hold of the
+/// same owner has (`lock_as`): the released hold is counted down when
+/// its minimum is up, and the other hold keeps the lock.
+#[tokio::test]
+async fn at_least_never_shortens_the_lease_of_the_owners_other_hold() {
+    let store = Arc::new(MemoryBackend::new());
+    let (a, b) = (
+        Locker::from_arc(store.clone()),
+        Locker::from_arc(store.clone()),
+    );
+    let keep = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .at_least(Duration::from_millis(100));
+    let first = a.lock_with("k", &keep).await.unwrap();
+    let owner = first.owner().clone();
+    let second = a
+        .lock_as(
+            "k",
+            &LockOptions::new().ttl(Duration::from_secs(30)),
+            &owner,
+        )
+        .await
+        .unwrap();
+    first.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        b.try_lock("k").await.unwrap().is_none(),
+        "the owner's other hold lost the lock"
+    );
+    second.release().await.unwrap();
+    assert!(b.try_lock("k").await.unwrap().is_some());
+}

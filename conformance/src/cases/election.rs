@@ -372,7 +372,7 @@ pub async fn a_leadership_without_its_lease_cannot_proclaim(h: &dyn Harness) -> 
     );
     match la.proclaim("a-2").await {
         Err(e) if matches!(e.kind(), ErrorKind::NotHeld | ErrorKind::Lost) => {}
-        other => bail!("a leader whose lease was freed proclaimed: {other:?}, not NotHeld"),
+        other => bail!("a leader whose lease was freed proclaimed: {other:?}, not a refusal"),
     }
     ensure!(
         a.leader().await?.is_none(),
@@ -384,7 +384,7 @@ pub async fn a_leadership_without_its_lease_cannot_proclaim(h: &dyn Harness) -> 
     let lb = b.campaign_with("b", &long()).await?;
     match la.proclaim("a-3").await {
         Err(e) if matches!(e.kind(), ErrorKind::NotHeld | ErrorKind::Lost) => {}
-        other => bail!("a leader whose lease was taken over proclaimed: {other:?}, not NotHeld"),
+        other => bail!("a leader whose lease was taken over proclaimed: {other:?}, not a refusal"),
     }
     ensure!(
         value_of(&a.leader().await?) == Some(b"b"),
@@ -585,9 +585,9 @@ pub async fn a_stander_leads_again_after_losing(h: &dyn Harness) -> Result<()> {
             .ok()
             .flatten()
     };
-    let Some(first) = next_reign(&mut reigned).await else {
+    if next_reign(&mut reigned).await.is_none() {
         bail!("a stand never led an election nobody else stood in");
-    };
+    }
     let second_candidate = tokio::spawn(async move {
         let led = b
             .campaign_with("b", &waiting(Duration::from_secs(120)))
@@ -611,14 +611,9 @@ pub async fn a_stander_leads_again_after_losing(h: &dyn Harness) -> Result<()> {
         "the other candidate's campaign returned, but it does not lead"
     );
     lb.resign().await?;
-    let Some(again) = next_reign(&mut reigned).await else {
+    // Its term is the breaking rule's to check (`breaking`), not this one's.
+    if next_reign(&mut reigned).await.is_none() {
         bail!("the stander did not lead again after the other candidate resigned");
-    };
-    if let (Some(first), Some(again)) = (first, again) {
-        ensure!(
-            again > first,
-            "the second reign's term {again:?} is not above {first:?}"
-        );
     }
     ensure!(
         value_of(&b.leader().await?) == Some(b"a"),
