@@ -245,9 +245,8 @@ impl LockGuard {
                 "lock {:?} was lost before this renewal landed ({})",
                 self.lease.key.as_str(),
                 match self.state() {
-                    LeaseState::Lost(LostReason::NotHeld) => "the store said it was not held",
-                    LeaseState::Lost(LostReason::Closed) => "its locker was closed",
-                    _ => "not renewed before its deadline",
+                    LeaseState::Lost(reason) => reason.words(),
+                    _ => LostReason::Expired.words(),
                 }
             ))),
             Renew::Renewed => Ok(()),
@@ -400,7 +399,7 @@ impl LockGuard {
         };
         let released = tracing::Instrument::instrument(
             release_confirmed(&*self.backend, &self.lease, until, || {
-                self.sole && !self.watchdog.shares(&self.lease.key, &self.lease.owner)
+                self.sole && !self.shares_owner()
             }),
             span.clone(),
         )

@@ -22,6 +22,17 @@ pub enum LostReason {
     Closed,
 }
 
+impl LostReason {
+    /// The reason in words, for the messages of errors that report a loss.
+    pub(crate) fn words(self) -> &'static str {
+        match self {
+            LostReason::Expired => "not renewed before its deadline",
+            LostReason::NotHeld => "the store said it was not held",
+            LostReason::Closed => "its locker was closed",
+        }
+    }
+}
+
 /// The live state of a guard's lease, as the watchdog sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

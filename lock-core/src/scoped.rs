@@ -65,11 +65,7 @@ where
             Err(Error::lost(format!(
                 "lock {:?} was lost ({}) while work ran under it; the work was stopped",
                 name.as_str(),
-                match reason {
-                    LostReason::NotHeld => "the store no longer had it for this owner",
-                    LostReason::Closed => "its locker was closed",
-                    _ => "it could not be renewed before its deadline",
-                }
+                reason.words()
             )))
         }
         Ok(Err(panic)) => {

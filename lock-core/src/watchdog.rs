@@ -247,17 +247,9 @@ impl Watchdog {
         }
     }
 
-    /// Whether another hold this watchdog tracks has `owner` on `key`: a
-    /// re-entrant hold (`lock_as` with another guard's owner) that a
-    /// second release would count down.
-    pub(crate) fn shares(&self, key: &LockKey, owner: &OwnerToken) -> bool {
-        self.lock()
-            .entries
-            .values()
-            .any(|e| e.request.hold.key == *key && e.request.hold.owner == *owner)
-    }
-
-    /// Whether a registered lease other than `id` has `key` and `owner`.
+    /// Whether a hold this watchdog tracks, other than `id`, has `owner`
+    /// on `key`: a re-entrant hold (`lock_as` with another guard's owner)
+    /// that a second release would count down, or a shortened lease cut.
     pub(crate) fn shares_beside(&self, id: u64, key: &LockKey, owner: &OwnerToken) -> bool {
         self.lock()
             .entries
